@@ -1,0 +1,1 @@
+"""The node agent: identity, join, engine selection, front-ends, agent API, heartbeats."""

@@ -1,0 +1,1 @@
+"""The coordinator: registration, IPAM, WireGuard peers, watch stream, telemetry, machine selection."""

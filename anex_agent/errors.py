@@ -1,0 +1,81 @@
+"""The one error tree of anex-agent.
+
+Every exception the package raises on purpose derives from :class:`AnexError`.
+The tree separates three families, because callers handle them differently:
+
+* :class:`ConfigError` -- bad local input (flags, environment, files). The message
+  names the input and says what is accepted. Raised at the edge where config is
+  parsed; the CLI prints it and exits with status 2, without a traceback.
+* :class:`LocalProtocolError` / :class:`RemoteProtocolError` -- a protocol core
+  refused something. *Local* means our own side asked for something the protocol
+  does not allow (a bug or misuse); *remote* means the peer sent something invalid.
+  Peers never see the text of these exceptions.
+* :class:`CoordinatorError` -- a call to the coordinator failed. ``retryable``
+  says whether trying again later may succeed (network errors, 5xx, 429) or not
+  (401/403/400: the request itself is wrong).
+* :class:`EngineError` -- a tunnel engine could not be brought up or changed.
+
+Exceptions from libraries (OSError, aiohttp errors, netlink errors) are translated
+into this tree only at I/O edges, never deep inside pure code.
+"""
+
+from __future__ import annotations
+
+
+class AnexError(Exception):
+    """Base of every error anex-agent raises on purpose."""
+
+
+class ConfigError(AnexError, ValueError):
+    """Bad local input. ``str(err)`` names the input and what is accepted."""
+
+    def __init__(self, source: str, message: str) -> None:
+        self.source = source
+        self.message = message
+        super().__init__(f"{source}: {message}")
+
+
+class ProtocolError(AnexError):
+    """A protocol core rejected something."""
+
+
+class LocalProtocolError(ProtocolError):
+    """Our side tried something the protocol does not allow."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something invalid (malformed, replayed, unauthenticated)."""
+
+
+class CoordinatorError(AnexError):
+    """A coordinator call failed.
+
+    ``status`` is the HTTP status (``None`` when no response came back),
+    ``retryable`` whether the same call may succeed later, ``problem`` the
+    RFC 9457 problem document the coordinator sent, when it sent one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        problem: dict | None = None,
+    ) -> None:
+        self.status = status
+        self.retryable = retryable
+        self.problem = problem or {}
+        super().__init__(message)
+
+
+class EngineError(AnexError):
+    """A tunnel engine failed to start, apply a config, or tear down."""
+
+
+class NotSupported(AnexError):
+    """A capability is not available here; ``reason`` says why (for ``detect``)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)

@@ -1,0 +1,1 @@
+"""What the workload sees, whatever the engine: the HTTP proxy and the GW_TUNNEL_<port> forwards."""

@@ -1,0 +1,1 @@
+"""Machine selection from pod annotations across Vast.AI, RunPod and on-prem nodes."""

@@ -1,0 +1,1 @@
+"""Sans-I/O WireGuard protocol core (handshake, transport, timers, cookies, cryptokey routing)."""

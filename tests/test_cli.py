@@ -1,0 +1,25 @@
+"""The CLI dispatcher: usage, unknown commands, version."""
+
+from anex_agent import cli
+
+
+def test_help_lists_every_command(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in cli.COMMANDS:
+        assert name in out
+
+
+def test_unknown_command_is_status_2(capsys):
+    assert cli.main(["nonsense"]) == 2
+    assert "unknown command 'nonsense'" in capsys.readouterr().err
+
+
+def test_every_command_module_imports_and_configures():
+    import argparse
+    import importlib
+
+    for name, (module_name, _) in cli.COMMANDS.items():
+        module = importlib.import_module(module_name)
+        module.configure(argparse.ArgumentParser(prog=name))
+        assert callable(module.main)
