@@ -1,0 +1,334 @@
+"""The engine contract: what every WireGuard engine (kernel, wireguard-go, userspace, wireproxy) provides.
+
+An *engine* turns a :class:`DesiredConfig` into a working WireGuard tunnel and gives
+the front-ends a *dialer* to open connections through it. The agent and the gateway
+drive every engine the same way::
+
+    support = EngineClass.is_supported()        # Support(ok, reason); never raises
+    engine = EngineClass(ifname=new_ifname())   # keyword-only ifname; constructors do no I/O
+    await engine.start()                        # create the interface / process (idempotent)
+    await engine.apply(desired)                 # declarative; call again on every change
+    status = await engine.status()              # handshakes, bytes, endpoints
+    dialer = engine.dialer()                    # what the proxy and forwards use
+    await engine.stop()                         # nothing of ours is left afterwards
+
+Contracts every engine keeps:
+
+* ``apply(desired)`` is declarative and idempotent: the same config twice changes
+  nothing on the second call; peers are added, removed and updated by diff (see
+  :func:`plan_peers`), so a peer whose config did not change keeps its session.
+* ``stop()`` leaves no interface, route, process or socket of ours; calling it twice,
+  or before ``start()``, is fine. Errors raise :class:`anex_agent.errors.EngineError`.
+* Constructors take keyword-only ``ifname`` (engines with no OS interface, such as
+  userspace, accept and ignore it) and do no I/O.
+* The private key is never logged, never part of ``repr()``, never serialised.
+
+Names of our interfaces start with :data:`IFNAME_PREFIX` so that ``anex-agent cleanup``
+can find leftovers after a crash.
+"""
+
+from __future__ import annotations
+
+import abc
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from anex_agent.errors import ConfigError
+
+#: Interfaces (and wireguard-go UAPI sockets) we create are named ``anx<something>``.
+IFNAME_PREFIX = "anx"
+#: Linux IFNAMSIZ is 16 including the terminating NUL (include/uapi/linux/if.h).
+IFNAME_MAX = 15
+
+#: Order in which ``--engine auto`` tries engines: the first supported one wins.
+AUTO_ORDER: tuple[str, ...] = ("kernel", "wireguard-go", "userspace", "wireproxy")
+
+
+@dataclass(frozen=True)
+class Support:
+    """Answer of ``is_supported()``: ``ok`` and, always, a human ``reason`` (why not, or what was found)."""
+
+    ok: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"supported": self.ok, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """One WireGuard peer as we want it. ``public_key`` is base64 (44 characters).
+
+    ``endpoint`` is ``HOST:PORT`` (IPv6 host in brackets) or ``None`` for a peer that
+    only ever connects to us. ``allowed_ips`` are CIDR strings, kept in the given
+    order but compared as a set. ``persistent_keepalive`` 0 disables it
+    (whitepaper §6.5, "Passive keepalive" / wg(8) PersistentKeepalive).
+    """
+
+    public_key: str
+    endpoint: str | None
+    allowed_ips: tuple[str, ...]
+    persistent_keepalive: int = 0
+    preshared_key: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.persistent_keepalive <= 65535:
+            raise ConfigError("persistent_keepalive", f"{self.persistent_keepalive} is outside 0..65535")
+        for cidr in self.allowed_ips:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ConfigError("allowed_ips", f"{cidr!r} is not a network in CIDR form (e.g. 10.254.0.0/16)") from None
+
+    def allowed_set(self) -> frozenset[str]:
+        """Allowed IPs normalised (host bits cleared) as a set, for comparisons."""
+        return frozenset(str(ipaddress.ip_network(c, strict=False)) for c in self.allowed_ips)
+
+
+@dataclass(frozen=True)
+class DesiredConfig:
+    """The whole tunnel as we want it.
+
+    ``private_key`` is 32 raw bytes; it is excluded from ``repr`` and never serialised.
+    ``listen_port`` ``None`` lets the engine pick a random port (nodes); gateways set it.
+    ``address`` is the interface address in CIDR form (``10.254.0.5/16`` or ``/32``).
+    ``routes`` are extra networks routed into the interface (besides the address's own
+    network); engines add them with the interface as the device.
+    """
+
+    private_key: bytes = field(repr=False)
+    listen_port: int | None
+    address: str
+    mtu: int
+    peers: tuple[PeerConfig, ...] = ()
+    routes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.private_key) != 32:
+            raise ConfigError("private_key", "must be 32 raw bytes (an X25519 private key)")
+        if self.listen_port is not None and not 0 <= self.listen_port <= 65535:
+            raise ConfigError("listen_port", f"{self.listen_port} is outside 0..65535")
+        try:
+            ipaddress.ip_interface(self.address)
+        except ValueError:
+            raise ConfigError("address", f"{self.address!r} is not an address in CIDR form (e.g. 10.254.0.5/16)") from None
+        if not 1280 <= self.mtu <= 9000:
+            raise ConfigError("mtu", f"{self.mtu} is outside 1280..9000")
+        keys = [p.public_key for p in self.peers]
+        if len(keys) != len(set(keys)):
+            raise ConfigError("peers", "the same public key appears twice")
+        for cidr in self.routes:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ConfigError("routes", f"{cidr!r} is not a network in CIDR form") from None
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    """What the engine reports about one peer. ``last_handshake`` is a UNIX time, ``None`` if never."""
+
+    public_key: str
+    endpoint: str | None
+    last_handshake: float | None
+    rx_bytes: int
+    tx_bytes: int
+    allowed_ips: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "public_key": self.public_key,
+            "endpoint": self.endpoint,
+            "last_handshake": self.last_handshake,
+            "rx_bytes": self.rx_bytes,
+            "tx_bytes": self.tx_bytes,
+            "allowed_ips": list(self.allowed_ips),
+        }
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What the engine reports about itself. ``listen_port`` is the actual UDP port (0 if none)."""
+
+    engine: str
+    interface: str | None
+    listen_port: int
+    running: bool
+    peers: tuple[PeerStatus, ...] = ()
+
+    def peer(self, public_key: str) -> PeerStatus | None:
+        return next((p for p in self.peers if p.public_key == public_key), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "interface": self.interface,
+            "listen_port": self.listen_port,
+            "running": self.running,
+            "peers": [p.to_dict() for p in self.peers],
+        }
+
+
+@runtime_checkable
+class Dialer(Protocol):
+    """Opens TCP connections to ``host:port`` through whatever the engine provides.
+
+    Defined fully by the front-ends in :mod:`anex_agent.dialer`; repeated here only as
+    the type engines return.
+    """
+
+    async def open_connection(self, host: str, port: int) -> Any: ...
+
+
+class Engine(abc.ABC):
+    """Base class of the engines. See the module docstring for the contracts."""
+
+    #: The name used by ``--engine`` / ``ANEX_ENGINE`` and in reports.
+    name: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def is_supported(cls) -> Support:
+        """Probe whether this engine can run here. Never raises; cheap enough for ``detect``."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Create the interface/process with no peers. Idempotent. Raises EngineError."""
+
+    @abc.abstractmethod
+    async def apply(self, desired: DesiredConfig) -> None:
+        """Make the tunnel match ``desired`` by diff. Idempotent. Raises EngineError."""
+
+    @abc.abstractmethod
+    async def status(self) -> EngineStatus:
+        """Current state as seen by the engine (handshakes, bytes)."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Tear everything down; leaves nothing of ours. Idempotent, safe before start()."""
+
+    @abc.abstractmethod
+    def dialer(self) -> Dialer | None:
+        """The dialer front-ends use; for OS-routed engines the OS dialer."""
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+# ---------------------------------------------------------------- diff planning (pure)
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    """What to change to go from the current peers to the desired ones.
+
+    ``add``: peers to create; ``update``: peers that exist but differ (the whole desired
+    peer is given; engines replace allowed IPs and set endpoint/keepalive/psk);
+    ``remove``: public keys to delete. Empty plan == nothing to do.
+    """
+
+    add: tuple[PeerConfig, ...] = ()
+    update: tuple[PeerConfig, ...] = ()
+    remove: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.add or self.update or self.remove)
+
+
+def _same_peer(current: PeerConfig, desired: PeerConfig) -> bool:
+    # A desired endpoint of None means "learn it from the peer": do not reset a roamed endpoint.
+    endpoint_ok = desired.endpoint is None or current.endpoint == desired.endpoint
+    return (
+        endpoint_ok
+        and current.allowed_set() == desired.allowed_set()
+        and current.persistent_keepalive == desired.persistent_keepalive
+        and (current.preshared_key or None) == (desired.preshared_key or None)
+    )
+
+
+def plan_peers(current: tuple[PeerConfig, ...] | list[PeerConfig], desired: tuple[PeerConfig, ...]) -> PeerPlan:
+    """Diff two peer lists by public key. Pure; the result is in a stable (desired) order."""
+    have = {p.public_key: p for p in current}
+    want = {p.public_key: p for p in desired}
+    add = tuple(p for k, p in want.items() if k not in have)
+    update = tuple(p for k, p in want.items() if k in have and not _same_peer(have[k], p))
+    remove = tuple(k for k in have if k not in want)
+    return PeerPlan(add=add, update=update, remove=remove)
+
+
+def new_ifname(role: str = "") -> str:
+    """A fresh, machine-unique-enough interface name: ``anx`` + role letter(s) + random hex (<= 15 chars)."""
+    import secrets
+
+    return check_ifname(f"{IFNAME_PREFIX}{role[:3]}{secrets.token_hex(4)}")
+
+
+def check_ifname(ifname: str) -> str:
+    """Validate an interface name we will create; returns it or raises ConfigError."""
+    if not ifname or len(ifname) > IFNAME_MAX or "/" in ifname or any(c.isspace() for c in ifname):
+        raise ConfigError("interface", f"{ifname!r} is not a valid interface name (1-{IFNAME_MAX} characters, no '/' or spaces)")
+    return ifname
+
+
+# ---------------------------------------------------------------- registry
+
+
+def engine_classes() -> dict[str, type[Engine]]:
+    """Engines that exist in this build, keyed by name, in :data:`AUTO_ORDER`.
+
+    Imported lazily (each module is small, but kernel/wireguard-go pull in pyroute2).
+    An engine whose module is not there yet (userspace, wireproxy) is simply absent.
+    """
+    import importlib
+
+    modules = {
+        "kernel": ("anex_agent.tunnels.kernel", "KernelEngine"),
+        "wireguard-go": ("anex_agent.tunnels.wireguard_go", "WireguardGoEngine"),
+        "userspace": ("anex_agent.tunnels.userspace", "UserspaceEngine"),
+        "wireproxy": ("anex_agent.tunnels.wireproxy", "WireproxyEngine"),
+    }
+    found: dict[str, type[Engine]] = {}
+    for name in AUTO_ORDER:
+        module_name, attr = modules[name]
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name == module_name:
+                continue
+            raise
+        cls = getattr(module, attr, None)
+        if cls is not None:
+            found[name] = cls
+    return found
+
+
+def choose_engine(requested: str = "auto") -> tuple[type[Engine], dict[str, Support]]:
+    """Pick the engine class for ``requested`` (a name or ``auto``).
+
+    Returns the class and the Support answer of every engine probed (for reports).
+    Raises ConfigError for an unknown name, EngineError when nothing suitable runs here.
+    """
+    from anex_agent.errors import EngineError
+
+    classes = engine_classes()
+    if requested != "auto" and requested not in AUTO_ORDER:
+        raise ConfigError("engine", f"{requested!r} is not one of auto, {', '.join(AUTO_ORDER)}")
+    candidates = list(classes) if requested == "auto" else [requested]
+    tried: dict[str, Support] = {}
+    for name in candidates:
+        cls = classes.get(name)
+        if cls is None:
+            tried[name] = Support(False, "not available in this build")
+            continue
+        support = cls.is_supported()
+        tried[name] = support
+        if support.ok:
+            return cls, tried
+    reasons = "; ".join(f"{n}: {s.reason}" for n, s in tried.items())
+    raise EngineError(f"no usable WireGuard engine for {requested!r} ({reasons})")
