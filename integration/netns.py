@@ -1,0 +1,144 @@
+"""Small helpers for integration tests in Linux network namespaces (root only).
+
+API (every name gets a random suffix so parallel runs never collide)::
+
+    from integration.netns import Netns, veth, require_root, unique
+
+    with Netns("gw") as gw, Netns("node") as node:      # `ip netns add anx-gw-1a2b3c`
+        veth(gw, node, "192.168.50.1/24", "192.168.50.2/24")   # linked, addressed, up
+        node.run(["ping", "-c1", "-W2", "192.168.50.1"])       # CompletedProcess; check=True by default
+        proc = gw.popen(["socat", ...])                         # subprocess.Popen inside the namespace
+        out = gw.check_output(["ip", "-j", "link"])              # stdout as str
+
+* ``Netns(prefix)`` creates the namespace on ``__enter__`` (or ``create()``) with ``lo`` up,
+  and ``close()`` / ``__exit__`` kills the processes it started with ``popen`` (SIGTERM, then
+  SIGKILL) and deletes the namespace (which also deletes veth ends inside it).
+* ``veth(a, b, addr_a, addr_b)`` creates a veth pair whose ends live in ``a`` and ``b``
+  (``a``/``b`` may be ``None`` for the root namespace) and returns the two interface names.
+* ``require_root(*tools)`` returns a ``pytest.mark.skipif`` marker with the reason
+  (not root, or a tool missing from PATH).
+* ``unique(prefix)`` returns ``prefix`` + 6 random hex characters.
+
+Commands run through ``ip netns exec``; no Python code runs inside a namespace, so
+these helpers work with any real program (the anex-agent CLI, wireguard-go, socat).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["Netns", "veth", "require_root", "unique", "missing_prerequisites"]
+
+
+def unique(prefix: str) -> str:
+    """``prefix`` + 6 random hex characters (keep prefix <= 9 characters for interface names)."""
+    return f"{prefix}{secrets.token_hex(3)}"
+
+
+def missing_prerequisites(*tools: str) -> str | None:
+    """Why netns tests cannot run here (``None`` when they can)."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, veth, nftables)"
+    for tool in ("ip", *tools):
+        if shutil.which(tool) is None:
+            return f"needs {tool!r} on PATH"
+    return None
+
+
+def require_root(*tools: str) -> Any:
+    """A pytest skip marker: skip with the reason when root or one of ``tools`` is missing."""
+    import pytest
+
+    reason = missing_prerequisites(*tools)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+class Netns:
+    """A uniquely named network namespace that removes itself (and its processes) on close."""
+
+    def __init__(self, prefix: str = "t") -> None:
+        self.name = unique(f"anx-{prefix}-")
+        self._procs: list[subprocess.Popen] = []
+        self._created = False
+
+    # -- lifecycle
+    def create(self) -> Netns:
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        self._created = True
+        self.run(["ip", "link", "set", "lo", "up"])
+        return self
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self._procs.clear()
+        if self._created:
+            # Kill anything else still inside (e.g. children a test started with run()).
+            pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
+            self._created = False
+
+    def __enter__(self) -> Netns:
+        return self.create()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- running things inside
+    def argv(self, cmd: Sequence[str]) -> list[str]:
+        """The argv that runs ``cmd`` inside this namespace."""
+        return ["ip", "netns", "exec", self.name, *cmd]
+
+    def run(self, cmd: Sequence[str], *, check: bool = True, timeout: float = 30, **kw: Any) -> subprocess.CompletedProcess:
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(self.argv(cmd), check=check, timeout=timeout, **kw)
+
+    def check_output(self, cmd: Sequence[str], *, timeout: float = 30) -> str:
+        return self.run(cmd, timeout=timeout).stdout
+
+    def popen(self, cmd: Sequence[str], **kw: Any) -> subprocess.Popen:
+        """Start ``cmd`` inside the namespace; it is terminated on ``close()``."""
+        proc = subprocess.Popen(self.argv(cmd), **kw)
+        self._procs.append(proc)
+        return proc
+
+    def __repr__(self) -> str:
+        return f"Netns({self.name!r})"
+
+
+def veth(a: Netns | None, b: Netns | None, addr_a: str | None, addr_b: str | None, *, mtu: int | None = None) -> tuple[str, str]:
+    """Create a veth pair with one end in ``a`` and one in ``b`` (None: root namespace).
+
+    Each end gets its address (CIDR, may be None) and is brought up. Returns the end names.
+    """
+    end_a, end_b = unique("anxva"), unique("anxvb")
+    subprocess.run(["ip", "link", "add", end_a, "type", "veth", "peer", "name", end_b], check=True)
+    for ns, end, addr in ((a, end_a, addr_a), (b, end_b, addr_b)):
+        if ns is not None:
+            subprocess.run(["ip", "link", "set", end, "netns", ns.name], check=True)
+        prefix = ns.argv([]) if ns is not None else []
+        if addr:
+            subprocess.run([*prefix, "ip", "addr", "add", addr, "dev", end], check=True)
+        if mtu:
+            subprocess.run([*prefix, "ip", "link", "set", end, "mtu", str(mtu)], check=True)
+        subprocess.run([*prefix, "ip", "link", "set", end, "up"], check=True)
+    return end_a, end_b
