@@ -1,0 +1,245 @@
+"""Agent settings: flags and environment parsed ONCE, at the edge, into frozen dataclasses.
+
+Nothing below the CLI reads ``os.environ``; the supervisor receives an
+:class:`AgentSettings`. Every bad value raises :class:`~anex_agent.errors.ConfigError`
+naming the flag or variable and what is accepted, before anything starts.
+
+Environment (a flag of the same meaning wins over the variable):
+
+====================== ================================ =====================================
+variable               flag                             accepted / default
+====================== ================================ =====================================
+ANEX_COORDINATOR_URL   --coordinator                    http(s)://host[:port] (required)
+ANEX_JOIN_TOKEN        --token                          the join token (required on first start)
+ANEX_STATE_DIR         --state-dir                      directory; default see :func:`default_state_dir`
+ANEX_ENGINE            --engine                         auto|kernel|wireguard-go|userspace|wireproxy
+ANEX_PATH              --path                           auto|udp|websocket
+ANEX_PROXY_LISTEN      --proxy-listen                   HOST:PORT, default 127.0.0.1:3128
+ANEX_API_LISTEN        --api-listen                     HOST:PORT, default 127.0.0.1:9555
+ANEX_PROVIDER          --provider                       vastai|runpod|onprem|other, default other
+ANEX_NODE_NAME         --name                           1-253 characters, default the host name
+GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
+====================== ================================ =====================================
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import urlsplit
+
+from anex_agent.errors import ConfigError
+from anex_agent.wire import Provider, TunnelSpec
+
+ENGINES = ("auto", "kernel", "wireguard-go", "userspace", "wireproxy")
+PATHS = ("auto", "udp", "websocket")
+DEFAULT_PROXY_LISTEN = "127.0.0.1:3128"
+DEFAULT_API_LISTEN = "127.0.0.1:9555"
+TUNNEL_PREFIX = "GW_TUNNEL_"
+ROOT_STATE_DIR = Path("/var/lib/anex-agent")
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class TunnelSetting:
+    """One GW_TUNNEL forward and where it came from (the variable name, for error messages)."""
+
+    source: str
+    spec: TunnelSpec
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    coordinator_url: str
+    join_token: str
+    state_dir: Path
+    engine: str = "auto"
+    path: str = "auto"
+    proxy_listen: ListenAddress = ListenAddress("127.0.0.1", 3128)
+    api_listen: ListenAddress = ListenAddress("127.0.0.1", 9555)
+    provider: Provider = Provider.other
+    name: str = field(default_factory=socket.gethostname)
+    tunnels: tuple[TunnelSetting, ...] = ()
+
+    @property
+    def tunnel_specs(self) -> list[TunnelSpec]:
+        return [t.spec for t in self.tunnels]
+
+
+def default_state_dir(environ: Mapping[str, str], euid: int | None = None) -> Path:
+    """``/var/lib/anex-agent`` for root; else ``$XDG_STATE_HOME/anex-agent`` or ``~/.local/state/anex-agent``."""
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        return ROOT_STATE_DIR
+    base = environ.get("XDG_STATE_HOME") or str(Path(environ.get("HOME", str(Path.home()))) / ".local" / "state")
+    return Path(base) / "anex-agent"
+
+
+def parse_listen(value: str, source: str) -> ListenAddress:
+    """Parse ``HOST:PORT`` (IPv6 in brackets) into a :class:`ListenAddress`."""
+    accepted = "expected HOST:PORT with an IP address and a port from 1 to 65535, e.g. 127.0.0.1:3128"
+    host, sep, port = value.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(source, f"{value!r}: {accepted}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise ConfigError(source, f"{value!r}: {accepted}") from None
+        host = "127.0.0.1"
+    return ListenAddress(host, int(port))
+
+
+def parse_tunnel(source: str, port_text: str, target: str) -> TunnelSetting:
+    """One forward: ``port_text`` is the local port (from the variable name), ``target`` HOST:PORT."""
+    accepted = "GW_TUNNEL_<port>=<host>:<port> with both ports from 1 to 65535, e.g. GW_TUNNEL_5432=db.default.svc.cluster.local:5432"
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ConfigError(source, f"local port {port_text!r} is not a port from 1 to 65535; expected {accepted}")
+    host, sep, port = target.strip().rpartition(":")
+    bare = host.strip("[]")
+    if not sep or not bare or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c.isspace() for c in bare):
+        raise ConfigError(source, f"value {target!r} is not <host>:<port>; expected {accepted}")
+    return TunnelSetting(source, TunnelSpec(listen_port=int(port_text), target=target.strip()))
+
+
+def parse_tunnels(environ: Mapping[str, str], flags: list[str] | None = None) -> tuple[TunnelSetting, ...]:
+    """All GW_TUNNEL_<port> variables plus ``--tunnel PORT=HOST:PORT`` flags, sorted by port."""
+    found: dict[int, TunnelSetting] = {}
+    items = [(name, name[len(TUNNEL_PREFIX):], value) for name, value in environ.items() if name.startswith(TUNNEL_PREFIX)]
+    for flag in flags or []:
+        port_text, sep, target = flag.partition("=")
+        if not sep:
+            raise ConfigError("--tunnel", f"{flag!r}: expected PORT=HOST:PORT, e.g. --tunnel 5432=db:5432")
+        items.append(("--tunnel", port_text, target))
+    for source, port_text, target in items:
+        setting = parse_tunnel(source, port_text, target)
+        port = setting.spec.listen_port
+        if port in found:
+            raise ConfigError(source, f"local port {port} is already used by {found[port].source}; each port once")
+        found[port] = setting
+    return tuple(found[p] for p in sorted(found))
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when a TCP listener cannot bind ``host:port`` (SO_REUSEADDR set, as asyncio does)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            if err.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def check_ports_free(settings: AgentSettings) -> None:
+    """Raise ConfigError naming the variable whose local port is taken (by another process or another setting)."""
+    taken = {
+        listen.port: source
+        for listen, source in ((settings.proxy_listen, "ANEX_PROXY_LISTEN"), (settings.api_listen, "ANEX_API_LISTEN"))
+        if listen.host in ("127.0.0.1", "0.0.0.0", "::")
+    }
+    for tunnel in settings.tunnels:
+        port = tunnel.spec.listen_port
+        if port in taken:
+            raise ConfigError(tunnel.source, f"local port {port} is also {taken[port]}; choose another port")
+        if port_in_use("127.0.0.1", port):
+            raise ConfigError(
+                tunnel.source, f"local port {port} is already in use on 127.0.0.1; GW_TUNNEL_<port> needs a free port"
+            )
+    for listen, source in ((settings.proxy_listen, "ANEX_PROXY_LISTEN"), (settings.api_listen, "ANEX_API_LISTEN")):
+        if port_in_use(listen.host, listen.port):
+            raise ConfigError(source, f"{listen} is already in use; set {source}=HOST:PORT to a free address")
+
+
+def _url(value: str, source: str) -> str:
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(source, f"{value!r}: expected an http:// or https:// URL of the coordinator")
+    return value.strip().rstrip("/")
+
+
+def _choice(value: str, source: str, choices: tuple[str, ...]) -> str:
+    value = value.strip().lower()
+    if value not in choices:
+        raise ConfigError(source, f"{value!r}: expected one of {'|'.join(choices)}")
+    return value
+
+
+def _pick(flag_value, flag: str, environ: Mapping[str, str], var: str, default: str | None) -> tuple[str | None, str]:
+    """Return (value, source name) with flag > environment > default."""
+    if flag_value not in (None, ""):
+        return str(flag_value), flag
+    if environ.get(var, "") != "":
+        return environ[var], var
+    return default, var
+
+
+def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = True) -> AgentSettings:
+    """Build settings from argparse ``args`` (see :func:`add_arguments`) and ``environ``."""
+    url, src = _pick(getattr(args, "coordinator", None), "--coordinator", environ, "ANEX_COORDINATOR_URL", None)
+    if url is None:
+        if require_coordinator:
+            raise ConfigError("ANEX_COORDINATOR_URL", "is not set; expected the coordinator URL, e.g. http://10.0.0.1:8080")
+        url = ""
+    else:
+        url = _url(url, src)
+    token, _ = _pick(getattr(args, "token", None), "--token", environ, "ANEX_JOIN_TOKEN", "")
+    state, _ = _pick(getattr(args, "state_dir", None), "--state-dir", environ, "ANEX_STATE_DIR", None)
+    engine, src_e = _pick(getattr(args, "engine", None), "--engine", environ, "ANEX_ENGINE", "auto")
+    path, src_p = _pick(getattr(args, "path", None), "--path", environ, "ANEX_PATH", "auto")
+    proxy, src_x = _pick(getattr(args, "proxy_listen", None), "--proxy-listen", environ, "ANEX_PROXY_LISTEN", DEFAULT_PROXY_LISTEN)
+    api, src_a = _pick(getattr(args, "api_listen", None), "--api-listen", environ, "ANEX_API_LISTEN", DEFAULT_API_LISTEN)
+    provider, src_v = _pick(getattr(args, "provider", None), "--provider", environ, "ANEX_PROVIDER", "other")
+    name, src_n = _pick(getattr(args, "name", None), "--name", environ, "ANEX_NODE_NAME", socket.gethostname())
+    try:
+        provider_value = Provider(provider.strip().lower())
+    except ValueError:
+        raise ConfigError(src_v, f"{provider!r}: expected one of {'|'.join(p.value for p in Provider)}") from None
+    if not 1 <= len(name) <= 253:
+        raise ConfigError(src_n, "expected a node name of 1 to 253 characters")
+    return AgentSettings(
+        coordinator_url=url,
+        join_token=(token or "").strip(),
+        state_dir=Path(state) if state else default_state_dir(environ),
+        engine=_choice(engine, src_e, ENGINES),
+        path=_choice(path, src_p, PATHS),
+        proxy_listen=parse_listen(proxy, src_x),
+        api_listen=parse_listen(api, src_a),
+        provider=provider_value,
+        name=name,
+        tunnels=parse_tunnels(environ, getattr(args, "tunnel", None)),
+    )
+
+
+def add_arguments(parser) -> None:
+    """The agent's flags, shared by ``run`` and ``daemon``. Each overrides its environment variable."""
+    g = parser.add_argument_group("agent settings (flags override ANEX_* environment variables)")
+    g.add_argument("--coordinator", metavar="URL", help="coordinator URL [ANEX_COORDINATOR_URL]")
+    g.add_argument("--token", metavar="TOKEN", help="join token, needed on first start [ANEX_JOIN_TOKEN]")
+    g.add_argument("--state-dir", metavar="DIR", help="key, credential, last good config [ANEX_STATE_DIR]")
+    g.add_argument("--engine", metavar="|".join(ENGINES), help="WireGuard engine, default auto [ANEX_ENGINE]")
+    g.add_argument("--path", metavar="|".join(PATHS), help="datagram path, default auto [ANEX_PATH]")
+    g.add_argument("--proxy-listen", metavar="HOST:PORT", help=f"HTTP proxy, default {DEFAULT_PROXY_LISTEN} [ANEX_PROXY_LISTEN]")
+    g.add_argument("--api-listen", metavar="HOST:PORT", help=f"agent API, default {DEFAULT_API_LISTEN} [ANEX_API_LISTEN]")
+    g.add_argument("--provider", metavar="NAME", help="vastai|runpod|onprem|other [ANEX_PROVIDER]")
+    g.add_argument("--name", metavar="NAME", help="node name, default the host name [ANEX_NODE_NAME]")
+    g.add_argument(
+        "--tunnel", metavar="PORT=HOST:PORT", action="append", default=[], help="a TCP forward, like GW_TUNNEL_<PORT>=HOST:PORT"
+    )

@@ -1,0 +1,117 @@
+"""The agent's state directory: identity, node credential and the last good config.
+
+Layout (directory 0700, every file 0600, written atomically: temp file + rename)::
+
+    <state_dir>/private.key        WireGuard private key (keys.load_or_create); never leaves the node
+    <state_dir>/node.json          {"coordinator_url", "node_id", "credential"} from the join
+    <state_dir>/last-config.json   the last NodeConfig the coordinator sent (fail-static start)
+
+Contract: a restart with the same state dir re-uses the key and the credential, so it
+does not join again (the join token may be single-use); with the coordinator down it
+can bring the data plane up from ``last-config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from anex_agent import keys
+from anex_agent.errors import ConfigError
+from anex_agent.wire import NodeConfig
+
+KEY_FILE = "private.key"
+NODE_FILE = "node.json"
+CONFIG_FILE = "last-config.json"
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What the join bought: who we are at which coordinator. ``credential`` is a secret."""
+
+    coordinator_url: str
+    node_id: str
+    credential: str
+
+    def __repr__(self) -> str:  # never print the credential
+        return f"NodeIdentity(coordinator_url={self.coordinator_url!r}, node_id={self.node_id!r})"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically with mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class StateDir:
+    """Typed access to the files of one state directory (created 0700 on first use)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def ensure(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as err:
+            raise ConfigError("ANEX_STATE_DIR", f"cannot create {self.path}: {err.strerror}; expected a writable directory") from None
+        if not os.access(self.path, os.W_OK):
+            raise ConfigError("ANEX_STATE_DIR", f"{self.path} is not writable; expected a writable directory")
+
+    def keypair(self) -> keys.KeyPair:
+        self.ensure()
+        return keys.load_or_create(self.path / KEY_FILE)
+
+    # ---------------------------------------------------------------- identity
+
+    def load_identity(self, coordinator_url: str) -> NodeIdentity | None:
+        """The saved identity, or None when absent or joined at a different coordinator."""
+        path = self.path / NODE_FILE
+        if not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text())
+            ident = NodeIdentity(str(data["coordinator_url"]), str(data["node_id"]), str(data["credential"]))
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(str(path), "is not a node identity written by anex-agent; delete it to join again") from None
+        if coordinator_url and ident.coordinator_url != coordinator_url:
+            return None
+        return ident
+
+    def save_identity(self, ident: NodeIdentity) -> None:
+        self.ensure()
+        data = {"coordinator_url": ident.coordinator_url, "node_id": ident.node_id, "credential": ident.credential}
+        write_private(self.path / NODE_FILE, json.dumps(data, indent=2) + "\n")
+
+    def forget_identity(self) -> None:
+        """Drop the identity and config (the coordinator no longer knows us: join again)."""
+        (self.path / NODE_FILE).unlink(missing_ok=True)
+        (self.path / CONFIG_FILE).unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------- last good config
+
+    def load_config(self) -> NodeConfig | None:
+        path = self.path / CONFIG_FILE
+        if not path.exists():
+            return None
+        try:
+            return NodeConfig.model_validate_json(path.read_text())
+        except (ValidationError, ValueError):
+            return None  # a config we cannot read is as good as none: the coordinator will send one
+
+    def save_config(self, config: NodeConfig) -> None:
+        self.ensure()
+        write_private(self.path / CONFIG_FILE, config.model_dump_json(indent=2) + "\n")

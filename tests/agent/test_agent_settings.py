@@ -1,0 +1,153 @@
+"""Agent settings: flags + environment parsed once, every bad value a ConfigError naming its source."""
+
+import argparse
+import socket
+from pathlib import Path
+
+import pytest
+
+from anex_agent.agent import settings as s
+from anex_agent.errors import ConfigError
+from anex_agent.wire import Provider
+
+BASE = {"ANEX_COORDINATOR_URL": "http://10.0.0.1:8080", "ANEX_JOIN_TOKEN": "tok"}
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def free_listens():
+    return {"ANEX_PROXY_LISTEN": f"127.0.0.1:{free_port()}", "ANEX_API_LISTEN": f"127.0.0.1:{free_port()}"}
+
+
+def parse(env, argv=()):
+    parser = argparse.ArgumentParser()
+    s.add_arguments(parser)
+    return s.from_args(parser.parse_args(list(argv)), env)
+
+
+def test_defaults():
+    cfg = parse({**BASE, "ANEX_STATE_DIR": "/tmp/x"})
+    assert cfg.coordinator_url == "http://10.0.0.1:8080"
+    assert cfg.join_token == "tok"
+    assert cfg.state_dir == Path("/tmp/x")
+    assert cfg.engine == "auto" and cfg.path == "auto"
+    assert str(cfg.proxy_listen) == "127.0.0.1:3128"
+    assert str(cfg.api_listen) == "127.0.0.1:9555"
+    assert cfg.provider is Provider.other
+    assert cfg.tunnels == ()
+
+
+def test_flags_override_environment():
+    cfg = parse({**BASE, "ANEX_ENGINE": "kernel"}, ["--engine", "wireguard-go", "--proxy-listen", "127.0.0.1:4000"])
+    assert cfg.engine == "wireguard-go"
+    assert cfg.proxy_listen == s.ListenAddress("127.0.0.1", 4000)
+
+
+def test_default_state_dir_root_and_user():
+    assert s.default_state_dir({}, euid=0) == Path("/var/lib/anex-agent")
+    assert s.default_state_dir({"HOME": "/home/u"}, euid=1000) == Path("/home/u/.local/state/anex-agent")
+    assert s.default_state_dir({"XDG_STATE_HOME": "/xs"}, euid=1000) == Path("/xs/anex-agent")
+
+
+def test_tunnels_from_environment_sorted():
+    cfg = parse({**BASE, "GW_TUNNEL_6000": "db.default.svc.cluster.local:5432", "GW_TUNNEL_5000": "10.96.0.10:80"})
+    assert [(t.source, t.spec.listen_port, t.spec.target) for t in cfg.tunnels] == [
+        ("GW_TUNNEL_5000", 5000, "10.96.0.10:80"),
+        ("GW_TUNNEL_6000", 6000, "db.default.svc.cluster.local:5432"),
+    ]
+
+
+def test_ipv6_tunnel_target():
+    (t,) = s.parse_tunnels({"GW_TUNNEL_7000": "[fd00::1]:80"})
+    assert t.spec.target == "[fd00::1]:80"
+
+
+@pytest.mark.parametrize(
+    "name,value,needle",
+    [
+        ("GW_TUNNEL_0", "a:1", "not a port from 1 to 65535"),
+        ("GW_TUNNEL_65536", "a:1", "not a port from 1 to 65535"),
+        ("GW_TUNNEL_abc", "a:1", "not a port from 1 to 65535"),
+        ("GW_TUNNEL_", "a:1", "not a port from 1 to 65535"),
+        ("GW_TUNNEL_5000", "nohostport", "is not <host>:<port>"),
+        ("GW_TUNNEL_5000", "host:", "is not <host>:<port>"),
+        ("GW_TUNNEL_5000", ":80", "is not <host>:<port>"),
+        ("GW_TUNNEL_5000", "host:0", "is not <host>:<port>"),
+        ("GW_TUNNEL_5000", "host:99999", "is not <host>:<port>"),
+        ("GW_TUNNEL_5000", "ho st:80", "is not <host>:<port>"),
+    ],
+)
+def test_bad_tunnel_names_the_variable_and_what_is_accepted(name, value, needle):
+    with pytest.raises(ConfigError) as info:
+        parse({**BASE, name: value})
+    assert info.value.source == name
+    assert needle in str(info.value)
+    assert "GW_TUNNEL_<port>=<host>:<port>" in str(info.value)
+
+
+def test_tunnel_flag_and_variable_for_the_same_port():
+    with pytest.raises(ConfigError) as info:
+        parse({**BASE, "GW_TUNNEL_5000": "a:1"}, ["--tunnel", "5000=b:2"])
+    assert info.value.source == "--tunnel"
+    assert "GW_TUNNEL_5000" in str(info.value)
+
+
+def test_tunnel_port_in_use_names_the_variable():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = parse({**BASE, f"GW_TUNNEL_{port}": "svc:80", **free_listens()})
+        with pytest.raises(ConfigError) as info:
+            s.check_ports_free(cfg)
+    assert info.value.source == f"GW_TUNNEL_{port}"
+    assert "already in use" in str(info.value)
+
+
+def test_tunnel_port_same_as_proxy():
+    cfg = parse({**BASE, "GW_TUNNEL_3128": "svc:80"})
+    with pytest.raises(ConfigError) as info:
+        s.check_ports_free(cfg)
+    assert info.value.source == "GW_TUNNEL_3128"
+    assert "ANEX_PROXY_LISTEN" in str(info.value)
+
+
+def test_free_ports_pass():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cfg = parse({**BASE, f"GW_TUNNEL_{port}": "svc:80", **free_listens()})
+    s.check_ports_free(cfg)
+
+
+@pytest.mark.parametrize(
+    "env,source",
+    [
+        ({"ANEX_ENGINE": "nope"}, "ANEX_ENGINE"),
+        ({"ANEX_PATH": "tcp"}, "ANEX_PATH"),
+        ({"ANEX_PROXY_LISTEN": "3128"}, "ANEX_PROXY_LISTEN"),
+        ({"ANEX_PROXY_LISTEN": "example.com:3128"}, "ANEX_PROXY_LISTEN"),
+        ({"ANEX_API_LISTEN": "127.0.0.1:70000"}, "ANEX_API_LISTEN"),
+        ({"ANEX_PROVIDER": "aws"}, "ANEX_PROVIDER"),
+        ({"ANEX_COORDINATOR_URL": "ftp://x"}, "ANEX_COORDINATOR_URL"),
+    ],
+)
+def test_bad_values_name_their_variable(env, source):
+    with pytest.raises(ConfigError) as info:
+        parse({**BASE, **env})
+    assert info.value.source == source
+
+
+def test_missing_coordinator():
+    with pytest.raises(ConfigError) as info:
+        parse({})
+    assert info.value.source == "ANEX_COORDINATOR_URL"
+
+
+def test_localhost_listen_is_loopback():
+    assert s.parse_listen("localhost:3128", "X") == s.ListenAddress("127.0.0.1", 3128)
+    assert s.parse_listen("[::1]:3128", "X") == s.ListenAddress("::1", 3128)
