@@ -79,3 +79,46 @@ class NotSupported(AnexError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class DialError(AnexError):
+    """Opening an outbound connection failed (raised by :mod:`anex_agent.dialer`).
+
+    ``host`` and ``port`` name the destination as the caller gave it; ``reason`` is a
+    short, designed, human-readable sentence ("connection refused", "name does not
+    resolve") that front-ends may show to the workload (the proxy puts it in the body
+    of its 502). It never contains exception text from a library.
+    """
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        self.host = host
+        self.port = port
+        self.reason = reason
+        super().__init__(f"cannot connect to {host}:{port}: {reason}")
+
+
+class ResolveError(DialError):
+    """The destination name does not resolve (NXDOMAIN, no address, DNS unreachable)."""
+
+
+class DialRefused(DialError):
+    """The destination answered with a reset: nothing listens on that port."""
+
+
+class DialTimeout(DialError):
+    """No answer from the destination within the dial timeout."""
+
+
+class DialUnreachable(DialError):
+    """No route to the destination (network or host unreachable)."""
+
+
+class PortInUseError(ConfigError):
+    """A local listener could not bind because the port is taken.
+
+    ``ports`` lists every port that failed (a forward apply reports all at once).
+    """
+
+    def __init__(self, source: str, ports: list[int], message: str) -> None:
+        self.ports = ports
+        super().__init__(source, message)

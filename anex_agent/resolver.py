@@ -1,0 +1,215 @@
+"""Name resolution for the dialer: cluster names over the mesh, other names as configured.
+
+Routing of a name (lower-cased, trailing dot removed):
+
+1. an IP literal is returned as it is (no DNS);
+2. a name equal to or under one of the *cluster suffixes* (``cluster.local`` and the
+   ``search_domains`` of :class:`anex_agent.wire.NodeConfig`) is asked, A and AAAA, to the
+   *cluster DNS servers* (``NodeConfig.dns``: the gateway, reached over the mesh) with
+   dnspython's async resolver; answers are cached for their TTL;
+3. any other name goes to the *system resolver* (``getaddrinfo``: /etc/hosts and
+   /etc/resolv.conf of the machine); when that fails and search domains are configured,
+   the name is tried once more under each search domain through the cluster DNS
+   (so ``myservice.default`` works as it does inside a pod).
+
+Failures raise :class:`anex_agent.errors.ResolveError` naming the host, with a reason
+fit for a 502 body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import dns.asyncresolver
+import dns.exception
+import dns.nameserver
+import dns.rdatatype
+import dns.resolver
+
+from anex_agent.errors import ConfigError, ResolveError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CLUSTER_SUFFIXES = ("cluster.local",)
+DNS_PORT = 53  # RFC 1035 §4.2
+DEFAULT_TIMEOUT = 5.0  # seconds for one cluster lookup (all servers, retries included)
+NEGATIVE_TTL = 5.0  # seconds an NXDOMAIN/NODATA answer is remembered (RFC 2308 §5 allows caching it)
+MAX_CACHE_ENTRIES = 4096
+
+
+@dataclass(frozen=True)
+class DnsServer:
+    address: str
+    port: int = DNS_PORT
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return host if self.port == DNS_PORT else f"{host}:{self.port}"
+
+
+def parse_dns_server(value: str, *, source: str = "dns") -> DnsServer:
+    """Parse ``IP``, ``IP:PORT``, ``IPv6`` or ``[IPv6]:PORT`` into a :class:`DnsServer`."""
+    text = value.strip()
+    host, port = text, DNS_PORT
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ConfigError(source, f"{value!r}: expected IP, IP:PORT or [IPv6]:PORT")
+        if rest:
+            port = _port(rest[1:], value, source)
+    elif text.count(":") == 1:
+        host, _, rest = text.partition(":")
+        port = _port(rest, value, source)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(source, f"{value!r}: a DNS server must be an IP address (optionally with :PORT)") from None
+    return DnsServer(host, port)
+
+
+def _port(text: str, value: str, source: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ConfigError(source, f"{value!r}: port must be from 1 to 65535")
+    return int(text)
+
+
+def _normalise(name: str) -> str:
+    return name.strip().rstrip(".").lower()
+
+
+def _ip_literal(host: str) -> str | None:
+    text = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+class Resolver:
+    """Resolves host names to IP address strings; see the module docstring for the routing.
+
+    ``cluster_dns``: servers for cluster names (empty: cluster names go to the system too).
+    ``search_domains``: also cluster suffixes, and tried for names the system cannot resolve.
+    ``use_system``: whether non-cluster names go to the system resolver (True by default).
+    """
+
+    def __init__(
+        self,
+        cluster_dns: Iterable[str | DnsServer] = (),
+        *,
+        search_domains: Sequence[str] = (),
+        cluster_suffixes: Sequence[str] = DEFAULT_CLUSTER_SUFFIXES,
+        use_system: bool = True,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.cluster_dns = [s if isinstance(s, DnsServer) else parse_dns_server(s) for s in cluster_dns]
+        self.search_domains = [_normalise(d) for d in search_domains if _normalise(d)]
+        self.cluster_suffixes = tuple(dict.fromkeys([_normalise(s) for s in cluster_suffixes] + self.search_domains))
+        self.use_system = use_system
+        self.timeout = timeout
+        self._cache: dict[tuple[str, int], tuple[float, list[str]]] = {}
+        self._dns: dns.asyncresolver.Resolver | None = None
+        if self.cluster_dns:
+            res = dns.asyncresolver.Resolver(configure=False)
+            res.nameservers = [dns.nameserver.Do53Nameserver(s.address, s.port) for s in self.cluster_dns]
+            res.lifetime = timeout
+            res.timeout = max(timeout / 3, 0.5)
+            res.cache = None  # our own cache below also remembers negative answers
+            self._dns = res
+
+    @classmethod
+    def from_node_config(cls, config, **kwargs) -> Resolver:
+        """Build from a :class:`anex_agent.wire.NodeConfig` (``dns`` and ``search_domains``)."""
+        return cls(config.dns, search_domains=config.search_domains, **kwargs)
+
+    def is_cluster_name(self, host: str) -> bool:
+        name = _normalise(host)
+        return any(name == s or name.endswith("." + s) for s in self.cluster_suffixes)
+
+    async def resolve(self, host: str) -> list[str]:
+        """IP address strings for ``host``, IPv4 first; raise :class:`ResolveError`."""
+        literal = _ip_literal(host)
+        if literal is not None:
+            return [literal]
+        name = _normalise(host)
+        if not name:
+            raise ResolveError(host, 0, "empty host name")
+        if self._dns is not None and self.is_cluster_name(name):
+            return await self._resolve_cluster(host, name)
+        if not self.use_system:
+            raise ResolveError(host, 0, "not a cluster name and system resolution is disabled")
+        try:
+            return await self._resolve_system(host, name)
+        except ResolveError as err:
+            if self._dns is None or not self.search_domains:
+                raise
+            for domain in self.search_domains:
+                try:
+                    return await self._resolve_cluster(host, f"{name}.{domain}")
+                except ResolveError:
+                    continue
+            raise err from None
+
+    async def _resolve_system(self, host: str, name: str) -> list[str]:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+                raise ResolveError(host, 0, "name does not resolve (system resolver)") from None
+            raise ResolveError(host, 0, "system resolver failed (temporary failure in name resolution)") from None
+        out = list(dict.fromkeys(info[4][0] for info in infos))
+        out.sort(key=lambda a: ":" in a)  # IPv4 first: the mesh is IPv4
+        return out
+
+    async def _resolve_cluster(self, host: str, name: str) -> list[str]:
+        a, aaaa = await asyncio.gather(
+            self._query(host, name, dns.rdatatype.A), self._query(host, name, dns.rdatatype.AAAA)
+        )
+        if isinstance(a, ResolveError) and isinstance(aaaa, ResolveError):
+            # prefer the more informative failure: an unreachable server over "no such name"
+            raise aaaa if "NXDOMAIN" in a.reason else a
+        out = (a if isinstance(a, list) else []) + (aaaa if isinstance(aaaa, list) else [])
+        if not out:
+            raise ResolveError(host, 0, f"name has no address in cluster DNS ({self._servers_text()})")
+        return out
+
+    def _servers_text(self) -> str:
+        return ", ".join(str(s) for s in self.cluster_dns)
+
+    async def _query(self, host: str, name: str, rdtype: int) -> list[str] | ResolveError:
+        key = (name, rdtype)
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            return list(hit[1])
+        assert self._dns is not None
+        try:
+            answer = await self._dns.resolve(name, rdtype, search=False, raise_on_no_answer=False)
+        except dns.resolver.NXDOMAIN:
+            self._store(key, NEGATIVE_TTL, [])
+            return ResolveError(host, 0, f"name does not resolve (NXDOMAIN from cluster DNS {self._servers_text()})")
+        except (dns.exception.Timeout, dns.resolver.NoNameservers, dns.resolver.LifetimeTimeout):
+            return ResolveError(host, 0, f"cluster DNS {self._servers_text()} did not answer (is the mesh up?)")
+        except dns.exception.DNSException:
+            return ResolveError(host, 0, f"cluster DNS {self._servers_text()} gave an unusable answer")
+        addresses = [rr.address for rr in answer.rrset] if answer.rrset is not None else []
+        ttl = float(answer.rrset.ttl) if answer.rrset is not None else NEGATIVE_TTL
+        self._store(key, ttl, addresses)
+        return addresses
+
+    def _store(self, key: tuple[str, int], ttl: float, addresses: list[str]) -> None:
+        if ttl <= 0:
+            return
+        if len(self._cache) >= MAX_CACHE_ENTRIES:
+            now = time.monotonic()
+            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+            if len(self._cache) >= MAX_CACHE_ENTRIES:
+                self._cache.clear()
+        self._cache[key] = (time.monotonic() + ttl, addresses)
