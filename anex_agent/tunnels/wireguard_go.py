@@ -1,0 +1,263 @@
+"""The wireguard-go engine: a supervised ``wireguard-go -f <ifname>`` child, configured over UAPI.
+
+Lifecycle:
+
+* ``start()`` runs ``wireguard-go -f IFNAME`` in the current network namespace (the
+  child gets SIGTERM if we die, via PR_SET_PDEATHSIG, so a crashed agent does not leave
+  it behind), then waits until its UAPI socket answers ``get=1``.
+* ``apply(desired)`` reads the device over UAPI, diffs it against ``desired``
+  (:func:`anex_agent.tunnels.base.plan_peers`) and sends one ``set=1`` with only the
+  changes; then addresses, MTU, link state and routes through :mod:`netconf`.
+* ``stop()`` sends SIGTERM (SIGKILL after a grace period), then makes sure the
+  interface and the UAPI socket are gone. Routes die with the interface.
+
+The interface, the process and the socket are all named after ``ifname``; UAPI
+sockets live in one directory for the whole machine (not per namespace), so names
+must be unique machine-wide (see :func:`anex_agent.tunnels.base.new_ifname`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from typing import IO
+
+from anex_agent.errors import EngineError
+from anex_agent.keys import decode_key, encode_key
+from anex_agent.tunnels import netconf, uapi
+from anex_agent.tunnels.base import (
+    DesiredConfig,
+    Engine,
+    EngineStatus,
+    PeerConfig,
+    PeerStatus,
+    Support,
+    check_ifname,
+    plan_peers,
+)
+from anex_agent.tunnels.caps import CAP_NET_ADMIN, has_capability, tun_usable
+
+log = logging.getLogger(__name__)
+
+BINARY = "wireguard-go"
+#: Debian's wireguard-go refuses to run on Linux unless this is set (it prefers the kernel module).
+ENV_PREFER_USERSPACE = "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD"
+START_TIMEOUT = 10.0
+STOP_GRACE = 5.0
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+
+
+def peers_from_device(device: uapi.UapiDevice) -> tuple[PeerConfig, ...]:
+    """The peers of a UAPI dump as PeerConfig (for diffing)."""
+    return tuple(
+        PeerConfig(
+            public_key=encode_key(p.public_key),
+            endpoint=p.endpoint,
+            allowed_ips=p.allowed_ips,
+            persistent_keepalive=p.persistent_keepalive,
+            preshared_key=encode_key(p.preshared_key) if p.preshared_key else None,
+        )
+        for p in device.peers
+    )
+
+
+def encode_apply(device: uapi.UapiDevice, desired: DesiredConfig) -> bytes:
+    """The ``set=1`` request that takes ``device`` to ``desired`` (``b"set=1\\n\\n"`` when nothing differs). Pure.
+
+    Peer endpoints in ``desired`` must already be IP literals (see :func:`netconf.resolve_endpoint`).
+    """
+    current = peers_from_device(device)
+    plan = plan_peers(current, desired.peers)
+    have = {p.public_key: p for p in current}
+    changes: list[uapi.PeerChange] = [uapi.PeerChange(public_key=decode_key(k), remove=True) for k in plan.remove]
+    for peer in plan.add + plan.update:
+        old = have.get(peer.public_key)
+        if peer.preshared_key:
+            psk: bytes | None = decode_key(peer.preshared_key, what="preshared_key")
+        else:
+            psk = b"" if old is not None and old.preshared_key else None
+        changes.append(
+            uapi.PeerChange(
+                public_key=decode_key(peer.public_key, what="peer public_key"),
+                preshared_key=psk,
+                endpoint=peer.endpoint,
+                persistent_keepalive=peer.persistent_keepalive,
+                replace_allowed_ips=True,
+                allowed_ips=peer.allowed_ips,
+            )
+        )
+    return uapi.encode_set(
+        private_key=desired.private_key if device.private_key != desired.private_key else None,
+        listen_port=desired.listen_port
+        if desired.listen_port is not None and desired.listen_port != device.listen_port
+        else None,
+        peers=changes,
+    )
+
+
+def status_from_device(name: str, ifname: str, device: uapi.UapiDevice, running: bool) -> EngineStatus:
+    return EngineStatus(
+        engine=name,
+        interface=ifname,
+        listen_port=device.listen_port,
+        running=running,
+        peers=tuple(
+            PeerStatus(
+                public_key=encode_key(p.public_key),
+                endpoint=p.endpoint,
+                last_handshake=p.last_handshake,
+                rx_bytes=p.rx_bytes,
+                tx_bytes=p.tx_bytes,
+                allowed_ips=p.allowed_ips,
+            )
+            for p in device.peers
+        ),
+    )
+
+
+class WireguardGoEngine(Engine):
+    """WireGuard through a wireguard-go child process (needs CAP_NET_ADMIN and /dev/net/tun)."""
+
+    name = "wireguard-go"
+
+    def __init__(self, *, ifname: str, binary: str = BINARY, socket_dir: str = uapi.SOCKET_DIR) -> None:
+        self.ifname = check_ifname(ifname)
+        self.binary = binary
+        self.socket_path = uapi.socket_path(ifname, socket_dir)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stderr: IO[bytes] | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def is_supported(cls, binary: str = BINARY) -> Support:
+        path = shutil.which(binary)
+        if path is None:
+            return Support(False, f"{binary} not found on PATH (install the wireguard-go package)")
+        if not has_capability(CAP_NET_ADMIN):
+            return Support(False, "no CAP_NET_ADMIN (needed to create a TUN interface and set routes)")
+        ok, why = tun_usable()
+        if not ok:
+            return Support(False, why)
+        return Support(True, f"{path} present, /dev/net/tun usable, CAP_NET_ADMIN held")
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def start(self) -> None:
+        async with self._lock:
+            if self.running:
+                return
+            await self._clear_stale_socket()
+            env = dict(os.environ)
+            env[ENV_PREFER_USERSPACE] = "1"
+            env.setdefault("LOG_LEVEL", "error")
+            # Its stderr (a banner, then errors) goes to a private temporary file that we
+            # quote when it fails to start; no reader task needed.
+            self._stderr = tempfile.TemporaryFile()
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    self.binary, "-f", self.ifname,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=self._stderr,
+                    env=env, preexec_fn=_pdeathsig,
+                )
+            except OSError as err:
+                raise EngineError(f"cannot run {self.binary}: {err}") from None
+            deadline = time.monotonic() + START_TIMEOUT
+            while True:
+                if self._proc.returncode is not None:
+                    raise EngineError(f"{self.binary} -f {self.ifname} exited with status {self._proc.returncode} "
+                                      f"before its UAPI socket was ready: {self._stderr_tail()}")
+                if os.path.exists(self.socket_path):
+                    try:
+                        await uapi.get_device(self.socket_path)
+                        break
+                    except EngineError:
+                        pass
+                if time.monotonic() > deadline:
+                    await self._terminate()
+                    raise EngineError(f"{self.binary} did not open {self.socket_path} within {START_TIMEOUT:.0f} s")
+                await asyncio.sleep(0.02)
+            log.info("wireguard-go running for %s (pid %s)", self.ifname, self._proc.pid)
+
+    def _stderr_tail(self, limit: int = 2000) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        text = self._stderr.read().decode("utf-8", "replace")
+        lines = [ln for ln in text.splitlines() if ln.strip() and not set(ln.strip()) <= set("│┌┐└┘─ ")]
+        lines = [ln for ln in lines if "│" not in ln]  # drop the "use the kernel module" banner
+        return " / ".join(lines)[-limit:] or "no message"
+
+    async def _clear_stale_socket(self) -> None:
+        if not os.path.exists(self.socket_path):
+            return
+        try:
+            await uapi.get_device(self.socket_path)
+        except EngineError:
+            os.unlink(self.socket_path)  # nobody listens: a leftover from a crash
+            return
+        raise EngineError(f"another WireGuard process already serves {self.socket_path}; choose another interface name")
+
+    async def apply(self, desired: DesiredConfig) -> None:
+        if not self.running:
+            await self.start()
+        async with self._lock:
+            resolved = await netconf.resolve_peers(desired)
+            device = await uapi.get_device(self.socket_path)
+            request = encode_apply(device, resolved)
+            await uapi.set_device(self.socket_path, request)
+            await netconf.run_blocking(netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes)
+
+    async def status(self) -> EngineStatus:
+        if not self.running:
+            return EngineStatus(engine=self.name, interface=self.ifname, listen_port=0, running=False)
+        device = await uapi.get_device(self.socket_path)
+        return status_from_device(self.name, self.ifname, device, True)
+
+    async def dump(self) -> uapi.UapiDevice:
+        """The raw UAPI view (tests compare two dumps to check that apply() changed nothing)."""
+        return await uapi.get_device(self.socket_path)
+
+    async def _terminate(self) -> None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_GRACE)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    async def stop(self) -> None:
+        async with self._lock:
+            await self._terminate()
+            self._proc = None
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+            await netconf.run_blocking(netconf.delete_link, self.ifname)
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+
+    def dialer(self, resolver=None):
+        """An OS dialer: the routes through the interface carry the traffic."""
+        from anex_agent.dialer import OSDialer
+
+        return OSDialer(resolver)

@@ -1,0 +1,82 @@
+"""Drive one engine from a test, inside a network namespace: ``ip netns exec NS python engine_driver.py ENGINE IFNAME``.
+
+Line protocol (one JSON object per line on stdin; one JSON reply per line on stdout):
+
+    {"op": "apply", "config": {...DesiredConfig fields, private_key as base64...}} -> {"ok": true}
+    {"op": "status"}  -> {"ok": true, "status": EngineStatus.to_dict()}
+    {"op": "dump"}    -> {"ok": true, "dump": "<raw UAPI get=1 request/response repr>"}
+    {"op": "stop"}    -> {"ok": true}   (then the driver exits)
+
+Errors come back as {"ok": false, "error": "..."}. EOF on stdin stops the engine and exits,
+so a test that dies still tears the engine down. Test-only: the private key crosses a pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+
+
+def _desired(doc: dict):
+    from anex_agent.tunnels.base import DesiredConfig, PeerConfig
+
+    return DesiredConfig(
+        private_key=base64.b64decode(doc["private_key"]),
+        listen_port=doc.get("listen_port"),
+        address=doc["address"],
+        mtu=doc.get("mtu", 1420),
+        peers=tuple(
+            PeerConfig(
+                public_key=p["public_key"],
+                endpoint=p.get("endpoint"),
+                allowed_ips=tuple(p["allowed_ips"]),
+                persistent_keepalive=p.get("persistent_keepalive", 0),
+                preshared_key=p.get("preshared_key"),
+            )
+            for p in doc.get("peers", ())
+        ),
+        routes=tuple(doc.get("routes", ())),
+    )
+
+
+async def main(engine_name: str, ifname: str) -> int:
+    from anex_agent.tunnels.base import engine_classes
+
+    engine = engine_classes()[engine_name](ifname=ifname)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    def reply(doc: dict) -> None:
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
+
+    try:
+        await engine.start()
+        reply({"ok": True, "started": True})
+        while line := await reader.readline():
+            cmd = json.loads(line)
+            try:
+                if cmd["op"] == "apply":
+                    await engine.apply(_desired(cmd["config"]))
+                    reply({"ok": True})
+                elif cmd["op"] == "status":
+                    reply({"ok": True, "status": (await engine.status()).to_dict()})
+                elif cmd["op"] == "dump":
+                    reply({"ok": True, "dump": repr(await engine.dump())})
+                elif cmd["op"] == "stop":
+                    break
+                else:
+                    reply({"ok": False, "error": f"unknown op {cmd['op']!r}"})
+            except Exception as err:  # report to the test, keep serving
+                reply({"ok": False, "error": f"{type(err).__name__}: {err}"})
+    finally:
+        await engine.stop()
+        reply({"ok": True, "stopped": True})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1], sys.argv[2])))
