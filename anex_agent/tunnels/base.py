@@ -9,7 +9,7 @@ drive every engine the same way::
     await engine.start()                        # create the interface / process (idempotent)
     await engine.apply(desired)                 # declarative; call again on every change
     status = await engine.status()              # handshakes, bytes, endpoints
-    dialer = engine.dialer()                    # what the proxy and forwards use
+    dialer = engine.dialer(resolver)            # what the proxy and forwards use
     await engine.stop()                         # nothing of ours is left afterwards
 
 Contracts every engine keeps:
@@ -174,8 +174,8 @@ class EngineStatus:
 class Dialer(Protocol):
     """Opens TCP connections to ``host:port`` through whatever the engine provides.
 
-    Defined fully by the front-ends in :mod:`anex_agent.dialer`; repeated here only as
-    the type engines return.
+    Defined fully by the front-ends in :mod:`anex_agent.dialer` (``Dialer``); repeated
+    here as a structural type so this module imports nothing heavy.
     """
 
     async def open_connection(self, host: str, port: int) -> Any: ...
@@ -209,8 +209,13 @@ class Engine(abc.ABC):
         """Tear everything down; leaves nothing of ours. Idempotent, safe before start()."""
 
     @abc.abstractmethod
-    def dialer(self) -> Dialer | None:
-        """The dialer front-ends use; for OS-routed engines the OS dialer."""
+    def dialer(self, resolver: Any = None) -> Dialer | None:
+        """The dialer front-ends use (see :mod:`anex_agent.dialer`).
+
+        Kernel and wireguard-go return ``anex_agent.dialer.OSDialer(resolver)``: routes do
+        the work. ``resolver`` (an ``anex_agent.dialer.NameResolver``) resolves mesh/cluster
+        names; engines with their own stack use it the same way.
+        """
 
     async def __aenter__(self) -> Engine:
         await self.start()
