@@ -1,0 +1,153 @@
+"""Bidirectional byte relay between two :class:`anex_agent.dialer.Connection` objects.
+
+Used by the ``GW_TUNNEL_<port>`` forwards and by the proxy's ``CONNECT`` tunnels.
+
+* Each direction copies until EOF, then propagates the half-close with
+  ``shutdown_write()`` on the other side (RFC 9293 §3.6: a FIN closes one direction
+  only); the relay returns when both directions have finished or one side failed.
+* Fast path (Linux): when both ends expose a kernel ``socket``, bytes move with
+  ``os.splice`` through a pipe (socket -> pipe -> socket) and never enter Python
+  memory. The pipe is grown to :data:`PIPE_SIZE`. Readiness comes from the event
+  loop (``add_reader``/``add_writer``), so no thread is needed.
+* Otherwise each direction reads with ``recv_into`` into one preallocated
+  :data:`COPY_BUFFER` and writes it with ``sendall`` (no per-read allocation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from anex_agent.dialer import Connection
+
+log = logging.getLogger(__name__)
+
+COPY_BUFFER = 256 * 1024  # bytes per read on the generic path
+PIPE_SIZE = 1024 * 1024  # default /proc/sys/fs/pipe-max-size; larger needs CAP_SYS_RESOURCE
+SPLICE_CHUNK = PIPE_SIZE
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # fcntl(2), Linux 2.6.35+
+HAVE_SPLICE = hasattr(os, "splice")
+
+
+@dataclass
+class RelayStats:
+    """Bytes moved: ``a_to_b`` from the first connection to the second, ``b_to_a`` back."""
+
+    a_to_b: int = 0
+    b_to_a: int = 0
+
+
+async def relay(a: Connection, b: Connection, *, a_to_b_prefix: bytes = b"", use_splice: bool = True) -> RelayStats:
+    """Copy ``a`` <-> ``b`` until both directions reached EOF or one side failed.
+
+    ``a_to_b_prefix`` is sent to ``b`` before anything read from ``a`` (bytes the caller
+    already read, e.g. what followed a CONNECT request). Does not close ``a`` or ``b``;
+    the caller does. Connection errors (reset, broken pipe) end the relay quietly:
+    a TCP forward has nobody to report them to but the log.
+    """
+    stats = RelayStats()
+    if a_to_b_prefix:
+        await b.sendall(a_to_b_prefix)
+        stats.a_to_b += len(a_to_b_prefix)
+    fast = use_splice and HAVE_SPLICE and a.socket is not None and b.socket is not None
+    if fast:
+        one_way = _splice_one_way
+    else:
+        one_way = _copy_one_way
+
+    async def a_to_b() -> None:
+        stats.a_to_b += await one_way(a, b)
+
+    async def b_to_a() -> None:
+        stats.b_to_a += await one_way(b, a)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(a_to_b(), name="relay-a-to-b")
+            tg.create_task(b_to_a(), name="relay-b-to-a")
+    except* (ConnectionError, OSError) as group:
+        log.debug("relay ended by a connection error: %r", group.exceptions[0])
+    return stats
+
+
+async def _copy_one_way(src: Connection, dst: Connection) -> int:
+    buf = bytearray(COPY_BUFFER)
+    view = memoryview(buf)
+    total = 0
+    while True:
+        n = await src.recv_into(view)
+        if n == 0:
+            break
+        await dst.sendall(view[:n])
+        total += n
+    await dst.shutdown_write()
+    return total
+
+
+async def _wait_fd(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> None:
+    fut = loop.create_future()
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    if write:
+        loop.add_writer(fd, ready)
+    else:
+        loop.add_reader(fd, ready)
+    try:
+        await fut
+    finally:
+        if write:
+            loop.remove_writer(fd)
+        else:
+            loop.remove_reader(fd)
+
+
+def _make_pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    with contextlib.suppress(OSError):  # keep the default 64 KiB pipe when not allowed
+        fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
+    return r, w
+
+
+async def _splice_one_way(src: Connection, dst: Connection) -> int:
+    """socket -> pipe -> socket with non-blocking ``os.splice``; returns bytes moved."""
+    assert src.socket is not None and dst.socket is not None
+    loop = asyncio.get_running_loop()
+    src_fd, dst_fd = src.socket.fileno(), dst.socket.fileno()
+    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+    pipe_r, pipe_w = _make_pipe()
+    total = 0
+    try:
+        while True:
+            try:
+                n = os.splice(src_fd, pipe_w, SPLICE_CHUNK, flags=flags)
+            except BlockingIOError:
+                await _wait_fd(loop, src_fd, write=False)
+                continue
+            if n == 0:
+                break
+            pending = n
+            while pending:
+                try:
+                    pending -= os.splice(pipe_r, dst_fd, pending, flags=flags)
+                except BlockingIOError:
+                    await _wait_fd(loop, dst_fd, write=True)
+            total += n
+    finally:
+        os.close(pipe_r)
+        os.close(pipe_w)
+    await dst.shutdown_write()
+    return total
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Options for bulk relaying: no Nagle delay on the relayed stream."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
