@@ -65,11 +65,21 @@ def link_index(ifname: str) -> int | None:
     return found[0] if found else None
 
 
-def list_links(prefix: str) -> list[str]:
-    """Names of interfaces whose name starts with ``prefix``."""
+def list_links(prefix: str, kind: str | None = None) -> list[str]:
+    """Names of interfaces whose name starts with ``prefix`` (and, if given, of link ``kind``)."""
     with _ipr() as ipr:
-        names = [link.get("IFLA_IFNAME") for link in ipr.get_links()]
-    return sorted(n for n in names if n and n.startswith(prefix))
+        links = ipr.get_links()
+    names = []
+    for link in links:
+        name = link.get("IFLA_IFNAME")
+        if not name or not name.startswith(prefix):
+            continue
+        if kind is not None:
+            info = link.get("IFLA_LINKINFO")
+            if info is None or info.get("IFLA_INFO_KIND") != kind:
+                continue
+        names.append(name)
+    return sorted(names)
 
 
 def create_link(ifname: str, kind: str) -> None:
