@@ -1,0 +1,26 @@
+"""``anex-agent daemon``: join the mesh and keep it up until SIGTERM/SIGINT (systemd).
+
+The same as ``run`` without a workload; see ``systemd/anex-agent.service``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from anex_agent.agent import settings as agent_settings
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    agent_settings.add_arguments(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    from anex_agent.agent.cli_detect import detect_report
+    from anex_agent.agent.supervisor import Agent
+
+    settings = agent_settings.from_args(args, os.environ)
+    agent_settings.check_ports_free(settings)
+    agent = Agent(settings, detect_report=detect_report)
+    return asyncio.run(agent.run(None))

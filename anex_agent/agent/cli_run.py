@@ -1,0 +1,37 @@
+"""``anex-agent run [options] -- CMD ARGS...``: join the mesh, then run the workload.
+
+The container entrypoint. Settings come from the flags or the ANEX_* / GW_TUNNEL_*
+environment (see :mod:`anex_agent.agent.settings`); they are checked, including that
+every GW_TUNNEL port is free, before anything starts. The workload starts only once the
+tunnel, the proxy and the forwards are up; SIGTERM/SIGINT/SIGHUP are forwarded to it;
+``run`` exits with its status and tears the mesh down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from anex_agent.agent import settings as agent_settings
+from anex_agent.agent.workload import Workload, check_command
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    agent_settings.add_arguments(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the workload to run")
+    parser.usage = "anex-agent run [options] -- CMD ARGS..."
+
+
+def main(args: argparse.Namespace) -> int:
+    from anex_agent.agent.cli_detect import detect_report
+    from anex_agent.agent.supervisor import Agent
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    check_command(command)
+    settings = agent_settings.from_args(args, os.environ)
+    agent_settings.check_ports_free(settings)
+    agent = Agent(settings, detect_report=detect_report)
+    return asyncio.run(agent.run(Workload(command)))

@@ -1,0 +1,163 @@
+"""The node's data plane: engine + resolver + dialer + front-ends, driven by NodeConfig.
+
+Owns, in start order: the WireGuard engine (chosen by ``ANEX_ENGINE`` or the auto
+order), the resolver built from the config's DNS servers, the dialer the engine
+gives, the ``GW_TUNNEL`` forwards (local + pushed) and the HTTP proxy. ``apply(config)``
+is declarative and may be called on every config from the coordinator; ``stop()``
+tears down in reverse order and leaves nothing of ours (the engine removes its
+interface, routes and process).
+
+Front-ends never see the engine: they hold the dialer, whose resolver is swapped when
+the DNS config changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+from anex_agent.agent.desired import desired_from_config, merge_tunnels
+from anex_agent.agent.settings import AgentSettings
+from anex_agent.errors import ConfigError, EngineError
+from anex_agent.keys import KeyPair
+from anex_agent.tunnels.base import Engine, EngineStatus, choose_engine, new_ifname
+from anex_agent.wire import NodeConfig, TransportStatus
+
+log = logging.getLogger(__name__)
+
+#: A handshake older than this means the session is gone (whitepaper §6.1: REJECT_AFTER_TIME = 180 s).
+READY_HANDSHAKE_AGE = 180.0
+
+
+class DataPlane:
+    def __init__(self, settings: AgentSettings, keypair: KeyPair, detect_report: dict[str, Any]) -> None:
+        self.settings = settings
+        self.keypair = keypair
+        self.detect_report = detect_report
+        self.engine_cls: type[Engine] | None = None
+        self.engine: Engine | None = None
+        self.config: NodeConfig | None = None
+        self.path = "udp"
+        self.dialer = None
+        self.forwards = None
+        self.proxy = None
+        self._stack = contextlib.AsyncExitStack()
+
+    def choose_engine(self) -> type[Engine]:
+        if self.settings.path == "websocket":
+            raise ConfigError("ANEX_PATH", "the websocket path is not available in this build yet; expected auto or udp")
+        cls, tried = choose_engine(self.settings.engine)
+        self.detect_report.setdefault("engines", {n: s.to_dict() for n, s in tried.items()})
+        self.engine_cls = cls
+        log.info("engine: %s (%s)", cls.name, tried[cls.name].reason)
+        return cls
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self, config: NodeConfig) -> None:
+        """Engine up with ``config``, then resolver/dialer, then forwards and proxy."""
+        from anex_agent.resolver import Resolver
+
+        assert self.engine_cls is not None, "choose_engine() first"
+        self.engine = self.engine_cls(ifname=new_ifname("n"))
+        self._stack.push_async_callback(self.engine.stop)
+        await self.engine.start()
+        await self.engine.apply(desired_from_config(config, self.keypair.private))
+        self.dialer = self.engine.dialer(Resolver.from_node_config(config))
+        if self.dialer is None:
+            raise EngineError(f"engine {self.engine_cls.name} gives no dialer; it cannot serve the proxy and forwards")
+        self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer))
+        await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
+        self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
+        self.config = config
+
+    async def apply(self, config: NodeConfig) -> None:
+        """Re-apply a newer config: engine (gateways, address, routes), DNS, pushed tunnels."""
+        from anex_agent.resolver import Resolver
+
+        assert self.engine is not None and self.forwards is not None
+        old = self.config
+        await self.engine.apply(desired_from_config(config, self.keypair.private))
+        if old is None or (old.dns, old.search_domains) != (config.dns, config.search_domains):
+            self.dialer.resolver = Resolver.from_node_config(config)
+        await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
+        self.config = config
+        log.info("applied config version %d (%d gateway(s), %d tunnel(s))", config.version, len(config.gateways), len(self.forwards.active))
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+    # ---------------------------------------------------------------- reports
+
+    async def engine_status(self) -> EngineStatus | None:
+        if self.engine is None:
+            return None
+        try:
+            return await self.engine.status()
+        except EngineError as err:
+            log.warning("engine status failed: %s", err)
+            return None
+
+    async def transport_status(self) -> TransportStatus:
+        status = await self.engine_status()
+        ages = [time.time() - p.last_handshake for p in (status.peers if status else ()) if p.last_handshake]
+        return TransportStatus(
+            engine=self.engine_cls.name if self.engine_cls else "",
+            path=self.path,
+            last_handshake_age=round(min(ages), 3) if ages else None,
+            rx_bytes=sum(p.rx_bytes for p in status.peers) if status else 0,
+            tx_bytes=sum(p.tx_bytes for p in status.peers) if status else 0,
+        )
+
+    async def ready(self) -> tuple[bool, str]:
+        transport = await self.transport_status()
+        age = transport.last_handshake_age
+        if age is None:
+            return False, "no WireGuard handshake with a gateway yet"
+        if age > READY_HANDSHAKE_AGE:
+            return False, f"last handshake {age:.0f} s ago (older than {READY_HANDSHAKE_AGE:.0f} s)"
+        return True, f"handshake {age:.0f} s ago"
+
+    async def status_doc(self) -> dict[str, Any]:
+        status = await self.engine_status()
+        transport = await self.transport_status()
+        config = self.config
+        return {
+            "engine": transport.engine,
+            "path": transport.path,
+            "interface": status.interface if status else None,
+            "detect": self.detect_report,
+            "address": config.address if config else None,
+            "config_version": config.version if config else None,
+            "last_handshake_age": transport.last_handshake_age,
+            "rx_bytes": transport.rx_bytes,
+            "tx_bytes": transport.tx_bytes,
+            "peers": [p.to_dict() for p in status.peers] if status else [],
+            "gateways": [g.model_dump() for g in config.gateways] if config else [],
+            "tunnels": [{"listen_port": p, "target": t} for p, t in (self.forwards.active.items() if self.forwards else ())],
+            "proxy": str(self.settings.proxy_listen),
+        }
+
+    def summary(self) -> str:
+        config = self.config
+        tunnels = ", ".join(f"127.0.0.1:{p}->{t}" for p, t in self.forwards.active.items()) if self.forwards else ""
+        return (
+            f"engine={self.engine_cls.name if self.engine_cls else '?'} path={self.path} "
+            f"address={config.address if config else '?'} proxy={self.settings.proxy_listen}"
+            + (f" tunnels=[{tunnels}]" if tunnels else "")
+        )
+
+
+def _forward_manager(dialer):
+    from anex_agent.frontends.forward import ForwardManager
+
+    return ForwardManager(dialer)
+
+
+def _proxy(dialer, settings: AgentSettings):
+    """The HTTP proxy front-end as an async context manager (frontends engineer's module)."""
+    from anex_agent.frontends import proxy
+
+    return proxy.serve_proxy(dialer, settings.proxy_listen.host, settings.proxy_listen.port)

@@ -1,0 +1,249 @@
+"""The agent supervisor: one TaskGroup that owns every task of the node agent.
+
+Order of start (each step only after the previous one worked)::
+
+    detect -> choose engine -> identity (key; join or re-use the credential; config,
+    or the last good config when the coordinator is down) -> engine.start/apply ->
+    front-ends (proxy, forwards) -> agent API -> [workload] -> heartbeats + watch
+
+Fail static: once the data plane is up, coordinator failures only make heartbeats and
+the watch stream back off (with jitter) and retry; the tunnel, proxy and forwards keep
+the last good config. Teardown (always, also on errors): workload, API, front-ends,
+engine.stop(), so nothing of ours is left.
+
+Tasks (named, owned by the TaskGroup of :meth:`Agent.run`): ``heartbeat``, ``watch``,
+``workload`` (run only) and ``stop-wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from anex_agent import __version__
+from anex_agent.agent.api import AgentApi
+from anex_agent.agent.backoff import Backoff
+from anex_agent.agent.dataplane import DataPlane
+from anex_agent.agent.heartbeat import heartbeat_loop, watch_loop
+from anex_agent.agent.link import CoordinatorLink
+from anex_agent.agent.settings import AgentSettings, check_ports_free
+from anex_agent.agent.state import NodeIdentity, StateDir
+from anex_agent.agent.workload import FORWARDED, Workload
+from anex_agent.errors import ConfigError, CoordinatorError
+from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
+
+log = logging.getLogger("anex_agent.agent")
+
+#: How long a start-up call to the coordinator may take before we fall back (fail static).
+STARTUP_TIMEOUT = 10.0
+
+
+class Agent:
+    """One node agent. ``run()`` returns the process exit status."""
+
+    def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.settings = settings
+        self.state = StateDir(settings.state_dir)
+        self.link = CoordinatorLink(settings.coordinator_url)
+        self.dataplane: DataPlane | None = None
+        self.identity: NodeIdentity | None = None
+        self.coordinator_reachable: bool | None = None
+        self.last_coordinator_error: str | None = None
+        self._detect = detect_report
+        self._stop = asyncio.Event()
+        self.api: AgentApi | None = None
+
+    # ---------------------------------------------------------------- start-up steps
+
+    async def _join_or_load(self, pubkey: str, facts: NodeFacts) -> NodeConfig:
+        """Identity + config: re-use the saved credential, else join; retry until it works.
+
+        With a saved identity and a last good config, an unreachable coordinator is not
+        an obstacle: we start fail-static on the saved config.
+        """
+        url = self.settings.coordinator_url
+        backoff = Backoff(base=1.0, cap=30.0)
+        saved_config = self.state.load_config()
+        self.identity = self.state.load_identity(url)
+        while True:
+            try:
+                if self.identity is not None:
+                    self.link.set_credential(self.identity.credential)
+                    async with asyncio.timeout(STARTUP_TIMEOUT):
+                        config = await self.link.get_config(self.identity.node_id)
+                    self._reachable(True)
+                    log.info("re-using node identity %s (config version %d)", self.identity.node_id, config.version)
+                    return config
+                if not self.settings.join_token:
+                    raise ConfigError("ANEX_JOIN_TOKEN", "is not set and this node has not joined yet; expected the join token")
+                request = NodeJoinRequest(
+                    token=self.settings.join_token,
+                    public_key=pubkey,
+                    name=self.settings.name,
+                    provider=self.settings.provider,
+                    facts=facts,
+                )
+                async with asyncio.timeout(STARTUP_TIMEOUT):
+                    joined = await self.link.join(request)
+                self.identity = NodeIdentity(url, joined.node_id, joined.credential)
+                self.state.save_identity(self.identity)
+                self.link.set_credential(joined.credential)
+                self._reachable(True)
+                log.info("joined %s as node %s, mesh address %s", url, joined.node_id, joined.config.address)
+                return joined.config
+            except (CoordinatorError, TimeoutError) as err:
+                err = err if isinstance(err, CoordinatorError) else CoordinatorError("no answer in time", retryable=True)
+                if err.status in (401, 403, 404) and self.identity is not None:
+                    log.warning("the coordinator no longer knows node %s (%s); joining again", self.identity.node_id, err)
+                    self.state.forget_identity()
+                    self.identity = None
+                    saved_config = None
+                    continue
+                if not err.retryable:
+                    raise
+                self._reachable(False, str(err))
+                if saved_config is not None and self.identity is not None:
+                    log.warning("coordinator unreachable (%s); starting fail-static on the last good config (version %d)", err, saved_config.version)
+                    return saved_config
+                delay = backoff.next_delay()
+                log.warning("coordinator %s unreachable (%s); retrying in %.1f s", url, err, delay)
+                print(f"anex-agent: coordinator {url} unreachable ({err}); retrying in {delay:.1f} s", flush=True)
+                await asyncio.sleep(delay)
+
+    def _reachable(self, ok: bool, error: str | None = None) -> None:
+        self.coordinator_reachable = ok
+        self.last_coordinator_error = None if ok else error
+
+    async def apply_config(self, config: NodeConfig) -> None:
+        """Apply a new config from the coordinator (watch or heartbeat) and remember it."""
+        assert self.dataplane is not None
+        if self.dataplane.config is not None and config.version <= self.dataplane.config.version and config == self.dataplane.config:
+            return
+        await self.dataplane.apply(config)
+        self.state.save_config(config)
+        if self.api is not None:
+            await self._serve_api_on_mesh(config)
+
+    async def _serve_api_on_mesh(self, config: NodeConfig) -> None:
+        assert self.api is not None
+        port = self.settings.api_listen.port
+        try:
+            await self.api.start(config.address, port)
+        except OSError as err:
+            log.warning("agent API cannot listen on the mesh address %s:%d: %s", config.address, port, err.strerror)
+
+    # ---------------------------------------------------------------- API callbacks
+
+    def verify_token(self, token: str) -> bool:
+        from anex_agent import access_token
+
+        config = self.dataplane.config if self.dataplane else None
+        if config is None or not config.agent_api_verify_key:
+            return False
+        try:
+            access_token.verify(config.agent_api_verify_key, token, node_id=config.node_id, now=time.time())
+        except Exception as err:  # InvalidAccessToken and malformed keys alike
+            log.info("agent API: refused a mesh-side token: %s", err)
+            return False
+        return True
+
+    async def status(self) -> dict[str, Any]:
+        doc = await self.dataplane.status_doc() if self.dataplane else {}
+        doc.update(
+            {
+                "agent_version": __version__,
+                "node_id": self.identity.node_id if self.identity else None,
+                "name": self.settings.name,
+                "coordinator": {
+                    "url": self.settings.coordinator_url,
+                    "reachable": self.coordinator_reachable,
+                    "last_error": self.last_coordinator_error,
+                },
+            }
+        )
+        return doc
+
+    async def ready(self) -> tuple[bool, str]:
+        if self.dataplane is None:
+            return False, "the data plane is not up yet"
+        return await self.dataplane.ready()
+
+    # ---------------------------------------------------------------- main
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, workload: Workload | None = None) -> int:
+        """Bring everything up, run until the workload exits (or a stop signal), tear down."""
+        check_ports_free(self.settings)
+        keypair = self.state.keypair()
+        report = self._detect() if self._detect else {}
+        self.dataplane = DataPlane(self.settings, keypair, report)
+        engine_cls = self.dataplane.choose_engine()  # ConfigError/EngineError before joining
+        facts = NodeFacts(
+            hostname=socket.gethostname(),
+            capabilities=list(report.get("capabilities") or [engine_cls.name]),
+            detect=report,
+            agent_version=__version__,
+        )
+        loop = asyncio.get_running_loop()
+        exit_code = 0
+        try:
+            config = await self._join_or_load(keypair.public_b64, facts)
+            await self.dataplane.start(config)
+            self.state.save_config(config)
+            self.api = AgentApi(self.status, self.ready, self.verify_token)
+            await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
+            await self._serve_api_on_mesh(config)
+            print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)
+            if workload is not None:
+                await workload.start()
+            for signum in FORWARDED:
+                loop.add_signal_handler(signum, self._on_signal, signum, workload)
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(heartbeat_loop(self), name="heartbeat")
+                tg.create_task(watch_loop(self), name="watch")
+                if workload is not None:
+                    waiter = tg.create_task(workload.wait(), name="workload")
+                stopper = tg.create_task(self._stop.wait(), name="stop-wait")
+                if workload is not None:
+                    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    exit_code = waiter.result() if waiter.done() else 1
+                else:
+                    await stopper
+                raise _Done  # leaving the group cancels heartbeat, watch and the waiters
+        except* _Done:
+            pass
+        finally:
+            for signum in FORWARDED:
+                loop.remove_signal_handler(signum)
+            await self._teardown(workload)
+        return exit_code
+
+    def _on_signal(self, signum: int, workload: Workload | None) -> None:
+        if workload is not None and workload.proc is not None and workload.proc.returncode is None:
+            workload.forward(signum)
+        else:
+            log.info("received %s: stopping", signal.Signals(signum).name)
+            self._stop.set()
+
+    async def _teardown(self, workload: Workload | None) -> None:
+        if workload is not None:
+            with contextlib.suppress(ProcessLookupError):
+                await workload.terminate()
+        if self.api is not None:
+            await self.api.close()
+        if self.dataplane is not None:
+            await self.dataplane.stop()
+        await self.link.close()
+        log.info("agent stopped; interfaces, routes and listeners removed")
+
+
+class _Done(Exception):
+    """Leaves the TaskGroup: cancels the remaining tasks."""
