@@ -1,0 +1,99 @@
+"""One normalized offer model for every source, and a column-wise table of offers.
+
+:class:`Offer` holds one rentable (or on-prem) machine in *annotation units* (see
+:mod:`anex_agent.selection.units`): MB, GB/s, TFLOPS, Mbps, MB/s, GB, USD/hour, compute
+capability x 100, CUDA as a version key. A value a provider does not report is NaN for
+numbers and None otherwise; a filter on an unknown value never matches (unknown is not
+proof that a requirement holds).
+
+:class:`OfferTable` keeps the same data as one list per field. Filtering walks a list of
+row indices through one field at a time (see :mod:`anex_agent.selection.filters`), which
+is several times faster in CPython than testing every predicate on every object.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+
+NAN = float("nan")
+
+PROVIDERS = ("vastai", "runpod", "onprem")
+
+
+def normalize_gpu_name(name: object) -> str:
+    """Canonical GPU name for matching: case-folded, ``_`` as space, vendor words dropped.
+
+    ``"RTX_4090"`` (Vast.AI query form), ``"RTX 4090"`` (Vast.AI/RunPod display name) and
+    ``"NVIDIA GeForce RTX 4090"`` (NVML, RunPod id) all become ``"rtx 4090"``.
+    """
+    if not isinstance(name, str):
+        return ""
+    words = re.split(r"[\s_]+", name.strip().casefold())
+    return " ".join(w for w in words if w and w not in ("nvidia", "geforce"))
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One candidate machine. Numbers in annotation units; NaN/None = not reported."""
+
+    provider: str
+    offer_id: str
+    machine_id: str | None = None
+    gpu_name: str = ""
+    gpu_count: float = NAN
+    vram_mb: float = NAN  # per GPU
+    vram_total_mb: float = NAN
+    vram_bw_gbps: float = NAN
+    tflops: float = NAN  # total
+    compute_cap: float = NAN  # capability x 100
+    cuda: float = NAN  # version key, see versions.version_key
+    cpu_cores: float = NAN
+    ram_mb: float = NAN
+    price: float = NAN  # USD/hour, whole machine
+    upload_mbps: float = NAN
+    download_mbps: float = NAN
+    disk_gb: float = NAN
+    disk_bw_mbps: float = NAN
+    dlperf: float = NAN
+    verified: bool | None = None
+    datacenter: bool | None = None
+    country: str | None = None
+    datacenter_id: str | None = None  # RunPod data center id
+    cloud_type: str | None = None  # RunPod SECURE / COMMUNITY
+    details: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def gpu_key(self) -> str:
+        return normalize_gpu_name(self.gpu_name)
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Offer))
+
+
+class OfferTable:
+    """Offers stored column-wise: ``table.col["price"][i]`` is the price of row ``i``.
+
+    Built once per fetch (providers cache it), read by any number of selections. Derived
+    columns: ``gpu_key`` (normalized GPU name) and ``provider`` stays a column like the rest.
+    Rows are never mutated after construction.
+    """
+
+    __slots__ = ("offers", "col", "size")
+
+    def __init__(self, offers: list[Offer] | tuple[Offer, ...]) -> None:
+        self.offers: tuple[Offer, ...] = tuple(offers)
+        self.size = len(self.offers)
+        self.col: dict[str, list] = {name: [getattr(o, name) for o in self.offers] for name in COLUMNS}
+        self.col["gpu_key"] = [normalize_gpu_name(n) for n in self.col["gpu_name"]]
+
+    @classmethod
+    def concat(cls, tables: list["OfferTable"]) -> "OfferTable":
+        out = cls.__new__(cls)
+        out.offers = tuple(o for t in tables for o in t.offers)
+        out.size = len(out.offers)
+        out.col = {name: [v for t in tables for v in t.col[name]] for name in (*COLUMNS, "gpu_key")}
+        return out
+
+    def __len__(self) -> int:
+        return self.size

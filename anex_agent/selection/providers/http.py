@@ -1,0 +1,171 @@
+"""The HTTP client shared by the provider sources.
+
+* retries on 429 and 5xx responses and on connection errors/timeouts, with exponential
+  backoff and full jitter (base ``backoff`` seconds, doubling, capped at ``max_backoff``);
+  a ``Retry-After`` header (RFC 9110 §10.2.3: delay-seconds or an HTTP-date) is honoured,
+  capped at ``max_retry_after``;
+* a per-attempt timeout (``timeout`` seconds for the whole request);
+* a short TTL cache of successful JSON answers keyed by method, URL, query and body, so a
+  burst of pods asking for the same offers makes one provider call (concurrent identical
+  calls share one in-flight request);
+* credentials go in headers given by the caller and are never logged; log lines carry
+  the method, the URL without its query, the status and the attempt number only.
+
+Errors leave as :class:`ProviderError` with ``retryable`` and ``status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import aiohttp
+
+from anex_agent.errors import AnexError
+
+log = logging.getLogger(__name__)
+
+
+class ProviderError(AnexError):
+    """A provider API call failed. ``retryable``: a later call may succeed."""
+
+    def __init__(self, provider: str, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+        self.provider = provider
+        self.status = status
+        self.retryable = retryable
+        super().__init__(f"{provider}: {message}")
+
+
+@dataclass(frozen=True)
+class HttpPolicy:
+    """Retry/timeout/cache settings (seconds). Defaults suit an interactive selection."""
+
+    timeout: float = 15.0
+    attempts: int = 4
+    backoff: float = 0.5
+    max_backoff: float = 8.0
+    max_retry_after: float = 30.0
+    cache_ttl: float = 30.0
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """Parse a Retry-After header: delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+class JsonClient:
+    """Retrying, caching JSON-over-HTTP client for one provider. Use ``async with`` or ``close()``."""
+
+    def __init__(
+        self,
+        provider: str,
+        *,
+        policy: HttpPolicy = HttpPolicy(),
+        sleep: Callable[[float], Any] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.provider = provider
+        self.policy = policy
+        self._sleep = sleep
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._session: aiohttp.ClientSession | None = None
+        self._cache: dict[str, tuple[float, Any]] = {}
+        self._inflight: dict[str, asyncio.Future] = {}
+        self.calls = 0  # HTTP attempts made (for tests and metrics)
+
+    async def __aenter__(self) -> "JsonClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.policy.timeout))
+        return self._session
+
+    async def request(self, method: str, url: str, *, params: dict | None = None, body: Any = None,
+                      headers: dict[str, str] | None = None) -> Any:
+        """The decoded JSON answer, from the cache when a fresh one is there."""
+        key = json.dumps([method, url, params, body], sort_keys=True, default=str)
+        hit = self._cache.get(key)
+        if hit is not None and self._clock() - hit[0] < self.policy.cache_ttl:
+            return hit[1]
+        pending = self._inflight.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            value = await self._fetch(method, url, params, body, headers or {})
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # mark retrieved: nobody else may be waiting
+            raise
+        else:
+            self._cache[key] = (self._clock(), value)
+            future.set_result(value)
+            return value
+        finally:
+            del self._inflight[key]
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.policy.max_retry_after)
+        ceiling = min(self.policy.max_backoff, self.policy.backoff * (2 ** attempt))
+        return self._rng.uniform(0, ceiling)
+
+    async def _fetch(self, method: str, url: str, params: dict | None, body: Any, headers: dict[str, str]) -> Any:
+        last: ProviderError | None = None
+        for attempt in range(self.policy.attempts):
+            self.calls += 1
+            retry_after: float | None = None
+            try:
+                async with self._get_session().request(method, url, params=params, json=body, headers=headers) as resp:
+                    log.debug("%s %s %s -> %s (attempt %d)", self.provider, method, url, resp.status, attempt + 1)
+                    if resp.status == 429 or resp.status >= 500:
+                        retry_after = retry_after_seconds(resp.headers.get("Retry-After"), time.time())
+                        last = ProviderError(self.provider, f"HTTP {resp.status} from {method} {url}",
+                                             status=resp.status, retryable=True)
+                    elif resp.status >= 400:
+                        raise ProviderError(self.provider, f"HTTP {resp.status} from {method} {url}: the request was "
+                                            "refused (check the API key and the query)", status=resp.status)
+                    else:
+                        try:
+                            return await resp.json(content_type=None)
+                        except (ValueError, aiohttp.ContentTypeError):
+                            raise ProviderError(self.provider, f"{method} {url} answered with something that is "
+                                                "not JSON", status=resp.status) from None
+            except asyncio.TimeoutError:
+                last = ProviderError(self.provider, f"{method} {url} timed out after {self.policy.timeout:g} s",
+                                     retryable=True)
+            except aiohttp.ClientError as err:
+                last = ProviderError(self.provider, f"{method} {url} failed: {type(err).__name__}", retryable=True)
+            if attempt + 1 < self.policy.attempts:
+                await self._sleep(self._delay(attempt, retry_after))
+        assert last is not None
+        raise last

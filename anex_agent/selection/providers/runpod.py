@@ -1,0 +1,134 @@
+"""RunPod offers from its GraphQL API (``POST https://api.runpod.io/graphql``).
+
+One query asks for ``gpuTypes`` (``id``, ``displayName``, ``memoryInGb``, ``secureCloud``,
+``communityCloud``, ``securePrice``/``communityPrice`` in USD/hour per GPU, ``maxGpuCount``,
+``lowestPrice(input: {gpuCount})`` with ``stockStatus``, ``minVcpu``, ``minMemory`` in GB) and
+``dataCenters`` (``id`` such as ``EU-RO-1``, ``name``, ``location``, ``gpuAvailability``: the
+GPU type ids in stock there with their ``stockStatus``).
+
+Each (GPU type, data center where it is in stock, cloud tier it is offered in) becomes one
+:class:`Offer`: price = tier price x GPU count, the GPU count being ``anex.sh/gpu-count``
+(else its ``-min``, else 1). RunPod does not report CUDA, bandwidth, TFLOPS or network
+speeds here, so filters on them exclude RunPod offers (unknown never matches). There is no
+machine id, hence no bans (as documented). The country comes from the data center id
+(``EU-RO-1`` -> RO, ``US-CA-2`` -> US, ``CA-MTL-1`` -> CA).
+
+Configuration: ``RunPodConfig`` (API key from ``ANEX_RUNPOD_API_KEY`` or ``--runpod-api-key``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from anex_agent.selection.annotations import Filters
+from anex_agent.selection.offers import Offer, OfferTable
+from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError
+from anex_agent.selection.units import gb_to_mb, num
+
+DEFAULT_URL = "https://api.runpod.io/graphql"
+
+QUERY = """
+query AnexOffers($gpuCount: Int!) {
+  gpuTypes {
+    id displayName memoryInGb secureCloud communityCloud securePrice communityPrice maxGpuCount
+    lowestPrice(input: {gpuCount: $gpuCount}) { stockStatus minVcpu minMemory uninterruptablePrice }
+  }
+  dataCenters { id name location gpuAvailability { gpuTypeId stockStatus available } }
+}
+""".strip()
+
+
+@dataclass(frozen=True)
+class RunPodConfig:
+    api_key: str = field(default="", repr=False)
+    url: str = DEFAULT_URL
+    policy: HttpPolicy = HttpPolicy()
+
+
+def requested_gpu_count(filters: Filters) -> int:
+    r = filters.range("gpu-count")
+    if r is None:
+        return 1
+    value = r.exact if r.exact is not None else r.lo
+    return max(1, int(value or 1))
+
+
+def country_of_datacenter(dc_id: str) -> str | None:
+    """``EU-RO-1`` -> RO; ``US-CA-2`` -> US; ``CA-MTL-1`` -> CA; ``AP-JP-1`` -> JP; ``OC-AU-1`` -> AU."""
+    parts = dc_id.upper().split("-")
+    if len(parts) < 2:
+        return None
+    if parts[0] in ("EU", "AP", "OC", "AF", "SA", "ME") and len(parts[1]) == 2:
+        return parts[1]
+    return parts[0] if len(parts[0]) == 2 else None
+
+
+def offers_from_answer(data: dict, gpu_count: int) -> list[Offer]:
+    gpu_types = {g.get("id"): g for g in data.get("gpuTypes") or [] if isinstance(g, dict)}
+    out: list[Offer] = []
+    for dc in data.get("dataCenters") or []:
+        if not isinstance(dc, dict) or not dc.get("id"):
+            continue
+        dc_id = str(dc["id"]).upper()
+        for avail in dc.get("gpuAvailability") or []:
+            gpu = gpu_types.get(avail.get("gpuTypeId"))
+            if gpu is None or not avail.get("stockStatus") or avail.get("available") is False:
+                continue
+            lowest = gpu.get("lowestPrice") or {}
+            if not lowest.get("stockStatus"):
+                continue
+            max_count = gpu.get("maxGpuCount")
+            if isinstance(max_count, int) and max_count < gpu_count:
+                continue
+            for tier, flag, price_field in (("SECURE", "secureCloud", "securePrice"),
+                                            ("COMMUNITY", "communityCloud", "communityPrice")):
+                per_gpu = num(gpu.get(price_field))
+                if not gpu.get(flag) or not per_gpu > 0:
+                    continue
+                vram = gb_to_mb(gpu.get("memoryInGb"))
+                out.append(Offer(
+                    provider="runpod",
+                    offer_id=f"{gpu['id']}@{dc_id}/{tier}/x{gpu_count}",
+                    gpu_name=str(gpu.get("displayName") or gpu["id"]),
+                    gpu_count=float(gpu_count),
+                    vram_mb=vram,
+                    vram_total_mb=vram * gpu_count,
+                    cpu_cores=num(lowest.get("minVcpu")),
+                    ram_mb=gb_to_mb(lowest.get("minMemory")),
+                    price=round(per_gpu * gpu_count, 6),
+                    datacenter=tier == "SECURE",
+                    country=country_of_datacenter(dc_id),
+                    datacenter_id=dc_id,
+                    cloud_type=tier,
+                    details={"gpu_type_id": gpu["id"], "stock": avail.get("stockStatus"),
+                             "datacenter_name": dc.get("name"), "location": dc.get("location")},
+                ))
+    return out
+
+
+class RunPodSource:
+    name = "runpod"
+
+    def __init__(self, config: RunPodConfig, client: JsonClient | None = None) -> None:
+        self.config = config
+        self.client = client or JsonClient("runpod", policy=config.policy)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+    async def offers(self, filters: Filters) -> OfferTable:
+        count = requested_gpu_count(filters)
+        headers = {"Content-Type": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        answer = await self.client.request("POST", self.config.url, headers=headers,
+                                           body={"query": QUERY, "variables": {"gpuCount": count}})
+        if not isinstance(answer, dict):
+            raise ProviderError("runpod", "GraphQL answer is not an object")
+        if answer.get("errors"):
+            messages = "; ".join(str(e.get("message", "?")) for e in answer["errors"] if isinstance(e, dict))
+            raise ProviderError("runpod", f"GraphQL errors: {messages or 'unspecified'}")
+        data = answer.get("data")
+        if not isinstance(data, dict):
+            raise ProviderError("runpod", "GraphQL answer has no 'data'")
+        return OfferTable(offers_from_answer(data, count))

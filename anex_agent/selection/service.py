@@ -1,0 +1,143 @@
+"""Machine selection: annotations + offer sources -> ranked candidates and an explanation.
+
+:func:`choose` is the pure part (a table in, a :class:`Selection` out); :func:`select`
+fetches offers from the sources concurrently (one named task per source in a TaskGroup),
+keeps going when a source fails (the failure is reported in the explanation), applies bans,
+filters and ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from anex_agent.selection import versions
+from anex_agent.selection.annotations import Filters, parse_annotations
+from anex_agent.selection.filters import FilterResult, apply_filters
+from anex_agent.selection.offers import OfferTable
+from anex_agent.selection.providers import OfferSource
+from anex_agent.selection.providers.http import ProviderError
+from anex_agent.selection.rank import rank
+from anex_agent.selection.units import compute_cap_text
+
+DEFAULT_LIMIT = 10
+MAX_LIMIT = 1000
+
+# filter name -> (offer column, how to show the offer's value)
+_MATCHED = {
+    "verified-only": "verified", "datacenter-only": "datacenter", "cloud-type": "cloud_type",
+    "datacenter-ids": "datacenter_id", "region": "country", "gpu-names": "gpu_name",
+    "compute-cap": "compute_cap", "gpu-count": "gpu_count", "vram": "vram_mb", "vram-total": "vram_total_mb",
+    "vram-bandwidth": "vram_bw_gbps", "tflops": "tflops", "cuda": "cuda", "cpu": "cpu_cores", "ram": "ram_mb",
+    "price": "price", "upload-speed": "upload_mbps", "download-speed": "download_mbps",
+    "disk-space-gb": "disk_gb", "disk-bw": "disk_bw_mbps", "dlperf": "dlperf",
+}
+
+
+def _show(column: str, value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if column == "cuda":
+            return versions.key_to_text(int(value))
+        if column == "compute_cap":
+            return compute_cap_text(value)
+        return int(value) if value.is_integer() else round(value, 6)
+    return value
+
+
+@dataclass(frozen=True)
+class Selection:
+    candidates: list[dict[str, Any]]
+    explanation: dict[str, Any]
+
+
+def candidate(table: OfferTable, row: int, filters: Filters, result: FilterResult) -> dict[str, Any]:
+    offer = table.offers[row]
+    matched = {}
+    for step in result.steps:
+        column = _MATCHED.get(step.name)
+        if column is None:
+            continue
+        if step.name in ("verified-only", "datacenter-only", "dlperf") and offer.provider != "vastai":
+            continue
+        if step.name in ("cloud-type", "datacenter-ids") and offer.provider != "runpod":
+            continue
+        matched[step.name] = _show(column, getattr(offer, column))
+    out = {
+        "provider": offer.provider,
+        "offer_id": offer.offer_id,
+        "machine_id": offer.machine_id,
+        "price_per_hour": _show("price", offer.price),
+        "gpu_name": offer.gpu_name,
+        "gpu_count": _show("gpu_count", offer.gpu_count),
+        "matched": matched,
+    }
+    if offer.datacenter_id:
+        out["datacenter_id"] = offer.datacenter_id
+    if offer.cloud_type:
+        out["cloud_type"] = offer.cloud_type
+    disk = filters.disk_to_allocate_gb
+    if disk is not None:
+        out["disk_to_allocate_gb"] = _show("disk_gb", disk)
+    return out
+
+
+def choose(table: OfferTable, filters: Filters, *, banned: frozenset[str] = frozenset(),
+           limit: int = DEFAULT_LIMIT) -> Selection:
+    """Filter, rank and explain (pure)."""
+    result = apply_filters(table, filters, banned)
+    ordered = rank(table, result.rows, filters)
+    explanation: dict[str, Any] = {
+        "offers_considered": result.total,
+        "matched": len(ordered),
+        "returned": min(limit, len(ordered)),
+        "filters": [{"filter": s.name, "annotations": list(s.annotations), "removed": s.removed,
+                     "remaining": s.remaining} for s in result.steps],
+        "ordering": "price ascending; ties: onprem, vastai, runpod; then offer id",
+    }
+    if not ordered:
+        explanation["emptied_by"] = result.emptied_by
+        explanation["blocking"] = [{"filter": name, "would_match_without": n} for name, n in result.blocking]
+        if result.total == 0:
+            explanation["emptied_by"] = "no offers from any provider"
+    return Selection([candidate(table, i, filters, result) for i in ordered[:limit]], explanation)
+
+
+async def gather_offers(sources: Sequence[OfferSource], filters: Filters) -> tuple[OfferTable, dict[str, Any]]:
+    """Offers of every source (fetched concurrently) and a per-source report."""
+    results: dict[str, OfferTable | BaseException] = {}
+
+    async def fetch(source: OfferSource) -> None:
+        try:
+            results[source.name] = await source.offers(filters)
+        except ProviderError as err:
+            results[source.name] = err
+
+    async with asyncio.TaskGroup() as group:
+        for source in sources:
+            group.create_task(fetch(source), name=f"selection-offers-{source.name}")
+    tables, report = [], {}
+    for source in sources:
+        got = results[source.name]
+        if isinstance(got, OfferTable):
+            tables.append(got)
+            report[source.name] = {"offers": len(got)}
+            skipped = getattr(source, "skipped", None)
+            if skipped:
+                report[source.name]["skipped"] = dict(skipped)
+        else:
+            report[source.name] = {"offers": 0, "error": str(got), "retryable": getattr(got, "retryable", False)}
+    return OfferTable.concat(tables), report
+
+
+async def select(annotations: Mapping[str, str], sources: Sequence[OfferSource], *, limit: int = DEFAULT_LIMIT,
+                 banned: frozenset[str] = frozenset()) -> Selection:
+    """Parse (raises AnnotationError), fetch, filter, rank; ``explanation['providers']`` says per source."""
+    filters = parse_annotations(annotations)
+    table, report = await gather_offers(sources, filters)
+    selection = choose(table, filters, banned=banned, limit=limit)
+    selection.explanation["providers"] = report
+    return selection
