@@ -1,0 +1,453 @@
+"""The HTTP/1.1 forward proxy the workload reaches at ``ANEX_PROXY_LISTEN`` (127.0.0.1:3128).
+
+What it does (h11 on both sides; the pure decisions are in :mod:`.proxy_core`):
+
+* ``CONNECT host:port`` -> dial, answer ``200``, then relay bytes both ways
+  (:func:`anex_agent.frontends.relay.relay`: half-close, ``os.splice``);
+* absolute-form requests (``GET http://host:port/path``) for every method: hop-by-hop
+  fields removed (RFC 9110 §7.6.1), ``Host`` set from the URL, ``Via`` added; request
+  and response bodies are streamed in both directions at the same time (never
+  buffered whole), chunked or with Content-Length; ``Expect: 100-continue`` is
+  answered by the proxy;
+* keep-alive: a client connection may carry many requests, each to any origin. Origin
+  connections are reused only by the same client connection (never shared between
+  clients), only after a complete exchange that both sides left reusable; a request
+  without a body that fails on a reused connection before any response is retried
+  once on a fresh one;
+* errors: ``400`` (text) for a malformed request or a target that is not
+  absolute-form / authority-form, ``407`` with a Basic challenge when credentials are
+  configured and missing or wrong, ``502`` naming ``host:port`` and the reason when the
+  destination does not resolve or does not accept the connection. Error responses
+  close the client connection.
+
+Who may connect: anyone who can reach the listen address. The default is loopback
+(processes on this machine only); binding anywhere else without ``auth`` logs a warning.
+
+Start it in-process::
+
+    async with ProxyServer(OSDialer(resolver), host="127.0.0.1", port=3128) as proxy:
+        print(proxy.address)
+        await proxy.wait_closed()      # or do other work; leaving the block stops it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import itertools
+import logging
+import socket
+
+import h11
+
+from anex_agent.dialer import Connection, Dialer, SocketConnection
+from anex_agent.errors import DialError, PortInUseError
+from anex_agent.frontends import proxy_core as core
+from anex_agent.frontends.forward import bind_listener
+from anex_agent.frontends.relay import relay, tune_socket
+
+log = logging.getLogger(__name__)
+
+RECV_BUFFER = 256 * 1024  # bytes read per recv on either side
+MAX_HEAD_BYTES = 64 * 1024  # request/response line + headers (h11 max_incomplete_event_size)
+IDLE_TIMEOUT = 120.0  # seconds a client connection may wait before (or between) request heads
+ORIGINS_PER_CLIENT = 4  # idle origin connections kept per client connection
+
+
+class _ClientGone(Exception):
+    """The client closed or broke its connection in the middle of a request."""
+
+
+class _OriginFailed(Exception):
+    """The origin connection failed; ``started`` says whether a response had begun."""
+
+    def __init__(self, started: bool) -> None:
+        self.started = started
+        super().__init__("origin failed after the response started" if started else "origin failed before responding")
+
+
+class H11Stream:
+    """An h11 connection bound to a :class:`Connection`: reads when h11 needs data."""
+
+    def __init__(self, role, conn: Connection) -> None:
+        self.h11 = h11.Connection(role, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.conn = conn
+        self._buf = bytearray(RECV_BUFFER)
+        self._view = memoryview(self._buf)
+
+    async def next_event(self):
+        """The next h11 event; raises h11.RemoteProtocolError or OSError."""
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            n = await self.conn.recv_into(self._view)
+            self.h11.receive_data(bytes(self._view[:n]))  # b"" tells h11 about EOF
+
+    async def send(self, event) -> None:
+        for chunk in self.h11.send_with_data_passthrough(event) or ():
+            await self.conn.sendall(chunk)
+
+
+class ProxyServer:
+    """Listens for proxy clients and serves each connection in a named task.
+
+    Async context manager: entering binds (``PortInUseError`` naming ANEX_PROXY_LISTEN
+    when the port is taken) and starts accepting; leaving stops and closes everything.
+    """
+
+    def __init__(
+        self,
+        dialer: Dialer,
+        *,
+        host: str = core.DEFAULT_LISTEN[0],
+        port: int = core.DEFAULT_LISTEN[1],
+        auth: core.ProxyAuth | None = None,
+        idle_timeout: float = IDLE_TIMEOUT,
+    ) -> None:
+        self.dialer = dialer
+        self.host = host
+        self.port = port
+        self.auth = auth
+        self.idle_timeout = idle_timeout
+        self._sock: socket.socket | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._accept_task: asyncio.Task | None = None
+        self._sessions: set[asyncio.Task] = set()
+        self._ids = itertools.count(1)
+        self._closed = asyncio.Event()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); the real port when 0 was asked."""
+        assert self._sock is not None, "not started"
+        return self._sock.getsockname()[:2]
+
+    async def __aenter__(self) -> ProxyServer:
+        try:
+            self._sock = bind_listener(self.host, self.port)
+        except OSError as exc:
+            reason = "already in use by another process" if exc.errno == errno.EADDRINUSE else (
+                errno.errorcode.get(exc.errno or 0, "bind failed")
+            )
+            raise PortInUseError(
+                "ANEX_PROXY_LISTEN", [self.port], f"cannot listen on {self.host}:{self.port}: {reason}"
+            ) from None
+        if not core.is_loopback(self.host) and self.auth is None:
+            log.warning(
+                "HTTP proxy listens on %s:%d WITHOUT authentication: anyone who reaches that address can use the "
+                "mesh through it; set proxy credentials or bind 127.0.0.1",
+                *self.address,
+            )
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        self._accept_task = self._tg.create_task(self._accept_loop(), name=f"proxy-accept-{self.address[1]}")
+        log.info("HTTP proxy on %s:%d (%s)", *self.address, "auth required" if self.auth else "no auth")
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        tasks = [t for t in [self._accept_task, *self._sessions] if t is not None]
+        for task in tasks:
+            task.cancel()
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        await tg.__aexit__(*exc_info)
+        if self._sock is not None:
+            self._sock.close()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._sock is not None and self._tg is not None
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:
+                log.warning("proxy: accept failed (%s); retrying in 1 s", errno.errorcode.get(exc.errno or 0, "error"))
+                await asyncio.sleep(1)
+                continue
+            tune_socket(sock)
+            task = self._tg.create_task(self._serve(sock), name=f"proxy-client-{next(self._ids)}")
+            self._sessions.add(task)
+            task.add_done_callback(self._sessions.discard)
+
+    async def _serve(self, sock: socket.socket) -> None:
+        session = _ClientSession(self, SocketConnection(sock))
+        try:
+            await session.run()
+        except Exception:  # one client must never take the proxy down
+            log.exception("proxy: client connection failed")
+        finally:
+            await session.aclose()
+
+
+class _ClientSession:
+    """One client connection: a loop of requests, each proxied to its origin."""
+
+    def __init__(self, server: ProxyServer, conn: Connection) -> None:
+        self.server = server
+        self.client = H11Stream(h11.SERVER, conn)
+        self.origins: collections.OrderedDict[tuple[str, int], H11Stream] = collections.OrderedDict()
+
+    async def aclose(self) -> None:
+        for origin in self.origins.values():
+            await origin.conn.aclose()
+        self.origins.clear()
+        await self.client.conn.aclose()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self.server.idle_timeout):
+                    event = await self.client.next_event()
+            except TimeoutError:
+                return
+            except h11.RemoteProtocolError as exc:
+                await self.reply_error(exc.error_status_hint, "malformed HTTP/1.1 request")
+                return
+            except OSError:
+                return
+            if not isinstance(event, h11.Request):  # ConnectionClosed, PAUSED
+                return
+            if not await self.handle(event):
+                return
+            if self.client.h11.our_state is h11.DONE and self.client.h11.their_state is h11.DONE:
+                self.client.h11.start_next_cycle()
+            else:
+                return
+
+    async def reply_error(self, status: int, text: str, extra: core.Headers = ()) -> None:
+        status, reason, headers, body = core.error_response(status, text)
+        try:
+            await self.client.send(h11.Response(status_code=status, headers=list(extra) + headers, reason=reason))
+            await self.client.send(h11.Data(data=body))
+            await self.client.send(h11.EndOfMessage())
+        except (h11.LocalProtocolError, OSError):
+            pass  # the client is gone or the state forbids a response: closing says enough
+
+    async def handle(self, request: h11.Request) -> bool:
+        """Proxy one request; True when the client connection may carry another."""
+        headers = request.headers.raw_items()
+        auth = self.server.auth
+        if auth is not None and not auth.check(headers):
+            await self.reply_error(407, "proxy authentication required (Basic)", auth.challenge())
+            return False
+        try:
+            dest = core.parse_target(request.method, request.target)
+        except core.BadRequest as err:
+            await self.reply_error(400, err.reason)
+            return False
+        log.debug("proxy: %s %s", request.method.decode(), dest)
+        if request.method == b"CONNECT":
+            await self.tunnel(dest)
+            return False
+        return await self.forward(request, dest, headers)
+
+    # ------------------------------------------------------------------ CONNECT
+
+    async def tunnel(self, dest: core.Destination) -> None:
+        try:
+            event = await self.client.next_event()  # EndOfMessage of the CONNECT request
+        except (h11.RemoteProtocolError, OSError):
+            return
+        if not isinstance(event, h11.EndOfMessage):
+            await self.reply_error(400, "CONNECT requests carry no body")
+            return
+        try:
+            upstream = await self.server.dialer.open_connection(dest.host, dest.port)
+        except DialError as err:
+            await self.reply_error(502, core.unreachable_text(dest.host, dest.port, err.reason))
+            return
+        try:
+            # RFC 9110 §9.3.6: 2xx, no Content-Length / Transfer-Encoding; then a tunnel
+            await self.client.send(h11.Response(status_code=200, headers=[(b"Via", core.VIA)], reason=b"Connection established"))
+            prefix, _ = self.client.h11.trailing_data
+            await relay(self.client.conn, upstream, a_to_b_prefix=bytes(prefix))
+        except OSError:
+            pass
+        finally:
+            await upstream.aclose()
+
+    # ------------------------------------------------------------------ absolute-form
+
+    async def forward(self, request: h11.Request, dest: core.Destination, headers: core.Headers) -> bool:
+        with_body = core.has_body(headers)
+        chunked = core.is_chunked(headers)
+        out = h11.Request(
+            method=request.method, target=dest.path, headers=core.request_headers(headers, dest, chunked=chunked)
+        )
+        for attempt in range(2):
+            try:
+                origin, reused = await self.origin_for(dest, fresh=attempt > 0)
+            except DialError as err:
+                await self.reply_error(502, core.unreachable_text(dest.host, dest.port, err.reason))
+                return False
+            try:
+                await self.exchange(request, out, origin, with_body=with_body, chunked=chunked)
+            except _OriginFailed as failure:
+                self.drop_origin(dest.key, origin)
+                await origin.conn.aclose()
+                if failure.started:
+                    return False  # the client saw part of a response: only closing tells it
+                if reused and not with_body and attempt == 0:
+                    log.debug("proxy: reused connection to %s:%d was stale; retrying", dest.host, dest.port)
+                    continue
+                await self.reply_error(
+                    502, core.unreachable_text(dest.host, dest.port, "the connection closed before a response")
+                )
+                return False
+            except _ClientGone:
+                self.drop_origin(dest.key, origin)
+                await origin.conn.aclose()
+                return False
+            self.keep_or_close_origin(dest.key, origin)
+            return True
+        return False
+
+    async def origin_for(self, dest: core.Destination, *, fresh: bool) -> tuple[H11Stream, bool]:
+        """An idle origin connection for ``dest`` (reused unless ``fresh``) and whether it was reused."""
+        if not fresh:
+            origin = self.origins.pop(dest.key, None)
+            if origin is not None:
+                return origin, True
+        conn = await self.server.dialer.open_connection(dest.host, dest.port)
+        return H11Stream(h11.CLIENT, conn), False
+
+    def drop_origin(self, key: tuple[str, int], origin: H11Stream) -> None:
+        if self.origins.get(key) is origin:
+            del self.origins[key]
+
+    def keep_or_close_origin(self, key: tuple[str, int], origin: H11Stream) -> None:
+        h = origin.h11
+        if h.our_state is h11.DONE and h.their_state is h11.DONE:
+            h.start_next_cycle()
+            old = self.origins.pop(key, None)
+            if old is not None and old is not origin:
+                self._close_later(old)
+            self.origins[key] = origin
+            while len(self.origins) > ORIGINS_PER_CLIENT:
+                _, evicted = self.origins.popitem(last=False)
+                self._close_later(evicted)
+        else:
+            self._close_later(origin)
+
+    @staticmethod
+    def _close_later(origin: H11Stream) -> None:
+        # SocketConnection.aclose() does not block; closing synchronously-in-effect is fine
+        sock = origin.conn.socket
+        if sock is not None:
+            sock.close()
+        else:
+            asyncio.get_running_loop().create_task(origin.conn.aclose(), name="proxy-origin-close")
+
+    async def exchange(self, request: h11.Request, out: h11.Request, origin: H11Stream, *, with_body: bool, chunked: bool) -> None:
+        """Send ``out`` (+ the client's body) to ``origin`` and stream the response back."""
+        try:
+            await origin.send(out)
+        except (OSError, h11.LocalProtocolError):
+            raise _OriginFailed(started=False) from None
+        if not with_body:
+            try:
+                event = await self.client.next_event()
+            except (h11.RemoteProtocolError, OSError):
+                raise _ClientGone() from None
+            if not isinstance(event, h11.EndOfMessage):
+                raise _ClientGone()
+            try:
+                await origin.send(h11.EndOfMessage())
+            except OSError:
+                raise _OriginFailed(started=False) from None
+            await self.relay_response(request, origin)
+            return
+        if self.client.h11.they_are_waiting_for_100_continue:
+            await self.client.send(h11.InformationalResponse(status_code=100, headers=[(b"Via", core.VIA)]))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                pump = tg.create_task(self.pump_request_body(origin, chunked), name="proxy-request-body")
+                await self.relay_response(request, origin)
+                if not pump.done():
+                    # the origin answered before reading the whole body (e.g. 413): stop
+                    # forwarding; the client connection cannot be reused after this
+                    pump.cancel()
+        except BaseExceptionGroup as group:
+            if group.subgroup(_ClientGone) is not None:
+                raise _ClientGone() from None
+            failed = group.subgroup(_OriginFailed)
+            if failed is not None:
+                raise failed.exceptions[0] from None
+            raise
+
+    async def pump_request_body(self, origin: H11Stream, chunked: bool) -> None:
+        while True:
+            try:
+                event = await self.client.next_event()
+            except (h11.RemoteProtocolError, OSError):
+                raise _ClientGone() from None
+            if isinstance(event, h11.Data):
+                data, trailers = event.data, None
+            elif isinstance(event, h11.EndOfMessage):
+                data, trailers = None, (list(event.headers.raw_items()) if chunked else [])
+            else:
+                raise _ClientGone()
+            try:
+                if data is not None:
+                    await origin.send(h11.Data(data=data))
+                else:
+                    await origin.send(h11.EndOfMessage(headers=trailers))
+                    return
+            except (OSError, h11.LocalProtocolError):
+                # the origin stopped reading; its response (if any) still comes back
+                return
+
+    async def relay_response(self, request: h11.Request, origin: H11Stream) -> None:
+        started = False
+        client_chunked = False
+        while True:
+            try:
+                event = await origin.next_event()
+            except (h11.RemoteProtocolError, OSError):
+                raise _OriginFailed(started) from None
+            try:
+                if isinstance(event, h11.InformationalResponse):
+                    if event.status_code != 101:  # Upgrade is hop-by-hop: never forwarded
+                        await self.client.send(
+                            h11.InformationalResponse(
+                                status_code=event.status_code,
+                                headers=core.response_headers(event.headers.raw_items()),
+                                reason=event.reason,
+                            )
+                        )
+                elif isinstance(event, h11.Response):
+                    raw = event.headers.raw_items()
+                    out_headers = core.response_headers(raw)
+                    client_chunked = (
+                        self.client.h11.their_http_version == b"1.1"
+                        and request.method != b"HEAD"
+                        and event.status_code not in (204, 304)
+                        and not any(n.lower() == b"content-length" for n, _ in out_headers)
+                    )
+                    await self.client.send(
+                        h11.Response(status_code=event.status_code, headers=out_headers, reason=event.reason)
+                    )
+                    started = True
+                elif isinstance(event, h11.Data):
+                    await self.client.send(h11.Data(data=event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    trailers = list(event.headers.raw_items()) if client_chunked else []
+                    await self.client.send(h11.EndOfMessage(headers=trailers))
+                    return
+                else:  # ConnectionClosed before the end
+                    raise _OriginFailed(started)
+            except OSError:
+                raise _ClientGone() from None
+
+
+async def serve_proxy(dialer: Dialer, listen: str = "127.0.0.1:3128", *, auth: core.ProxyAuth | None = None) -> None:
+    """Run a proxy until cancelled (standalone use: benchmarks, the agent's supervisor)."""
+    host, port = core.parse_listen(listen)
+    async with ProxyServer(dialer, host=host, port=port, auth=auth) as server:
+        await server.wait_closed()
