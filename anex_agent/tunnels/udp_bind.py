@@ -1,0 +1,138 @@
+"""Bind: the datagram path under the WireGuard core (seam 2; wireguard-go's ``conn.Bind``).
+
+A Bind moves whole datagrams to and from *endpoints*. The interface is deliberately
+small so a WebSocket relay can implement it too::
+
+    class Bind(Protocol):
+        def send(self, datagram: bytes, endpoint: Hashable) -> None   # fire and forget, never blocks
+        async def receive(self) -> tuple[bytes, Hashable]               # next datagram and its sender
+        def close(self) -> None                                         # idempotent; receive() then raises BindClosed
+        local_port: int                                                 # 0 where ports make no sense
+
+Endpoints are opaque to the core; for :class:`UdpBind` they are ``(ip, port)`` tuples
+with an IP literal (resolve names before handing them in). A datagram that cannot be
+sent (unreachable, buffer full) is dropped, as UDP would; WireGuard's timers recover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Hashable
+from typing import Protocol, runtime_checkable
+
+from anex_agent.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+#: Datagrams queued between the socket and the driver before we drop (like a full socket buffer).
+RECEIVE_QUEUE = 4096
+
+
+class BindClosed(Exception):
+    """receive() on a closed Bind. Internal to drivers: never escapes an engine."""
+
+
+@runtime_checkable
+class Bind(Protocol):
+    local_port: int
+
+    def send(self, datagram: bytes, endpoint: Hashable) -> None: ...
+
+    async def receive(self) -> tuple[bytes, Hashable]: ...
+
+    def close(self) -> None: ...
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, bind: UdpBind) -> None:
+        self.bind = bind
+
+    def datagram_received(self, data: bytes, addr) -> None:  # type: ignore[override]
+        self.bind._deliver(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("udp bind: %s", exc)  # ICMP unreachable and friends: UDP semantics, drop
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.bind._deliver(None, None)
+
+
+class UdpBind:
+    """A UDP socket as a Bind. Create with ``await UdpBind.open(port, host)``.
+
+    It listens on ``host`` (default all IPv4 addresses: ``0.0.0.0``; ``"::"`` for dual
+    stack) -- WireGuard is authenticated end to end, anyone may send to it, and anything
+    not authenticated is dropped by the core.
+    """
+
+    def __init__(self, transport: asyncio.DatagramTransport, protocol: _Protocol) -> None:
+        self._transport = transport
+        self._queue: asyncio.Queue[tuple[bytes, Hashable] | None] = asyncio.Queue(RECEIVE_QUEUE)
+        self._closed = False
+        self.dropped = 0
+        sockname = transport.get_extra_info("sockname")
+        self.local_port: int = sockname[1] if sockname else 0
+
+    @classmethod
+    async def open(cls, port: int | None = 0, host: str = "0.0.0.0") -> UdpBind:
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.setblocking(False)
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+                except OSError:
+                    pass
+            sock.bind((host, port or 0))
+        except OSError as err:
+            raise EngineError(f"cannot open UDP port {port or 0} on {host}: {err.strerror or err}") from None
+        protocol = _Protocol(None)  # type: ignore[arg-type]
+        transport, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=sock)
+        bind = cls(transport, protocol)  # type: ignore[arg-type]
+        protocol.bind = bind
+        return bind
+
+    def _deliver(self, data: bytes | None, addr: Hashable | None) -> None:
+        if data is None:
+            self._closed = True
+            try:
+                self._queue.put_nowait(None)
+            except asyncio.QueueFull:
+                pass
+            return
+        try:
+            self._queue.put_nowait((data, addr))
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    def send(self, datagram: bytes, endpoint: Hashable) -> None:
+        if self._closed:
+            return
+        try:
+            self._transport.sendto(datagram, endpoint)  # type: ignore[arg-type]
+        except (OSError, ValueError, TypeError) as err:
+            log.debug("udp bind: cannot send to %r: %s", endpoint, err)
+
+    async def receive(self) -> tuple[bytes, Hashable]:
+        if self._closed and self._queue.empty():
+            raise BindClosed()
+        item = await self._queue.get()
+        if item is None:
+            raise BindClosed()
+        return item
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._transport.close()
+            try:
+                self._queue.put_nowait(None)
+            except asyncio.QueueFull:
+                pass
+

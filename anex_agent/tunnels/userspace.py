@@ -1,0 +1,244 @@
+"""The built-in user-space WireGuard engine: the sans-I/O core (:mod:`anex_agent.wg`) over a Bind.
+
+Two layers:
+
+* :class:`UserspaceTunnel` -- the driver. It feeds datagrams from a :class:`Bind` into
+  :class:`anex_agent.wg.device.Device`, sends what the device returns, keeps one
+  ``loop.call_at`` timer armed at the device's ``next_deadline``, and exposes the packet
+  interface an IP layer uses: :meth:`UserspaceTunnel.send_packet` (an IPv4/IPv6 packet
+  into the tunnel) and either an ``on_packet`` callback or :meth:`receive_packet`
+  (decrypted packets out of it). ``now`` is the event loop's monotonic clock.
+* :class:`UserspaceEngine` -- the :class:`anex_agent.tunnels.base.Engine` contract
+  around it: ``apply(desired)`` creates the device and a :class:`UdpBind` on the desired
+  port and diffs peers into the device. It creates no OS interface and needs no
+  privileges. Its :meth:`dialer` is not available yet: the TCP/IP stack that turns the
+  packet interface into TCP connections is part 2 (issue 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from anex_agent.errors import EngineError, LocalProtocolError, NotSupported
+from anex_agent.keys import decode_key, encode_key
+from anex_agent.tunnels import netconf
+from anex_agent.tunnels.base import (
+    DesiredConfig,
+    Engine,
+    EngineStatus,
+    PeerConfig,
+    PeerStatus,
+    Support,
+    plan_peers,
+)
+from anex_agent.tunnels.udp_bind import Bind, BindClosed, UdpBind
+from anex_agent.wg.device import Device, Output
+from anex_agent.wg.peer import PeerConfig as WgPeerConfig
+
+log = logging.getLogger(__name__)
+
+#: Decrypted packets waiting for a reader of receive_packet() before we drop (like a full TUN queue).
+PACKET_QUEUE = 4096
+PacketHandler = Callable[[bytes, bytes], None]
+
+
+class UserspaceTunnel:
+    """Runs a :class:`Device` over a :class:`Bind`. Call :meth:`run` in a task; :meth:`close` ends it."""
+
+    def __init__(self, device: Device, bind: Bind, *, on_packet: PacketHandler | None = None) -> None:
+        self.device = device
+        self.bind = bind
+        self.on_packet = on_packet
+        self.events: collections.Counter[str] = collections.Counter()
+        self.drop_reasons: collections.Counter[str] = collections.Counter()
+        self._packets: asyncio.Queue[bytes] = asyncio.Queue(PACKET_QUEUE)
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._closed = False
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    async def run(self) -> None:
+        """Receive datagrams until the Bind closes."""
+        receive, process = self.bind.receive, self.device.receive_datagram
+        try:
+            while True:
+                data, endpoint = await receive()
+                self.handle(process(data, endpoint, self._loop.time()))
+        except BindClosed:
+            pass
+        finally:
+            self._cancel_timer()
+
+    def send_packet(self, packet: bytes) -> None:
+        """Send an IP packet into the tunnel (routed by allowed IPs). Non-IP input raises LocalProtocolError."""
+        self.handle(self.device.send_packet(packet, self._loop.time()))
+
+    async def receive_packet(self) -> bytes:
+        """The next decrypted IP packet (only when no ``on_packet`` callback is set)."""
+        return await self._packets.get()
+
+    def call(self, operation: Callable[[float], Output]) -> None:
+        """Run a device operation taking ``now`` (e.g. ``initiate_handshake``) and act on its output."""
+        self.handle(operation(self._loop.time()))
+
+    def handle(self, out: Output) -> None:
+        """Act on a device output: send datagrams, deliver packets, count events, re-arm the timer."""
+        send = self.bind.send
+        for datagram, endpoint in out.datagrams:
+            send(datagram, endpoint)
+        for received in out.packets:
+            if self.on_packet is not None:
+                self.on_packet(received.packet, received.peer)
+            else:
+                try:
+                    self._packets.put_nowait(received.packet)
+                except asyncio.QueueFull:
+                    self.drop_reasons["packet queue full"] += 1
+        for event in out.events:
+            self.events[event.kind] += 1
+            if event.kind == "dropped":
+                self.drop_reasons[event.detail] += 1
+            log.debug("wg %s %s %s", event.kind, event.peer.hex()[:8] if event.peer else "-", event.detail)
+        self._arm(out.next_deadline)
+
+    def close(self) -> None:
+        self._closed = True
+        self._cancel_timer()
+        self.bind.close()
+
+    def _arm(self, deadline: float | None) -> None:
+        if deadline == self._timer_at or self._closed:
+            return
+        self._cancel_timer()
+        if deadline is not None:
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = self._timer_at = None
+        self.handle(self.device.update_timers(self._loop.time()))
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._timer_at = None
+
+
+def _endpoint_tuple(endpoint: str | None) -> tuple[str, int] | None:
+    if endpoint is None:
+        return None
+    return netconf.split_host_port(endpoint)
+
+
+def _wg_peer(peer: PeerConfig) -> WgPeerConfig:
+    return WgPeerConfig(
+        public_key=decode_key(peer.public_key, what="peer public_key"),
+        allowed_ips=peer.allowed_ips,
+        endpoint=_endpoint_tuple(peer.endpoint),
+        preshared_key=decode_key(peer.preshared_key, what="peer preshared_key") if peer.preshared_key else None,
+        persistent_keepalive=peer.persistent_keepalive or None,
+    )
+
+
+class UserspaceEngine(Engine):
+    """WireGuard in this Python process over a UDP socket; no interface, no privileges."""
+
+    name = "userspace"
+
+    def __init__(self, *, ifname: str | None = None, listen_host: str = "0.0.0.0",
+                 on_packet: PacketHandler | None = None) -> None:
+        self.ifname = ifname  # accepted and ignored: there is no OS interface
+        self.listen_host = listen_host
+        self.on_packet = on_packet
+        self.tunnel: UserspaceTunnel | None = None
+        self.address: str | None = None
+        self._task: asyncio.Task | None = None
+        self._private_key: bytes | None = None
+        self._listen_port: int | None = None
+        self._peers: tuple[PeerConfig, ...] = ()
+        self._mtu = 1420
+
+    def __repr__(self) -> str:
+        return f"UserspaceEngine(running={self.tunnel is not None})"
+
+    @classmethod
+    def is_supported(cls) -> Support:
+        return Support(True, "built-in user-space WireGuard (Python): needs only a UDP socket, no TUN or NET_ADMIN")
+
+    async def start(self) -> None:
+        """Nothing to create before the first apply() (the key and port come with the config)."""
+
+    async def apply(self, desired: DesiredConfig) -> None:
+        try:
+            desired = await netconf.resolve_peers(desired)
+            if (self.tunnel is None or desired.private_key != self._private_key
+                    or desired.listen_port != self._listen_port or desired.mtu != self._mtu):
+                await self._restart(desired)
+            assert self.tunnel is not None
+            plan = plan_peers(self._peers, desired.peers)
+            device = self.tunnel.device
+            for key in plan.remove:
+                device.remove_peer(decode_key(key))
+            for peer in plan.add + plan.update:
+                device.set_peer(_wg_peer(peer))
+            self._peers = desired.peers
+            self.address = desired.address
+            for peer in plan.add:  # start the handshake now where we have an endpoint and keepalive
+                if peer.endpoint is not None and peer.persistent_keepalive:
+                    key = decode_key(peer.public_key)
+                    self.tunnel.call(lambda now, key=key: device.initiate_handshake(key, now))
+        except LocalProtocolError as err:
+            raise EngineError(f"userspace engine refused the config: {err}") from None
+
+    async def _restart(self, desired: DesiredConfig) -> None:
+        await self.stop()
+        bind = await UdpBind.open(desired.listen_port or 0, self.listen_host)
+        device = Device(desired.private_key, wall_time=time.time, mtu=desired.mtu)
+        self.tunnel = UserspaceTunnel(device, bind, on_packet=self.on_packet)
+        self._task = asyncio.create_task(self.tunnel.run(), name="userspace-wg-receive")
+        self._private_key, self._listen_port, self._mtu = desired.private_key, desired.listen_port, desired.mtu
+        self._peers = ()
+
+    async def status(self) -> EngineStatus:
+        if self.tunnel is None:
+            return EngineStatus(self.name, None, 0, False)
+        loop_now, wall_now = self.tunnel.now(), time.time()
+        peers = []
+        for peer in self.tunnel.device.peers():
+            ep = peer.endpoint
+            last = peer.stats.last_handshake
+            peers.append(PeerStatus(
+                public_key=encode_key(peer.public_key),
+                endpoint=netconf.join_host_port(ep[0], ep[1]) if isinstance(ep, tuple) else None,
+                last_handshake=None if last is None else wall_now - (loop_now - last),
+                rx_bytes=peer.stats.rx_bytes,
+                tx_bytes=peer.stats.tx_bytes,
+                allowed_ips=tuple(str(n) for n in self.tunnel.device.allowed_ips(peer.public_key)),
+            ))
+        return EngineStatus(self.name, None, self.tunnel.bind.local_port, self._task is not None and not self._task.done(),
+                            tuple(peers))
+
+    def dialer(self, resolver: Any = None):
+        raise NotSupported("the userspace engine has no TCP/IP stack yet (issue 5, part 2); "
+                           "it carries IP packets only (UserspaceEngine.tunnel.send_packet / receive_packet)")
+
+    async def stop(self) -> None:
+        tunnel, task = self.tunnel, self._task
+        self.tunnel = self._task = None
+        self._private_key = None
+        if tunnel is not None:
+            tunnel.close()
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
