@@ -1,0 +1,123 @@
+"""Resolver: cluster names go to the configured DNS server (a real UDP server here), others to the system."""
+
+from __future__ import annotations
+
+import pytest
+
+from anex_agent.errors import ConfigError, ResolveError
+from anex_agent.resolver import DnsServer, Resolver, parse_dns_server
+from anex_agent.wire import NodeConfig
+from frontends.servers import free_port, tiny_dns
+
+RECORDS = {
+    "web.default.svc.cluster.local": ["10.96.0.10"],
+    "dual.default.svc.cluster.local": ["10.96.0.11", "fd00::11"],
+    "db.corp.internal": ["10.97.0.5"],
+}
+
+
+async def test_cluster_name_goes_to_cluster_dns_and_is_cached():
+    async with tiny_dns(RECORDS) as server:
+        resolver = Resolver([f"127.0.0.1:{server.port}"])
+        assert await resolver.resolve("web.default.svc.cluster.local") == ["10.96.0.10"]
+        asked = list(server.queries)
+        assert ("web.default.svc.cluster.local", "A") in asked
+        # within the TTL the answer comes from the cache: the server is not asked again
+        assert await resolver.resolve("WEB.default.svc.cluster.local.") == ["10.96.0.10"]
+        assert server.queries == asked
+
+
+async def test_zero_ttl_is_not_cached():
+    async with tiny_dns(RECORDS, ttl=0) as server:
+        resolver = Resolver([f"127.0.0.1:{server.port}"])
+        await resolver.resolve("web.default.svc.cluster.local")
+        await resolver.resolve("web.default.svc.cluster.local")
+        # the A answer (TTL 0) is asked twice; the empty AAAA answer is negatively cached
+        assert server.queries.count(("web.default.svc.cluster.local", "A")) == 2
+        assert server.queries.count(("web.default.svc.cluster.local", "AAAA")) == 1
+
+
+async def test_ipv4_first_then_ipv6():
+    async with tiny_dns(RECORDS) as server:
+        resolver = Resolver([f"127.0.0.1:{server.port}"])
+        assert await resolver.resolve("dual.default.svc.cluster.local") == ["10.96.0.11", "fd00::11"]
+
+
+async def test_other_names_go_to_the_system_resolver():
+    async with tiny_dns(RECORDS) as server:
+        resolver = Resolver([f"127.0.0.1:{server.port}"])
+        addresses = await resolver.resolve("localhost")
+        assert "127.0.0.1" in addresses or "::1" in addresses
+        assert server.queries == []
+
+
+async def test_ip_literals_skip_dns():
+    async with tiny_dns(RECORDS) as server:
+        resolver = Resolver([f"127.0.0.1:{server.port}"])
+        assert await resolver.resolve("10.1.2.3") == ["10.1.2.3"]
+        assert await resolver.resolve("[fd00::1]") == ["fd00::1"]
+        assert server.queries == []
+
+
+async def test_nxdomain_names_the_host_and_the_server():
+    async with tiny_dns(RECORDS) as server:
+        resolver = Resolver([f"127.0.0.1:{server.port}"])
+        with pytest.raises(ResolveError) as info:
+            await resolver.resolve("nosuch.default.svc.cluster.local")
+        assert info.value.host == "nosuch.default.svc.cluster.local"
+        assert "NXDOMAIN" in info.value.reason
+        assert f"127.0.0.1:{server.port}" in info.value.reason
+        # the negative answer is cached too
+        count = len(server.queries)
+        with pytest.raises(ResolveError):
+            await resolver.resolve("nosuch.default.svc.cluster.local")
+        assert len(server.queries) == count
+
+
+async def test_search_domains_are_cluster_suffixes_and_expand_short_names():
+    async with tiny_dns(RECORDS) as server:
+        resolver = Resolver(
+            [f"127.0.0.1:{server.port}"], search_domains=["svc.cluster.local", "corp.internal"]
+        )
+        assert resolver.is_cluster_name("db.corp.internal")
+        assert await resolver.resolve("db.corp.internal") == ["10.97.0.5"]
+        # "web.default" is not a system name; it is found under a search domain
+        assert await resolver.resolve("web.default") == ["10.96.0.10"]
+        assert ("web.default.svc.cluster.local", "A") in server.queries
+
+
+async def test_silent_cluster_dns_is_reported_as_not_answering():
+    port = free_port()  # nothing listens there: queries go unanswered
+    resolver = Resolver([f"127.0.0.1:{port}"], timeout=1.0)
+    with pytest.raises(ResolveError) as info:
+        await resolver.resolve("web.default.svc.cluster.local")
+    assert "did not answer" in info.value.reason
+
+
+async def test_from_node_config():
+    config = NodeConfig(
+        node_id="n1", version=1, address="10.254.0.2", network="10.254.0.0/16", mtu=1420,
+        dns=["10.254.254.1"], search_domains=["default.svc.cluster.local"], gateways=[],
+    )
+    resolver = Resolver.from_node_config(config)
+    assert resolver.cluster_dns == [DnsServer("10.254.254.1", 53)]
+    assert resolver.is_cluster_name("x.default.svc.cluster.local")
+    assert resolver.is_cluster_name("cluster.local")
+    assert not resolver.is_cluster_name("pypi.org")
+    assert not resolver.is_cluster_name("notcluster.local")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("10.0.0.1", DnsServer("10.0.0.1", 53)), ("10.0.0.1:5353", DnsServer("10.0.0.1", 5353)),
+     ("fd00::1", DnsServer("fd00::1", 53)), ("[fd00::1]:54", DnsServer("fd00::1", 54))],
+)
+def test_parse_dns_server(text, expected):
+    assert parse_dns_server(text) == expected
+
+
+@pytest.mark.parametrize("text", ["dns.example", "10.0.0.1:0", "10.0.0.1:x", "[fd00::1", ""])
+def test_parse_dns_server_rejects_with_a_clear_message(text):
+    with pytest.raises(ConfigError) as info:
+        parse_dns_server(text, source="NodeConfig.dns")
+    assert "NodeConfig.dns" in str(info.value)
