@@ -1,0 +1,294 @@
+"""The gateway supervisor: register, run the hub, follow the watch stream, route and serve DNS.
+
+Start order (teardown runs in reverse, also after errors):
+
+1. key pair from the state dir (``private.key``, 0600; only the public key leaves);
+2. register with the coordinator (``POST /v1/gateways``; the same key gives the same
+   gateway). If the coordinator cannot be reached and a previous registration is saved
+   in the state dir, start from it (fail static) and keep trying in the background;
+3. the WireGuard hub (kernel or wireguard-go engine) with the saved/received peers;
+4. IP forwarding on (restored on exit if we changed it) and our nftables table;
+5. the DNS forwarder on the mesh address (when ``--dns-upstream`` is set);
+6. the watch loop: events are applied to the hub as they come (well within 1 s);
+   on disconnect it reconnects with jittered backoff, asking for ``since=<version>``,
+   and keeps the last peers meanwhile (fail static).
+
+Every task is named and owned by one TaskGroup; SIGTERM/SIGINT end it cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import signal
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from anex_agent import keys
+from anex_agent.agent.backoff import Backoff
+from anex_agent.agent.state import write_private
+from anex_agent.errors import CoordinatorError, EngineError
+from anex_agent.gateway import forwarding, nft
+from anex_agent.gateway.dns import DnsForwarder
+from anex_agent.gateway.link import GatewayLink
+from anex_agent.gateway.peers import PeerBook
+from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
+from anex_agent.tunnels.base import DesiredConfig, Engine, choose_engine
+from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "gateway.json"
+KEY_FILE = "private.key"
+
+
+@dataclass
+class Registration:
+    """What registration gave us, saved to the state dir (0600; holds the credential)."""
+
+    coordinator_url: str
+    gateway_id: str
+    credential: str
+    address: str
+    network: str
+    mtu: int
+
+    def __repr__(self) -> str:
+        return f"Registration(gateway_id={self.gateway_id!r}, address={self.address!r})"
+
+    @property
+    def interface_address(self) -> str:
+        return f"{self.address}/{ipaddress.ip_network(self.network, strict=False).prefixlen}"
+
+
+class GatewayState:
+    """The state dir: key pair, last registration and last peer set."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def ensure(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def keypair(self) -> keys.KeyPair:
+        return keys.load_or_create(self.path / KEY_FILE)
+
+    def load(self, coordinator_url: str) -> tuple[Registration, PeerSet] | None:
+        try:
+            doc = json.loads((self.path / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if doc.get("registration", {}).get("coordinator_url") != coordinator_url:
+            return None  # another coordinator: not ours to reuse
+        try:
+            return Registration(**doc["registration"]), PeerSet.model_validate(doc["peers"])
+        except (TypeError, KeyError, ValueError):
+            log.warning("ignoring unreadable %s", self.path / STATE_FILE)
+            return None
+
+    def save(self, registration: Registration, peers: PeerSet) -> None:
+        doc = {"registration": registration.__dict__, "peers": peers.model_dump(mode="json")}
+        write_private(self.path / STATE_FILE, json.dumps(doc, indent=1))
+
+
+class _Stop(Exception):
+    """Raised inside the TaskGroup to end the gateway cleanly."""
+
+
+class Gateway:
+    """One gateway process. ``await Gateway(settings).run()`` until SIGTERM/SIGINT or :meth:`stop`."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.state = GatewayState(settings.state_dir)
+        self.link = GatewayLink(settings.coordinator_url)
+        self.book = PeerBook()
+        self.registration: Registration | None = None
+        self.engine: Engine | None = None
+        self.keypair: keys.KeyPair | None = None
+        self.ifname = settings.interface
+        self._stop = asyncio.Event()
+        self._apply_lock = asyncio.Lock()
+        self.ready = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------ registration
+
+    def _register_request(self) -> GatewayRegisterRequest:
+        assert self.keypair is not None
+        return GatewayRegisterRequest(
+            token=self.settings.token, public_key=self.keypair.public_b64, name=self.settings.name,
+            endpoint=self.settings.endpoint, ws_url=self.settings.ws_url, routes=list(self.settings.routes),
+        )
+
+    def _adopt(self, response: GatewayRegisterResponse) -> None:
+        self.registration = Registration(
+            coordinator_url=self.settings.coordinator_url, gateway_id=response.gateway_id,
+            credential=response.credential, address=response.address, network=response.network, mtu=response.mtu,
+        )
+        self.link.set_credential(response.credential)
+
+    async def _register_once(self) -> GatewayRegisterResponse:
+        return await self.link.register(self._register_request())
+
+    async def _sleep_or_stop(self, delay: float) -> bool:
+        """Sleep ``delay`` seconds; True when asked to stop meanwhile."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), delay)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def _initial_registration(self) -> bool | None:
+        """Register, or fall back to the saved registration.
+
+        Returns True when registered now, False when started from the saved state, None
+        when asked to stop before either happened.
+        """
+        saved = self.state.load(self.settings.coordinator_url)
+        backoff = Backoff(base=0.5, cap=15)
+        while True:
+            try:
+                response = await self._register_once()
+            except CoordinatorError as err:
+                if saved is not None:
+                    log.warning("cannot register now (%s); starting from the saved registration and peers", err)
+                    self.registration, peer_set = saved
+                    self.link.set_credential(self.registration.credential)
+                    self.book = PeerBook.from_peer_set(peer_set)
+                    return False
+                if not err.retryable:
+                    raise
+                delay = backoff.next_delay()
+                log.warning("cannot register with %s (%s); retrying in %.1f s", self.settings.coordinator_url, err, delay)
+                if await self._sleep_or_stop(delay):
+                    return None
+                continue
+            self._adopt(response)
+            self.book = PeerBook.from_peer_set(response.peers)
+            self.state.save(self.registration, self.book.to_peer_set())
+            log.info("registered as gateway %s, mesh address %s, %d peers",
+                     response.gateway_id, response.address, len(response.peers.peers))
+            return True
+
+    async def _register_later(self) -> None:
+        """Background re-registration after a fail-static start (refreshes credential and peers)."""
+        backoff = Backoff(base=1, cap=30)
+        while True:
+            await asyncio.sleep(backoff.next_delay())
+            try:
+                response = await self._register_once()
+            except CoordinatorError as err:
+                if not err.retryable:
+                    log.error("registration refused: %s (keeping the saved configuration)", err)
+                continue
+            self._adopt(response)
+            await self._apply_peers(PeerBook.from_peer_set(response.peers), replace=True)
+            log.info("registered with the coordinator again")
+            return
+
+    # ------------------------------------------------------------ hub
+
+    def desired(self) -> DesiredConfig:
+        assert self.registration is not None and self.keypair is not None
+        return DesiredConfig(
+            private_key=self.keypair.private, listen_port=self.settings.listen_port,
+            address=self.registration.interface_address, mtu=self.registration.mtu,
+            peers=self.book.peer_configs(), routes=(),
+        )
+
+    async def _apply_peers(self, book: PeerBook | None = None, *, replace: bool = False) -> None:
+        async with self._apply_lock:
+            if book is not None and replace:
+                self.book = book
+            assert self.engine is not None
+            await self.engine.apply(self.desired())
+            if self.registration is not None:
+                self.state.save(self.registration, self.book.to_peer_set())
+
+    async def _watch_loop(self) -> None:
+        backoff = Backoff(base=0.5, cap=15)
+        while True:
+            try:
+                async for event in self.link.watch(self.book.version):
+                    backoff.reset()
+                    async with self._apply_lock:
+                        changed = self.book.apply(event)
+                    if changed:
+                        try:
+                            await self._apply_peers()
+                        except EngineError as err:
+                            log.error("could not apply peers after %s v%d: %s", event.type, event.version, err)
+                        else:
+                            log.info("%s v%d applied: %d peers", event.type, event.version, len(self.book.peers))
+            except CoordinatorError as err:
+                if err.status in (401, 403) and self.settings.token:
+                    try:
+                        self._adopt(await self._register_once())
+                        log.info("credential refreshed by registering again")
+                    except CoordinatorError as reg_err:
+                        log.warning("re-registration failed: %s", reg_err)
+                log.warning("watch stream: %s (keeping %d peers)", err, len(self.book.peers))
+            delay = backoff.next_delay()
+            await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------ run
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError):
+                pass
+        self.state.ensure()
+        self.keypair = self.state.keypair()
+        log.info("gateway public key %s", self.keypair.public_b64)
+        async with AsyncExitStack() as stack:
+            stack.push_async_callback(self.link.close)
+            registered = await self._initial_registration()
+            if registered is None:
+                return 0
+            engine_cls, tried = choose_engine(self.settings.engine)
+            log.info("engine: %s (%s)", engine_cls.name, tried[engine_cls.name].reason)
+            self.ifname = self.ifname or interface_for(self.keypair.public_b64)
+            self.engine = engine_cls(ifname=self.ifname)
+            stack.push_async_callback(self.engine.stop)
+            await self.engine.start()
+            await self._apply_peers()
+            previous = forwarding.enable()
+            stack.callback(forwarding.restore, previous)
+            assert self.registration is not None
+            table = table_for(self.ifname)
+            stack.callback(nft.remove, table)
+            nft.install(nft.GatewayRules(
+                table=table, mesh_ifname=self.ifname, mesh_network=self.registration.network,
+                mesh_address=self.registration.address, routes=self.settings.routes,
+                dns=self.settings.dns_upstream is not None,
+            ))
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    if self.settings.dns_upstream is not None:
+                        dns = DnsForwarder(listen_host=self.registration.address, upstream=self.settings.dns_upstream)
+                        await dns.serve(tg)
+                        stack.push_async_callback(dns.close)
+                    tg.create_task(self._watch_loop(), name="gateway-watch")
+                    if not registered:
+                        tg.create_task(self._register_later(), name="gateway-register")
+                    tg.create_task(self._wait_stop(), name="gateway-stop")
+                    log.info("gateway up: %s %s listening on UDP %d, routes %s",
+                             self.ifname, self.registration.interface_address, self.settings.listen_port,
+                             ", ".join(self.settings.routes) or "none")
+                    self.ready.set()
+            except* _Stop:
+                log.info("gateway stopping")
+        return 0
+
+    async def _wait_stop(self) -> None:
+        await self._stop.wait()
+        raise _Stop()

@@ -1,0 +1,107 @@
+"""Gateway settings: parsed once from flags/environment into a frozen dataclass.
+
+Every bad value raises ConfigError naming the flag and saying what is accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from anex_agent.errors import ConfigError
+from anex_agent.gateway.dns import parse_upstream
+from anex_agent.tunnels.base import IFNAME_PREFIX, check_ifname
+
+DEFAULT_LISTEN_UDP = "0.0.0.0:51820"
+GATEWAY_ENGINES = ("auto", "kernel", "wireguard-go")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    coordinator_url: str
+    token: str = ""
+    listen_port: int = 51820
+    endpoint: str | None = None          # what nodes dial (HOST:PORT); None: the coordinator decides
+    ws_url: str | None = None
+    routes: tuple[str, ...] = ()
+    dns_upstream: tuple[str, int] | None = None
+    state_dir: Path = Path("/var/lib/anex-gateway")
+    engine: str = "auto"
+    name: str = ""
+    interface: str | None = None         # None: derived from the public key (stable across restarts)
+
+    def __repr__(self) -> str:  # never print the token
+        return f"GatewaySettings(coordinator_url={self.coordinator_url!r}, endpoint={self.endpoint!r}, routes={self.routes!r})"
+
+
+def parse_listen_udp(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError("--listen-udp", f"{text!r} is not HOST:PORT or :PORT with a port from 1 to 65535")
+    host = host.strip("[]")
+    if host:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError("--listen-udp", f"{host!r} is not an IP address") from None
+    return host, int(port)
+
+
+def parse_route(text: str) -> str:
+    try:
+        return str(ipaddress.ip_network(text, strict=False))
+    except ValueError:
+        raise ConfigError("--route", f"{text!r} is not a network in CIDR form (e.g. 10.96.0.0/12)") from None
+
+
+def build_settings(
+    *, coordinator_url: str | None, token: str | None, listen_udp: str = DEFAULT_LISTEN_UDP,
+    endpoint: str | None = None, ws_url: str | None = None, routes: list[str] | None = None,
+    dns_upstream: str | None = None, state_dir: str | None = None, engine: str = "auto",
+    name: str | None = None, interface: str | None = None,
+) -> GatewaySettings:
+    if not coordinator_url:
+        raise ConfigError("--coordinator", "is required (or ANEX_COORDINATOR_URL): the coordinator's http(s) URL")
+    if not coordinator_url.startswith(("http://", "https://")):
+        raise ConfigError("--coordinator", f"{coordinator_url!r} must start with http:// or https://")
+    host, port = parse_listen_udp(listen_udp)
+    if endpoint is None and host and host not in ("0.0.0.0", "::"):
+        endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if endpoint is not None:
+        ep_host, sep, ep_port = endpoint.rpartition(":")
+        if not sep or not ep_host or not ep_port.isdigit() or not 1 <= int(ep_port) <= 65535:
+            raise ConfigError("--endpoint", f"{endpoint!r} is not HOST:PORT (the UDP address nodes dial)")
+    if engine not in GATEWAY_ENGINES:
+        raise ConfigError("--engine", f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} (a hub needs an OS interface)")
+    if interface is not None:
+        check_ifname(interface)
+    return GatewaySettings(
+        coordinator_url=coordinator_url.rstrip("/"),
+        token=token or "",
+        listen_port=port,
+        endpoint=endpoint,
+        ws_url=ws_url,
+        routes=tuple(dict.fromkeys(parse_route(r) for r in routes or ())),
+        dns_upstream=parse_upstream(dns_upstream) if dns_upstream else None,
+        state_dir=Path(state_dir) if state_dir else GatewaySettings.state_dir,
+        engine=engine,
+        name=name or socket.gethostname(),
+        interface=interface,
+    )
+
+
+def interface_for(public_key_b64: str) -> str:
+    """A stable interface name for this gateway: ``anxgw`` + 8 hex of the key's hash (13 characters).
+
+    Stable across restarts so that a restart replaces (rather than duplicates) the
+    nftables table and clears its own stale UAPI socket; distinct per gateway key.
+    """
+    return check_ifname(f"{IFNAME_PREFIX}gw{hashlib.sha256(public_key_b64.encode()).hexdigest()[:8]}")
+
+
+def table_for(ifname: str) -> str:
+    """Our nftables table name for the interface: ``anex_gw_<suffix>``."""
+    return f"anex_gw_{ifname[len(IFNAME_PREFIX) + 2:] if ifname.startswith(IFNAME_PREFIX + 'gw') else ifname}"
