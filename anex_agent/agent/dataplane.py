@@ -157,7 +157,7 @@ def _forward_manager(dialer):
 
 
 def _proxy(dialer, settings: AgentSettings):
-    """The HTTP proxy front-end as an async context manager (frontends engineer's module)."""
-    from anex_agent.frontends import proxy
+    """The HTTP proxy front-end (an async context manager that binds on entry)."""
+    from anex_agent.frontends.proxy import ProxyServer
 
-    return proxy.serve_proxy(dialer, settings.proxy_listen.host, settings.proxy_listen.port)
+    return ProxyServer(dialer, host=settings.proxy_listen.host, port=settings.proxy_listen.port)

@@ -4,8 +4,8 @@ Both are fail static: a failure only marks the coordinator unreachable and backs
 (exponential, jittered, capped) before the next try; the data plane keeps running on the
 last good config. Neither ever raises out of its loop except on cancellation.
 
-* :func:`heartbeat_loop` sends status (engine, path, handshake age, byte counters) and,
-  when :mod:`anex_agent.gpu` provides ``collect_telemetry()``, the telemetry block;
+* :func:`heartbeat_loop` sends status (engine, path, handshake age, byte counters) and
+  the telemetry block of :mod:`anex_agent.gpu` (``TelemetryMonitor.telemetry()``);
   it waits ``next_heartbeat_in`` from the ack. When the ack says the coordinator holds
   a newer config than ours, it fetches and applies it (a watch event may have been lost).
 * :func:`watch_loop` follows ``GET /v1/watch?since=<version>`` and applies every
@@ -32,19 +32,29 @@ MIN_INTERVAL = 1.0
 MAX_BACKOFF = 60.0
 
 
-async def collect_telemetry() -> dict[str, Any] | None:
-    """GPU telemetry from :mod:`anex_agent.gpu` when it provides it (off the event loop), else None."""
+def start_telemetry(state_dir: str, registry) -> Any | None:
+    """The GPU telemetry monitor of :mod:`anex_agent.gpu` with its collectors on ``registry``.
+
+    None when that package cannot be used here (its import failed); a machine without a GPU
+    still gets a monitor, whose telemetry says so.
+    """
     try:
-        from anex_agent import gpu
-    except ImportError:
+        from anex_agent.gpu.exposition import register_collectors
+        from anex_agent.gpu.monitor import TelemetryMonitor
+    except ImportError as err:
+        log.info("GPU telemetry not available: %s", err)
         return None
-    collect = getattr(gpu, "collect_telemetry", None)
-    if collect is None:
+    monitor = TelemetryMonitor(state_dir=state_dir)
+    register_collectors(registry, monitor)
+    return monitor
+
+
+def telemetry_block(monitor: Any | None) -> dict[str, Any] | None:
+    """The heartbeat's telemetry block (cached by the monitor; never calls NVML), or None."""
+    if monitor is None:
         return None
     try:
-        if asyncio.iscoroutinefunction(collect):
-            return await collect()
-        return await asyncio.to_thread(collect)
+        return monitor.telemetry()
     except Exception as err:  # telemetry must never stop heartbeats
         log.warning("GPU telemetry failed: %s", err)
         return None
@@ -58,7 +68,7 @@ async def heartbeat_loop(agent: Agent) -> None:
         try:
             status = await agent.dataplane.transport_status()
             version = agent.dataplane.config.version if agent.dataplane.config else 0
-            beat = Heartbeat(status=status, config_version=version, telemetry=await collect_telemetry())
+            beat = Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
             ack = await agent.link.heartbeat(agent.identity.node_id, beat)
             if not agent.coordinator_reachable:
                 log.info("coordinator reachable again")

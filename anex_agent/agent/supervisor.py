@@ -12,7 +12,8 @@ the last good config. Teardown (always, also on errors): workload, API, front-en
 engine.stop(), so nothing of ours is left.
 
 Tasks (named, owned by the TaskGroup of :meth:`Agent.run`): ``heartbeat``, ``watch``,
-``workload`` (run only) and ``stop-wait``.
+``gpu-telemetry`` (when :mod:`anex_agent.gpu` is usable), ``workload`` (run only) and
+``stop-wait``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from anex_agent import __version__
 from anex_agent.agent.api import AgentApi
 from anex_agent.agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
-from anex_agent.agent.heartbeat import heartbeat_loop, watch_loop
+from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.agent.link import CoordinatorLink
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
@@ -58,6 +59,7 @@ class Agent:
         self._detect = detect_report
         self._stop = asyncio.Event()
         self.api: AgentApi | None = None
+        self.telemetry = None  # anex_agent.gpu.monitor.TelemetryMonitor when available
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -183,9 +185,10 @@ class Agent:
         """Bring everything up, run until the workload exits (or a stop signal), tear down."""
         check_ports_free(self.settings)
         keypair = self.state.keypair()
-        report = self._detect() if self._detect else {}
+        # probes may run their own event loop (pyroute2): keep them off ours
+        report = await asyncio.to_thread(self._detect) if self._detect else {}
         self.dataplane = DataPlane(self.settings, keypair, report)
-        engine_cls = self.dataplane.choose_engine()  # ConfigError/EngineError before joining
+        engine_cls = await asyncio.to_thread(self.dataplane.choose_engine)  # ConfigError/EngineError before joining
         facts = NodeFacts(
             hostname=socket.gethostname(),
             capabilities=list(report.get("capabilities") or [engine_cls.name]),
@@ -199,6 +202,7 @@ class Agent:
             await self.dataplane.start(config)
             self.state.save_config(config)
             self.api = AgentApi(self.status, self.ready, self.verify_token)
+            self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)
             await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
             await self._serve_api_on_mesh(config)
             print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)
@@ -209,6 +213,8 @@ class Agent:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(heartbeat_loop(self), name="heartbeat")
                 tg.create_task(watch_loop(self), name="watch")
+                if self.telemetry is not None:
+                    tg.create_task(self.telemetry.run(), name="gpu-telemetry")
                 if workload is not None:
                     waiter = tg.create_task(workload.wait(), name="workload")
                 stopper = tg.create_task(self._stop.wait(), name="stop-wait")
@@ -239,6 +245,8 @@ class Agent:
                 await workload.terminate()
         if self.api is not None:
             await self.api.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
         if self.dataplane is not None:
             await self.dataplane.stop()
         await self.link.close()

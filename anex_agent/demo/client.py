@@ -1,0 +1,166 @@
+"""A small HTTP client that runs inside a namespace and prints one JSON result (demo, tests, bench).
+
+    python -m anex_agent.demo.client get URL [--proxy HOST:PORT] [--body-size N] [--method M]
+    python -m anex_agent.demo.client connect HOST:PORT --proxy HOST:PORT [--path /x]
+    python -m anex_agent.demo.client bulk HOST:PORT --bytes N [--proxy HOST:PORT] [--direction down|up]
+
+``get`` sends an absolute-form request through the proxy (or directly), with a generated
+body of ``--body-size`` bytes for POST, and prints ``{"status", "headers", "body", "sha256"}``
+(``body`` decoded when it is text, at most 4 KiB; ``sha256`` of the whole body).
+``connect`` opens a CONNECT tunnel and sends a plain GET through it.
+``bulk`` moves N bytes from (down) or to (up) the bulk ``source``/``sink`` service of
+:mod:`anex_agent.demo.services`, optionally through a CONNECT tunnel, and prints
+``{"bytes", "seconds", "mbit_s"}``.
+Failures print ``{"error": "..."}`` and exit 1. Standard library only, on purpose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import socket
+import struct
+import sys
+import time
+
+CHUNK = 256 * 1024
+
+
+def _split(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _body(size: int) -> bytes:
+    pattern = b"anex-agent-" * (size // 11 + 1)
+    return pattern[:size]
+
+
+def _result(resp: http.client.HTTPResponse) -> dict:
+    data = resp.read()
+    try:
+        text = data[:4096].decode()
+    except UnicodeDecodeError:
+        text = ""
+    return {"status": resp.status, "headers": dict(resp.getheaders()), "body": text, "length": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def do_get(args) -> dict:
+    from urllib.parse import urlsplit
+
+    body = _body(args.body_size) if args.body_size else None
+    method = args.method or ("POST" if body is not None else "GET")
+    if args.proxy:
+        host, port = _split(args.proxy)
+        conn = http.client.HTTPConnection(host, port, timeout=args.timeout)
+        target = args.url
+    else:
+        parts = urlsplit(args.url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=args.timeout)
+        target = parts.path or "/"
+    headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
+    conn.request(method, target, body=body, headers=headers)
+    result = _result(conn.getresponse())
+    if body is not None:
+        result["sent_sha256"] = hashlib.sha256(body).hexdigest()
+    conn.close()
+    return result
+
+
+def _tunnel(proxy: str, dest: str, timeout: float) -> socket.socket:
+    host, port = _split(proxy)
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.sendall(f"CONNECT {dest} HTTP/1.1\r\nHost: {dest}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError(f"proxy closed the connection; got {head!r}")
+        head += chunk
+    status_line = head.split(b"\r\n", 1)[0].decode()
+    if " 200 " not in status_line + " ":
+        rest = head.split(b"\r\n\r\n", 1)[1][:200]
+        raise ConnectionError(f"CONNECT refused: {status_line}: {rest!r}")
+    return sock
+
+
+def do_connect(args) -> dict:
+    sock = _tunnel(args.proxy, args.dest, args.timeout)
+    host = args.dest.rpartition(":")[0]
+    conn = http.client.HTTPConnection(host, timeout=args.timeout)
+    conn.sock = sock
+    conn.request("GET", args.path)
+    return _result(conn.getresponse())
+
+
+def do_bulk(args) -> dict:
+    if args.proxy:
+        sock = _tunnel(args.proxy, args.dest, args.timeout)
+    else:
+        sock = socket.create_connection(_split(args.dest), timeout=args.timeout)
+    sock.settimeout(args.timeout)
+    buf = bytearray(CHUNK)
+    started = time.perf_counter()
+    total = 0
+    if args.direction == "down":
+        sock.sendall(struct.pack("!Q", args.bytes))
+        view = memoryview(buf)
+        while total < args.bytes:
+            n = sock.recv_into(view)
+            if not n:
+                break
+            total += n
+    else:
+        payload = bytes(CHUNK)
+        left = args.bytes
+        while left > 0:
+            sock.sendall(payload[: min(left, CHUNK)])
+            left -= min(left, CHUNK)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while len(answer) < 8:
+            chunk = sock.recv(8 - len(answer))
+            if not chunk:
+                break
+            answer += chunk
+        total = struct.unpack("!Q", answer)[0] if len(answer) == 8 else 0
+    seconds = time.perf_counter() - started
+    sock.close()
+    if total != args.bytes:
+        raise ConnectionError(f"moved {total} of {args.bytes} bytes")
+    return {"bytes": total, "seconds": seconds, "mbit_s": total * 8 / seconds / 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m anex_agent.demo.client")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    get = sub.add_parser("get")
+    get.add_argument("url")
+    get.add_argument("--proxy")
+    get.add_argument("--method")
+    get.add_argument("--body-size", type=int, default=0)
+    con = sub.add_parser("connect")
+    con.add_argument("dest")
+    con.add_argument("--proxy", required=True)
+    con.add_argument("--path", default="/")
+    bulk = sub.add_parser("bulk")
+    bulk.add_argument("dest")
+    bulk.add_argument("--bytes", type=int, required=True)
+    bulk.add_argument("--proxy")
+    bulk.add_argument("--direction", choices=["down", "up"], default="down")
+    for p in (get, con, bulk):
+        p.add_argument("--timeout", type=float, default=15.0)
+    args = parser.parse_args(argv)
+    try:
+        result = {"get": do_get, "connect": do_connect, "bulk": do_bulk}[args.cmd](args)
+    except (OSError, http.client.HTTPException, ValueError) as err:
+        print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
