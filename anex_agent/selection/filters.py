@@ -8,6 +8,9 @@ removed *among those that passed the steps before it*, so the counts add up to
 Provider-scoped filters (``vastai.anex.sh/*``, ``runpod.anex.sh/*``, bans) only look at their
 provider's offers and let the others pass.
 
+``anex.sh/disk-space-gb`` is the container disk to *allocate* (Anex docs), so its exact
+value means "at least that much free disk"; its ``-min``/``-max`` bound the offer's disk.
+
 When nothing is left, :func:`apply_filters` also says which filters emptied the list:
 ``emptied_by`` (the step at which the count reached zero) and ``blocking`` (for each filter,
 how many offers would match if that one filter were dropped, i.e. the offers it alone rejects).
@@ -130,8 +133,11 @@ def build_steps(filters: Filters, banned_machines: frozenset[str] = frozenset())
                                     _member_keep("compute_cap", frozenset(float(c) for c in filters.compute_caps)))
     for r in filters.ranges:
         lo, hi = r.bounds
+        exact = r.exact is not None
+        if r.name == "disk-space-gb" and exact:
+            hi, exact = math.inf, False  # an amount to allocate: the offer needs at least that much
         only = "vastai" if r.name == "dlperf" else None
-        steps[r.name] = Step(r.name, r.sources, _range_keep(r.column, lo, hi, r.exact is not None, only))
+        steps[r.name] = Step(r.name, r.sources, _range_keep(r.column, lo, hi, exact, only))
     return [steps[name] for name in STEP_ORDER if name in steps]
 
 

@@ -14,6 +14,7 @@ is several times faster in CPython than testing every predicate on every object.
 from __future__ import annotations
 
 import re
+from itertools import chain
 from dataclasses import dataclass, field, fields
 
 NAN = float("nan")
@@ -92,7 +93,10 @@ class OfferTable:
         out = cls.__new__(cls)
         out.offers = tuple(o for t in tables for o in t.offers)
         out.size = len(out.offers)
-        out.col = {name: [v for t in tables for v in t.col[name]] for name in (*COLUMNS, "gpu_key")}
+        if len(tables) == 1:
+            out.col = tables[0].col  # columns are never mutated: share them
+        else:
+            out.col = {name: list(chain.from_iterable(t.col[name] for t in tables)) for name in (*COLUMNS, "gpu_key")}
         return out
 
     def __len__(self) -> int:

@@ -90,7 +90,9 @@ def build_query(filters: Filters, limit: int) -> dict:
             continue
         name, scale = api
         if r.exact is not None:
-            if r.name == "gpu-count":
+            if r.name == "disk-space-gb":  # an amount to allocate: at least that much
+                q[name] = {"gte": r.exact * scale}
+            elif r.name == "gpu-count":
                 q[name] = {"eq": int(r.exact)}
             else:  # exact floats: send a closed range, the local filter decides equality
                 q[name] = {"gte": r.exact * scale, "lte": r.exact * scale}

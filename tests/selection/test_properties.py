@@ -1,0 +1,145 @@
+"""Property tests (hypothesis) of filtering and ranking."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from anex_agent.selection.annotations import parse_annotations
+from anex_agent.selection.filters import apply_filters
+from anex_agent.selection.offers import Offer, OfferTable
+from anex_agent.selection.rank import rank
+from anex_agent.selection.versions import version_key
+
+NAN = float("nan")
+GPU_NAMES = ["RTX 4090", "RTX 3090", "A100 SXM4", "H100 SXM", "RTX 3080"]
+COUNTRIES = ["DE", "US", "JP", "BR", "ZA", "AU", None]
+CUDAS = ["11.8", "12.1", "12.4", "12.9", "12.10"]
+
+maybe = lambda s: st.one_of(st.just(NAN), s)  # noqa: E731
+
+
+@st.composite
+def offers(draw, max_size=25):
+    n = draw(st.integers(0, max_size))
+    out = []
+    for i in range(n):
+        provider = draw(st.sampled_from(["vastai", "runpod", "onprem"]))
+        out.append(Offer(
+            provider=provider, offer_id=f"o{i}", machine_id=f"m{draw(st.integers(0, 5))}",
+            gpu_name=draw(st.sampled_from(GPU_NAMES)),
+            gpu_count=draw(maybe(st.sampled_from([1.0, 2.0, 4.0, 8.0]))),
+            vram_mb=draw(maybe(st.sampled_from([10240.0, 16384.0, 24576.0, 81920.0]))),
+            cpu_cores=draw(maybe(st.sampled_from([4.0, 8.0, 16.0]))),
+            ram_mb=draw(maybe(st.sampled_from([16384.0, 32768.0, 65536.0]))),
+            price=draw(maybe(st.sampled_from([0.2, 0.5, 1.0, 1.5, 2.0, 3.5]))),
+            download_mbps=draw(maybe(st.sampled_from([100.0, 1000.0, 5000.0]))),
+            cuda=draw(maybe(st.sampled_from([float(version_key(v)) for v in CUDAS]))),
+            compute_cap=draw(maybe(st.sampled_from([800.0, 860.0, 890.0, 900.0]))),
+            verified=draw(st.sampled_from([True, False, None])),
+            datacenter=draw(st.sampled_from([True, False, None])),
+            country=draw(st.sampled_from(COUNTRIES)),
+            cloud_type="SECURE" if provider == "runpod" else None,
+            datacenter_id=draw(st.sampled_from(["EU-RO-1", "US-CA-2"])) if provider == "runpod" else None,
+        ))
+    return out
+
+
+NUMERIC = {"gpu-count": ["1", "2", "4"], "vram": ["16384", "24576"], "cpu": ["4", "8", "16"],
+           "ram": ["16384", "32768"], "price": ["0.5", "1.0", "1.50", "2"], "download-speed": ["100", "1000"],
+           "cuda": CUDAS}
+
+
+@st.composite
+def one_annotation(draw):
+    kind = draw(st.sampled_from(["numeric", "region", "gpu-names", "compute-cap", "vast"]))
+    if kind == "numeric":
+        name = draw(st.sampled_from(sorted(NUMERIC)))
+        suffix = draw(st.sampled_from(["", "-min", "-max"]))
+        return f"anex.sh/{name}{suffix}", draw(st.sampled_from(NUMERIC[name]))
+    if kind == "region":
+        names = draw(st.lists(st.sampled_from(["europe", "north-america", "asia-pacific", "africa",
+                                               "south-america", "oceania"]), min_size=1, max_size=3))
+        return "anex.sh/region", ",".join(names)
+    if kind == "gpu-names":
+        return "anex.sh/gpu-names", ",".join(draw(st.lists(st.sampled_from(GPU_NAMES), min_size=1, max_size=3)))
+    if kind == "compute-cap":
+        return "anex.sh/compute-cap", ",".join(draw(st.lists(st.sampled_from(["8.0", "8.6", "8.9", "9.0"]),
+                                                              min_size=1, max_size=3)))
+    name = draw(st.sampled_from(["verified-only", "datacenter-only"]))
+    return f"vastai.anex.sh/{name}", draw(st.sampled_from(["true", "false"]))
+
+
+@st.composite
+def annotation_sets(draw):
+    pairs = draw(st.lists(one_annotation(), max_size=5))
+    out = dict(pairs)
+    for name in NUMERIC:  # keep -min <= -max so the set is valid
+        lo, hi = out.get(f"anex.sh/{name}-min"), out.get(f"anex.sh/{name}-max")
+        if lo is not None and hi is not None:
+            key = version_key if name == "cuda" else float
+            if key(lo) > key(hi):
+                out[f"anex.sh/{name}-min"], out[f"anex.sh/{name}-max"] = hi, lo
+    return out
+
+
+def selected(offer_list, annotations) -> list[str]:
+    t = OfferTable(offer_list)
+    f = parse_annotations(annotations)
+    return [t.offers[i].offer_id for i in rank(t, apply_filters(t, f).rows, f)]
+
+
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(offers(), st.sampled_from(sorted(NUMERIC)), st.data())
+def test_exact_overrides_range(offer_list, name, data):
+    values = NUMERIC[name]
+    exact = data.draw(st.sampled_from(values))
+    lo = data.draw(st.sampled_from(values))
+    hi = data.draw(st.sampled_from(values))  # may be below lo: ignored because exact is set
+    with_range = {f"anex.sh/{name}": exact, f"anex.sh/{name}-min": lo, f"anex.sh/{name}-max": hi}
+    assert selected(offer_list, with_range) == selected(offer_list, {f"anex.sh/{name}": exact})
+
+
+@SETTINGS
+@given(offers(), annotation_sets(), one_annotation())
+def test_adding_a_filter_never_adds_candidates(offer_list, base, extra):
+    key, value = extra
+    if key in base or key.startswith("vastai.anex.sh/verified-only"):
+        return  # changing an existing filter (or the verified-only default) is not adding one
+    bigger = {**base, key: value}
+    name = key.removeprefix("anex.sh/").removesuffix("-min").removesuffix("-max")
+    lo, hi = bigger.get(f"anex.sh/{name}-min"), bigger.get(f"anex.sh/{name}-max")
+    if lo is not None and hi is not None:
+        k = version_key if name == "cuda" else float
+        if k(lo) > k(hi):
+            return
+    assert set(selected(offer_list, bigger)) <= set(selected(offer_list, base))
+
+
+@SETTINGS
+@given(offers(), annotation_sets(), st.randoms(use_true_random=False))
+def test_list_order_does_not_change_the_result_set(offer_list, annotations, rnd):
+    shuffled = {}
+    for key, value in annotations.items():
+        if key in ("anex.sh/region", "anex.sh/gpu-names", "anex.sh/compute-cap"):
+            items = value.split(",")
+            rnd.shuffle(items)
+            value = ",".join(items)
+        shuffled[key] = value
+    assert set(selected(offer_list, shuffled)) == set(selected(offer_list, annotations))
+
+
+@SETTINGS
+@given(offers(), annotation_sets(), st.randoms(use_true_random=False))
+def test_ordering_is_stable_and_by_price(offer_list, annotations, rnd):
+    first = selected(offer_list, annotations)
+    again = list(offer_list)
+    rnd.shuffle(again)
+    assert selected(again, annotations) == first  # same ranking whatever order the providers answered in
+    assert selected(offer_list, annotations) == first  # and the same on every call
+    by_id = {o.offer_id: o for o in offer_list}
+    prices = [by_id[i].price for i in first]
+    known = [p for p in prices if p == p]
+    assert known == sorted(known) and prices[:len(known)] == known  # unknown prices last
