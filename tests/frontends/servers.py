@@ -100,6 +100,9 @@ def pattern(n: int) -> bytes:
     return bytes(out[:n])
 
 
+PEERS = web.AppKey("peers", list)
+
+
 def origin_app(name: str) -> web.Application:
     """An HTTP origin: /info describes the request, /upload hashes a streamed body, /download streams n bytes."""
     peers: list[tuple[str, int]] = []
@@ -142,7 +145,7 @@ def origin_app(name: str) -> web.Application:
         return response
 
     app = web.Application(client_max_size=1 << 30)
-    app["peers"] = peers
+    app[PEERS] = peers
     app.router.add_route("*", "/info", info)
     app.router.add_route("*", "/info/{tail:.*}", info)
     app.router.add_post("/upload", upload)

@@ -1,0 +1,335 @@
+"""The HTTP proxy against real origins (aiohttp) with real clients (aiohttp, raw sockets with h11)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import logging
+import os
+
+import aiohttp
+import h11
+import pytest
+
+from anex_agent.dialer import OSDialer
+from anex_agent.errors import PortInUseError
+from anex_agent.frontends.proxy import ProxyServer
+from anex_agent.frontends.proxy_core import ProxyAuth
+from anex_agent.resolver import Resolver
+
+from .servers import PEERS, echo_server, free_port, loads, pattern, run_origin, tiny_dns
+
+CLUSTER_NAME = "web.default.svc.cluster.local"
+
+
+@contextlib.asynccontextmanager
+async def proxy_env(auth: ProxyAuth | None = None):
+    """A proxy on a random loopback port whose dialer resolves CLUSTER_NAME via a real DNS server."""
+    async with tiny_dns({CLUSTER_NAME: ["127.0.0.1"]}) as dns:
+        dialer = OSDialer(Resolver([f"127.0.0.1:{dns.port}"], timeout=2.0))
+        async with ProxyServer(dialer, host="127.0.0.1", port=0, auth=auth) as proxy:
+            yield f"http://127.0.0.1:{proxy.address[1]}", proxy.address[1]
+
+
+class RawClient:
+    """One client connection to the proxy, speaking HTTP/1.1 through h11."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    @classmethod
+    async def open(cls, port: int) -> RawClient:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def request(self, method: str, target: str, headers=(), body: bytes = b"") -> tuple[h11.Response, bytes]:
+        if self.h11.our_state is h11.DONE:
+            self.h11.start_next_cycle()
+        hdrs = [("Host", "ignored.example")] + list(headers)
+        if body:
+            hdrs.append(("Content-Length", str(len(body))))
+        self.writer.write(self.h11.send(h11.Request(method=method, target=target, headers=hdrs)))
+        if body:
+            self.writer.write(self.h11.send(h11.Data(data=body)))
+        self.writer.write(self.h11.send(h11.EndOfMessage()))
+        await self.writer.drain()
+        response, data = None, b""
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(await self.reader.read(65536))
+            elif isinstance(event, h11.Response):
+                response = event
+            elif isinstance(event, h11.Data):
+                data += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return response, data
+            else:
+                raise AssertionError(f"unexpected {event!r}")
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+async def test_get_by_cluster_name_goes_through_with_rewritten_headers():
+    async with run_origin("a") as (port, _), proxy_env() as (proxy_url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.get(
+                f"http://{CLUSTER_NAME}:{port}/info?x=1",
+                proxy=proxy_url,
+                headers={"Connection": "keep-alive, X-Hop", "X-Hop": "secret", "X-End": "kept"},
+            ) as response:
+                assert response.status == 200
+                assert response.headers["Via"] == "1.1 anex-agent"
+                info = await response.json()
+    assert info["method"] == "GET"
+    assert info["path_qs"] == "/info?x=1"
+    assert info["host"] == f"{CLUSTER_NAME}:{port}"  # Host comes from the absolute URL
+    assert info["via"] == "1.1 anex-agent"
+    assert "x-hop" not in info["headers"]  # named in Connection: hop-by-hop
+    assert info["headers"]["x-end"] == "kept"
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
+async def test_every_method_is_forwarded(method):
+    async with run_origin("a") as (port, _), proxy_env() as (_, proxy_port):
+        client = await RawClient.open(proxy_port)
+        try:
+            body = b"payload" if method in ("POST", "PUT", "PATCH") else b""
+            response, data = await client.request(method, f"http://127.0.0.1:{port}/info/m", body=body)
+        finally:
+            await client.close()
+    assert response.status_code == 200
+    info = loads(data)
+    assert info["method"] == method and info["path_qs"] == "/info/m" and info["body_len"] == len(body)
+
+
+async def test_head_gets_headers_and_no_body():
+    async with run_origin("a") as (port, _), proxy_env() as (_, proxy_port):
+        client = await RawClient.open(proxy_port)
+        try:
+            response, data = await client.request("HEAD", f"http://127.0.0.1:{port}/info")
+            # the connection stays usable: h11 on both sides knew there was no body
+            again, data2 = await client.request("GET", f"http://127.0.0.1:{port}/info")
+        finally:
+            await client.close()
+    assert response.status_code == 200 and data == b""
+    assert int(dict(response.headers)[b"content-length"]) > 0
+    assert again.status_code == 200 and loads(data2)["method"] == "GET"
+
+
+async def test_large_upload_with_content_length_is_streamed_intact():
+    body = os.urandom(8 * 1024 * 1024)
+    async with run_origin("a") as (port, _), proxy_env() as (proxy_url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://127.0.0.1:{port}/upload", data=body, proxy=proxy_url) as response:
+                result = await response.json()
+    assert result == {"len": len(body), "sha256": hashlib.sha256(body).hexdigest(), "chunked": False}
+
+
+async def test_large_chunked_upload_stays_chunked_and_intact():
+    parts = [os.urandom(300_000) for _ in range(20)]
+
+    async def gen():
+        for part in parts:
+            yield part
+
+    async with run_origin("a") as (port, _), proxy_env() as (proxy_url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.put(f"http://127.0.0.1:{port}/upload", data=gen(), proxy=proxy_url) as response:
+                result = await response.json()
+    whole = b"".join(parts)
+    assert result == {"len": len(whole), "sha256": hashlib.sha256(whole).hexdigest(), "chunked": True}
+
+
+async def test_expect_100_continue_is_answered_and_the_body_arrives():
+    body = os.urandom(200_000)
+    async with run_origin("a") as (port, _), proxy_env() as (proxy_url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                f"http://127.0.0.1:{port}/upload", data=body, proxy=proxy_url, expect100=True
+            ) as response:
+                result = await response.json()
+    assert result["len"] == len(body) and result["sha256"] == hashlib.sha256(body).hexdigest()
+
+
+async def test_large_chunked_download_is_streamed_intact():
+    n = 6 * 1024 * 1024 + 123
+    async with run_origin("a") as (port, _), proxy_env() as (proxy_url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/download?n={n}", proxy=proxy_url) as response:
+                assert response.headers.get("Transfer-Encoding") == "chunked"
+                data = await response.read()
+    assert data == pattern(n)
+
+
+async def test_keep_alive_across_two_origins_reuses_origin_connections():
+    async with run_origin("a") as (port_a, app_a), run_origin("b") as (port_b, app_b), proxy_env() as (_, proxy_port):
+        client = await RawClient.open(proxy_port)
+        try:
+            seen = []
+            for port in (port_a, port_b, port_a, port_b):
+                response, data = await client.request("GET", f"http://127.0.0.1:{port}/info")
+                assert response.status_code == 200
+                seen.append(loads(data)["origin"])
+        finally:
+            await client.close()
+    assert seen == ["a", "b", "a", "b"]
+    # each origin saw both of its requests on one connection (same client port)
+    assert len(app_a[PEERS]) == 2 and app_a[PEERS][0] == app_a[PEERS][1]
+    assert len(app_b[PEERS]) == 2 and app_b[PEERS][0] == app_b[PEERS][1]
+
+
+@contextlib.asynccontextmanager
+async def one_shot_origin():
+    """An origin that answers one request per connection, claims keep-alive, then closes.
+
+    Yields (port, connections) where connections counts accepted connections.
+    """
+    connections = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer.get_extra_info("peername"))
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # an idle keep-alive connection the origin drops
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], connections
+    finally:
+        server.close()
+
+
+async def test_stale_reused_origin_connection_is_retried_for_bodyless_requests():
+    async with one_shot_origin() as (port, connections), proxy_env() as (_, proxy_port):
+        client = await RawClient.open(proxy_port)
+        try:
+            first, data1 = await client.request("GET", f"http://127.0.0.1:{port}/one")
+            await asyncio.sleep(0.2)  # let the origin's FIN arrive at the idle proxy connection
+            second, data2 = await client.request("GET", f"http://127.0.0.1:{port}/two")
+        finally:
+            await client.close()
+    assert (first.status_code, data1) == (200, b"ok")
+    assert (second.status_code, data2) == (200, b"ok")
+    assert len(connections) == 2  # the stale connection was replaced by a fresh one
+
+
+async def test_connect_tunnel_moves_bytes_both_ways_with_half_close():
+    sent = os.urandom(3 * 1024 * 1024)
+    async with echo_server() as (port, events), proxy_env() as (_, proxy_port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        # the first tunnel bytes ride in the same packet as the CONNECT head
+        writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode() + sent[:1000])
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert b"content-length" not in head.lower() and b"transfer-encoding" not in head.lower()
+
+        async def send_rest():
+            writer.write(sent[1000:])
+            await writer.drain()
+            writer.write_eof()  # half-close: we still read the echo
+
+        sender = asyncio.create_task(send_rest())
+        received = await reader.read()  # until the echo server's FIN comes back through the tunnel
+        await sender
+        writer.close()
+    assert hashlib.sha256(received).digest() == hashlib.sha256(sent).digest()
+    assert events == ["eof"]
+
+
+async def test_connect_to_refused_port_is_502_naming_it():
+    port = free_port()
+    async with proxy_env() as (_, proxy_port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        response = await reader.read()
+        writer.close()
+    assert response.startswith(b"HTTP/1.1 502 Bad Gateway\r\n")
+    assert f"cannot reach 127.0.0.1:{port}: connection refused".encode() in response
+
+
+async def test_unresolvable_host_is_502_naming_the_host():
+    async with proxy_env() as (proxy_url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.get("http://nosuch.default.svc.cluster.local/x", proxy=proxy_url) as response:
+                text = await response.text()
+                status = response.status
+    assert status == 502
+    assert "cannot reach nosuch.default.svc.cluster.local:80" in text
+    assert "does not resolve" in text
+
+
+async def test_refused_origin_is_502():
+    port = free_port()
+    async with proxy_env() as (proxy_url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/", proxy=proxy_url) as response:
+                text = await response.text()
+                status = response.status
+    assert status == 502 and f"127.0.0.1:{port}" in text and "refused" in text
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        (b"garbage\r\n\r\n", b"malformed"),
+        (b"GET /index.html HTTP/1.1\r\nHost: x\r\n\r\n", b"absolute URL"),
+        (b"GET https://example.com/ HTTP/1.1\r\nHost: x\r\n\r\n", b"CONNECT"),
+    ],
+)
+async def test_bad_requests_get_400_with_a_reason(raw, words):
+    async with proxy_env() as (_, proxy_port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        writer.write(raw)
+        response = await reader.read()  # the proxy closes after an error
+        writer.close()
+    assert response.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert words in response
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+async def test_auth_required_gives_407_and_accepts_basic_credentials():
+    auth = ProxyAuth("alice", "s3cret")
+    async with run_origin("a") as (port, _), proxy_env(auth=auth) as (proxy_url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/info", proxy=proxy_url) as response:
+                assert response.status == 407
+                assert response.headers["Proxy-Authenticate"].startswith("Basic ")
+            async with session.get(
+                f"http://127.0.0.1:{port}/info", proxy=proxy_url, headers={"Proxy-Authorization": _basic("alice", "wrong")}
+            ) as response:
+                assert response.status == 407
+            async with session.get(
+                f"http://127.0.0.1:{port}/info", proxy=proxy_url, headers={"Proxy-Authorization": _basic("alice", "s3cret")}
+            ) as response:
+                assert response.status == 200
+                info = await response.json()
+    assert "proxy-authorization" not in info["headers"]  # consumed by the proxy, never forwarded
+
+
+async def test_port_in_use_is_reported_naming_the_setting():
+    async with proxy_env() as (_, proxy_port):
+        with pytest.raises(PortInUseError) as info:
+            async with ProxyServer(OSDialer(), host="127.0.0.1", port=proxy_port):
+                pass
+    assert "ANEX_PROXY_LISTEN" in str(info.value) and str(proxy_port) in str(info.value)
+
+
+async def test_binding_beyond_loopback_without_auth_warns(caplog):
+    caplog.set_level(logging.WARNING, logger="anex_agent.frontends.proxy")
+    async with ProxyServer(OSDialer(), host="0.0.0.0", port=0):
+        pass
+    assert any("WITHOUT authentication" in r.message for r in caplog.records)
+    caplog.clear()
+    async with ProxyServer(OSDialer(), host="127.0.0.1", port=0):
+        pass
+    assert not caplog.records
