@@ -1,0 +1,111 @@
+"""Gateway pure parts: the nftables ruleset, the peer book, settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from anex_agent.errors import ConfigError, EngineError
+from anex_agent.gateway import nft
+from anex_agent.gateway.peers import PeerBook
+from anex_agent.gateway.settings import build_settings, interface_for, table_for
+from anex_agent.wire import MeshPeer, PeerSet, WatchEvent
+
+RULES = nft.GatewayRules(table="anex_gw_t1", mesh_ifname="anxgwt1", mesh_network="10.254.0.0/16",
+                         mesh_address="10.254.0.1", routes=("10.96.0.0/12", "192.168.5.0/24", "fd00::/64"))
+
+
+def test_ruleset_opens_only_mesh_to_routes():
+    text = nft.render_ruleset(RULES)
+    assert text.startswith("table inet anex_gw_t1\ndelete table inet anex_gw_t1\n")  # atomic replace
+    assert 'iifname "anxgwt1" ip saddr 10.254.0.0/16 ip daddr { 10.96.0.0/12, 192.168.5.0/24 } accept' in text
+    assert 'oifname "anxgwt1" ip saddr { 10.96.0.0/12, 192.168.5.0/24 } ip daddr 10.254.0.0/16 accept' in text
+    assert 'oifname != "anxgwt1" ip saddr 10.254.0.0/16 ip daddr { 10.96.0.0/12, 192.168.5.0/24 } masquerade' in text
+    # everything else in or out of the mesh is dropped, after the accepts
+    assert text.index('iifname "anxgwt1" drop') > text.index("accept")
+    assert "fd00::/64" not in text  # a v6 route cannot be reached from a v4 mesh
+    assert "policy drop" not in text  # the host's unrelated traffic is untouched
+    assert 'ip daddr 10.254.0.1 meta l4proto { tcp, udp } th dport 53 iifname != { "anxgwt1", "lo" } drop' in text
+
+
+def test_ruleset_without_routes_or_dns():
+    text = nft.render_ruleset(nft.GatewayRules("anex_gw_t2", "anxgwt2", "10.254.0.0/16", "10.254.0.1", (), dns=False))
+    assert "masquerade" not in text and "accept\n" in text  # only replies are accepted
+    assert "chain input" not in text
+    assert 'iifname "anxgwt2" drop' in text
+
+
+def test_single_route_is_not_a_set():
+    text = nft.render_ruleset(nft.GatewayRules("anex_gw_t3", "anxgwt3", "10.254.0.0/16", "10.254.0.1", ("10.96.0.0/12",)))
+    assert "ip daddr 10.96.0.0/12 accept" in text
+
+
+def test_hostile_interface_name_refused():
+    with pytest.raises(EngineError):
+        nft.render_ruleset(nft.GatewayRules("anex_gw_x", 'a"; flush ruleset', "10.0.0.0/8", "10.0.0.1", ()))
+
+
+def mp(node, key_char, addr):
+    return MeshPeer(node_id=node, name=node, public_key=key_char * 43 + "=", allowed_ips=[addr])
+
+
+def test_peer_book_follows_events():
+    book = PeerBook.from_peer_set(PeerSet(version=3, peers=[mp("n1", "A", "10.254.0.2/32")]))
+    assert not book.apply(WatchEvent(type="config", version=4))  # node-only event: ignored
+    assert book.apply(WatchEvent(type="peer_added", version=5, peer=mp("n2", "B", "10.254.0.3/32")))
+    assert not book.apply(WatchEvent(type="peer_added", version=6, peer=mp("n2", "B", "10.254.0.3/32")))
+    assert [p.allowed_ips for p in book.peer_configs()] == [("10.254.0.2/32",), ("10.254.0.3/32",)]
+    assert book.apply(WatchEvent(type="peer_added", version=7, peer=mp("n2", "C", "10.254.0.3/32")))  # re-keyed
+    assert [p.public_key[0] for p in book.peer_configs()] == ["A", "C"]
+    assert book.apply(WatchEvent(type="peer_removed", version=8, peer=mp("n1", "A", "10.254.0.2/32")))
+    assert book.apply(WatchEvent(type="snapshot", version=9, peers=[mp("n9", "D", "10.254.0.9/32")]))
+    assert [p.public_key[0] for p in book.peer_configs()] == ["D"]
+    assert book.version == 9 and book.to_peer_set().version == 9
+    assert all(p.endpoint is None and p.persistent_keepalive == 0 for p in book.peer_configs())
+
+
+def test_same_key_under_a_new_node_id_keeps_one_peer():
+    book = PeerBook()
+    book.apply(WatchEvent(type="peer_added", version=1, peer=mp("n1", "A", "10.254.0.2/32")))
+    book.apply(WatchEvent(type="peer_added", version=2, peer=mp("n2", "A", "10.254.0.3/32")))
+    assert [p.allowed_ips for p in book.peer_configs()] == [("10.254.0.3/32",)]
+
+
+def test_settings_defaults_and_derivations():
+    s = build_settings(coordinator_url="http://127.0.0.1:8700/", token="t", listen_udp="192.168.50.1:51821",
+                       routes=["10.96.0.1/12", "10.96.0.0/12"], dns_upstream="10.96.0.10")
+    assert s.coordinator_url == "http://127.0.0.1:8700"
+    assert s.endpoint == "192.168.50.1:51821" and s.listen_port == 51821
+    assert s.routes == ("10.96.0.0/12",)
+    assert s.dns_upstream == ("10.96.0.10", 53)
+    secret = build_settings(coordinator_url="http://c", token="s3cr3t-token")
+    assert "s3cr3t" not in repr(secret)
+    wildcard = build_settings(coordinator_url="http://c", token="t")
+    assert wildcard.endpoint is None and wildcard.listen_port == 51820
+
+
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        ({"coordinator_url": None}, "--coordinator"),
+        ({"coordinator_url": "127.0.0.1:8700"}, "--coordinator"),
+        ({"listen_udp": "0.0.0.0"}, "--listen-udp"),
+        ({"listen_udp": "gw:51820"}, "--listen-udp"),
+        ({"endpoint": "nohost"}, "--endpoint"),
+        ({"routes": ["10.0.0.0/33"]}, "--route"),
+        ({"dns_upstream": "kube-dns"}, "--dns-upstream"),
+        ({"engine": "userspace"}, "--engine"),
+        ({"interface": "x" * 20}, "interface"),
+    ],
+)
+def test_settings_reject(kwargs, flag):
+    args = {"coordinator_url": "http://c", "token": "t", **kwargs}
+    with pytest.raises(ConfigError) as info:
+        build_settings(**args)
+    assert info.value.source == flag
+
+
+def test_interface_and_table_names_are_stable_and_distinct():
+    a, b = interface_for("A" * 43 + "="), interface_for("B" * 43 + "=")
+    assert a == interface_for("A" * 43 + "=") and a != b
+    assert a.startswith("anxgw") and len(a) <= 15
+    assert table_for(a) == "anex_gw_" + a[5:]
