@@ -21,6 +21,7 @@ Routes (see the coordinator's OpenAPI document for the authoritative list):
     POST   /v1/nodes/{id}/heartbeat       node       Heartbeat -> HeartbeatAck
     GET    /v1/nodes/{id}/config          node/admin -> NodeConfig
     PUT    /v1/nodes/{id}/tunnels         admin      TunnelsUpdate -> NodeConfig
+    GET    /v1/nodes/{id}/telemetry       node/admin -> NodeTelemetry
     POST   /v1/nodes/{id}/access-token    admin      -> AgentAccessToken (cluster -> agent API)
     POST   /v1/gateways                   gw token   GatewayRegisterRequest -> GatewayRegisterResponse
     GET    /v1/gateways                   admin      -> GatewayList
@@ -234,6 +235,14 @@ class NodeView(Model):
 
 class NodeList(Model):
     nodes: list[NodeView]
+
+
+class NodeTelemetry(Model):
+    """``GET /v1/nodes/{id}/telemetry``: the latest telemetry payload the node sent, as it sent it."""
+
+    node_id: str
+    received_at: datetime | None = None
+    telemetry: dict[str, Any] | None = None
 
 
 class TunnelsUpdate(Model):

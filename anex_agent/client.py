@@ -1,0 +1,270 @@
+"""Async client of the coordinator's REST API, used by the agent, the gateway and tools.
+
+Contract:
+* Every method returns the wire model of the response (:mod:`anex_agent.wire`) or
+  raises :class:`~anex_agent.errors.CoordinatorError` with ``status`` (None when no
+  response came back), ``retryable`` (True for connection errors, timeouts, 5xx and
+  429) and ``problem`` (the RFC 9457 document the coordinator sent). A response that
+  does not parse as the expected model is a non-retryable CoordinatorError.
+* ``credential`` authenticates node/gateway calls, ``admin_token`` admin calls; a call
+  uses whichever the route needs (:meth:`set_credential` after joining).
+* :meth:`watch` yields :class:`wire.WatchEvent` forever: it reconnects with jittered
+  exponential backoff and resumes from the last version it yielded. It raises (does
+  not retry) a non-retryable error, e.g. a revoked credential (401).
+* Use as ``async with CoordinatorClient(url, ...) as client:`` (or call :meth:`close`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+import aiohttp
+from pydantic import BaseModel, ValidationError
+
+from anex_agent import wire
+from anex_agent.errors import CoordinatorError
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_TIMEOUT = 10.0
+WATCH_BACKOFF_INITIAL = 0.5
+WATCH_BACKOFF_MAX = 30.0
+CLOSE_REVOKED = 4001  # the coordinator's close code for a revoked credential
+
+
+def _retryable_status(status: int) -> bool:
+    return status >= 500 or status == 429
+
+
+class CoordinatorClient:
+    def __init__(
+        self,
+        base_url: str,
+        credential: str | None = None,
+        admin_token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.credential = credential
+        self.admin_token = admin_token
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session = session
+        self._own_session = session is None
+
+    async def __aenter__(self) -> CoordinatorClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None and self._own_session:
+            await self._session.close()
+        self._session = None
+
+    def set_credential(self, credential: str) -> None:
+        self.credential = credential
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._own_session = True
+        return self._session
+
+    def _headers(self, auth: str | None) -> dict[str, str]:
+        secret = {"admin": self.admin_token, "credential": self.credential, None: None}[auth]
+        if auth is not None and not secret:
+            raise CoordinatorError(f"no {auth} configured for this call", retryable=False)
+        return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        model: type[M] | None,
+        *,
+        auth: str | None,
+        body: BaseModel | None = None,
+    ) -> M | None:
+        url = self.base_url + path
+        data = body.model_dump_json(exclude_unset=False).encode() if body is not None else None
+        headers = self._headers(auth)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            async with self._get_session().request(method, url, data=data, headers=headers) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except asyncio.TimeoutError:
+            raise CoordinatorError(f"{method} {path}: timed out", retryable=True) from None
+        except aiohttp.ClientError as err:
+            raise CoordinatorError(f"{method} {path}: {err}", retryable=True) from None
+        if status >= 400:
+            problem = _problem(raw)
+            detail = problem.get("detail") or problem.get("title") or raw[:200].decode("utf-8", "replace")
+            raise CoordinatorError(
+                f"{method} {path}: {status} {detail}", status=status, retryable=_retryable_status(status), problem=problem
+            )
+        if model is None:
+            return None
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as err:
+            raise CoordinatorError(f"{method} {path}: unexpected response: {err}", status=status) from None
+
+    # ------------------------------------------------------------ nodes
+
+    async def join(
+        self,
+        token: str,
+        public_key: str,
+        name: str,
+        provider: wire.Provider | str,
+        facts: wire.NodeFacts | None = None,
+    ) -> wire.NodeJoinResponse:
+        """Join with a join token; remembers the returned credential for later calls."""
+        request = wire.NodeJoinRequest(
+            token=token, public_key=public_key, name=name, provider=provider, facts=facts or wire.NodeFacts()
+        )
+        response = await self._call("POST", "/v1/nodes", wire.NodeJoinResponse, auth=None, body=request)
+        self.credential = response.credential
+        return response
+
+    async def get_config(self, node_id: str) -> wire.NodeConfig:
+        auth = "credential" if self.credential else "admin"
+        return await self._call("GET", f"/v1/nodes/{node_id}/config", wire.NodeConfig, auth=auth)
+
+    async def heartbeat(self, node_id: str, heartbeat: wire.Heartbeat) -> wire.HeartbeatAck:
+        return await self._call(
+            "POST", f"/v1/nodes/{node_id}/heartbeat", wire.HeartbeatAck, auth="credential", body=heartbeat
+        )
+
+    async def get_telemetry(self, node_id: str) -> wire.NodeTelemetry:
+        auth = "credential" if self.credential else "admin"
+        return await self._call("GET", f"/v1/nodes/{node_id}/telemetry", wire.NodeTelemetry, auth=auth)
+
+    # ------------------------------------------------------------ gateways
+
+    async def register_gateway(
+        self,
+        token: str,
+        public_key: str,
+        name: str,
+        *,
+        endpoint: str | None = None,
+        ws_url: str | None = None,
+        routes: list[str] | None = None,
+    ) -> wire.GatewayRegisterResponse:
+        """Register a gateway; remembers the returned credential for later calls."""
+        request = wire.GatewayRegisterRequest(
+            token=token, public_key=public_key, name=name, endpoint=endpoint, ws_url=ws_url, routes=routes or []
+        )
+        response = await self._call("POST", "/v1/gateways", wire.GatewayRegisterResponse, auth=None, body=request)
+        self.credential = response.credential
+        return response
+
+    async def get_peers(self, gateway_id: str) -> wire.PeerSet:
+        return await self._call("GET", f"/v1/gateways/{gateway_id}/peers", wire.PeerSet, auth="credential")
+
+    # ------------------------------------------------------------ admin
+
+    async def create_join_token(
+        self,
+        kind: wire.TokenKind | str = wire.TokenKind.node,
+        *,
+        reusable: bool = False,
+        expires_in: int = 3600,
+        labels: dict[str, str] | None = None,
+    ) -> wire.JoinTokenCreated:
+        request = wire.JoinTokenCreate(kind=kind, reusable=reusable, expires_in=expires_in, labels=labels or {})
+        return await self._call("POST", "/v1/join-tokens", wire.JoinTokenCreated, auth="admin", body=request)
+
+    async def list_nodes(self) -> wire.NodeList:
+        return await self._call("GET", "/v1/nodes", wire.NodeList, auth="admin")
+
+    async def get_node(self, node_id: str) -> wire.NodeView:
+        return await self._call("GET", f"/v1/nodes/{node_id}", wire.NodeView, auth="admin")
+
+    async def delete_node(self, node_id: str) -> None:
+        await self._call("DELETE", f"/v1/nodes/{node_id}", None, auth="admin")
+
+    async def put_tunnels(self, node_id: str, tunnels: list[wire.TunnelSpec]) -> wire.NodeConfig:
+        return await self._call(
+            "PUT", f"/v1/nodes/{node_id}/tunnels", wire.NodeConfig, auth="admin", body=wire.TunnelsUpdate(tunnels=tunnels)
+        )
+
+    async def create_access_token(self, node_id: str) -> wire.AgentAccessToken:
+        return await self._call("POST", f"/v1/nodes/{node_id}/access-token", wire.AgentAccessToken, auth="admin")
+
+    async def list_gateways(self) -> wire.GatewayList:
+        return await self._call("GET", "/v1/gateways", wire.GatewayList, auth="admin")
+
+    async def delete_gateway(self, gateway_id: str) -> None:
+        await self._call("DELETE", f"/v1/gateways/{gateway_id}", None, auth="admin")
+
+    # ------------------------------------------------------------ watch
+
+    async def watch(self, since: int = 0) -> AsyncIterator[wire.WatchEvent]:
+        """Yield watch events forever, reconnecting and resuming from the last version seen."""
+        backoff = WATCH_BACKOFF_INITIAL
+        version = since
+        while True:
+            try:
+                async for event in self._watch_once(version):
+                    version = max(version, event.version)
+                    backoff = WATCH_BACKOFF_INITIAL
+                    yield event
+                err: CoordinatorError | None = CoordinatorError("watch stream closed by the coordinator", retryable=True)
+            except CoordinatorError as exc:
+                if not exc.retryable:
+                    raise
+                err = exc
+            delay = random.uniform(backoff / 2, backoff)
+            log.info("watch: %s; reconnecting in %.1fs from version %d", err, delay, version)
+            await asyncio.sleep(delay)
+            backoff = min(backoff * 2, WATCH_BACKOFF_MAX)
+
+    async def _watch_once(self, since: int) -> AsyncIterator[wire.WatchEvent]:
+        url = f"{self.base_url}/v1/watch?since={since}"
+        try:
+            ws = await self._get_session().ws_connect(
+                url, headers=self._headers("credential"), heartbeat=20.0, timeout=aiohttp.ClientWSTimeout(ws_close=5)
+            )
+        except aiohttp.WSServerHandshakeError as err:
+            raise CoordinatorError(
+                f"watch: {err.status} {err.message}", status=err.status, retryable=_retryable_status(err.status)
+            ) from None
+        except asyncio.TimeoutError:
+            raise CoordinatorError("watch: timed out connecting", retryable=True) from None
+        except aiohttp.ClientError as err:
+            raise CoordinatorError(f"watch: {err}", retryable=True) from None
+        try:
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    try:
+                        yield wire.WatchEvent.model_validate_json(msg.data)
+                    except ValidationError as err:
+                        raise CoordinatorError(f"watch: unexpected event: {err}") from None
+                elif msg.type == aiohttp.WSMsgType.ERROR:
+                    break
+            if ws.close_code == CLOSE_REVOKED:
+                raise CoordinatorError("watch: credential revoked", status=401, retryable=False)
+        finally:
+            await ws.close()
+
+
+def _problem(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}

@@ -1,0 +1,112 @@
+"""Builds the coordinator's aiohttp application from route modules.
+
+Extension points (for other parts of anex-agent):
+* ``ROUTE_MODULES``: the modules whose ``setup(registry, ctx)`` declares routes.
+  Add a module name here (one-line additive edit), e.g. machine selection's
+  ``anex_agent.selection.routes``; its routes appear in ``/v1/openapi.json`` by themselves.
+* A route module may define ``MIGRATIONS = [Migration(100, "...", "CREATE TABLE ...")]``
+  (number ranges in :mod:`.migrations`); :func:`module_migrations` collects them
+  and :meth:`Coordinator.open` applies them with the core ones.
+* ``setup`` may also call ``ctx.metrics.add_collector(...)``, ``ctx.feed.add_listener(...)``
+  and ``ctx.add_background(name, factory)``.
+
+Every error leaves as an RFC 9457 problem document (also aiohttp's own 404/405 and
+unexpected exceptions, which log a traceback and tell the caller nothing more than 500).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable
+from types import ModuleType
+
+from aiohttp import WSCloseCode, web
+
+from anex_agent.coordinator import problems
+from anex_agent.coordinator.context import Coordinator
+from anex_agent.coordinator.migrations import Migration
+from anex_agent.coordinator.registry import RouteRegistry
+
+log = logging.getLogger(__name__)
+
+ROUTE_MODULES: list[str] = [
+    "anex_agent.coordinator.routes.ops",
+    "anex_agent.coordinator.routes.tokens",
+    "anex_agent.coordinator.routes.nodes",
+    "anex_agent.coordinator.routes.gateways",
+    "anex_agent.coordinator.routes.watch",
+]
+
+CTX_KEY = web.AppKey("coordinator", Coordinator)
+REGISTRY_KEY = web.AppKey("registry", RouteRegistry)
+
+
+def load_modules(names: Iterable[str] | None = None) -> list[ModuleType]:
+    return [importlib.import_module(name) for name in (ROUTE_MODULES if names is None else names)]
+
+
+def module_migrations(modules: Iterable[ModuleType]) -> list[Migration]:
+    return [m for module in modules for m in getattr(module, "MIGRATIONS", [])]
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except problems.Problem as problem:
+        return problem.response(instance=request.path)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        problem = problems.Problem(exc.status, exc.reason, exc.text if exc.status != 404 else
+                                   f"no route {request.method} {request.path}; see /v1/openapi.json")
+        return problem.response(instance=request.path)
+    except Exception as exc:
+        if _is_conflict(exc):
+            return problems.Problem(
+                409, "Conflict", "a concurrent request changed the same object; retry", slug="conflict"
+            ).response(instance=request.path)
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return problems.Problem(500, "Internal Server Error", "the coordinator failed; see its log",
+                                slug="internal").response(instance=request.path)
+
+
+def _is_conflict(exc: Exception) -> bool:
+    import sqlite3
+
+    if isinstance(exc, sqlite3.IntegrityError):
+        return True
+    try:
+        import asyncpg
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, asyncpg.UniqueViolationError)
+
+
+def build_app(ctx: Coordinator, modules: Iterable[ModuleType] | None = None, *, manage_ctx: bool = True) -> web.Application:
+    """The aiohttp app for ``ctx`` (opened with :meth:`Coordinator.open`).
+
+    With ``manage_ctx`` the app starts ``ctx``'s background work on startup and closes
+    ``ctx`` (flushing heartbeats, closing the database) on cleanup.
+    """
+    app = web.Application(middlewares=[problem_middleware], client_max_size=4 * 1024 * 1024)
+    registry = RouteRegistry(app, ctx)
+    app[CTX_KEY] = ctx
+    app[REGISTRY_KEY] = registry
+    for module in load_modules() if modules is None else modules:
+        module.setup(registry, ctx)
+
+    async def close_watchers(_app: web.Application) -> None:
+        for ws in list(ctx.websockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"coordinator shutting down")
+
+    app.on_shutdown.append(close_watchers)
+    if manage_ctx:
+        async def lifecycle(_app: web.Application):
+            await ctx.start()
+            yield
+            await ctx.close()
+
+        app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,135 @@
+"""The coordinator's process-wide state, handed to every route module as ``ctx``.
+
+Contract:
+* :meth:`Coordinator.open` connects the database, applies migrations (core ones plus
+  those of extension modules), loads the admin token and the signing key.
+* :meth:`Coordinator.start` starts the background work, all named tasks in one
+  ``TaskGroup`` owned by a single runner task: the change feed, the heartbeat flusher,
+  the state sweeper and the change-log pruner. :meth:`Coordinator.close` cancels them,
+  flushes buffered heartbeats and closes the database.
+* ``clock`` (seconds since the epoch) is injectable for tests; nothing else reads time.
+* Extension points: ``ctx.metrics.registry`` (add Prometheus collectors with
+  ``ctx.metrics.add_collector``), ``ctx.feed.add_listener`` (see every change),
+  ``ctx.add_background(name, coro_factory)`` (before :meth:`start`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+from anex_agent.coordinator import changes, credentials, migrations, signing
+from anex_agent.coordinator.auth import Authenticator
+from anex_agent.coordinator.db import Database, open_database
+from anex_agent.coordinator.heartbeats import HeartbeatBuffer
+from anex_agent.coordinator.metrics import Metrics
+from anex_agent.coordinator.settings import Settings
+from anex_agent.coordinator.versions import ConfigVersions
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        *,
+        admin_token: str,
+        admin_token_source: str,
+        signing_key: bytes,
+        verify_key: str,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.clock = clock
+        self.admin_token = admin_token
+        self.admin_token_source = admin_token_source
+        self.signing_key = signing_key
+        self.verify_key = verify_key
+        self.feed = changes.ChangeFeed(db, poll_interval=settings.poll_interval)
+        self.auth = Authenticator(db, admin_token)
+        self.heartbeats = HeartbeatBuffer(db)
+        self.metrics = Metrics()
+        self.versions = ConfigVersions(db)
+        self.websockets: set = set()  # open watch streams, closed (1001) on shutdown
+        self.join_lock = asyncio.Lock()  # one join at a time per process; across processes the database decides
+        self._background: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        self._runner: asyncio.Task | None = None
+        self.feed.add_listener(self.auth.on_change)
+        self.feed.add_listener(self.versions.on_change)
+        self.feed.add_listener(lambda _change: self.metrics.changes_delivered.inc())
+
+    @classmethod
+    async def open(
+        cls,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        extra_migrations: Iterable[migrations.Migration] = (),
+        environ: dict[str, str] | None = None,
+        signing_key_file: Path | None = None,
+    ) -> Coordinator:
+        admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
+        key_path = signing_key_file or settings.state_dir / "access-token-signing-key"
+        signing_key = signing.load_or_create(key_path)
+        db = await open_database(settings.database_url)
+        try:
+            await migrations.apply(db, [*migrations.CORE, *extra_migrations], clock=clock)
+            verify_key = await signing.register(db, signing_key, key_path=key_path)
+        except BaseException:
+            await db.close()
+            raise
+        return cls(
+            settings,
+            db,
+            admin_token=admin_token,
+            admin_token_source=source,
+            signing_key=signing_key,
+            verify_key=verify_key,
+            clock=clock,
+        )
+
+    def add_background(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        """Run ``factory()`` as a named task for the coordinator's lifetime (call before start)."""
+        self._background.append((name, factory))
+
+    async def start(self) -> None:
+        from anex_agent.coordinator import sweeper  # late: sweeper imports services that import us
+
+        await self.feed.start()
+        await self.versions.load()
+        tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("change-feed", self.feed.run),
+            ("heartbeat-flush", lambda: self.heartbeats.run(self.settings.heartbeat_flush_interval)),
+            ("state-sweeper", lambda: sweeper.run(self)),
+            *self._background,
+        ]
+
+        async def runner() -> None:
+            async with asyncio.TaskGroup() as group:
+                for name, factory in tasks:
+                    group.create_task(factory(), name=f"coordinator-{name}")
+
+        self._runner = asyncio.create_task(runner(), name="coordinator-background")
+
+    def committed(self) -> None:
+        """Call after committing a change: watchers in this process see it at once."""
+        self.feed.poke()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._runner
+            self._runner = None
+        try:
+            await self.heartbeats.flush()
+        except Exception:
+            log.exception("final heartbeat flush failed")
+        await self.db.close()

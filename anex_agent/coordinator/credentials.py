@@ -1,0 +1,83 @@
+"""Secrets the coordinator hands out: join tokens, node/gateway credentials, the admin token.
+
+Contract:
+* A secret is ``<prefix>_<43 characters of url-safe base64>`` (256 random bits from
+  :func:`secrets.token_urlsafe`); the prefix says what it is (``anexjt`` join token,
+  ``anexnc`` node credential, ``anexgc`` gateway credential, ``anexadm`` admin token)
+  so a leaked one is recognisable by secret scanners.
+* Only :func:`hash_secret` (SHA-256, hex) is ever stored. Lookups go by hash; where a
+  secret is compared directly (the admin token) :func:`same_secret` is constant-time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+from pathlib import Path
+
+from anex_agent.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+JOIN_TOKEN = "anexjt"
+NODE_CREDENTIAL = "anexnc"
+GATEWAY_CREDENTIAL = "anexgc"
+ADMIN_TOKEN = "anexadm"
+
+_ENTROPY_BYTES = 32
+
+
+def new_secret(prefix: str) -> str:
+    """Return a fresh random secret with ``prefix``."""
+    return f"{prefix}_{secrets.token_urlsafe(_ENTROPY_BYTES)}"
+
+
+def new_id(prefix: str) -> str:
+    """Return a short random public identifier, e.g. ``n-3f9a0c1b2d4e``."""
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def hash_secret(secret: str) -> str:
+    """The only form in which a secret is stored."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def has_prefix(secret: str, prefix: str) -> bool:
+    return secret.startswith(prefix + "_")
+
+
+def same_secret(a: str, b: str) -> bool:
+    """Constant-time comparison of two secrets."""
+    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+
+
+def load_admin_token(state_dir: Path, environ: dict[str, str] | None = None) -> tuple[str, str]:
+    """Return ``(token, where)``: ``ANEX_ADMIN_TOKEN`` if set, else ``<state_dir>/admin-token``.
+
+    The file is created on first use with mode 0600; a file readable by group or
+    others is refused (ConfigError), as is an empty one.
+    """
+    env = os.environ if environ is None else environ
+    token = env.get("ANEX_ADMIN_TOKEN", "").strip()
+    if token:
+        if len(token) < 16:
+            raise ConfigError("ANEX_ADMIN_TOKEN", "is too short; use at least 16 random characters")
+        return token, "the ANEX_ADMIN_TOKEN environment variable"
+    path = state_dir / "admin-token"
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise ConfigError(str(path), f"admin token file has mode {mode:o}; it must be 0600 (chmod 600 {path})")
+        token = path.read_text().strip()
+        if not token:
+            raise ConfigError(str(path), "is empty; delete it to generate a new admin token")
+        return token, str(path)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = new_secret(ADMIN_TOKEN)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token, str(path)

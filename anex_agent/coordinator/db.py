@@ -1,0 +1,282 @@
+"""One async database layer for SQLite (default) and PostgreSQL.
+
+Contract:
+* SQL is written once, in PostgreSQL's placeholder style (``$1``, ``$2``, a
+  placeholder may repeat); :func:`_to_sqlite` translates it to SQLite's numbered
+  ``?1`` form in this one place. Write portable SQL: ``INSERT .. ON CONFLICT .. DO
+  NOTHING RETURNING``, ``BIGINT``, ``DOUBLE PRECISION``, ``TEXT`` (JSON is stored as
+  text). Flags are ``INTEGER`` 0/1.
+* Rows come back as plain ``dict``.
+* ``async with db.transaction() as tx:`` runs every statement on ``tx`` in one
+  transaction: committed when the block ends, rolled back on any exception
+  (including cancellation), so nothing is ever half-written.
+* SQLite runs on one dedicated thread (the ``sqlite3`` module blocks); an
+  ``asyncio.Lock`` gives each transaction the connection to itself. Writers are
+  serialised, which is what SQLite does anyway. PostgreSQL uses an asyncpg pool.
+* :meth:`Database.listen` delivers PostgreSQL ``NOTIFY`` payloads of a channel
+  (other coordinator processes' changes); on SQLite it is a no-op and the caller
+  falls back to polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+from anex_agent.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+def _to_sqlite(sql: str) -> str:
+    return _PLACEHOLDER.sub(r"?\1", sql)
+
+
+def _rowcount(status: str) -> int:
+    """asyncpg returns a command tag like ``UPDATE 3``; the last word is the row count."""
+    tail = status.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+class Conn(Protocol):
+    """What a transaction (and the database itself) offers."""
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict]: ...
+    async def fetchrow(self, sql: str, *args: Any) -> dict | None: ...
+    async def fetchval(self, sql: str, *args: Any) -> Any: ...
+    async def execute(self, sql: str, *args: Any) -> int: ...
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+
+class Database:
+    """Base class; use :func:`open_database`."""
+
+    dialect: str = ""
+    url: str = ""
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict]:
+        async with self.transaction() as tx:
+            return await tx.fetch(sql, *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> dict | None:
+        rows = await self.fetch(sql, *args)
+        return rows[0] if rows else None
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        row = await self.fetchrow(sql, *args)
+        return next(iter(row.values())) if row else None
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        async with self.transaction() as tx:
+            return await tx.execute(sql, *args)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        async with self.transaction() as tx:
+            await tx.executemany(sql, rows)
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Conn]:
+        raise NotImplementedError
+
+    async def listen(self, channel: str, callback: Callable[[str], None]) -> bool:
+        """Call ``callback(payload)`` for each NOTIFY on ``channel``; False where unsupported."""
+        return False
+
+    async def notify(self, tx: Conn, channel: str, payload: str) -> None:
+        """Inside ``tx``: notify listeners of ``channel`` when the transaction commits."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- SQLite
+
+
+class _SqliteConn:
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict]:
+        return await self._db._run(self._db._fetch_sync, _to_sqlite(sql), args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> dict | None:
+        rows = await self.fetch(sql, *args)
+        return rows[0] if rows else None
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        row = await self.fetchrow(sql, *args)
+        return next(iter(row.values())) if row else None
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        return await self._db._run(self._db._execute_sync, _to_sqlite(sql), args)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        await self._db._run(self._db._executemany_sync, _to_sqlite(sql), rows)
+
+
+class SqliteDatabase(Database):
+    dialect = "sqlite"
+
+    def __init__(self, path: str) -> None:
+        self.url = f"sqlite:///{path}"
+        self._path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self._lock = asyncio.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._thread_local = threading.local()
+
+    async def open(self) -> None:
+        await self._run(self._open_sync)
+
+    def _open_sync(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=30000")
+        self._conn = conn
+
+    async def _run(self, fn: Callable, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
+
+    def _fetch_sync(self, sql: str, args: Sequence[Any]) -> list[dict]:
+        assert self._conn is not None
+        cur = self._conn.execute(sql, args)
+        return [dict(row) for row in cur.fetchall()]
+
+    def _execute_sync(self, sql: str, args: Sequence[Any]) -> int:
+        assert self._conn is not None
+        return self._conn.execute(sql, args).rowcount
+
+    def _executemany_sync(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        assert self._conn is not None
+        self._conn.executemany(sql, rows)
+
+    def _script_sync(self, sql: str) -> None:
+        assert self._conn is not None
+        self._conn.execute(sql)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        async with self._lock:
+            await self._run(self._script_sync, "BEGIN IMMEDIATE")
+            try:
+                yield _SqliteConn(self)
+            except BaseException:
+                # shield: a cancelled caller must still leave the connection clean
+                await asyncio.shield(self._run(self._script_sync, "ROLLBACK"))
+                raise
+            else:
+                await asyncio.shield(self._run(self._script_sync, "COMMIT"))
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._conn is not None:
+                await self._run(self._conn.close)
+                self._conn = None
+        self._executor.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+class _PgConn:
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict]:
+        return [dict(r) for r in await self._conn.fetch(sql, *args)]
+
+    async def fetchrow(self, sql: str, *args: Any) -> dict | None:
+        row = await self._conn.fetchrow(sql, *args)
+        return dict(row) if row is not None else None
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        return await self._conn.fetchval(sql, *args)
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        return _rowcount(await self._conn.execute(sql, *args))
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        await self._conn.executemany(sql, rows)
+
+
+class PostgresDatabase(Database):
+    dialect = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._pool: Any = None
+        self._listen_conn: Any = None
+
+    async def open(self) -> None:
+        import asyncpg  # imported lazily: SQLite users need no PostgreSQL driver loaded
+
+        try:
+            self._pool = await asyncpg.create_pool(self.url, min_size=1, max_size=10)
+        except (OSError, asyncpg.PostgresError) as err:
+            raise ConfigError("--database", f"cannot connect to PostgreSQL at {_redact(self.url)}: {err}") from None
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                yield _PgConn(conn)
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict]:
+        async with self._pool.acquire() as conn:
+            return [dict(r) for r in await conn.fetch(sql, *args)]
+
+    async def listen(self, channel: str, callback: Callable[[str], None]) -> bool:
+        import asyncpg
+
+        self._listen_conn = await asyncpg.connect(self.url)
+        await self._listen_conn.add_listener(channel, lambda _c, _pid, _ch, payload: callback(payload))
+        return True
+
+    async def notify(self, tx: Conn, channel: str, payload: str) -> None:
+        await tx.execute("SELECT pg_notify($1, $2)", channel, payload)
+
+    async def close(self) -> None:
+        if self._listen_conn is not None:
+            with contextlib.suppress(Exception):
+                await self._listen_conn.close()
+            self._listen_conn = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+async def open_database(url: str) -> Database:
+    """Open ``sqlite:///PATH`` (or a bare path) or ``postgresql://...``.
+
+    Raises ConfigError naming ``--database`` for an unknown scheme or an unreachable server.
+    """
+    if url.startswith(("postgresql://", "postgres://")):
+        db: Database = PostgresDatabase(url)
+    elif url.startswith("sqlite:///") or "://" not in url:
+        path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
+        if path != ":memory:":
+            parent = Path(path).parent
+            if not parent.is_dir():
+                raise ConfigError("--database", f"directory {parent} of the SQLite file does not exist")
+        db = SqliteDatabase(path)
+    else:
+        raise ConfigError("--database", "must be sqlite:///PATH, a file path, or postgresql://USER:PASS@HOST/DB")
+    await db.open()  # type: ignore[attr-defined]
+    return db

@@ -1,0 +1,93 @@
+"""Heartbeat intake: cheap in the request, batched into the database.
+
+Contract:
+* :meth:`HeartbeatBuffer.record` only updates a dict (the latest heartbeat per node
+  wins); the request is answered at once.
+* :meth:`HeartbeatBuffer.flush` writes everything recorded so far in ONE transaction;
+  :meth:`run` flushes every ``interval`` seconds and the coordinator flushes once more on
+  clean shutdown, so an acknowledged heartbeat is lost only if the process is killed
+  within ``interval`` of it. A failed flush puts its batch back (newer heartbeats win).
+* Telemetry is stored opaque (latest JSON per node); the node's health is taken from
+  ``telemetry['health']['verdict']`` (and ``['reasons']``) when present, else left as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from anex_agent.coordinator.db import Database
+from anex_agent.wire import Health, Heartbeat
+
+log = logging.getLogger(__name__)
+
+_FLUSH_SQL = """
+UPDATE nodes SET last_heartbeat_at = $2, status = $3, telemetry = COALESCE($4, telemetry),
+       health = COALESCE($5, health), health_reasons = COALESCE($6, health_reasons), state = 'ready'
+ WHERE id = $1
+"""
+
+
+def health_of(telemetry: dict[str, Any] | None) -> tuple[str | None, list[str] | None]:
+    """``(verdict, reasons)`` from telemetry, ``(None, None)`` when it carries no valid verdict."""
+    if not isinstance(telemetry, dict):
+        return None, None
+    health = telemetry.get("health")
+    if not isinstance(health, dict):
+        return None, None
+    verdict = health.get("verdict")
+    if verdict not in {h.value for h in Health}:
+        return None, None
+    reasons = health.get("reasons")
+    reasons = [str(r) for r in reasons] if isinstance(reasons, list) else []
+    return verdict, reasons
+
+
+class HeartbeatBuffer:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._pending: dict[str, tuple] = {}
+        self.latest: dict[str, float] = {}  # node id -> time of its newest heartbeat seen here
+        self.flushed_total = 0
+
+    def record(self, node_id: str, heartbeat: Heartbeat, now: float) -> None:
+        verdict, reasons = health_of(heartbeat.telemetry)
+        self._pending[node_id] = (
+            node_id,
+            now,
+            heartbeat.status.model_dump_json(),
+            json.dumps(heartbeat.telemetry) if heartbeat.telemetry is not None else None,
+            verdict,
+            json.dumps(reasons) if reasons is not None else None,
+        )
+        self.latest[node_id] = now
+
+    def pending_for(self, node_id: str) -> tuple | None:
+        return self._pending.get(node_id)
+
+    def forget(self, node_id: str) -> None:
+        self._pending.pop(node_id, None)
+        self.latest.pop(node_id, None)
+
+    async def flush(self) -> int:
+        if not self._pending:
+            return 0
+        batch, self._pending = self._pending, {}
+        try:
+            await self._db.executemany(_FLUSH_SQL, list(batch.values()))
+        except BaseException:
+            for node_id, row in batch.items():
+                self._pending.setdefault(node_id, row)
+            raise
+        self.flushed_total += len(batch)
+        return len(batch)
+
+    async def run(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("writing heartbeats failed; will retry")

@@ -1,0 +1,155 @@
+"""Schema migrations: an ordered list of numbered SQL steps.
+
+Contract:
+* Each :class:`Migration` has a unique number and runs exactly once per database,
+  in ascending order, each in its own transaction together with its row in
+  ``schema_migrations`` (so a failed step leaves nothing behind and is retried on
+  the next start).
+* Numbers are ranges per owner so parallel work never collides:
+  1-99 coordinator core, 100-199 machine selection (issue 6), 200-299 GPU
+  telemetry (issue 5). Other modules contribute steps with a module-level
+  ``MIGRATIONS`` list in a route module (see :mod:`anex_agent.coordinator.app`).
+* SQL must run on both SQLite and PostgreSQL (see :mod:`.db`). A step may give
+  ``{"sqlite": ..., "postgresql": ...}`` when the dialects really differ.
+* Several coordinators starting at once on one PostgreSQL are serialised with an
+  advisory lock, so each step still runs once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from collections.abc import Iterable
+
+from anex_agent.coordinator.db import Database
+
+log = logging.getLogger(__name__)
+
+_PG_MIGRATION_LOCK = 0x616E6578  # "anex": pg_advisory_xact_lock key for migrations
+
+
+@dataclass(frozen=True)
+class Migration:
+    number: int
+    name: str
+    sql: str | dict[str, str]
+
+    def statements(self, dialect: str) -> list[str]:
+        text = self.sql if isinstance(self.sql, str) else self.sql[dialect]
+        return [s.strip() for s in text.split(";") if s.strip()]
+
+
+CORE: list[Migration] = [
+    Migration(
+        1,
+        "core schema",
+        """
+        CREATE TABLE settings (
+            name TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        CREATE TABLE counters (
+            name TEXT PRIMARY KEY,
+            value BIGINT NOT NULL
+        );
+        INSERT INTO counters (name, value) VALUES ('version', 0);
+        INSERT INTO counters (name, value) VALUES ('pruned_through', 0);
+        INSERT INTO counters (name, value) VALUES ('gateways_version', 0);
+        CREATE TABLE join_tokens (
+            id TEXT PRIMARY KEY,
+            token_hash TEXT NOT NULL UNIQUE,
+            kind TEXT NOT NULL,
+            reusable INTEGER NOT NULL,
+            labels TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            used_at DOUBLE PRECISION,
+            used_by TEXT,
+            use_count BIGINT NOT NULL DEFAULT 0
+        );
+        CREATE TABLE addresses (
+            n BIGINT PRIMARY KEY,
+            owner TEXT,
+            quarantined_until DOUBLE PRECISION
+        );
+        CREATE INDEX addresses_quarantine ON addresses (quarantined_until);
+        CREATE TABLE nodes (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            public_key TEXT NOT NULL UNIQUE,
+            credential_hash TEXT NOT NULL UNIQUE,
+            address TEXT NOT NULL UNIQUE,
+            labels TEXT NOT NULL,
+            facts TEXT NOT NULL,
+            tunnels TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            last_heartbeat_at DOUBLE PRECISION,
+            status TEXT,
+            telemetry TEXT,
+            health TEXT NOT NULL DEFAULT 'unknown',
+            health_reasons TEXT NOT NULL DEFAULT '[]',
+            config_version BIGINT NOT NULL DEFAULT 0,
+            join_token_id TEXT
+        );
+        CREATE INDEX nodes_state ON nodes (state);
+        CREATE TABLE gateways (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            public_key TEXT NOT NULL UNIQUE,
+            credential_hash TEXT NOT NULL UNIQUE,
+            address TEXT NOT NULL UNIQUE,
+            endpoint TEXT,
+            ws_url TEXT,
+            routes TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            last_seen_at DOUBLE PRECISION
+        );
+        CREATE TABLE changes (
+            version BIGINT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            target TEXT,
+            type TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX changes_scope ON changes (scope, version)
+        """,
+    ),
+]
+
+
+async def apply(db: Database, migrations: Iterable[Migration], *, clock=time.time) -> list[int]:
+    """Apply every migration not yet recorded; return the numbers applied now."""
+    steps = sorted(migrations, key=lambda m: m.number)
+    numbers = [m.number for m in steps]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"duplicate migration numbers in {numbers}")
+    async with db.transaction() as tx:
+        if db.dialect == "postgresql":
+            await tx.execute(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
+        await tx.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            "number INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+    applied: list[int] = []
+    for step in steps:
+        async with db.transaction() as tx:
+            if db.dialect == "postgresql":
+                await tx.execute(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
+            done = await tx.fetchval("SELECT number FROM schema_migrations WHERE number = $1", step.number)
+            if done is not None:
+                continue
+            for statement in step.statements(db.dialect):
+                await tx.execute(statement)
+            await tx.execute(
+                "INSERT INTO schema_migrations (number, name, applied_at) VALUES ($1, $2, $3)",
+                step.number,
+                step.name,
+                clock(),
+            )
+            applied.append(step.number)
+            log.info("applied migration %d: %s", step.number, step.name)
+    return applied

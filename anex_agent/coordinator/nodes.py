@@ -1,0 +1,225 @@
+"""Nodes: join, config, views, tunnels, deletion. Every multi-row change is one transaction.
+
+Contract:
+* :func:`join` is idempotent per public key: the same key gets the same node id and
+  address (and a fresh credential, which revokes the previous one).
+* A new node becomes a ``peer_added`` for every gateway; a deleted one a
+  ``peer_removed``, its address goes to quarantine and its credential stops working.
+* A node's config version is the newest change-log version that touched its config:
+  its own changes (``nodes.config_version``) or a gateway-set change
+  (``counters.gateways_version``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from anex_agent import wire
+from anex_agent.coordinator import changes, credentials, ipam, problems, states, tokens
+from anex_agent.coordinator.context import Coordinator
+from anex_agent.coordinator.db import Conn
+
+
+def mesh_peer(row: dict) -> wire.MeshPeer:
+    return wire.MeshPeer(
+        node_id=row["id"], name=row["name"], public_key=row["public_key"], allowed_ips=[f"{row['address']}/32"]
+    )
+
+
+async def gateway_peers(ctx: Coordinator, tx: Conn) -> list[wire.GatewayPeer]:
+    rows = await tx.fetch("SELECT * FROM gateways ORDER BY created_at, id")
+    return [
+        wire.GatewayPeer(
+            id=row["id"],
+            public_key=row["public_key"],
+            endpoint=row["endpoint"],
+            ws_url=row["ws_url"],
+            allowed_ips=[ctx.settings.pool.cidr, *json.loads(row["routes"])],
+            persistent_keepalive=ctx.settings.persistent_keepalive,
+            mesh_address=row["address"],
+        )
+        for row in rows
+    ]
+
+
+async def config_of(ctx: Coordinator, tx: Conn, row: dict) -> wire.NodeConfig:
+    gateways = await gateway_peers(ctx, tx)
+    gateways_version = await tx.fetchval("SELECT value FROM counters WHERE name = 'gateways_version'")
+    settings = ctx.settings
+    return wire.NodeConfig(
+        node_id=row["id"],
+        version=max(int(row["config_version"]), int(gateways_version)),
+        address=row["address"],
+        network=settings.pool.cidr,
+        mtu=settings.mtu,
+        dns=list(settings.dns) or [g.mesh_address for g in gateways],
+        search_domains=list(settings.search_domains),
+        gateways=gateways,
+        tunnels=[wire.TunnelSpec.model_validate(t) for t in json.loads(row["tunnels"])],
+        agent_api_verify_key=ctx.verify_key,
+    )
+
+
+async def row_of(tx: Conn, node_id: str) -> dict:
+    row = await tx.fetchrow("SELECT * FROM nodes WHERE id = $1", node_id)
+    if row is None:
+        raise problems.not_found(f"node {node_id}")
+    return row
+
+
+async def config(ctx: Coordinator, node_id: str) -> wire.NodeConfig:
+    async with ctx.db.transaction() as tx:
+        return await config_of(ctx, tx, await row_of(tx, node_id))
+
+
+async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoinResponse:
+    now = ctx.clock()
+    credential = credentials.new_secret(credentials.NODE_CREDENTIAL)
+    async with ctx.join_lock, ctx.db.transaction() as tx:
+        token = await tokens.lookup(tx, request.token, wire.TokenKind.node, now=now)
+        existing = await tx.fetchrow("SELECT * FROM nodes WHERE public_key = $1", request.public_key)
+        tokens.check_unused_or_owner(token, existing["id"] if existing else None)
+        if await tx.fetchval("SELECT id FROM gateways WHERE public_key = $1", request.public_key):
+            raise problems.Problem(
+                409, "Conflict", "this public key belongs to a gateway; every node needs its own key pair",
+                slug="conflict", errors=[{"field": "public_key", "message": "already used by a gateway"}],
+            )
+        if existing:
+            node_id = existing["id"]
+            await tx.execute(
+                "UPDATE nodes SET credential_hash = $2, name = $3, provider = $4, facts = $5 WHERE id = $1",
+                node_id,
+                credentials.hash_secret(credential),
+                request.name,
+                request.provider.value,
+                request.facts.model_dump_json(),
+            )
+            await changes.append(ctx.db, tx, changes.NODE, "rejoined", target=node_id, now=now)
+        else:
+            node_id = credentials.new_id("n")
+            address = await ipam.allocate(tx, ctx.settings.pool, f"node:{node_id}", now=now)
+            await tx.execute(
+                "INSERT INTO nodes (id, name, provider, public_key, credential_hash, address, labels, facts, tunnels,"
+                " state, created_at, join_token_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '[]', 'pending', $9, $10)",
+                node_id,
+                request.name,
+                request.provider.value,
+                request.public_key,
+                credentials.hash_secret(credential),
+                address,
+                token["labels"],
+                request.facts.model_dump_json(),
+                now,
+                token["id"],
+            )
+            row = await row_of(tx, node_id)
+            version = await changes.append(
+                ctx.db, tx, changes.GATEWAYS, "peer_added", target=node_id, payload=mesh_peer(row).model_dump(), now=now
+            )
+            await tx.execute("UPDATE nodes SET config_version = $2 WHERE id = $1", node_id, version)
+        await tokens.redeem(tx, token, node_id, now=now)
+        node_config = await config_of(ctx, tx, await row_of(tx, node_id))
+    ctx.committed()
+    ctx.metrics.joins.inc()
+    return wire.NodeJoinResponse(node_id=node_id, credential=credential, config=node_config)
+
+
+async def delete(ctx: Coordinator, node_id: str) -> None:
+    now = ctx.clock()
+    async with ctx.db.transaction() as tx:
+        row = await row_of(tx, node_id)
+        await tx.execute("DELETE FROM nodes WHERE id = $1", node_id)
+        await ipam.release(tx, ctx.settings.pool, row["address"], now=now, quarantine=ctx.settings.address_quarantine)
+        await changes.append(
+            ctx.db, tx, changes.GATEWAYS, "peer_removed", target=node_id, payload=mesh_peer(row).model_dump(), now=now
+        )
+        await changes.append(ctx.db, tx, changes.NODE, "deleted", target=node_id, now=now)
+    ctx.heartbeats.forget(node_id)
+    ctx.auth.forget(node_id)
+    ctx.committed()
+
+
+async def set_tunnels(ctx: Coordinator, node_id: str, update: wire.TunnelsUpdate) -> wire.NodeConfig:
+    ports = [t.listen_port for t in update.tunnels]
+    duplicates = sorted({p for p in ports if ports.count(p) > 1})
+    if duplicates:
+        raise problems.Problem(
+            422, "Unprocessable Content", f"listen_port {duplicates[0]} is used by more than one tunnel",
+            slug="validation", errors=[{"field": "tunnels", "message": f"duplicate listen_port {duplicates}"}],
+        )
+    now = ctx.clock()
+    async with ctx.db.transaction() as tx:
+        await row_of(tx, node_id)
+        version = await changes.append(ctx.db, tx, changes.NODE, "config", target=node_id, now=now)
+        await tx.execute(
+            "UPDATE nodes SET tunnels = $2, config_version = $3 WHERE id = $1",
+            node_id,
+            json.dumps([t.model_dump() for t in update.tunnels]),
+            version,
+        )
+        result = await config_of(ctx, tx, await row_of(tx, node_id))
+    ctx.committed()
+    return result
+
+
+def view_of(ctx: Coordinator, row: dict) -> wire.NodeView:
+    last = row["last_heartbeat_at"]
+    buffered = ctx.heartbeats.latest.get(row["id"])
+    if buffered is not None and (last is None or buffered > last):
+        last = buffered
+    state = states.state_at(now=ctx.clock(), created_at=row["created_at"], last_heartbeat_at=last, timings=ctx.settings.timings)
+    return wire.NodeView(
+        id=row["id"],
+        name=row["name"],
+        provider=row["provider"],
+        public_key=row["public_key"],
+        address=row["address"],
+        state=state,
+        health=row["health"],
+        health_reasons=json.loads(row["health_reasons"]),
+        labels=json.loads(row["labels"]),
+        facts=wire.NodeFacts.model_validate_json(row["facts"]),
+        status=wire.TransportStatus.model_validate_json(row["status"]) if row["status"] else None,
+        created_at=tokens.to_datetime(row["created_at"]),
+        last_heartbeat_at=tokens.to_datetime(last),
+        tunnels=[wire.TunnelSpec.model_validate(t) for t in json.loads(row["tunnels"])],
+    )
+
+
+async def flush_for_read(ctx: Coordinator) -> None:
+    """Write buffered heartbeats first, so a read sees the newest status and telemetry."""
+    await ctx.heartbeats.flush()
+
+
+async def view(ctx: Coordinator, node_id: str) -> wire.NodeView:
+    await flush_for_read(ctx)
+    async with ctx.db.transaction() as tx:
+        return view_of(ctx, await row_of(tx, node_id))
+
+
+async def list_views(ctx: Coordinator) -> wire.NodeList:
+    await flush_for_read(ctx)
+    rows = await ctx.db.fetch("SELECT * FROM nodes ORDER BY created_at, id")
+    return wire.NodeList(nodes=[view_of(ctx, row) for row in rows])
+
+
+async def telemetry(ctx: Coordinator, node_id: str) -> wire.NodeTelemetry:
+    await flush_for_read(ctx)
+    async with ctx.db.transaction() as tx:
+        row = await row_of(tx, node_id)
+    return wire.NodeTelemetry(
+        node_id=node_id,
+        received_at=tokens.to_datetime(row["last_heartbeat_at"]),
+        telemetry=json.loads(row["telemetry"]) if row["telemetry"] else None,
+    )
+
+
+def heartbeat(ctx: Coordinator, node_id: str, beat: wire.Heartbeat, *, config_version: int) -> wire.HeartbeatAck:
+    """Hot path: no database access (see :mod:`.heartbeats`)."""
+    ctx.heartbeats.record(node_id, beat, ctx.clock())
+    ctx.metrics.heartbeats.inc()
+    return wire.HeartbeatAck(
+        state=states.on_heartbeat(wire.NodeState.ready),
+        config_version=config_version,
+        next_heartbeat_in=ctx.settings.timings.heartbeat_interval,
+    )

@@ -1,0 +1,217 @@
+"""Route registry: every REST route is declared once, with its auth and models.
+
+A route module provides ``setup(registry, ctx)`` and calls :meth:`RouteRegistry.add`.
+The registry wires the aiohttp route, and does the common work for every route:
+authenticate (:mod:`.auth`), parse and validate the JSON body into ``request_model``
+(422 problem naming each field), call the handler, serialise a returned pydantic model
+(``status`` on success), count and time the request. ``/v1/openapi.json`` is generated
+from the same declarations, so a route added by another module is documented
+automatically.
+
+Handler contract: ``async def handler(call: Call) -> BaseModel | web.StreamResponse | None``
+(None -> 204). Raise :class:`.problems.Problem` for errors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from anex_agent.coordinator import problems
+from anex_agent.coordinator.auth import Auth, Principal
+
+Handler = Callable[["Call"], Awaitable[Any]]
+
+
+@dataclass
+class Call:
+    """What a handler gets."""
+
+    request: web.Request
+    ctx: Any  # anex_agent.coordinator.context.Coordinator
+    principal: Principal
+    body: BaseModel | None
+
+    def param(self, name: str) -> str:
+        return self.request.match_info[name]
+
+
+@dataclass(frozen=True)
+class QueryParam:
+    name: str
+    type: str = "string"  # OpenAPI scalar type
+    description: str = ""
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    auth: Auth
+    summary: str
+    request_model: type[BaseModel] | None = None
+    response_model: type[BaseModel] | None = None
+    status: int = 200
+    query: tuple[QueryParam, ...] = ()
+    tags: tuple[str, ...] = ()
+    websocket: bool = False
+    content_type: str = "application/json"  # of the success response when not a model
+    name: str = field(default="")
+
+
+class RouteRegistry:
+    def __init__(self, app: web.Application, ctx: Any) -> None:
+        self._app = app
+        self._ctx = ctx
+        self.routes: list[Route] = []
+
+    def add(self, route: Route) -> None:
+        if any(r.method == route.method and r.path == route.path for r in self.routes):
+            raise ValueError(f"route {route.method} {route.path} is declared twice")
+        self.routes.append(route)
+        self._app.router.add_route(route.method, route.path, self._wrap(route), name=route.name or None)
+
+    def _wrap(self, route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        ctx = self._ctx
+        label = f"{route.method} {route.path}"
+
+        async def endpoint(request: web.Request) -> web.StreamResponse:
+            started = time.perf_counter()
+            status = 500
+            try:
+                principal = await ctx.auth.authenticate(request, route.auth)
+                body = await _parse_body(request, route.request_model) if route.request_model else None
+                result = await route.handler(Call(request, ctx, principal, body))
+                response = _to_response(result, route.status)
+                status = response.status
+                return response
+            except problems.Problem as problem:
+                status = problem.status
+                raise
+            finally:
+                ctx.metrics.requests.labels(route=label, status=str(status)).inc()
+                ctx.metrics.latency.labels(route=label).observe(time.perf_counter() - started)
+
+        return endpoint
+
+
+async def _parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
+    raw = await request.read()
+    if not raw:
+        raise problems.bad_request(f"a JSON body ({model.__name__}) is required")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as err:
+        if any(e["type"] == "json_invalid" for e in err.errors()):
+            raise problems.bad_request(f"the body is not valid JSON; expected a {model.__name__} object") from None
+        raise problems.from_validation_error(err) from None
+
+
+def _to_response(result: Any, status: int) -> web.StreamResponse:
+    if isinstance(result, web.StreamResponse):
+        return result
+    if result is None:
+        return web.Response(status=204)
+    if isinstance(result, BaseModel):
+        return web.Response(status=status, body=result.model_dump_json().encode(), content_type="application/json")
+    return web.Response(status=status, text=json.dumps(result), content_type="application/json")
+
+
+# ---------------------------------------------------------------- OpenAPI
+
+_PATH_PARAM = re.compile(r"\{(\w+)\}")
+
+
+def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
+    """An OpenAPI 3.1 document describing ``routes``."""
+    from pydantic.json_schema import models_json_schema
+
+    from anex_agent.wire import Problem as ProblemModel
+
+    models: list[tuple[type[BaseModel], str]] = [(ProblemModel, "serialization")]
+    for r in routes:
+        if r.request_model:
+            models.append((r.request_model, "validation"))
+        if r.response_model:
+            models.append((r.response_model, "serialization"))
+    keys, schema = models_json_schema(list(dict.fromkeys(models)), ref_template="#/components/schemas/{model}")
+    ref = {k: v for k, v in keys.items()}
+    problem_ref = ref[(ProblemModel, "serialization")]
+    problem_response = {"content": {problems.CONTENT_TYPE: {"schema": problem_ref}}}
+    paths: dict[str, Any] = {}
+    for r in routes:
+        op: dict[str, Any] = {"summary": r.summary, "operationId": _operation_id(r), "responses": {}}
+        if r.tags:
+            op["tags"] = list(r.tags)
+        params = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in _PATH_PARAM.findall(r.path)
+        ]
+        params += [
+            {"name": q.name, "in": "query", "required": q.required, "description": q.description,
+             "schema": {"type": q.type}}
+            for q in r.query
+        ]
+        if params:
+            op["parameters"] = params
+        if r.request_model:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": ref[(r.request_model, "validation")]}},
+            }
+        if r.websocket:
+            op["description"] = "WebSocket (upgrade with GET); JSON text frames, each a " + (
+                r.response_model.__name__ if r.response_model else "message"
+            )
+            op["responses"]["101"] = {"description": "switching protocols to WebSocket"}
+        elif r.response_model:
+            op["responses"][str(r.status)] = {
+                "description": "success",
+                "content": {"application/json": {"schema": ref[(r.response_model, "serialization")]}},
+            }
+        else:
+            desc = "no content" if r.status == 204 else "success"
+            entry: dict[str, Any] = {"description": desc}
+            if r.status != 204:
+                entry["content"] = {r.content_type: {"schema": {}}}
+            op["responses"][str(r.status)] = entry
+        if r.request_model:
+            op["responses"]["400"] = {"description": "malformed JSON", **problem_response}
+            op["responses"]["422"] = {"description": "invalid field(s), named in errors[]", **problem_response}
+        if r.auth not in (Auth.public,):
+            op["responses"]["401"] = {"description": "missing or invalid credential/token", **problem_response}
+        if r.auth not in (Auth.public, Auth.join):
+            op["security"] = [{"bearer": []}]
+            op["x-anex-auth"] = r.auth.value
+        if "{" in r.path:
+            op["responses"]["404"] = {"description": "no such object", **problem_response}
+        paths.setdefault(r.path, {})[r.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": schema.get("$defs", {}),
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "admin token, node credential or gateway credential, per x-anex-auth",
+                }
+            },
+        },
+    }
+
+
+def _operation_id(route: Route) -> str:
+    words = re.sub(r"[{}]", "", route.path).strip("/").replace("-", "_").split("/")
+    return "_".join([route.method.lower(), *[w for w in words if w and w != "v1"]])

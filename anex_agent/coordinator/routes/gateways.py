@@ -1,0 +1,45 @@
+"""Gateway routes: register, list, peers."""
+
+from __future__ import annotations
+
+from anex_agent import wire
+from anex_agent.coordinator import gateways, ipam, problems
+from anex_agent.coordinator.auth import Auth
+from anex_agent.coordinator.registry import Call, Route, RouteRegistry
+
+
+async def register(call: Call) -> wire.GatewayRegisterResponse:
+    try:
+        return await gateways.register(call.ctx, call.body)
+    except ipam.NetworkExhausted as err:
+        raise problems.Problem(503, "Network Exhausted", str(err), slug="network-exhausted") from None
+
+
+async def list_gateways(call: Call) -> wire.GatewayList:
+    return await gateways.list_views(call.ctx)
+
+
+async def peers(call: Call) -> wire.PeerSet:
+    gateway_id = call.param("gateway_id")
+    if call.principal.id != gateway_id:
+        raise problems.forbidden("a gateway may only read its own peer set")
+    return await gateways.peers(call.ctx, gateway_id)
+
+
+async def delete_gateway(call: Call) -> None:
+    await gateways.delete(call.ctx, call.param("gateway_id"))
+
+
+def setup(registry: RouteRegistry, ctx) -> None:
+    tags = ("gateways",)
+    registry.add(Route("POST", "/v1/gateways", register, Auth.join,
+                       "Register a gateway with a gateway join token (idempotent per public key)",
+                       request_model=wire.GatewayRegisterRequest, response_model=wire.GatewayRegisterResponse,
+                       status=201, tags=tags))
+    registry.add(Route("GET", "/v1/gateways", list_gateways, Auth.admin, "List gateways",
+                       response_model=wire.GatewayList, tags=tags))
+    registry.add(Route("DELETE", "/v1/gateways/{gateway_id}", delete_gateway, Auth.admin,
+                       "Delete a gateway (frees its address; nodes get a new gateway set)", status=204, tags=tags))
+    registry.add(Route("GET", "/v1/gateways/{gateway_id}/peers", peers, Auth.gateway,
+                       "The full peer set the gateway must serve (the gateway itself)",
+                       response_model=wire.PeerSet, tags=tags))

@@ -1,0 +1,94 @@
+"""Node routes: join, list/get/delete, heartbeat, config, tunnels, telemetry, access tokens."""
+
+from __future__ import annotations
+
+from anex_agent import access_token, wire
+from anex_agent.coordinator import ipam, nodes, problems, tokens
+from anex_agent.coordinator.auth import Auth, Principal
+from anex_agent.coordinator.registry import Call, Route, RouteRegistry
+
+
+def _own_node(call: Call) -> str:
+    """The path's node id, when the caller is the admin or that node; else 403."""
+    node_id = call.param("node_id")
+    principal: Principal = call.principal
+    if principal.kind == "node" and principal.id != node_id:
+        raise problems.forbidden("a node may only act on itself")
+    return node_id
+
+
+async def join(call: Call) -> wire.NodeJoinResponse:
+    try:
+        return await nodes.join(call.ctx, call.body)
+    except ipam.NetworkExhausted as err:
+        raise problems.Problem(503, "Network Exhausted", str(err), slug="network-exhausted",
+                               headers={"Retry-After": "60"}) from None
+
+
+async def list_nodes(call: Call) -> wire.NodeList:
+    return await nodes.list_views(call.ctx)
+
+
+async def get_node(call: Call) -> wire.NodeView:
+    return await nodes.view(call.ctx, call.param("node_id"))
+
+
+async def delete_node(call: Call) -> None:
+    await nodes.delete(call.ctx, call.param("node_id"))
+
+
+async def heartbeat(call: Call) -> wire.HeartbeatAck:
+    node_id = _own_node(call)
+    version = await call.ctx.versions.for_node(node_id)
+    return nodes.heartbeat(call.ctx, node_id, call.body, config_version=version)
+
+
+async def get_config(call: Call) -> wire.NodeConfig:
+    return await nodes.config(call.ctx, _own_node(call))
+
+
+async def put_tunnels(call: Call) -> wire.NodeConfig:
+    return await nodes.set_tunnels(call.ctx, call.param("node_id"), call.body)
+
+
+async def get_telemetry(call: Call) -> wire.NodeTelemetry:
+    return await nodes.telemetry(call.ctx, _own_node(call))
+
+
+async def create_access_token(call: Call) -> wire.AgentAccessToken:
+    ctx = call.ctx
+    node_id = call.param("node_id")
+    async with ctx.db.transaction() as tx:
+        await nodes.row_of(tx, node_id)
+    token, claims = access_token.sign(ctx.signing_key, node_id, now=ctx.clock(), ttl=ctx.settings.access_token_ttl)
+    return wire.AgentAccessToken(token=token, expires_at=tokens.to_datetime(claims.expires_at))
+
+
+def setup(registry: RouteRegistry, ctx) -> None:
+    tags = ("nodes",)
+    for route in [
+        Route("POST", "/v1/nodes", join, Auth.join,
+              "Join the mesh with a node join token (idempotent per public key)",
+              request_model=wire.NodeJoinRequest, response_model=wire.NodeJoinResponse, status=201, tags=tags),
+        Route("GET", "/v1/nodes", list_nodes, Auth.admin, "List nodes", response_model=wire.NodeList, tags=tags),
+        Route("GET", "/v1/nodes/{node_id}", get_node, Auth.admin, "Get one node",
+              response_model=wire.NodeView, tags=tags),
+        Route("DELETE", "/v1/nodes/{node_id}", delete_node, Auth.admin,
+              "Delete a node: frees its address (after quarantine) and removes it from every gateway",
+              status=204, tags=tags),
+        Route("POST", "/v1/nodes/{node_id}/heartbeat", heartbeat, Auth.node,
+              "Report status and telemetry (the node itself)",
+              request_model=wire.Heartbeat, response_model=wire.HeartbeatAck, tags=tags),
+        Route("GET", "/v1/nodes/{node_id}/config", get_config, Auth.node_or_admin,
+              "The node's current config (the node itself or the admin)", response_model=wire.NodeConfig, tags=tags),
+        Route("PUT", "/v1/nodes/{node_id}/tunnels", put_tunnels, Auth.admin,
+              "Replace the node's tunnels; pushed to the node's watch stream",
+              request_model=wire.TunnelsUpdate, response_model=wire.NodeConfig, tags=tags),
+        Route("GET", "/v1/nodes/{node_id}/telemetry", get_telemetry, Auth.node_or_admin,
+              "The latest telemetry the node reported (the node itself or the admin)",
+              response_model=wire.NodeTelemetry, tags=tags),
+        Route("POST", "/v1/nodes/{node_id}/access-token", create_access_token, Auth.admin,
+              "A short-lived signed token for the node's agent API (verify with NodeConfig.agent_api_verify_key)",
+              response_model=wire.AgentAccessToken, status=201, tags=tags),
+    ]:
+        registry.add(route)

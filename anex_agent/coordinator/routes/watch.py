@@ -1,0 +1,152 @@
+"""GET /v1/watch?since=N: the WebSocket change stream for gateways and nodes.
+
+Protocol (JSON text frames, each a :class:`wire.WatchEvent`; see its docstring):
+* gateways: a ``snapshot`` of the full peer set when ``since`` is 0, older than the
+  retained change log or newer than the head; else the missed ``peer_added`` /
+  ``peer_removed`` events in order. Then live events.
+* nodes: a ``snapshot`` (``since`` = 0) or, when its config changed after ``since``, one
+  ``config`` event with the full config; then ``config`` / ``gateway_changed`` events.
+* Every event's ``version`` only grows; a client resumes with ``since=<last version>``.
+* The server closes with code 4001 when the caller's credential is revoked (node or
+  gateway deleted, or re-joined with a new credential), 1001 when it shuts down.
+
+The caller subscribes to the in-process feed *before* reading its starting point, and
+skips queued changes at or below the version it already sent, so nothing falls
+between the backlog and the live stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import WSMsgType, web
+
+from anex_agent import wire
+from anex_agent.coordinator import changes, gateways, nodes, problems
+from anex_agent.coordinator.auth import Auth
+from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
+
+log = logging.getLogger(__name__)
+
+CLOSE_REVOKED = 4001
+WS_HEARTBEAT = 20.0  # seconds between pings; a dead client is dropped after a missed pong
+
+
+def _since(request: web.Request) -> int:
+    raw = request.query.get("since", "0")
+    if not raw.isdigit():
+        raise problems.Problem(
+            422, "Unprocessable Content", "since must be a non-negative integer version", slug="validation",
+            errors=[{"field": "since", "message": "must be a non-negative integer (0 for a snapshot)"}],
+        )
+    return int(raw)
+
+
+async def _send(ws: web.WebSocketResponse, event: wire.WatchEvent) -> None:
+    await ws.send_str(event.model_dump_json(exclude_none=True))
+
+
+async def _gateway_start(ctx, ws: web.WebSocketResponse, since: int) -> int:
+    async with ctx.db.transaction() as tx:
+        head = await changes.current_version(tx)
+        pruned = await changes.pruned_through(tx)
+        if since == 0 or since < pruned or since > head:
+            snapshot = await gateways.peer_set(tx)
+            rows = None
+        else:
+            rows = await tx.fetch(
+                "SELECT version, scope, target, type, payload FROM changes"
+                " WHERE scope = $1 AND version > $2 AND version <= $3 ORDER BY version",
+                changes.GATEWAYS, since, head,
+            )
+    if rows is None:
+        await _send(ws, wire.WatchEvent(type="snapshot", version=snapshot.version, peers=snapshot.peers))
+        return snapshot.version
+    for row in rows:
+        await _send(ws, _gateway_event(changes.Change.from_row(row)))
+    return head
+
+
+def _gateway_event(change: changes.Change) -> wire.WatchEvent:
+    return wire.WatchEvent(type=change.type, version=change.version, peer=wire.MeshPeer.model_validate(change.payload))
+
+
+async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) -> int:
+    config = await nodes.config(ctx, node_id)
+    if since == 0 or since > config.version:
+        await _send(ws, wire.WatchEvent(type="snapshot", version=config.version, config=config))
+    elif config.version > since:
+        await _send(ws, wire.WatchEvent(type="config", version=config.version, config=config))
+    return max(since, config.version) if since <= config.version else config.version
+
+
+async def _pump(ctx, ws: web.WebSocketResponse, sub: changes.Subscription, last: int) -> None:
+    """Forward queued changes as events until the credential is revoked or the socket closes."""
+    while True:
+        change: changes.Change = await sub.queue.get()
+        if change.version <= last:
+            continue
+        if change.type in ("deleted", "rejoined") and change.scope in (changes.NODE, changes.GATEWAY):
+            await ws.close(code=CLOSE_REVOKED, message=b"credential revoked")
+            return
+        if sub.kind == "gateway":
+            await _send(ws, _gateway_event(change))
+            last = change.version
+            continue
+        try:
+            config = await nodes.config(ctx, sub.ident)
+        except problems.Problem:  # deleted meanwhile: the 'deleted' change follows
+            continue
+        kind = "gateway_changed" if change.scope == changes.NODES else "config"
+        version = max(change.version, config.version)
+        await _send(ws, wire.WatchEvent(type=kind, version=version, config=config))
+        last = version
+
+
+async def _drain(ws: web.WebSocketResponse) -> None:
+    """Read (and ignore) client frames so pings, pongs and close are handled."""
+    async for msg in ws:
+        if msg.type == WSMsgType.ERROR:
+            return
+
+
+async def watch(call: Call) -> web.StreamResponse:
+    ctx, principal, request = call.ctx, call.principal, call.request
+    since = _since(request)
+    ws = web.WebSocketResponse(heartbeat=WS_HEARTBEAT)
+    if not ws.can_prepare(request).ok:
+        raise problems.bad_request("this route needs a WebSocket upgrade (GET with Upgrade: websocket)")
+    sub = ctx.feed.subscribe(principal.kind, principal.id)
+    ctx.websockets.add(ws)
+    ctx.metrics.watchers.inc()
+    try:
+        await ws.prepare(request)
+        if principal.kind == "gateway":
+            last = await _gateway_start(ctx, ws, since)
+        else:
+            last = await _node_start(ctx, ws, principal.id, since)
+        pump = asyncio.create_task(_pump(ctx, ws, sub, last), name=f"watch-pump-{principal.id}")
+        try:
+            await _drain(ws)
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError, RuntimeError):
+                await pump
+    except (ConnectionError, RuntimeError) as err:  # the client went away mid-send
+        log.debug("watch of %s %s ended: %s", principal.kind, principal.id, err)
+    finally:
+        ctx.feed.unsubscribe(sub)
+        ctx.websockets.discard(ws)
+        ctx.metrics.watchers.dec()
+    return ws
+
+
+def setup(registry: RouteRegistry, ctx) -> None:
+    registry.add(Route(
+        "GET", "/v1/watch", watch, Auth.node_or_gateway,
+        "WebSocket stream of peer changes (gateways) or config changes (nodes); resumes from ?since",
+        response_model=wire.WatchEvent, websocket=True, tags=("watch",),
+        query=(QueryParam("since", "integer", "last version the client has; 0 for a snapshot"),),
+    ))

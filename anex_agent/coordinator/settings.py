@@ -1,0 +1,48 @@
+"""The coordinator's configuration, parsed once at the edge (CLI) into a frozen dataclass."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from anex_agent.coordinator.ipam import Pool
+from anex_agent.coordinator.states import Timings
+
+DEFAULT_LISTEN = "127.0.0.1:8700"
+DEFAULT_NETWORK = "10.254.0.0/16"
+DEFAULT_MTU = 1420  # WireGuard's usual MTU: 1500 - 80 bytes of IPv6+UDP+WireGuard overhead
+
+
+def default_state_dir(environ: dict[str, str] | None = None) -> Path:
+    """``$ANEX_STATE_DIR/coordinator`` when set, else ``./state/coordinator``."""
+    env = os.environ if environ is None else environ
+    base = env.get("ANEX_STATE_DIR")
+    return Path(base) / "coordinator" if base else Path("state") / "coordinator"
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_dir: Path
+    database_url: str
+    pool: Pool
+    mtu: int = DEFAULT_MTU
+    dns: tuple[str, ...] = ()  # empty: the gateways' mesh addresses (each gateway serves DNS)
+    search_domains: tuple[str, ...] = ()
+    timings: Timings = field(default_factory=Timings)
+    address_quarantine: float = 3600.0
+    access_token_ttl: int = 300
+    heartbeat_flush_interval: float = 0.1
+    poll_interval: float = 0.5
+    sweep_interval: float = 1.0
+    change_retention: int = 100_000
+    persistent_keepalive: int = 25
+
+    @classmethod
+    def for_tests(cls, state_dir: Path, database_url: str | None = None, **overrides) -> Settings:
+        return cls(
+            state_dir=state_dir,
+            database_url=database_url or f"sqlite:///{state_dir / 'coordinator.db'}",
+            pool=Pool.parse(overrides.pop("network", DEFAULT_NETWORK)),
+            **overrides,
+        )

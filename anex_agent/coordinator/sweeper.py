@@ -1,0 +1,77 @@
+"""Periodic upkeep: node state transitions, gauges, change-log pruning.
+
+State rules live in :mod:`.states` (pure); SQL here only pre-selects candidates and
+writes a new state with a conditional update (the row must still have the heartbeat
+time we judged it by), so a heartbeat written meanwhile, by this or another
+coordinator, is never overwritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from anex_agent.coordinator import changes, states
+from anex_agent.coordinator.context import Coordinator
+from anex_agent.wire import NodeState
+
+log = logging.getLogger(__name__)
+
+_PRUNE_EVERY = 60  # sweeps
+
+
+async def sweep(ctx: Coordinator) -> int:
+    """Apply due transitions once; return how many nodes changed state."""
+    now = ctx.clock()
+    timings = ctx.settings.timings
+    threshold = now - timings.not_ready_after
+    rows = await ctx.db.fetch(
+        "SELECT id, state, created_at, last_heartbeat_at FROM nodes"
+        " WHERE state <> 'expired' AND COALESCE(last_heartbeat_at, created_at) <= $1",
+        threshold,
+    )
+    updates = []
+    for row in rows:
+        target = states.state_at(
+            now=now, created_at=row["created_at"], last_heartbeat_at=row["last_heartbeat_at"], timings=timings
+        )
+        if target.value != row["state"]:
+            updates.append((row["id"], target.value, row["state"], row["last_heartbeat_at"]))
+    if updates:
+        async with ctx.db.transaction() as tx:
+            for node_id, new, old, last in updates:
+                await tx.execute(
+                    "UPDATE nodes SET state = $2 WHERE id = $1 AND state = $3"
+                    " AND COALESCE(last_heartbeat_at, -1) = COALESCE($4, -1)",
+                    node_id,
+                    new,
+                    old,
+                    last,
+                )
+        log.info("node states: %s", ", ".join(f"{n} {o}->{s}" for n, s, o, _ in updates[:20]))
+    return len(updates)
+
+
+async def update_gauges(ctx: Coordinator) -> None:
+    counts = {state.value: 0 for state in NodeState}
+    for row in await ctx.db.fetch("SELECT state, COUNT(*) AS n FROM nodes GROUP BY state"):
+        counts[row["state"]] = int(row["n"])
+    for state, n in counts.items():
+        ctx.metrics.nodes.labels(state=state).set(n)
+    ctx.metrics.gateways.set(int(await ctx.db.fetchval("SELECT COUNT(*) FROM gateways")))
+    ctx.metrics.watchers.set(ctx.feed.watcher_count)
+
+
+async def run(ctx: Coordinator) -> None:
+    rounds = 0
+    while True:
+        await asyncio.sleep(ctx.settings.sweep_interval)
+        try:
+            await ctx.heartbeats.flush()
+            await sweep(ctx)
+            await update_gauges(ctx)
+            rounds += 1
+            if rounds % _PRUNE_EVERY == 0:
+                await changes.prune(ctx.db, keep=ctx.settings.change_retention)
+        except Exception:
+            log.exception("state sweep failed; will retry")

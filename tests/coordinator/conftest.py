@@ -1,0 +1,146 @@
+"""Fixtures: a real coordinator app on SQLite, and on PostgreSQL when ANEX_TEST_POSTGRES_URL is set.
+
+Each PostgreSQL test gets its own freshly created database, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from anex_agent import keys
+from anex_agent.client import CoordinatorClient
+from anex_agent.coordinator.app import build_app
+from anex_agent.coordinator.context import Coordinator
+from anex_agent.coordinator.settings import Settings
+
+POSTGRES_URL = os.environ.get("ANEX_TEST_POSTGRES_URL")
+
+BACKENDS = [
+    "sqlite",
+    pytest.param(
+        "postgresql",
+        marks=[pytest.mark.postgres, pytest.mark.skipif(not POSTGRES_URL, reason="ANEX_TEST_POSTGRES_URL is not set")],
+    ),
+]
+
+
+class FakeClock:
+    """Injectable clock: starts at the real time, moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _with_database(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+async def create_pg_database() -> tuple[str, str]:
+    import asyncpg
+
+    name = f"anex_t_{secrets.token_hex(6)}"
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return _with_database(POSTGRES_URL, name), name
+
+
+async def drop_pg_database(name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(params=BACKENDS)
+async def database_url(request, tmp_path: Path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'coordinator.db'}"
+        return
+    url, name = await create_pg_database()
+    try:
+        yield url
+    finally:
+        await drop_pg_database(name)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@dataclass
+class Harness:
+    ctx: Coordinator
+    server: TestServer
+    admin: CoordinatorClient
+    clock: FakeClock
+    clients: list
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    def client(self, credential: str | None = None, **kw) -> CoordinatorClient:
+        c = CoordinatorClient(self.url, credential=credential, **kw)
+        self.clients.append(c)
+        return c
+
+    async def join(self, name: str = "node", *, labels=None, key: keys.KeyPair | None = None, provider="vastai"):
+        """Create a token and join a fresh node; return (client with credential, response, keypair)."""
+        token = await self.admin.create_join_token(labels=labels or {})
+        pair = key or keys.KeyPair(keys.generate_private_key())
+        client = self.client()
+        response = await client.join(token.token, pair.public_b64, name, provider)
+        return client, response, pair
+
+    async def gateway(self, name: str = "gw", **kw):
+        token = await self.admin.create_join_token("gateway")
+        pair = keys.KeyPair(keys.generate_private_key())
+        client = self.client()
+        response = await client.register_gateway(token.token, pair.public_b64, name, **kw)
+        return client, response, pair
+
+
+async def start_harness(tmp_path: Path, database_url: str, clock: FakeClock, **overrides) -> Harness:
+    settings = Settings.for_tests(tmp_path, database_url, poll_interval=0.2, sweep_interval=3600, **overrides)
+    ctx = await Coordinator.open(settings, clock=clock, environ={})
+    server = TestServer(build_app(ctx))
+    await server.start_server()
+    harness = Harness(ctx, server, None, clock, [])  # type: ignore[arg-type]
+    harness.admin = harness.client(admin_token=ctx.admin_token)
+    return harness
+
+
+async def stop_harness(harness: Harness) -> None:
+    for c in harness.clients:
+        await c.close()
+    await harness.server.close()
+
+
+@pytest.fixture
+async def coord(tmp_path: Path, database_url: str, clock: FakeClock):
+    harness = await start_harness(tmp_path, database_url, clock)
+    try:
+        yield harness
+    finally:
+        await stop_harness(harness)

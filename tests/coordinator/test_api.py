@@ -1,0 +1,271 @@
+"""The REST API against the real aiohttp app, on SQLite and (when configured) PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from anex_agent import access_token, keys, wire
+from anex_agent.errors import CoordinatorError
+
+
+async def raw(coord, method, path, *, token=None, body=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, coord.url + path, headers=headers, data=body) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+
+
+async def test_join_returns_address_config_and_credential(coord):
+    _, gw, _ = await coord.gateway("gw1", endpoint="203.0.113.1:51820", ws_url="wss://gw.example/ws",
+                                   routes=["10.96.0.0/12"])
+    client, joined, pair = await coord.join("n1", labels={"pool": "a"})
+    config = joined.config
+    assert joined.credential.startswith("anexnc_")
+    assert config.network == "10.254.0.0/16"
+    assert config.address == "10.254.0.2"  # .1 went to the gateway
+    assert config.dns == [gw.address]
+    assert [g.id for g in config.gateways] == [gw.gateway_id]
+    assert config.gateways[0].allowed_ips == ["10.254.0.0/16", "10.96.0.0/12"]
+    assert config.gateways[0].endpoint == "203.0.113.1:51820"
+    assert config.agent_api_verify_key == coord.ctx.verify_key
+    view = await coord.admin.get_node(joined.node_id)
+    assert view.state == wire.NodeState.pending
+    assert view.labels == {"pool": "a"}
+    assert view.public_key == pair.public_b64
+    assert (await client.get_config(joined.node_id)) == config
+
+
+async def test_rejoin_same_key_keeps_node_and_address_and_rotates_credential(coord):
+    token = await coord.admin.create_join_token(reusable=True)
+    pair = keys.KeyPair(keys.generate_private_key())
+    first = await coord.client().join(token.token, pair.public_b64, "n", "onprem")
+    second = await coord.client().join(token.token, pair.public_b64, "n-renamed", "onprem")
+    assert second.node_id == first.node_id
+    assert second.config.address == first.config.address
+    assert second.credential != first.credential
+    with pytest.raises(CoordinatorError) as err:
+        await coord.client(first.credential).get_config(first.node_id)
+    assert err.value.status == 401 and not err.value.retryable
+    assert (await coord.admin.get_node(first.node_id)).name == "n-renamed"
+
+
+async def test_single_use_token_rejoins_only_for_its_own_key(coord):
+    token = await coord.admin.create_join_token()
+    pair = keys.KeyPair(keys.generate_private_key())
+    first = await coord.client().join(token.token, pair.public_b64, "n", "vastai")
+    again = await coord.client().join(token.token, pair.public_b64, "n", "vastai")  # restarted agent
+    assert again.node_id == first.node_id
+    other = keys.KeyPair(keys.generate_private_key())
+    with pytest.raises(CoordinatorError) as used:
+        await coord.client().join(token.token, other.public_b64, "other", "vastai")
+    with pytest.raises(CoordinatorError) as unknown:
+        await coord.client().join("anexjt_" + "x" * 43, other.public_b64, "other", "vastai")
+    expired_token = await coord.admin.create_join_token(expires_in=10)
+    coord.clock.advance(11)
+    with pytest.raises(CoordinatorError) as expired:
+        await coord.client().join(expired_token.token, other.public_b64, "other", "vastai")
+    gw_token = await coord.admin.create_join_token("gateway")
+    with pytest.raises(CoordinatorError) as wrong_kind:
+        await coord.client().join(gw_token.token, other.public_b64, "other", "vastai")
+    problems = [e.value.problem for e in (used, unknown, expired, wrong_kind)]
+    assert all(e.value.status == 401 for e in (used, unknown, expired, wrong_kind))
+    assert len({json.dumps({k: v for k, v in p.items() if k != "instance"}) for p in problems}) == 1
+    assert len((await coord.admin.list_nodes()).nodes) == 1  # nothing half-written
+
+
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"public_key": "not-a-key"}, "public_key"),
+        ({"public_key": "AAAA"}, "public_key"),
+        ({"provider": "aws"}, "provider"),
+        ({"name": ""}, "name"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+async def test_bad_join_input_is_a_problem_naming_the_field(coord, patch, field):
+    token = await coord.admin.create_join_token()
+    body = {"token": token.token, "public_key": keys.KeyPair(keys.generate_private_key()).public_b64,
+            "name": "n", "provider": "vastai", **patch}
+    status, ctype, payload = await raw(coord, "POST", "/v1/nodes", body=json.dumps(body))
+    assert status == 422
+    assert ctype.startswith("application/problem+json")
+    doc = json.loads(payload)
+    assert doc["status"] == 422
+    assert field in [e["field"] for e in doc["errors"]]
+    assert all(e["message"] for e in doc["errors"])
+
+
+async def test_malformed_json_and_missing_body_are_400(coord):
+    status, ctype, payload = await raw(coord, "POST", "/v1/nodes", body=b"{nope")
+    assert status == 400 and ctype.startswith("application/problem+json")
+    assert "JSON" in json.loads(payload)["detail"]
+    status, _, _ = await raw(coord, "POST", "/v1/nodes")
+    assert status == 400
+
+
+async def test_admin_routes_need_the_admin_token(coord):
+    client, joined, _ = await coord.join()
+    for token in (None, "wrong", joined.credential):
+        status, ctype, payload = await raw(coord, "GET", "/v1/nodes", token=token)
+        assert status == 401, token
+        assert ctype.startswith("application/problem+json")
+    status, _, _ = await raw(coord, "GET", "/v1/nodes", token=coord.ctx.admin_token)
+    assert status == 200
+
+
+async def test_heartbeat_makes_node_ready_and_stores_status_and_telemetry(coord):
+    client, joined, _ = await coord.join()
+    telemetry = {"gpus": [{"index": 0, "util": 93}], "health": {"verdict": "degraded", "reasons": ["xid 79"]}}
+    beat = wire.Heartbeat(
+        status=wire.TransportStatus(engine="userspace", path="udp", last_handshake_age=3.5, rx_bytes=10, tx_bytes=20),
+        config_version=joined.config.version,
+        telemetry=telemetry,
+    )
+    ack = await client.heartbeat(joined.node_id, beat)
+    assert ack.state == wire.NodeState.ready
+    assert ack.config_version == joined.config.version
+    assert ack.next_heartbeat_in == coord.ctx.settings.timings.heartbeat_interval
+    view = await coord.admin.get_node(joined.node_id)
+    assert view.state == wire.NodeState.ready
+    assert view.status.engine == "userspace" and view.status.rx_bytes == 10
+    assert view.health == wire.Health.degraded and view.health_reasons == ["xid 79"]
+    stored = await client.get_telemetry(joined.node_id)
+    assert stored.telemetry == telemetry
+    assert (await coord.admin.get_telemetry(joined.node_id)).telemetry == telemetry
+
+
+async def test_nodes_cannot_act_on_other_nodes(coord):
+    a, ja, _ = await coord.join("a")
+    b, jb, _ = await coord.join("b")
+    for call in (
+        lambda: a.heartbeat(jb.node_id, wire.Heartbeat()),
+        lambda: a.get_config(jb.node_id),
+        lambda: a.get_telemetry(jb.node_id),
+    ):
+        with pytest.raises(CoordinatorError) as err:
+            await call()
+        assert err.value.status == 403
+    with pytest.raises(CoordinatorError) as err:
+        await coord.client("anexnc_forged").heartbeat(ja.node_id, wire.Heartbeat())
+    assert err.value.status == 401
+
+
+async def test_tunnels_push_bumps_config_version(coord):
+    client, joined, _ = await coord.join()
+    tunnels = [wire.TunnelSpec(listen_port=5432, target="postgres.db.svc:5432")]
+    config = await coord.admin.put_tunnels(joined.node_id, tunnels)
+    assert config.tunnels == tunnels
+    assert config.version > joined.config.version
+    assert (await client.get_config(joined.node_id)).tunnels == tunnels
+    ack = await client.heartbeat(joined.node_id, wire.Heartbeat())
+    assert ack.config_version == config.version
+    status, _, payload = await raw(
+        coord, "PUT", f"/v1/nodes/{joined.node_id}/tunnels", token=coord.ctx.admin_token,
+        body=json.dumps({"tunnels": [{"listen_port": 1, "target": "a:1"}, {"listen_port": 1, "target": "b:2"}]}),
+    )
+    assert status == 422 and json.loads(payload)["errors"][0]["field"] == "tunnels"
+    status, _, payload = await raw(
+        coord, "PUT", f"/v1/nodes/{joined.node_id}/tunnels", token=coord.ctx.admin_token,
+        body=json.dumps({"tunnels": [{"listen_port": 70000, "target": "nohostport"}]}),
+    )
+    fields = [e["field"] for e in json.loads(payload)["errors"]]
+    assert status == 422 and "tunnels.0.listen_port" in fields and "tunnels.0.target" in fields
+
+
+async def test_delete_node_frees_address_after_quarantine_and_revokes(coord):
+    client, joined, _ = await coord.join("a")
+    await coord.admin.delete_node(joined.node_id)
+    with pytest.raises(CoordinatorError) as err:
+        await coord.admin.get_node(joined.node_id)
+    assert err.value.status == 404 and err.value.problem["status"] == 404
+    with pytest.raises(CoordinatorError) as err:
+        await client.heartbeat(joined.node_id, wire.Heartbeat())
+    assert err.value.status == 401
+    _, second, _ = await coord.join("b")
+    assert second.config.address != joined.config.address  # quarantined
+    coord.clock.advance(coord.ctx.settings.address_quarantine + 1)
+    # the sequential pool still has room, so the next node takes the next address...
+    _, third, _ = await coord.join("c")
+    assert third.config.address not in (joined.config.address, second.config.address)
+
+
+async def test_gateway_peer_set_and_listing(coord):
+    gw_client, gw, _ = await coord.gateway("gw", endpoint="198.51.100.7:51820")
+    assert gw.peers.peers == []
+    _, n1, p1 = await coord.join("n1")
+    peers = await gw_client.get_peers(gw.gateway_id)
+    assert [(p.node_id, p.public_key, p.allowed_ips) for p in peers.peers] == [
+        (n1.node_id, p1.public_b64, [f"{n1.config.address}/32"])
+    ]
+    assert peers.version >= n1.config.version
+    listed = await coord.admin.list_gateways()
+    assert [g.id for g in listed.gateways] == [gw.gateway_id]
+    assert listed.gateways[0].endpoint == "198.51.100.7:51820"
+    other_client, other, _ = await coord.gateway("gw2")
+    with pytest.raises(CoordinatorError) as err:
+        await other_client.get_peers(gw.gateway_id)
+    assert err.value.status == 403
+
+
+async def test_access_token_verifies_with_the_config_key(coord):
+    _, joined, _ = await coord.join()
+    issued = await coord.admin.create_access_token(joined.node_id)
+    claims = access_token.verify(
+        joined.config.agent_api_verify_key, issued.token, node_id=joined.node_id, now=coord.clock()
+    )
+    assert claims.node_id == joined.node_id
+    with pytest.raises(access_token.InvalidAccessToken):
+        access_token.verify(joined.config.agent_api_verify_key, issued.token, node_id="n-other", now=coord.clock())
+
+
+async def test_openapi_documents_every_route(coord):
+    status, _, payload = await raw(coord, "GET", "/v1/openapi.json")
+    doc = json.loads(payload)
+    assert status == 200 and doc["openapi"].startswith("3.")
+    documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    served = {(r.method, r.path) for r in coord.server.app[__import__(
+        "anex_agent.coordinator.app", fromlist=["REGISTRY_KEY"]).REGISTRY_KEY].routes}
+    assert documented == served
+    for needed in [("POST", "/v1/join-tokens"), ("POST", "/v1/nodes"), ("GET", "/v1/nodes"),
+                   ("GET", "/v1/nodes/{node_id}"), ("DELETE", "/v1/nodes/{node_id}"),
+                   ("POST", "/v1/nodes/{node_id}/heartbeat"), ("GET", "/v1/nodes/{node_id}/config"),
+                   ("PUT", "/v1/nodes/{node_id}/tunnels"), ("POST", "/v1/gateways"),
+                   ("GET", "/v1/gateways/{gateway_id}/peers"), ("GET", "/v1/watch")]:
+        assert needed in documented
+    join = doc["paths"]["/v1/nodes"]["post"]
+    ref = join["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    assert "public_key" in doc["components"]["schemas"][ref]["properties"]
+
+
+async def test_health_ready_metrics_and_unknown_route(coord):
+    client, joined, _ = await coord.join()
+    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    assert (await raw(coord, "GET", "/healthz"))[0] == 200
+    status, _, payload = await raw(coord, "GET", "/readyz")
+    assert status == 200 and json.loads(payload)["database"] == coord.ctx.db.dialect
+    status, ctype, payload = await raw(coord, "GET", "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    assert b"anex_coordinator_heartbeats_total 1.0" in payload
+    status, ctype, _ = await raw(coord, "GET", "/v1/nothing")
+    assert status == 404 and ctype.startswith("application/problem+json")
+
+
+async def test_network_exhausted_is_503(tmp_path, database_url, clock):
+    from tests.coordinator.conftest import start_harness, stop_harness
+
+    coord = await start_harness(tmp_path, database_url, clock, network="10.9.0.0/30")
+    try:
+        await coord.join("a")
+        await coord.join("b")  # a /30 has two usable addresses
+        with pytest.raises(CoordinatorError) as err:
+            await coord.join("c")
+        assert err.value.status == 503 and err.value.retryable
+        assert "10.9.0.0/30" in err.value.problem["detail"]
+        assert len((await coord.admin.list_nodes()).nodes) == 2
+    finally:
+        await stop_harness(coord)

@@ -1,0 +1,104 @@
+"""The watch stream: snapshot, live events within 1 s, resume from a version, revocation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from anex_agent import wire
+from anex_agent.errors import CoordinatorError
+
+DELIVERY = 1.0  # the contract: a change reaches a connected watcher within 1 s
+
+
+async def next_event(stream, timeout=DELIVERY) -> wire.WatchEvent:
+    return await asyncio.wait_for(anext(stream), timeout)
+
+
+async def test_gateway_gets_snapshot_then_peer_added_and_removed(coord):
+    _, existing, _ = await coord.join("before")
+    gw_client, gw, _ = await coord.gateway()
+    stream = gw_client.watch(0)
+    snapshot = await next_event(stream, timeout=5)
+    assert snapshot.type == "snapshot"
+    assert [p.node_id for p in snapshot.peers] == [existing.node_id]
+    _, joined, pair = await coord.join("after")
+    added = await next_event(stream)
+    assert added.type == "peer_added" and added.peer.node_id == joined.node_id
+    assert added.peer.public_key == pair.public_b64
+    assert added.version > snapshot.version
+    await coord.admin.delete_node(joined.node_id)
+    removed = await next_event(stream)
+    assert removed.type == "peer_removed" and removed.peer.node_id == joined.node_id
+    await stream.aclose()
+
+
+async def test_gateway_resumes_with_missed_events_in_order(coord):
+    gw_client, gw, _ = await coord.gateway()
+    stream = gw_client.watch(0)
+    snapshot = await next_event(stream, timeout=5)
+    await stream.aclose()
+    _, a, _ = await coord.join("a")
+    _, b, _ = await coord.join("b")
+    await coord.admin.delete_node(a.node_id)
+    stream = gw_client.watch(snapshot.version)
+    events = [await next_event(stream, timeout=5) for _ in range(3)]
+    assert [(e.type, e.peer.node_id) for e in events] == [
+        ("peer_added", a.node_id), ("peer_added", b.node_id), ("peer_removed", a.node_id)
+    ]
+    assert [e.version for e in events] == sorted(e.version for e in events)
+    await stream.aclose()
+
+
+async def test_node_gets_its_config_changes_and_gateway_changes(coord):
+    client, joined, _ = await coord.join()
+    _, other, _ = await coord.join("other")
+    stream = client.watch(joined.config.version)
+    tunnels = [wire.TunnelSpec(listen_port=8080, target="web.default.svc:80")]
+    await asyncio.sleep(0.2)  # let the stream connect
+    pushed = await coord.admin.put_tunnels(joined.node_id, tunnels)
+    event = await next_event(stream, timeout=5)
+    assert event.type == "config" and event.config.tunnels == tunnels and event.version == pushed.version
+    await coord.admin.put_tunnels(other.node_id, [])  # another node's change is not ours
+    _, gw, _ = await coord.gateway("late-gw")
+    event = await next_event(stream)
+    assert event.type == "gateway_changed"
+    assert [g.id for g in event.config.gateways] == [gw.gateway_id]
+    await stream.aclose()
+
+
+async def test_node_resuming_behind_gets_current_config(coord):
+    client, joined, _ = await coord.join()
+    pushed = await coord.admin.put_tunnels(joined.node_id, [wire.TunnelSpec(listen_port=1, target="a:1")])
+    stream = client.watch(joined.config.version)
+    event = await next_event(stream, timeout=5)
+    assert event.type == "config" and event.version == pushed.version
+    await stream.aclose()
+    stream = client.watch(0)
+    assert (await next_event(stream, timeout=5)).type == "snapshot"
+    await stream.aclose()
+
+
+async def test_watch_ends_with_401_when_node_is_deleted(coord):
+    client, joined, _ = await coord.join()
+    stream = client.watch(0)
+    await next_event(stream, timeout=5)
+    await coord.admin.delete_node(joined.node_id)
+    with pytest.raises(CoordinatorError) as err:
+        await next_event(stream, timeout=5)
+    assert err.value.status == 401 and not err.value.retryable
+
+
+async def test_watch_rejects_bad_credentials_and_since(coord):
+    with pytest.raises(CoordinatorError) as err:
+        await anext(coord.client("anexnc_nope").watch(0))
+    assert err.value.status == 401
+    gw_client, _, _ = await coord.gateway()
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(coord.url + "/v1/watch?since=-1",
+                               headers={"Authorization": f"Bearer {gw_client.credential}"}) as resp:
+            assert resp.status == 422
+            assert (await resp.json(content_type=None))["errors"][0]["field"] == "since"
