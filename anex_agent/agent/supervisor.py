@@ -203,6 +203,8 @@ class Agent:
             self.state.save_config(config)
             self.api = AgentApi(self.status, self.ready, self.verify_token)
             self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)
+            if self.telemetry is not None and self.settings.provider.value == "onprem":
+                self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
             await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
             await self._serve_api_on_mesh(config)
             print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)

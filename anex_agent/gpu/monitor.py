@@ -2,7 +2,7 @@
 
 Usage in the agent (one owned task in its TaskGroup)::
 
-    monitor = TelemetryMonitor(state_dir=settings.state_dir)
+    monitor = TelemetryMonitor(state_dir=settings.state_dir, qualify=provider == "onprem")
     register_collectors(api.registry, monitor)          # /metrics reads monitor.snapshot()
     tg.create_task(monitor.run(), name="gpu-telemetry")
     ...
@@ -74,6 +74,7 @@ class TelemetryMonitor:
         nvml: Nvml | None = None,
         watch_xids: bool = True,
         xid_timeout_ms: int = 500,
+        qualify: bool = False,
     ) -> None:
         self.interval = interval
         self.hostname = hostname or socket.gethostname()
@@ -91,8 +92,12 @@ class TelemetryMonitor:
         self._expected_gpus: int | None = None
         self._latest: Snapshot | None = None
         self._logged_errors: set[str] = set()
-        #: the on-prem qualification (qualify.Qualification.to_dict()), sent as telemetry["qualification"]
+        #: the on-prem qualification (qualify.Qualification.to_dict()), sent as telemetry["qualification"];
+        #: with ``qualify=True`` (on-prem nodes) the monitor computes it in the sampler thread at the first
+        #: sample and again after each NVML re-initialisation; callers may also set it themselves
         self.qualification: dict[str, Any] | None = None
+        self.qualify = qualify
+        self._qualified_generation: int | None = None
 
     # ------------------------------------------------------------------ blocking side
 
@@ -144,6 +149,8 @@ class TelemetryMonitor:
                 self._stop_watcher()
             except Exception as exc:  # never let telemetry take the agent down
                 self._log_once(f"GPU sample failed: {type(exc).__name__}: {exc}")
+            if self.qualify and self._qualified_generation != self.nvml.generation:
+                self._qualify()
             host: dict[str, Any] | None = None
             try:
                 host = self.host.sample()
@@ -176,6 +183,15 @@ class TelemetryMonitor:
             )
             self._latest = snapshot
             return snapshot
+
+    def _qualify(self) -> None:
+        from anex_agent.gpu.qualify import qualify
+
+        try:
+            self.qualification = qualify(self.nvml)
+        except Exception as exc:
+            self._log_once(f"qualification failed: {type(exc).__name__}: {exc}")
+        self._qualified_generation = self.nvml.generation
 
     def _log_once(self, message: str) -> None:
         if message not in self._logged_errors:

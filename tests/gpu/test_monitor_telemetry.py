@@ -136,3 +136,16 @@ def test_monitor_survives_unexpected_errors(install_fake, tmp_path, caplog):
     mon.close()
     assert snapshot.host is not None
     assert sum("boom" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_onprem_monitor_sends_its_qualification(fake, tmp_path):
+    mon = TelemetryMonitor(state_dir=str(tmp_path), watch_xids=False, qualify=True)
+    mon.collect()
+    mon.collect()
+    block = mon.telemetry()
+    mon.close()
+    qualification = block["qualification"]
+    checks = {c["id"]: c for c in qualification["checks"]}
+    assert checks["gpu_model"]["status"] == "pass" and checks["gpu_model"]["measured"] == "2 x NVIDIA A100-SXM4-40GB"
+    assert qualification["summary"]["gpu_count"] == 2
+    assert fake.init_calls == 1  # qualification reuses the monitor's NVML
