@@ -333,3 +333,25 @@ async def test_binding_beyond_loopback_without_auth_warns(caplog):
     async with ProxyServer(OSDialer(), host="127.0.0.1", port=0):
         pass
     assert not caplog.records
+
+
+async def test_connect_needs_credentials_when_auth_is_configured():
+    auth = ProxyAuth("alice", "s3cret")
+    async with echo_server() as (port, _), proxy_env(auth=auth) as (_, proxy_port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        denied = await reader.read()
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        writer.write(
+            f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: {_basic('alice', 's3cret')}\r\n\r\n".encode()
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"ping")
+        writer.write_eof()
+        echoed = await reader.read()
+        writer.close()
+    assert denied.startswith(b"HTTP/1.1 407 Proxy Authentication Required\r\n")
+    assert b"Proxy-Authenticate: Basic" in denied
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert echoed == b"ping"
