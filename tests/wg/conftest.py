@@ -55,7 +55,7 @@ class Pair:
         self.received_a: list[bytes] = []
         self.received_b: list[bytes] = []
         self.events: list[tuple[str, str]] = []
-        self.wire: list[tuple[str, bytes]] = []  # every datagram sent, in order, with its sender
+        self.wire: list[tuple[str, bytes, float]] = []  # every datagram sent: sender, bytes, time
         self.drop_to: set[str] = set()
 
     def deliver(self, out: Output, sender: str) -> None:
@@ -66,7 +66,7 @@ class Pair:
             self.events += [(who, e.kind) for e in o.events]
             (self.received_a if who == "a" else self.received_b).extend(p.packet for p in o.packets)
             for data, _endpoint in o.datagrams:
-                self.wire.append((who, data))
+                self.wire.append((who, data, self.clock.now))
                 target = "b" if who == "a" else "a"
                 if target in self.drop_to:
                     continue
@@ -100,3 +100,8 @@ class Pair:
 @pytest.fixture
 def pair() -> Pair:
     return Pair()
+
+
+def initiations(pair: Pair, who: str) -> list[float]:
+    """Times at which ``who`` sent a handshake initiation (type 1)."""
+    return [t for w, d, t in pair.wire if w == who and d[0] == 1]
