@@ -4,7 +4,7 @@ Line protocol (one JSON object per line on stdin; one JSON reply per line on std
 
     {"op": "apply", "config": {...DesiredConfig fields, private_key as base64...}} -> {"ok": true}
     {"op": "status"}  -> {"ok": true, "status": EngineStatus.to_dict()}
-    {"op": "dump"}    -> {"ok": true, "dump": "<raw UAPI get=1 request/response repr>"}
+    {"op": "dump"}    -> {"ok": true, "dump": {listen_port, has_private_key, peers: [...]}}
     {"op": "stop"}    -> {"ok": true}   (then the driver exits)
 
 Errors come back as {"ok": false, "error": "..."}. EOF on stdin stops the engine and exits,
@@ -41,6 +41,20 @@ def _desired(doc: dict):
     )
 
 
+def _dump_doc(device) -> dict:
+    """The UAPI/netlink view as JSON: configuration and session facts (no private key)."""
+    return {
+        "listen_port": device.listen_port,
+        "has_private_key": device.private_key is not None,
+        "peers": [
+            {"public_key": base64.b64encode(p.public_key).decode(), "endpoint": p.endpoint,
+             "persistent_keepalive": p.persistent_keepalive, "allowed_ips": sorted(p.allowed_ips),
+             "last_handshake": p.last_handshake}
+            for p in device.peers
+        ],
+    }
+
+
 async def main(engine_name: str, ifname: str) -> int:
     from anex_agent.tunnels.base import engine_classes
 
@@ -65,7 +79,7 @@ async def main(engine_name: str, ifname: str) -> int:
                 elif cmd["op"] == "status":
                     reply({"ok": True, "status": (await engine.status()).to_dict()})
                 elif cmd["op"] == "dump":
-                    reply({"ok": True, "dump": repr(await engine.dump())})
+                    reply({"ok": True, "dump": _dump_doc(await engine.dump())})
                 elif cmd["op"] == "stop":
                     break
                 else:
