@@ -50,7 +50,10 @@ class _Protocol(asyncio.DatagramProtocol):
         self.bind = bind
 
     def datagram_received(self, data: bytes, addr) -> None:  # type: ignore[override]
-        self.bind._deliver(data, (addr[0], addr[1]))
+        host = addr[0]
+        if host.startswith("::ffff:") and "." in host:  # IPv4 on a dual-stack socket: report it as IPv4
+            host = host[7:]
+        self.bind._deliver(data, (host, addr[1]))
 
     def error_received(self, exc: Exception) -> None:
         log.debug("udp bind: %s", exc)  # ICMP unreachable and friends: UDP semantics, drop
@@ -72,6 +75,8 @@ class UdpBind:
         self._queue: asyncio.Queue[tuple[bytes, Hashable] | None] = asyncio.Queue(RECEIVE_QUEUE)
         self._closed = False
         self.dropped = 0
+        sock = transport.get_extra_info("socket")
+        self._v6 = sock is not None and sock.family == socket.AF_INET6
         sockname = transport.get_extra_info("sockname")
         self.local_port: int = sockname[1] if sockname else 0
 
@@ -114,6 +119,8 @@ class UdpBind:
     def send(self, datagram: bytes, endpoint: Hashable) -> None:
         if self._closed:
             return
+        if self._v6 and isinstance(endpoint, tuple) and "." in str(endpoint[0]):
+            endpoint = ("::ffff:" + endpoint[0], endpoint[1])
         try:
             self._transport.sendto(datagram, endpoint)  # type: ignore[arg-type]
         except (OSError, ValueError, TypeError) as err:

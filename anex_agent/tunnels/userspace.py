@@ -191,9 +191,10 @@ class UserspaceEngine(Engine):
                 device.set_peer(_wg_peer(peer))
             self._peers = desired.peers
             self.address = desired.address
-            for peer in plan.add:  # start the handshake now where we have an endpoint and keepalive
-                if peer.endpoint is not None and peer.persistent_keepalive:
-                    key = decode_key(peer.public_key)
+            for peer in plan.add + plan.update:  # like wg(8): a keepalive peer handshakes at once
+                key = decode_key(peer.public_key)
+                wg_peer = device.peer(key)
+                if peer.endpoint is not None and peer.persistent_keepalive and wg_peer.keypairs.current is None:
                     self.tunnel.call(lambda now, key=key: device.initiate_handshake(key, now))
         except LocalProtocolError as err:
             raise EngineError(f"userspace engine refused the config: {err}") from None

@@ -1,0 +1,131 @@
+"""UserspaceEngine end to end on loopback: two engines in this process, real UDP sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from anex_agent import keys
+from anex_agent.errors import EngineError, NotSupported
+from anex_agent.tunnels.base import DesiredConfig, PeerConfig, engine_classes
+from anex_agent.tunnels.userspace import UserspaceEngine
+from anex_agent.wg.routing import packet_addresses
+
+IP_A, IP_B = "10.44.0.1", "10.44.0.2"
+
+
+def ipv4(src: str, dst: str, payload: bytes) -> bytes:
+    import ipaddress
+    import struct
+
+    return struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 0, 0, 64, 17, 0,
+                       ipaddress.ip_address(src).packed, ipaddress.ip_address(dst).packed) + payload
+
+
+def desired(key: bytes, peer_key: bytes, address: str, peer_ip: str, endpoint: str | None, port=None, **kw):
+    return DesiredConfig(private_key=key, listen_port=port, address=f"{address}/24", mtu=1420, peers=(
+        PeerConfig(public_key=keys.encode_key(keys.public_key(peer_key)), endpoint=endpoint,
+                   allowed_ips=(f"{peer_ip}/32",), **kw),))
+
+
+@pytest.fixture
+async def engines():
+    ka, kb = keys.generate_private_key(), keys.generate_private_key()
+    a, b = UserspaceEngine(ifname="ignored"), UserspaceEngine(ifname=None)
+    await a.start()
+    await b.start()
+    await b.apply(desired(kb, ka, IP_B, IP_A, None))
+    port_b = (await b.status()).listen_port
+    await a.apply(desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{port_b}"))
+    try:
+        yield a, b, ka, kb, port_b
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_registered_and_always_supported():
+    assert engine_classes()["userspace"] is UserspaceEngine
+    support = UserspaceEngine.is_supported()
+    assert support.ok and "UDP" in support.reason
+
+
+async def test_dialer_says_it_needs_part_two():
+    with pytest.raises(NotSupported, match="TCP/IP stack"):
+        UserspaceEngine(ifname=None).dialer()
+
+
+async def test_packets_flow_both_ways_and_status_reports_the_handshake(engines):
+    a, b, ka, kb, port_b = engines
+    before = time.time()
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"to b"))
+    got = await asyncio.wait_for(b.tunnel.receive_packet(), 5)
+    assert got == ipv4(IP_A, IP_B, b"to b")
+    b.tunnel.send_packet(ipv4(IP_B, IP_A, b"to a"))
+    assert await asyncio.wait_for(a.tunnel.receive_packet(), 5) == ipv4(IP_B, IP_A, b"to a")
+    sa, sb = await a.status(), await b.status()
+    assert sa.running and sa.engine == "userspace" and sa.interface is None and sa.listen_port > 0
+    pa = sa.peer(keys.encode_key(keys.public_key(kb)))
+    pb = sb.peer(keys.encode_key(keys.public_key(ka)))
+    assert pa.endpoint == f"127.0.0.1:{port_b}" and pb.endpoint == f"127.0.0.1:{sa.listen_port}"  # learnt
+    assert before - 1 <= pa.last_handshake <= time.time() + 1
+    assert pa.tx_bytes > 0 and pa.rx_bytes > 0 and pa.allowed_ips == (f"{IP_B}/32",)
+
+
+async def test_apply_is_idempotent_and_keeps_the_session(engines):
+    a, b, ka, kb, port_b = engines
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"x"))
+    await asyncio.wait_for(b.tunnel.receive_packet(), 5)
+    device = a.tunnel.device
+    same = desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{port_b}")
+    await a.apply(same)
+    await a.apply(same)
+    assert a.tunnel.device is device
+    assert a.tunnel.events["handshake-initiated"] == 1
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"y"))
+    assert (await asyncio.wait_for(b.tunnel.receive_packet(), 5)).endswith(b"y")
+    assert a.tunnel.events["handshake-initiated"] == 1  # no new handshake was needed
+    await a.apply(DesiredConfig(private_key=ka, listen_port=None, address=f"{IP_A}/24", mtu=1420))
+    assert (await a.status()).peers == ()
+
+
+async def test_persistent_keepalive_peer_handshakes_at_once(engines):
+    a, b, ka, kb, port_b = engines
+    await a.apply(desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{port_b}", persistent_keepalive=25))
+    for _ in range(50):
+        if (await b.status()).peers[0].last_handshake:
+            break
+        await asyncio.sleep(0.05)
+    assert (await b.status()).peers[0].last_handshake is not None
+
+
+async def test_stop_releases_the_port_and_is_idempotent(engines):
+    a, b, ka, kb, port_b = engines
+    await b.stop()
+    await b.stop()
+    assert not (await b.status()).running
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("0.0.0.0", port_b))  # free again
+    sock.close()
+    await UserspaceEngine(ifname=None).stop()  # stop before start is fine
+
+
+async def test_bad_peer_config_is_an_engine_error():
+    engine = UserspaceEngine(ifname=None)
+    key = keys.generate_private_key()
+    try:
+        with pytest.raises(EngineError):
+            await engine.apply(DesiredConfig(private_key=key, listen_port=None, address="10.44.0.1/24", mtu=1420, peers=(
+                PeerConfig(public_key=keys.encode_key(keys.public_key(key)), endpoint=None, allowed_ips=()),)))
+    finally:
+        await engine.stop()
+
+
+async def test_decrypted_packets_are_trimmed_to_their_ip_length(engines):
+    a, b, *_ = engines
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"abc"))
+    got = await asyncio.wait_for(b.tunnel.receive_packet(), 5)
+    assert len(got) == packet_addresses(got)[2] == 23
