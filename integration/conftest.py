@@ -1,0 +1,110 @@
+"""End-to-end harness: a whole mesh in network namespaces, real processes, shared by the tests.
+
+* ``mesh`` (session): the ``cluster`` namespace (HTTP echo services, DNS knowing
+  ``echo.default.svc.cluster.local``, bulk source/sink), the ``gateway`` namespace with the
+  coordinator and ``anex-agent gateway`` (wireguard-go hub, --route to the cluster), all
+  started with the CLI users run. Built by :class:`anex_agent.demo.mesh.Mesh` (the demo
+  builds the very same mesh), torn down afterwards: processes stopped, namespaces (and
+  with them every veth link) deleted.
+* ``node`` (module): one node namespace with ``anex-agent daemon`` up and ready (a
+  handshake with the gateway), two ``GW_TUNNEL_*`` forwards.
+* ``in_ns(ns, *args)``: run ``python -m anex_agent.demo.client ARGS`` inside a namespace
+  and return its JSON result.
+
+Everything is skipped, with the reason, where root, ``ip``, ``wireguard-go`` or ``nft`` is
+missing, or where the coordinator/gateway CLI is not in this build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from anex_agent.demo.mesh import Mesh, SERVICE2_NAME, SERVICE_NAME, HTTP2_PORT, HTTP_PORT
+from anex_agent.demo.netlab import missing_prerequisites
+
+TUNNEL_1 = 18080
+TUNNEL_2 = 18081
+
+
+def mesh_skip_reason() -> str | None:
+    reason = missing_prerequisites("wireguard-go", "nft")
+    if reason:
+        return reason
+    for module in ("anex_agent.coordinator.cli", "anex_agent.gateway.cli"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not in this build"
+    return None
+
+
+def client(ns, *args: str, timeout: float = 30) -> dict:
+    """Run the demo client inside ``ns``; return its JSON result (``error`` key on failure)."""
+    out = ns.run([sys.executable, "-m", "anex_agent.demo.client", *args], check=False, timeout=timeout)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"client crashed: {out.stderr[-1000:]}"}
+
+
+@pytest.fixture(scope="session")
+def mesh():
+    reason = mesh_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    workdir = Path(tempfile.mkdtemp(prefix="anex-it-"))
+    built = Mesh(workdir)
+    try:
+        built.build_network()
+        built.start_coordinator()
+        built.start_gateway()
+        yield built
+    finally:
+        built.close()
+
+
+@pytest.fixture(scope="module")
+def node(mesh):
+    """A node running ``anex-agent daemon`` with two GW_TUNNEL forwards, ready."""
+    n = mesh.add_node_namespace()
+    env = mesh.agent_env(
+        n,
+        **{f"GW_TUNNEL_{TUNNEL_1}": f"{SERVICE_NAME}:{HTTP_PORT}", f"GW_TUNNEL_{TUNNEL_2}": f"{SERVICE2_NAME}:{HTTP2_PORT}"},
+    )
+    mesh.start_agent(n, env)
+    yield n
+    mesh.stop_agent(n)
+
+
+def dump_logs(mesh: Mesh) -> str:
+    parts = []
+    for path in sorted(Path(mesh.workdir).glob("*.log")):
+        parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On a failed integration test, attach the tail of every process log to the report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "mesh" in getattr(item, "funcargs", {}):
+        report.sections.append(("mesh process logs", dump_logs(item.funcargs["mesh"])))
+
+
+def ns_state(ns) -> dict:
+    """What of ours exists in a namespace: interfaces, routes, nftables tables, processes."""
+    links = [l.split(": ")[1].split("@")[0] for l in ns.run(["ip", "-o", "link"]).stdout.splitlines()]
+    routes = ns.run(["ip", "route", "show", "table", "all"]).stdout.splitlines()
+    nft = subprocess.run(ns.argv(["nft", "list", "tables"]), capture_output=True, text=True).stdout.split()
+    return {
+        "interfaces": [l for l in links if l.startswith("anx") and not l.startswith(("anxda", "anxdb"))],
+        "routes": [r for r in routes if " anx" in r and "anxd" not in r],
+        "nft_tables": [t for t in nft if t.startswith("anex")],
+        "pids": ns.pids(),
+    }

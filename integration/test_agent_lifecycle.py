@@ -1,0 +1,124 @@
+"""The agent as users run it: `anex-agent run -- CMD`, bad input, unreachable coordinator, teardown.
+
+Each test starts the real CLI in a node namespace of the session mesh.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, anex_argv, wait_until
+from integration.conftest import ns_state
+
+FETCH = (
+    "import json,sys,urllib.request\n"
+    "opener=urllib.request.build_opener(urllib.request.ProxyHandler({'http':'http://127.0.0.1:3128'}))\n"
+    f"body=json.loads(opener.open('http://{SERVICE_NAME}:{HTTP_PORT}/from-workload',timeout=10).read())\n"
+    "print('WORKLOAD-GOT', body['service'], body['path'], flush=True)\n"
+    "sys.exit(int(sys.argv[1]))\n"
+)
+
+
+@pytest.fixture
+def fresh_node(mesh):
+    n = mesh.add_node_namespace()
+    yield n
+    mesh.stop_agent(n)
+
+
+def run_agent(mesh, node, env, command, timeout=60) -> subprocess.CompletedProcess:
+    return node.ns.run([*anex_argv(), "run", "--", *command], env=env, check=False, timeout=timeout)
+
+
+def test_run_starts_the_workload_after_the_mesh_exits_with_its_status_and_leaves_nothing(mesh, fresh_node):
+    env = mesh.agent_env(fresh_node)
+    out = run_agent(mesh, fresh_node, env, [sys.executable, "-c", FETCH, "7"])
+    text = out.stdout + out.stderr
+    assert out.returncode == 7, text
+    assert "WORKLOAD-GOT echo /from-workload" in text
+    assert text.index("mesh up") < text.index("WORKLOAD-GOT")
+    assert "Traceback" not in text
+    left = ns_state(fresh_node.ns)
+    assert left == {"interfaces": [], "routes": [], "nft_tables": [], "pids": []}, left
+
+
+def test_sigterm_is_forwarded_to_the_workload_and_its_status_returned(mesh, fresh_node):
+    script = (
+        "import signal,sys,time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('WORKLOAD-TERM', flush=True), sys.exit(42)))\n"
+        "print('WORKLOAD-UP', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    env = mesh.agent_env(fresh_node)
+    proc = fresh_node.ns.popen([*anex_argv(), "run", "--", sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("WORKLOAD-UP"):
+            break
+    # `ip netns exec` execs the command, so proc is the agent itself
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=30)
+    text = "".join(lines) + rest
+    assert proc.returncode == 42, text
+    assert "WORKLOAD-TERM" in text
+    assert ns_state(fresh_node.ns)["interfaces"] == []
+
+
+def test_restart_reuses_the_identity_without_the_join_token(mesh, fresh_node):
+    env = mesh.agent_env(fresh_node)
+    mesh.start_agent(fresh_node, env)
+    first = fresh_node.status()
+    mesh.stop_agent(fresh_node)
+    env2 = {**env, "ANEX_JOIN_TOKEN": ""}  # single-use token already spent: must not be needed
+    mesh.start_agent(fresh_node, env2)
+    second = fresh_node.status()
+    assert second["node_id"] == first["node_id"] and second["address"] == first["address"]
+
+
+@pytest.mark.parametrize(
+    "name,value,needle",
+    [("GW_TUNNEL_70000", "svc:80", "GW_TUNNEL_70000"), ("GW_TUNNEL_5000", "no-port-here", "GW_TUNNEL_5000")],
+)
+def test_bad_gw_tunnel_stops_before_the_workload(mesh, fresh_node, tmp_path, name, value, needle):
+    marker = tmp_path / "workload-ran"
+    env = mesh.agent_env(fresh_node, token="unused", **{name: value})
+    out = run_agent(mesh, fresh_node, env, ["touch", str(marker)], timeout=30)
+    assert out.returncode == 2
+    assert needle in out.stderr and "<host>:<port>" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not marker.exists()
+
+
+def test_gw_tunnel_port_in_use_stops_before_the_workload(mesh, fresh_node, tmp_path):
+    marker = tmp_path / "workload-ran"
+    holder = fresh_node.ns.popen([sys.executable, "-c", "import socket,time;s=socket.socket();s.bind(('127.0.0.1',15432));s.listen();print('ready',flush=True);time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "ready"
+    env = mesh.agent_env(fresh_node, token="unused", GW_TUNNEL_15432="db.default.svc.cluster.local:5432")
+    out = run_agent(mesh, fresh_node, env, ["touch", str(marker)], timeout=30)
+    holder.kill()
+    assert out.returncode == 2
+    assert "GW_TUNNEL_15432" in out.stderr and "already in use" in out.stderr
+    assert not marker.exists()
+
+
+def test_unreachable_coordinator_prints_retrying_not_a_traceback(mesh, fresh_node):
+    env = mesh.agent_env(fresh_node, token="whatever", ANEX_COORDINATOR_URL="http://192.168.100.1:1")
+    proc = fresh_node.ns.popen([*anex_argv(), "daemon"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    deadline = time.monotonic() + 20
+    for line in proc.stdout:
+        seen.append(line)
+        if "retrying" in line and len([l for l in seen if "retrying in" in l]) >= 2 or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=20)
+    text = "".join(seen) + rest
+    assert "unreachable" in text and "retrying in" in text, text
+    assert "Traceback" not in text
+    assert ns_state(fresh_node.ns)["interfaces"] == []
