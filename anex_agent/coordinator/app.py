@@ -36,6 +36,7 @@ ROUTE_MODULES: list[str] = [
     "anex_agent.coordinator.routes.nodes",
     "anex_agent.coordinator.routes.gateways",
     "anex_agent.coordinator.routes.watch",
+    "anex_agent.coordinator.telemetry_metrics",
 ]
 
 CTX_KEY = web.AppKey("coordinator", Coordinator)

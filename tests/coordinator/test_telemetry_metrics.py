@@ -1,0 +1,127 @@
+"""Fleet GPU metrics on a real coordinator (SQLite, and PostgreSQL when configured): heartbeats carrying
+real telemetry blocks (agent monitor over the fake pynvml, and the no-driver path) show up on /metrics
+with DCGM names, GPU labels and a node label."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from anex_agent import wire
+from anex_agent.coordinator import telemetry_metrics
+from anex_agent.gpu.monitor import TelemetryMonitor
+
+from .conftest import start_harness, stop_harness
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+from gpu.fake_nvml import FakeGpu, FakeNvml  # noqa: E402  (tests/gpu/fake_nvml.py)
+
+
+@pytest.fixture
+async def fast_coord(monkeypatch, tmp_path, database_url, clock):
+    monkeypatch.setattr(telemetry_metrics, "REFRESH_INTERVAL", 0.05)
+    harness = await start_harness(tmp_path, database_url, clock)
+    try:
+        yield harness
+    finally:
+        await stop_harness(harness)
+
+
+def block_from(monkeypatch, tmp_path, fake: FakeNvml, hostname: str, xid: int | None = None) -> dict:
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    mon = TelemetryMonitor(state_dir=str(tmp_path), hostname=hostname, watch_xids=False)
+    try:
+        mon.collect()
+        if xid is not None:
+            from anex_agent.gpu.xid import XidEvent, classify_xid
+
+            mon.xid_log.record(XidEvent(gpu=0, uuid=fake.gpus[0].uuid, xid=xid, kind=classify_xid(xid), at=0.0))
+            mon.collect()
+        return mon.telemetry()
+    finally:
+        mon.close()
+
+
+async def scrape(coord, predicate, timeout=10.0) -> dict:
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            async with session.get(coord.url + "/metrics") as response:
+                text = await response.text()
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            if predicate(families) or asyncio.get_running_loop().time() > deadline:
+                return families
+            await asyncio.sleep(0.05)
+
+
+async def test_fleet_metrics_carry_dcgm_names_gpu_labels_and_node(fast_coord, monkeypatch, tmp_path):
+    gpu_fake = FakeNvml([FakeGpu(uuid="GPU-a0", bus_id="00000000:07:00.0"),
+                         FakeGpu(uuid="GPU-a1", bus_id="00000000:0F:00.0", util=(88, 5))])
+    gpu_block = block_from(monkeypatch, tmp_path, gpu_fake, "host-a", xid=79)
+    broken_driver = FakeNvml([])
+    broken_driver.init_error = 12  # NVML_ERROR_LIBRARY_NOT_FOUND
+    cpu_block = block_from(monkeypatch, tmp_path, broken_driver, "host-b")
+
+    a, joined_a, _ = await fast_coord.join("gpu-a", provider="onprem")
+    b, joined_b, _ = await fast_coord.join("cpu-b")
+    c, joined_c, _ = await fast_coord.join("odd-c")
+    await a.heartbeat(joined_a.node_id, wire.Heartbeat(telemetry=gpu_block))
+    await b.heartbeat(joined_b.node_id, wire.Heartbeat(telemetry=cpu_block))
+    await c.heartbeat(joined_c.node_id, wire.Heartbeat(telemetry={"gpus": "not a list", "inventory": 3,
+                                                                  "health": {"verdict": "healthy", "reasons": []}}))
+
+    families = await scrape(fast_coord, lambda f: f.get("anex_fleet_nodes_with_telemetry") is not None
+                            and f["anex_fleet_nodes_with_telemetry"].samples[0].value == 3)
+    assert families["anex_fleet_nodes_with_telemetry"].samples[0].value == 3
+    util = {s.labels["UUID"]: s for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
+    assert set(util) == {"GPU-a0", "GPU-a1"}
+    assert util["GPU-a1"].value == 88
+    assert util["GPU-a1"].labels == {"gpu": "1", "UUID": "GPU-a1", "pci_bus_id": "00000000:0F:00.0",
+                                     "device": "nvidia1", "modelName": "NVIDIA A100-SXM4-40GB", "Hostname": "host-a",
+                                     "node": "gpu-a", "node_id": joined_a.node_id}
+    assert {s.labels["node"] for s in families["DCGM_FI_DEV_FB_USED"].samples} == {"gpu-a"}
+    xid = [s for s in families["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "0"]
+    assert xid[0].value == 79
+    nvml_up = {s.labels["node"]: s.value for s in families["anex_nvml_up"].samples}
+    assert nvml_up == {"gpu-a": 1, "cpu-b": 0}
+    health = {(s.labels["node"], s.labels["verdict"]): s.value for s in families["anex_node_health"].samples}
+    assert health[("gpu-a", "unhealthy")] == 1 and health[("cpu-b", "degraded")] == 1
+    ages = {s.labels["node"] for s in families["anex_fleet_node_telemetry_age_seconds"].samples}
+    assert ages == {"gpu-a", "cpu-b"}  # odd-c's block has no taken_at
+
+    # the coordinator's own view of the same heartbeats
+    node = await fast_coord.admin.get_node(joined_a.node_id)
+    assert node.health == wire.Health.unhealthy
+    assert any("XID 79" in r for r in node.health_reasons)
+    stored = await fast_coord.admin.get_telemetry(joined_a.node_id)
+    assert stored.telemetry["inventory"]["gpu_count"] == 2
+    assert (await fast_coord.admin.get_node(joined_b.node_id)).health == wire.Health.degraded
+
+
+async def test_refresh_failure_keeps_the_cache_and_logs_once(caplog):
+    class FailingDb:
+        calls = 0
+
+        async def fetch(self, sql, *args):
+            FailingDb.calls += 1
+            raise RuntimeError("database away")
+
+    fleet = telemetry_metrics.FleetTelemetry(FailingDb(), lambda: 0.0)
+    fleet.nodes = {"n1": ("node-1", {"v": 1, "hostname": "h", "taken_at": 0.0, "gpus": []})}
+    task = asyncio.create_task(fleet.run(interval=0.01))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if FailingDb.calls >= 5:
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert FailingDb.calls >= 5
+    assert "n1" in fleet.nodes
+    assert sum("database away" in r.getMessage() for r in caplog.records) == 1
+    names = {f.name for f in telemetry_metrics.FleetGpuCollector(fleet).collect()}
+    assert {"anex_nvml_up", "anex_fleet_nodes_with_telemetry"} <= names
