@@ -92,6 +92,7 @@ class TelemetryMonitor:
         self._expected_gpus: int | None = None
         self._latest: Snapshot | None = None
         self._logged_errors: set[str] = set()
+        self._gpu_states: dict[int, str] = {}
         #: the on-prem qualification (qualify.Qualification.to_dict()), sent as telemetry["qualification"];
         #: with ``qualify=True`` (on-prem nodes) the monitor computes it in the sampler thread at the first
         #: sample and again after each NVML re-initialisation; callers may also set it themselves
@@ -131,6 +132,14 @@ class TelemetryMonitor:
                 samples[info.index] = sample_gpu(self.nvml, handle)
             except DeviceFailure as failure:
                 failures[info.index] = failure.status.state.value
+        for info in self._inventory.gpus:  # log per-GPU state changes once, not per sample
+            state = failures.get(info.index, "ok")
+            if self._gpu_states.get(info.index, "ok") != state:
+                if state == "ok":
+                    log.info("GPU %d (%s) answers again", info.index, info.uuid)
+                else:
+                    log.warning("GPU %d (%s): %s", info.index, info.uuid, state.replace("_", " "))
+            self._gpu_states[info.index] = state
         return samples, failures
 
     def collect(self) -> Snapshot:

@@ -87,10 +87,13 @@ def test_driver_update_under_running_node(fake, monitor, caplog):
     assert len(mismatch_logs) == 1  # logged once, not per sample
 
 
-def test_lost_gpu_mid_run(fake, monitor):
+def test_lost_gpu_mid_run(fake, monitor, caplog):
     monitor.collect()
     fake.gpus[1].errors["nvmlDeviceGetUtilizationRates"] = real_pynvml.NVML_ERROR_GPU_IS_LOST
-    snapshot = monitor.collect()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(10):
+            snapshot = monitor.collect()
+    assert sum("GPU 1 (GPU-bbbb): gpu lost" in r.getMessage() for r in caplog.records) == 1
     block = monitor.telemetry()
     assert snapshot.gpu_failures == {1: "gpu_lost"}
     assert block["gpus"][1]["state"] == "gpu_lost" and "gpu_util_pct" not in block["gpus"][1]
