@@ -14,6 +14,7 @@ the DNS config changes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -85,6 +86,20 @@ class DataPlane:
         await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
         self.config = config
         log.info("applied config version %d (%d gateway(s), %d tunnel(s))", config.version, len(config.gateways), len(self.forwards.active))
+
+    async def reset_gateway_sessions(self) -> None:
+        """Drop and re-add the gateway peers so the next packet starts a fresh handshake.
+
+        A gateway that restarted lost its sessions; our engine would keep sending on the
+        old one until WireGuard's own timers give up (REKEY_TIMEOUT + KEEPALIVE_TIMEOUT,
+        whitepaper §6.1/§6.5: about 15 s). Re-adding the peer (with its persistent
+        keepalive) makes the engine handshake at once.
+        """
+        assert self.engine is not None and self.config is not None
+        desired = desired_from_config(self.config, self.keypair.private)
+        await self.engine.apply(dataclasses.replace(desired, peers=()))
+        await self.engine.apply(desired)
+        log.info("gateway sessions reset: handshaking again")
 
     async def stop(self) -> None:
         await self._stack.aclose()

@@ -100,7 +100,7 @@ async def watch_loop(agent: Agent) -> None:
                 agent._reachable(True)
                 if event.config is not None and event.type in ("snapshot", "config", "gateway_changed"):
                     log.info("watch: %s event, config version %d", event.type, event.version)
-                    await agent.apply_config(event.config)
+                    await agent.apply_config(event.config, gateways_changed=event.type == "gateway_changed")
             delay = backoff.next_delay()
             log.info("watch stream closed; reconnecting in %.1f s", delay)
         except CoordinatorError as err:

@@ -122,12 +122,20 @@ class Agent:
         self.coordinator_reachable = ok
         self.last_coordinator_error = None if ok else error
 
-    async def apply_config(self, config: NodeConfig) -> None:
-        """Apply a new config from the coordinator (watch or heartbeat) and remember it."""
+    async def apply_config(self, config: NodeConfig, *, gateways_changed: bool = False) -> None:
+        """Apply a new config from the coordinator (watch or heartbeat) and remember it.
+
+        ``gateways_changed``: a gateway (re-)registered, e.g. after a restart: its
+        WireGuard sessions are gone, so ours are reset for an immediate handshake.
+        """
         assert self.dataplane is not None
-        if self.dataplane.config is not None and config.version <= self.dataplane.config.version and config == self.dataplane.config:
+        if gateways_changed:
+            await self.dataplane.apply(config)
+            await self.dataplane.reset_gateway_sessions()
+        elif self.dataplane.config is not None and config == self.dataplane.config:
             return
-        await self.dataplane.apply(config)
+        else:
+            await self.dataplane.apply(config)
         self.state.save_config(config)
         if self.api is not None:
             await self._serve_api_on_mesh(config)
