@@ -171,3 +171,46 @@ def test_teardown_leaves_nothing(pair):
                 break
             time.sleep(0.1)
         assert not pids.strip(), f"wireguard-go for {side.ifname} still running"
+
+
+def test_cleanup_removes_what_a_crash_left(tmp_path):
+    """`anex-agent cleanup` (the real CLI) against real leftovers: an orphaned wireguard-go, a stale socket, our nft table."""
+    import socket as socket_mod
+
+    ns = Netns("ec")
+    orphan_if = unique("anxec")
+    stale = f"/var/run/wireguard/{unique('anxes')}.sock"
+    try:
+        ns.create()
+        env = {**os.environ, "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
+        ns.run(["wireguard-go", orphan_if], env=env)  # without -f it daemonizes: an orphan, as after a crash
+        deadline = time.monotonic() + 10
+        while orphan_if not in ns.check_output(["ip", "-o", "link"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.makedirs("/var/run/wireguard", exist_ok=True)
+        with socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_STREAM) as sock:
+            sock.bind(stale)  # a socket file nobody listens on
+        table = "anex_" + unique("c")
+        ns.run(["nft", "add", "table", "inet", table])
+
+        out = ns.run([sys.executable, "-m", "anex_agent", "cleanup"], env={**os.environ, "PYTHONPATH": REPO}).stdout
+        assert f"({orphan_if})" in out, out
+        assert f"removed stale UAPI socket {stale}" in out
+        assert f"deleted nftables table inet {table}" in out
+        deadline = time.monotonic() + 10
+        while orphan_if in ns.check_output(["ip", "-o", "link"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert orphan_if not in ns.check_output(["ip", "-o", "link"])
+        assert not os.path.exists(stale)
+        assert table not in ns.check_output(["nft", "list", "tables"])
+        again = ns.run([sys.executable, "-m", "anex_agent", "cleanup"], env={**os.environ, "PYTHONPATH": REPO}).stdout
+        assert orphan_if not in again and table not in again
+    finally:
+        from anex_agent.tunnels.cleanup import _read_cmdline, wireguard_go_ifname
+
+        for entry in os.listdir("/proc"):  # the daemon we started, by its pid, if the test failed early
+            if entry.isdigit() and wireguard_go_ifname(_read_cmdline(int(entry))) == orphan_if:
+                os.kill(int(entry), 15)
+        if os.path.exists(stale):
+            os.unlink(stale)
+        ns.close()
