@@ -125,6 +125,9 @@ async def gather_offers(sources: Sequence[OfferSource], filters: Filters) -> tup
         if isinstance(got, OfferTable):
             tables.append(got)
             report[source.name] = {"offers": len(got)}
+            remote = getattr(source, "remote_filters", None)
+            if remote is not None:
+                report[source.name]["applied_by_provider"] = remote(filters)
             skipped = getattr(source, "skipped", None)
             if skipped:
                 report[source.name]["skipped"] = dict(skipped)
@@ -139,5 +142,21 @@ async def select(annotations: Mapping[str, str], sources: Sequence[OfferSource],
     filters = parse_annotations(annotations)
     table, report = await gather_offers(sources, filters)
     selection = choose(table, filters, banned=banned, limit=limit)
-    selection.explanation["providers"] = report
+    attach_provider_report(selection, report)
     return selection
+
+
+def attach_provider_report(selection: Selection, report: dict[str, Any]) -> None:
+    """Put the per-source report in the explanation; when no offer came back at all, say why."""
+    selection.explanation["providers"] = report
+    if selection.explanation["offers_considered"] == 0:
+        parts = []
+        for name, r in report.items():
+            if "error" in r:
+                parts.append(f"{name} failed: {r['error']}")
+            elif r.get("applied_by_provider"):
+                parts.append(f"{name} had no offers matching {', '.join(r['applied_by_provider'])} "
+                             "(filters its API applies)")
+            else:
+                parts.append(f"{name} had no offers")
+        selection.explanation["emptied_by"] = "; ".join(parts) or "no provider was asked"

@@ -106,6 +106,17 @@ def build_query(filters: Filters, limit: int) -> dict:
     return q
 
 
+_QUERY_FILTER_NAMES = {"verified": "verified-only", "datacenter": "datacenter-only", "geolocation": "region",
+                       "gpu_name": "gpu-names", "compute_cap": "compute-cap", "cuda_max_good": "cuda",
+                       **{api: name for name, (api, _scale) in _API_RANGES.items()}}
+
+
+def remote_filters(filters: Filters) -> list[str]:
+    """Names of the filters the Vast.AI API applies for ``filters`` (for explanations)."""
+    query = build_query(filters, 1)
+    return [_QUERY_FILTER_NAMES[k] for k in query if k in _QUERY_FILTER_NAMES]
+
+
 def offer_from_api(raw: dict) -> Offer:
     """One Vast.AI bundle -> :class:`Offer` in annotation units."""
     num_gpus = num(raw.get("num_gpus"))
@@ -155,6 +166,9 @@ class VastAISource:
 
     async def aclose(self) -> None:
         await self.client.close()
+
+    def remote_filters(self, filters: Filters) -> list[str]:
+        return remote_filters(filters)
 
     async def offers(self, filters: Filters) -> OfferTable:
         query = build_query(filters, self.config.limit)

@@ -1,0 +1,67 @@
+"""Selection settings, parsed once at the edge from the environment (the coordinator's).
+
+| variable | default | meaning |
+|---|---|---|
+| ``ANEX_VASTAI_API_KEY`` | unset | Vast.AI API key; Vast.AI is asked only when set (or a URL is set) |
+| ``ANEX_VASTAI_URL`` | ``https://console.vast.ai/api/v0`` | Vast.AI API base |
+| ``ANEX_RUNPOD_API_KEY`` | unset | RunPod API key; RunPod is asked only when set (or a URL is set) |
+| ``ANEX_RUNPOD_URL`` | ``https://api.runpod.io/graphql`` | RunPod GraphQL endpoint |
+| ``ANEX_SELECTION_BAN_SECONDS`` | 3600 | how long a provisioning failure bans a Vast.AI machine |
+| ``ANEX_SELECTION_CACHE_TTL`` | 30 | seconds a provider answer is reused |
+| ``ANEX_SELECTION_TIMEOUT`` | 15 | seconds per provider request |
+| ``ANEX_SELECTION_ATTEMPTS`` | 4 | tries per provider request (429/5xx/timeouts retried) |
+
+On-prem nodes are always a source. Keys are never logged and never shown by ``repr``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from anex_agent.errors import ConfigError
+from anex_agent.selection.bans import DEFAULT_BAN_SECONDS
+from anex_agent.selection.providers.http import HttpPolicy
+from anex_agent.selection.providers.runpod import DEFAULT_URL as RUNPOD_URL, RunPodConfig
+from anex_agent.selection.providers.vastai import DEFAULT_URL as VASTAI_URL, VastAIConfig
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    vastai: VastAIConfig | None = None
+    runpod: RunPodConfig | None = None
+    ban_seconds: float = DEFAULT_BAN_SECONDS
+    policy: HttpPolicy = field(default_factory=HttpPolicy)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "SelectionConfig":
+        def number(name: str, default: float, *, minimum: float, integer: bool = False) -> float:
+            raw = environ.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = int(raw) if integer else float(raw)
+            except ValueError:
+                value = math.nan
+            if not math.isfinite(value) or value < minimum:
+                kind = "an integer" if integer else "a number"
+                raise ConfigError(name, f"{raw!r} is not valid; accepted: {kind} >= {minimum:g}")
+            return value
+
+        policy = HttpPolicy(timeout=number("ANEX_SELECTION_TIMEOUT", 15.0, minimum=0.1),
+                            attempts=int(number("ANEX_SELECTION_ATTEMPTS", 4, minimum=1, integer=True)),
+                            cache_ttl=number("ANEX_SELECTION_CACHE_TTL", 30.0, minimum=0))
+        vast_key, vast_url = environ.get("ANEX_VASTAI_API_KEY", ""), environ.get("ANEX_VASTAI_URL", "")
+        runpod_key, runpod_url = environ.get("ANEX_RUNPOD_API_KEY", ""), environ.get("ANEX_RUNPOD_URL", "")
+        for name, url in (("ANEX_VASTAI_URL", vast_url), ("ANEX_RUNPOD_URL", runpod_url)):
+            if url and not url.startswith(("http://", "https://")):
+                raise ConfigError(name, f"{url!r} is not an http(s) URL")
+        return cls(
+            vastai=VastAIConfig(api_key=vast_key, base_url=vast_url or VASTAI_URL, policy=policy)
+            if (vast_key or vast_url) else None,
+            runpod=RunPodConfig(api_key=runpod_key, url=runpod_url or RUNPOD_URL, policy=policy)
+            if (runpod_key or runpod_url) else None,
+            ban_seconds=number("ANEX_SELECTION_BAN_SECONDS", DEFAULT_BAN_SECONDS, minimum=1),
+            policy=policy,
+        )
