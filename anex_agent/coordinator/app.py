@@ -37,6 +37,7 @@ ROUTE_MODULES: list[str] = [
     "anex_agent.coordinator.routes.gateways",
     "anex_agent.coordinator.routes.watch",
     "anex_agent.coordinator.telemetry_metrics",
+    "anex_agent.coordinator.routes_selection",
 ]
 
 CTX_KEY = web.AppKey("coordinator", Coordinator)
