@@ -132,24 +132,24 @@ def netlink_changes(device: UapiDevice, desired: DesiredConfig) -> tuple[dict[st
 def _wg_info(ifname: str) -> UapiDevice:
     from pyroute2 import NetlinkError, WireGuard
 
-    with WireGuard() as wg:
-        try:
+    try:
+        with WireGuard() as wg:
             return device_from_netlink(wg.info(ifname))
-        except NetlinkError as err:
-            raise EngineError(f"cannot read WireGuard device {ifname}: {err}") from None
+    except (NetlinkError, OSError) as err:
+        raise EngineError(f"cannot read WireGuard device {ifname}: {err}") from None
 
 
 def _wg_set(ifname: str, device_kwargs: dict[str, Any], peers: list[dict[str, Any]]) -> None:
     from pyroute2 import NetlinkError, WireGuard
 
-    with WireGuard() as wg:
-        try:
+    try:
+        with WireGuard() as wg:
             if device_kwargs:
                 wg.set(ifname, **device_kwargs)
             for peer in peers:
                 wg.set(ifname, peer=peer)
-        except NetlinkError as err:
-            raise EngineError(f"cannot configure WireGuard device {ifname}: {err}") from None
+    except (NetlinkError, OSError) as err:
+        raise EngineError(f"cannot configure WireGuard device {ifname}: {err}") from None
 
 
 def probe_link_kind(kind: str = "wireguard") -> Support:

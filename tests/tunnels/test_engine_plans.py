@@ -121,3 +121,11 @@ def test_kernel_unsupported_here_says_why():
     assert isinstance(support.reason, str) and support.reason
     if not support.ok:
         assert "wireguard" in support.reason or "CAP_NET_ADMIN" in support.reason or "netlink" in support.reason
+
+
+def test_kernel_netlink_errors_become_engine_errors():
+    """Without the wireguard genl family (or without privileges) reading a device is an EngineError, not a netlink crash."""
+    from anex_agent.errors import EngineError
+
+    with pytest.raises(EngineError, match="anxnone0"):
+        kernel._wg_info("anxnone0")
