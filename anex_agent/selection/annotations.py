@@ -227,7 +227,10 @@ def _parse_number(key: str, raw: str, spec: NumericSpec, out: _Collector) -> flo
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        out.add(key, f"{raw!r} is not a number; accepted: a non-negative number in {spec.unit}, e.g. \"2\" or \"1.5\"")
+        if spec.kind == "int":
+            out.add(key, f"{raw!r} is not a number; accepted: a non-negative whole number ({spec.unit}), e.g. \"2\"")
+        else:
+            out.add(key, f"{raw!r} is not a number; accepted: a non-negative number in {spec.unit}, e.g. \"1.5\"")
         return None
     if spec.kind == "int" and not text.isdigit():
         out.add(key, f"{raw!r} is not a whole number; accepted: a non-negative integer ({spec.unit})")

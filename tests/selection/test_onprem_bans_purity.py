@@ -1,0 +1,88 @@
+"""On-prem adapter, in-memory bans, and the purity of the selection cores."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from anex_agent.selection.annotations import parse_annotations
+from anex_agent.selection.bans import MemoryBans
+from anex_agent.selection.providers.onprem import OnpremSource, offer_from_node
+from tests.selection.test_api import telemetry
+
+PURE = ["annotations", "filters", "rank", "offers", "regions", "units", "versions"]
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_cores_import_no_asyncio_socket_or_time(module):
+    source = Path(__file__).resolve().parents[2] / "anex_agent" / "selection" / f"{module}.py"
+    imported = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & {"asyncio", "socket", "time", "aiohttp"}
+
+
+def node(**changes):
+    base = {"id": "n1", "name": "dgx", "provider": "onprem", "state": "ready", "health": "healthy",
+            "labels": {"price-per-hour": "0.5", "country": "cz"}, "telemetry": telemetry()}
+    return {**base, **changes}
+
+
+def test_node_to_offer_units():
+    offer, reason = offer_from_node(node())
+    assert reason == ""
+    assert (offer.gpu_name, offer.gpu_count, offer.vram_mb, offer.vram_total_mb) == ("NVIDIA GeForce RTX 4090", 2.0,
+                                                                                    24576.0, 49152.0)
+    assert (offer.compute_cap, offer.cpu_cores, offer.ram_mb, offer.disk_gb) == (890, 32.0, 131072.0, 900.0)
+    assert (offer.price, offer.country, offer.machine_id, offer.vram_bw_gbps) == (0.5, "CZ", "n1", 1008.1)
+    assert offer.gpu_key == "rtx 4090"
+
+
+@pytest.mark.parametrize("changes,reason", [
+    ({"state": "not_ready"}, "not 'ready'"),
+    ({"health": "degraded"}, "not healthy"),
+    ({"labels": {"country": "CZ"}}, "price-per-hour"),
+    ({"labels": {"price-per-hour": "cheap"}}, "price-per-hour"),
+    ({"labels": {"price-per-hour": "0.5", "busy": "true"}}, "busy"),
+    ({"telemetry": telemetry(processes=True)}, "busy"),
+    ({"telemetry": telemetry(passed=False)}, "qualification"),
+    ({"telemetry": {**telemetry(), "qualification": None}}, "qualification"),
+    ({"telemetry": telemetry(verdict="degraded")}, "not healthy"),
+    ({"telemetry": telemetry(count=0)}, "no GPUs"),
+    ({"provider": "vastai"}, "not an on-prem node"),
+])
+def test_unavailable_nodes_say_why(changes, reason):
+    offer, why = offer_from_node(node(**changes))
+    assert offer is None and reason in why
+
+
+def test_mixed_gpu_models_are_refused():
+    t = telemetry()
+    t["inventory"]["gpus"][1] = {**t["inventory"]["gpus"][1], "name": "NVIDIA A100-SXM4-80GB"}
+    offer, why = offer_from_node(node(telemetry=t))
+    assert offer is None and "more than one model" in why
+
+
+async def test_onprem_source_reports_skipped_nodes():
+    async def lister():
+        return [node(), node(id="n2", state="pending"), node(id="x", provider="runpod")]
+
+    source = OnpremSource(lister)
+    table = await source.offers(parse_annotations({}))
+    assert [o.offer_id for o in table.offers] == ["n1"]
+    assert set(source.skipped) == {"n2"}
+
+
+async def test_memory_bans_expire_and_extend():
+    now = [100.0]
+    bans = MemoryBans(clock=lambda: now[0])
+    await bans.ban("m1", "failed", 60)
+    await bans.ban("m1", "failed again", 10)  # a shorter re-ban never shortens the ban
+    assert [b.expires_at for b in await bans.active()] == [160.0]
+    now[0] = 161.0
+    assert await bans.banned_machines() == frozenset()
