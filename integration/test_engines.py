@@ -214,3 +214,28 @@ def test_cleanup_removes_what_a_crash_left(tmp_path):
         if os.path.exists(stale):
             os.unlink(stale)
         ns.close()
+
+
+def test_sigkilled_owner_takes_wireguard_go_with_it():
+    """A crashed agent (SIGKILL) must not leave wireguard-go running: PR_SET_PDEATHSIG ends it, the interface goes."""
+    from anex_agent.tunnels.cleanup import _read_cmdline, wireguard_go_ifname
+
+    ns = Netns("ek")
+    try:
+        ns.create()
+        side = Side(ns, unique("anxek"))
+        assert side.ifname in ns.check_output(["ip", "-o", "link"])
+        side.proc.kill()  # the driver (our engine's owner) dies without any cleanup
+        side.proc.wait(timeout=10)
+
+        def wireguard_go_alive() -> bool:
+            return any(entry.isdigit() and wireguard_go_ifname(_read_cmdline(int(entry))) == side.ifname
+                       for entry in os.listdir("/proc"))
+
+        deadline = time.monotonic() + 10
+        while (wireguard_go_alive() or side.ifname in ns.check_output(["ip", "-o", "link"])) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not wireguard_go_alive()
+        assert side.ifname not in ns.check_output(["ip", "-o", "link"])
+    finally:
+        ns.close()

@@ -51,11 +51,26 @@ START_TIMEOUT = 10.0
 STOP_GRACE = 5.0
 
 
-def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
-    import ctypes
+_PRCTL = None
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+
+def _prepare_pdeathsig():
+    """Return a preexec function setting PR_SET_PDEATHSIG=SIGTERM (linux/prctl.h: PR_SET_PDEATHSIG = 1).
+
+    The libc symbol is looked up here, in the parent, so that the child (between fork and
+    exec, where other threads' locks may be held) only makes one plain system call.
+    """
+    global _PRCTL
+    if _PRCTL is None:
+        import ctypes
+
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    prctl = _PRCTL
+
+    def preexec() -> None:  # pragma: no cover - runs in the child
+        prctl(1, int(signal.SIGTERM))
+
+    return preexec
 
 
 def peers_from_device(device: uapi.UapiDevice) -> tuple[PeerConfig, ...]:
@@ -172,7 +187,7 @@ class WireguardGoEngine(Engine):
                 self._proc = await asyncio.create_subprocess_exec(
                     self.binary, "-f", self.ifname,
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=self._stderr,
-                    env=env, preexec_fn=_pdeathsig,
+                    env=env, preexec_fn=_prepare_pdeathsig(),
                 )
             except OSError as err:
                 raise EngineError(f"cannot run {self.binary}: {err}") from None
