@@ -1,10 +1,9 @@
 """WireGuard message formats (whitepaper §5.4.2, §5.4.3, §5.4.6, §5.4.7).
 
 Every message starts with a one-byte type and three reserved zero bytes; integers are
-little endian. :func:`parse` checks type, reserved bytes and exact length (transport
-messages: at least header + tag, and a length that is a whole number of 16-byte
-blocks plus the tag is NOT required by the spec, so only the minimum is checked) and
-returns one of the frozen dataclasses below. Anything else raises
+little endian. :func:`parse` checks the type, the reserved bytes and the length (exact for
+types 1-3; for type 4 at least header + tag, since the padded payload may be any length)
+and returns one of the frozen dataclasses below. Anything else raises
 :class:`RemoteProtocolError` -- never ``struct.error``, ``IndexError`` or ``ValueError``.
 """
 
