@@ -1,0 +1,123 @@
+"""Identity and join against the real coordinator app (SQLite, in-process): join once, re-use the
+credential, fail static on the last good config, retry with a one-line message, rejoin when deleted."""
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from anex_agent.agent.settings import AgentSettings
+from anex_agent.agent.state import StateDir
+from anex_agent.agent.supervisor import Agent
+from anex_agent.client import CoordinatorClient
+from anex_agent.coordinator.app import build_app
+from anex_agent.coordinator.context import Coordinator
+from anex_agent.coordinator.settings import Settings
+from anex_agent.wire import NodeFacts
+
+
+@pytest.fixture
+async def coordinator(tmp_path: Path):
+    settings = Settings.for_tests(tmp_path / "coord", poll_interval=0.2, sweep_interval=3600)
+    settings.state_dir.mkdir()
+    ctx = await Coordinator.open(settings, environ={})
+    server = TestServer(build_app(ctx))
+    await server.start_server()
+    admin = CoordinatorClient(str(server.make_url("")).rstrip("/"), admin_token=ctx.admin_token)
+    try:
+        yield server, admin
+    finally:
+        await admin.close()
+        await server.close()
+        await ctx.close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def make_agent(url: str, state: Path, token: str = "") -> Agent:
+    return Agent(AgentSettings(coordinator_url=url, join_token=token, state_dir=state, name="unit-node"))
+
+
+async def join(agent: Agent):
+    try:
+        return await agent._join_or_load(agent.state.keypair().public_b64, NodeFacts())
+    finally:
+        await agent.link.close()
+
+
+async def test_join_once_then_reuse_the_credential(coordinator, tmp_path):
+    server, admin = coordinator
+    url = str(server.make_url("")).rstrip("/")
+    token = (await admin.create_join_token()).token
+    first = make_agent(url, tmp_path / "st", token)
+    config = await join(first)
+    assert config.address and first.identity is not None
+    assert (tmp_path / "st" / "node.json").stat().st_mode & 0o777 == 0o600
+    # restart: no token needed (the single-use token is spent), same node
+    second = make_agent(url, tmp_path / "st", "")
+    again = await join(second)
+    assert second.identity.node_id == first.identity.node_id and again.address == config.address
+    assert second.coordinator_reachable is True
+
+
+async def test_fail_static_start_on_the_last_good_config(coordinator, tmp_path):
+    server, admin = coordinator
+    url = str(server.make_url("")).rstrip("/")
+    token = (await admin.create_join_token()).token
+    first = make_agent(url, tmp_path / "st", token)
+    config = await join(first)
+    StateDir(tmp_path / "st").save_config(config)
+    # the coordinator moves away (unreachable): start from the saved config, no waiting for it
+    state = StateDir(tmp_path / "st")
+    ident = state.load_identity(url)
+    down = closed_port_url()
+    from anex_agent.agent.state import NodeIdentity
+
+    state.save_identity(NodeIdentity(down, ident.node_id, ident.credential))
+    agent = make_agent(down, tmp_path / "st")
+    loaded = await asyncio.wait_for(join(agent), 10)
+    assert loaded == config
+    assert agent.coordinator_reachable is False and agent.last_coordinator_error
+
+
+async def test_unreachable_without_identity_retries_with_one_line(tmp_path, capsys):
+    agent = make_agent(closed_port_url(), tmp_path / "st", "some-token")
+    task = asyncio.create_task(join(agent))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if "retrying in" in capsys.readouterr().out:
+            break
+    else:
+        pytest.fail("no retrying message")
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_deleted_node_joins_again(coordinator, tmp_path):
+    server, admin = coordinator
+    url = str(server.make_url("")).rstrip("/")
+    token = (await admin.create_join_token(reusable=True)).token
+    first = make_agent(url, tmp_path / "st", token)
+    await join(first)
+    await admin.delete_node(first.identity.node_id)
+    second = make_agent(url, tmp_path / "st", token)
+    await join(second)
+    assert second.identity.node_id != first.identity.node_id
+
+
+async def test_bad_token_is_not_retried(coordinator, tmp_path):
+    server, _ = coordinator
+    from anex_agent.errors import CoordinatorError
+
+    agent = make_agent(str(server.make_url("")).rstrip("/"), tmp_path / "st", "not-a-token")
+    with pytest.raises(CoordinatorError) as info:
+        await asyncio.wait_for(join(agent), 10)
+    assert not info.value.retryable
