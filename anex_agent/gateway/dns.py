@@ -131,8 +131,11 @@ class DnsForwarder:
             def datagram_received(self, data: bytes, addr) -> None:
                 if forwarder._inflight >= forwarder.max_inflight:
                     return
+                try:
+                    tg.create_task(forwarder._answer_udp(data, addr), name=f"dns-udp-{addr[0]}:{addr[1]}")
+                except RuntimeError:  # the TaskGroup is shutting down: drop, the client retries
+                    return
                 forwarder._inflight += 1
-                tg.create_task(forwarder._answer_udp(data, addr), name=f"dns-udp-{addr[0]}:{addr[1]}")
 
         self._transport, _ = await loop.create_datagram_endpoint(_Udp, local_addr=(self.listen_host, self.listen_port))
 

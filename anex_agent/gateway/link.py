@@ -1,24 +1,40 @@
-"""The gateway's calls to the coordinator: register, read peers, watch.
+"""The gateway's calls to the coordinator, over :class:`anex_agent.client.CoordinatorClient`.
 
-Reuses the agent's :class:`anex_agent.agent.link.CoordinatorLink` (same error
-translation: every failure is a CoordinatorError that knows whether it is retryable;
-the credential goes in ``Authorization: Bearer``) and adds the gateway routes of the
-REST contract (anex_agent.wire):
+    register(GatewayRegisterRequest) -> GatewayRegisterResponse   POST /v1/gateways (gateway join token)
+    peers(gateway_id) -> PeerSet                                   GET /v1/gateways/{id}/peers (credential)
+    watch(since) -> async iterator of WatchEvent                   GET /v1/watch (credential; the client
+                                                                   reconnects by itself and raises only
+                                                                   non-retryable errors such as a 401)
 
-    POST /v1/gateways            GatewayRegisterRequest -> GatewayRegisterResponse   (gateway join token)
-    GET  /v1/gateways/{id}/peers -> PeerSet                                          (gateway credential)
-    GET  /v1/watch?since=N       WebSocket of WatchEvent                              (gateway credential)
+Every failure is a :class:`~anex_agent.errors.CoordinatorError` that says whether it is retryable.
 """
 
 from __future__ import annotations
 
-from anex_agent.agent.link import CoordinatorLink
-from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
+from collections.abc import AsyncIterator
+
+from anex_agent.client import CoordinatorClient
+from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, WatchEvent
 
 
-class GatewayLink(CoordinatorLink):
+class GatewayLink:
+    def __init__(self, base_url: str) -> None:
+        self.client = CoordinatorClient(base_url)
+
+    def set_credential(self, credential: str) -> None:
+        self.client.set_credential(credential)
+
+    async def close(self) -> None:
+        await self.client.close()
+
     async def register(self, request: GatewayRegisterRequest) -> GatewayRegisterResponse:
-        return await self._call("POST", "/v1/gateways", GatewayRegisterResponse, request)
+        return await self.client.register_gateway(
+            request.token, request.public_key, request.name,
+            endpoint=request.endpoint, ws_url=request.ws_url, routes=list(request.routes),
+        )
 
     async def peers(self, gateway_id: str) -> PeerSet:
-        return await self._call("GET", f"/v1/gateways/{gateway_id}/peers", PeerSet)
+        return await self.client.get_peers(gateway_id)
+
+    def watch(self, since: int) -> AsyncIterator[WatchEvent]:
+        return self.client.watch(since)

@@ -30,7 +30,7 @@ from pathlib import Path
 from anex_agent import keys
 from anex_agent.agent.backoff import Backoff
 from anex_agent.agent.state import write_private
-from anex_agent.errors import CoordinatorError, EngineError
+from anex_agent.errors import AnexError, CoordinatorError, EngineError
 from anex_agent.gateway import forwarding, nft
 from anex_agent.gateway.dns import DnsForwarder
 from anex_agent.gateway.link import GatewayLink
@@ -96,6 +96,18 @@ class GatewayState:
 
 class _Stop(Exception):
     """Raised inside the TaskGroup to end the gateway cleanly."""
+
+
+def _first_anex_error(group: BaseExceptionGroup) -> AnexError | None:
+    """The first of our own errors inside a (nested) exception group, so the CLI prints one line."""
+    for exc in group.exceptions:
+        if isinstance(exc, AnexError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_anex_error(exc)
+            if found is not None:
+                return found
+    return None
 
 
 class Gateway:
@@ -272,22 +284,37 @@ class Gateway:
                 dns=self.settings.dns_upstream is not None,
             ))
             try:
-                async with asyncio.TaskGroup() as tg:
-                    if self.settings.dns_upstream is not None:
-                        dns = DnsForwarder(listen_host=self.registration.address, upstream=self.settings.dns_upstream)
-                        await dns.serve(tg)
-                        stack.push_async_callback(dns.close)
-                    tg.create_task(self._watch_loop(), name="gateway-watch")
-                    if not registered:
-                        tg.create_task(self._register_later(), name="gateway-register")
-                    tg.create_task(self._wait_stop(), name="gateway-stop")
-                    log.info("gateway up: %s %s listening on UDP %d, routes %s",
-                             self.ifname, self.registration.interface_address, self.settings.listen_port,
-                             ", ".join(self.settings.routes) or "none")
-                    self.ready.set()
-            except* _Stop:
-                log.info("gateway stopping")
+                await self._serve(stack, registered)
+            except ExceptionGroup as group:
+                raise _first_anex_error(group) or group from None
         return 0
+
+    async def _serve(self, stack: AsyncExitStack, registered: bool) -> None:
+        """The long-running part: DNS, watch, background registration, until asked to stop."""
+        assert self.registration is not None
+        dns: DnsForwarder | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                if self.settings.dns_upstream is not None:
+                    dns = DnsForwarder(listen_host=self.registration.address, upstream=self.settings.dns_upstream)
+                    try:
+                        await dns.serve(tg)
+                    except OSError as err:
+                        raise EngineError(f"cannot serve DNS on {self.registration.address}:53: "
+                                          f"{err.strerror or err}") from None
+                tg.create_task(self._watch_loop(), name="gateway-watch")
+                if not registered:
+                    tg.create_task(self._register_later(), name="gateway-register")
+                tg.create_task(self._wait_stop(), name="gateway-stop")
+                log.info("gateway up: %s %s listening on UDP %d, routes %s",
+                         self.ifname, self.registration.interface_address, self.settings.listen_port,
+                         ", ".join(self.settings.routes) or "none")
+                self.ready.set()
+        except* _Stop:
+            log.info("gateway stopping")
+        finally:
+            if dns is not None:
+                await dns.close()
 
     async def _wait_stop(self) -> None:
         await self._stop.wait()
