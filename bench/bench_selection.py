@@ -97,7 +97,7 @@ def main() -> None:
     sizes = []
     for n in (1_000, 10_000, 100_000):
         offers = synthetic(n)
-        repeat = 15 if n < 100_000 else 7
+        repeat = 15 if n < 100_000 else 11
         build_s, table = timed(lambda: OfferTable(offers), 3 if n == 100_000 else 5)
 
         def ours():

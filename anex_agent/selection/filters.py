@@ -1,7 +1,10 @@
 """Pure filtering of an :class:`OfferTable` by :class:`Filters`, with an explanation.
 
-Filters run in one fixed, documented order (:data:`STEP_ORDER`); each step narrows a list of
-row indices by looking at one column. A step's ``removed`` count is the number of offers it
+Filters run in one fixed, documented order (:data:`STEP_ORDER`: what the pod asks of every
+machine first, region and GPU model leading, then provider-scoped filters and bans); each
+step narrows a list of row indices by looking at one column. The first step, when it is a
+list filter (region, gpu-names, compute-cap), does not scan the table at all: it takes the
+rows straight from the table's per-value index (:meth:`OfferTable.rows_with`). A step's ``removed`` count is the number of offers it
 removed *among those that passed the steps before it*, so the counts add up to
 ``total - remaining``. Unknown provider values (NaN/None) never satisfy a filter.
 
@@ -26,10 +29,10 @@ from anex_agent.selection.annotations import Filters
 from anex_agent.selection.offers import OfferTable
 
 STEP_ORDER = (
-    "banned", "verified-only", "datacenter-only", "dlperf", "cloud-type", "datacenter-ids",
     "region", "gpu-names", "compute-cap",
     "gpu-count", "vram", "vram-total", "vram-bandwidth", "tflops", "cuda", "cpu", "ram", "price",
     "upload-speed", "download-speed", "disk-space-gb", "disk-bw",
+    "verified-only", "datacenter-only", "dlperf", "cloud-type", "datacenter-ids", "banned",
 )
 
 Keep = Callable[[dict[str, list], list[int]], list[int]]
@@ -42,6 +45,7 @@ class Step:
     name: str
     annotations: tuple[str, ...]
     keep: Keep
+    index: tuple[str, frozenset] | None = None  # (column, allowed values): seed from the table's index
 
 
 @dataclass(frozen=True)
@@ -125,12 +129,15 @@ def build_steps(filters: Filters, banned_machines: frozenset[str] = frozenset())
         steps["datacenter-ids"] = Step("datacenter-ids", src("datacenter-ids"),
                                        _member_keep("datacenter_id", frozenset(filters.datacenter_ids), "runpod"))
     if filters.countries is not None:
-        steps["region"] = Step("region", src("region"), _member_keep("country", filters.countries))
+        steps["region"] = Step("region", src("region"), _member_keep("country", filters.countries),
+                               ("country", filters.countries))
     if filters.gpu_keys is not None:
-        steps["gpu-names"] = Step("gpu-names", src("gpu-names"), _member_keep("gpu_key", frozenset(filters.gpu_keys)))
+        keys = frozenset(filters.gpu_keys)
+        steps["gpu-names"] = Step("gpu-names", src("gpu-names"), _member_keep("gpu_key", keys), ("gpu_key", keys))
     if filters.compute_caps is not None:
-        steps["compute-cap"] = Step("compute-cap", src("compute-cap"),
-                                    _member_keep("compute_cap", frozenset(float(c) for c in filters.compute_caps)))
+        caps = frozenset(float(c) for c in filters.compute_caps)
+        steps["compute-cap"] = Step("compute-cap", src("compute-cap"), _member_keep("compute_cap", caps),
+                                    ("compute_cap", caps))
     for r in filters.ranges:
         lo, hi = r.bounds
         exact = r.exact is not None
@@ -142,18 +149,28 @@ def build_steps(filters: Filters, banned_machines: frozenset[str] = frozenset())
 
 
 def apply_filters(table: OfferTable, filters: Filters, banned_machines: frozenset[str] = frozenset()) -> FilterResult:
-    """Rows of ``table`` that satisfy every filter, in table order, with per-step counts."""
+    """Rows of ``table`` that satisfy every filter (in no particular order: rank orders them),
+    with per-step counts."""
     steps = build_steps(filters, banned_machines)
-    rows = list(range(table.size))
+    rows: list[int] = []
     reports: list[StepReport] = []
     emptied_by: str | None = None
-    for step in steps:
-        before = len(rows)
-        if before:
+    for n, step in enumerate(steps):
+        before = table.size if n == 0 else len(rows)
+        if n == 0 and step.index is not None:
+            rows = table.rows_with(*step.index)
+        elif n == 0:
+            rows = step.keep(table.col, list(range(table.size)))
+        elif before and step.index is not None:
+            allowed = set(table.rows_with(*step.index))  # ints hash fast: cheaper than reading the column
+            rows = [i for i in rows if i in allowed]
+        elif before:
             rows = step.keep(table.col, rows)
         reports.append(StepReport(step.name, step.annotations, before - len(rows), len(rows)))
         if before and not rows:
             emptied_by = step.name
+    if not steps:
+        rows = list(range(table.size))
     blocking: tuple[tuple[str, int], ...] = ()
     if not rows and table.size and steps:
         blocking = _blocking(table, steps)

@@ -6,14 +6,18 @@ capability x 100, CUDA as a version key. A value a provider does not report is N
 numbers and None otherwise; a filter on an unknown value never matches (unknown is not
 proof that a requirement holds).
 
-:class:`OfferTable` keeps the same data as one list per field. Filtering walks a list of
-row indices through one field at a time (see :mod:`anex_agent.selection.filters`), which
+:class:`OfferTable` keeps the same data as one list per field. Numeric columns are
+``array('d')`` (contiguous doubles), text columns share one object per distinct value, and
+the list columns (country, GPU, compute capability) carry a per-value index of rows.
+Filtering walks a list of row indices through one field at a time (see :mod:`anex_agent.selection.filters`), which
 is several times faster in CPython than testing every predicate on every object.
 """
 
 from __future__ import annotations
 
 import re
+from array import array
+from typing import Sequence
 from itertools import chain
 from dataclasses import dataclass, field, fields
 
@@ -70,6 +74,7 @@ class Offer:
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Offer))
+NUMERIC_COLUMNS = frozenset(f.name for f in fields(Offer) if f.type == "float")
 
 
 class OfferTable:
@@ -80,13 +85,39 @@ class OfferTable:
     Rows are never mutated after construction.
     """
 
-    __slots__ = ("offers", "col", "size")
+    __slots__ = ("offers", "col", "size", "_index")
+
+    INDEXED = ("country", "gpu_key", "compute_cap")
 
     def __init__(self, offers: list[Offer] | tuple[Offer, ...]) -> None:
         self.offers: tuple[Offer, ...] = tuple(offers)
         self.size = len(self.offers)
-        self.col: dict[str, list] = {name: [getattr(o, name) for o in self.offers] for name in COLUMNS}
-        self.col["gpu_key"] = [normalize_gpu_name(n) for n in self.col["gpu_name"]]
+        self.col: dict[str, Sequence] = {}
+        for name in COLUMNS:
+            values = [getattr(o, name) for o in self.offers]
+            if name in NUMERIC_COLUMNS:
+                self.col[name] = array("d", values)  # contiguous: no pointer chasing when filtering
+            elif name != "details":
+                shared: dict = {}
+                self.col[name] = [shared.setdefault(v, v) for v in values]  # equal values share one object
+            else:
+                self.col[name] = values
+        keys: dict[str, str] = {}
+        self.col["gpu_key"] = [keys.setdefault(n, normalize_gpu_name(n)) if n not in keys else keys[n]
+                               for n in self.col["gpu_name"]]
+        self._index = {name: self._build_index(name) for name in self.INDEXED}
+
+    def _build_index(self, column: str) -> dict:
+        index: dict = {}
+        for i, value in enumerate(self.col[column]):
+            if value == value:  # NaN never matches, never indexed
+                index.setdefault(value, []).append(i)
+        return index
+
+    def rows_with(self, column: str, allowed: frozenset) -> list[int]:
+        """Rows whose ``column`` is in ``allowed`` (from the per-value index; no scan)."""
+        index = self._index[column]
+        return list(chain.from_iterable(index[v] for v in allowed if v in index))
 
     @classmethod
     def concat(cls, tables: list["OfferTable"]) -> "OfferTable":
@@ -94,9 +125,20 @@ class OfferTable:
         out.offers = tuple(o for t in tables for o in t.offers)
         out.size = len(out.offers)
         if len(tables) == 1:
-            out.col = tables[0].col  # columns are never mutated: share them
-        else:
-            out.col = {name: list(chain.from_iterable(t.col[name] for t in tables)) for name in (*COLUMNS, "gpu_key")}
+            out.col, out._index = tables[0].col, tables[0]._index  # never mutated: share them
+            return out
+        out.col = {name: (array("d", chain.from_iterable(t.col[name] for t in tables)) if name in NUMERIC_COLUMNS
+                          else list(chain.from_iterable(t.col[name] for t in tables)))
+                   for name in (*COLUMNS, "gpu_key")}
+        out._index = {}
+        for name in cls.INDEXED:
+            merged: dict = {}
+            offset = 0
+            for t in tables:
+                for value, rows in t._index[name].items():
+                    merged.setdefault(value, []).extend(i + offset for i in rows)
+                offset += t.size
+            out._index[name] = merged
         return out
 
     def __len__(self) -> int:

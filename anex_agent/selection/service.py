@@ -36,7 +36,7 @@ _MATCHED = {
 }
 
 
-def _show(column: str, value: Any) -> Any:
+def show_value(column: str, value: Any) -> Any:
     if isinstance(value, float):
         if math.isnan(value):
             return None
@@ -65,14 +65,14 @@ def candidate(table: OfferTable, row: int, filters: Filters, result: FilterResul
             continue
         if step.name in ("cloud-type", "datacenter-ids") and offer.provider != "runpod":
             continue
-        matched[step.name] = _show(column, getattr(offer, column))
+        matched[step.name] = show_value(column, getattr(offer, column))
     out = {
         "provider": offer.provider,
         "offer_id": offer.offer_id,
         "machine_id": offer.machine_id,
-        "price_per_hour": _show("price", offer.price),
+        "price_per_hour": show_value("price", offer.price),
         "gpu_name": offer.gpu_name,
-        "gpu_count": _show("gpu_count", offer.gpu_count),
+        "gpu_count": show_value("gpu_count", offer.gpu_count),
         "matched": matched,
     }
     if offer.datacenter_id:
@@ -81,7 +81,7 @@ def candidate(table: OfferTable, row: int, filters: Filters, result: FilterResul
         out["cloud_type"] = offer.cloud_type
     disk = filters.disk_to_allocate_gb
     if disk is not None:
-        out["disk_to_allocate_gb"] = _show("disk_gb", disk)
+        out["disk_to_allocate_gb"] = show_value("disk_gb", disk)
     return out
 
 

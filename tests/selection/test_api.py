@@ -160,7 +160,7 @@ async def test_provisioning_failure_bans_the_vast_machine_until_it_expires(api):
     assert ack["ban"]["expires_at"] == pytest.approx(api.clock.now + BAN_SECONDS)
     _, _, body = await api.call("POST", "/v1/selections", {"annotations": pod})
     assert [c["offer_id"] for c in body["candidates"]] == ["1001"]
-    banned_step = body["explanation"]["filters"][0]
+    banned_step = body["explanation"]["filters"][-1]
     assert (banned_step["filter"], banned_step["removed"]) == ("banned", 1)
     _, _, bans = await api.call("GET", "/v1/bans")
     assert [b["machine_id"] for b in bans["bans"]] == ["502"] and "container never started" in bans["bans"][0]["reason"]

@@ -251,3 +251,21 @@ async def test_one_provider_failing_does_not_stop_the_others(fake):
                                      ("OC-AU-1", "AU"), ("X", None)])
 def test_runpod_datacenter_country(dc, code):
     assert country_of_datacenter(dc) == code
+
+
+async def test_waiters_recover_when_the_caller_making_the_request_is_cancelled(fake):
+    import asyncio
+
+    fake.script = [(200, {}, 0.5)]  # the first request is slow
+    source = vast(fake)
+    filters = parse_annotations({})
+    try:
+        first = asyncio.create_task(source.offers(filters), name="test-first")
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(source.offers(filters), name="test-second")
+        await asyncio.sleep(0.1)
+        first.cancel()
+        table = await second
+        assert len(table) > 0 and first.cancelled()
+    finally:
+        await source.aclose()

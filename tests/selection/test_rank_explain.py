@@ -54,10 +54,11 @@ def test_explanation_counts_each_filter():
               offer(offer_id="a100", gpu_name="A100"), offer(offer_id="unverified", verified=False))
     s = choose(t, parse_annotations({"anex.sh/region": "europe", "anex.sh/gpu-names": "RTX 4090"}))
     steps = {f["filter"]: (f["removed"], f["remaining"]) for f in s.explanation["filters"]}
-    assert steps == {"verified-only": (1, 4), "region": (2, 2), "gpu-names": (1, 1)}
+    assert steps == {"region": (2, 3), "gpu-names": (1, 2), "verified-only": (1, 1)}
+    assert [f["filter"] for f in s.explanation["filters"]] == ["region", "gpu-names", "verified-only"]
     assert s.explanation["offers_considered"] == 5 and ids(s) == ["ok"]
     assert "emptied_by" not in s.explanation
-    assert s.explanation["filters"][1]["annotations"] == ["anex.sh/region"]
+    assert s.explanation["filters"][0]["annotations"] == ["anex.sh/region"]
 
 
 def test_explanation_when_nothing_is_left():
@@ -79,7 +80,7 @@ def test_bans_skip_vast_machines_only():
               offer(offer_id="3", provider="runpod", machine_id="m1"))
     s = choose(t, parse_annotations({}), banned=frozenset({"m1"}))
     assert ids(s) == ["2", "3"]
-    assert s.explanation["filters"][0] == {"filter": "banned", "annotations": ["machine bans (Vast.AI)"],
+    assert s.explanation["filters"][-1] == {"filter": "banned", "annotations": ["machine bans (Vast.AI)"],
                                            "removed": 1, "remaining": 2}
 
 

@@ -117,11 +117,19 @@ class JsonClient:
             return hit[1]
         pending = self._inflight.get(key)
         if pending is not None:
-            return await asyncio.shield(pending)
+            try:
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                if not pending.cancelled():
+                    raise  # we were cancelled ourselves
+                return await self.request(method, url, params=params, body=body, headers=headers)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
             value = await self._fetch(method, url, params, body, headers or {})
+        except asyncio.CancelledError:
+            future.cancel()  # waiters make the call themselves
+            raise
         except BaseException as err:
             future.set_exception(err)
             future.exception()  # mark retrieved: nobody else may be waiting
