@@ -55,6 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a freed address is not reused for this long (default 3600)")
     parser.add_argument("--access-token-ttl", type=int, default=300, metavar="SECONDS",
                         help="lifetime of agent API access tokens (default 300, at most 86400)")
+    parser.add_argument("--heartbeat-flush-interval", type=float, default=0.1, metavar="SECONDS",
+                        help="heartbeats are written in one batch this often (default 0.1; 0 writes each "
+                             "heartbeat before answering it, slower)")
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
@@ -90,6 +93,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise ConfigError("--heartbeat-interval/--not-ready-after/--expired-after", str(err)) from None
     if args.address_quarantine < 0:
         raise ConfigError("--address-quarantine", "must be 0 or more seconds")
+    if not 0 <= args.heartbeat_flush_interval <= 5:
+        raise ConfigError("--heartbeat-flush-interval", "must be 0..5 seconds")
     if not 1 <= args.access_token_ttl <= 86400:
         raise ConfigError("--access-token-ttl", "must be 1..86400 seconds")
     return Settings(
@@ -102,6 +107,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         timings=timings,
         address_quarantine=args.address_quarantine,
         access_token_ttl=args.access_token_ttl,
+        heartbeat_flush_interval=args.heartbeat_flush_interval,
     )
 
 
@@ -144,11 +150,5 @@ def _redacted(url: str) -> str:
 def main(args: argparse.Namespace) -> int:
     host, port = _listen(args.listen)
     settings = settings_from(args)
-    try:
-        import uvloop  # optional speed-up; not a dependency
-
-        uvloop.install()
-    except ImportError:
-        pass
     asyncio.run(serve(settings, host, port, args.signing_key_file))
     return 0

@@ -106,10 +106,11 @@ class Coordinator:
         await self.versions.load()
         tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("change-feed", self.feed.run),
-            ("heartbeat-flush", lambda: self.heartbeats.run(self.settings.heartbeat_flush_interval)),
             ("state-sweeper", lambda: sweeper.run(self)),
             *self._background,
         ]
+        if self.settings.heartbeat_flush_interval > 0:
+            tasks.append(("heartbeat-flush", lambda: self.heartbeats.run(self.settings.heartbeat_flush_interval)))
 
         async def runner() -> None:
             async with asyncio.TaskGroup() as group:

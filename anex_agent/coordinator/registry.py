@@ -83,6 +83,14 @@ class RouteRegistry:
     def _wrap(self, route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         ctx = self._ctx
         label = f"{route.method} {route.path}"
+        observe = ctx.metrics.latency.labels(route=label).observe
+        counters: dict[int, Any] = {}  # status -> labelled counter child (labels() is not free)
+
+        def count(status: int) -> None:
+            child = counters.get(status)
+            if child is None:
+                child = counters[status] = ctx.metrics.requests.labels(route=label, status=str(status))
+            child.inc()
 
         async def endpoint(request: web.Request) -> web.StreamResponse:
             started = time.perf_counter()
@@ -98,8 +106,8 @@ class RouteRegistry:
                 status = problem.status
                 raise
             finally:
-                ctx.metrics.requests.labels(route=label, status=str(status)).inc()
-                ctx.metrics.latency.labels(route=label).observe(time.perf_counter() - started)
+                count(status)
+                observe(time.perf_counter() - started)
 
         return endpoint
 

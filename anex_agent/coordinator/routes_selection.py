@@ -37,7 +37,7 @@ from anex_agent.selection.providers.onprem import OnpremSource
 from anex_agent.selection.providers.runpod import RunPodSource
 from anex_agent.selection.providers.vastai import VastAISource
 from anex_agent.selection.rank import rank
-from anex_agent.selection.service import _show, attach_provider_report, choose, gather_offers
+from anex_agent.selection.service import show_value, attach_provider_report, choose, gather_offers
 
 MIGRATIONS = [Migration(100, "selection: Vast.AI machine bans", BANS_TABLE_SQL)]
 ALL_PROVIDERS = ("onprem", "vastai", "runpod")
@@ -172,7 +172,7 @@ class SelectionRoutes:
 
 def _offer_view(table: OfferTable, row: int) -> models.OfferView:
     offer = table.offers[row]
-    specs = {name: _show(name, getattr(offer, name)) for name in COLUMNS
+    specs = {name: show_value(name, getattr(offer, name)) for name in COLUMNS
              if name not in ("provider", "offer_id", "machine_id", "details")}
     specs = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in specs.items()}
     return models.OfferView(provider=offer.provider, offer_id=offer.offer_id, machine_id=offer.machine_id,

@@ -40,7 +40,10 @@ async def delete_node(call: Call) -> None:
 async def heartbeat(call: Call) -> wire.HeartbeatAck:
     node_id = _own_node(call)
     version = await call.ctx.versions.for_node(node_id)
-    return nodes.heartbeat(call.ctx, node_id, call.body, config_version=version)
+    ack = nodes.heartbeat(call.ctx, node_id, call.body, config_version=version)
+    if call.ctx.settings.heartbeat_flush_interval == 0:  # write-through: committed before the answer
+        await call.ctx.heartbeats.flush()
+    return ack
 
 
 async def get_config(call: Call) -> wire.NodeConfig:

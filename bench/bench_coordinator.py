@@ -1,0 +1,383 @@
+"""Coordinator heartbeat throughput/latency and watch fan-out, one coordinator process on loopback.
+
+Side by side in one run, per database (SQLite always; PostgreSQL with --postgres URL or
+$ANEX_TEST_POSTGRES_URL):
+* ``ours``: the coordinator as shipped (heartbeats acknowledged from memory, written in
+  batches every 100 ms);
+* ``write_through``: the same coordinator with ``--heartbeat-flush-interval 0``: every
+  heartbeat is committed before it is acknowledged (the straightforward design, as reference).
+
+For each: an open-loop phase at ``--rate`` heartbeats/s (latency measured from the
+scheduled send time, so a server that falls behind shows it) and a closed-loop phase with
+``--concurrency`` requests in flight (the maximum sustained rate). The load generator is a
+separate process (``--role loadgen``), so client and server never share an event loop.
+Watch fan-out: time from a join request to the ``peer_added`` event at each of 1 and 10
+connected gateways.
+
+Goal (issue 2): >= 2000 heartbeats/s with p99 < 50 ms on SQLite. Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TICK = 0.002  # open-loop scheduling granularity (s)
+ADMIN = "anexadm_bench_admin_token_0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+# ------------------------------------------------------------------ server side
+
+
+def start_coordinator(database: str, state_dir: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "ANEX_ADMIN_TOKEN": ADMIN, "ANEX_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "anex_agent", "coordinator", "--listen", f"127.0.0.1:{port}",
+         "--state-dir", str(state_dir), "--database", database, *extra],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=1) as resp:
+                if resp.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"coordinator exited: {proc.stderr.read().decode()[-2000:]}")
+    proc.kill()
+    raise RuntimeError("coordinator did not become ready")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def run_loadgen(url: str, args: argparse.Namespace, mode: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--role", "loadgen", "--url", url, "--mode", mode,
+         "--nodes", str(args.nodes), "--rate", str(args.rate), "--seconds", str(args.seconds),
+         "--concurrency", str(args.concurrency)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def bench_database(name: str, database_for: callable, args: argparse.Namespace) -> dict:
+    result: dict = {}
+    variants = [("ours", []), ("write_through", ["--heartbeat-flush-interval", "0"])]
+    for variant, extra in variants:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, url = start_coordinator(database_for(Path(tmp)), Path(tmp), extra)
+            try:
+                result[variant] = run_loadgen(url, args, "heartbeats")
+                if variant == "ours" and not args.skip_fanout:
+                    result["watch_fanout"] = run_loadgen(url, args, "fanout")
+            finally:
+                stop(proc)
+    return result
+
+
+# ------------------------------------------------------------------ load generator
+
+
+async def setup_nodes(client, count: int) -> list[tuple[str, str]]:
+    from anex_agent import keys
+    from anex_agent.client import CoordinatorClient
+
+    token = await client.create_join_token(reusable=True, expires_in=3600)
+    nodes = []
+
+    async def one(i: int) -> None:
+        pair = keys.KeyPair(keys.generate_private_key())
+        async with CoordinatorClient(client.base_url) as c:
+            joined = await c.join(token.token, pair.public_b64, f"bench-{i}", "other")
+        nodes.append((joined.node_id, joined.credential))
+
+    for start in range(0, count, 50):
+        await asyncio.gather(*(one(i) for i in range(start, min(count, start + 50))))
+    return nodes
+
+
+def heartbeat_body(i: int) -> bytes:
+    return json.dumps({
+        "status": {"engine": "userspace", "path": "udp", "last_handshake_age": 4.2, "rx_bytes": i, "tx_bytes": i},
+        "config_version": 1,
+        "telemetry": {"gpus": [{"index": 0, "util": 87, "mem_used_mb": 20000}], "health": {"verdict": "healthy"}},
+    }).encode()
+
+
+class RawHttp:
+    """A minimal keep-alive HTTP/1.1 client on asyncio streams: much cheaper per request than
+    aiohttp's client, so one load-generator core can outpace one server core."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader = self.writer = None
+
+    async def connect(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def post(self, path: str, token: str, body: bytes) -> int:
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        if length:
+            await self.reader.readexactly(length)
+        return status
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
+    from urllib.parse import urlsplit
+
+    from anex_agent.client import CoordinatorClient
+
+    async with CoordinatorClient(args.url, admin_token=ADMIN) as admin:
+        nodes = await setup_nodes(admin, args.nodes)
+    parts = urlsplit(args.url)
+    bodies = [heartbeat_body(i) for i in range(64)]
+    conns = [RawHttp(parts.hostname, parts.port) for _ in range(args.concurrency)]
+    await asyncio.gather(*(c.connect() for c in conns))
+    counter = 0
+    errors = 0
+
+    async def beat(conn: RawHttp) -> None:
+        nonlocal counter, errors
+        counter += 1
+        node_id, cred = nodes[counter % len(nodes)]
+        try:
+            if await conn.post(f"/v1/nodes/{node_id}/heartbeat", cred, bodies[counter % len(bodies)]) != 200:
+                errors += 1
+        except (OSError, asyncio.IncompleteReadError):
+            errors += 1
+            await conn.connect()
+
+    async def closed_worker(conn: RawHttp, stop_at: float, latencies: list[float]) -> None:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            await beat(conn)
+            latencies.append(time.perf_counter() - t0)
+
+    # warm-up
+    await asyncio.gather(*(closed_worker(c, time.perf_counter() + 0.5, []) for c in conns))
+    errors = 0
+
+    # open loop at a fixed rate over a fixed set of connections (like wrk2): every request has a
+    # scheduled time; latency counts from it, so queueing behind a slow server is measured.
+    open_lat: list[float] = []
+    queue: asyncio.Queue = asyncio.Queue()
+    n = int(args.rate * args.seconds)
+    interval = 1.0 / args.rate
+
+    async def open_worker(conn: RawHttp) -> None:
+        while True:
+            scheduled = await queue.get()
+            if scheduled is None:
+                return
+            await beat(conn)
+            open_lat.append(time.perf_counter() - scheduled)
+
+    workers = [asyncio.create_task(open_worker(c)) for c in conns]
+    start = time.perf_counter()
+    sent = 0
+    while sent < n:
+        due = min(n, int((time.perf_counter() - start) / interval) + 1)
+        for i in range(sent, due):
+            queue.put_nowait(start + i * interval)
+        sent = due
+        await asyncio.sleep(TICK)
+    for _ in workers:
+        queue.put_nowait(None)
+    await asyncio.gather(*workers)
+    open_elapsed = time.perf_counter() - start
+    open_errors, errors = errors, 0
+
+    closed_lat: list[float] = []
+    start = time.perf_counter()
+    await asyncio.gather(*(closed_worker(c, start + args.seconds, closed_lat) for c in conns))
+    closed_elapsed = time.perf_counter() - start
+    for c in conns:
+        c.close()
+
+    ms = 1000.0
+    return {
+        "nodes": args.nodes,
+        "open_loop": {
+            "target_per_s": args.rate,
+            "connections": args.concurrency,
+            "achieved_per_s": round(len(open_lat) / open_elapsed, 1),
+            "p50_ms": round(percentile(open_lat, 0.50) * ms, 2),
+            "p99_ms": round(percentile(open_lat, 0.99) * ms, 2),
+            "errors": open_errors,
+        },
+        "closed_loop": {
+            "connections": args.concurrency,
+            "per_s": round(len(closed_lat) / closed_elapsed, 1),
+            "p50_ms": round(percentile(closed_lat, 0.50) * ms, 2),
+            "p99_ms": round(percentile(closed_lat, 0.99) * ms, 2),
+            "errors": errors,
+        },
+    }
+
+
+async def loadgen_fanout(args: argparse.Namespace) -> dict:
+    from anex_agent import keys
+    from anex_agent.client import CoordinatorClient
+
+    results = {}
+    async with CoordinatorClient(args.url, admin_token=ADMIN) as admin:
+        node_token = await admin.create_join_token(reusable=True)
+        for count in (1, 10):
+            gateways = []
+            for i in range(count):
+                token = await admin.create_join_token("gateway")
+                client = CoordinatorClient(args.url)
+                await client.register_gateway(token.token, keys.KeyPair(keys.generate_private_key()).public_b64,
+                                              f"gw-{count}-{i}")
+                gateways.append(client)
+            streams = [g.watch(0) for g in gateways]
+            for s in streams:
+                while (await anext(s)).type != "snapshot":
+                    pass
+            samples = []
+            for _ in range(5):
+                pair = keys.KeyPair(keys.generate_private_key())
+                started = time.perf_counter()
+                joiner = asyncio.create_task(CoordinatorClient(args.url).join(node_token.token, pair.public_b64, "fan", "other"))
+
+                async def seen(stream) -> float:
+                    while True:
+                        event = await asyncio.wait_for(anext(stream), 5)
+                        if event.type == "peer_added" and event.peer.public_key == pair.public_b64:
+                            return time.perf_counter() - started
+
+                times = await asyncio.gather(*(seen(s) for s in streams))
+                await joiner
+                samples.append(max(times))
+            for s in streams:
+                await s.aclose()
+            for g in gateways:
+                await g.close()
+            results[f"gateways_{count}"] = {
+                "join_to_all_seen_median_ms": round(statistics.median(samples) * 1000, 2),
+                "join_to_all_seen_max_ms": round(max(samples) * 1000, 2),
+                "samples": len(samples),
+            }
+    return results
+
+
+# ------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", default="main", choices=["main", "loadgen"])
+    parser.add_argument("--url")
+    parser.add_argument("--mode", default="heartbeats", choices=["heartbeats", "fanout"])
+    parser.add_argument("--postgres", default=os.environ.get("ANEX_TEST_POSTGRES_URL"),
+                        help="PostgreSQL URL (a scratch database is created and dropped)")
+    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--rate", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--skip-fanout", action="store_true")
+    args = parser.parse_args()
+
+    if args.role == "loadgen":
+        coro = loadgen_heartbeats(args) if args.mode == "heartbeats" else loadgen_fanout(args)
+        print(json.dumps(asyncio.run(coro)))
+        return
+
+    started = time.perf_counter()
+    report: dict = {
+        "benchmark": "coordinator",
+        "goal": {"heartbeats_per_s": 2000, "p99_ms": 50, "database": "sqlite"},
+        "machine": {"cpus": os.cpu_count()},
+        "sqlite": bench_database("sqlite", lambda tmp: f"sqlite:///{tmp / 'bench.db'}", args),
+    }
+    if args.postgres:
+        report["postgresql"] = bench_postgres(args)
+    else:
+        report["postgresql"] = {"skipped": "no --postgres URL and ANEX_TEST_POSTGRES_URL is not set"}
+    ours = report["sqlite"]["ours"]["open_loop"]
+    report["goal_met_sqlite"] = ours["achieved_per_s"] >= 0.97 * 2000 and ours["p99_ms"] < 50 and ours["errors"] == 0
+    report["elapsed_s"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(report, indent=2))
+
+
+def bench_postgres(args: argparse.Namespace) -> dict:
+    import secrets
+
+    import asyncpg
+
+    base = args.postgres.rpartition("/")[0]
+    created: list[str] = []
+
+    async def create() -> str:
+        name = f"anex_bench_{secrets.token_hex(4)}"
+        conn = await asyncpg.connect(args.postgres)
+        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.close()
+        created.append(name)
+        return f"{base}/{name}"
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(args.postgres)
+        for name in created:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.close()
+
+    try:
+        return bench_database("postgresql", lambda _tmp: asyncio.run(create()), args)
+    finally:
+        asyncio.run(drop())
+
+
+if __name__ == "__main__":
+    main()
