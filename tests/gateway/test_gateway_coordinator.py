@@ -1,0 +1,171 @@
+"""The gateway supervisor against the real coordinator app (SQLite, in-process), without privileges.
+
+The hub is an in-memory engine that records what ``apply()`` is asked (the real engines
+need root and run in integration/); registration, the watch stream, the peer book, the
+saved state and fail static are all real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from anex_agent.client import CoordinatorClient
+from anex_agent.coordinator.app import build_app
+from anex_agent.coordinator.context import Coordinator
+from anex_agent.coordinator.settings import Settings
+from anex_agent.gateway.service import Gateway
+from anex_agent.gateway.settings import build_settings
+from anex_agent.keys import encode_key, generate_private_key, public_key
+from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support
+
+
+class RecordingEngine(Engine):
+    """Keeps the last DesiredConfig; stands in for the OS engines, which need root."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.applied: list[DesiredConfig] = []
+        self.changed = asyncio.Event()
+
+    @classmethod
+    def is_supported(cls) -> Support:
+        return Support(True, "in memory")
+
+    async def start(self) -> None:
+        pass
+
+    async def apply(self, desired: DesiredConfig) -> None:
+        self.applied.append(desired)
+        self.changed.set()
+
+    async def status(self) -> EngineStatus:
+        return EngineStatus(engine=self.name, interface=None, listen_port=0, running=True)
+
+    async def stop(self) -> None:
+        pass
+
+    def dialer(self, resolver=None):
+        return None
+
+    def peer_keys(self) -> set[str]:
+        return {p.public_key for p in self.applied[-1].peers} if self.applied else set()
+
+
+@pytest.fixture
+async def coordinator(tmp_path: Path):
+    settings = Settings.for_tests(tmp_path / "coord", poll_interval=0.2, sweep_interval=3600)
+    settings.state_dir.mkdir()
+    ctx = await Coordinator.open(settings, environ={})
+    server = TestServer(build_app(ctx))
+    await server.start_server()
+    admin = CoordinatorClient(str(server.make_url("")).rstrip("/"), admin_token=ctx.admin_token)
+    try:
+        yield str(server.make_url("")).rstrip("/"), admin
+    finally:
+        await admin.close()
+        await server.close()
+        await ctx.close()
+
+
+def make_gateway(url: str, state: Path, token: str) -> tuple[Gateway, RecordingEngine]:
+    gateway = Gateway(build_settings(coordinator_url=url, token=token, state_dir=str(state),
+                                     endpoint="192.0.2.1:51820", routes=["10.96.0.0/12"]))
+    gateway.state.ensure()
+    gateway.keypair = gateway.state.keypair()
+    engine = RecordingEngine()
+    gateway.engine = engine
+    return gateway, engine
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def join_node(url: str, admin: CoordinatorClient, name: str) -> tuple[str, str]:
+    token = (await admin.create_join_token()).token
+    key = encode_key(public_key(generate_private_key()))
+    async with CoordinatorClient(url) as node:
+        joined = await node.join(token, key, name, "other")
+    return joined.node_id, key
+
+
+async def test_registers_and_follows_the_watch_stream(coordinator, tmp_path):
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway", reusable=True)).token
+    gateway, engine = make_gateway(url, tmp_path / "gw", token)
+    try:
+        assert await gateway._initial_registration() is True
+        assert gateway.registration.address and gateway.book.peers == {}
+        listed = (await admin.list_gateways()).gateways
+        assert [g.public_key for g in listed] == [gateway.keypair.public_b64]
+        assert listed[0].routes == ["10.96.0.0/12"] and listed[0].endpoint == "192.0.2.1:51820"
+        await gateway._apply_peers()
+        watcher = asyncio.create_task(gateway._watch_loop(), name="test-gateway-watch")
+        try:
+            started = time.monotonic()
+            node_id, key = await join_node(url, admin, "n1")
+            await wait_for(lambda: key in engine.peer_keys(), 5, "joined node reaches the hub")
+            latency = time.monotonic() - started
+            assert engine.applied[-1].peers[0].allowed_ips[0].endswith("/32")
+            await admin.delete_node(node_id)
+            await wait_for(lambda: key not in engine.peer_keys(), 5, "deleted node leaves the hub")
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        print(f"join -> hub apply: {latency:.3f} s")
+        # the peer set is saved for a fail-static restart
+        saved = gateway.state.load(url)
+        assert saved is not None and saved[1].peers == [] and saved[1].version >= 1
+    finally:
+        await gateway.link.close()
+
+
+async def test_restart_with_the_coordinator_down_uses_the_saved_state(coordinator, tmp_path):
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway", reusable=True)).token
+    first, _ = make_gateway(url, tmp_path / "gw", token)
+    node_id, key = await join_node(url, admin, "n1")
+    assert await first._initial_registration() is True
+    await first.link.close()
+    assert key in {p.public_key for p in first.book.peer_configs()}
+
+    # same state dir, same coordinator URL, but nothing answers there any more
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    import json
+
+    state_file = tmp_path / "gw" / "gateway.json"
+    doc = json.loads(state_file.read_text())
+    doc["registration"]["coordinator_url"] = dead
+    state_file.write_text(json.dumps(doc))
+    second, _ = make_gateway(dead, tmp_path / "gw", token)
+    try:
+        assert await second._initial_registration() is False  # fail static, no waiting
+        assert second.registration.address == first.registration.address
+        assert key in {p.public_key for p in second.book.peer_configs()}
+    finally:
+        await second.link.close()
+
+
+async def test_bad_token_without_saved_state_is_a_clear_error(coordinator, tmp_path):
+    url, _ = coordinator
+    gateway, _ = make_gateway(url, tmp_path / "gw", "not-a-token")
+    from anex_agent.errors import CoordinatorError
+
+    try:
+        with pytest.raises(CoordinatorError) as info:
+            await gateway._initial_registration()
+        assert info.value.status == 401 and not info.value.retryable
+    finally:
+        await gateway.link.close()
