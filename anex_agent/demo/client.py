@@ -3,6 +3,7 @@
     python -m anex_agent.demo.client get URL [--proxy HOST:PORT] [--body-size N] [--method M]
     python -m anex_agent.demo.client connect HOST:PORT --proxy HOST:PORT [--path /x]
     python -m anex_agent.demo.client bulk HOST:PORT --bytes N [--proxy HOST:PORT] [--direction down|up]
+    python -m anex_agent.demo.client latency URL [--proxy HOST:PORT] [--count N]
 
 ``get`` sends an absolute-form request through the proxy (or directly), with a generated
 body of ``--body-size`` bytes for POST, and prints ``{"status", "headers", "body", "sha256"}``
@@ -133,6 +134,32 @@ def do_bulk(args) -> dict:
     return {"bytes": total, "seconds": seconds, "mbit_s": total * 8 / seconds / 1e6}
 
 
+def do_latency(args) -> dict:
+    """``--count`` GETs of ``url``, each on a new connection; per-request times in ms."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(args.url)
+    times = []
+    for _ in range(args.count):
+        started = time.perf_counter()
+        if args.proxy:
+            host, port = _split(args.proxy)
+            conn = http.client.HTTPConnection(host, port, timeout=args.timeout)
+            conn.request("GET", args.url)
+        else:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=args.timeout)
+            conn.request("GET", parts.path or "/")
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise ConnectionError(f"HTTP {resp.status}")
+        times.append((time.perf_counter() - started) * 1000)
+    times.sort()
+    pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+    return {"count": len(times), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "mean_ms": sum(times) / len(times)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m anex_agent.demo.client")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -150,11 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     bulk.add_argument("--bytes", type=int, required=True)
     bulk.add_argument("--proxy")
     bulk.add_argument("--direction", choices=["down", "up"], default="down")
-    for p in (get, con, bulk):
+    lat = sub.add_parser("latency")
+    lat.add_argument("url")
+    lat.add_argument("--proxy")
+    lat.add_argument("--count", type=int, default=200)
+    for p in (get, con, bulk, lat):
         p.add_argument("--timeout", type=float, default=15.0)
     args = parser.parse_args(argv)
     try:
-        result = {"get": do_get, "connect": do_connect, "bulk": do_bulk}[args.cmd](args)
+        result = {"get": do_get, "connect": do_connect, "bulk": do_bulk, "latency": do_latency}[args.cmd](args)
     except (OSError, http.client.HTTPException, ValueError) as err:
         print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
         return 1

@@ -56,8 +56,15 @@ def anex_argv() -> list[str]:
     return [found] if found else [sys.executable, "-m", "anex_agent"]
 
 
+class ProcessDied(RuntimeError):
+    """A process the mesh started exited while we waited for it: waiting longer cannot help."""
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
-    """Poll ``predicate`` until it returns a truthy value; raise TimeoutError naming ``what``."""
+    """Poll ``predicate`` until it returns a truthy value; raise TimeoutError naming ``what``.
+
+    Exceptions from ``predicate`` mean "not yet", except :class:`ProcessDied`, raised at once.
+    """
     deadline = time.monotonic() + timeout
     last_err: Exception | None = None
     while time.monotonic() < deadline:
@@ -65,6 +72,8 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
             value = predicate()
             if value:
                 return value
+        except ProcessDied:
+            raise
         except Exception as err:  # the thing is not up yet
             last_err = err
         time.sleep(interval)
@@ -174,7 +183,7 @@ class Mesh:
 
     def _coordinator_ok(self) -> bool:
         if self.coordinator_proc is not None and self.coordinator_proc.poll() is not None:
-            raise RuntimeError(f"the coordinator exited with status {self.coordinator_proc.returncode}: {self._tail('coordinator')}")
+            raise ProcessDied(f"the coordinator exited with status {self.coordinator_proc.returncode}: {self._tail('coordinator')}")
         self.admin("GET", "/v1/nodes")
         return True
 
@@ -224,7 +233,7 @@ class Mesh:
 
     def _gateway_registered(self) -> bool:
         if self.gateway_proc is not None and self.gateway_proc.poll() is not None:
-            raise RuntimeError(f"the gateway exited with status {self.gateway_proc.returncode}: {self._tail('gateway')}")
+            raise ProcessDied(f"the gateway exited with status {self.gateway_proc.returncode}: {self._tail('gateway')}")
         listed = self.admin("GET", "/v1/gateways") or {}
         return bool(listed.get("gateways"))
 
@@ -283,7 +292,7 @@ class Mesh:
     def wait_agent_ready(self, node: Node, timeout: float = 45) -> dict:
         def ready():
             if node.proc is not None and node.proc.poll() is not None:
-                raise RuntimeError(f"agent of node {node.index} exited with status {node.proc.returncode}: {node.log()[-2000:]}")
+                raise ProcessDied(f"agent of node {node.index} exited with status {node.proc.returncode}: {node.log()[-2000:]}")
             out = node.ns.run([sys.executable, "-c", _READYZ, "http://127.0.0.1:9555/readyz"], check=False, timeout=10)
             return out.returncode == 0
 
