@@ -20,15 +20,14 @@ log = logging.getLogger(__name__)
 _PRUNE_EVERY = 60  # sweeps
 
 
-async def sweep(ctx: Coordinator) -> int:
-    """Apply due transitions once; return how many nodes changed state."""
+async def due_transitions(ctx: Coordinator) -> list[tuple[str, str, str, float | None]]:
+    """``(node id, new state, old state, heartbeat time judged by)`` for every node whose state is due to change."""
     now = ctx.clock()
     timings = ctx.settings.timings
-    threshold = now - timings.not_ready_after
     rows = await ctx.db.fetch(
         "SELECT id, state, created_at, last_heartbeat_at FROM nodes"
         " WHERE state <> 'expired' AND COALESCE(last_heartbeat_at, created_at) <= $1",
-        threshold,
+        now - timings.not_ready_after,
     )
     updates = []
     for row in rows:
@@ -37,19 +36,31 @@ async def sweep(ctx: Coordinator) -> int:
         )
         if target.value != row["state"]:
             updates.append((row["id"], target.value, row["state"], row["last_heartbeat_at"]))
-    if updates:
-        async with ctx.db.transaction() as tx:
-            for node_id, new, old, last in updates:
-                await tx.execute(
-                    "UPDATE nodes SET state = $2 WHERE id = $1 AND state = $3"
-                    " AND COALESCE(last_heartbeat_at, -1) = COALESCE($4, -1)",
-                    node_id,
-                    new,
-                    old,
-                    last,
-                )
-        log.info("node states: %s", ", ".join(f"{n} {o}->{s}" for n, s, o, _ in updates[:20]))
-    return len(updates)
+    return updates
+
+
+async def apply_transitions(ctx: Coordinator, updates: list[tuple[str, str, str, float | None]]) -> int:
+    """Write the transitions whose rows are unchanged since they were judged; return how many."""
+    changed = 0
+    if not updates:
+        return 0
+    async with ctx.db.transaction() as tx:
+        for node_id, new, old, last in updates:
+            changed += await tx.execute(
+                "UPDATE nodes SET state = $2 WHERE id = $1 AND state = $3"
+                " AND COALESCE(last_heartbeat_at, -1.0) = COALESCE(CAST($4 AS DOUBLE PRECISION), -1.0)",
+                node_id,
+                new,
+                old,
+                last,
+            )
+    log.info("node states: %s", ", ".join(f"{n} {o}->{s}" for n, s, o, _ in updates[:20]))
+    return changed
+
+
+async def sweep(ctx: Coordinator) -> int:
+    """Apply due transitions once; return how many nodes changed state."""
+    return await apply_transitions(ctx, await due_transitions(ctx))
 
 
 async def update_gauges(ctx: Coordinator) -> None:

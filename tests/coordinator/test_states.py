@@ -1,0 +1,87 @@
+"""Node state transitions with an injected clock: the pure rules and the sweeper on a real app."""
+
+from __future__ import annotations
+
+import pytest
+
+from anex_agent import wire
+from anex_agent.coordinator import states, sweeper
+from anex_agent.wire import NodeState
+
+T = states.Timings(heartbeat_interval=10, not_ready_after=30, expired_after=300)
+
+
+@pytest.mark.parametrize(
+    "created, last, now, expected",
+    [
+        (0, None, 0, NodeState.pending),
+        (0, None, 299, NodeState.pending),
+        (0, None, 300, NodeState.expired),
+        (0, 100, 129, NodeState.ready),
+        (0, 100, 130, NodeState.not_ready),
+        (0, 100, 399, NodeState.not_ready),
+        (0, 100, 400, NodeState.expired),
+    ],
+)
+def test_state_at(created, last, now, expected):
+    assert states.state_at(now=now, created_at=created, last_heartbeat_at=last, timings=T) == expected
+
+
+def test_heartbeat_revives_any_state():
+    for state in NodeState:
+        assert states.on_heartbeat(state) == NodeState.ready
+
+
+def test_timings_must_be_ordered():
+    with pytest.raises(ValueError, match="heartbeat interval < not-ready-after < expired-after"):
+        states.Timings(heartbeat_interval=30, not_ready_after=20, expired_after=100)
+
+
+async def db_state(coord, node_id):
+    return await coord.ctx.db.fetchval("SELECT state FROM nodes WHERE id = $1", node_id)
+
+
+async def test_sweeper_moves_nodes_through_states(coord):
+    timings = coord.ctx.settings.timings
+    client, joined, _ = await coord.join()
+    _, silent, _ = await coord.join("silent")
+    node_id = joined.node_id
+    assert await db_state(coord, node_id) == "pending"
+    await client.heartbeat(node_id, wire.Heartbeat())
+    await coord.ctx.heartbeats.flush()
+    assert await db_state(coord, node_id) == "ready"
+
+    coord.clock.advance(timings.not_ready_after + 1)
+    assert await sweeper.sweep(coord.ctx) == 1  # the silent pending node stays pending
+    assert await db_state(coord, node_id) == "not_ready"
+    assert (await coord.admin.get_node(node_id)).state == NodeState.not_ready
+
+    await client.heartbeat(node_id, wire.Heartbeat())
+    assert (await coord.admin.get_node(node_id)).state == NodeState.ready
+    assert await db_state(coord, node_id) == "ready"
+
+    coord.clock.advance(timings.expired_after + 1)
+    await sweeper.sweep(coord.ctx)
+    assert await db_state(coord, node_id) == "expired"
+    assert await db_state(coord, silent.node_id) == "expired"
+    assert (await coord.admin.get_node(node_id)).state == NodeState.expired
+    await sweeper.update_gauges(coord.ctx)
+    assert coord.ctx.metrics.nodes.labels(state="expired")._value.get() == 2
+
+    await client.heartbeat(node_id, wire.Heartbeat())  # a node that comes back is ready again
+    await coord.ctx.heartbeats.flush()
+    assert await db_state(coord, node_id) == "ready"
+
+
+async def test_sweeper_does_not_overwrite_a_newer_heartbeat(coord):
+    client, joined, _ = await coord.join()
+    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await coord.ctx.heartbeats.flush()
+    coord.clock.advance(coord.ctx.settings.timings.not_ready_after + 1)
+    due = await sweeper.due_transitions(coord.ctx)
+    assert [(d[0], d[1]) for d in due] == [(joined.node_id, "not_ready")]
+    # a heartbeat lands (e.g. through another coordinator) after the sweeper judged the node
+    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await coord.ctx.heartbeats.flush()
+    assert await sweeper.apply_transitions(coord.ctx, due) == 0
+    assert await db_state(coord, joined.node_id) == "ready"

@@ -1,0 +1,120 @@
+"""The coordinator client: error classification, response parsing, watch reconnect and resume.
+
+The coordinator itself is exercised through this client in tests/coordinator/; here a
+small aiohttp server plays a misbehaving or restarting coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from anex_agent import wire
+from anex_agent.client import CoordinatorClient
+from anex_agent.errors import CoordinatorError
+
+PEER = {"node_id": "n-1", "name": "a", "public_key": "A" * 43 + "=", "allowed_ips": ["10.254.0.2/32"]}
+
+
+def problem(status: int, detail: str) -> web.Response:
+    return web.Response(status=status, content_type="application/problem+json",
+                        text=json.dumps({"title": "x", "status": status, "detail": detail}))
+
+
+@pytest.fixture
+async def server():
+    state = {"watch_calls": [], "seen_auth": []}
+
+    async def status(request):
+        code = int(request.match_info["code"])
+        return problem(code, f"status {code}")
+
+    async def garbage(request):
+        return web.json_response({"unexpected": True})
+
+    async def slow(request):
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    async def watch(request):
+        state["watch_calls"].append(int(request.query["since"]))
+        state["seen_auth"].append(request.headers.get("Authorization"))
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        n = len(state["watch_calls"])
+        if n == 1:
+            await ws.send_str(json.dumps({"type": "snapshot", "version": 5, "peers": [PEER]}))
+            await ws.close()  # the coordinator restarts
+        elif n == 2:
+            await ws.send_str(json.dumps({"type": "peer_removed", "version": 6, "peer": PEER}))
+            await ws.close(code=4001, message=b"credential revoked")
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/nodes/{node}/config", garbage)
+    app.router.add_post("/v1/nodes/{node}/heartbeat", slow)
+    app.router.add_get("/v1/gateways/{code}/peers", status)
+    app.router.add_get("/v1/watch", watch)
+    srv = TestServer(app)
+    await srv.start_server()
+    srv.state = state
+    yield srv
+    await srv.close()
+
+
+@pytest.mark.parametrize("code, retryable", [(400, False), (401, False), (403, False), (404, False),
+                                             (429, True), (500, True), (503, True)])
+async def test_http_errors_are_classified(server, code, retryable):
+    async with CoordinatorClient(str(server.make_url("")), credential="anexgc_x") as client:
+        with pytest.raises(CoordinatorError) as err:
+            await client.get_peers(str(code))
+    assert err.value.status == code
+    assert err.value.retryable is retryable
+    assert err.value.problem["detail"] == f"status {code}"
+
+
+async def test_unexpected_response_is_not_retryable(server):
+    async with CoordinatorClient(str(server.make_url("")), credential="anexnc_x") as client:
+        with pytest.raises(CoordinatorError) as err:
+            await client.get_config("n-1")
+    assert err.value.status == 200 and not err.value.retryable and "unexpected response" in str(err.value)
+
+
+async def test_timeout_and_refused_connection_are_retryable(server):
+    async with CoordinatorClient(str(server.make_url("")), credential="anexnc_x", timeout=0.3) as client:
+        with pytest.raises(CoordinatorError) as err:
+            await client.heartbeat("n-1", wire.Heartbeat())
+    assert err.value.retryable and err.value.status is None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here
+    async with CoordinatorClient(f"http://127.0.0.1:{port}", admin_token="t" * 20) as client:
+        with pytest.raises(CoordinatorError) as err:
+            await client.list_nodes()
+    assert err.value.retryable and err.value.status is None
+
+
+async def test_calls_without_the_needed_secret_fail_before_sending():
+    async with CoordinatorClient("http://127.0.0.1:9") as client:
+        with pytest.raises(CoordinatorError, match="no admin"):
+            await client.list_nodes()
+
+
+async def test_watch_reconnects_resumes_and_stops_on_revocation(server, monkeypatch):
+    monkeypatch.setattr("anex_agent.client.WATCH_BACKOFF_INITIAL", 0.05)
+    async with CoordinatorClient(str(server.make_url("")), credential="anexgc_secret") as client:
+        stream = client.watch(0)
+        first = await asyncio.wait_for(anext(stream), 5)
+        second = await asyncio.wait_for(anext(stream), 5)
+        assert (first.type, first.version) == ("snapshot", 5)
+        assert (second.type, second.version, second.peer.node_id) == ("peer_removed", 6, "n-1")
+        with pytest.raises(CoordinatorError) as err:
+            await asyncio.wait_for(anext(stream), 5)
+    assert err.value.status == 401 and not err.value.retryable
+    assert server.state["watch_calls"] == [0, 5]  # resumed from the last version it yielded
+    assert set(server.state["seen_auth"]) == {"Bearer anexgc_secret"}
