@@ -50,23 +50,27 @@ class Upstream:
                 if not upstream.silent:
                     self.transport.sendto(_answer(data), addr)
 
-        self.udp, _ = await loop.create_datagram_endpoint(Proto, local_addr=("127.0.0.1", 0))
-        port = self.udp.get_extra_info("sockname")[1]
-
-        async def on_tcp(reader, writer):
+        for _ in range(50):  # UDP and TCP on one port number: retry when that TCP port is taken
+            self.udp, _ = await loop.create_datagram_endpoint(Proto, local_addr=("127.0.0.1", 0))
+            port = self.udp.get_extra_info("sockname")[1]
             try:
-                while True:
-                    (length,) = struct.unpack("!H", await reader.readexactly(2))
-                    data = await reader.readexactly(length)
-                    upstream.queries += 1
-                    reply = _answer(data)
-                    writer.write(struct.pack("!H", len(reply)) + reply)
-                    await writer.drain()
-            except asyncio.IncompleteReadError:
-                writer.close()
+                self.tcp = await asyncio.start_server(self._on_tcp, "127.0.0.1", port)
+                return "127.0.0.1", port
+            except OSError:
+                self.udp.close()
+        raise RuntimeError("no port free for both UDP and TCP")
 
-        self.tcp = await asyncio.start_server(on_tcp, "127.0.0.1", port)
-        return "127.0.0.1", port
+    async def _on_tcp(self, reader, writer):
+        try:
+            while True:
+                (length,) = struct.unpack("!H", await reader.readexactly(2))
+                data = await reader.readexactly(length)
+                self.queries += 1
+                reply = _answer(data)
+                writer.write(struct.pack("!H", len(reply)) + reply)
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            writer.close()
 
     async def close(self) -> None:
         self.udp.close()
