@@ -122,3 +122,19 @@ def test_unreachable_coordinator_prints_retrying_not_a_traceback(mesh, fresh_nod
     assert "unreachable" in text and "retrying in" in text, text
     assert "Traceback" not in text
     assert ns_state(fresh_node.ns)["interfaces"] == []
+
+
+def test_proxy_authorization_when_configured(mesh, fresh_node):
+    script = (
+        "import base64,http.client,sys\n"
+        "def get(auth):\n"
+        "    c=http.client.HTTPConnection('127.0.0.1',3128,timeout=10)\n"
+        "    h={'Proxy-Authorization':'Basic '+base64.b64encode(auth.encode()).decode()} if auth else {}\n"
+        f"    c.request('GET','http://{SERVICE_NAME}:{HTTP_PORT}/auth',headers=h)\n"
+        "    return c.getresponse().status\n"
+        "print('STATUSES', get(''), get('u:wrong'), get('u:pw'), flush=True)\n"
+    )
+    env = mesh.agent_env(fresh_node, ANEX_PROXY_AUTH="u:pw")
+    out = run_agent(mesh, fresh_node, env, [sys.executable, "-c", script])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "STATUSES 407 407 200" in out.stdout

@@ -175,4 +175,4 @@ def _proxy(dialer, settings: AgentSettings):
     """The HTTP proxy front-end (an async context manager that binds on entry)."""
     from anex_agent.frontends.proxy import ProxyServer
 
-    return ProxyServer(dialer, host=settings.proxy_listen.host, port=settings.proxy_listen.port)
+    return ProxyServer(dialer, host=settings.proxy_listen.host, port=settings.proxy_listen.port, auth=settings.proxy_auth)

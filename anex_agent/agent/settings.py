@@ -16,6 +16,7 @@ ANEX_ENGINE            --engine                         auto|kernel|wireguard-go
 ANEX_PATH              --path                           auto|udp|websocket
 ANEX_PROXY_LISTEN      --proxy-listen                   HOST:PORT, default 127.0.0.1:3128
 ANEX_API_LISTEN        --api-listen                     HOST:PORT, default 127.0.0.1:9555
+ANEX_PROXY_AUTH        --proxy-auth                     USER:PASSWORD the proxy requires (optional)
 ANEX_PROVIDER          --provider                       vastai|runpod|onprem|other, default other
 ANEX_NODE_NAME         --name                           1-253 characters, default the host name
 GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
@@ -30,7 +31,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from anex_agent.errors import ConfigError
@@ -73,6 +74,8 @@ class AgentSettings:
     provider: Provider = Provider.other
     name: str = field(default_factory=socket.gethostname)
     tunnels: tuple[TunnelSetting, ...] = ()
+    #: ``anex_agent.frontends.proxy_core.ProxyAuth`` when ANEX_PROXY_AUTH is set (secret: not in repr)
+    proxy_auth: Any = field(default=None, repr=False)
 
     @property
     def tunnel_specs(self) -> list[TunnelSpec]:
@@ -208,6 +211,12 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     api, src_a = _pick(getattr(args, "api_listen", None), "--api-listen", environ, "ANEX_API_LISTEN", DEFAULT_API_LISTEN)
     provider, src_v = _pick(getattr(args, "provider", None), "--provider", environ, "ANEX_PROVIDER", "other")
     name, src_n = _pick(getattr(args, "name", None), "--name", environ, "ANEX_NODE_NAME", socket.gethostname())
+    auth_text, src_u = _pick(getattr(args, "proxy_auth", None), "--proxy-auth", environ, "ANEX_PROXY_AUTH", None)
+    proxy_auth = None
+    if auth_text:
+        from anex_agent.frontends.proxy_core import ProxyAuth
+
+        proxy_auth = ProxyAuth.parse(auth_text, source=src_u)
     try:
         provider_value = Provider(provider.strip().lower())
     except ValueError:
@@ -225,6 +234,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         provider=provider_value,
         name=name,
         tunnels=parse_tunnels(environ, getattr(args, "tunnel", None)),
+        proxy_auth=proxy_auth,
     )
 
 
@@ -238,6 +248,7 @@ def add_arguments(parser) -> None:
     g.add_argument("--path", metavar="|".join(PATHS), help="datagram path, default auto [ANEX_PATH]")
     g.add_argument("--proxy-listen", metavar="HOST:PORT", help=f"HTTP proxy, default {DEFAULT_PROXY_LISTEN} [ANEX_PROXY_LISTEN]")
     g.add_argument("--api-listen", metavar="HOST:PORT", help=f"agent API, default {DEFAULT_API_LISTEN} [ANEX_API_LISTEN]")
+    g.add_argument("--proxy-auth", metavar="USER:PASSWORD", help="require Proxy-Authorization Basic [ANEX_PROXY_AUTH]")
     g.add_argument("--provider", metavar="NAME", help="vastai|runpod|onprem|other [ANEX_PROVIDER]")
     g.add_argument("--name", metavar="NAME", help="node name, default the host name [ANEX_NODE_NAME]")
     g.add_argument(

@@ -151,3 +151,13 @@ def test_missing_coordinator():
 def test_localhost_listen_is_loopback():
     assert s.parse_listen("localhost:3128", "X") == s.ListenAddress("127.0.0.1", 3128)
     assert s.parse_listen("[::1]:3128", "X") == s.ListenAddress("::1", 3128)
+
+
+def test_proxy_auth_optional_and_secret():
+    assert parse(BASE).proxy_auth is None
+    cfg = parse({**BASE, "ANEX_PROXY_AUTH": "user:s3cret"})
+    assert cfg.proxy_auth.username == "user" and cfg.proxy_auth.password == "s3cret"
+    assert "s3cret" not in repr(cfg)
+    with pytest.raises(ConfigError) as info:
+        parse({**BASE, "ANEX_PROXY_AUTH": "nocolon"})
+    assert info.value.source == "ANEX_PROXY_AUTH"
