@@ -38,6 +38,7 @@ import errno
 import itertools
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 
 import h11
 
@@ -53,6 +54,7 @@ RECV_BUFFER = 256 * 1024  # bytes read per recv on either side
 MAX_HEAD_BYTES = 64 * 1024  # request/response line + headers (h11 max_incomplete_event_size)
 IDLE_TIMEOUT = 120.0  # seconds a client connection may wait before (or between) request heads
 ORIGINS_PER_CLIENT = 4  # idle origin connections kept per client connection
+FLUSH_AT = 64 * 1024  # queued output bytes that trigger a write
 
 
 class _ClientGone(Exception):
@@ -67,27 +69,59 @@ class _OriginFailed(Exception):
         super().__init__("origin failed after the response started" if started else "origin failed before responding")
 
 
+class _OriginWriteFailed(Exception):
+    """The origin stopped accepting the request body."""
+
+
 class H11Stream:
-    """An h11 connection bound to a :class:`Connection`: reads when h11 needs data."""
+    """An h11 connection bound to a :class:`Connection`.
+
+    Output is coalesced: :meth:`send` queues h11's bytes and writes them once
+    :data:`FLUSH_AT` bytes are waiting or ``flush=True``; callers flush before they
+    wait for input (``next_event(before_wait=...)``). On loopback and on the mesh every
+    write is a packet, so head + body + end of a small message go out as one.
+    Only one task may write to a stream at a time.
+    """
 
     def __init__(self, role, conn: Connection) -> None:
         self.h11 = h11.Connection(role, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.conn = conn
         self._buf = bytearray(RECV_BUFFER)
         self._view = memoryview(self._buf)
+        self._out: list[bytes] = []
+        self._out_len = 0
 
-    async def next_event(self):
-        """The next h11 event; raises h11.RemoteProtocolError or OSError."""
+    async def next_event(self, before_wait: Callable[[], Awaitable[None]] | None = None):
+        """The next h11 event; raises h11.RemoteProtocolError or OSError.
+
+        ``before_wait`` runs each time the peer's bytes must be awaited (to flush the
+        other side's queued output first).
+        """
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
+            if before_wait is not None:
+                await before_wait()
             n = await self.conn.recv_into(self._view)
             self.h11.receive_data(bytes(self._view[:n]))  # b"" tells h11 about EOF
 
-    async def send(self, event) -> None:
-        for chunk in self.h11.send_with_data_passthrough(event) or ():
-            await self.conn.sendall(chunk)
+    async def send(self, event, *, flush: bool = False) -> None:
+        """Queue ``event``; write the queue when it is large or ``flush`` is set."""
+        data = self.h11.send(event)
+        if data:
+            self._out.append(data)
+            self._out_len += len(data)
+        if flush or self._out_len >= FLUSH_AT:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._out:
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        self._out_len = 0
+        await self.conn.sendall(data)
 
 
 class ProxyServer:
@@ -225,7 +259,7 @@ class _ClientSession:
         try:
             await self.client.send(h11.Response(status_code=status, headers=list(extra) + headers, reason=reason))
             await self.client.send(h11.Data(data=body))
-            await self.client.send(h11.EndOfMessage())
+            await self.client.send(h11.EndOfMessage(), flush=True)
         except (h11.LocalProtocolError, OSError):
             pass  # the client is gone or the state forbids a response: closing says enough
 
@@ -264,7 +298,7 @@ class _ClientSession:
             return
         try:
             # RFC 9110 §9.3.6: 2xx, no Content-Length / Transfer-Encoding; then a tunnel
-            await self.client.send(h11.Response(status_code=200, headers=[(b"Via", core.VIA)], reason=b"Connection established"))
+            await self.client.send(h11.Response(status_code=200, headers=[(b"Via", core.VIA)], reason=b"Connection established"), flush=True)
             prefix, _ = self.client.h11.trailing_data
             await relay(self.client.conn, upstream, a_to_b_prefix=bytes(prefix))
         except OSError:
@@ -280,6 +314,14 @@ class _ClientSession:
         out = h11.Request(
             method=request.method, target=dest.path, headers=core.request_headers(headers, dest, chunked=chunked)
         )
+        if not with_body:
+            # consume the request's end now, so that a retry does not wait for it again
+            try:
+                event = await self.client.next_event()
+            except (h11.RemoteProtocolError, OSError):
+                return False
+            if not isinstance(event, h11.EndOfMessage):
+                return False
         for attempt in range(2):
             try:
                 origin, reused = await self.origin_for(dest, fresh=attempt > 0)
@@ -350,21 +392,15 @@ class _ClientSession:
             await origin.send(out)
         except (OSError, h11.LocalProtocolError):
             raise _OriginFailed(started=False) from None
-        if not with_body:
+        if not with_body:  # the client's EndOfMessage was consumed by forward()
             try:
-                event = await self.client.next_event()
-            except (h11.RemoteProtocolError, OSError):
-                raise _ClientGone() from None
-            if not isinstance(event, h11.EndOfMessage):
-                raise _ClientGone()
-            try:
-                await origin.send(h11.EndOfMessage())
+                await origin.send(h11.EndOfMessage(), flush=True)
             except OSError:
                 raise _OriginFailed(started=False) from None
             await self.relay_response(request, origin)
             return
         if self.client.h11.they_are_waiting_for_100_continue:
-            await self.client.send(h11.InformationalResponse(status_code=100, headers=[(b"Via", core.VIA)]))
+            await self.client.send(h11.InformationalResponse(status_code=100, headers=[(b"Via", core.VIA)]), flush=True)
         try:
             async with asyncio.TaskGroup() as tg:
                 pump = tg.create_task(self.pump_request_body(origin, chunked), name="proxy-request-body")
@@ -382,9 +418,19 @@ class _ClientSession:
             raise
 
     async def pump_request_body(self, origin: H11Stream, chunked: bool) -> None:
+        """Client body -> origin; returns early (quietly) when the origin stops reading."""
+
+        async def flush_origin() -> None:
+            try:
+                await origin.flush()
+            except OSError:
+                raise _OriginWriteFailed() from None
+
         while True:
             try:
-                event = await self.client.next_event()
+                event = await self.client.next_event(before_wait=flush_origin)
+            except _OriginWriteFailed:
+                return
             except (h11.RemoteProtocolError, OSError):
                 raise _ClientGone() from None
             if isinstance(event, h11.Data):
@@ -397,7 +443,7 @@ class _ClientSession:
                 if data is not None:
                     await origin.send(h11.Data(data=data))
                 else:
-                    await origin.send(h11.EndOfMessage(headers=trailers))
+                    await origin.send(h11.EndOfMessage(headers=trailers), flush=True)
                     return
             except (OSError, h11.LocalProtocolError):
                 # the origin stopped reading; its response (if any) still comes back
@@ -406,9 +452,16 @@ class _ClientSession:
     async def relay_response(self, request: h11.Request, origin: H11Stream) -> None:
         started = False
         client_chunked = False
+
+        async def flush_client() -> None:
+            try:
+                await self.client.flush()
+            except OSError:
+                raise _ClientGone() from None
+
         while True:
             try:
-                event = await origin.next_event()
+                event = await origin.next_event(before_wait=flush_client)
             except (h11.RemoteProtocolError, OSError):
                 raise _OriginFailed(started) from None
             try:
@@ -438,7 +491,7 @@ class _ClientSession:
                     await self.client.send(h11.Data(data=event.data))
                 elif isinstance(event, h11.EndOfMessage):
                     trailers = list(event.headers.raw_items()) if client_chunked else []
-                    await self.client.send(h11.EndOfMessage(headers=trailers))
+                    await self.client.send(h11.EndOfMessage(headers=trailers), flush=True)
                     return
                 else:  # ConnectionClosed before the end
                     raise _OriginFailed(started)
