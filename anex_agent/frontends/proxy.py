@@ -346,7 +346,7 @@ class _ClientSession:
                 self.drop_origin(dest.key, origin)
                 await origin.conn.aclose()
                 return False
-            self.keep_or_close_origin(dest.key, origin)
+            await self.keep_or_close_origin(dest.key, origin)
             return True
         return False
 
@@ -363,28 +363,20 @@ class _ClientSession:
         if self.origins.get(key) is origin:
             del self.origins[key]
 
-    def keep_or_close_origin(self, key: tuple[str, int], origin: H11Stream) -> None:
+    async def keep_or_close_origin(self, key: tuple[str, int], origin: H11Stream) -> None:
+        """Keep ``origin`` for the next request of this client if both directions ended cleanly."""
         h = origin.h11
         if h.our_state is h11.DONE and h.their_state is h11.DONE:
             h.start_next_cycle()
             old = self.origins.pop(key, None)
             if old is not None and old is not origin:
-                self._close_later(old)
+                await old.conn.aclose()
             self.origins[key] = origin
             while len(self.origins) > ORIGINS_PER_CLIENT:
                 _, evicted = self.origins.popitem(last=False)
-                self._close_later(evicted)
+                await evicted.conn.aclose()
         else:
-            self._close_later(origin)
-
-    @staticmethod
-    def _close_later(origin: H11Stream) -> None:
-        # SocketConnection.aclose() does not block; closing synchronously-in-effect is fine
-        sock = origin.conn.socket
-        if sock is not None:
-            sock.close()
-        else:
-            asyncio.get_running_loop().create_task(origin.conn.aclose(), name="proxy-origin-close")
+            await origin.conn.aclose()
 
     async def exchange(self, request: h11.Request, out: h11.Request, origin: H11Stream, *, with_body: bool, chunked: bool) -> None:
         """Send ``out`` (+ the client's body) to ``origin`` and stream the response back."""
