@@ -188,6 +188,12 @@ class CoordinatorClient:
         request = wire.JoinTokenCreate(kind=kind, reusable=reusable, expires_in=expires_in, labels=labels or {})
         return await self._call("POST", "/v1/join-tokens", wire.JoinTokenCreated, auth="admin", body=request)
 
+    async def list_join_tokens(self) -> wire.JoinTokenList:
+        return await self._call("GET", "/v1/join-tokens", wire.JoinTokenList, auth="admin")
+
+    async def revoke_join_token(self, token_id: str) -> None:
+        await self._call("DELETE", f"/v1/join-tokens/{token_id}", None, auth="admin")
+
     async def list_nodes(self) -> wire.NodeList:
         return await self._call("GET", "/v1/nodes", wire.NodeList, auth="admin")
 

@@ -14,6 +14,8 @@ Conventions:
 
 Routes (see the coordinator's OpenAPI document for the authoritative list):
     POST   /v1/join-tokens                admin      JoinTokenCreate -> JoinTokenCreated
+    GET    /v1/join-tokens                admin      -> JoinTokenList
+    DELETE /v1/join-tokens/{id}           admin      -> 204 (revoke)
     POST   /v1/nodes                      join token NodeJoinRequest -> NodeJoinResponse
     GET    /v1/nodes                      admin      -> NodeList
     GET    /v1/nodes/{id}                 admin      -> NodeView
@@ -122,6 +124,24 @@ class JoinTokenCreated(Model):
     reusable: bool
     expires_at: datetime
     labels: dict[str, str]
+
+
+class JoinTokenView(Model):
+    """A join token as the admin sees it later: never the secret."""
+
+    id: str
+    kind: TokenKind
+    reusable: bool
+    labels: dict[str, str]
+    created_at: datetime
+    expires_at: datetime
+    used_at: datetime | None = None
+    used_by: str | None = Field(None, description="node or gateway id that used a single-use token")
+    use_count: int = 0
+
+
+class JoinTokenList(Model):
+    tokens: list[JoinTokenView]
 
 
 # ---------------------------------------------------------------- node join

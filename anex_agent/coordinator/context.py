@@ -2,7 +2,8 @@
 
 Contract:
 * :meth:`Coordinator.open` connects the database, applies migrations (core ones plus
-  those of extension modules), loads the admin token and the signing key.
+  those of the route modules, by default ``app.ROUTE_MODULES``), loads the admin token
+  and the signing key.
 * :meth:`Coordinator.start` starts the background work, all named tasks in one
   ``TaskGroup`` owned by a single runner task: the change feed, the heartbeat flusher,
   the state sweeper and the change-log pruner. :meth:`Coordinator.close` cancels them,
@@ -71,13 +72,17 @@ class Coordinator:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
-        extra_migrations: Iterable[migrations.Migration] = (),
+        extra_migrations: Iterable[migrations.Migration] | None = None,
         environ: dict[str, str] | None = None,
         signing_key_file: Path | None = None,
     ) -> Coordinator:
         admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
         key_path = signing_key_file or settings.state_dir / "access-token-signing-key"
         signing_key = signing.load_or_create(key_path)
+        if extra_migrations is None:  # those of the default route modules (app.ROUTE_MODULES)
+            from anex_agent.coordinator import app
+
+            extra_migrations = app.module_migrations(app.load_modules())
         db = await open_database(settings.database_url)
         try:
             await migrations.apply(db, [*migrations.CORE, *extra_migrations], clock=clock)

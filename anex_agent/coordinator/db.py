@@ -36,6 +36,7 @@ from anex_agent.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+CONNECT_TIMEOUT = 10.0  # seconds to reach PostgreSQL before giving up (ConfigError at start)
 
 
 def _to_sqlite(sql: str) -> str:
@@ -224,8 +225,8 @@ class PostgresDatabase(Database):
         import asyncpg  # imported lazily: SQLite users need no PostgreSQL driver loaded
 
         try:
-            self._pool = await asyncpg.create_pool(self.url, min_size=1, max_size=10)
-        except (OSError, asyncpg.PostgresError) as err:
+            self._pool = await asyncpg.create_pool(self.url, min_size=1, max_size=10, timeout=CONNECT_TIMEOUT)
+        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as err:
             raise ConfigError("--database", f"cannot connect to PostgreSQL at {_redact(self.url)}: {err}") from None
 
     @contextlib.asynccontextmanager
@@ -241,7 +242,7 @@ class PostgresDatabase(Database):
     async def listen(self, channel: str, callback: Callable[[str], None]) -> bool:
         import asyncpg
 
-        self._listen_conn = await asyncpg.connect(self.url)
+        self._listen_conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT)
         await self._listen_conn.add_listener(channel, lambda _c, _pid, _ch, payload: callback(payload))
         return True
 

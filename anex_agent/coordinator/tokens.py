@@ -77,3 +77,28 @@ def check_unused_or_owner(token: dict, owner_id: str | None) -> None:
     """Before doing work: a used single-use token is only good for the owner that used it."""
     if not token["reusable"] and token["used_by"] is not None and token["used_by"] != owner_id:
         raise problems.unauthenticated()
+
+
+def view_of(row: dict) -> wire.JoinTokenView:
+    return wire.JoinTokenView(
+        id=row["id"],
+        kind=row["kind"],
+        reusable=bool(row["reusable"]),
+        labels=json.loads(row["labels"]),
+        created_at=to_datetime(row["created_at"]),
+        expires_at=to_datetime(row["expires_at"]),
+        used_at=to_datetime(row["used_at"]),
+        used_by=row["used_by"],
+        use_count=int(row["use_count"]),
+    )
+
+
+async def list_views(tx: Conn) -> wire.JoinTokenList:
+    rows = await tx.fetch("SELECT * FROM join_tokens ORDER BY created_at, id")
+    return wire.JoinTokenList(tokens=[view_of(row) for row in rows])
+
+
+async def revoke(tx: Conn, token_id: str) -> None:
+    """Delete a token: it can no longer be used (nodes that joined with it stay)."""
+    if await tx.execute("DELETE FROM join_tokens WHERE id = $1", token_id) != 1:
+        raise problems.not_found(f"join token {token_id}")

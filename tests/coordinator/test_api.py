@@ -269,3 +269,24 @@ async def test_network_exhausted_is_503(tmp_path, database_url, clock):
         assert len((await coord.admin.list_nodes()).nodes) == 2
     finally:
         await stop_harness(coord)
+
+
+async def test_join_tokens_are_listed_without_secrets_and_can_be_revoked(coord):
+    single = await coord.admin.create_join_token(labels={"pool": "x"})
+    reusable = await coord.admin.create_join_token(reusable=True)
+    _, joined, pair = await coord.join(key=None)
+    client = coord.client()
+    await client.join(single.token, keys.KeyPair(keys.generate_private_key()).public_b64, "uses-single", "other")
+    listed = {t.id: t for t in (await coord.admin.list_join_tokens()).tokens}
+    assert listed[single.id].used_by is not None and listed[single.id].use_count == 1
+    assert listed[single.id].labels == {"pool": "x"}
+    assert listed[reusable.id].used_at is None
+    status, _, payload = await raw(coord, "GET", "/v1/join-tokens", token=coord.ctx.admin_token)
+    assert single.token not in payload.decode() and reusable.token not in payload.decode()
+    await coord.admin.revoke_join_token(reusable.id)
+    with pytest.raises(CoordinatorError) as err:
+        await coord.client().join(reusable.token, keys.KeyPair(keys.generate_private_key()).public_b64, "n", "other")
+    assert err.value.status == 401
+    with pytest.raises(CoordinatorError) as err:
+        await coord.admin.revoke_join_token(reusable.id)
+    assert err.value.status == 404

@@ -207,3 +207,32 @@ def test_second_coordinator_with_another_signing_key_refuses_to_start(tmp_path, 
         first.stop()
     assert out.returncode == 2
     assert "signing key differs" in out.stderr and "access-token-signing-key" in out.stderr
+
+
+async def test_buffered_heartbeats_survive_a_clean_shutdown(tmp_path):
+    """SIGTERM flushes the heartbeat batch: an acknowledged heartbeat is in the database afterwards."""
+    args = ["--listen", "127.0.0.1:0", "--state-dir", str(tmp_path), "--heartbeat-flush-interval", "5"]
+    from anex_agent import wire
+
+    proc = Proc(args, cwd=tmp_path)
+    try:
+        url = proc.wait_listening()
+        async with CoordinatorClient(url, admin_token=ADMIN) as admin, CoordinatorClient(url) as node:
+            token = await admin.create_join_token()
+            joined = await node.join(token.token, keys.KeyPair(keys.generate_private_key()).public_b64, "n", "other")
+            ack = await node.heartbeat(joined.node_id, wire.Heartbeat(
+                status=wire.TransportStatus(engine="kernel", rx_bytes=4242), telemetry={"marker": 7}))
+            assert ack.state == wire.NodeState.ready
+    finally:
+        proc.stop()  # SIGTERM well within the 5 s flush interval
+    assert proc.popen.returncode == 0
+    proc = Proc(args, cwd=tmp_path)
+    try:
+        url = proc.wait_listening()
+        async with CoordinatorClient(url, admin_token=ADMIN) as admin:
+            view = await admin.get_node(joined.node_id)
+            telemetry = await admin.get_telemetry(joined.node_id)
+    finally:
+        proc.stop()
+    assert view.status is not None and view.status.rx_bytes == 4242 and view.last_heartbeat_at is not None
+    assert telemetry.telemetry == {"marker": 7}

@@ -102,3 +102,19 @@ async def test_watch_rejects_bad_credentials_and_since(coord):
                                headers={"Authorization": f"Bearer {gw_client.credential}"}) as resp:
             assert resp.status == 422
             assert (await resp.json(content_type=None))["errors"][0]["field"] == "since"
+
+
+async def test_resume_from_a_pruned_version_gets_a_snapshot(coord):
+    from anex_agent.coordinator import changes
+
+    gw_client, _, _ = await coord.gateway()
+    stream = gw_client.watch(0)
+    old = await next_event(stream, timeout=5)
+    await stream.aclose()
+    joined = [(await coord.join(f"n{i}"))[1] for i in range(4)]
+    assert await changes.prune(coord.ctx.db, keep=2) > old.version
+    stream = gw_client.watch(old.version)
+    event = await next_event(stream, timeout=5)
+    assert event.type == "snapshot"
+    assert {p.node_id for p in event.peers} == {j.node_id for j in joined}
+    await stream.aclose()

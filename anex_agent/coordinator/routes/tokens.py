@@ -1,4 +1,4 @@
-"""POST /v1/join-tokens (admin)."""
+"""Join tokens (admin): create, list (never the secrets), revoke."""
 
 from __future__ import annotations
 
@@ -14,9 +14,27 @@ async def create_join_token(call: Call) -> wire.JoinTokenCreated:
         return await tokens.create(tx, call.body, now=ctx.clock())
 
 
+async def list_join_tokens(call: Call) -> wire.JoinTokenList:
+    async with call.ctx.db.transaction() as tx:
+        return await tokens.list_views(tx)
+
+
+async def revoke_join_token(call: Call) -> None:
+    async with call.ctx.db.transaction() as tx:
+        await tokens.revoke(tx, call.param("token_id"))
+
+
 def setup(registry: RouteRegistry, ctx) -> None:
     registry.add(Route(
         "POST", "/v1/join-tokens", create_join_token, Auth.admin,
         "Create a join token for nodes or gateways (the secret is shown once)",
         request_model=wire.JoinTokenCreate, response_model=wire.JoinTokenCreated, status=201, tags=("tokens",),
+    ))
+    registry.add(Route(
+        "GET", "/v1/join-tokens", list_join_tokens, Auth.admin, "List join tokens (without their secrets)",
+        response_model=wire.JoinTokenList, tags=("tokens",),
+    ))
+    registry.add(Route(
+        "DELETE", "/v1/join-tokens/{token_id}", revoke_join_token, Auth.admin,
+        "Revoke a join token (nodes that joined with it stay)", status=204, tags=("tokens",),
     ))
