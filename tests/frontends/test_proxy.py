@@ -355,3 +355,99 @@ async def test_connect_needs_credentials_when_auth_is_configured():
     assert b"Proxy-Authenticate: Basic" in denied
     assert head.startswith(b"HTTP/1.1 200 ")
     assert echoed == b"ping"
+
+
+@contextlib.asynccontextmanager
+async def raw_origin(respond):
+    """An origin whose handler gets the raw (reader, writer) after the request head was read."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await respond(head, reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def test_early_response_during_a_streamed_upload_reaches_the_client():
+    async def refuse(head, reader, writer):
+        # answers before reading the body (like a 413), then drains politely
+        writer.write(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 8\r\n\r\ntoo big!")
+        await writer.drain()
+        writer.write_eof()
+        while await reader.read(1 << 16):
+            pass
+
+    async with raw_origin(refuse) as port, proxy_env() as (_, proxy_port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        total = 64 * 1024 * 1024  # far more than the socket buffers hold
+        writer.write(
+            f"POST http://127.0.0.1:{port}/up HTTP/1.1\r\nHost: x\r\nContent-Length: {total}\r\n\r\n".encode()
+        )
+        writer.write(b"\0" * (1024 * 1024))  # only part of the promised body
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+        body = await asyncio.wait_for(reader.readexactly(8), timeout=10)
+        rest = await asyncio.wait_for(reader.read(), timeout=10)  # the proxy closes: body unfinished
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 413 ")
+    assert body == b"too big!" and rest == b""
+
+
+async def test_response_trailers_pass_through_between_chunked_ends():
+    async def with_trailer(head, reader, writer):
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+            b"5\r\nhello\r\n0\r\nX-Checksum: abc123\r\n\r\n"
+        )
+        await writer.drain()
+
+    async with raw_origin(with_trailer) as port, proxy_env() as (_, proxy_port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        conn = h11.Connection(h11.CLIENT)
+        writer.write(conn.send(h11.Request(method="GET", target=f"http://127.0.0.1:{port}/t", headers=[("Host", "x")])))
+        writer.write(conn.send(h11.EndOfMessage()))
+        events = []
+        while not events or not isinstance(events[-1], h11.EndOfMessage):
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await reader.read(65536))
+            else:
+                events.append(event)
+        writer.close()
+    body = b"".join(e.data for e in events if isinstance(e, h11.Data))
+    assert body == b"hello"
+    assert (b"x-checksum", b"abc123") in list(events[-1].headers)
+
+
+async def test_pipelined_requests_are_answered_in_order():
+    async with run_origin("a") as (port_a, _), run_origin("b") as (port_b, _), proxy_env() as (_, proxy_port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+        writer.write(
+            f"GET http://127.0.0.1:{port_a}/info/1 HTTP/1.1\r\nHost: x\r\n\r\n"
+            f"GET http://127.0.0.1:{port_b}/info/2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        )
+        raw = await asyncio.wait_for(reader.read(), timeout=10)  # the second asked to close
+        writer.close()
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+    conn.send(h11.EndOfMessage())
+    conn.receive_data(raw)
+    bodies = []
+    for _ in range(2):
+        data = b""
+        while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+            if isinstance(event, h11.Data):
+                data += event.data
+        bodies.append(loads(data))
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+            conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+            conn.send(h11.EndOfMessage())
+    assert [(b["origin"], b["path_qs"]) for b in bodies] == [("a", "/info/1"), ("b", "/info/2")]
