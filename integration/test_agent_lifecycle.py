@@ -121,6 +121,7 @@ def test_unreachable_coordinator_prints_retrying_not_a_traceback(mesh, fresh_nod
     text = "".join(seen) + rest
     assert "unreachable" in text and "retrying in" in text, text
     assert "Traceback" not in text
+    assert proc.returncode == 128 + signal.SIGTERM  # stopped cleanly during the retries
     assert ns_state(fresh_node.ns)["interfaces"] == []
 
 

@@ -58,6 +58,7 @@ class Agent:
         self.last_coordinator_error: str | None = None
         self._detect = detect_report
         self._stop = asyncio.Event()
+        self._stop_signal: int | None = None
         self.api: AgentApi | None = None
         self.telemetry = None  # anex_agent.gpu.monitor.TelemetryMonitor when available
 
@@ -115,7 +116,6 @@ class Agent:
                     return saved_config
                 delay = backoff.next_delay()
                 log.warning("coordinator %s unreachable (%s); retrying in %.1f s", url, err, delay)
-                print(f"anex-agent: coordinator {url} unreachable ({err}); retrying in {delay:.1f} s", flush=True)
                 await asyncio.sleep(delay)
 
     def _reachable(self, ok: bool, error: str | None = None) -> None:
@@ -204,42 +204,58 @@ class Agent:
             agent_version=__version__,
         )
         loop = asyncio.get_running_loop()
+        for signum in FORWARDED:
+            loop.add_signal_handler(signum, self._on_signal, signum, workload)
+        try:
+            return await self._supervise(keypair.public_b64, facts, workload)
+        except BaseExceptionGroup as group:
+            # one line for the CLI: the first real error out of the TaskGroup, not the group
+            raise _first_error(group) from None
+        finally:
+            for signum in FORWARDED:
+                loop.remove_signal_handler(signum)
+            await self._teardown(workload)
+
+    async def _start_up(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> None:
+        """Join (or re-use), data plane, API, then the workload. Cancelled by a stop signal."""
+        assert self.dataplane is not None
+        config = await self._join_or_load(pubkey, facts)
+        await self.dataplane.start(config)
+        self.state.save_config(config)
+        self.api = AgentApi(self.status, self.ready, self.verify_token)
+        self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)
+        if self.telemetry is not None and self.settings.provider.value == "onprem":
+            self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
+        await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
+        await self._serve_api_on_mesh(config)
+        print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)
+        if workload is not None:
+            await workload.start()
+
+    async def _supervise(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> int:
         exit_code = 0
         try:
-            config = await self._join_or_load(keypair.public_b64, facts)
-            await self.dataplane.start(config)
-            self.state.save_config(config)
-            self.api = AgentApi(self.status, self.ready, self.verify_token)
-            self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)
-            if self.telemetry is not None and self.settings.provider.value == "onprem":
-                self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
-            await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
-            await self._serve_api_on_mesh(config)
-            print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)
-            if workload is not None:
-                await workload.start()
-            for signum in FORWARDED:
-                loop.add_signal_handler(signum, self._on_signal, signum, workload)
             async with asyncio.TaskGroup() as tg:
+                stopper = tg.create_task(self._stop.wait(), name="stop-wait")
+                startup = tg.create_task(self._start_up(pubkey, facts, workload), name="start-up")
+                await asyncio.wait({startup, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if not startup.done():  # a signal before the workload ran: stop, with the shell's status
+                    exit_code = 128 + (self._stop_signal or signal.SIGTERM)
+                    raise _Done
                 tg.create_task(heartbeat_loop(self), name="heartbeat")
                 tg.create_task(watch_loop(self), name="watch")
                 if self.telemetry is not None:
                     tg.create_task(self.telemetry.run(), name="gpu-telemetry")
                 if workload is not None:
                     waiter = tg.create_task(workload.wait(), name="workload")
-                stopper = tg.create_task(self._stop.wait(), name="stop-wait")
-                if workload is not None:
                     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                     exit_code = waiter.result() if waiter.done() else 1
                 else:
                     await stopper
                 raise _Done  # leaving the group cancels heartbeat, watch and the waiters
-        except* _Done:
-            pass
-        finally:
-            for signum in FORWARDED:
-                loop.remove_signal_handler(signum)
-            await self._teardown(workload)
+        except BaseExceptionGroup as group:
+            if _first_error(group) is not None:
+                raise
         return exit_code
 
     def _on_signal(self, signum: int, workload: Workload | None) -> None:
@@ -247,6 +263,7 @@ class Agent:
             workload.forward(signum)
         else:
             log.info("received %s: stopping", signal.Signals(signum).name)
+            self._stop_signal = self._stop_signal or signum
             self._stop.set()
 
     async def _teardown(self, workload: Workload | None) -> None:
@@ -265,3 +282,15 @@ class Agent:
 
 class _Done(Exception):
     """Leaves the TaskGroup: cancels the remaining tasks."""
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException | None:
+    """The first exception in ``group`` (depth first) that is not :class:`_Done`, or None."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_error(exc)
+            if found is not None:
+                return found
+        elif not isinstance(exc, _Done):
+            return exc
+    return None

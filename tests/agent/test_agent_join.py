@@ -86,15 +86,17 @@ async def test_fail_static_start_on_the_last_good_config(coordinator, tmp_path):
     assert agent.coordinator_reachable is False and agent.last_coordinator_error
 
 
-async def test_unreachable_without_identity_retries_with_one_line(tmp_path, capsys):
+async def test_unreachable_without_identity_retries_with_one_line(tmp_path, caplog):
     agent = make_agent(closed_port_url(), tmp_path / "st", "some-token")
     task = asyncio.create_task(join(agent))
     for _ in range(100):
         await asyncio.sleep(0.05)
-        if "retrying in" in capsys.readouterr().out:
+        lines = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+        if lines:
             break
     else:
         pytest.fail("no retrying message")
+    assert "unreachable" in lines[0] and "\n" not in lines[0] and not caplog.records[-1].exc_info
     assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
