@@ -90,6 +90,7 @@ class ForwardManager:
         self._listeners: dict[int, _Listener] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._ids = itertools.count(1)
+        self._apply_lock = asyncio.Lock()  # concurrent apply() calls run one after the other
 
     async def __aenter__(self) -> ForwardManager:
         self._tg = asyncio.TaskGroup()
@@ -118,6 +119,11 @@ class ForwardManager:
         """
         if self._tg is None:
             raise AnexError("ForwardManager.apply() called outside 'async with ForwardManager(...)'")
+        async with self._apply_lock:
+            await self._apply(list(specs))
+
+    async def _apply(self, specs: list[TunnelSpec]) -> None:
+        assert self._tg is not None
         desired: dict[int, str] = {}
         for spec in specs:
             desired[spec.listen_port] = spec.target

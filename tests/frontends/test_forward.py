@@ -223,3 +223,14 @@ async def test_relay_with_a_stream_only_connection_uses_the_copy_path():
     assert got == b"prefix-payload"
     assert stats.a_to_b == len(b"prefix-payload")
     assert events == ["eof"]
+
+
+async def test_concurrent_applies_do_not_trip_over_each_other():
+    async with echo_server() as (target, _):
+        ports = [free_port() for _ in range(3)]
+        specs = [TunnelSpec(listen_port=p, target=f"127.0.0.1:{target}") for p in ports]
+        async with ForwardManager(OSDialer()) as manager:
+            await asyncio.gather(manager.apply(specs), manager.apply(specs), manager.apply(specs[:1]), manager.apply(specs))
+            assert manager.active == {p: f"127.0.0.1:{target}" for p in ports}
+            for p in ports:
+                assert await _echo_through(p, b"x") == b"x"
