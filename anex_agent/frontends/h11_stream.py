@@ -13,7 +13,7 @@ import h11
 
 from anex_agent.dialer import Connection
 
-RECV_BUFFER = 256 * 1024  # bytes read per recv
+RECV_BUFFER = 64 * 1024  # bytes read per recv (one per side of each proxied connection: kept modest)
 MAX_HEAD_BYTES = 64 * 1024  # request/response line + headers (h11 max_incomplete_event_size)
 FLUSH_AT = 64 * 1024  # queued output bytes that trigger a write
 
