@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 
 import aiohttp
 import h11
@@ -451,3 +452,25 @@ async def test_pipelined_requests_are_answered_in_order():
             conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
             conn.send(h11.EndOfMessage())
     assert [(b["origin"], b["path_qs"]) for b in bodies] == [("a", "/info/1"), ("b", "/info/2")]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_curl_get_post_and_connect_through_the_proxy():
+    body = os.urandom(100_000).hex().encode()
+    async with run_origin("a") as (port, _), proxy_env() as (proxy_url, _):
+
+        async def curl(*args: str, data: bytes | None = None) -> bytes:
+            proc = await asyncio.create_subprocess_exec(
+                "curl", "-sS", "--max-time", "20", "-x", proxy_url, *args,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await proc.communicate(data)
+            assert proc.returncode == 0, err.decode()
+            return out
+
+        got = loads(await curl(f"http://{CLUSTER_NAME}:{port}/info?curl=1"))
+        assert (got["method"], got["host"]) == ("GET", f"{CLUSTER_NAME}:{port}")
+        posted = loads(await curl("--data-binary", "@-", f"http://127.0.0.1:{port}/upload", data=body))
+        assert posted["sha256"] == hashlib.sha256(body).hexdigest()
+        tunneled = loads(await curl("-p", f"http://127.0.0.1:{port}/info"))  # -p: CONNECT, then plain HTTP inside
+        assert tunneled["via"] is None  # the proxy did not see inside the tunnel
