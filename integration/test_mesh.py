@@ -99,6 +99,8 @@ def test_status_reports_engine_path_handshake_and_tunnels(node):
     assert status["coordinator"]["reachable"] is True
     assert {t["listen_port"] for t in status["tunnels"]} >= {TUNNEL_1, TUNNEL_2}
     assert status["rx_bytes"] > 0 and status["tx_bytes"] > 0
+    metrics = node.ns.run([sys.executable, "-c", "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:9555/metrics').read().decode())"]).stdout
+    assert "anex_agent_handshake_age_seconds" in metrics and "anex_agent_forwards" in metrics
 
 
 def test_agent_api_on_the_mesh_needs_the_cluster_token(mesh, node):

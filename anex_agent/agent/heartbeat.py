@@ -67,6 +67,7 @@ async def heartbeat_loop(agent: Agent) -> None:
         assert agent.identity is not None and agent.dataplane is not None
         try:
             status = await agent.dataplane.transport_status()
+            agent.last_transport = status
             version = agent.dataplane.config.version if agent.dataplane.config else 0
             beat = Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
             ack = await agent.link.heartbeat(agent.identity.node_id, beat)

@@ -33,6 +33,7 @@ from anex_agent.agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.agent.link import CoordinatorLink
+from anex_agent.agent.metrics import AgentCollector
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.agent.workload import FORWARDED, Workload
@@ -61,6 +62,7 @@ class Agent:
         self._stop_signal: int | None = None
         self.api: AgentApi | None = None
         self.telemetry = None  # anex_agent.gpu.monitor.TelemetryMonitor when available
+        self.last_transport = None  # wire.TransportStatus, refreshed by heartbeats and /status (for /metrics)
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -165,6 +167,8 @@ class Agent:
 
     async def status(self) -> dict[str, Any]:
         doc = await self.dataplane.status_doc() if self.dataplane else {}
+        if self.dataplane is not None:
+            self.last_transport = await self.dataplane.transport_status()
         doc.update(
             {
                 "agent_version": __version__,
@@ -223,6 +227,8 @@ class Agent:
         await self.dataplane.start(config)
         self.state.save_config(config)
         self.api = AgentApi(self.status, self.ready, self.verify_token)
+        self.api.registry.register(AgentCollector(self))
+        self.last_transport = await self.dataplane.transport_status()
         self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)
         if self.telemetry is not None and self.settings.provider.value == "onprem":
             self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)

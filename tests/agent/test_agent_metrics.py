@@ -1,0 +1,36 @@
+"""The agent's Prometheus collector renders what the supervisor last saw."""
+
+from types import SimpleNamespace
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from anex_agent.agent.metrics import AgentCollector
+from anex_agent.wire import TransportStatus
+
+
+def render(agent) -> str:
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent))
+    return generate_latest(registry).decode()
+
+
+def test_full_state():
+    agent = SimpleNamespace(
+        last_transport=TransportStatus(engine="wireguard-go", path="udp", last_handshake_age=4.5, rx_bytes=1000, tx_bytes=2000),
+        dataplane=SimpleNamespace(config=SimpleNamespace(version=7), forwards=SimpleNamespace(active={5000: "a:1", 6000: "b:2"})),
+        identity=SimpleNamespace(node_id="n-1"),
+        coordinator_reachable=False,
+    )
+    text = render(agent)
+    assert 'anex_agent_info{engine="wireguard-go",node_id="n-1",path="udp"} 1.0' in text
+    assert "anex_agent_handshake_age_seconds 4.5" in text
+    assert "anex_agent_received_bytes_total 1000.0" in text and "anex_agent_sent_bytes_total 2000.0" in text
+    assert "anex_agent_coordinator_reachable 0.0" in text
+    assert "anex_agent_config_version 7.0" in text and "anex_agent_forwards 2.0" in text
+
+
+def test_before_anything_is_up():
+    agent = SimpleNamespace(last_transport=None, dataplane=None, identity=None, coordinator_reachable=None)
+    text = render(agent)
+    assert "anex_agent_info" in text
+    assert "handshake" not in text and "reachable" not in text
