@@ -11,9 +11,12 @@ the watch stream back off (with jitter) and retry; the tunnel, proxy and forward
 the last good config. Teardown (always, also on errors): workload, API, front-ends,
 engine.stop(), so nothing of ours is left.
 
-Tasks (named, owned by the TaskGroup of :meth:`Agent.run`): ``heartbeat``, ``watch``,
-``gpu-telemetry`` (when :mod:`anex_agent.gpu` is usable), ``workload`` (run only) and
-``stop-wait``.
+Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` (join
+retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
+the agent exits with 128+N), then ``heartbeat``, ``watch``, ``gpu-telemetry`` (when
+:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` throughout.
+Signals: with a running workload they are forwarded to it (see :mod:`.workload`);
+otherwise they stop the agent (``daemon`` exits 0 after a clean stop).
 """
 
 from __future__ import annotations
