@@ -54,6 +54,10 @@ IDLE_TIMEOUT = 120.0  # seconds a client connection may wait before (or between)
 ORIGINS_PER_CLIENT = 4  # idle origin connections kept per client connection
 
 
+class _Forbidden(Exception):
+    """The client may not reach that destination; the text is the 403 body."""
+
+
 class _ClientGone(Exception):
     """The client closed or broke its connection in the middle of a request."""
 
@@ -156,7 +160,12 @@ class ProxyServer:
             task.add_done_callback(self._sessions.discard)
 
     async def _serve(self, sock: socket.socket) -> None:
-        session = _ClientSession(self, SocketConnection(sock))
+        try:
+            client_ip = sock.getpeername()[0]
+        except OSError:
+            sock.close()
+            return
+        session = _ClientSession(self, SocketConnection(sock), client_ip)
         try:
             await session.run()
         except Exception:  # one client must never take the proxy down
@@ -168,8 +177,9 @@ class ProxyServer:
 class _ClientSession:
     """One client connection: a loop of requests, each proxied to its origin."""
 
-    def __init__(self, server: ProxyServer, conn: Connection) -> None:
+    def __init__(self, server: ProxyServer, conn: Connection, client_ip: str) -> None:
         self.server = server
+        self.client_ip = client_ip
         self.client = H11Stream(h11.SERVER, conn)
         self.origins: collections.OrderedDict[tuple[str, int], H11Stream] = collections.OrderedDict()
 
@@ -238,9 +248,12 @@ class _ClientSession:
             await self.reply_error(400, "CONNECT requests carry no body")
             return
         try:
-            upstream = await self.server.dialer.open_connection(dest.host, dest.port)
+            upstream = await self.dial(dest)
         except DialError as err:
             await self.reply_error(502, core.unreachable_text(dest.host, dest.port, err.reason))
+            return
+        except _Forbidden as err:
+            await self.reply_error(403, str(err))
             return
         try:
             # RFC 9110 §9.3.6: 2xx, no Content-Length / Transfer-Encoding; then a tunnel
@@ -274,6 +287,9 @@ class _ClientSession:
             except DialError as err:
                 await self.reply_error(502, core.unreachable_text(dest.host, dest.port, err.reason))
                 return False
+            except _Forbidden as err:
+                await self.reply_error(403, str(err))
+                return False
             try:
                 await self.exchange(request, out, origin, with_body=with_body, chunked=chunked)
             except _OriginFailed as failure:
@@ -302,8 +318,23 @@ class _ClientSession:
             origin = self.origins.pop(dest.key, None)
             if origin is not None:
                 return origin, True
-        conn = await self.server.dialer.open_connection(dest.host, dest.port)
+        conn = await self.dial(dest)
         return H11Stream(h11.CLIENT, conn), False
+
+    async def dial(self, dest: core.Destination) -> Connection:
+        """Open a connection for this client; raises DialError, or _Forbidden (see core.may_reach)."""
+        conn = await self.server.dialer.open_connection(dest.host, dest.port)
+        if conn.socket is not None:
+            try:
+                peer = conn.socket.getpeername()[0]
+            except OSError:
+                peer = ""
+            if peer and not core.may_reach(self.client_ip, peer):
+                await conn.aclose()
+                raise _Forbidden(
+                    f"{dest.host}:{dest.port} is on this machine's loopback; only local clients may reach it"
+                )
+        return conn
 
     def drop_origin(self, key: tuple[str, int], origin: H11Stream) -> None:
         if self.origins.get(key) is origin:

@@ -94,6 +94,16 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def may_reach(client_ip: str, destination_ip: str) -> bool:
+    """Whether a client at ``client_ip`` may use the proxy to reach ``destination_ip``.
+
+    Loopback services of this machine (the agent API trusts local callers) are reachable
+    only for clients that are themselves local; this matters when the proxy is bound
+    beyond loopback.
+    """
+    return is_loopback(client_ip) or not is_loopback(destination_ip)
+
+
 def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
     if not authority or "@" in authority:
         raise BadRequest("the target must be HOST:PORT (no user information)")

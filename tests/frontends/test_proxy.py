@@ -474,3 +474,31 @@ async def test_curl_get_post_and_connect_through_the_proxy():
         assert posted["sha256"] == hashlib.sha256(body).hexdigest()
         tunneled = loads(await curl("-p", f"http://127.0.0.1:{port}/info"))  # -p: CONNECT, then plain HTTP inside
         assert tunneled["via"] is None  # the proxy did not see inside the tunnel
+
+
+def _non_loopback_ipv4() -> str | None:
+    """An address of this machine outside 127/8 (the source of a UDP 'connect' towards a test net)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.123", 9))  # TEST-NET-1: no packet is sent by connect() on UDP
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+async def test_clients_from_beyond_loopback_cannot_reach_loopback_services():
+    address = _non_loopback_ipv4()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    async with run_origin("a") as (port, app):
+        async with ProxyServer(OSDialer(), host=address, port=0, auth=None) as proxy:
+            reader, writer = await asyncio.open_connection(address, proxy.address[1])  # source = address
+            writer.write(f"GET http://127.0.0.1:{port}/info HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            response = await asyncio.wait_for(reader.read(), timeout=10)
+            writer.close()
+    assert response.startswith(b"HTTP/1.1 403 Forbidden\r\n")
+    assert b"only local clients" in response
+    assert app[PEERS] == []  # the origin never saw a request

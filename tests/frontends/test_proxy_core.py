@@ -154,3 +154,12 @@ def test_error_response_is_plain_text_and_closes():
     assert (b"Connection", b"close") in headers
     assert (b"Content-Length", str(len(body)).encode()) in headers
     assert core.unreachable_text("fd00::1", 80, "x") == "cannot reach [fd00::1]:80: x"
+
+
+@pytest.mark.parametrize(
+    "client, destination, allowed",
+    [("127.0.0.1", "127.0.0.1", True), ("::1", "127.0.0.5", True), ("127.0.0.1", "10.96.0.10", True),
+     ("10.254.0.9", "10.96.0.10", True), ("10.254.0.9", "127.0.0.1", False), ("192.0.2.1", "::1", False)],
+)
+def test_only_local_clients_may_reach_loopback_destinations(client, destination, allowed):
+    assert core.may_reach(client, destination) is allowed
