@@ -64,6 +64,7 @@ class Coordinator:
         self._runner: asyncio.Task | None = None
         self.feed.add_listener(self.auth.on_change)
         self.feed.add_listener(self.versions.on_change)
+        self.feed.add_listener(self._forget_deleted_node)
         self.feed.add_listener(lambda _change: self.metrics.changes_delivered.inc())
 
     @classmethod
@@ -99,6 +100,10 @@ class Coordinator:
             verify_key=verify_key,
             clock=clock,
         )
+
+    def _forget_deleted_node(self, change: changes.Change) -> None:
+        if change.scope == changes.NODE and change.type == "deleted" and change.target:
+            self.heartbeats.forget(change.target)
 
     def add_background(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
         """Run ``factory()`` as a named task for the coordinator's lifetime (call before start)."""

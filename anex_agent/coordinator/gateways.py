@@ -72,6 +72,8 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
         await _gateways_changed(ctx, tx, now)
         await tokens.redeem(tx, token, gateway_id, now=now)
         peer_snapshot = await peer_set(tx)
+    if existing:
+        ctx.auth.forget(gateway_id)
     ctx.committed()
     return wire.GatewayRegisterResponse(
         gateway_id=gateway_id,

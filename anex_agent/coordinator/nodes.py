@@ -119,6 +119,8 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
             await tx.execute("UPDATE nodes SET config_version = $2 WHERE id = $1", node_id, version)
         await tokens.redeem(tx, token, node_id, now=now)
         node_config = await config_of(ctx, tx, await row_of(tx, node_id))
+    if existing:
+        ctx.auth.forget(node_id)  # the old credential stops working here at once (elsewhere via the feed)
     ctx.committed()
     ctx.metrics.joins.inc()
     return wire.NodeJoinResponse(node_id=node_id, credential=credential, config=node_config)

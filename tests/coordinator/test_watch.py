@@ -118,3 +118,40 @@ async def test_resume_from_a_pruned_version_gets_a_snapshot(coord):
     assert event.type == "snapshot"
     assert {p.node_id for p in event.peers} == {j.node_id for j in joined}
     await stream.aclose()
+
+
+async def test_a_rejoin_seen_late_does_not_close_the_new_stream(coord):
+    token = await coord.admin.create_join_token(reusable=True)
+    from anex_agent import keys
+
+    pair = keys.KeyPair(keys.generate_private_key())
+    first = await coord.client().join(token.token, pair.public_b64, "n", "other")
+    old_stream = coord.client(first.credential).watch(0)
+    assert (await next_event(old_stream, timeout=5)).type == "snapshot"
+    # hold the feed back so the re-join reaches it only after the new stream is open
+    feed = coord.ctx.feed
+    original = feed.catch_up
+    release = asyncio.Event()
+
+    async def late_catch_up():
+        await release.wait()
+        await original()
+
+    feed.catch_up = late_catch_up
+    print("patched", feed.version)
+    client = coord.client()
+    second = await client.join(token.token, pair.public_b64, "n", "other")
+    new_stream = client.watch(0)
+    assert (await next_event(new_stream, timeout=5)).type == "snapshot"
+    feed.catch_up = original
+    release.set()
+    print("released", feed.version, [ (s.kind, s.ident) for s in feed._subscriptions])
+    feed.poke()
+    with pytest.raises(CoordinatorError) as err:  # the old credential's stream is closed ...
+        await next_event(old_stream, timeout=5)
+    assert err.value.status == 401
+    # ... the new one stays and still gets changes
+    await coord.admin.put_tunnels(second.node_id, [wire.TunnelSpec(listen_port=7, target="a:7")])
+    event = await next_event(new_stream, timeout=5)
+    assert event.type == "config" and event.config.tunnels[0].listen_port == 7
+    await new_stream.aclose()

@@ -24,8 +24,8 @@ import logging
 from aiohttp import WSMsgType, web
 
 from anex_agent import wire
-from anex_agent.coordinator import changes, gateways, nodes, problems
-from anex_agent.coordinator.auth import Auth
+from anex_agent.coordinator import changes, credentials, gateways, nodes, problems
+from anex_agent.coordinator.auth import Auth, bearer
 from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
 
 log = logging.getLogger(__name__)
@@ -82,15 +82,24 @@ async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) 
     return max(since, config.version) if since <= config.version else config.version
 
 
-async def _pump(ctx, ws: web.WebSocketResponse, sub: changes.Subscription, last: int) -> None:
-    """Forward queued changes as events until the credential is revoked or the socket closes."""
+async def _still_valid(ctx, kind: str, ident: str, credential_hash: str) -> bool:
+    table = "nodes" if kind == "node" else "gateways"
+    found = await ctx.db.fetchval(f"SELECT id FROM {table} WHERE id = $1 AND credential_hash = $2", ident, credential_hash)
+    return found is not None
+
+
+async def _pump(ctx, ws: web.WebSocketResponse, sub: changes.Subscription, last: int, credential_hash: str) -> None:
+    """Forward queued changes as events; return when the caller's credential is revoked."""
     while True:
         change: changes.Change = await sub.queue.get()
         if change.version <= last:
             continue
         if change.type in ("deleted", "rejoined") and change.scope in (changes.NODE, changes.GATEWAY):
-            await ws.close(code=CLOSE_REVOKED, message=b"credential revoked")
-            return
+            # a re-join that happened before this stream opened (with the credential in use
+            # here) may reach the feed after it: close only if our credential is really gone
+            if await _still_valid(ctx, sub.kind, sub.ident, credential_hash):
+                continue
+            return  # the handler closes the socket with CLOSE_REVOKED
         if sub.kind == "gateway":
             await _send(ws, _gateway_event(change))
             last = change.version
@@ -127,13 +136,25 @@ async def watch(call: Call) -> web.StreamResponse:
             last = await _gateway_start(ctx, ws, since)
         else:
             last = await _node_start(ctx, ws, principal.id, since)
-        pump = asyncio.create_task(_pump(ctx, ws, sub, last), name=f"watch-pump-{principal.id}")
+        credential_hash = credentials.hash_secret(bearer(request) or "")
+        pump = asyncio.create_task(_pump(ctx, ws, sub, last, credential_hash), name=f"watch-pump-{principal.id}")
+        drain = asyncio.create_task(_drain(ws), name=f"watch-drain-{principal.id}")
         try:
-            await _drain(ws)
+            await asyncio.wait({pump, drain}, return_when=asyncio.FIRST_COMPLETED)
+            if pump.done() and not pump.cancelled() and pump.exception() is None and not ws.closed:
+                # revoked: stop the reader first, so close() is the only reader and completes
+                # the closing handshake (a close beside a pending receive() drops the TCP
+                # connection at once, and the client may see 1006 instead of our code)
+                drain.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await drain
+                await ws.close(code=CLOSE_REVOKED, message=b"credential revoked")
         finally:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError, RuntimeError):
-                await pump
+            for task in (pump, drain):
+                task.cancel()
+            for task in (pump, drain):
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError, RuntimeError):
+                    await task
     except (ConnectionError, RuntimeError) as err:  # the client went away mid-send
         log.debug("watch of %s %s ended: %s", principal.kind, principal.id, err)
     finally:
