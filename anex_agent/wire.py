@@ -27,6 +27,7 @@ Routes (see the coordinator's OpenAPI document for the authoritative list):
     POST   /v1/nodes/{id}/access-token    admin      -> AgentAccessToken (cluster -> agent API)
     POST   /v1/gateways                   gw token   GatewayRegisterRequest -> GatewayRegisterResponse
     GET    /v1/gateways                   admin      -> GatewayList
+    DELETE /v1/gateways/{id}              admin      -> 204
     GET    /v1/gateways/{id}/peers        gateway    -> PeerSet
     GET    /v1/watch                      node/gw    WebSocket of WatchEvent
 """

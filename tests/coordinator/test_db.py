@@ -1,0 +1,95 @@
+"""The storage layer: one SQL dialect for both databases, transactions that never half-write, migrations."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from anex_agent.coordinator import db as dbmod
+from anex_agent.coordinator.migrations import CORE, Migration, apply
+from anex_agent.errors import ConfigError
+
+
+@pytest.fixture
+async def db(database_url):
+    database = await dbmod.open_database(database_url)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+def test_placeholders_are_translated_once():
+    assert dbmod._to_sqlite("SELECT $1, $2, $1 WHERE x = $10") == "SELECT ?1, ?2, ?1 WHERE x = ?10"
+    assert dbmod._rowcount("UPDATE 3") == 3 and dbmod._rowcount("CREATE TABLE") == 0
+
+
+async def test_unknown_scheme_and_missing_directory_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="--database"):
+        await dbmod.open_database("mysql://x/y")
+    with pytest.raises(ConfigError, match="does not exist"):
+        await dbmod.open_database(f"sqlite:///{tmp_path}/missing/dir/x.db")
+
+
+async def test_repeated_placeholders_and_rowcounts(db):
+    await db.execute("CREATE TABLE t (a TEXT PRIMARY KEY, b BIGINT)")
+    await db.executemany("INSERT INTO t (a, b) VALUES ($1, $2)", [("x", 1), ("y", 2), ("z", 3)])
+    assert await db.fetchval("SELECT COUNT(*) FROM t WHERE b >= $1 AND a <> $2 AND b <> $1", 1, "z") == 1
+    assert await db.execute("UPDATE t SET b = b + 1 WHERE b >= $1", 2) == 2
+    assert await db.fetchrow("SELECT a, b FROM t WHERE a = $1", "nope") is None
+
+
+async def test_an_error_or_a_cancellation_rolls_the_whole_transaction_back(db):
+    await db.execute("CREATE TABLE t (a TEXT PRIMARY KEY)")
+    with pytest.raises(ZeroDivisionError):
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO t (a) VALUES ('one')")
+            1 / 0
+    started = asyncio.Event()
+
+    async def slow_writer():
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO t (a) VALUES ('two')")
+            started.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(slow_writer())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await db.fetch("SELECT a FROM t") == []
+    async with db.transaction() as tx:  # the connection is usable afterwards
+        await tx.execute("INSERT INTO t (a) VALUES ('three')")
+    assert [r["a"] for r in await db.fetch("SELECT a FROM t")] == ["three"]
+
+
+async def test_migrations_run_once_in_order_and_extensions_join(db):
+    extra = [Migration(101, "ext b", "CREATE TABLE ext_b (x TEXT)"), Migration(100, "ext a", "CREATE TABLE ext_a (x TEXT)")]
+    assert await apply(db, [*CORE, *extra]) == [1, 100, 101]
+    assert await apply(db, [*CORE, *extra]) == []
+    rows = await db.fetch("SELECT number FROM schema_migrations ORDER BY number")
+    assert [r["number"] for r in rows] == [1, 100, 101]
+    with pytest.raises(ValueError, match="duplicate"):
+        await apply(db, [*CORE, Migration(1, "clash", "SELECT 1")])
+
+
+async def test_a_failing_migration_leaves_nothing_and_is_retried(db):
+    bad = Migration(150, "half", "CREATE TABLE half_a (x TEXT); CREATE TABLE half_a (x TEXT)")
+    with pytest.raises(Exception):
+        await apply(db, [*CORE, bad])
+    tables = await db.fetch("SELECT number FROM schema_migrations")
+    assert 150 not in [r["number"] for r in tables]
+    good = Migration(150, "fixed", "CREATE TABLE half_a (x TEXT)")
+    assert await apply(db, [*CORE, good]) == [150]
+
+
+async def test_concurrent_starts_apply_each_migration_once(database_url):
+    first, second = await dbmod.open_database(database_url), await dbmod.open_database(database_url)
+    try:
+        results = await asyncio.gather(apply(first, CORE), apply(second, CORE))
+        assert sorted(results[0] + results[1]) == [1]
+    finally:
+        await first.close()
+        await second.close()
