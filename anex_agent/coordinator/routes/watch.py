@@ -48,8 +48,9 @@ async def _send(ws: web.WebSocketResponse, event: wire.WatchEvent) -> None:
     await ws.send_str(event.model_dump_json(exclude_none=True))
 
 
-async def _gateway_start(ctx, ws: web.WebSocketResponse, since: int) -> int:
+async def _gateway_start(ctx, ws: web.WebSocketResponse, gateway_id: str, since: int) -> int:
     async with ctx.db.transaction() as tx:
+        await tx.execute("UPDATE gateways SET last_seen_at = $2 WHERE id = $1", gateway_id, ctx.clock())
         head = await changes.current_version(tx)
         pruned = await changes.pruned_through(tx)
         if since == 0 or since < pruned or since > head:
@@ -133,7 +134,7 @@ async def watch(call: Call) -> web.StreamResponse:
     try:
         await ws.prepare(request)
         if principal.kind == "gateway":
-            last = await _gateway_start(ctx, ws, since)
+            last = await _gateway_start(ctx, ws, principal.id, since)
         else:
             last = await _node_start(ctx, ws, principal.id, since)
         credential_hash = credentials.hash_secret(bearer(request) or "")
