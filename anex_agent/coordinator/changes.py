@@ -34,6 +34,7 @@ from anex_agent.coordinator.db import Conn, Database
 log = logging.getLogger(__name__)
 
 CHANNEL = "anex_changes"
+RELISTEN_INTERVAL = 5.0  # seconds between attempts to re-open a lost NOTIFY connection
 GATEWAYS = "gateways"
 GATEWAY = "gateway"
 NODE = "node"
@@ -110,11 +111,27 @@ class ChangeFeed:
         self._subscriptions: set[Subscription] = set()
         self._listeners: list[Callable[[Change], None]] = []
         self.version = 0
+        self._notify = False
+        self._next_listen_attempt = 0.0
 
     async def start(self) -> None:
         """Start at the current head; subscribe to NOTIFY where the database has it."""
         self.version = await current_version(self._db)
-        await self._db.listen(CHANNEL, lambda _payload: self._wake.set())
+        self._notify = await self._db.listen(CHANNEL, lambda _payload: self._wake.set())
+
+    async def _relisten(self) -> None:
+        """The NOTIFY connection died (database restart): polling goes on; try to listen again."""
+        now = asyncio.get_running_loop().time()
+        if now < self._next_listen_attempt:
+            return
+        self._next_listen_attempt = now + RELISTEN_INTERVAL
+        try:
+            await self._db.listen(CHANNEL, lambda _payload: self._wake.set())
+            log.info("change feed: listening for notifications again")
+            self._wake.set()
+        except Exception as err:
+            log.warning("change feed: cannot listen for notifications (%s); polling every %.1fs", err,
+                        self._poll_interval)
 
     def poke(self) -> None:
         """Call after committing a change in this process: deliver it now."""
@@ -144,6 +161,8 @@ class ChangeFeed:
             except TimeoutError:
                 pass
             self._wake.clear()
+            if self._notify and not self._db.listening():
+                await self._relisten()
             try:
                 await self.catch_up()
             except Exception:  # the database may be briefly away: keep tailing

@@ -92,6 +92,10 @@ class Database:
         """Call ``callback(payload)`` for each NOTIFY on ``channel``; False where unsupported."""
         return False
 
+    def listening(self) -> bool:
+        """Whether a :meth:`listen` connection is up (False where unsupported or lost)."""
+        return False
+
     async def notify(self, tx: Conn, channel: str, payload: str) -> None:
         """Inside ``tx``: notify listeners of ``channel`` when the transaction commits."""
 
@@ -242,9 +246,15 @@ class PostgresDatabase(Database):
     async def listen(self, channel: str, callback: Callable[[str], None]) -> bool:
         import asyncpg
 
+        if self._listen_conn is not None:
+            with contextlib.suppress(Exception):
+                await self._listen_conn.close()
         self._listen_conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT)
         await self._listen_conn.add_listener(channel, lambda _c, _pid, _ch, payload: callback(payload))
         return True
+
+    def listening(self) -> bool:
+        return self._listen_conn is not None and not self._listen_conn.is_closed()
 
     async def notify(self, tx: Conn, channel: str, payload: str) -> None:
         await tx.execute("SELECT pg_notify($1, $2)", channel, payload)

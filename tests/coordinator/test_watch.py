@@ -155,3 +155,30 @@ async def test_a_rejoin_seen_late_does_not_close_the_new_stream(coord):
     event = await next_event(new_stream, timeout=5)
     assert event.type == "config" and event.config.tunnels[0].listen_port == 7
     await new_stream.aclose()
+
+
+async def test_delivery_survives_losing_the_notify_connection(coord):
+    """Polling keeps delivering while the NOTIFY connection is gone, and it comes back."""
+    db = coord.ctx.db
+    if db.dialect != "postgresql":
+        pytest.skip("NOTIFY exists only on PostgreSQL")
+    gw_client, _, _ = await coord.gateway()
+    stream = gw_client.watch(0)
+    await next_event(stream, timeout=5)
+    await db._listen_conn.close()  # as if the database restarted
+    assert not db.listening()
+    # as if the change came from another process (no local poke): only polling can find it
+    original_poke = coord.ctx.feed.poke
+    coord.ctx.feed.poke = lambda: None
+    try:
+        _, joined, _ = await coord.join("quiet")
+        event = await next_event(stream, timeout=DELIVERY)
+        assert event.type == "peer_added" and event.peer.node_id == joined.node_id
+    finally:
+        coord.ctx.feed.poke = original_poke
+    for _ in range(50):
+        if db.listening():
+            break
+        await asyncio.sleep(0.1)
+    assert db.listening()
+    await stream.aclose()
