@@ -25,7 +25,6 @@ import contextlib
 import logging
 import re
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -137,7 +136,6 @@ class SqliteDatabase(Database):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._lock = asyncio.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._thread_local = threading.local()
 
     async def open(self) -> None:
         await self._run(self._open_sync)
@@ -172,18 +170,35 @@ class SqliteDatabase(Database):
         assert self._conn is not None
         self._conn.execute(sql)
 
+    def _end_sync(self, commit: bool) -> None:
+        """Commit or roll back the open transaction, if any; a failed commit rolls back."""
+        assert self._conn is not None
+        if not self._conn.in_transaction:
+            return
+        if not commit:
+            self._conn.execute("ROLLBACK")
+            return
+        try:
+            self._conn.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
+        # The thread runs jobs in order, so a rollback queued after a statement whose
+        # caller was cancelled still runs after that statement. Shielded: a cancelled
+        # caller must leave the connection clean for the next one.
         async with self._lock:
-            await self._run(self._script_sync, "BEGIN IMMEDIATE")
             try:
+                await self._run(self._script_sync, "BEGIN IMMEDIATE")
                 yield _SqliteConn(self)
             except BaseException:
-                # shield: a cancelled caller must still leave the connection clean
-                await asyncio.shield(self._run(self._script_sync, "ROLLBACK"))
+                await asyncio.shield(self._run(self._end_sync, False))
                 raise
             else:
-                await asyncio.shield(self._run(self._script_sync, "COMMIT"))
+                await asyncio.shield(self._run(self._end_sync, True))
 
     async def close(self) -> None:
         async with self._lock:

@@ -93,3 +93,21 @@ async def test_concurrent_starts_apply_each_migration_once(database_url):
     finally:
         await first.close()
         await second.close()
+
+
+async def test_cancelled_while_beginning_leaves_no_open_transaction(db):
+    await db.execute("CREATE TABLE t (a TEXT PRIMARY KEY)")
+    for _ in range(20):  # cancel at varying points of BEGIN
+        async def writer():
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO t (a) VALUES ('x')")
+                await asyncio.sleep(10)
+
+        task = asyncio.create_task(writer())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    async with db.transaction() as tx:
+        await tx.execute("INSERT INTO t (a) VALUES ('y')")
+    assert [r["a"] for r in await db.fetch("SELECT a FROM t")] == ["y"]
