@@ -96,7 +96,11 @@ class UserspaceTunnel:
             send(datagram, endpoint)
         for received in out.packets:
             if self.on_packet is not None:
-                self.on_packet(received.packet, received.peer)
+                try:
+                    self.on_packet(received.packet, received.peer)
+                except Exception:  # the IP layer's bug must not stop the tunnel
+                    log.exception("userspace wg: packet handler failed")
+                    self.drop_reasons["packet handler failed"] += 1
             else:
                 try:
                     self._packets.put_nowait(received.packet)

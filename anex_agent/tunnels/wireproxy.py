@@ -136,6 +136,21 @@ class WireproxyOptions:
         if len(ports) != len(set(ports)):
             raise ConfigError("server_tunnels", "the same listen_port appears twice")
 
+    @classmethod
+    def for_node(cls, config: Any, *, proxy_address: str = "127.0.0.1:3128",
+                 health_address: str = "127.0.0.1:9080", inbound_ports: tuple[int, ...] = ()) -> WireproxyOptions:
+        """Options for a node from its ``anex_agent.wire.NodeConfig``: DNS, CheckAlive on every
+        gateway's mesh address, a client tunnel ``127.0.0.1:<listen_port> -> target`` per
+        ``GW_TUNNEL`` forward, and a server tunnel ``<port> -> 127.0.0.1:<port>`` per inbound port."""
+        return cls(
+            proxy_address=proxy_address,
+            health_address=health_address,
+            dns=tuple(config.dns),
+            check_alive=tuple(g.mesh_address for g in config.gateways if g.mesh_address),
+            client_tunnels=tuple(ClientTunnel(f"127.0.0.1:{t.listen_port}", str(t.target)) for t in config.tunnels),
+            server_tunnels=tuple(ServerTunnel(p, f"127.0.0.1:{p}") for p in inbound_ports),
+        )
+
 
 # ---------------------------------------------------------------- rendering
 
@@ -251,7 +266,12 @@ async def http_get(address: str, path: str, timeout: float) -> tuple[int, str]:
         try:
             writer.write(f"GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
             await writer.drain()
-            data = await reader.read(1 << 20)
+            data = b""
+            while len(data) < (1 << 20):  # HTTP/1.0: the server closes after the response
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                data += chunk
         finally:
             writer.close()
         head, _, body = data.partition(b"\r\n\r\n")

@@ -129,3 +129,27 @@ async def test_decrypted_packets_are_trimmed_to_their_ip_length(engines):
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"abc"))
     got = await asyncio.wait_for(b.tunnel.receive_packet(), 5)
     assert len(got) == packet_addresses(got)[2] == 23
+
+
+async def test_a_failing_packet_handler_does_not_stop_the_tunnel(engines):
+    a, b, *_ = engines
+    calls = []
+
+    def handler(packet: bytes, peer: bytes) -> None:
+        calls.append(packet)
+        if len(calls) == 1:
+            raise RuntimeError("bug in the IP layer")
+
+    b.tunnel.on_packet = handler
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"first"))
+    for _ in range(100):
+        if calls:
+            break
+        await asyncio.sleep(0.02)
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"second"))
+    for _ in range(100):
+        if len(calls) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert [c[20:] for c in calls] == [b"first", b"second"]
+    assert b.tunnel.drop_reasons["packet handler failed"] == 1

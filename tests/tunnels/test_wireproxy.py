@@ -320,3 +320,18 @@ async def test_missing_binary_is_an_engine_error(tmp_path):
     with pytest.raises(EngineError, match="cannot start"):
         await engine.apply(desired(endpoint="192.0.2.1:51820"))
     await engine.stop()
+
+
+def test_options_for_node_from_the_wire_config():
+    from anex_agent.wire import NodeConfig
+
+    config = NodeConfig.model_validate({
+        "node_id": "n1", "version": 3, "address": "10.254.0.5", "network": "10.254.0.0/16", "mtu": 1400,
+        "dns": ["10.254.254.1"],
+        "gateways": [{"id": "gw", "public_key": GW_PUB, "endpoint": "gw.example.com:51820",
+                      "allowed_ips": ["10.254.0.0/16"], "mesh_address": "10.254.254.1"}],
+        "tunnels": [{"listen_port": 5432, "target": "db.default.svc.cluster.local:5432"}],
+    })
+    opts = WireproxyOptions.for_node(config, inbound_ports=(8888,))
+    assert render_config(desired(), opts) == GOLDEN.replace(
+        "[TCPClientTunnel]\nBindAddress = 127.0.0.1:6379\nTarget = 10.96.0.20:6379\n\n", "")

@@ -11,7 +11,7 @@ from anex_agent import keys
 from anex_agent.errors import LocalProtocolError
 from anex_agent.wg.device import Device
 from anex_agent.wg.peer import PeerConfig
-from tests.wg.conftest import ADDR_A, ADDR_B, IP_A, IP_B, Pair, initiations, ipv4_packet
+from .conftest import ADDR_A, ADDR_B, IP_A, IP_B, Pair, initiations, ipv4_packet
 
 
 @pytest.mark.parametrize("psk", [False, True], ids=["no-psk", "psk"])
@@ -224,3 +224,18 @@ def test_set_peer_refuses_own_key_and_remove_peer_forgets_sessions():
     p.b.remove_peer(p.a.public_key)
     assert p.b.receive_datagram(data, ADDR_A, p.clock.now).kinds() == ["dropped"]
     assert p.b.peers() == []
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.sampled_from([b"", b"\x01\x00\x00\x00", b"\x02\x00\x00\x00", b"\x03\x00\x00\x00",
+                                                 b"\x04\x00\x00\x00"]))
+def test_random_datagrams_never_raise_and_are_dropped(body, header):
+    p = Pair(seed=7)
+    p.send("a", ipv4_packet(IP_A, IP_B, b"session up"))
+    data = header + body
+    for dev in (p.a, p.b):
+        out = dev.receive_datagram(data, ("198.51.100.9", 1), p.clock.now)
+        assert out.packets == [] and out.kinds() == ["dropped"]
