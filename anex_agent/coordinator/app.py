@@ -61,8 +61,13 @@ async def problem_middleware(request: web.Request, handler) -> web.StreamRespons
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        problem = problems.Problem(exc.status, exc.reason, exc.text if exc.status != 404 else
-                                   f"no route {request.method} {request.path}; see /v1/openapi.json")
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            detail = f"{request.method} is not allowed on {request.path}; allowed: {', '.join(sorted(exc.allowed_methods))}"
+        elif exc.status == 404:
+            detail = f"no route {request.method} {request.path}; see /v1/openapi.json"
+        else:
+            detail = exc.text or exc.reason
+        problem = problems.Problem(exc.status, exc.reason, detail, headers=_allow_header(exc))
         return problem.response(instance=request.path)
     except Exception as exc:
         if _is_conflict(exc):
@@ -72,6 +77,11 @@ async def problem_middleware(request: web.Request, handler) -> web.StreamRespons
         log.exception("unhandled error on %s %s", request.method, request.path)
         return problems.Problem(500, "Internal Server Error", "the coordinator failed; see its log",
                                 slug="internal").response(instance=request.path)
+
+
+def _allow_header(exc: web.HTTPException) -> dict[str, str]:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else {}
 
 
 def _is_conflict(exc: Exception) -> bool:

@@ -65,6 +65,7 @@ class Route:
     tags: tuple[str, ...] = ()
     websocket: bool = False
     content_type: str = "application/json"  # of the success response when not a model
+    problems: tuple[int, ...] = ()  # further problem statuses the route may answer (for OpenAPI)
     name: str = field(default="")
 
 
@@ -137,6 +138,14 @@ def _to_response(result: Any, status: int) -> web.StreamResponse:
 # ---------------------------------------------------------------- OpenAPI
 
 _PATH_PARAM = re.compile(r"\{(\w+)\}")
+_PROBLEM_TEXT = {
+    400: "bad request",
+    403: "the caller may not act on this object",
+    409: "conflict with a concurrent change or another object; retry or fix the input",
+    422: "invalid field(s), named in errors[]",
+    429: "too many requests",
+    503: "temporarily unavailable (network exhausted, database down)",
+}
 
 
 def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
@@ -202,6 +211,8 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
             op["x-anex-auth"] = r.auth.value
         if "{" in r.path:
             op["responses"]["404"] = {"description": "no such object", **problem_response}
+        for status in r.problems:
+            op["responses"][str(status)] = {"description": _PROBLEM_TEXT.get(status, "problem"), **problem_response}
         paths.setdefault(r.path, {})[r.method.lower()] = op
     return {
         "openapi": "3.1.0",

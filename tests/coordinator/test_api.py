@@ -238,6 +238,8 @@ async def test_openapi_documents_every_route(coord):
                    ("GET", "/v1/gateways/{gateway_id}/peers"), ("GET", "/v1/watch")]:
         assert needed in documented
     join = doc["paths"]["/v1/nodes"]["post"]
+    assert {"201", "401", "409", "422", "503"} <= set(join["responses"])
+    assert "403" in doc["paths"]["/v1/nodes/{node_id}/heartbeat"]["post"]["responses"]
     ref = join["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
     assert "public_key" in doc["components"]["schemas"][ref]["properties"]
 
@@ -253,6 +255,9 @@ async def test_health_ready_metrics_and_unknown_route(coord):
     assert b"anex_coordinator_heartbeats_total 1.0" in payload
     status, ctype, _ = await raw(coord, "GET", "/v1/nothing")
     assert status == 404 and ctype.startswith("application/problem+json")
+    status, ctype, payload = await raw(coord, "PATCH", "/v1/nodes")
+    assert status == 405 and ctype.startswith("application/problem+json")
+    assert "GET" in json.loads(payload)["detail"] and "POST" in json.loads(payload)["detail"]
 
 
 async def test_network_exhausted_is_503(tmp_path, database_url, clock):

@@ -35,11 +35,11 @@ def setup(registry: RouteRegistry, ctx) -> None:
     registry.add(Route("POST", "/v1/gateways", register, Auth.join,
                        "Register a gateway with a gateway join token (idempotent per public key)",
                        request_model=wire.GatewayRegisterRequest, response_model=wire.GatewayRegisterResponse,
-                       status=201, tags=tags))
+                       status=201, tags=tags, problems=(409, 503)))
     registry.add(Route("GET", "/v1/gateways", list_gateways, Auth.admin, "List gateways",
                        response_model=wire.GatewayList, tags=tags))
     registry.add(Route("DELETE", "/v1/gateways/{gateway_id}", delete_gateway, Auth.admin,
                        "Delete a gateway (frees its address; nodes get a new gateway set)", status=204, tags=tags))
     registry.add(Route("GET", "/v1/gateways/{gateway_id}/peers", peers, Auth.gateway,
                        "The full peer set the gateway must serve (the gateway itself)",
-                       response_model=wire.PeerSet, tags=tags))
+                       response_model=wire.PeerSet, tags=tags, problems=(403,)))

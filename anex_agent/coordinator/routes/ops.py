@@ -35,7 +35,8 @@ def setup(registry: RouteRegistry, ctx) -> None:
 
     tags = ("operations",)
     registry.add(Route("GET", "/healthz", healthz, Auth.public, "Liveness: the process answers", tags=tags))
-    registry.add(Route("GET", "/readyz", readyz, Auth.public, "Readiness: the database answers", tags=tags))
+    registry.add(Route("GET", "/readyz", readyz, Auth.public, "Readiness: the database answers", tags=tags,
+                       problems=(503,)))
     registry.add(Route("GET", "/metrics", metrics, Auth.public, "Prometheus metrics", tags=tags,
                        content_type="text/plain"))
     registry.add(Route("GET", "/v1/openapi.json", openapi_document, Auth.public,

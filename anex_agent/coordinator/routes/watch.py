@@ -169,6 +169,6 @@ def setup(registry: RouteRegistry, ctx) -> None:
     registry.add(Route(
         "GET", "/v1/watch", watch, Auth.node_or_gateway,
         "WebSocket stream of peer changes (gateways) or config changes (nodes); resumes from ?since",
-        response_model=wire.WatchEvent, websocket=True, tags=("watch",),
+        response_model=wire.WatchEvent, websocket=True, tags=("watch",), problems=(400, 422),
         query=(QueryParam("since", "integer", "last version the client has; 0 for a snapshot"),),
     ))
