@@ -26,6 +26,7 @@ from pathlib import Path
 from anex_agent.coordinator import changes, credentials, migrations, signing
 from anex_agent.coordinator.auth import Authenticator
 from anex_agent.coordinator.db import Database, open_database
+from anex_agent.coordinator.gatewayset import GatewaySetCache
 from anex_agent.coordinator.heartbeats import HeartbeatBuffer
 from anex_agent.coordinator.metrics import Metrics
 from anex_agent.coordinator.settings import Settings
@@ -58,6 +59,7 @@ class Coordinator:
         self.heartbeats = HeartbeatBuffer(db)
         self.metrics = Metrics()
         self.versions = ConfigVersions(db)
+        self.gateway_set = GatewaySetCache()
         self.websockets: set = set()  # open watch streams, closed (1001) on shutdown
         self.join_lock = asyncio.Lock()  # one join at a time per process; across processes the database decides
         self._background: list[tuple[str, Callable[[], Awaitable[None]]]] = []

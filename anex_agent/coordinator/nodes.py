@@ -164,6 +164,21 @@ async def set_tunnels(ctx: Coordinator, node_id: str, update: wire.TunnelsUpdate
     return result
 
 
+async def with_gateways_at(ctx: Coordinator, config: wire.NodeConfig, version: int) -> wire.NodeConfig:
+    """``config`` with the gateway set as of change ``version`` (read once per process per change)."""
+
+    async def load() -> list[wire.GatewayPeer]:
+        async with ctx.db.transaction() as tx:
+            return await gateway_peers(ctx, tx)
+
+    gateways = await ctx.gateway_set.get(version, load)
+    return config.model_copy(update={
+        "gateways": gateways,
+        "dns": list(ctx.settings.dns) or [g.mesh_address for g in gateways],
+        "version": max(config.version, version),
+    })
+
+
 def view_of(ctx: Coordinator, row: dict) -> wire.NodeView:
     last = row["last_heartbeat_at"]
     buffered = ctx.heartbeats.latest.get(row["id"])

@@ -182,3 +182,25 @@ async def test_delivery_survives_losing_the_notify_connection(coord):
         await asyncio.sleep(0.1)
     assert db.listening()
     await stream.aclose()
+
+
+async def test_gateway_change_reaches_many_node_watchers_with_one_gateway_read(coord):
+    streams, joined = [], []
+    for i in range(15):
+        client, j, _ = await coord.join(f"n{i}")
+        joined.append(j)
+        stream = client.watch(0)
+        assert (await next_event(stream, timeout=5)).type == "snapshot"
+        streams.append(stream)
+    loads_before = coord.ctx.gateway_set.loads
+    _, gw, _ = await coord.gateway("new-gw", endpoint="192.0.2.1:51820")
+    events = await asyncio.gather(*(next_event(s, timeout=DELIVERY * 3) for s in streams))
+    for event, j in zip(events, joined):
+        assert event.type == "gateway_changed"
+        assert event.config.node_id == j.node_id and event.config.address == j.config.address
+        assert [g.id for g in event.config.gateways] == [gw.gateway_id]
+        assert event.config.dns == [gw.address]
+        assert event.config == await coord.admin.get_config(j.node_id)  # same as a fresh read
+    assert coord.ctx.gateway_set.loads - loads_before == 1
+    for s in streams:
+        await s.aclose()

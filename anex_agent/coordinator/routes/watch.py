@@ -74,13 +74,14 @@ def _gateway_event(change: changes.Change) -> wire.WatchEvent:
     return wire.WatchEvent(type=change.type, version=change.version, peer=wire.MeshPeer.model_validate(change.payload))
 
 
-async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) -> int:
+async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) -> tuple[int, wire.NodeConfig]:
     config = await nodes.config(ctx, node_id)
     if since == 0 or since > config.version:
         await _send(ws, wire.WatchEvent(type="snapshot", version=config.version, config=config))
-    elif config.version > since:
+        return config.version, config
+    if config.version > since:
         await _send(ws, wire.WatchEvent(type="config", version=config.version, config=config))
-    return max(since, config.version) if since <= config.version else config.version
+    return max(since, config.version), config
 
 
 async def _still_valid(ctx, kind: str, ident: str, credential_hash: str) -> bool:
@@ -89,8 +90,19 @@ async def _still_valid(ctx, kind: str, ident: str, credential_hash: str) -> bool
     return found is not None
 
 
-async def _pump(ctx, ws: web.WebSocketResponse, sub: changes.Subscription, last: int, credential_hash: str) -> None:
-    """Forward queued changes as events; return when the caller's credential is revoked."""
+async def _pump(
+    ctx,
+    ws: web.WebSocketResponse,
+    sub: changes.Subscription,
+    last: int,
+    credential_hash: str,
+    config: wire.NodeConfig | None,
+) -> None:
+    """Forward queued changes as events; return when the caller's credential is revoked.
+
+    Nodes: a change of their own config is read from the database; a gateway-set change
+    reuses the node's own part of the last config sent and the process-wide gateway memo.
+    """
     while True:
         change: changes.Change = await sub.queue.get()
         if change.version <= last:
@@ -105,11 +117,15 @@ async def _pump(ctx, ws: web.WebSocketResponse, sub: changes.Subscription, last:
             await _send(ws, _gateway_event(change))
             last = change.version
             continue
-        try:
-            config = await nodes.config(ctx, sub.ident)
-        except problems.Problem:  # deleted meanwhile: the 'deleted' change follows
-            continue
-        kind = "gateway_changed" if change.scope == changes.NODES else "config"
+        if change.scope == changes.NODES and config is not None:
+            config = await nodes.with_gateways_at(ctx, config, change.version)
+            kind = "gateway_changed"
+        else:
+            try:
+                config = await nodes.config(ctx, sub.ident)
+            except problems.Problem:  # deleted meanwhile: the 'deleted' change follows
+                continue
+            kind = "gateway_changed" if change.scope == changes.NODES else "config"
         version = max(change.version, config.version)
         await _send(ws, wire.WatchEvent(type=kind, version=version, config=config))
         last = version
@@ -133,12 +149,13 @@ async def watch(call: Call) -> web.StreamResponse:
     ctx.metrics.watchers.inc()
     try:
         await ws.prepare(request)
+        config = None
         if principal.kind == "gateway":
             last = await _gateway_start(ctx, ws, principal.id, since)
         else:
-            last = await _node_start(ctx, ws, principal.id, since)
+            last, config = await _node_start(ctx, ws, principal.id, since)
         credential_hash = credentials.hash_secret(bearer(request) or "")
-        pump = asyncio.create_task(_pump(ctx, ws, sub, last, credential_hash), name=f"watch-pump-{principal.id}")
+        pump = asyncio.create_task(_pump(ctx, ws, sub, last, credential_hash, config), name=f"watch-pump-{principal.id}")
         drain = asyncio.create_task(_drain(ws), name=f"watch-drain-{principal.id}")
         try:
             await asyncio.wait({pump, drain}, return_when=asyncio.FIRST_COMPLETED)
