@@ -93,3 +93,61 @@ async def test_concurrent_allocations_are_unique(db):
     got = await asyncio.gather(*(alloc(db, pool, f"o{i}") for i in range(40)))
     assert len(set(got)) == 40
     assert sorted(got, key=pool.to_int) == [pool.to_str(pool.first + i) for i in range(40)]
+
+
+from hypothesis import given, settings as hsettings, strategies as st
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("alloc"), st.integers(0, 0)),
+        st.tuples(st.just("free"), st.integers(0, 50)),  # index into the currently held addresses
+        st.tuples(st.just("wait"), st.integers(1, 40)),  # seconds
+    ),
+    max_size=60,
+)
+
+
+@given(OPS)
+@hsettings(max_examples=60, deadline=None)
+def test_model_never_two_owners_never_early_reuse(ops):
+    """Against a simple model: held addresses are unique, in the pool, and a freed address
+    comes back only after its quarantine and only when no never-used address is left."""
+    quarantine = 30.0
+
+    async def run() -> None:
+        db = await open_database(":memory:")
+        await apply(db, CORE)
+        pool = ipam.Pool.parse("10.7.0.0/29")  # 6 usable addresses: exhaustion happens
+        held: list[str] = []
+        freed_at: dict[str, float] = {}
+        ever_used: set[str] = set()
+        now = 1000.0
+        try:
+            for op, arg in ops:
+                if op == "wait":
+                    now += arg
+                elif op == "free" and held:
+                    address = held.pop(arg % len(held))
+                    await release(db, pool, address, now, quarantine)
+                    freed_at[address] = now
+                elif op == "alloc":
+                    fresh_left = pool.size - len(ever_used)
+                    reusable = sorted((a for a, t in freed_at.items() if t + quarantine <= now), key=pool.to_int)
+                    try:
+                        address = await alloc(db, pool, f"o{len(ever_used)}", now=now)
+                    except ipam.NetworkExhausted:
+                        assert fresh_left == 0 and not reusable
+                        continue
+                    assert address not in held
+                    if fresh_left:
+                        assert address not in ever_used
+                    else:
+                        assert address == reusable[0]
+                        del freed_at[address]
+                    held.append(address)
+                    ever_used.add(address)
+                    assert pool.first <= pool.to_int(address) <= pool.last
+        finally:
+            await db.close()
+
+    asyncio.run(run())
