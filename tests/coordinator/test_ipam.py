@@ -46,13 +46,24 @@ def test_pool_parse_and_bounds():
         assert err.value.source == "--network" and words in str(err.value)
 
 
-async def test_sequential_fills_gaps_lowest_first(db):
+async def test_sequential_after_the_highest_address(db):
     pool = ipam.Pool.parse("10.1.0.0/24")
     got = [await alloc(db, pool, f"o{i}") for i in range(4)]
     assert got == ["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4"]
     await release(db, pool, "10.1.0.2", now=1000, quarantine=0)
     # a released address is a quarantined row, not a gap: the sequence continues past it
     assert await alloc(db, pool, "next", now=1001) == "10.1.0.5"
+
+
+async def test_gaps_are_filled_when_the_top_is_reached(db):
+    pool = ipam.Pool.parse("10.6.0.0/29")  # 6 usable addresses
+    for i in range(4):
+        await alloc(db, pool, f"o{i}")
+    await db.execute("DELETE FROM addresses WHERE n = $1", pool.to_int("10.6.0.2"))  # a hole, made by hand
+    got = [await alloc(db, pool, f"n{i}") for i in range(3)]
+    assert got == ["10.6.0.5", "10.6.0.6", "10.6.0.2"]
+    with pytest.raises(ipam.NetworkExhausted):
+        await alloc(db, pool, "more")
 
 
 async def test_quarantine_then_reuse_when_full(db):
