@@ -481,22 +481,27 @@ class WireproxyEngine(Engine):
         return None
 
     async def _terminate(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.returncode is not None:
+        """SIGTERM, then SIGKILL after STOP_GRACE. ``_proc`` is cleared only once the process is gone,
+        so a cancelled caller leaves it for stop() instead of orphaning it."""
+        proc = self._proc
+        if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), STOP_GRACE)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_GRACE)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await asyncio.wait({asyncio.ensure_future(proc.wait())}, timeout=STOP_GRACE)
+        self._proc = None
 
     async def stop(self) -> None:
         task, self._supervisor = self._supervisor, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task}, timeout=2 * STOP_GRACE)  # never hang a shutdown on it
         await self._terminate()
         self._config_text = None
         if self.state_dir is not None:
