@@ -62,7 +62,7 @@ class ReceivedPacket:
     peer: bytes  # sender's public key
 
 
-@dataclass
+@dataclass(slots=True)
 class Output:
     datagrams: list[tuple[bytes, Endpoint]] = field(default_factory=list)
     packets: list[ReceivedPacket] = field(default_factory=list)
@@ -320,7 +320,7 @@ class Device:
             raise RemoteProtocolError("decrypted packet's length field does not match its size")
         if self._allowed.lookup(source) != peer.public_key:
             raise RemoteProtocolError("decrypted packet's source address is not in the sender's allowed IPs")
-        self._out.packets.append(ReceivedPacket(plaintext[:total], peer.public_key))
+        self._out.packets.append(ReceivedPacket(plaintext if total == len(plaintext) else plaintext[:total], peer.public_key))
 
     def _keep_key_fresh_receiving(self, peer: Peer, now: float) -> None:
         # §6.2: an initiator whose session nears REJECT_AFTER_TIME rekeys once when data arrives.

@@ -105,7 +105,8 @@ def parse(data: bytes) -> Message:
     """Parse one datagram into a message, or raise RemoteProtocolError saying why not."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise LocalProtocolError("parse() takes bytes")
-    data = bytes(data)
+    if type(data) is not bytes:
+        data = bytes(data)
     if len(data) < 4:
         raise RemoteProtocolError(f"datagram of {len(data)} bytes is shorter than a message header")
     (word,) = _HEADER.unpack_from(data)
