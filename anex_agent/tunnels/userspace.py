@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from anex_agent.errors import EngineError, LocalProtocolError, NotSupported
@@ -158,16 +159,21 @@ class UserspaceEngine(Engine):
     name = "userspace"
 
     def __init__(self, *, ifname: str | None = None, listen_host: str = "0.0.0.0",
-                 on_packet: PacketHandler | None = None) -> None:
+                 on_packet: PacketHandler | None = None, resolve_interval: float = 30.0,
+                 resolver: Callable[[str], Awaitable[str]] = netconf.resolve_endpoint) -> None:
         self.ifname = ifname  # accepted and ignored: there is no OS interface
         self.listen_host = listen_host
         self.on_packet = on_packet
+        self.resolve_interval = resolve_interval
+        self.resolver = resolver
         self.tunnel: UserspaceTunnel | None = None
         self.address: str | None = None
         self._task: asyncio.Task | None = None
+        self._resolve_task: asyncio.Task | None = None
         self._private_key: bytes | None = None
         self._listen_port: int | None = None
-        self._peers: tuple[PeerConfig, ...] = ()
+        self._wanted: tuple[PeerConfig, ...] = ()  # as given (host names kept)
+        self._peers: tuple[PeerConfig, ...] = ()  # as applied (endpoints resolved)
         self._mtu = 1420
 
     def __repr__(self) -> str:
@@ -181,27 +187,60 @@ class UserspaceEngine(Engine):
         """Nothing to create before the first apply() (the key and port come with the config)."""
 
     async def apply(self, desired: DesiredConfig) -> None:
+        """Create the device/socket when needed and diff peers in; endpoint host names are resolved
+        now and again every ``resolve_interval`` seconds (a moved gateway is followed)."""
+        resolved = tuple([dataclasses.replace(p, endpoint=await self.resolver(p.endpoint)) if p.endpoint else p
+                          for p in desired.peers])
         try:
-            desired = await netconf.resolve_peers(desired)
             if (self.tunnel is None or desired.private_key != self._private_key
                     or desired.listen_port != self._listen_port or desired.mtu != self._mtu):
                 await self._restart(desired)
-            assert self.tunnel is not None
-            plan = plan_peers(self._peers, desired.peers)
-            device = self.tunnel.device
-            for key in plan.remove:
-                device.remove_peer(decode_key(key))
-            for peer in plan.add + plan.update:
-                device.set_peer(_wg_peer(peer))
-            self._peers = desired.peers
+            self._wanted = desired.peers
             self.address = desired.address
-            for peer in plan.add + plan.update:  # like wg(8): a keepalive peer handshakes at once
-                key = decode_key(peer.public_key)
-                wg_peer = device.peer(key)
-                if peer.endpoint is not None and peer.persistent_keepalive and wg_peer.keypairs.current is None:
-                    self.tunnel.call(lambda now, key=key: device.initiate_handshake(key, now))
+            self._apply_peers(resolved)
         except LocalProtocolError as err:
             raise EngineError(f"userspace engine refused the config: {err}") from None
+        if self.resolve_interval and (self._resolve_task is None or self._resolve_task.done()):
+            self._resolve_task = asyncio.create_task(self._re_resolve(), name="userspace-wg-resolve")
+
+    def _apply_peers(self, resolved: tuple[PeerConfig, ...]) -> None:
+        assert self.tunnel is not None
+        plan = plan_peers(self._peers, resolved)
+        device = self.tunnel.device
+        for key in plan.remove:
+            device.remove_peer(decode_key(key))
+        for peer in plan.add + plan.update:
+            device.set_peer(_wg_peer(peer))
+        self._peers = resolved
+        for peer in plan.add + plan.update:  # like wg(8): a keepalive peer handshakes at once
+            key = decode_key(peer.public_key)
+            wg_peer = device.peer(key)
+            if peer.endpoint is not None and peer.persistent_keepalive and wg_peer.keypairs.current is None:
+                self.tunnel.call(lambda now, key=key: device.initiate_handshake(key, now))
+
+    async def _re_resolve(self) -> None:
+        while True:
+            await asyncio.sleep(self.resolve_interval)
+            if self.tunnel is None:
+                return
+            current = {p.public_key: p for p in self._peers}
+            updated = []
+            for peer in self._wanted:
+                applied = current.get(peer.public_key)
+                if peer.endpoint is None or applied is None:
+                    updated.append(applied or peer)
+                    continue
+                try:
+                    endpoint = await self.resolver(peer.endpoint)
+                except EngineError as err:
+                    log.info("userspace wg: keeping %s: %s", applied.endpoint, err)  # DNS trouble: keep what works
+                    endpoint = applied.endpoint
+                if endpoint != applied.endpoint:
+                    log.warning("userspace wg: peer endpoint %s now resolves to %s (was %s)",
+                                peer.endpoint, endpoint, applied.endpoint)
+                updated.append(dataclasses.replace(applied, endpoint=endpoint))
+            if self.tunnel is not None:
+                self._apply_peers(tuple(updated))
 
     async def _restart(self, desired: DesiredConfig) -> None:
         await self.stop()
@@ -236,6 +275,9 @@ class UserspaceEngine(Engine):
                            "it carries IP packets only (UserspaceEngine.tunnel.send_packet / receive_packet)")
 
     async def stop(self) -> None:
+        if self._resolve_task is not None:
+            self._resolve_task.cancel()
+            self._resolve_task = None
         tunnel, task = self.tunnel, self._task
         self.tunnel = self._task = None
         self._private_key = None

@@ -153,3 +153,42 @@ async def test_a_failing_packet_handler_does_not_stop_the_tunnel(engines):
         await asyncio.sleep(0.02)
     assert [c[20:] for c in calls] == [b"first", b"second"]
     assert b.tunnel.drop_reasons["packet handler failed"] == 1
+
+
+async def test_follows_an_endpoint_whose_name_resolves_elsewhere():
+    """The gateway moves (same key, new address): the re-resolution points the peer at it."""
+    ka, kb = keys.generate_private_key(), keys.generate_private_key()
+    old_gw, new_gw = UserspaceEngine(ifname=None), UserspaceEngine(ifname=None)
+    dns: dict[str, str] = {}
+
+    async def resolver(endpoint: str) -> str:  # DNS is the one thing faked here
+        if endpoint not in dns:
+            raise EngineError(f"cannot resolve {endpoint}")
+        return dns[endpoint]
+
+    node = UserspaceEngine(ifname=None, resolver=resolver, resolve_interval=0.05)
+    try:
+        await old_gw.apply(desired(kb, ka, IP_B, IP_A, None))
+        await new_gw.apply(desired(kb, ka, IP_B, IP_A, None))
+        dns["gw.test:51820"] = f"127.0.0.1:{(await old_gw.status()).listen_port}"
+        with pytest.raises(EngineError, match="cannot resolve"):
+            await node.apply(desired(ka, kb, IP_A, IP_B, "nowhere.test:1"))
+        await node.apply(desired(ka, kb, IP_A, IP_B, "gw.test:51820"))
+        node.tunnel.send_packet(ipv4(IP_A, IP_B, b"to the old address"))
+        assert (await asyncio.wait_for(old_gw.tunnel.receive_packet(), 5)).endswith(b"to the old address")
+        new_port = (await new_gw.status()).listen_port
+        dns["gw.test:51820"] = f"127.0.0.1:{new_port}"
+        for _ in range(100):
+            if (await node.status()).peers[0].endpoint == f"127.0.0.1:{new_port}":
+                break
+            await asyncio.sleep(0.02)
+        assert (await node.status()).peers[0].endpoint == f"127.0.0.1:{new_port}"
+        del dns["gw.test:51820"]  # DNS failing later keeps the last good address
+        await asyncio.sleep(0.2)
+        assert (await node.status()).peers[0].endpoint == f"127.0.0.1:{new_port}"
+        node.tunnel.device.expire_sessions(keys.public_key(kb))  # the new host has no session: rekey
+        node.tunnel.send_packet(ipv4(IP_A, IP_B, b"to the new address"))
+        assert (await asyncio.wait_for(new_gw.tunnel.receive_packet(), 5)).endswith(b"to the new address")
+    finally:
+        for engine in (node, old_gw, new_gw):
+            await engine.stop()
