@@ -137,6 +137,8 @@ def test_we_initiate_then_ping_and_udp_both_ways(setup):
     result = s.ping()
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0% packet loss" in result.stdout
+    big = s.go.run(["ping", "-c", "2", "-s", "1372", "-W", "2", OUR_TUN], check=False)  # 1400-byte packets
+    assert big.returncode == 0, big.stdout
 
     # UDP from the wireguard-go side to us ...
     s.go.run(["python3", "-c", "import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
@@ -202,3 +204,16 @@ def test_wrong_key_never_completes_a_handshake(setup):
     assert status["events"].get("handshake-complete", 0) == 0
     assert status["events"].get("dropped", 0) >= 1  # their initiations were refused
     assert s.go_latest_handshake() == 0
+
+
+def test_under_load_our_cookie_reply_is_understood_by_wireguard_go(setup):
+    """We answer wireguard-go's first initiation with a cookie reply (XChaCha20-Poly1305); its retry
+    carries a mac2 made with that cookie, which we accept: the handshake completes."""
+    s = setup
+    s.configure_ours(peer_public=s.go_key.public_b64)
+    s.peer.call(op="under_load", value=True)
+    s.configure_go(peer_public=s.our_key.public_b64)
+    result = s.go.run(["ping", "-c", "1", "-w", "20", OUR_TUN], check=False, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    events = s.peer.status()["events"]
+    assert events.get("cookie-sent", 0) >= 1 and events.get("handshake-responded", 0) >= 1

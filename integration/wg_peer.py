@@ -10,6 +10,7 @@ Line protocol on stdin/stdout (one JSON object per line, one reply per request):
     {"op": "apply", "config": {private_key (base64), listen_port, address, peers: [...]}}
     {"op": "initiate", "peer": "<base64 public key>"}          start a handshake now
     {"op": "expire", "peer": "<base64>"}                        force the sessions to expire (rekey)
+    {"op": "under_load", "value": true}                         answer handshakes without mac2 with cookie replies
     {"op": "send_udp", "dst": ip, "sport": n, "dport": n, "data": "<hex>"}
     {"op": "status"} -> {"status": EngineStatus, "events": {...}, "drops": {...}, "udp": [[src, sport, dport, hex], ...]}
     {"op": "stop"}
@@ -79,6 +80,9 @@ async def main(address: str) -> int:
                 elif op == "initiate":
                     key = decode_key(cmd["peer"])
                     engine.tunnel.call(lambda now: engine.tunnel.device.initiate_handshake(key, now))
+                    reply({"ok": True})
+                elif op == "under_load":
+                    engine.tunnel.device.force_under_load = cmd.get("value", True)
                     reply({"ok": True})
                 elif op == "expire":
                     engine.tunnel.device.expire_sessions(decode_key(cmd["peer"]))
