@@ -160,12 +160,16 @@ class UserspaceEngine(Engine):
 
     def __init__(self, *, ifname: str | None = None, listen_host: str = "0.0.0.0",
                  on_packet: PacketHandler | None = None, resolve_interval: float = 30.0,
-                 resolver: Callable[[str], Awaitable[str]] = netconf.resolve_endpoint) -> None:
+                 resolver: Callable[[str], Awaitable[str]] = netconf.resolve_endpoint,
+                 bind_factory: Callable[[int | None], Awaitable[Bind]] | None = None) -> None:
+        """``bind_factory(listen_port)`` makes the datagram path (default: a :class:`UdpBind` on
+        ``listen_host``); the WebSocket relay path passes its own Bind factory here."""
         self.ifname = ifname  # accepted and ignored: there is no OS interface
         self.listen_host = listen_host
         self.on_packet = on_packet
         self.resolve_interval = resolve_interval
         self.resolver = resolver
+        self.bind_factory = bind_factory or (lambda port: UdpBind.open(port or 0, self.listen_host))
         self.tunnel: UserspaceTunnel | None = None
         self.address: str | None = None
         self._task: asyncio.Task | None = None
@@ -244,7 +248,7 @@ class UserspaceEngine(Engine):
 
     async def _restart(self, desired: DesiredConfig) -> None:
         await self.stop()
-        bind = await UdpBind.open(desired.listen_port or 0, self.listen_host)
+        bind = await self.bind_factory(desired.listen_port)
         device = Device(desired.private_key, wall_time=time.time, mtu=desired.mtu)
         self.tunnel = UserspaceTunnel(device, bind, on_packet=self.on_packet)
         self._task = asyncio.create_task(self.tunnel.run(), name="userspace-wg-receive")

@@ -192,3 +192,44 @@ async def test_follows_an_endpoint_whose_name_resolves_elsewhere():
     finally:
         for engine in (node, old_gw, new_gw):
             await engine.stop()
+
+
+async def test_a_custom_bind_carries_the_tunnel():
+    """Any object with send/receive/close/local_port works as the path (the WebSocket Bind's seam)."""
+    from anex_agent.tunnels.udp_bind import BindClosed
+
+    class QueueBind:
+        def __init__(self, name: str) -> None:
+            self.name, self.local_port, self.inbox, self.other = name, 0, asyncio.Queue(), None
+
+        def send(self, datagram: bytes, endpoint) -> None:
+            self.other.inbox.put_nowait((datagram, ("relay", self.name)))
+
+        async def receive(self):
+            item = await self.inbox.get()
+            if item is None:
+                raise BindClosed()
+            return item
+
+        def close(self) -> None:
+            self.inbox.put_nowait(None)
+
+    bind_a, bind_b = QueueBind("a"), QueueBind("b")
+    bind_a.other, bind_b.other = bind_b, bind_a
+
+    async def factory_for(bind):
+        async def factory(port):
+            return bind
+        return factory
+
+    ka, kb = keys.generate_private_key(), keys.generate_private_key()
+    a = UserspaceEngine(ifname=None, bind_factory=await factory_for(bind_a))
+    b = UserspaceEngine(ifname=None, bind_factory=await factory_for(bind_b))
+    try:
+        await b.apply(desired(kb, ka, IP_B, IP_A, None))
+        await a.apply(desired(ka, kb, IP_A, IP_B, "192.0.2.1:51820"))  # the relay ignores the endpoint
+        a.tunnel.send_packet(ipv4(IP_A, IP_B, b"over the relay"))
+        assert (await asyncio.wait_for(b.tunnel.receive_packet(), 5)).endswith(b"over the relay")
+    finally:
+        await a.stop()
+        await b.stop()
