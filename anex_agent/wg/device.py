@@ -16,6 +16,8 @@ must not go backwards. Invalid input from the network never raises: it becomes a
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import random
 from collections.abc import Callable, Hashable
@@ -96,6 +98,11 @@ class Device:
         self._index: dict[int, tuple[Peer, Keypair | None]] = {}
         self._allowed = AllowedIPs()
         self._out = Output()
+        # Timer index (see _refresh_heap): next_deadline() and update_timers() scan no peer list.
+        self._heap: list[tuple[float, int, Peer]] = []
+        self._scheduled: dict[Peer, float] = {}
+        self._seq = itertools.count()
+        self._touched: set[Peer] = set()
         self._load_window_start = float("-inf")
         self._load_count = 0
         self._under_load_until = float("-inf")
@@ -128,6 +135,8 @@ class Device:
                 peer.endpoint = config.endpoint
             peer.timers.persistent_keepalive = config.persistent_keepalive or None
         self._allowed.replace_peer(config.public_key, config.allowed_ips)
+        self._touched.add(peer)
+        self._refresh_heap()
         return peer
 
     def remove_peer(self, public_key: bytes) -> None:
@@ -172,13 +181,54 @@ class Device:
 
     def update_timers(self, now: float) -> Output:
         """Fire every timer due at ``now``."""
-        for peer in list(self._peers.values()):
+        self._refresh_heap()
+        due: list[Peer] = []
+        while self._heap and self._heap[0][0] <= now:
+            peer = self._settle_top()
+            if peer is not None:  # a current entry, due
+                heapq.heappop(self._heap)
+                del self._scheduled[peer]
+                due.append(peer)
+        for peer in due:
+            self._touched.add(peer)
             for name in peer.timers.pop_expired(now):
                 getattr(self, f"_expired_{name}")(peer, now)
         return self._flush()
 
     def next_deadline(self) -> float | None:
-        return min((d for p in self._peers.values() if (d := p.timers.next_deadline()) is not None), default=None)
+        """The earliest pending timer of any peer (None: nothing pending)."""
+        self._refresh_heap()
+        while self._heap:
+            if self._settle_top() is not None:
+                return self._heap[0][0]
+        return None
+
+    # The timer index: a heap of (wake-up time, seq, peer) with at most a few entries per peer.
+    # ``_scheduled[peer]`` is the peer's earliest entry. A peer touched by a call gets a new entry
+    # only when its next deadline moved earlier; an entry that surfaces and no longer matches the
+    # peer's deadline is replaced by the current one. No call scans every peer.
+
+    def _refresh_heap(self) -> None:
+        for peer in self._touched:
+            deadline = peer.timers.next_deadline()
+            if deadline is not None and deadline < self._scheduled.get(peer, float("inf")):
+                heapq.heappush(self._heap, (deadline, next(self._seq), peer))
+                self._scheduled[peer] = deadline
+        self._touched.clear()
+
+    def _settle_top(self) -> Peer | None:
+        """Return the heap top's peer when the entry is current; otherwise replace or drop it (None)."""
+        when, _, peer = self._heap[0]
+        actual = peer.timers.next_deadline() if self._peers.get(peer.public_key) is peer else None
+        if actual == when and self._scheduled.get(peer) == when:
+            return peer
+        heapq.heappop(self._heap)
+        if self._scheduled.get(peer) == when:
+            del self._scheduled[peer]
+        if actual is not None and actual < self._scheduled.get(peer, float("inf")):
+            heapq.heappush(self._heap, (actual, next(self._seq), peer))
+            self._scheduled[peer] = actual
+        return None
 
     def initiate_handshake(self, public_key: bytes, now: float) -> Output:
         """Start a handshake with a peer now (as ``wg`` does when a peer gets persistent keepalive)."""
@@ -195,6 +245,7 @@ class Device:
     # -- sending -----------------------------------------------------------------
 
     def _send_staged(self, peer: Peer, now: float) -> None:
+        self._touched.add(peer)
         kp = peer.keypairs.current
         if kp is None or not kp.usable_for_sending(now):
             self._initiate(peer, now, retry=False)
@@ -221,6 +272,7 @@ class Device:
         self._send_staged(peer, now)
 
     def _initiate(self, peer: Peer, now: float, *, retry: bool) -> None:
+        self._touched.add(peer)
         if not retry:
             peer.timers.handshake_attempts = 0
         if now - peer.last_sent_handshake < REKEY_TIMEOUT:
@@ -253,6 +305,7 @@ class Device:
         if isinstance(msg, Initiation):
             hs = consume_initiation(self.identity, msg, self._find_handshake, now)
             peer = self._peers[hs.remote_static]
+            self._touched.add(peer)
             peer.endpoint = addr
             peer.timers.any_authenticated_packet_traversal(now)
             peer.timers.any_authenticated_packet_received()
@@ -271,6 +324,7 @@ class Device:
         if entry is None or entry[1] is not None:
             raise RemoteProtocolError("handshake response for an unknown index")
         peer = entry[0]
+        self._touched.add(peer)
         peer.handshake.consume_response(msg)
         peer.endpoint = addr
         peer.timers.any_authenticated_packet_traversal(now)
@@ -295,6 +349,7 @@ class Device:
         if entry is None or entry[1] is None:
             raise RemoteProtocolError("transport message for an unknown index")
         peer, keypair = entry
+        self._touched.add(peer)
         if not keypair.usable_for_receiving(now):
             raise RemoteProtocolError("transport message for an expired session")
         plaintext = keypair.decrypt(msg.counter, msg.encrypted_packet)
@@ -401,6 +456,7 @@ class Device:
             kp.zero()
 
     def _zero(self, peer: Peer) -> None:
+        self._touched.add(peer)
         self._drop_keypairs(peer.keypairs.all())
         peer.keypairs.zero_all()
         self._unindex(peer.handshake.local_index)

@@ -13,7 +13,7 @@ from anex_agent.wg.constants import (
     REKEY_TIMEOUT_JITTER_MAX,
     ZERO_KEY_MATERIAL_AFTER,
 )
-from tests.wg.conftest import ADDR_A, IP_A, IP_B, Pair, initiations, ipv4_packet
+from .conftest import ADDR_A, IP_A, IP_B, Pair, initiations, ipv4_packet
 
 
 def established(**kw) -> Pair:
@@ -177,3 +177,53 @@ def test_next_deadline_is_reported():
     p = Pair()
     out = p.a.send_packet(ipv4_packet(IP_A, IP_B), p.clock.now)
     assert out.next_deadline == pytest.approx(p.clock.now + REKEY_TIMEOUT + 0.5 * REKEY_TIMEOUT_JITTER_MAX)
+
+
+def test_timer_index_matches_a_scan_of_every_peer():
+    """next_deadline()/update_timers() use a heap; check them against the obvious scan under random traffic."""
+    import random as _random
+
+    from anex_agent import keys
+    from anex_agent.wg.device import Device
+    from anex_agent.wg.peer import PeerConfig
+
+    rng = _random.Random(11)
+    clock = [100.0]
+    kw = dict(wall_time=lambda: 1.7e9 + clock[0], random_bytes=rng.randbytes, jitter=rng.random)
+    hub = Device(keys.generate_private_key(), **kw)
+    spokes = []
+    for i in range(30):
+        dev = Device(keys.generate_private_key(), **kw)
+        ka = rng.choice([None, 25, 7])
+        hub.set_peer(PeerConfig(dev.public_key, [f"10.9.{i}.0/24"], ("192.0.2.1", 1000 + i), persistent_keepalive=ka))
+        dev.set_peer(PeerConfig(hub.public_key, ["10.9.0.0/16"], ("192.0.2.254", 1)))
+        spokes.append(dev)
+    by_port = {1000 + i: d for i, d in enumerate(spokes)}
+
+    def deliver(out, sender_port=None):
+        for data, endpoint in out.datagrams:
+            if sender_port is None:  # hub -> spoke
+                if rng.random() < 0.8:
+                    deliver(by_port[endpoint[1]].receive_datagram(data, ("192.0.2.254", 1), clock[0]), endpoint[1])
+            elif rng.random() < 0.8:
+                deliver(hub.receive_datagram(data, ("192.0.2.1", sender_port), clock[0]))
+
+    def scan():
+        return min((d for p in hub.peers() if (d := p.timers.next_deadline()) is not None), default=None)
+
+    for _ in range(600):
+        step = rng.random()
+        if step < 0.4:
+            i = rng.randrange(30)
+            deliver(hub.send_packet(ipv4_packet("10.9.255.1", f"10.9.{i}.5"), clock[0]))
+        elif step < 0.6:
+            i = rng.randrange(30)
+            deliver(spokes[i].send_packet(ipv4_packet(f"10.9.{i}.5", "10.9.255.1"), clock[0]), 1000 + i)
+        else:
+            clock[0] += rng.choice([0.1, 1, 5, 11, 40, 200])
+            deliver(hub.update_timers(clock[0]))
+            for i, dev in enumerate(spokes):
+                deliver(dev.update_timers(clock[0]), 1000 + i)
+        assert hub.next_deadline() == scan()
+        assert scan() is None or scan() > clock[0] or step < 0.6  # nothing overdue right after update_timers
+    assert len(hub._heap) <= 4 * len(hub.peers())  # no unbounded growth
