@@ -39,6 +39,7 @@ from anex_agent.wg.crypto import tai64n
 from anex_agent.wg.handshake import Identity, consume_initiation
 from anex_agent.wg.messages import CookieReply, Initiation, Response, Transport, parse
 from anex_agent.wg.peer import Peer, PeerConfig
+from anex_agent.wg.ratelimit import RateLimiter
 from anex_agent.wg.routing import AllowedIPs, packet_addresses
 from anex_agent.wg.session import Keypair
 
@@ -94,6 +95,7 @@ class Device:
         self._random_bytes = random_bytes
         self._jitter = jitter
         self._cookies = CookieChecker(self.identity.public, random_bytes)
+        self._ratelimit = RateLimiter()
         self._peers: dict[bytes, Peer] = {}
         self._index: dict[int, tuple[Peer, Keypair | None]] = {}
         self._allowed = AllowedIPs()
@@ -302,6 +304,8 @@ class Device:
                 self._out.datagrams.append((reply.to_bytes(), addr))
                 self._event("cookie-sent", None, "under load: answered with a cookie reply")
                 return
+            if not self._ratelimit.allow(src[:-2] if isinstance(addr, tuple) else src, now):  # per IP, not port
+                raise RemoteProtocolError("under load: handshake rate limit for this source exceeded")
         if isinstance(msg, Initiation):
             hs = consume_initiation(self.identity, msg, self._find_handshake, now)
             peer = self._peers[hs.remote_static]
