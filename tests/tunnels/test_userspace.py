@@ -233,3 +233,11 @@ async def test_a_custom_bind_carries_the_tunnel():
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_drop_reasons_stay_bounded_under_garbage(engines):
+    a, b, *_ = engines
+    for i in range(200):
+        b.tunnel.handle(b.tunnel.device.receive_datagram(bytes([i % 256]) + bytes(3) + bytes(i), ("192.0.2.1", 1), 0.0))
+    assert sum(b.tunnel.drop_reasons.values()) == 200
+    assert len(b.tunnel.drop_reasons) < 10
