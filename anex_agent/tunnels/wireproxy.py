@@ -47,6 +47,8 @@ BINARY = "wireproxy"
 #: wireproxy's default CheckAliveInterval (seconds); /readyz says 503 once the last pong is older than this + 2 s.
 CHECK_ALIVE_INTERVAL = 5
 STOP_GRACE = 5.0
+#: Restart reasons kept for reports (the oldest are dropped); ``Supervision.starts`` counts them all.
+RESTART_HISTORY = 20
 
 _HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 
@@ -301,7 +303,7 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork a
 
 @dataclass
 class Supervision:
-    """What the supervisor did: restarts and why (reported next to the engine status)."""
+    """What the supervisor did: process starts, and why the last RESTART_HISTORY restarts happened."""
 
     starts: int = 0
     restarts: list[str] = field(default_factory=list)
@@ -403,6 +405,7 @@ class WireproxyEngine(Engine):
         await self._terminate()
         if self.supervision.starts:
             self.supervision.restarts.append(reason)
+            del self.supervision.restarts[:-RESTART_HISTORY]
             log.warning("wireproxy: restarting (%s)", reason)
         logfile = open(self.config_path.with_suffix(".log"), "ab")
         try:
