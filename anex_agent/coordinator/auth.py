@@ -12,7 +12,8 @@ Contract:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 
 from aiohttp import web
@@ -55,12 +56,6 @@ _ALLOWED: dict[Auth, frozenset[str]] = {
 }
 
 
-@dataclass
-class _Entry:
-    principal: Principal
-    hashes: set[str] = field(default_factory=set)
-
-
 def bearer(request: web.Request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
@@ -75,6 +70,7 @@ class Authenticator:
         self._admin_token = admin_token
         self._by_hash: dict[str, Principal] = {}
         self._by_id: dict[str, set[str]] = {}
+        self.on_node_loaded: Callable[[str, int], None] | None = None
 
     async def authenticate(self, request: web.Request, auth: Auth) -> Principal:
         """Return the caller for a route protected by ``auth``; raise the 401 problem."""
@@ -97,8 +93,10 @@ class Authenticator:
             return cached
         principal = None
         if credentials.has_prefix(secret, credentials.NODE_CREDENTIAL):
-            ident = await self._db.fetchval("SELECT id FROM nodes WHERE credential_hash = $1", digest)
-            principal = Principal("node", ident) if ident else None
+            row = await self._db.fetchrow("SELECT id, config_version FROM nodes WHERE credential_hash = $1", digest)
+            principal = Principal("node", row["id"]) if row else None
+            if row and self.on_node_loaded is not None:  # one query serves the config-version cache too
+                self.on_node_loaded(row["id"], int(row["config_version"]))
         elif credentials.has_prefix(secret, credentials.GATEWAY_CREDENTIAL):
             ident = await self._db.fetchval("SELECT id FROM gateways WHERE credential_hash = $1", digest)
             principal = Principal("gateway", ident) if ident else None

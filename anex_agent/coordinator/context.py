@@ -60,6 +60,7 @@ class Coordinator:
         self.metrics = Metrics()
         self.versions = ConfigVersions(db)
         self.gateway_set = GatewaySetCache()
+        self.auth.on_node_loaded = self.versions.seed
         self.websockets: set = set()  # open watch streams, closed (1001) on shutdown
         self.join_lock = asyncio.Lock()  # one join at a time per process; across processes the database decides
         self._background: list[tuple[str, Callable[[], Awaitable[None]]]] = []

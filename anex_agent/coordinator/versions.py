@@ -27,6 +27,10 @@ class ConfigVersions:
             self._nodes[node_id] = own
         return max(own, self.gateways_version)
 
+    def seed(self, node_id: str, version: int) -> None:
+        """A node's own version read elsewhere (with its credential): saves a query."""
+        self._nodes[node_id] = max(version, self._nodes.get(node_id, 0))
+
     def on_change(self, change: changes.Change) -> None:
         if change.scope == changes.NODES:
             self.gateways_version = max(self.gateways_version, change.version)
