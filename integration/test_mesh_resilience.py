@@ -29,7 +29,9 @@ def test_gateway_killed_and_restarted_traffic_resumes_within_10_s(mesh, node):
     mesh.start_gateway()
     restarted = time.monotonic()
     wait_until(lambda: works(node, "/after"), 10, "traffic through the restarted gateway", interval=0.2)
-    assert time.monotonic() - restarted <= 10
+    resumed_after = time.monotonic() - restarted
+    print(f"traffic resumed {resumed_after:.1f} s after the gateway was back")
+    assert resumed_after <= 10
     assert node.proc.poll() is None and node.proc.pid == agent_pid  # the agent was not restarted
 
 

@@ -13,6 +13,7 @@ the DNS config changes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 #: A handshake older than this means the session is gone (whitepaper §6.1: REJECT_AFTER_TIME = 180 s).
 READY_HANDSHAKE_AGE = 180.0
+#: After a gateway change: re-add the gateway peers every RESET_RETRY s until a handshake, for up to RESET_WINDOW s.
+RESET_RETRY = 1.0
+RESET_WINDOW = 10.0
 
 
 class DataPlane:
@@ -87,19 +91,35 @@ class DataPlane:
         self.config = config
         log.info("applied config version %d (%d gateway(s), %d tunnel(s))", config.version, len(config.gateways), len(self.forwards.active))
 
-    async def reset_gateway_sessions(self) -> None:
-        """Drop and re-add the gateway peers so the next packet starts a fresh handshake.
+    async def reset_gateway_sessions(self, *, within: float = RESET_WINDOW, every: float = RESET_RETRY) -> bool:
+        """Drop and re-add the gateway peers until a fresh handshake completes (or ``within`` s pass).
 
         A gateway that restarted lost its sessions; our engine would keep sending on the
         old one until WireGuard's own timers give up (REKEY_TIMEOUT + KEEPALIVE_TIMEOUT,
-        whitepaper §6.1/§6.5: about 15 s). Re-adding the peer (with its persistent
-        keepalive) makes the engine handshake at once.
+        whitepaper §6.1/§6.5: about 15 s). Re-adding a peer (with its persistent
+        keepalive) makes the engine send a handshake initiation at once; while the
+        gateway's interface is still coming up that initiation may be lost, so it is
+        repeated every ``every`` seconds instead of waiting REKEY_TIMEOUT (5 s) each time.
+        Returns True when a handshake newer than the reset was seen.
         """
         assert self.engine is not None and self.config is not None
         desired = desired_from_config(self.config, self.keypair.private)
-        await self.engine.apply(dataclasses.replace(desired, peers=()))
-        await self.engine.apply(desired)
-        log.info("gateway sessions reset: handshaking again")
+        if not desired.peers:
+            return False
+        started = time.time()
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            await self.engine.apply(dataclasses.replace(desired, peers=()))
+            await self.engine.apply(desired)
+            retry_at = time.monotonic() + every
+            while time.monotonic() < min(retry_at, deadline):
+                await asyncio.sleep(0.1)
+                status = await self.engine_status()
+                if status and any(p.last_handshake and p.last_handshake >= started for p in status.peers):
+                    log.info("gateway sessions reset: handshake after %.1f s", time.time() - started)
+                    return True
+        log.warning("gateway sessions reset, but no handshake within %.0f s; WireGuard keeps retrying", within)
+        return False
 
     async def stop(self) -> None:
         await self._stack.aclose()
