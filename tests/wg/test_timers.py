@@ -118,7 +118,7 @@ def test_retry_with_jitter_then_give_up_after_rekey_attempt_time(jitter):
     assert p.kinds("a").count("handshake-gave-up") == 1
     assert p.kinds("a").count("handshake-retry") == MAX_HANDSHAKE_ATTEMPTS
     assert times[-1] - t <= 90 + MAX_HANDSHAKE_ATTEMPTS * REKEY_TIMEOUT_JITTER_MAX
-    assert p.a.peer(p.b.public_key).staged == type(p.a.peer(p.b.public_key).staged)()  # queued packet dropped
+    assert len(p.a.peer(p.b.public_key).staged) == 0  # the queued packet was dropped
     p.drop_to = set()
     p.tick(10)
     p.send("a", ipv4_packet(IP_A, IP_B, b"later"))  # a new packet starts afresh
