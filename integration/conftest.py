@@ -97,6 +97,55 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("mesh process logs", dump_logs(item.funcargs["mesh"])))
 
 
+def read_until(proc: subprocess.Popen, predicate, timeout: float) -> list[str]:
+    """Lines of ``proc.stdout`` (text mode) until ``predicate(lines)`` is true, EOF or ``timeout``.
+
+    Never blocks past the deadline (a bare ``for line in proc.stdout`` would, when nothing
+    more is printed).
+    """
+    import os
+    import selectors
+    import time
+
+    lines: list[str] = []
+    buf = b""
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while time.monotonic() < deadline and not predicate(lines):
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            buf += chunk
+            *complete, buf = buf.split(b"\n")
+            lines += [c.decode(errors="replace") + "\n" for c in complete]
+    return lines
+
+
+def finish(ns, proc: subprocess.Popen, timeout: float = 30) -> tuple[int, str]:
+    """Wait for ``proc`` (started with stdout=PIPE) and return (status, rest of its output).
+
+    On timeout every process in the namespace is killed first, so that a grandchild holding
+    the pipe (the workload) cannot make the final read block forever.
+    """
+    import os
+    import signal
+
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in ns.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, _ = proc.communicate(timeout=10)
+    return proc.returncode, out or ""
+
+
 def ns_state(ns) -> dict:
     """What of ours exists in a namespace: interfaces, routes, nftables tables, processes."""
     links = [l.split(": ")[1].split("@")[0] for l in ns.run(["ip", "-o", "link"]).stdout.splitlines()]

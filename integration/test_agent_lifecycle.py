@@ -8,12 +8,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, anex_argv, wait_until
-from integration.conftest import ns_state
+from integration.conftest import finish, ns_state, read_until
 
 FETCH = (
     "import json,sys,urllib.request\n"
@@ -32,7 +31,14 @@ def fresh_node(mesh):
 
 
 def run_agent(mesh, node, env, command, timeout=60) -> subprocess.CompletedProcess:
-    return node.ns.run([*anex_argv(), "run", "--", *command], env=env, check=False, timeout=timeout)
+    """``anex-agent run -- command`` in the node's namespace, bounded by ``timeout`` (stdout and stderr apart)."""
+    proc = node.ns.popen([*anex_argv(), "run", "--", *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        finish(node.ns, proc, 0.1)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_run_starts_the_workload_after_the_mesh_exits_with_its_status_and_leaves_nothing(mesh, fresh_node):
@@ -56,14 +62,11 @@ def test_sigterm_is_forwarded_to_the_workload_and_its_status_returned(mesh, fres
     )
     env = mesh.agent_env(fresh_node)
     proc = fresh_node.ns.popen([*anex_argv(), "run", "--", sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("WORKLOAD-UP"):
-            break
+    lines = read_until(proc, lambda ls: any(l.startswith("WORKLOAD-UP") for l in ls), 45)
+    assert any(l.startswith("WORKLOAD-UP") for l in lines), "".join(lines)
     # `ip netns exec` execs the command, so proc is the agent itself
     proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=30)
+    _, rest = finish(fresh_node.ns, proc)
     text = "".join(lines) + rest
     assert proc.returncode == 42, text
     assert "WORKLOAD-TERM" in text
@@ -110,14 +113,9 @@ def test_gw_tunnel_port_in_use_stops_before_the_workload(mesh, fresh_node, tmp_p
 def test_unreachable_coordinator_prints_retrying_not_a_traceback(mesh, fresh_node):
     env = mesh.agent_env(fresh_node, token="whatever", ANEX_COORDINATOR_URL="http://192.168.100.1:1")
     proc = fresh_node.ns.popen([*anex_argv(), "daemon"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    deadline = time.monotonic() + 20
-    for line in proc.stdout:
-        seen.append(line)
-        if "retrying" in line and len([l for l in seen if "retrying in" in l]) >= 2 or time.monotonic() > deadline:
-            break
+    seen = read_until(proc, lambda ls: sum("retrying in" in l for l in ls) >= 2, 20)
     proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=20)
+    _, rest = finish(fresh_node.ns, proc)
     text = "".join(seen) + rest
     assert "unreachable" in text and "retrying in" in text, text
     assert "Traceback" not in text

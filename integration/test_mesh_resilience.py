@@ -49,3 +49,8 @@ def test_coordinator_down_traffic_keeps_flowing(mesh, node):
     finally:
         mesh.start_coordinator()
     wait_until(lambda: node.status()["coordinator"]["reachable"] is True, 90, "the agent reaching the coordinator again", interval=0.5)
+    # leave a mesh later tests can join at once: the gateway's watch may sit in a long
+    # reconnect backoff after the outage, so give it a fresh one
+    mesh.stop_gateway()
+    mesh.start_gateway()
+    wait_until(lambda: works(node, "/restored"), 20, "traffic after restoring the gateway", interval=0.3)

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 READY_HANDSHAKE_AGE = 180.0
 #: After a gateway change: re-add the gateway peers every RESET_RETRY s until a handshake, for up to RESET_WINDOW s.
 RESET_RETRY = 1.0
+#: At start-up, how long the workload waits for the first gateway handshake before it starts anyway.
+FIRST_HANDSHAKE_WAIT = 20.0
 RESET_WINDOW = 10.0
 
 
@@ -120,6 +122,22 @@ class DataPlane:
                     return True
         log.warning("gateway sessions reset, but no handshake within %.0f s; WireGuard keeps retrying", within)
         return False
+
+    async def wait_handshake(self, timeout: float = FIRST_HANDSHAKE_WAIT) -> bool:
+        """Wait until some gateway handshake completed (True), or ``timeout`` s passed (False).
+
+        Used before starting the workload, so that its first request does not race the
+        first handshake. The engines initiate at once (persistent keepalive), so on a healthy
+        mesh this takes milliseconds; a gateway that is down costs at most ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            transport = await self.transport_status()
+            if transport.last_handshake_age is not None:
+                return True
+            if time.monotonic() >= deadline or not (self.config and self.config.gateways):
+                return False
+            await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         await self._stack.aclose()

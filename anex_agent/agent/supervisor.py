@@ -237,6 +237,8 @@ class Agent:
             self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
         await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
         await self._serve_api_on_mesh(config)
+        if not await self.dataplane.wait_handshake():
+            log.warning("no WireGuard handshake with a gateway yet; starting anyway (WireGuard keeps trying)")
         print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)
         if workload is not None:
             await workload.start()
