@@ -18,7 +18,6 @@ accepted).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -69,19 +68,6 @@ class SelectionRoutes:
             self.sources["vastai"] = VastAISource(config.vastai)
         if config.runpod is not None:
             self.sources["runpod"] = RunPodSource(config.runpod)
-
-    async def aclose(self) -> None:
-        for source in self.sources.values():
-            close = getattr(source, "aclose", None)
-            if close is not None:
-                await close()
-
-    async def keep(self) -> None:
-        """Background task: holds the provider clients open for the coordinator's lifetime."""
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await self.aclose()
 
     async def onprem_nodes(self) -> list[dict[str, Any]]:
         """On-prem nodes in the shape :func:`~anex_agent.selection.providers.onprem.offer_from_node` reads."""
@@ -184,7 +170,6 @@ def make_setup(config: SelectionConfig | None = None):
 
     def setup(registry: RouteRegistry, ctx: Any) -> None:
         routes = SelectionRoutes(ctx, config or SelectionConfig.from_env(os.environ))
-        ctx.add_background("selection-clients", routes.keep)
         tags = ("selection",)
         registry.add(Route("POST", "/v1/selections", routes.create_selection, Auth.admin,
                            "Rank machines (Vast.AI, RunPod, on-prem) for a pod's annotations, with an explanation",

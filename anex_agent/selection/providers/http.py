@@ -8,6 +8,9 @@
 * a short TTL cache of successful JSON answers keyed by method, URL, query and body, so a
   burst of pods asking for the same offers makes one provider call (concurrent identical
   calls share one in-flight request);
+* one short-lived ``aiohttp.ClientSession`` per fetch (a fetch happens at most once per TTL
+  per query), so nothing stays open between selections and nothing needs closing at
+  shutdown;
 * credentials go in headers given by the caller and are never logged; log lines carry
   the method, the URL without its query, the status and the attempt number only.
 
@@ -87,7 +90,6 @@ class JsonClient:
         self._sleep = sleep
         self._clock = clock
         self._rng = rng or random.Random()
-        self._session: aiohttp.ClientSession | None = None
         self._cache: dict[str, tuple[float, Any]] = {}
         self._inflight: dict[str, asyncio.Future] = {}
         self.calls = 0  # HTTP attempts made (for tests and metrics)
@@ -99,14 +101,8 @@ class JsonClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.policy.timeout))
-        return self._session
+        """Nothing to release (sessions live for one fetch); kept for symmetry with ``async with``."""
+        self._cache.clear()
 
     async def request(self, method: str, url: str, *, params: dict | None = None, body: Any = None,
                       headers: dict[str, str] | None = None) -> Any:
@@ -148,12 +144,17 @@ class JsonClient:
         return self._rng.uniform(0, ceiling)
 
     async def _fetch(self, method: str, url: str, params: dict | None, body: Any, headers: dict[str, str]) -> Any:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.policy.timeout)) as session:
+            return await self._attempts(session, method, url, params, body, headers)
+
+    async def _attempts(self, session: aiohttp.ClientSession, method: str, url: str, params: dict | None, body: Any,
+                        headers: dict[str, str]) -> Any:
         last: ProviderError | None = None
         for attempt in range(self.policy.attempts):
             self.calls += 1
             retry_after: float | None = None
             try:
-                async with self._get_session().request(method, url, params=params, json=body, headers=headers) as resp:
+                async with session.request(method, url, params=params, json=body, headers=headers) as resp:
                     log.debug("%s %s %s -> %s (attempt %d)", self.provider, method, url, resp.status, attempt + 1)
                     if resp.status == 429 or resp.status >= 500:
                         retry_after = retry_after_seconds(resp.headers.get("Retry-After"), time.time())
