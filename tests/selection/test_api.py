@@ -104,7 +104,8 @@ def telemetry(gpu="NVIDIA GeForce RTX 4090", count=2, *, passed=True, verdict="h
                       **({"processes": [{"pid": 1}]} if processes else {})} for i in range(count)],
             "xids": [], "host": {"cpu_count": 32, "mem_total_bytes": 128 * 2**30,
                                  "disk": {"free_bytes": 900 * 2**30}},
-            "qualification": {"passed": passed, "checks": []}}
+            "qualification": {"v": 1, "status": "pass" if passed else "fail", "required_ok": passed,
+                              "marketplace_ok": passed, "checks": []}}
 
 
 @pytest.mark.parametrize("pod", [CURRENT_EXAMPLE_POD, LEGACY_EXAMPLE_POD], ids=["current", "legacy"])

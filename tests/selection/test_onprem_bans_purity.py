@@ -86,3 +86,32 @@ async def test_memory_bans_expire_and_extend():
     assert [b.expires_at for b in await bans.active()] == [160.0]
     now[0] = 161.0
     assert await bans.banned_machines() == frozenset()
+
+
+def test_adapter_reads_the_telemetry_the_gpu_module_builds():
+    """Contract with anex_agent.gpu: a block made by its real builder becomes the expected offer."""
+    from anex_agent.gpu.health import Verdict
+    from anex_agent.gpu.inventory import GpuInfo, NodeInventory
+    from anex_agent.gpu.monitor import Snapshot
+    from anex_agent.gpu.nvml import NvmlState, NvmlStatus
+    from anex_agent.gpu.qualify import Check, Qualification
+    from anex_agent.gpu.telemetry import build_telemetry
+
+    gpus = tuple(GpuInfo(index=i, name="NVIDIA A100-SXM4-80GB", uuid=f"GPU-{i}", pci_bus_id=f"0000:0{i}:00.0",
+                         memory_total_bytes=80 * 2**30, compute_capability="8.0", memory_bandwidth_gbps=2039.0)
+                 for i in range(4))
+    snapshot = Snapshot(taken_at=1.0, hostname="dgx", nvml=NvmlStatus(NvmlState.ok),
+                        inventory=NodeInventory(driver_version="550.54.15", cuda_version="12.4", gpus=gpus),
+                        samples={}, gpu_failures={}, verdict=Verdict(),
+                        host={"cpu_count": 64, "mem_total_bytes": 1024 * 2**30, "disk": {"free_bytes": 7 * 2**40}})
+    checks = (Check("gpu_model", "required", "pass", "1 model", "1 model"),
+              Check("memory", "marketplace", "fail", "1 TiB", "640 GiB"))
+    block = build_telemetry(snapshot, qualification=Qualification(checks).to_dict())
+    offer, why = offer_from_node(node(telemetry=block))
+    assert why == ""
+    assert (offer.gpu_name, offer.gpu_count, offer.vram_mb, offer.compute_cap) == ("NVIDIA A100-SXM4-80GB", 4.0,
+                                                                                   81920.0, 800)
+    assert (offer.cuda, offer.cpu_cores, offer.ram_mb, offer.vram_bw_gbps) == (12004000.0, 64.0, 1048576.0, 2039.0)
+    failed = Qualification((Check("tpm", "required", "fail", "none", "2.0"),)).to_dict()
+    offer, why = offer_from_node(node(telemetry=build_telemetry(snapshot, qualification=failed)))
+    assert offer is None and "qualification" in why

@@ -17,7 +17,8 @@ Labels come from the join token the node joined with (``JoinTokenCreate.labels``
 From the telemetry (docs/telemetry.md, version 1): ``inventory.gpus[*]`` (``name``,
 ``memory_total_bytes``, ``compute_capability``, ``memory_bandwidth_gbps``),
 ``inventory.cuda_version``, ``host.cpu_count``, ``host.mem_total_bytes``,
-``host.disk.free_bytes``, ``health.verdict`` and ``qualification`` (``passed``: bool).
+``host.disk.free_bytes``, ``health.verdict`` and ``qualification`` (``required_ok`` true or
+``status`` ``"pass"``).
 
 A node is offered only when it is ready, healthy (the node's health and the telemetry
 verdict), has passed qualification, has a price, has GPUs of one model, and is not busy.
@@ -42,12 +43,15 @@ BUSY_LABEL = "busy"
 
 
 def _qualified(qualification: Any) -> bool:
+    """The on-prem rules of docs/telemetry.md (``anex-agent qualify`` JSON) hold.
+
+    ``required_ok`` true (every rule required of all on-prem systems passed) or ``status``
+    ``"pass"`` (every rule passed). ``"fail"``, ``"incomplete"`` with required rules unchecked,
+    or no qualification at all: not qualified.
+    """
     if not isinstance(qualification, Mapping):
         return False
-    for key in ("passed", "ok", "qualified"):
-        if isinstance(qualification.get(key), bool):
-            return qualification[key]
-    return str(qualification.get("verdict", "")).lower() in ("pass", "passed", "ok")
+    return qualification.get("required_ok") is True or qualification.get("status") == "pass"
 
 
 def offer_from_node(node: Mapping[str, Any]) -> tuple[Offer | None, str]:
