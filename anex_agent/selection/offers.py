@@ -115,9 +115,19 @@ class OfferTable:
         return index
 
     def rows_with(self, column: str, allowed: frozenset) -> list[int]:
-        """Rows whose ``column`` is in ``allowed`` (from the per-value index; no scan)."""
+        """Rows whose ``column`` is in ``allowed``, ascending (from the per-value index; no scan).
+
+        Ascending, so later filters read the columns in memory order.
+        """
+        return sorted(self._matching(column, allowed))
+
+    def row_set(self, column: str, allowed: frozenset) -> set[int]:
+        """The same rows as a set (for intersecting with rows already narrowed)."""
+        return set(self._matching(column, allowed))
+
+    def _matching(self, column: str, allowed: frozenset):
         index = self._index[column]
-        return list(chain.from_iterable(index[v] for v in allowed if v in index))
+        return chain.from_iterable(index[v] for v in allowed if v in index)
 
     @classmethod
     def concat(cls, tables: list["OfferTable"]) -> "OfferTable":
