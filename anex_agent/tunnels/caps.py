@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: Capability numbers from include/uapi/linux/capability.h.
 CAP_NET_ADMIN = 12
@@ -51,3 +56,37 @@ def tun_usable(path: str = TUN_PATH) -> tuple[bool, str]:
         return False, f"{path} cannot be opened: {err.strerror}"
     os.close(fd)
     return True, f"{path} usable"
+
+
+def call_off_loop(func: Callable[..., T], *args: object) -> T:
+    """``func(*args)`` in a thread that runs no asyncio event loop; returns its result or raises its error.
+
+    pyroute2 (0.9) implements its synchronous ``IPRoute``/``WireGuard`` on top of asyncio: it
+    drives a loop of its own with ``run_until_complete``. In a thread whose loop is already
+    running that fails ("This event loop is already running") after it has created the
+    coroutine ``AsyncNetlinkSocket.setup_endpoint``, which is then never awaited (a
+    RuntimeWarning) and the probe answers wrongly. Synchronous probes (``is_supported()``,
+    called by ``detect`` from any context) therefore run netlink through this: directly
+    when no loop runs in this thread, else in a short-lived worker thread that is joined
+    (the caller blocks as any synchronous probe does).
+    """
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return func(*args)
+    box: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = func(*args)
+        except BaseException as err:  # re-raised in the caller's thread
+            box["error"] = err
+
+    worker = threading.Thread(target=work, name="anex-netlink-probe", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]

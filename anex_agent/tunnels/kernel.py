@@ -27,7 +27,7 @@ from anex_agent.errors import EngineError
 from anex_agent.keys import encode_key
 from anex_agent.tunnels import netconf
 from anex_agent.tunnels.base import IFNAME_PREFIX, DesiredConfig, Engine, EngineStatus, Support, check_ifname, plan_peers
-from anex_agent.tunnels.caps import CAP_NET_ADMIN, has_capability
+from anex_agent.tunnels.caps import CAP_NET_ADMIN, call_off_loop, has_capability
 from anex_agent.tunnels.uapi import UapiDevice, UapiPeer
 from anex_agent.tunnels.wireguard_go import peers_from_device, status_from_device
 
@@ -189,8 +189,8 @@ class KernelEngine(Engine):
     def is_supported(cls) -> Support:
         if not has_capability(CAP_NET_ADMIN):
             return Support(False, "no CAP_NET_ADMIN (needed to create a wireguard link)")
-        try:
-            return probe_link_kind("wireguard")
+        try:  # pyroute2's sync API must not run in a thread with a running loop (see call_off_loop)
+            return call_off_loop(probe_link_kind, "wireguard")
         except Exception as err:  # a probe never raises
             return Support(False, f"probe failed: {type(err).__name__}: {err}")
 
