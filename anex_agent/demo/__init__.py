@@ -11,8 +11,17 @@ coordinator and the gateway (``anex-agent coordinator|gateway``), and one node p
 * ``tunnel``  GET http://127.0.0.1:18080/ (GW_TUNNEL_18080 -> the service)
 * ``inbound`` the cluster GETs a workload port at the node's mesh address
 
-prints ``node | engine | path | handshake | check | result`` and tears everything down.
-With ``--check`` the exit status is 1 when any check failed.
+and then, from the coordinator (:mod:`anex_agent.demo.observe`, as the admin):
+
+* ``heartbeat`` the node is ``ready`` there, with its address and the engine/path of its last heartbeat
+* ``telemetry`` ``GET /v1/nodes/{id}/telemetry`` has the node's telemetry block with a health verdict
+* ``metrics``   the coordinator's ``/metrics`` carries the node's ``anex_*`` series (``node="<name>"``)
+
+waiting up to ``TELEMETRY_WAIT`` seconds for them (the demo's coordinator tells nodes to
+heartbeat every ``HEARTBEAT_INTERVAL`` seconds). Prints ``node | engine | path | handshake |
+check | result``, then the coordinator's view of each node (state, address, engine, path,
+NVML state, GPUs, CPU, memory, telemetry age, health verdict and first reason), and tears
+everything down. With ``--check`` the exit status is 1 when any check failed.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from pathlib import Path
 
 TUNNEL_PORT = 18080
 INBOUND_PORT = 8090
+HEARTBEAT_INTERVAL = 1.0  # seconds; the coordinator's --heartbeat-interval, so telemetry arrives soon
+TELEMETRY_WAIT = 20.0  # seconds for every node's telemetry and fleet series (refreshed every 5 s there)
 
 
 @dataclass(frozen=True)
@@ -109,15 +120,99 @@ def run_checks(mesh, node) -> list[tuple[str, bool, str]]:
     return [(name, ok, detail) for name, (ok, detail) in checks]
 
 
-def print_table(rows: list[Row]) -> None:
-    headers = ("node", "engine", "path", "handshake", "check", "result")
-    cells = [(r.node, r.engine, r.path, r.handshake, r.check, ("ok" if r.ok else "FAIL") + f"  {r.detail}") for r in rows]
+def coordinator_checks(summary: dict | None, error: str | None, wait: float) -> list[tuple[str, bool, str]]:
+    """``heartbeat``, ``telemetry`` and ``metrics`` checks from a node's summary of
+    :func:`anex_agent.demo.observe.summarize` (``summary`` None: ``error`` says why there is none)."""
+    if summary is None:
+        why = error or "the coordinator was not asked"
+        return [("heartbeat", False, why), ("telemetry", False, why), ("metrics", False, why)]
+    errors = "; ".join(summary.get("errors") or [])
+    state = summary.get("state")
+    if state == "ready":
+        heartbeat = (True, f"ready at the coordinator, {summary.get('address')}, {summary.get('engine') or '?'}/{summary.get('path') or '?'}")
+    else:
+        heartbeat = (False, f"state {state or 'unknown'} at the coordinator" + (f": {errors}" if errors else ""))
+    if summary.get("has_telemetry") and summary.get("verdict") in ("healthy", "degraded", "unhealthy"):
+        gpus = summary.get("gpu_count")
+        telemetry = (True, f"{summary['verdict']}, nvml {summary.get('nvml') or '?'}, {gpus if gpus is not None else '?'} GPUs, "
+                           f"sampled {_seconds(summary.get('telemetry_age'))} ago")
+    else:
+        telemetry = (False, f"no telemetry with a health verdict within {wait:.0f} s" + (f": {errors}" if errors else ""))
+    series = summary.get("series") or []
+    missing = summary.get("missing_series") or []
+    name = summary.get("name") or "?"
+    if missing:
+        metrics = (False, f"/metrics lacks {', '.join(missing)} with node=\"{name}\"" + (f": {errors}" if errors else ""))
+    else:
+        metrics = (True, f"{len(series)} series with node=\"{name}\" on /metrics")
+    return [("heartbeat", *heartbeat), ("telemetry", *telemetry), ("metrics", *metrics)]
+
+
+def view_cells(label: str, summary: dict | None) -> tuple[str, ...]:
+    """One row of the coordinator's-view table."""
+    s = summary or {}
+    verdict = s.get("verdict") if s.get("has_telemetry") else None
+    health = "-" if not verdict else verdict + (f": {s['first_reason']}" if s.get("first_reason") else "")
+    cpu = f"{s['cpu_pct']:.1f} %" if isinstance(s.get("cpu_pct"), (int, float)) else "-"
+    mem = f"{_gib(s.get('mem_used_bytes'))} / {_gib(s.get('mem_total_bytes'))}" if s.get("mem_total_bytes") else "-"
+    gpus = s.get("gpu_count")
+    return (
+        label, s.get("state") or "-", s.get("address") or "-", s.get("engine") or "-", s.get("path") or "-",
+        s.get("nvml") or "-", "-" if gpus is None else str(gpus), cpu, mem,
+        f"{_seconds(s.get('telemetry_age'))} ago" if s.get("telemetry_age") is not None else "none", health,
+    )
+
+
+VIEW_HEADERS = ("node", "state", "address", "engine", "path", "nvml", "gpus", "cpu", "mem used", "telemetry", "health")
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f} s"
+
+
+def _gib(value: int | None) -> str:
+    return "?" if value is None else f"{value / (1 << 30):.1f} GiB"
+
+
+def print_table(headers: tuple[str, ...], cells: list[tuple[str, ...]]) -> None:
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    print(line)
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     print("  ".join("-" * w for w in widths))
     for c in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(c, widths)))
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
+
+
+def _check_cells(rows: list[Row]) -> list[tuple[str, ...]]:
+    return [(r.node, r.engine, r.path, r.handshake, r.check, ("ok" if r.ok else "FAIL") + f"  {r.detail}") for r in rows]
+
+
+def _status_row(label: str, node, check: str, ok: bool, detail: str) -> Row:
+    """A row whose engine, path and handshake columns come from the agent's ``/status`` now."""
+    try:
+        status = node.status()
+    except Exception:  # the agent is gone: the row still says what was checked
+        status = {}
+    age = status.get("last_handshake_age")
+    return Row(label, status.get("engine", "?"), status.get("path", "?"), f"{age:.0f} s ago" if age is not None else "never", check, ok, detail)
+
+
+def observe_nodes(mesh, started: list[tuple[str, object, dict]]) -> tuple[dict[str, dict | None], str | None]:
+    """The coordinator's summaries per node label (None where there is none), and an error if asking failed."""
+    ids: dict[str, str] = {}
+    for label, node, status in started:
+        if status.get("node_id"):
+            ids[label] = status["node_id"]
+    summaries: dict[str, dict | None] = {label: None for label, _node, _status in started}
+    if not ids:
+        return summaries, "the agents' /status gave no node id"
+    names = {ids[label]: node.env.get("ANEX_NODE_NAME", label) for label, node, _status in started if label in ids}
+    try:
+        observed = mesh.observe(names, TELEMETRY_WAIT)
+    except Exception as err:
+        return summaries, str(err)
+    for label, node_id in ids.items():
+        summaries[label] = observed.get("nodes", {}).get(node_id)
+    return summaries, None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -132,33 +227,46 @@ def main(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     started = time.monotonic()
     failed_setup: str | None = None
+    views: list[tuple[str, ...]] = []
     print(f"anex-agent demo: building the mesh in network namespaces (logs in {workdir})", flush=True)
     mesh = Mesh(workdir)
     try:
         mesh.build_network()
-        mesh.start_coordinator()
+        mesh.start_coordinator(heartbeat_interval=HEARTBEAT_INTERVAL)
         mesh.start_gateway()
         print("anex-agent demo: coordinator and gateway up; starting nodes", flush=True)
+        started_nodes: list[tuple[str, object, dict]] = []
         for kind in NODE_KINDS:
             node = mesh.add_node_namespace()
+            label = f"{kind.label}-{node.index}"
             env = mesh.agent_env(node, **kind.env, **{f"GW_TUNNEL_{TUNNEL_PORT}": f"{SERVICE_NAME}:{HTTP_PORT}"})
             try:
                 mesh.start_agent(node, env)
                 status = node.status()
             except Exception as err:
-                rows.append(Row(f"{kind.label}-{node.index}", kind.env.get("ANEX_ENGINE", "?"), kind.env.get("ANEX_PATH", "udp"), "-", "start", False, str(err).splitlines()[0][:200]))
+                rows.append(Row(label, kind.env.get("ANEX_ENGINE", "?"), kind.env.get("ANEX_PATH", "udp"), "-", "start", False, str(err).splitlines()[0][:200]))
                 continue
+            started_nodes.append((label, node, status))
             for name, ok, detail in run_checks(mesh, node):
-                status = node.status()
-                age = status.get("last_handshake_age")
-                rows.append(Row(f"{kind.label}-{node.index}", status.get("engine", "?"), status.get("path", "?"), f"{age:.0f} s ago" if age is not None else "never", name, ok, detail))
+                rows.append(_status_row(label, node, name, ok, detail))
+        if started_nodes:
+            print("anex-agent demo: paths checked; asking the coordinator for heartbeats and telemetry", flush=True)
+            summaries, error = observe_nodes(mesh, started_nodes)
+            for label, node, _status in started_nodes:
+                for name, ok, detail in coordinator_checks(summaries[label], error, TELEMETRY_WAIT):
+                    rows.append(_status_row(label, node, name, ok, detail))
+                views.append(view_cells(label, summaries[label]))
     except Exception as err:
         failed_setup = f"{type(err).__name__}: {err}"
     finally:
         mesh.close()
     print()
-    print_table(rows)
+    print_table(("node", "engine", "path", "handshake", "check", "result"), _check_cells(rows))
     print()
+    if views:
+        print("the coordinator's view of each node:")
+        print_table(VIEW_HEADERS, views)
+        print()
     failures = [r for r in rows if not r.ok]
     if failed_setup:
         print(f"anex-agent demo: setting up the mesh failed: {failed_setup}")

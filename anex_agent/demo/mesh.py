@@ -164,7 +164,9 @@ class Mesh:
     def coordinator_url_for(self, node: Node) -> str:
         return f"http://{UNDERLAY_GW}:{COORDINATOR_PORT}"
 
-    def start_coordinator(self) -> None:
+    def start_coordinator(self, heartbeat_interval: float | None = None) -> None:
+        """``anex-agent coordinator`` in the gateway namespace; ``heartbeat_interval`` is what nodes
+        are told (``--heartbeat-interval``; None: the coordinator's default, 15 s)."""
         state = self.workdir / "coordinator"
         state.mkdir(exist_ok=True)
         argv = [
@@ -172,6 +174,8 @@ class Mesh:
             "--listen", f"0.0.0.0:{COORDINATOR_PORT}",
             "--state-dir", str(state),
         ]
+        if heartbeat_interval is not None:
+            argv += ["--heartbeat-interval", str(heartbeat_interval)]
         env = {**os.environ, "ANEX_ADMIN_TOKEN": self.admin_token}
         self.coordinator_proc = self.gateway.popen(argv, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT, env=env)
         wait_until(lambda: self._coordinator_ok(), 30, "the coordinator answering")
@@ -205,6 +209,18 @@ class Mesh:
         if status >= 400:
             raise RuntimeError(f"{method} {path}: HTTP {status}: {text.strip()[:500]}")
         return json.loads(text) if text.strip() else None
+
+    def observe(self, nodes: dict[str, str], wait: float) -> dict:
+        """The coordinator's view of ``nodes`` (id -> name), waiting up to ``wait`` s for their
+        telemetry: :mod:`anex_agent.demo.observe` run in the gateway namespace as the admin."""
+        argv = [sys.executable, "-m", "anex_agent.demo.observe", "--coordinator", self.coordinator_url_for_gateway, "--wait", str(wait)]
+        for node_id, name in nodes.items():
+            argv += ["--node", f"{node_id}={name}"]
+        out = self.gateway.run(argv, check=False, timeout=wait + 30, env={**os.environ, "ANEX_ADMIN_TOKEN": self.admin_token})
+        try:
+            return json.loads(out.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RuntimeError(f"observing the coordinator failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}") from None
 
     def join_token(self, kind: str = "node", reusable: bool = False) -> str:
         created = self.admin("POST", "/v1/join-tokens", {"kind": kind, "reusable": reusable, "expires_in": 3600})
