@@ -12,7 +12,8 @@ from typing import Any
 
 
 def detect_report() -> dict[str, Any]:
-    """``{"engines": {name: {"supported", "reason"}}, "auto", "udp", "capabilities"}``."""
+    """``{"engines": {name: {"supported", "reason", "serves_workload", "workload_reason"}}, "auto",
+    "auto_skipped", "udp", "capabilities"}``."""
     from anex_agent.tunnels.detect import detect
 
     return detect().to_dict()
@@ -30,8 +31,15 @@ def main(args: argparse.Namespace) -> int:
     rows = [(name, item) for name, item in report.get("engines", {}).items()]
     rows.append(("path: udp", report.get("udp", {})))
     width = max(len(name) for name, _ in rows)
-    print(f"{'engine':<{width}}  supported  reason")
+    print(f"{'engine':<{width}}  supported  workload  reason")
     for name, item in rows:
-        print(f"{name:<{width}}  {'yes' if item.get('supported') else 'no':<9}  {item.get('reason', '')}")
-    print(f"auto picks: {report.get('auto') or 'nothing (no engine works here)'}")
+        serves = item.get("serves_workload")
+        workload = "-" if serves is None else ("yes" if serves else "no")
+        reason = item.get("reason", "")
+        if serves is False:
+            reason += f"; workload: {item.get('workload_reason', '')}"
+        print(f"{name:<{width}}  {'yes' if item.get('supported') else 'no':<9}  {workload:<8}  {reason}")
+    for name, why in (report.get("auto_skipped") or {}).items():
+        print(f"auto skips {name}: {why}")
+    print(f"auto picks: {report.get('auto') or 'nothing (no engine here can serve the workload)'}")
     return 0

@@ -19,6 +19,8 @@ ANEX_API_LISTEN        --api-listen                     HOST:PORT, default 127.0
 ANEX_PROXY_AUTH        --proxy-auth                     USER:PASSWORD the proxy requires (optional)
 ANEX_PROVIDER          --provider                       vastai|runpod|onprem|other, default other
 ANEX_NODE_NAME         --name                           1-253 characters, default the host name
+ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT,... the workload serves to the mesh
+                                                        (wireproxy only; native engines need none)
 GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
 ====================== ================================ =====================================
 """
@@ -76,6 +78,11 @@ class AgentSettings:
     tunnels: tuple[TunnelSetting, ...] = ()
     #: ``anex_agent.frontends.proxy_core.ProxyAuth`` when ANEX_PROXY_AUTH is set (secret: not in repr)
     proxy_auth: Any = field(default=None, repr=False)
+    #: ANEX_INBOUND_PORTS: workload ports the mesh may reach at the node's mesh address. Native
+    #: engines reach every port anyway; engines without an OS interface (wireproxy) serve these.
+    inbound_ports: tuple[int, ...] = ()
+    #: the flag or variable ``engine`` came from (for error messages)
+    engine_source: str = "ANEX_ENGINE"
 
     @property
     def tunnel_specs(self) -> list[TunnelSpec]:
@@ -135,6 +142,20 @@ def parse_tunnels(environ: Mapping[str, str], flags: list[str] | None = None) ->
             raise ConfigError(source, f"local port {port} is already used by {found[port].source}; each port once")
         found[port] = setting
     return tuple(found[p] for p in sorted(found))
+
+
+def parse_ports(value: str, source: str) -> tuple[int, ...]:
+    """``PORT,PORT,...`` (spaces allowed, empty = none) into sorted unique ports; ConfigError naming ``source``."""
+    accepted = "expected a comma-separated list of TCP ports from 1 to 65535, e.g. 8000,8888"
+    ports: set[int] = set()
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.isdigit() or not 1 <= int(item) <= 65535:
+            raise ConfigError(source, f"{item!r} in {value!r} is not a port; {accepted}")
+        ports.add(int(item))
+    return tuple(sorted(ports))
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -212,6 +233,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     provider, src_v = _pick(getattr(args, "provider", None), "--provider", environ, "ANEX_PROVIDER", "other")
     name, src_n = _pick(getattr(args, "name", None), "--name", environ, "ANEX_NODE_NAME", socket.gethostname())
     auth_text, src_u = _pick(getattr(args, "proxy_auth", None), "--proxy-auth", environ, "ANEX_PROXY_AUTH", None)
+    inbound, src_i = _pick(getattr(args, "inbound_ports", None), "--inbound-ports", environ, "ANEX_INBOUND_PORTS", "")
     proxy_auth = None
     if auth_text:
         from anex_agent.frontends.proxy_core import ProxyAuth
@@ -223,11 +245,17 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         raise ConfigError(src_v, f"{provider!r}: expected one of {'|'.join(p.value for p in Provider)}") from None
     if not 1 <= len(name) <= 253:
         raise ConfigError(src_n, "expected a node name of 1 to 253 characters")
+    engine = _choice(engine, src_e, ENGINES)
+    if engine != "auto":  # fail here, before anything starts, when the engine cannot serve a workload
+        from anex_agent.tunnels.base import require_workload_engine
+
+        require_workload_engine(engine, src_e)
     return AgentSettings(
         coordinator_url=url,
         join_token=(token or "").strip(),
         state_dir=Path(state) if state else default_state_dir(environ),
-        engine=_choice(engine, src_e, ENGINES),
+        engine=engine,
+        engine_source=src_e,
         path=_choice(path, src_p, PATHS),
         proxy_listen=parse_listen(proxy, src_x),
         api_listen=parse_listen(api, src_a),
@@ -235,6 +263,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         name=name,
         tunnels=parse_tunnels(environ, getattr(args, "tunnel", None)),
         proxy_auth=proxy_auth,
+        inbound_ports=parse_ports(inbound or "", src_i),
     )
 
 
@@ -251,6 +280,7 @@ def add_arguments(parser) -> None:
     g.add_argument("--proxy-auth", metavar="USER:PASSWORD", help="require Proxy-Authorization Basic [ANEX_PROXY_AUTH]")
     g.add_argument("--provider", metavar="NAME", help="vastai|runpod|onprem|other [ANEX_PROVIDER]")
     g.add_argument("--name", metavar="NAME", help="node name, default the host name [ANEX_NODE_NAME]")
+    g.add_argument("--inbound-ports", metavar="PORT,PORT", help="workload ports served to the mesh (wireproxy) [ANEX_INBOUND_PORTS]")
     g.add_argument(
         "--tunnel", metavar="PORT=HOST:PORT", action="append", default=[], help="a TCP forward, like GW_TUNNEL_<PORT>=HOST:PORT"
     )

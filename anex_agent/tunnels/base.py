@@ -41,8 +41,11 @@ IFNAME_PREFIX = "anx"
 #: Linux IFNAMSIZ is 16 including the terminating NUL (include/uapi/linux/if.h).
 IFNAME_MAX = 15
 
-#: Order in which ``--engine auto`` tries engines: the first supported one wins.
-AUTO_ORDER: tuple[str, ...] = ("kernel", "wireguard-go", "userspace", "wireproxy")
+#: Order in which ``--engine auto`` tries engines: the first supported one wins. For the
+#: agent (``choose_engine(..., for_workload=True)``) an engine must also be able to serve
+#: the workload (:meth:`Engine.workload_support`): userspace is skipped until it has a
+#: TCP/IP stack, so a node without TUN/NET_ADMIN gets wireproxy when its binary is on PATH.
+AUTO_ORDER: tuple[str, ...] = ("kernel", "wireguard-go", "wireproxy", "userspace")
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,24 @@ class Engine(abc.ABC):
 
     #: The name used by ``--engine`` / ``ANEX_ENGINE`` and in reports.
     name: ClassVar[str]
+    #: Who serves the workload's proxy, ``GW_TUNNEL`` ports and inbound ports: ``"dialer"``
+    #: (the agent's front-ends over :meth:`dialer`) or ``"engine"`` (the engine runs its own,
+    #: like wireproxy; the agent then starts no proxy or forwards of its own).
+    frontends: ClassVar[str] = "dialer"
+    #: Whether the mesh address becomes an address of this host (an OS interface), so that
+    #: local sockets (the agent API, the workload's ports) can listen on it.
+    host_address: ClassVar[bool] = True
+
+    @classmethod
+    def workload_support(cls) -> Support:
+        """Whether this engine, once running, can serve a node's workload: the HTTP proxy,
+        ``GW_TUNNEL`` forwards and inbound ports (through a dialer, or by itself). A class-level
+        answer (no probe): the agent's ``auto`` skips engines that say no. Default: an OS dialer."""
+        return Support(True, "the OS routes through its interface serve the proxy, forwards and inbound ports")
+
+    async def readiness(self) -> tuple[bool, str] | None:
+        """The engine's own readiness verdict, or None to judge by the last handshake (default)."""
+        return None
 
     @classmethod
     @abc.abstractmethod
@@ -313,17 +334,24 @@ def engine_classes() -> dict[str, type[Engine]]:
     return found
 
 
-def choose_engine(requested: str = "auto") -> tuple[type[Engine], dict[str, Support]]:
+def choose_engine(requested: str = "auto", *, for_workload: bool = False,
+                  source: str = "engine") -> tuple[type[Engine], dict[str, Support]]:
     """Pick the engine class for ``requested`` (a name or ``auto``).
 
     Returns the class and the Support answer of every engine probed (for reports).
+    ``for_workload`` (the node agent): an engine must also serve the workload
+    (:meth:`Engine.workload_support`); ``auto`` skips the others, recording why in the
+    answers, and naming one explicitly raises ConfigError naming ``source`` (e.g.
+    ``ANEX_ENGINE``) with the accepted names and those that run here.
     Raises ConfigError for an unknown name, EngineError when nothing suitable runs here.
     """
     from anex_agent.errors import EngineError
 
     classes = engine_classes()
     if requested != "auto" and requested not in AUTO_ORDER:
-        raise ConfigError("engine", f"{requested!r} is not one of auto, {', '.join(AUTO_ORDER)}")
+        raise ConfigError(source, f"{requested!r} is not one of auto, {', '.join(AUTO_ORDER)}")
+    if for_workload and requested != "auto":
+        require_workload_engine(requested, source, classes)
     candidates = list(classes) if requested == "auto" else [requested]
     tried: dict[str, Support] = {}
     for name in candidates:
@@ -332,8 +360,31 @@ def choose_engine(requested: str = "auto") -> tuple[type[Engine], dict[str, Supp
             tried[name] = Support(False, "not available in this build")
             continue
         support = cls.is_supported()
+        if support.ok and for_workload:
+            serves = cls.workload_support()
+            if not serves.ok:
+                tried[name] = Support(False, f"runs here but cannot serve the workload: {serves.reason}")
+                continue
         tried[name] = support
         if support.ok:
             return cls, tried
     reasons = "; ".join(f"{n}: {s.reason}" for n, s in tried.items())
     raise EngineError(f"no usable WireGuard engine for {requested!r} ({reasons})")
+
+
+def require_workload_engine(name: str, source: str, classes: dict[str, type[Engine]] | None = None) -> None:
+    """ConfigError naming ``source`` when engine ``name`` cannot serve a workload (see :meth:`Engine.workload_support`).
+
+    The message says why, which names are accepted, and which of them run on this machine.
+    """
+    classes = engine_classes() if classes is None else classes
+    cls = classes.get(name)
+    if cls is None:
+        return  # absent: choose_engine reports "not available in this build"
+    serves = cls.workload_support()
+    if serves.ok:
+        return
+    accepted = ["auto"] + [n for n, c in classes.items() if c.workload_support().ok]
+    here = [n for n in accepted[1:] if classes[n].is_supported().ok]
+    raise ConfigError(source, f"{name!r} cannot serve the workload yet ({serves.reason}); accepted: "
+                              f"{', '.join(accepted)}; usable on this machine: {', '.join(here) or 'none'}")

@@ -3,10 +3,18 @@
 :func:`detect` returns a :class:`DetectReport`; ``to_dict()`` is plain JSON (it goes into
 ``/status``, the heartbeat's ``facts.detect`` and ``anex-agent detect --json``). Shape::
 
-    {"engines": {"kernel": {"supported": false, "reason": "..."}, "wireguard-go": {...}, ...},
-     "auto": "wireguard-go",                # first supported engine in AUTO_ORDER, or null
+    {"engines": {"kernel": {"supported": false, "reason": "...",
+                            "serves_workload": true, "workload_reason": "..."}, ...},
+     "auto": "wireguard-go",     # what the agent's auto picks: first supported engine in AUTO_ORDER
+                                 # that can also serve the workload, or null
+     "auto_skipped": {"userspace": "runs here but cannot serve the workload: ..."},
      "udp": {"supported": true, "reason": "..."},
-     "capabilities": ["wireguard-go", "udp"]}   # what NodeFacts.capabilities carries
+     "capabilities": ["wireguard-go", "userspace", "udp"]}   # what NodeFacts.capabilities carries
+
+``supported`` says whether the engine can run here; ``serves_workload`` whether it can
+serve a node's proxy, forwards and inbound ports (class-level, see
+``Engine.workload_support``). ``auto_skipped`` names the engines that run here but were
+passed over, and why (e.g. userspace until it has a TCP/IP stack).
 
 Probes never raise; a probe that blows up is reported as unsupported with the error.
 """
@@ -29,6 +37,14 @@ class DetectReport:
     udp: Support
     auto: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: per engine: can it serve the workload (Engine.workload_support)
+    workload: dict[str, Support] = field(default_factory=dict)
+
+    @property
+    def auto_skipped(self) -> dict[str, str]:
+        """Engines that run here but that the agent's auto does not pick, with the reason."""
+        return {n: f"runs here but cannot serve the workload: {self.workload[n].reason}"
+                for n, s in self.engines.items() if s.ok and n in self.workload and not self.workload[n].ok}
 
     @property
     def capabilities(self) -> list[str]:
@@ -37,12 +53,17 @@ class DetectReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "engines": {name: s.to_dict() for name, s in self.engines.items()},
+            "engines": {name: {**s.to_dict(), **self._workload_dict(name)} for name, s in self.engines.items()},
             "auto": self.auto,
+            "auto_skipped": self.auto_skipped,
             "udp": self.udp.to_dict(),
             "capabilities": self.capabilities,
             **self.extra,
         }
+
+    def _workload_dict(self, name: str) -> dict[str, Any]:
+        serves = self.workload.get(name)
+        return {} if serves is None else {"serves_workload": serves.ok, "workload_reason": serves.reason}
 
 
 def probe_engine(cls: Any) -> Support:
@@ -83,12 +104,26 @@ def probe_udp(target: str | None = None, *, timeout: float = 1.0) -> Support:
         return Support(True, f"UDP datagrams can be sent to {target} (delivery is confirmed by a handshake)")
 
 
+def workload_answer(cls: Any) -> Support:
+    try:
+        return cls.workload_support()
+    except Exception as err:  # class-level answer; report a broken one instead of raising
+        return Support(False, f"workload_support failed: {type(err).__name__}: {err}")
+
+
 def detect(*, udp_target: str | None = None) -> DetectReport:
-    """Probe every engine (in AUTO_ORDER; absent ones say so) and UDP."""
+    """Probe every engine (in AUTO_ORDER; absent ones say so) and UDP.
+
+    ``auto`` follows the agent's policy (``base.choose_engine(for_workload=True)``): the
+    first engine that runs here and can serve the workload.
+    """
     classes = engine_classes()
     engines: dict[str, Support] = {}
+    workload: dict[str, Support] = {}
     for name in AUTO_ORDER:
         cls = classes.get(name)
         engines[name] = probe_engine(cls) if cls is not None else Support(False, "not available in this build")
-    auto = next((name for name, s in engines.items() if s.ok), None)
-    return DetectReport(engines=engines, udp=probe_udp(udp_target), auto=auto)
+        if cls is not None:
+            workload[name] = workload_answer(cls)
+    auto = next((n for n, s in engines.items() if s.ok and workload.get(n, Support(False, "")).ok), None)
+    return DetectReport(engines=engines, udp=probe_udp(udp_target), auto=auto, workload=workload)

@@ -159,6 +159,7 @@ class UserspaceEngine(Engine):
     """WireGuard in this Python process over a UDP socket; no interface, no privileges."""
 
     name = "userspace"
+    host_address = False  # no OS interface: the mesh address is not an address of this host
 
     def __init__(self, *, ifname: str | None = None, listen_host: str = "0.0.0.0",
                  on_packet: PacketHandler | None = None, resolve_interval: float = 30.0,
@@ -188,6 +189,12 @@ class UserspaceEngine(Engine):
     @classmethod
     def is_supported(cls) -> Support:
         return Support(True, "built-in user-space WireGuard (Python): needs only a UDP socket, no TUN or NET_ADMIN")
+
+    @classmethod
+    def workload_support(cls) -> Support:
+        """Not yet: without a TCP/IP stack (issue 5) there is no dialer for the proxy and forwards."""
+        return Support(False, "no TCP/IP stack yet (a later issue): it carries IP packets only, "
+                              "so it cannot serve the proxy, GW_TUNNEL forwards or inbound ports")
 
     async def start(self) -> None:
         """Nothing to create before the first apply() (the key and port come with the config)."""

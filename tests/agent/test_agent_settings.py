@@ -161,3 +161,48 @@ def test_proxy_auth_optional_and_secret():
     with pytest.raises(ConfigError) as info:
         parse({**BASE, "ANEX_PROXY_AUTH": "nocolon"})
     assert info.value.source == "ANEX_PROXY_AUTH"
+
+
+def test_userspace_engine_is_refused_early_naming_the_variable():
+    with pytest.raises(ConfigError) as err:
+        parse({**BASE, "ANEX_ENGINE": "userspace"})
+    assert err.value.source == "ANEX_ENGINE"
+    assert "'userspace' cannot serve the workload yet" in str(err.value) and "TCP/IP stack" in str(err.value)
+    assert "accepted: auto, kernel, wireguard-go, wireproxy" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        parse(BASE, ["--engine", "userspace"])
+    assert err.value.source == "--engine"
+
+
+def test_engine_source_is_remembered():
+    assert parse({**BASE, "ANEX_ENGINE": "wireguard-go"}).engine_source == "ANEX_ENGINE"
+    assert parse(BASE, ["--engine", "kernel"]).engine_source == "--engine"
+
+
+def test_inbound_ports():
+    assert parse(BASE).inbound_ports == ()
+    assert parse({**BASE, "ANEX_INBOUND_PORTS": " 8888, 8000,8888 ,"}).inbound_ports == (8000, 8888)
+    assert parse({**BASE, "ANEX_INBOUND_PORTS": "1"}, ["--inbound-ports", "22,80"]).inbound_ports == (22, 80)
+
+
+@pytest.mark.parametrize("value", ["0", "65536", "80;81", "http", "-1", "8000-8001"])
+def test_bad_inbound_ports_name_the_variable(value):
+    with pytest.raises(ConfigError) as err:
+        parse({**BASE, "ANEX_INBOUND_PORTS": value})
+    assert err.value.source == "ANEX_INBOUND_PORTS"
+    assert "comma-separated list of TCP ports from 1 to 65535" in str(err.value)
+
+
+def test_cli_userspace_engine_is_one_line_not_a_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANEX_", "GW_TUNNEL_"))}
+    env.update(ANEX_COORDINATOR_URL="http://127.0.0.1:9", ANEX_STATE_DIR=str(tmp_path), ANEX_ENGINE="userspace")
+    out = subprocess.run([sys.executable, "-m", "anex_agent", "run", "--", "true"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2, out
+    assert "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "ANEX_ENGINE" in lines[0] and "userspace" in lines[0] and "accepted: auto" in lines[0], lines
