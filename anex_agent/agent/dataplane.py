@@ -9,6 +9,12 @@ interface, routes and process).
 
 Front-ends never see the engine: they hold the dialer, whose resolver is swapped when
 the DNS config changes.
+
+Engines that serve the front-ends themselves (``Engine.frontends == "engine"``: wireproxy)
+get no proxy or forwards from us: their options (proxy address, a client tunnel per
+``GW_TUNNEL_*`` and pushed tunnel, a server tunnel per ``ANEX_INBOUND_PORTS`` port, a
+loopback health address) are rendered from the config by :mod:`.engine_frontends`, and a
+changed config re-renders and restarts the engine; readiness is the engine's own verdict.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import time
 from typing import Any
 
+from anex_agent.agent import engine_frontends
 from anex_agent.agent.desired import desired_from_config, merge_tunnels
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.errors import ConfigError, EngineError
@@ -55,11 +62,23 @@ class DataPlane:
     def choose_engine(self) -> type[Engine]:
         if self.settings.path == "websocket":
             raise ConfigError("ANEX_PATH", "the websocket path is not available in this build yet; expected auto or udp")
-        cls, tried = choose_engine(self.settings.engine)
+        cls, tried = choose_engine(self.settings.engine, for_workload=True, source=self.settings.engine_source)
         self.detect_report.setdefault("engines", {n: s.to_dict() for n, s in tried.items()})
+        if cls.frontends == "engine":
+            engine_frontends.check_settings(self.settings)
         self.engine_cls = cls
         log.info("engine: %s (%s)", cls.name, tried[cls.name].reason)
         return cls
+
+    @property
+    def engine_serves_frontends(self) -> bool:
+        """True when the engine runs the proxy and tunnels itself (wireproxy)."""
+        return self.engine_cls is not None and self.engine_cls.frontends == "engine"
+
+    @property
+    def host_address(self) -> bool:
+        """Whether the mesh address is an address of this host (an OS interface)."""
+        return self.engine_cls is None or self.engine_cls.host_address
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -68,10 +87,18 @@ class DataPlane:
         from anex_agent.resolver import Resolver
 
         assert self.engine_cls is not None, "choose_engine() first"
-        self.engine = self.engine_cls(ifname=new_ifname("n"))
+        if self.engine_serves_frontends:
+            health = f"127.0.0.1:{engine_frontends.free_loopback_port()}"
+            self.engine = self.engine_cls(ifname=new_ifname("n"), state_dir=self.settings.state_dir,
+                                          options=engine_frontends.wireproxy_options(config, self.settings, health))
+        else:
+            self.engine = self.engine_cls(ifname=new_ifname("n"))
         self._stack.push_async_callback(self.engine.stop)
         await self.engine.start()
         await self.engine.apply(desired_from_config(config, self.keypair.private))
+        if self.engine_serves_frontends:
+            self.config = config  # the engine serves the proxy, tunnels and inbound ports
+            return
         self.dialer = self.engine.dialer(Resolver.from_node_config(config))
         if self.dialer is None:
             raise EngineError(f"engine {self.engine_cls.name} gives no dialer; it cannot serve the proxy and forwards")
@@ -84,7 +111,16 @@ class DataPlane:
         """Re-apply a newer config: engine (gateways, address, routes), DNS, pushed tunnels."""
         from anex_agent.resolver import Resolver
 
-        assert self.engine is not None and self.forwards is not None
+        assert self.engine is not None
+        if self.engine_serves_frontends:
+            # wireproxy has no live reconfiguration: new options -> new config text -> restart
+            self.engine.set_options(engine_frontends.wireproxy_options(config, self.settings, self.engine.options.health_address))
+            await self.engine.apply(desired_from_config(config, self.keypair.private))
+            self.config = config
+            log.info("applied config version %d (%d gateway(s), %d tunnel(s)) to %s", config.version,
+                     len(config.gateways), len(self.tunnels()), self.engine_cls.name)
+            return
+        assert self.forwards is not None
         old = self.config
         await self.engine.apply(desired_from_config(config, self.keypair.private))
         if old is None or (old.dns, old.search_domains) != (config.dns, config.search_domains):
@@ -107,6 +143,9 @@ class DataPlane:
         assert self.engine is not None and self.config is not None
         desired = desired_from_config(self.config, self.keypair.private)
         if not desired.peers:
+            return False
+        if self.engine_serves_frontends:  # no peer-level control: a fresh process handshakes at once
+            await self.engine.restart("a gateway changed (re-registered)")
             return False
         started = time.time()
         deadline = time.monotonic() + within
@@ -165,6 +204,10 @@ class DataPlane:
         )
 
     async def ready(self) -> tuple[bool, str]:
+        if self.engine is not None:
+            verdict = await self.engine.readiness()
+            if verdict is not None:
+                return verdict
         transport = await self.transport_status()
         age = transport.last_handshake_age
         if age is None:
@@ -189,13 +232,29 @@ class DataPlane:
             "tx_bytes": transport.tx_bytes,
             "peers": [p.to_dict() for p in status.peers] if status else [],
             "gateways": [g.model_dump() for g in config.gateways] if config else [],
-            "tunnels": [{"listen_port": p, "target": t} for p, t in (self.forwards.active.items() if self.forwards else ())],
+            "tunnels": [{"listen_port": p, "target": t} for p, t in self.tunnels().items()],
             "proxy": str(self.settings.proxy_listen),
+            "inbound_ports": list(self.settings.inbound_ports),
+            **({"wireproxy": self._wireproxy_doc()} if self.engine_serves_frontends and self.engine else {}),
         }
+
+    def tunnels(self) -> dict[int, str]:
+        """Active forwards, local port -> target, whoever serves them (our forwards or the engine)."""
+        if self.engine_serves_frontends and self.engine is not None:
+            return {int(t.bind_address.rpartition(":")[2]): t.target for t in self.engine.options.client_tunnels}
+        return dict(self.forwards.active) if self.forwards else {}
+
+    def _wireproxy_doc(self) -> dict[str, Any]:
+        engine = self.engine
+        sup = engine.supervision
+        return {"config": str(engine.config_path), "health_address": engine.options.health_address,
+                "running": engine.running, "starts": sup.starts, "restarts": list(sup.restarts),
+                "last_health": sup.last_health,
+                "server_tunnels": [{"listen_port": t.listen_port, "target": t.target} for t in engine.options.server_tunnels]}
 
     def summary(self) -> str:
         config = self.config
-        tunnels = ", ".join(f"127.0.0.1:{p}->{t}" for p, t in self.forwards.active.items()) if self.forwards else ""
+        tunnels = ", ".join(f"127.0.0.1:{p}->{t}" for p, t in self.tunnels().items())
         return (
             f"engine={self.engine_cls.name if self.engine_cls else '?'} path={self.path} "
             f"address={config.address if config else '?'} proxy={self.settings.proxy_listen}"

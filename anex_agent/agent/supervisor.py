@@ -66,6 +66,7 @@ class Agent:
         self.api: AgentApi | None = None
         self.telemetry = None  # anex_agent.gpu.monitor.TelemetryMonitor when available
         self.last_transport = None  # wire.TransportStatus, refreshed by heartbeats and /status (for /metrics)
+        self._mesh_api_skipped = False
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -146,7 +147,12 @@ class Agent:
             await self._serve_api_on_mesh(config)
 
     async def _serve_api_on_mesh(self, config: NodeConfig) -> None:
-        assert self.api is not None
+        assert self.api is not None and self.dataplane is not None
+        if not self.dataplane.host_address:
+            if not self._mesh_api_skipped:
+                log.info("agent API: not served on the mesh address (engine %s has no OS interface)", self.dataplane.engine_cls.name)
+                self._mesh_api_skipped = True
+            return
         port = self.settings.api_listen.port
         try:
             await self.api.start(config.address, port)

@@ -315,6 +315,8 @@ class WireproxyEngine(Engine):
     """wireproxy as a supervised child process. Options come with the constructor (or :meth:`set_options`)."""
 
     name = "wireproxy"
+    frontends = "engine"  # wireproxy owns the HTTP proxy, the client and the server tunnels
+    host_address = False  # no OS interface: the mesh address lives inside wireproxy
 
     def __init__(self, *, ifname: str | None = None, options: WireproxyOptions | None = None,
                  binary: str = BINARY, state_dir: Path | None = None, health_interval: float = 5.0,
@@ -351,6 +353,22 @@ class WireproxyEngine(Engine):
             return Support(False, f"no {binary!r} on PATH (external engine: install windtf/wireproxy v1.1 to use it)")
         return Support(True, f"{path} (external wireproxy: owns its own proxy and tunnels)")
 
+    @classmethod
+    def workload_support(cls) -> Support:
+        return Support(True, "wireproxy serves the HTTP proxy, the GW_TUNNEL tunnels and inbound ports itself")
+
+    async def readiness(self) -> tuple[bool, str]:
+        """wireproxy's own verdict: ``/readyz`` on the health address (200 once CheckAlive got a pong)."""
+        if not self.running:
+            return False, "wireproxy is not running"
+        try:
+            code, _ = await http_get(self.options.health_address, "/readyz", timeout=2.0)
+        except (OSError, asyncio.TimeoutError) as err:
+            return False, f"wireproxy /readyz did not answer: {err or type(err).__name__}"
+        if code == 200:
+            return True, "wireproxy /readyz: 200"
+        return False, f"wireproxy /readyz: HTTP {code} (no recent pong from the gateway)"
+
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
@@ -381,6 +399,12 @@ class WireproxyEngine(Engine):
             await self._restart("config changed" if self.supervision.starts else "first start")
         if self._supervisor is None or self._supervisor.done():
             self._supervisor = asyncio.create_task(self._supervise(), name="wireproxy-supervisor")
+
+    async def restart(self, reason: str) -> None:
+        """Restart the running process now (e.g. the gateway re-registered: a fresh process handshakes at once)."""
+        async with self._lock:
+            if self._proc is not None:
+                await self._restart(reason)
 
     async def _resolve_endpoints(self, desired: DesiredConfig) -> dict[str, list[str]]:
         found: dict[str, list[str]] = {}

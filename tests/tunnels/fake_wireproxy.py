@@ -8,12 +8,17 @@ no WireGuard. Controlled through the directory in ``$FAKE_WIREPROXY_DIR``:
 
 * ``starts.jsonl``: one line appended per start: pid, argv, the peers' endpoints
 * ``readyz``: what /readyz does: ``200`` (default), ``503``, ``hang`` (never answers), ``exit`` (the process exits 3)
+* ``listen`` (optional; when present): like wireproxy, bind ``[http]`` and every
+  ``[TCPClientTunnel]`` BindAddress (exit 1 when one is taken); each accepted connection
+  gets one line ``fake-wireproxy <section> <bind address>`` and is closed
 """
 
 import base64
 import json
 import os
+import socket
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +40,28 @@ def parse(text):
     return sections
 
 
+def serve_banner(section, address):
+    """Listen on ``address``; answer each connection with one line naming ``section``. False when taken."""
+    host, _, port = address.rpartition(":")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), int(port)))
+    except OSError as err:
+        print(f"fake-wireproxy: cannot listen on {address}: {err.strerror}", file=sys.stderr)
+        return False
+    sock.listen(16)
+
+    def loop():
+        while True:
+            conn, _ = sock.accept()
+            with conn:
+                conn.sendall(f"fake-wireproxy {section} {address}\n".encode())
+
+    threading.Thread(target=loop, daemon=True).start()
+    return True
+
+
 def main(argv):
     flags = [a for a in argv if a != "-s"]  # -s (silent) takes no value
     args = dict(zip(flags[::2], flags[1::2]))
@@ -49,8 +76,14 @@ def main(argv):
     if len(interface) != 1 or "privatekey" not in interface[0] or not peers:
         print("fake-wireproxy: need one [Interface] with PrivateKey and a [Peer]", file=sys.stderr)
         return 1
+    listeners = [(n, s["bindaddress"]) for n, s in sections if n in ("http", "tcpclienttunnel") and "bindaddress" in s]
+    if (control / "listen").exists():
+        for name, address in listeners:
+            if not serve_banner(name, address):
+                return 1
     with open(control / "starts.jsonl", "a") as log:
-        log.write(json.dumps({"pid": os.getpid(), "argv": argv, "endpoints": [p.get("endpoint") for p in peers]}) + "\n")
+        log.write(json.dumps({"pid": os.getpid(), "argv": argv, "endpoints": [p.get("endpoint") for p in peers],
+                              "listeners": [a for _, a in listeners]}) + "\n")
     started = int(time.time())
 
     class Handler(BaseHTTPRequestHandler):
