@@ -342,7 +342,9 @@ def choose_engine(requested: str = "auto", *, for_workload: bool = False,
     ``for_workload`` (the node agent): an engine must also serve the workload
     (:meth:`Engine.workload_support`); ``auto`` skips the others, recording why in the
     answers, and naming one explicitly raises ConfigError naming ``source`` (e.g.
-    ``ANEX_ENGINE``) with the accepted names and those that run here.
+    ``ANEX_ENGINE``) with the accepted names and those that run here. Without it (a bare
+    tunnel, e.g. the gateway's hub), ``auto`` skips engines that only serve a workload
+    (``frontends == "engine"``: wireproxy).
     Raises ConfigError for an unknown name, EngineError when nothing suitable runs here.
     """
     from anex_agent.errors import EngineError
@@ -358,6 +360,9 @@ def choose_engine(requested: str = "auto", *, for_workload: bool = False,
         cls = classes.get(name)
         if cls is None:
             tried[name] = Support(False, "not available in this build")
+            continue
+        if not for_workload and requested == "auto" and cls.frontends == "engine":
+            tried[name] = Support(False, "serves a node's workload only (its own proxy and tunnels), not a bare tunnel")
             continue
         support = cls.is_supported()
         if support.ok and for_workload:

@@ -82,6 +82,14 @@ def test_tunnel_only_purpose_keeps_plain_support(engines):
     assert base.choose_engine("auto")[0] is classes["userspace"]  # e.g. the interop tests drive it directly
 
 
+def test_tunnel_only_auto_never_picks_an_engine_that_serves_a_workload_only(engines):
+    classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (True, False)})
+    classes["wireproxy"].frontends = "engine"
+    cls, tried = base.choose_engine("auto")  # e.g. the gateway's hub
+    assert cls is classes["userspace"]
+    assert tried["wireproxy"].ok is False and "workload only" in tried["wireproxy"].reason
+
+
 def test_explicit_engine_that_cannot_serve_names_the_variable_and_the_choices(engines):
     engines(kernel=(False, True), **{"wireguard-go": (True, True), "wireproxy": (False, True), "userspace": (True, False)})
     with pytest.raises(ConfigError) as err:
