@@ -86,11 +86,12 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def run_loadgen(url: str, args: argparse.Namespace, mode: str) -> dict:
+def run_loadgen(url: str, args: argparse.Namespace, mode: str, credentials_file: Path | None = None) -> dict:
+    extra = ["--credentials", str(credentials_file)] if credentials_file else []
     out = subprocess.run(
         [sys.executable, __file__, "--role", "loadgen", "--url", url, "--mode", mode,
          "--nodes", str(args.nodes), "--rate", str(args.rate), "--seconds", str(args.seconds),
-         "--concurrency", str(args.concurrency)],
+         "--concurrency", str(args.concurrency), *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     if out.returncode != 0:
@@ -98,7 +99,7 @@ def run_loadgen(url: str, args: argparse.Namespace, mode: str) -> dict:
     return json.loads(out.stdout)
 
 
-def bench_database(name: str, database_for: callable, args: argparse.Namespace) -> dict:
+def bench_database(name: str, database_for: callable, args: argparse.Namespace, *, fleet: int = 0) -> dict:
     result: dict = {}
     variants = [("ours", []), ("write_through", ["--heartbeat-flush-interval", "0"])]
     for variant, extra in variants:
@@ -110,7 +111,65 @@ def bench_database(name: str, database_for: callable, args: argparse.Namespace) 
                     result["watch_fanout"] = run_loadgen(url, args, "fanout")
             finally:
                 stop(proc)
+    if fleet:
+        with tempfile.TemporaryDirectory() as tmp:
+            database = database_for(Path(tmp))
+            started = time.perf_counter()
+            credentials_file = preload_fleet(database, Path(tmp), fleet)
+            preload_s = time.perf_counter() - started
+            proc, url = start_coordinator(database, Path(tmp), [])
+            try:
+                result[f"ours_fleet_{fleet}_cold"] = {
+                    "preload_s": round(preload_s, 1),
+                    "note": "every node heartbeats for the first time since the coordinator started: "
+                            "each heartbeat misses the credential cache (one indexed query)",
+                    **run_loadgen(url, args, "heartbeats", credentials_file),
+                }
+            finally:
+                stop(proc)
     return result
+
+
+def preload_fleet(database: str, state_dir: Path, count: int) -> Path:
+    """Write ``count`` joined nodes straight into the database (joining them over REST would
+    take minutes); return a file of (node id, credential) for the load generator."""
+    import base64
+    import secrets as pysecrets
+
+    from anex_agent.coordinator import app, credentials, ipam
+    from anex_agent.coordinator.db import open_database
+    from anex_agent.coordinator.migrations import CORE, apply
+
+    async def go() -> list[tuple[str, str]]:
+        db = await open_database(database)
+        try:
+            await apply(db, [*CORE, *app.module_migrations(app.load_modules())])
+            pool = ipam.Pool.parse("10.254.0.0/16")
+            now = time.time()
+            nodes, addresses, creds = [], [], []
+            for i in range(count):
+                node_id = f"n-fleet{i:06d}"
+                secret = credentials.new_secret(credentials.NODE_CREDENTIAL)
+                n = pool.first + i
+                nodes.append((node_id, f"fleet-{i}", "other", base64.b64encode(pysecrets.token_bytes(32)).decode(),
+                              credentials.hash_secret(secret), pool.to_str(n), now))
+                addresses.append((n, f"node:{node_id}"))
+                creds.append((node_id, secret))
+            async with db.transaction() as tx:
+                await tx.executemany("INSERT INTO addresses (n, owner) VALUES ($1, $2)", addresses)
+                await tx.executemany(
+                    "INSERT INTO nodes (id, name, provider, public_key, credential_hash, address, labels, facts,"
+                    " tunnels, state, created_at) VALUES ($1, $2, $3, $4, $5, $6, '{}', '{}', '[]', 'pending', $7)",
+                    nodes,
+                )
+            return creds
+        finally:
+            await db.close()
+
+    creds = asyncio.run(go())
+    path = state_dir / "fleet-credentials.json"
+    path.write_text(json.dumps(creds))
+    return path
 
 
 # ------------------------------------------------------------------ load generator
@@ -178,8 +237,11 @@ async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
 
     from anex_agent.client import CoordinatorClient
 
-    async with CoordinatorClient(args.url, admin_token=ADMIN) as admin:
-        nodes = await setup_nodes(admin, args.nodes)
+    if args.credentials:
+        nodes = [tuple(pair) for pair in json.loads(Path(args.credentials).read_text())]
+    else:
+        async with CoordinatorClient(args.url, admin_token=ADMIN) as admin:
+            nodes = await setup_nodes(admin, args.nodes)
     parts = urlsplit(args.url)
     bodies = [heartbeat_body(i) for i in range(64)]
     conns = [RawHttp(parts.hostname, parts.port) for _ in range(args.concurrency)]
@@ -204,8 +266,9 @@ async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
             await beat(conn)
             latencies.append(time.perf_counter() - t0)
 
-    # warm-up
-    await asyncio.gather(*(closed_worker(c, time.perf_counter() + 0.5, []) for c in conns))
+    # warm-up (with a preloaded fleet: skipped, the cold start is what is measured)
+    if not args.credentials:
+        await asyncio.gather(*(closed_worker(c, time.perf_counter() + 0.5, []) for c in conns))
     errors = 0
 
     # open loop at a fixed rate over a fixed set of connections (like wrk2): every request has a
@@ -247,7 +310,7 @@ async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
 
     ms = 1000.0
     return {
-        "nodes": args.nodes,
+        "nodes": len(nodes),
         "open_loop": {
             "target_per_s": args.rate,
             "connections": args.concurrency,
@@ -327,6 +390,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--skip-fanout", action="store_true")
+    parser.add_argument("--fleet", type=int, default=60000,
+                        help="also measure a cold start with this many nodes preloaded (SQLite; 0: skip)")
+    parser.add_argument("--credentials", help=argparse.SUPPRESS)  # loadgen: preloaded fleet
     args = parser.parse_args()
 
     if args.role == "loadgen":
@@ -339,7 +405,7 @@ def main() -> None:
         "benchmark": "coordinator",
         "goal": {"heartbeats_per_s": 2000, "p99_ms": 50, "database": "sqlite"},
         "machine": {"cpus": os.cpu_count()},
-        "sqlite": bench_database("sqlite", lambda tmp: f"sqlite:///{tmp / 'bench.db'}", args),
+        "sqlite": bench_database("sqlite", lambda tmp: f"sqlite:///{tmp / 'bench.db'}", args, fleet=args.fleet),
     }
     if args.postgres:
         report["postgresql"] = bench_postgres(args)
@@ -370,7 +436,12 @@ def bench_postgres(args: argparse.Namespace) -> dict:
     async def drop() -> None:
         conn = await asyncpg.connect(args.postgres)
         for name in created:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for attempt in range(50):  # an autovacuum worker may briefly hold the database
+                try:
+                    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    break
+                except (asyncpg.InsufficientPrivilegeError, asyncpg.ObjectInUseError):
+                    await asyncio.sleep(0.1)
         await conn.close()
 
     try:

@@ -156,8 +156,11 @@ class ChangeFeed:
     async def run(self) -> None:
         """Forever: wait for a poke, a NOTIFY or the poll interval, then deliver new changes."""
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose a cancellation
+            # that races with its own timeout, and the coordinator then never stops
             try:
-                await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+                async with asyncio.timeout(self._poll_interval):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

@@ -17,7 +17,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -33,6 +32,8 @@ from anex_agent.coordinator.settings import Settings
 from anex_agent.coordinator.versions import ConfigVersions
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT = 10.0  # seconds background tasks get to stop on close
 
 
 class Coordinator:
@@ -139,8 +140,12 @@ class Coordinator:
     async def close(self) -> None:
         if self._runner is not None:
             self._runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._runner
+            done, _ = await asyncio.wait({self._runner}, timeout=STOP_TIMEOUT)
+            if not done:  # a background task ignores cancellation: say so, do not hang
+                log.error("background tasks did not stop within %.0fs: %s", STOP_TIMEOUT,
+                          ", ".join(t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("coordinator-")))
+            elif not self._runner.cancelled() and self._runner.exception() is not None:
+                log.error("background task failed", exc_info=self._runner.exception())
             self._runner = None
         try:
             await self.heartbeats.flush()

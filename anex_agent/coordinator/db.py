@@ -12,7 +12,10 @@ Contract:
   (including cancellation), so nothing is ever half-written.
 * SQLite runs on one dedicated thread (the ``sqlite3`` module blocks); an
   ``asyncio.Lock`` gives each transaction the connection to itself. Writers are
-  serialised, which is what SQLite does anyway. PostgreSQL uses an asyncpg pool.
+  serialised, which is what SQLite does anyway. Reads outside a transaction
+  (``db.fetch``/``fetchrow``/``fetchval``) use a second, read-only connection on its
+  own thread (WAL mode: they neither wait for nor see uncommitted writes).
+  PostgreSQL uses an asyncpg pool.
 * :meth:`Database.listen` delivers PostgreSQL ``NOTIFY`` payloads of a channel
   (other coordinator processes' changes); on SQLite it is a no-op and the caller
   falls back to polling.
@@ -136,18 +139,45 @@ class SqliteDatabase(Database):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._lock = asyncio.Lock()
         self._conn: sqlite3.Connection | None = None
+        # reads outside a transaction go to a second, read-only connection on its own
+        # thread: in WAL mode they never wait for the writer and never see uncommitted rows
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
+        self._rconn: sqlite3.Connection | None = None
 
     async def open(self) -> None:
         await self._run(self._open_sync)
+        if self._path != ":memory:":  # a second connection to :memory: would be another database
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._reader, self._open_reader_sync)
 
-    def _open_sync(self) -> None:
+    def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=30)
         conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    def _open_sync(self) -> None:
+        conn = self._connect()
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=30000")
         self._conn = conn
+
+    def _open_reader_sync(self) -> None:
+        conn = self._connect()
+        conn.execute("PRAGMA query_only=ON")
+        self._rconn = conn
+
+    def _read_sync(self, sql: str, args: Sequence[Any]) -> list[dict]:
+        assert self._rconn is not None
+        return [dict(row) for row in self._rconn.execute(sql, args).fetchall()]
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict]:
+        """A read outside any transaction: sees every transaction committed before it."""
+        if self._rconn is None:
+            return await super().fetch(sql, *args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, self._read_sync, _to_sqlite(sql), args)
 
     async def _run(self, fn: Callable, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -205,7 +235,11 @@ class SqliteDatabase(Database):
             if self._conn is not None:
                 await self._run(self._conn.close)
                 self._conn = None
+        if self._rconn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._reader, self._rconn.close)
+            self._rconn = None
         self._executor.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
 
 
 # ---------------------------------------------------------------- PostgreSQL

@@ -62,11 +62,22 @@ async def create_pg_database() -> tuple[str, str]:
 
 
 async def drop_pg_database(name: str) -> None:
+    """Drop a test database; FORCE ends our leftover connections. An autovacuum worker
+    (another role) may briefly hold it, which a non-superuser cannot end: retry."""
+    import asyncio
+
     import asyncpg
 
     conn = await asyncpg.connect(POSTGRES_URL)
     try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for attempt in range(50):
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            except (asyncpg.InsufficientPrivilegeError, asyncpg.ObjectInUseError):
+                if attempt == 49:
+                    raise
+                await asyncio.sleep(0.1)
     finally:
         await conn.close()
 
