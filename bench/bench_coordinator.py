@@ -411,8 +411,12 @@ def main() -> None:
         report["postgresql"] = bench_postgres(args)
     else:
         report["postgresql"] = {"skipped": "no --postgres URL and ANEX_TEST_POSTGRES_URL is not set"}
-    ours = report["sqlite"]["ours"]["open_loop"]
-    report["goal_met_sqlite"] = ours["achieved_per_s"] >= 0.97 * 2000 and ours["p99_ms"] < 50 and ours["errors"] == 0
+    def met(run: dict) -> bool:
+        loop = run["open_loop"]
+        return loop["achieved_per_s"] >= 0.97 * args.rate and loop["p99_ms"] < 50 and loop["errors"] == 0
+
+    sqlite_runs = {k: v for k, v in report["sqlite"].items() if k.startswith("ours")}
+    report["goal_met_sqlite"] = {name: met(run) for name, run in sqlite_runs.items()}
     report["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(report, indent=2))
 
