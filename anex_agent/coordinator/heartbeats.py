@@ -51,6 +51,7 @@ class HeartbeatBuffer:
         self._pending: dict[str, tuple] = {}
         self.latest: dict[str, float] = {}  # node id -> time of its newest heartbeat seen here
         self.flushed_total = 0
+        self._flush_lock = asyncio.Lock()
 
     def record(self, node_id: str, heartbeat: Heartbeat, now: float) -> None:
         verdict, reasons = health_of(heartbeat.telemetry)
@@ -72,17 +73,23 @@ class HeartbeatBuffer:
         self.latest.pop(node_id, None)
 
     async def flush(self) -> int:
-        if not self._pending:
-            return 0
-        batch, self._pending = self._pending, {}
-        try:
-            await self._db.executemany(_FLUSH_SQL, list(batch.values()))
-        except BaseException:
-            for node_id, row in batch.items():
-                self._pending.setdefault(node_id, row)
-            raise
-        self.flushed_total += len(batch)
-        return len(batch)
+        """Commit every heartbeat recorded before this call; return how many rows were written.
+
+        Flushes are serialised: a caller that arrives while another flush is writing waits
+        for it, so a read after ``await flush()`` never misses a batch still in flight.
+        """
+        async with self._flush_lock:
+            if not self._pending:
+                return 0
+            batch, self._pending = self._pending, {}
+            try:
+                await self._db.executemany(_FLUSH_SQL, list(batch.values()))
+            except BaseException:
+                for node_id, row in batch.items():
+                    self._pending.setdefault(node_id, row)
+                raise
+            self.flushed_total += len(batch)
+            return len(batch)
 
     async def run(self, interval: float) -> None:
         while True:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from anex_agent import wire
@@ -85,3 +87,33 @@ async def test_sweeper_does_not_overwrite_a_newer_heartbeat(coord):
     await coord.ctx.heartbeats.flush()
     assert await sweeper.apply_transitions(coord.ctx, due) == 0
     assert await db_state(coord, joined.node_id) == "ready"
+
+
+async def test_flush_waits_for_a_flush_in_flight(coord):
+    """A read after ``await flush()`` sees every heartbeat recorded before, even while the
+    background flusher is in the middle of writing its batch."""
+    client, joined, _ = await coord.join()
+    buffer = coord.ctx.heartbeats
+    db = coord.ctx.db
+    original = db.executemany
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_executemany(sql, rows):
+        entered.set()
+        await release.wait()
+        await original(sql, rows)
+
+    db.executemany = slow_executemany
+    try:
+        await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"n": 1}))
+        background = asyncio.create_task(buffer.flush())  # the periodic flusher, stalled mid-write
+        await entered.wait()
+        reader = asyncio.create_task(buffer.flush())
+        await asyncio.sleep(0.05)
+        assert not reader.done()  # it waits for the batch in flight
+        release.set()
+        await background
+        await reader
+    finally:
+        db.executemany = original
+    assert (await coord.admin.get_telemetry(joined.node_id)).telemetry == {"n": 1}
