@@ -361,7 +361,7 @@ def choose_engine(requested: str = "auto", *, for_workload: bool = False,
         if cls is None:
             tried[name] = Support(False, "not available in this build")
             continue
-        if not for_workload and requested == "auto" and cls.frontends == "engine":
+        if not for_workload and requested == "auto" and getattr(cls, "frontends", "dialer") == "engine":
             tried[name] = Support(False, "serves a node's workload only (its own proxy and tunnels), not a bare tunnel")
             continue
         support = cls.is_supported()
