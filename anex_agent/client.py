@@ -35,7 +35,9 @@ M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_TIMEOUT = 10.0
 WATCH_BACKOFF_INITIAL = 0.5
-WATCH_BACKOFF_MAX = 30.0
+# The cap bounds how long a gateway or agent stays blind after the coordinator comes back;
+# the jitter (half to full delay) spreads a fleet's reconnects.
+WATCH_BACKOFF_MAX = 10.0
 CLOSE_REVOKED = 4001  # the coordinator's close code for a revoked credential
 
 
@@ -224,8 +226,9 @@ class CoordinatorClient:
         backoff = WATCH_BACKOFF_INITIAL
         version = since
         while True:
+            connected: list[bool] = []
             try:
-                async for event in self._watch_once(version):
+                async for event in self._watch_once(version, connected):
                     version = max(version, event.version)
                     backoff = WATCH_BACKOFF_INITIAL
                     yield event
@@ -234,12 +237,15 @@ class CoordinatorClient:
                 if not exc.retryable:
                     raise
                 err = exc
+            if connected:  # the stream was up: this is a fresh outage, start the backoff over
+                backoff = WATCH_BACKOFF_INITIAL
             delay = random.uniform(backoff / 2, backoff)
             log.info("watch: %s; reconnecting in %.1fs from version %d", err, delay, version)
             await asyncio.sleep(delay)
             backoff = min(backoff * 2, WATCH_BACKOFF_MAX)
 
-    async def _watch_once(self, since: int) -> AsyncIterator[wire.WatchEvent]:
+    async def _watch_once(self, since: int, connected: list[bool]) -> AsyncIterator[wire.WatchEvent]:
+        """One stream; appends True to ``connected`` once the WebSocket handshake succeeded."""
         url = f"{self.base_url}/v1/watch?since={since}"
         try:
             ws = await self._get_session().ws_connect(
@@ -253,6 +259,7 @@ class CoordinatorClient:
             raise CoordinatorError("watch: timed out connecting", retryable=True) from None
         except aiohttp.ClientError as err:
             raise CoordinatorError(f"watch: {err}", retryable=True) from None
+        connected.append(True)
         try:
             async for msg in ws:
                 if msg.type == aiohttp.WSMsgType.TEXT:

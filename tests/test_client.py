@@ -118,3 +118,36 @@ async def test_watch_reconnects_resumes_and_stops_on_revocation(server, monkeypa
     assert err.value.status == 401 and not err.value.retryable
     assert server.state["watch_calls"] == [0, 5]  # resumed from the last version it yielded
     assert set(server.state["seen_auth"]) == {"Bearer anexgc_secret"}
+
+
+async def test_watch_backoff_starts_over_after_a_stream_that_was_up(monkeypatch):
+    """Failed connects back off exponentially; a drop after a good connect retries at once.
+
+    Otherwise a gateway whose coordinator was down for a while would stay blind for the
+    whole grown delay after the coordinator came back and dropped it once more.
+    """
+    monkeypatch.setattr("anex_agent.client.WATCH_BACKOFF_INITIAL", 0.05)
+    calls: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def watch(request):
+        calls.append(loop.time())
+        if len(calls) <= 4:
+            return problem(503, "starting")
+        if len(calls) == 5:  # up, then dropped without any event
+            ws = web.WebSocketResponse()
+            await ws.prepare(request)
+            await ws.close()
+            return ws
+        return problem(401, "revoked")
+
+    app = web.Application()
+    app.router.add_get("/v1/watch", watch)
+    async with TestServer(app) as srv, CoordinatorClient(str(srv.make_url("")), credential="anexnc_x") as client:
+        with pytest.raises(CoordinatorError) as err:
+            async for _ in client.watch(0):
+                pass
+    assert err.value.status == 401
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert gaps[3] >= 0.2  # fourth failed connect: the delay had grown to 0.2-0.4 s
+    assert gaps[4] < 0.2  # after the stream that was up: back to 0.025-0.05 s
