@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 10.0  # seconds, until the coordinator says otherwise
 MIN_INTERVAL = 1.0
+FIRST_SAMPLE_WAIT = 5.0  # seconds the first heartbeat waits for the first telemetry sample
 MAX_BACKOFF = 60.0
 
 
@@ -63,6 +64,8 @@ def telemetry_block(monitor: Any | None) -> dict[str, Any] | None:
 async def heartbeat_loop(agent: Agent) -> None:
     backoff = Backoff(base=1.0, cap=MAX_BACKOFF)
     interval = DEFAULT_INTERVAL
+    if agent.telemetry is not None:  # so that the first heartbeat already carries telemetry
+        await agent.telemetry.wait_first_sample(FIRST_SAMPLE_WAIT)
     while True:
         assert agent.identity is not None and agent.dataplane is not None
         try:

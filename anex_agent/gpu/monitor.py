@@ -218,6 +218,17 @@ class TelemetryMonitor:
     async def sample_once(self) -> Snapshot:
         return await asyncio.to_thread(self.collect)
 
+    async def wait_first_sample(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until a snapshot exists; True when one does.
+
+        Lets the first heartbeat carry telemetry instead of arriving one interval late.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._latest is None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return self._latest is not None
+
     async def run(self) -> None:
         """Sample every ``interval`` seconds until cancelled (run it as a named TaskGroup task)."""
         try:
