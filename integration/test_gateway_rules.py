@@ -122,9 +122,14 @@ def test_dns_port_on_the_mesh_address_is_closed_from_outside_the_mesh(topology):
                          "while True:\n c,a=s.accept();c.sendall(b'hi');c.close()"])
     connect = ("import socket,sys\ntry:\n s=socket.create_connection(('10.73.0.1',53),2);print(s.recv(2).decode())\n"
                "except OSError as e: print('closed')")
+    # From the mesh the port must open; the listener process and the tunnel's handshake may
+    # still be starting, so the first check retries for a while (the second must not).
+    connect_retrying = ("import socket,time\ndeadline=time.monotonic()+15\nwhile True:\n try:\n"
+                        "  s=socket.create_connection(('10.73.0.1',53),2);print(s.recv(2).decode());break\n"
+                        " except OSError:\n  if time.monotonic()>deadline: print('closed');break\n  time.sleep(0.2)")
     try:
         cluster.run(["ip", "route", "add", MESH, "via", "172.30.0.1"])
-        assert node.run([sys.executable, "-c", connect], timeout=20).stdout.strip() == "hi"  # from the mesh: open
+        assert node.run([sys.executable, "-c", connect_retrying], timeout=30).stdout.strip() == "hi"  # from the mesh: open
         assert cluster.run([sys.executable, "-c", connect], timeout=20).stdout.strip() == "closed"  # from elsewhere
     finally:
         listener.terminate()
