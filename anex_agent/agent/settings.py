@@ -245,6 +245,14 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         raise ConfigError(src_v, f"{provider!r}: expected one of {'|'.join(p.value for p in Provider)}") from None
     if not 1 <= len(name) <= 253:
         raise ConfigError(src_n, "expected a node name of 1 to 253 characters")
+    proxy_listen, api_listen = parse_listen(proxy, src_x), parse_listen(api, src_a)
+    inbound_ports = parse_ports(inbound or "", src_i)
+    for listen, what in ((api_listen, "the agent API"), (proxy_listen, "the HTTP proxy")):
+        # wireproxy delivers inbound connections from 127.0.0.1: a mesh caller would look local
+        # (the API trusts loopback callers without a token; the proxy would serve the mesh)
+        if listen.port in inbound_ports:
+            raise ConfigError(src_i, f"port {listen.port} is {what}'s port ({listen}); it is never served to the mesh "
+                                     "through an inbound port, list only the workload's ports")
     engine = _choice(engine, src_e, ENGINES)
     if engine != "auto":  # fail here, before anything starts, when the engine cannot serve a workload
         from anex_agent.tunnels.base import require_workload_engine
@@ -257,13 +265,13 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         engine=engine,
         engine_source=src_e,
         path=_choice(path, src_p, PATHS),
-        proxy_listen=parse_listen(proxy, src_x),
-        api_listen=parse_listen(api, src_a),
+        proxy_listen=proxy_listen,
+        api_listen=api_listen,
         provider=provider_value,
         name=name,
         tunnels=parse_tunnels(environ, getattr(args, "tunnel", None)),
         proxy_auth=proxy_auth,
-        inbound_ports=parse_ports(inbound or "", src_i),
+        inbound_ports=inbound_ports,
     )
 
 

@@ -193,6 +193,15 @@ def test_bad_inbound_ports_name_the_variable(value):
     assert "comma-separated list of TCP ports from 1 to 65535" in str(err.value)
 
 
+@pytest.mark.parametrize("extra, port", [({}, 9555), ({}, 3128), ({"ANEX_API_LISTEN": "127.0.0.1:9600"}, 9600)])
+def test_inbound_ports_never_include_the_api_or_proxy_port(extra, port):
+    """wireproxy forwards inbound ports from 127.0.0.1: the API would take mesh callers for local ones."""
+    with pytest.raises(ConfigError) as err:
+        parse({**BASE, **extra, "ANEX_INBOUND_PORTS": f"8000,{port}"})
+    assert err.value.source == "ANEX_INBOUND_PORTS"
+    assert f"port {port} is" in str(err.value)
+
+
 def test_cli_userspace_engine_is_one_line_not_a_traceback(tmp_path):
     import os
     import subprocess
