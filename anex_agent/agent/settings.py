@@ -98,12 +98,18 @@ def default_state_dir(environ: Mapping[str, str], euid: int | None = None) -> Pa
     return Path(base) / "anex-agent"
 
 
+def is_port(text: str) -> bool:
+    """True for ASCII decimal digits naming a port from 1 to 65535 (``str.isdigit`` alone also
+    accepts '²', which ``int`` refuses, and '٣', which it reads as 3)."""
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
+
+
 def parse_listen(value: str, source: str) -> ListenAddress:
     """Parse ``HOST:PORT`` (IPv6 in brackets) into a :class:`ListenAddress`."""
     accepted = "expected HOST:PORT with an IP address and a port from 1 to 65535, e.g. 127.0.0.1:3128"
     host, sep, port = value.strip().rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not sep or not host or not is_port(port):
         raise ConfigError(source, f"{value!r}: {accepted}")
     try:
         ipaddress.ip_address(host)
@@ -117,11 +123,11 @@ def parse_listen(value: str, source: str) -> ListenAddress:
 def parse_tunnel(source: str, port_text: str, target: str) -> TunnelSetting:
     """One forward: ``port_text`` is the local port (from the variable name), ``target`` HOST:PORT."""
     accepted = "GW_TUNNEL_<port>=<host>:<port> with both ports from 1 to 65535, e.g. GW_TUNNEL_5432=db.default.svc.cluster.local:5432"
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    if not is_port(port_text):
         raise ConfigError(source, f"local port {port_text!r} is not a port from 1 to 65535; expected {accepted}")
     host, sep, port = target.strip().rpartition(":")
     bare = host.strip("[]")
-    if not sep or not bare or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c.isspace() for c in bare):
+    if not sep or not bare or not is_port(port) or any(c.isspace() for c in bare):
         raise ConfigError(source, f"value {target!r} is not <host>:<port>; expected {accepted}")
     return TunnelSetting(source, TunnelSpec(listen_port=int(port_text), target=target.strip()))
 
@@ -152,7 +158,7 @@ def parse_ports(value: str, source: str) -> tuple[int, ...]:
         item = item.strip()
         if not item:
             continue
-        if not item.isdigit() or not 1 <= int(item) <= 65535:
+        if not is_port(item):
             raise ConfigError(source, f"{item!r} in {value!r} is not a port; {accepted}")
         ports.add(int(item))
     return tuple(sorted(ports))

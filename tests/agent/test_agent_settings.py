@@ -215,3 +215,20 @@ def test_cli_userspace_engine_is_one_line_not_a_traceback(tmp_path):
     assert "Traceback" not in out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "ANEX_ENGINE" in lines[0] and "userspace" in lines[0] and "accepted: auto" in lines[0], lines
+
+
+@pytest.mark.parametrize("env", [
+    {"GW_TUNNEL_5432": "db:5²"},      # str.isdigit() accepts '²', int() refuses it: was a ValueError traceback
+    {"GW_TUNNEL_5432": "db:٥٤٣٢"},   # Arabic-Indic digits: int() reads them, a port must not
+    {"ANEX_INBOUND_PORTS": "8²"},
+])
+def test_non_ascii_digits_are_a_config_error_naming_the_variable(env):
+    with pytest.raises(ConfigError) as err:
+        parse({**BASE, **env})
+    assert err.value.source == next(iter(env))
+
+
+def test_non_ascii_digits_in_a_listen_address_are_a_config_error():
+    with pytest.raises(ConfigError) as err:
+        parse({**BASE, "ANEX_PROXY_LISTEN": "127.0.0.1:31²"})
+    assert err.value.source == "ANEX_PROXY_LISTEN"
