@@ -97,6 +97,10 @@ UPDATE addresses SET owner = $1, quarantined_until = NULL
 RETURNING n
 """
 
+_ANY_REUSABLE = """
+SELECT 1 FROM addresses WHERE owner IS NULL AND quarantined_until <= $1 AND n >= $2 AND n <= $3 LIMIT 1
+"""
+
 
 async def allocate(tx: Conn, pool: Pool, owner: str, *, now: float) -> str:
     """Reserve the next free address for ``owner`` inside ``tx``; raise NetworkExhausted.
@@ -104,7 +108,8 @@ async def allocate(tx: Conn, pool: Pool, owner: str, *, now: float) -> str:
     Order: the address after the highest one in the table (an index lookup: the table is
     dense, since a freed address stays as a quarantine row), then any gap below it (a
     scan; gaps appear only when rows were removed by hand or the network was changed),
-    then quarantined addresses whose quarantine is over, lowest first.
+    then quarantined addresses whose quarantine is over, lowest first (losing one of those to
+    a concurrent transaction means trying the next, not "exhausted").
     """
     for _ in range(_MAX_ATTEMPTS):
         candidate = await tx.fetchval(_NEXT_AFTER_TOP, pool.first, pool.last)
@@ -122,6 +127,10 @@ async def allocate(tx: Conn, pool: Pool, owner: str, *, now: float) -> str:
         got = await tx.fetchval(_REUSE_QUARANTINED, owner, now, pool.first, pool.last)
         if got is not None:
             return pool.to_str(got)
+        if await tx.fetchval(_ANY_REUSABLE, now, pool.first, pool.last) is not None:
+            # PostgreSQL: we waited on a row another transaction reused and the re-check of
+            # that one row failed; other expired addresses are still there: look again
+            continue
         raise NetworkExhausted(
             f"no free address left in {pool.cidr} ({pool.size} usable addresses; freed ones are quarantined "
             "before reuse); delete unused nodes or restart the coordinator with a larger --network"

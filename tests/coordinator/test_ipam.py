@@ -162,3 +162,19 @@ def test_model_never_two_owners_never_early_reuse(ops):
             await db.close()
 
     asyncio.run(run())
+
+
+async def test_losing_a_race_for_a_quarantined_address_takes_the_next_one(db):
+    """Two transactions reusing quarantined addresses at once: the one that waited on the
+    other's row lock gets the next expired address, not a false 'network exhausted'
+    (PostgreSQL re-checks the locked row only, so the loser's UPDATE matches nothing)."""
+    pool = ipam.Pool.parse("10.7.0.0/29")  # 6 usable addresses
+    held = [await alloc(db, pool, f"o{i}") for i in range(6)]
+    await release(db, pool, held[1], now=1000, quarantine=10)
+    await release(db, pool, held[4], now=1000, quarantine=10)
+    async with db.transaction() as first:
+        got_first = await ipam.allocate(first, pool, "first", now=2000)
+        second = asyncio.create_task(alloc(db, pool, "second", now=2000))
+        await asyncio.sleep(0.3)  # on PostgreSQL: let it block on the row the first one took
+    got_second = await asyncio.wait_for(second, 30)
+    assert {got_first, got_second} == {held[1], held[4]}
