@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from anex_agent import wire
-from anex_agent.coordinator import changes, credentials, ipam, problems, tokens
+from anex_agent.coordinator import changes, credentials, ipam, problems, registration, tokens
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import Conn
 from anex_agent.coordinator.nodes import mesh_peer
@@ -38,14 +38,10 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
     now = ctx.clock()
     credential = credentials.new_secret(credentials.GATEWAY_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
-        token = await tokens.lookup(tx, request.token, wire.TokenKind.gateway, now=now)
-        existing = await tx.fetchrow("SELECT * FROM gateways WHERE public_key = $1", request.public_key)
-        tokens.check_unused_or_owner(token, existing["id"] if existing else None)
-        if await tx.fetchval("SELECT id FROM nodes WHERE public_key = $1", request.public_key):
-            raise problems.Problem(
-                409, "Conflict", "this public key belongs to a node; the gateway needs its own key pair",
-                slug="conflict", errors=[{"field": "public_key", "message": "already used by a node"}],
-            )
+        token, existing = await registration.claim(
+            tx, request.token, wire.TokenKind.gateway, request.public_key, own_table="gateways", other_table="nodes",
+            conflict="this public key belongs to a node; the gateway needs its own key pair", now=now,
+        )
         fields = (request.name, request.endpoint, request.ws_url, json.dumps(request.routes), now)
         if existing:
             gateway_id, address = existing["id"], existing["address"]

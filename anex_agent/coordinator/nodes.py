@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from anex_agent import wire
-from anex_agent.coordinator import changes, credentials, ipam, problems, states, tokens
+from anex_agent.coordinator import changes, credentials, ipam, problems, registration, states, tokens
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import Conn
 
@@ -76,14 +76,10 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
     now = ctx.clock()
     credential = credentials.new_secret(credentials.NODE_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
-        token = await tokens.lookup(tx, request.token, wire.TokenKind.node, now=now)
-        existing = await tx.fetchrow("SELECT * FROM nodes WHERE public_key = $1", request.public_key)
-        tokens.check_unused_or_owner(token, existing["id"] if existing else None)
-        if await tx.fetchval("SELECT id FROM gateways WHERE public_key = $1", request.public_key):
-            raise problems.Problem(
-                409, "Conflict", "this public key belongs to a gateway; every node needs its own key pair",
-                slug="conflict", errors=[{"field": "public_key", "message": "already used by a gateway"}],
-            )
+        token, existing = await registration.claim(
+            tx, request.token, wire.TokenKind.node, request.public_key, own_table="nodes", other_table="gateways",
+            conflict="this public key belongs to a gateway; every node needs its own key pair", now=now,
+        )
         if existing:
             node_id = existing["id"]
             await tx.execute(

@@ -77,6 +77,11 @@ def not_found(what: str) -> Problem:
     return Problem(404, "Not Found", f"{what} does not exist", slug="not-found")
 
 
+def network_exhausted(detail: str) -> Problem:
+    """503 for a join or gateway registration when no mesh address is free (retry later)."""
+    return Problem(503, "Network Exhausted", detail, slug="network-exhausted", headers={"Retry-After": "60"})
+
+
 def bad_request(detail: str, field: str | None = None) -> Problem:
     errors = [{"field": field, "message": detail}] if field else None
     return Problem(400, "Bad Request", detail, slug="bad-request", errors=errors)

@@ -275,6 +275,43 @@ async def test_network_exhausted_is_503(tmp_path, database_url, clock):
         await stop_harness(coord)
 
 
+async def test_gateway_registration_on_an_exhausted_network_is_503_with_retry_after(tmp_path, database_url, clock):
+    from tests.coordinator.conftest import start_harness, stop_harness
+
+    coord = await start_harness(tmp_path, database_url, clock, network="10.9.0.0/30")
+    try:
+        await coord.join("a")
+        await coord.gateway("gw1")  # nodes and gateways share the two usable addresses
+        token = await coord.admin.create_join_token("gateway")
+        body = json.dumps({"token": token.token, "public_key": keys.KeyPair(keys.generate_private_key()).public_b64,
+                           "name": "gw2", "endpoint": "203.0.113.9:51820"}).encode()
+        headers = {"Content-Type": "application/json"}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(coord.url + "/v1/gateways", data=body, headers=headers) as resp:
+                assert resp.status == 503, await resp.text()
+                assert resp.headers.get("Retry-After") == "60"
+                assert "10.9.0.0/30" in (await resp.json(content_type=None))["detail"]
+        assert len((await coord.admin.list_gateways()).gateways) == 1
+    finally:
+        await stop_harness(coord)
+
+
+async def test_a_key_is_either_a_node_or_a_gateway_409_naming_public_key(coord):
+    _, _, node_pair = await coord.join("n1")
+    gw_token = await coord.admin.create_join_token("gateway")
+    with pytest.raises(CoordinatorError) as err:
+        await coord.client().register_gateway(gw_token.token, node_pair.public_b64, "gw")
+    assert err.value.status == 409
+    assert err.value.problem["errors"] == [{"field": "public_key", "message": "already used by a node"}]
+    _, _, gw_pair = await coord.gateway("gw")
+    with pytest.raises(CoordinatorError) as err:
+        await coord.join("n2", key=gw_pair)
+    assert err.value.status == 409
+    assert err.value.problem["errors"] == [{"field": "public_key", "message": "already used by a gateway"}]
+    assert len((await coord.admin.list_nodes()).nodes) == 1
+    assert len((await coord.admin.list_gateways()).gateways) == 1
+
+
 async def test_join_tokens_are_listed_without_secrets_and_can_be_revoked(coord):
     single = await coord.admin.create_join_token(labels={"pool": "x"})
     reusable = await coord.admin.create_join_token(reusable=True)

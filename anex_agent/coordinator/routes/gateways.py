@@ -12,7 +12,7 @@ async def register(call: Call) -> wire.GatewayRegisterResponse:
     try:
         return await gateways.register(call.ctx, call.body)
     except ipam.NetworkExhausted as err:
-        raise problems.Problem(503, "Network Exhausted", str(err), slug="network-exhausted") from None
+        raise problems.network_exhausted(str(err)) from None
 
 
 async def list_gateways(call: Call) -> wire.GatewayList:

@@ -21,8 +21,7 @@ async def join(call: Call) -> wire.NodeJoinResponse:
     try:
         return await nodes.join(call.ctx, call.body)
     except ipam.NetworkExhausted as err:
-        raise problems.Problem(503, "Network Exhausted", str(err), slug="network-exhausted",
-                               headers={"Retry-After": "60"}) from None
+        raise problems.network_exhausted(str(err)) from None
 
 
 async def list_nodes(call: Call) -> wire.NodeList:
