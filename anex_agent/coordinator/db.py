@@ -61,15 +61,11 @@ class Conn(Protocol):
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
 
 
-class Database:
-    """Base class; use :func:`open_database`."""
-
-    dialect: str = ""
-    url: str = ""
+class _RowReads:
+    """``fetchrow``/``fetchval`` in terms of the subclass's ``fetch``."""
 
     async def fetch(self, sql: str, *args: Any) -> list[dict]:
-        async with self.transaction() as tx:
-            return await tx.fetch(sql, *args)
+        raise NotImplementedError
 
     async def fetchrow(self, sql: str, *args: Any) -> dict | None:
         rows = await self.fetch(sql, *args)
@@ -78,6 +74,17 @@ class Database:
     async def fetchval(self, sql: str, *args: Any) -> Any:
         row = await self.fetchrow(sql, *args)
         return next(iter(row.values())) if row else None
+
+
+class Database(_RowReads):
+    """Base class; use :func:`open_database`."""
+
+    dialect: str = ""
+    url: str = ""
+
+    async def fetch(self, sql: str, *args: Any) -> list[dict]:
+        async with self.transaction() as tx:
+            return await tx.fetch(sql, *args)
 
     async def execute(self, sql: str, *args: Any) -> int:
         async with self.transaction() as tx:
@@ -108,20 +115,12 @@ class Database:
 # ---------------------------------------------------------------- SQLite
 
 
-class _SqliteConn:
+class _SqliteConn(_RowReads):
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
 
     async def fetch(self, sql: str, *args: Any) -> list[dict]:
         return await self._db._run(self._db._fetch_sync, _to_sqlite(sql), args)
-
-    async def fetchrow(self, sql: str, *args: Any) -> dict | None:
-        rows = await self.fetch(sql, *args)
-        return rows[0] if rows else None
-
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        row = await self.fetchrow(sql, *args)
-        return next(iter(row.values())) if row else None
 
     async def execute(self, sql: str, *args: Any) -> int:
         return await self._db._run(self._db._execute_sync, _to_sqlite(sql), args)
