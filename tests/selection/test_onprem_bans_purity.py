@@ -115,3 +115,28 @@ def test_adapter_reads_the_telemetry_the_gpu_module_builds():
     failed = Qualification((Check("tpm", "required", "fail", "none", "2.0"),)).to_dict()
     offer, why = offer_from_node(node(telemetry=build_telemetry(snapshot, qualification=failed)))
     assert offer is None and "qualification" in why
+
+
+def _malformed_telemetries():
+    t = telemetry()
+    yield {**t, "health": "healthy"}  # not an object
+    yield {**t, "inventory": ["not", "an", "object"]}
+    yield {**t, "host": "big"}
+    yield {**t, "gpus": [3]}
+    bad_cap = telemetry()
+    bad_cap["inventory"]["gpus"] = [{**g, "compute_capability": "eight"} for g in bad_cap["inventory"]["gpus"]]
+    yield bad_cap
+
+
+@pytest.mark.parametrize("bad", list(_malformed_telemetries()))
+async def test_a_node_with_malformed_telemetry_is_skipped_not_a_crash(bad):
+    """Telemetry is whatever a node sent: one odd payload must not fail the selection for everyone."""
+    async def lister():
+        return [node(), node(id="n2", telemetry=bad)]
+
+    source = OnpremSource(lister)
+    table = await source.offers(parse_annotations({}))
+    offered = [o.offer_id for o in table.offers]
+    assert "n1" in offered
+    if "n2" not in offered:
+        assert "telemetry" in source.skipped["n2"]

@@ -55,7 +55,18 @@ def _qualified(qualification: Any) -> bool:
 
 
 def offer_from_node(node: Mapping[str, Any]) -> tuple[Offer | None, str]:
-    """``(offer, "")`` for an available node, else ``(None, reason)``."""
+    """``(offer, "")`` for an available node, else ``(None, reason)``.
+
+    The telemetry is whatever the node sent (opaque to the coordinator): a payload of an
+    unexpected shape leaves that node out with the reason, it never fails the caller.
+    """
+    try:
+        return _offer_from_node(node)
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as err:
+        return None, f"malformed telemetry ({type(err).__name__}: {err})"
+
+
+def _offer_from_node(node: Mapping[str, Any]) -> tuple[Offer | None, str]:
     node_id = str(node.get("id", ""))
     if node.get("provider") != "onprem":
         return None, "not an on-prem node"
