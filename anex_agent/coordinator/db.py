@@ -318,7 +318,9 @@ class PostgresDatabase(Database):
 
 
 def _redact(url: str) -> str:
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+    """``url`` with its password replaced by ``***`` (the password may itself hold ``@``: the
+    user info ends at the last ``@`` before the host, as in libpq)."""
+    return re.sub(r"//([^:/@]+):[^/]*@", r"//\1:***@", url)
 
 
 async def open_database(url: str) -> Database:

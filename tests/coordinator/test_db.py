@@ -111,3 +111,14 @@ async def test_cancelled_while_beginning_leaves_no_open_transaction(db):
     async with db.transaction() as tx:
         await tx.execute("INSERT INTO t (a) VALUES ('y')")
     assert [r["a"] for r in await db.fetch("SELECT a FROM t")] == ["y"]
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("postgresql://anex:s3cret@db.example:5432/anex", "postgresql://anex:***@db.example:5432/anex"),
+    ("postgresql://anex:p@ss@word@db.example/anex", "postgresql://anex:***@db.example/anex"),
+    ("postgresql://db.example/anex", "postgresql://db.example/anex"),
+])
+def test_logged_database_urls_hide_the_whole_password(url, shown):
+    from anex_agent.coordinator.db import _redact
+
+    assert _redact(url) == shown
