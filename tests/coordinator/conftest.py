@@ -5,9 +5,11 @@ Each PostgreSQL test gets its own freshly created database, dropped afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,9 +84,12 @@ async def drop_pg_database(name: str) -> None:
         await conn.close()
 
 
-@pytest.fixture(params=BACKENDS)
-async def database_url(request, tmp_path: Path):
-    if request.param == "sqlite":
+@contextlib.asynccontextmanager
+async def backend_url(backend: str, tmp_path: Path | None = None) -> AsyncIterator[str]:
+    """A database URL for ``backend``: a SQLite file in ``tmp_path``, or a fresh PostgreSQL
+    database dropped afterwards."""
+    if backend == "sqlite":
+        assert tmp_path is not None
         yield f"sqlite:///{tmp_path / 'coordinator.db'}"
         return
     url, name = await create_pg_database()
@@ -92,6 +97,12 @@ async def database_url(request, tmp_path: Path):
         yield url
     finally:
         await drop_pg_database(name)
+
+
+@pytest.fixture(params=BACKENDS)
+async def database_url(request, tmp_path: Path):
+    async with backend_url(request.param, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import pytest
 
 from anex_agent import keys
 from anex_agent.client import CoordinatorClient
-from tests.coordinator.conftest import POSTGRES_URL, create_pg_database, drop_pg_database
+from tests.coordinator.conftest import POSTGRES_URL, backend_url
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "anexadm_test_admin_token_for_process_tests"
@@ -113,11 +113,8 @@ def test_bad_flags_exit_2_naming_the_flag(tmp_path, flags, words):
 async def pg_database():
     if not POSTGRES_URL:
         pytest.skip("ANEX_TEST_POSTGRES_URL is not set (needs PostgreSQL)")
-    url, name = await create_pg_database()
-    try:
+    async with backend_url("postgresql") as url:
         yield url
-    finally:
-        await drop_pg_database(name)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from anex_agent.selection.config import SelectionConfig
 from anex_agent.selection.providers.http import HttpPolicy
 from anex_agent.selection.providers.runpod import RunPodConfig
 from anex_agent.selection.providers.vastai import VastAIConfig
-from tests.coordinator.conftest import BACKENDS, FakeClock, create_pg_database, drop_pg_database
+from tests.coordinator.conftest import BACKENDS, FakeClock, backend_url
 from tests.selection.fake_providers import FakeProvider, runpod_data
 from tests.selection.test_doc_examples import CURRENT_EXAMPLE_POD, LEGACY_EXAMPLE_POD
 
@@ -29,14 +29,8 @@ BAN_SECONDS = 600.0
 
 @pytest.fixture(params=BACKENDS)
 async def database_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'coordinator.db'}"
-        return
-    url, name = await create_pg_database()
-    try:
+    async with backend_url(request.param, tmp_path) as url:
         yield url
-    finally:
-        await drop_pg_database(name)
 
 
 class Api:
