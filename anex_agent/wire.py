@@ -282,7 +282,7 @@ class GatewayRegisterRequest(Model):
     token: str
     public_key: PublicKey
     name: str = Field(min_length=1, max_length=253)
-    endpoint: str | None = Field(None, description="UDP HOST:PORT nodes use to reach the hub")
+    endpoint: HostPort | None = Field(None, description="UDP HOST:PORT nodes use to reach the hub")
     ws_url: str | None = Field(None, description="WebSocket relay URL")
     routes: list[Cidr] = Field(default_factory=list, description="cluster networks reachable through this gateway")
 

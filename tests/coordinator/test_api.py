@@ -296,6 +296,18 @@ async def test_gateway_registration_on_an_exhausted_network_is_503_with_retry_af
         await stop_harness(coord)
 
 
+async def test_gateway_endpoint_must_be_host_port_422_naming_it(coord):
+    """Every node dials the endpoint: a malformed one is refused at registration, not pushed to the fleet."""
+    token = await coord.admin.create_join_token("gateway")
+    pair = keys.KeyPair(keys.generate_private_key())
+    for bad in ("nonsense", "203.0.113.9", "203.0.113.9:0", "203.0.113.9:70000"):
+        body = json.dumps({"token": token.token, "public_key": pair.public_b64, "name": "gw", "endpoint": bad})
+        status, ctype, payload = await raw(coord, "POST", "/v1/gateways", body=body.encode())
+        assert status == 422 and ctype.startswith("application/problem+json"), payload
+        assert [e["field"] for e in json.loads(payload)["errors"]] == ["endpoint"]
+    assert (await coord.admin.list_gateways()).gateways == []
+
+
 async def test_a_key_is_either_a_node_or_a_gateway_409_naming_public_key(coord):
     _, _, node_pair = await coord.join("n1")
     gw_token = await coord.admin.create_join_token("gateway")
