@@ -14,6 +14,7 @@ import pytest
 
 from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, wait_until
 from integration.conftest import TUNNEL_1, TUNNEL_2, client
+from integration.netns import read_line
 
 PROXY = "127.0.0.1:3128"
 URL = f"http://{SERVICE_NAME}:{HTTP_PORT}"
@@ -81,7 +82,7 @@ def test_cluster_reaches_a_workload_port_at_the_mesh_address(mesh, node):
         stdout=__import__("subprocess").PIPE, text=True,
     )
     try:
-        assert server.stdout.readline().strip() == "ready"
+        assert read_line(server, 30, "workload server ready").strip() == "ready"
         result = client(mesh.cluster, "get", f"http://{address}:8090/inbound")
         assert result.get("status") == 200, result
         body = json.loads(result["body"])
@@ -127,3 +128,26 @@ def test_node_is_ready_at_the_coordinator(mesh, node):
     view = wait_until(lambda: (v := mesh.admin("GET", f"/v1/nodes/{node_id}")) and v["status"] and v, 30, "a heartbeat")
     assert view["state"] == "ready"
     assert view["status"]["engine"] == "wireguard-go"
+
+
+def test_no_secret_on_any_command_line(mesh, node):
+    """Tokens and private keys reach processes through the environment or files, never argv
+    (which ``ps`` shows to every local user): the gateway, the agent, wireguard-go, the demo."""
+    from pathlib import Path
+
+    secrets = {"gateway join token": mesh.gateway_token, "admin token": mesh.admin_token,
+               "node private key": (node.state_dir / "private.key").read_text().strip(),
+               "gateway private key": (Path(mesh.workdir) / "gateway" / "private.key").read_text().strip()}
+    assert all(secrets.values()), secrets.keys()
+    seen = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # exited meanwhile
+        seen += "anex-agent" in argv or "wireguard-go" in argv
+        for what, secret in secrets.items():
+            assert secret not in argv, f"the {what} is on the command line of pid {entry.name}: {argv[:200]}"
+    assert seen >= 3  # coordinator, gateway, agent (and wireguard-go) were looked at

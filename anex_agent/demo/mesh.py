@@ -195,14 +195,14 @@ class Mesh:
         """Call the coordinator's REST API as the admin (from the gateway namespace)."""
         code = (
             "import json,sys,urllib.request,urllib.error\n"
-            "m,u,t,b=sys.argv[1:5]\n"
+            "import os\nm,u,b=sys.argv[1:4]\nt=os.environ['ANEX_ADMIN_TOKEN']\n"
             "req=urllib.request.Request(u,method=m,data=b.encode() if b else None,headers={'Authorization':'Bearer '+t,'Content-Type':'application/json'})\n"
             "try:\n r=urllib.request.urlopen(req,timeout=10); print(r.status); print(r.read().decode())\n"
             "except urllib.error.HTTPError as e: print(e.code); print(e.read().decode())\n"
         )
         out = self.gateway.run(
-            [sys.executable, "-c", code, method, self.coordinator_url_for_gateway + path, self.admin_token, json.dumps(body) if body is not None else ""],
-            timeout=20,
+            [sys.executable, "-c", code, method, self.coordinator_url_for_gateway + path, json.dumps(body) if body is not None else ""],
+            timeout=20, env={**os.environ, "ANEX_ADMIN_TOKEN": self.admin_token},  # not argv: ps shows argv to everyone
         )
         status_line, _, text = out.stdout.partition("\n")
         status = int(status_line)
@@ -237,14 +237,15 @@ class Mesh:
         argv = [
             *anex_argv(), "gateway",
             "--coordinator", self.coordinator_url_for_gateway,
-            "--token", self.gateway_token,
             "--state-dir", str(state),
             "--listen-udp", f"0.0.0.0:{WG_PORT}",
             "--endpoint", f"{UNDERLAY_GW}:{WG_PORT}",
             "--route", CLUSTER_NET,
             "--dns-upstream", f"{CLUSTER_IP}:{DNS_PORT}",
         ]
-        self.gateway_proc = self.gateway.popen(argv, stdout=self._logfile("gateway"), stderr=subprocess.STDOUT)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}  # only what we pass below
+        env["ANEX_GATEWAY_TOKEN"] = self.gateway_token  # not --token: ps shows argv to every local user
+        self.gateway_proc = self.gateway.popen(argv, stdout=self._logfile("gateway"), stderr=subprocess.STDOUT, env=env)
         wait_until(self._gateway_registered, 30, "the gateway registering with the coordinator")
 
     def _gateway_registered(self) -> bool:
