@@ -18,6 +18,8 @@ API (every name gets a random suffix so parallel runs never collide)::
 * ``require_root(*tools)`` returns a ``pytest.mark.skipif`` marker with the reason
   (not root, or a tool missing from PATH).
 * ``unique(prefix)`` returns ``prefix`` + 6 random hex characters.
+* ``read_line(proc, timeout, what)`` reads one line of a child's piped stdout, failing the test
+  (instead of hanging) when none comes in time or the child exits.
 
 Commands run through ``ip netns exec``; no Python code runs inside a namespace, so
 these helpers work with any real program (the anex-agent CLI, wireguard-go, socat).
@@ -30,15 +32,35 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Netns", "veth", "require_root", "unique", "missing_prerequisites"]
+__all__ = ["Netns", "veth", "require_root", "unique", "missing_prerequisites", "read_line"]
 
 
 def unique(prefix: str) -> str:
     """``prefix`` + 6 random hex characters (keep prefix <= 9 characters for interface names)."""
     return f"{prefix}{secrets.token_hex(3)}"
+
+
+def read_line(proc: subprocess.Popen, timeout: float = 30.0, what: str = "a line") -> str:
+    """One line of ``proc``'s stdout (a pipe), within ``timeout`` seconds.
+
+    Raises AssertionError naming ``what`` when the child stays silent (instead of hanging
+    the test) or exits first. The read runs in a daemon thread: a timed-out read ends
+    when the child is killed (``Netns.close``), and the stream should not be read again.
+    """
+    assert proc.stdout is not None, "read_line needs stdout=subprocess.PIPE"
+    result: list = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True,
+                              name=f"read-line-{proc.pid}")
+    reader.start()
+    reader.join(timeout)
+    if not result:
+        raise AssertionError(f"no {what} from pid {proc.pid} within {timeout} s (exit status {proc.poll()})")
+    assert result[0], f"pid {proc.pid} exited with {proc.wait(timeout=5)} before {what}"
+    return result[0]
 
 
 def missing_prerequisites(*tools: str) -> str | None:

@@ -13,6 +13,7 @@ import pytest
 
 from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, anex_argv, wait_until
 from integration.conftest import finish, ns_state, read_until
+from integration.netns import read_line
 
 FETCH = (
     "import json,sys,urllib.request\n"
@@ -101,7 +102,7 @@ def test_bad_gw_tunnel_stops_before_the_workload(mesh, fresh_node, tmp_path, nam
 def test_gw_tunnel_port_in_use_stops_before_the_workload(mesh, fresh_node, tmp_path):
     marker = tmp_path / "workload-ran"
     holder = fresh_node.ns.popen([sys.executable, "-c", "import socket,time;s=socket.socket();s.bind(('127.0.0.1',15432));s.listen();print('ready',flush=True);time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "ready"
+    assert read_line(holder, 30, "port holder ready").strip() == "ready"
     env = mesh.agent_env(fresh_node, token="unused", GW_TUNNEL_15432="db.default.svc.cluster.local:5432")
     out = run_agent(mesh, fresh_node, env, ["touch", str(marker)], timeout=30)
     holder.kill()

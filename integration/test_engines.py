@@ -18,7 +18,7 @@ import pytest
 
 from anex_agent.keys import encode_key, generate_private_key, public_key
 
-from integration.netns import Netns, missing_prerequisites, unique, veth
+from integration.netns import Netns, missing_prerequisites, read_line, unique, veth
 
 REASON = missing_prerequisites("wireguard-go", "ping")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -45,9 +45,7 @@ class Side:
         return encode_key(public_key(self.key))
 
     def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        assert line, f"engine driver in {self.ns} exited with {self.proc.poll()}"
-        return json.loads(line)
+        return json.loads(read_line(self.proc, 60, f"engine driver answer in {self.ns}"))
 
     def cmd(self, op: str, **kw) -> dict:
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
@@ -121,8 +119,8 @@ def test_handshake_ping_and_tcp_across_the_tunnel(pair):
                            "d=b''\nwhile len(d)<100000: d+=c.recv(65536)\nc.sendall(str(len(d)).encode());c.close()"])
     try:
         client = node.ns.run([sys.executable, "-c",
-                              "import socket,time\nfor i in range(50):\n try: s=socket.create_connection(('10.71.0.1',7070),2);break\n"
-                              " except OSError: time.sleep(0.1)\ns.sendall(b'x'*100000);print(s.recv(100).decode())"],
+                              "import socket,time\nend=time.monotonic()+20\nwhile True:\n try: s=socket.create_connection(('10.71.0.1',7070),2);break\n"
+                              " except OSError:\n  if time.monotonic()>end: raise\n  time.sleep(0.1)\ns.sendall(b'x'*100000);print(s.recv(100).decode())"],
                              timeout=30)
         assert client.stdout.strip() == "100000"
     finally:

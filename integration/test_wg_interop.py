@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from anex_agent import keys
-from integration.netns import Netns, missing_prerequisites, unique, veth
+from integration.netns import Netns, missing_prerequisites, read_line, unique, veth
 
 REASON = missing_prerequisites("wireguard-go", "wg", "ping")
 if REASON is None and not os.path.exists("/dev/net/tun"):
@@ -52,9 +52,7 @@ class OurPeer:
     def call(self, **cmd) -> dict:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, f"wg_peer exited (rc={self.proc.poll()})"
-        doc = json.loads(line)
+        doc = json.loads(read_line(self.proc, 30, f"wg_peer answer to {cmd.get('op')}"))
         assert doc.get("ok"), doc
         return doc
 
@@ -147,10 +145,10 @@ def test_we_initiate_then_ping_and_udp_both_ways(setup):
              what="UDP datagram from wireguard-go side")
     # ... and from us to a UDP socket on the wireguard-go side (answered by our UDP echo on port 7).
     listener = s.go.popen(["python3", "-c",
-        "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 5555));"
+        "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 5555)); print('ready', flush=True);"
         f"s.settimeout(10); d,a=s.recvfrom(2000); print(d.decode(), flush=True); s.sendto(b'echo-me', ('{OUR_TUN}', 7));"
         "d,a=s.recvfrom(2000); print(d.decode(), a[1], flush=True)"], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+    assert read_line(listener, 15, "UDP listener ready").strip() == "ready"  # bound before we send (no fixed sleep)
     s.peer.call(op="send_udp", dst=GO_TUN, sport=4444, dport=5555, data=b"from-us".hex())
     out, _ = listener.communicate(timeout=15)
     assert out.split("\n")[:2] == ["from-us", "echo-me 7"], out
@@ -180,8 +178,9 @@ def test_rekey_after_forced_expiry_keeps_traffic_flowing(setup):
     # The next packet we send finds no usable session: it is staged, a new handshake runs, then it goes out.
     listener = s.go.popen(["python3", "-c",
         "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 5556));"
-        "s.settimeout(15); d,a=s.recvfrom(2000); print(d.decode(), flush=True)"], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+        "print('ready', flush=True); s.settimeout(15); d,a=s.recvfrom(2000); print(d.decode(), flush=True)"],
+        stdout=subprocess.PIPE, text=True)
+    assert read_line(listener, 15, "UDP listener ready").strip() == "ready"  # bound before we send (no fixed sleep)
     s.peer.call(op="send_udp", dst=GO_TUN, sport=4445, dport=5556, data=b"after-rekey".hex())
     out, _ = listener.communicate(timeout=20)
     assert out.strip() == "after-rekey"
