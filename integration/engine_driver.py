@@ -20,25 +20,9 @@ import sys
 
 
 def _desired(doc: dict):
-    from anex_agent.tunnels.base import DesiredConfig, PeerConfig
+    from integration.wg_peer import desired_from  # one parser of the apply line for both drivers
 
-    return DesiredConfig(
-        private_key=base64.b64decode(doc["private_key"]),
-        listen_port=doc.get("listen_port"),
-        address=doc["address"],
-        mtu=doc.get("mtu", 1420),
-        peers=tuple(
-            PeerConfig(
-                public_key=p["public_key"],
-                endpoint=p.get("endpoint"),
-                allowed_ips=tuple(p["allowed_ips"]),
-                persistent_keepalive=p.get("persistent_keepalive", 0),
-                preshared_key=p.get("preshared_key"),
-            )
-            for p in doc.get("peers", ())
-        ),
-        routes=tuple(doc.get("routes", ())),
-    )
+    return desired_from(doc)
 
 
 def _dump_doc(device) -> dict:

@@ -34,6 +34,7 @@ ECHO_PORT = 7
 
 
 def desired_from(doc: dict) -> DesiredConfig:
+    """The ``config`` of an ``apply`` line as a DesiredConfig (also used by engine_driver.py)."""
     return DesiredConfig(
         private_key=base64.b64decode(doc["private_key"]),
         listen_port=doc.get("listen_port"),
@@ -44,6 +45,7 @@ def desired_from(doc: dict) -> DesiredConfig:
                        persistent_keepalive=p.get("persistent_keepalive", 0), preshared_key=p.get("preshared_key"))
             for p in doc.get("peers", ())
         ),
+        routes=tuple(doc.get("routes", ())),
     )
 
 
