@@ -28,6 +28,15 @@ CREATE INDEX selection_bans_expiry ON selection_bans (expires_at)
 """
 
 
+_UPSERT = """
+INSERT INTO selection_bans (machine_id, provider, reason, created_at, expires_at) VALUES ($1, 'vastai', $2, $3, $4)
+ON CONFLICT (machine_id) DO UPDATE SET reason = excluded.reason, created_at = excluded.created_at,
+    expires_at = CASE WHEN excluded.expires_at > selection_bans.expires_at THEN excluded.expires_at
+                      ELSE selection_bans.expires_at END
+RETURNING expires_at
+"""
+
+
 @dataclass(frozen=True)
 class Ban:
     machine_id: str
@@ -54,15 +63,8 @@ class BanStore:
         expires = now + seconds
         async with self.db.transaction() as tx:
             await tx.execute("DELETE FROM selection_bans WHERE expires_at <= $1", now)
-            row = await tx.fetchrow("SELECT expires_at FROM selection_bans WHERE machine_id = $1", machine_id)
-            if row is None:
-                await tx.execute(
-                    "INSERT INTO selection_bans (machine_id, provider, reason, created_at, expires_at) "
-                    "VALUES ($1, 'vastai', $2, $3, $4)", machine_id, reason, now, expires)
-            else:
-                expires = max(expires, float(row["expires_at"]))
-                await tx.execute("UPDATE selection_bans SET reason = $2, created_at = $3, expires_at = $4 "
-                                 "WHERE machine_id = $1", machine_id, reason, now, expires)
+            # one upsert: concurrent reports for one machine (also on two coordinators) all succeed
+            expires = float(await tx.fetchval(_UPSERT, machine_id, reason, now, expires))
         return Ban(machine_id, reason, now, expires)
 
     async def unban(self, machine_id: str) -> bool:

@@ -3,6 +3,7 @@ ANEX_TEST_POSTGRES_URL is set), with Vast.AI and RunPod served by local fake API
 
 from __future__ import annotations
 
+import asyncio
 import types
 
 import aiohttp
@@ -185,6 +186,20 @@ async def test_admin_ban_with_duration_and_lift(api):
     assert status == 404 and ctype.startswith("application/problem+json")
     status, _, body = await api.call("POST", "/v1/bans", {"machine_id": "", "duration": -1})
     assert status == 422 and {e["field"] for e in body["errors"]} == {"machine_id", "duration"}
+
+
+async def test_concurrent_failure_reports_for_one_machine_all_succeed(api):
+    """Several pods failing on one machine are reported at once: every report is accepted
+    (no 409 from two inserts of one ban) and the ban lasts until the latest expiry."""
+    reports = [api.call("POST", "/v1/provisioning-failures",
+                        {"provider": "vastai", "offer_id": "1002", "machine_id": "502", "reason": f"pod {i}"})
+               for i in range(8)]
+    reports.append(api.call("POST", "/v1/bans", {"machine_id": "502", "duration": BAN_SECONDS * 2}))
+    answers = await asyncio.gather(*reports)
+    assert [status for status, _, _ in answers] == [200] * 8 + [201]
+    _, _, bans = await api.call("GET", "/v1/bans")
+    assert [b["machine_id"] for b in bans["bans"]] == ["502"]
+    assert bans["bans"][0]["expires_at"] == pytest.approx(api.clock.now + BAN_SECONDS * 2)
 
 
 async def test_cheaper_onprem_node_wins_and_unavailable_nodes_are_explained(api):
