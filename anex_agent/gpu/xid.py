@@ -116,16 +116,24 @@ class XidWatcher:
         m = self._nvml.module
         try:
             event_set = self._nvml.call("nvmlEventSetCreate")
-            if event_set is ABSENT:
-                self.error = "NVML event sets are not supported here"
-                return False
-            for index, handle in enumerate(self._handles):
-                ok = self._nvml.call("nvmlDeviceRegisterEvents", handle, m.nvmlEventTypeXidCriticalError, event_set)
-                if ok is not ABSENT:
-                    self.registered.append(index)
         except (NvmlUnavailable, DeviceFailure) as exc:
             self.error = f"cannot watch XID events: {exc}"
             return False
+        if event_set is ABSENT:
+            self.error = "NVML event sets are not supported here"
+            return False
+        for index, handle in enumerate(self._handles):
+            try:
+                ok = self._nvml.call("nvmlDeviceRegisterEvents", handle, m.nvmlEventTypeXidCriticalError, event_set)
+            except DeviceFailure as exc:  # this GPU is lost or needs a reset: watch the others
+                log.warning("GPU %d: not watching XID events: %s", index, exc)
+                continue
+            except NvmlUnavailable as exc:
+                self._free(event_set)
+                self.error = f"cannot watch XID events: {exc}"
+                return False
+            if ok is not ABSENT:
+                self.registered.append(index)
         if not self.registered:
             self._free(event_set)
             self.error = "no GPU supports XID events"

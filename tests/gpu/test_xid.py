@@ -87,3 +87,40 @@ def test_gpus_without_event_support_are_skipped(install_fake):
     assert watcher.start() is False
     assert watcher.error == "no GPU supports XID events"
     assert len(fake.freed_sets) == 1
+
+
+def test_a_lost_gpu_does_not_stop_xid_watching_of_the_others(install_fake):
+    from .fake_nvml import FakeGpu
+
+    fake = install_fake([
+        FakeGpu(uuid="GPU-lost", bus_id="00000000:07:00.0",
+                errors={"nvmlDeviceRegisterEvents": real_pynvml.NVML_ERROR_GPU_IS_LOST}),
+        FakeGpu(uuid="GPU-ok", bus_id="00000000:0F:00.0"),
+    ])
+    nvml = Nvml()
+    assert nvml.ensure_ready()
+    inventory, handles, _ = read_inventory(nvml)
+    xid_log = XidLog()
+    watcher = XidWatcher(nvml, handles, {g.uuid: g.index for g in inventory.gpus}, xid_log, timeout_ms=50)
+    try:
+        assert watcher.start(), watcher.error
+        assert watcher.registered == [1]
+        fake.push_xid(1, 79)
+        assert wait_for(lambda: xid_log.hardware_xids() == {1: [79]})
+    finally:
+        watcher.stop()
+    assert len(fake.freed_sets) == 1
+
+
+def test_nvml_failing_while_registering_frees_the_event_set(install_fake):
+    from .fake_nvml import FakeGpu
+
+    fake = install_fake([FakeGpu(uuid="GPU-x", errors={
+        "nvmlDeviceRegisterEvents": real_pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH})])
+    nvml = Nvml()
+    assert nvml.ensure_ready()
+    inventory, handles, _ = read_inventory(nvml)
+    watcher = XidWatcher(nvml, handles, {"GPU-x": 0}, XidLog(), timeout_ms=50)
+    assert watcher.start() is False
+    assert "cannot watch XID events" in watcher.error
+    assert len(fake.freed_sets) == 1
