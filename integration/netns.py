@@ -28,20 +28,15 @@ these helpers work with any real program (the anex-agent CLI, wireguard-go, soca
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import signal
 import subprocess
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+from anex_agent.demo.netlab import Namespace, unique  # one namespace implementation for the demo and the tests
+
 __all__ = ["Netns", "veth", "require_root", "unique", "missing_prerequisites", "read_line"]
-
-
-def unique(prefix: str) -> str:
-    """``prefix`` + 6 random hex characters (keep prefix <= 9 characters for interface names)."""
-    return f"{prefix}{secrets.token_hex(3)}"
 
 
 def read_line(proc: subprocess.Popen, timeout: float = 30.0, what: str = "a line") -> str:
@@ -81,42 +76,19 @@ def require_root(*tools: str) -> Any:
     return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 
-class Netns:
-    """A uniquely named network namespace that removes itself (and its processes) on close."""
+class Netns(Namespace):
+    """A uniquely named network namespace that removes itself (and its processes) on close.
+
+    The package's demo :class:`~anex_agent.demo.netlab.Namespace` (create, run, popen,
+    close) plus a context manager and :meth:`check_output`.
+    """
 
     def __init__(self, prefix: str = "t") -> None:
-        self.name = unique(f"anx-{prefix}-")
-        self._procs: list[subprocess.Popen] = []
-        self._created = False
+        super().__init__(prefix)
 
-    # -- lifecycle
     def create(self) -> Netns:
-        subprocess.run(["ip", "netns", "add", self.name], check=True)
-        self._created = True
-        self.run(["ip", "link", "set", "lo", "up"])
+        super().create()
         return self
-
-    def close(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        self._procs.clear()
-        if self._created:
-            # Kill anything else still inside (e.g. children a test started with run()).
-            pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
-            self._created = False
 
     def __enter__(self) -> Netns:
         return self.create()
@@ -124,24 +96,8 @@ class Netns:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- running things inside
-    def argv(self, cmd: Sequence[str]) -> list[str]:
-        """The argv that runs ``cmd`` inside this namespace."""
-        return ["ip", "netns", "exec", self.name, *cmd]
-
-    def run(self, cmd: Sequence[str], *, check: bool = True, timeout: float = 30, **kw: Any) -> subprocess.CompletedProcess:
-        kw.setdefault("capture_output", True)
-        kw.setdefault("text", True)
-        return subprocess.run(self.argv(cmd), check=check, timeout=timeout, **kw)
-
     def check_output(self, cmd: Sequence[str], *, timeout: float = 30) -> str:
         return self.run(cmd, timeout=timeout).stdout
-
-    def popen(self, cmd: Sequence[str], **kw: Any) -> subprocess.Popen:
-        """Start ``cmd`` inside the namespace; it is terminated on ``close()``."""
-        proc = subprocess.Popen(self.argv(cmd), **kw)
-        self._procs.append(proc)
-        return proc
 
     def __repr__(self) -> str:
         return f"Netns({self.name!r})"

@@ -1,8 +1,8 @@
 """Network namespaces and veth links for the demo (root only), removed on close.
 
-The same shape as ``integration/netns.py`` (which the tests of other parts use), but
-inside the package so that ``anex-agent demo`` works from an installed package where
-the repository's ``integration/`` directory is not importable.
+Inside the package so that ``anex-agent demo`` works from an installed package where
+the repository's ``integration/`` directory is not importable; ``integration/netns.py``
+builds its ``Netns`` on :class:`Namespace`.
 
 Every name carries a random suffix so parallel runs never collide; ``close()`` kills
 what was started in the namespace (SIGTERM, then SIGKILL) and deletes it, which also
