@@ -88,7 +88,10 @@ def role_connect_client(port: int, sink_port: int, nbytes: int, via_proxy: bool)
         sock.sendall(f"CONNECT 127.0.0.1:{sink_port} HTTP/1.1\r\nHost: 127.0.0.1:{sink_port}\r\n\r\n".encode())
         head = b""
         while b"\r\n\r\n" not in head:
-            head += sock.recv(1)
+            byte = sock.recv(1)
+            if not byte:  # the proxy closed: fail instead of looping forever on EOF
+                raise RuntimeError(f"the proxy closed the connection after {head!r}")
+            head += byte
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(head.decode(errors="replace"))
     sent = 0
