@@ -9,7 +9,8 @@ Contract:
 * ``credential`` authenticates node/gateway calls, ``admin_token`` admin calls; a call
   uses whichever the route needs (:meth:`set_credential` after joining).
 * :meth:`watch` yields :class:`wire.WatchEvent` forever: it reconnects with jittered
-  exponential backoff and resumes from the last version it yielded. It raises (does
+  exponential backoff and resumes from the last version it yielded (after a snapshot:
+  the snapshot's version, even when lower than before). It raises (does
   not retry) a non-retryable error, e.g. a revoked credential (401).
 * Use as ``async with CoordinatorClient(url, ...) as client:`` (or call :meth:`close`).
 """
@@ -229,7 +230,9 @@ class CoordinatorClient:
             connected: list[bool] = []
             try:
                 async for event in self._watch_once(version, connected):
-                    version = max(version, event.version)
+                    # a snapshot is the whole state as of its version, also when that version is
+                    # lower than ours (the coordinator's change log started over): resume from it
+                    version = event.version if event.type == "snapshot" else max(version, event.version)
                     backoff = WATCH_BACKOFF_INITIAL
                     yield event
                 err: CoordinatorError | None = CoordinatorError("watch stream closed by the coordinator", retryable=True)

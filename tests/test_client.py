@@ -151,3 +151,37 @@ async def test_watch_backoff_starts_over_after_a_stream_that_was_up(monkeypatch)
     gaps = [b - a for a, b in zip(calls, calls[1:])]
     assert gaps[3] >= 0.2  # fourth failed connect: the delay had grown to 0.2-0.4 s
     assert gaps[4] < 0.2  # after the stream that was up: back to 0.025-0.05 s
+
+
+async def test_watch_resumes_from_a_snapshot_even_when_it_is_older(monkeypatch):
+    """A coordinator whose change log starts over (database restored or recreated) answers a
+    too-new ``since`` with a snapshot at its own, lower version: the client must resume from
+    that snapshot, or it would skip every change up to the version it had before."""
+    monkeypatch.setattr("anex_agent.client.WATCH_BACKOFF_INITIAL", 0.05)
+    calls: list[int] = []
+
+    async def watch(request):
+        calls.append(int(request.query["since"]))
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        if len(calls) == 1:
+            await ws.send_str(json.dumps({"type": "snapshot", "version": 3, "peers": [PEER]}))
+        else:
+            await ws.send_str(json.dumps({"type": "peer_removed", "version": 4, "peer": PEER}))
+        await ws.close()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/watch", watch)
+    srv = TestServer(app)
+    await srv.start_server()
+    try:
+        async with CoordinatorClient(str(srv.make_url("")), credential="anexgc_secret") as client:
+            stream = client.watch(since=900)
+            first = await asyncio.wait_for(anext(stream), 5)
+            second = await asyncio.wait_for(anext(stream), 5)
+            await stream.aclose()
+    finally:
+        await srv.close()
+    assert (first.type, first.version, second.version) == ("snapshot", 3, 4)
+    assert calls == [900, 3]
