@@ -28,7 +28,6 @@ GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import socket
 from dataclasses import dataclass, field
@@ -37,6 +36,8 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from anex_agent.errors import ConfigError
+from anex_agent.frontends.proxy_core import is_port
+from anex_agent.frontends.proxy_core import parse_listen as parse_host_port
 from anex_agent.wire import Provider, TunnelSpec
 
 ENGINES = ("auto", "kernel", "wireguard-go", "userspace", "wireproxy")
@@ -98,26 +99,9 @@ def default_state_dir(environ: Mapping[str, str], euid: int | None = None) -> Pa
     return Path(base) / "anex-agent"
 
 
-def is_port(text: str) -> bool:
-    """True for ASCII decimal digits naming a port from 1 to 65535 (``str.isdigit`` alone also
-    accepts '²', which ``int`` refuses, and '٣', which it reads as 3)."""
-    return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
-
-
 def parse_listen(value: str, source: str) -> ListenAddress:
-    """Parse ``HOST:PORT`` (IPv6 in brackets) into a :class:`ListenAddress`."""
-    accepted = "expected HOST:PORT with an IP address and a port from 1 to 65535, e.g. 127.0.0.1:3128"
-    host, sep, port = value.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not is_port(port):
-        raise ConfigError(source, f"{value!r}: {accepted}")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if host != "localhost":
-            raise ConfigError(source, f"{value!r}: {accepted}") from None
-        host = "127.0.0.1"
-    return ListenAddress(host, int(port))
+    """Parse ``HOST:PORT`` (IPv6 in brackets, ``localhost`` = 127.0.0.1) into a :class:`ListenAddress`."""
+    return ListenAddress(*parse_host_port(value, source=source, empty_host_is_loopback=False))
 
 
 def parse_tunnel(source: str, port_text: str, target: str) -> TunnelSetting:

@@ -67,16 +67,28 @@ class Destination:
         return (self.host.lower(), self.port)
 
 
-def parse_listen(value: str, *, source: str = "ANEX_PROXY_LISTEN") -> tuple[str, int]:
-    """``HOST:PORT`` / ``[IPv6]:PORT`` / ``:PORT`` (loopback) -> (host, port); ConfigError otherwise."""
+def is_port(text: str) -> bool:
+    """True for ASCII decimal digits naming a port from 1 to 65535 (``str.isdigit`` alone also
+    accepts '²', which ``int`` refuses, and '٣', which it reads as 3)."""
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
+
+
+def parse_listen(value: str, *, source: str = "ANEX_PROXY_LISTEN", empty_host_is_loopback: bool = True) -> tuple[str, int]:
+    """``HOST:PORT`` / ``[IPv6]:PORT`` / ``:PORT`` (loopback) -> (host, port); ConfigError otherwise.
+
+    HOST is an IP address or ``localhost`` (read as 127.0.0.1). With
+    ``empty_host_is_loopback=False`` (the agent's settings) ``:PORT`` is refused too.
+    """
     text = value.strip()
     accepted = "expected HOST:PORT with an IP address and a port from 1 to 65535, e.g. 127.0.0.1:3128"
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not sep or not is_port(port):
         raise ConfigError(source, f"{value!r}: {accepted}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if host == "":
+        if not empty_host_is_loopback:
+            raise ConfigError(source, f"{value!r}: {accepted}")
         host = DEFAULT_LISTEN[0]
     try:
         ipaddress.ip_address(host)
@@ -122,7 +134,7 @@ def _split_authority(authority: str, default_port: int | None) -> tuple[str, int
         if default_port is None:
             raise BadRequest(f"{authority!r} has no port; CONNECT needs HOST:PORT")
         return host, default_port
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    if not is_port(port_text):
         raise BadRequest(f"bad port in {authority!r} (1-65535)")
     return host, int(port_text)
 

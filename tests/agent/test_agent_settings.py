@@ -232,3 +232,11 @@ def test_non_ascii_digits_in_a_listen_address_are_a_config_error():
     with pytest.raises(ConfigError) as err:
         parse({**BASE, "ANEX_PROXY_LISTEN": "127.0.0.1:31²"})
     assert err.value.source == "ANEX_PROXY_LISTEN"
+
+
+@pytest.mark.parametrize("value", [":3128", "[]:3128", "[::1:3128", "127.0.0.1:"])
+def test_listen_needs_the_address_spelled_out(value):
+    """The proxy's own parser reads ':PORT' as loopback; the agent's settings do not."""
+    with pytest.raises(ConfigError) as err:
+        parse({**BASE, "ANEX_API_LISTEN": value})
+    assert err.value.source == "ANEX_API_LISTEN"

@@ -163,3 +163,9 @@ def test_error_response_is_plain_text_and_closes():
 )
 def test_only_local_clients_may_reach_loopback_destinations(client, destination, allowed):
     assert core.may_reach(client, destination) is allowed
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1:31²", "127.0.0.1:٣١٢٨"])
+def test_parse_listen_refuses_non_ascii_digits(value):
+    with pytest.raises(ConfigError):
+        core.parse_listen(value)
