@@ -18,7 +18,9 @@ from anex_agent.client import CoordinatorClient
 from anex_agent.wire import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest, NodeJoinResponse, WatchEvent
 
 
-class CoordinatorLink:
+class LinkBase:
+    """What the agent's and the gateway's links share: the client, its credential, the watch stream."""
+
     def __init__(self, base_url: str) -> None:
         self.client = CoordinatorClient(base_url)
 
@@ -28,6 +30,11 @@ class CoordinatorLink:
     async def close(self) -> None:
         await self.client.close()
 
+    def watch(self, since: int) -> AsyncIterator[WatchEvent]:
+        return self.client.watch(since)
+
+
+class CoordinatorLink(LinkBase):
     async def join(self, request: NodeJoinRequest) -> NodeJoinResponse:
         return await self.client.join(request.token, request.public_key, request.name, request.provider, request.facts)
 
@@ -36,6 +43,3 @@ class CoordinatorLink:
 
     async def heartbeat(self, node_id: str, beat: Heartbeat) -> HeartbeatAck:
         return await self.client.heartbeat(node_id, beat)
-
-    def watch(self, since: int) -> AsyncIterator[WatchEvent]:
-        return self.client.watch(since)

@@ -11,22 +11,11 @@ Every failure is a :class:`~anex_agent.errors.CoordinatorError` that says whethe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-from anex_agent.client import CoordinatorClient
-from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, WatchEvent
+from anex_agent.agent.link import LinkBase
+from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
 
 
-class GatewayLink:
-    def __init__(self, base_url: str) -> None:
-        self.client = CoordinatorClient(base_url)
-
-    def set_credential(self, credential: str) -> None:
-        self.client.set_credential(credential)
-
-    async def close(self) -> None:
-        await self.client.close()
-
+class GatewayLink(LinkBase):
     async def register(self, request: GatewayRegisterRequest) -> GatewayRegisterResponse:
         return await self.client.register_gateway(
             request.token, request.public_key, request.name,
@@ -35,6 +24,3 @@ class GatewayLink:
 
     async def peers(self, gateway_id: str) -> PeerSet:
         return await self.client.get_peers(gateway_id)
-
-    def watch(self, since: int) -> AsyncIterator[WatchEvent]:
-        return self.client.watch(since)
