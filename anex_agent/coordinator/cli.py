@@ -91,7 +91,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         timings = Timings(args.heartbeat_interval, args.not_ready_after, args.expired_after)
     except ValueError as err:
         raise ConfigError("--heartbeat-interval/--not-ready-after/--expired-after", str(err)) from None
-    if args.address_quarantine < 0:
+    if not args.address_quarantine >= 0:  # also NaN: it would make a freed address never (or randomly) reusable
         raise ConfigError("--address-quarantine", "must be 0 or more seconds")
     if not 0 <= args.heartbeat_flush_interval <= 5:
         raise ConfigError("--heartbeat-flush-interval", "must be 0..5 seconds")

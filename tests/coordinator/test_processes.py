@@ -101,6 +101,7 @@ def test_starts_with_no_arguments_and_serves_openapi(tmp_path):
     (["--database", "mysql://x"], "--database"),
     (["--not-ready-after", "5", "--heartbeat-interval", "10"], "not-ready-after"),
     (["--mtu", "100"], "--mtu"),
+    (["--address-quarantine", "nan"], "--address-quarantine"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, flags, words):
     out = subprocess.run([sys.executable, "-m", "anex_agent", "coordinator", "--state-dir", str(tmp_path), *flags],
