@@ -297,7 +297,7 @@ class _ClientSession:
                 await origin.conn.aclose()
                 if failure.started:
                     return False  # the client saw part of a response: only closing tells it
-                if reused and not with_body and attempt == 0:
+                if reused and attempt == 0 and core.may_retry(request.method, with_body):
                     log.debug("proxy: reused connection to %s:%d was stale; retrying", dest.host, dest.port)
                     continue
                 await self.reply_error(

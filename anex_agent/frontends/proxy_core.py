@@ -221,6 +221,17 @@ def is_chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return False
 
 
+# RFC 9110 §9.2.2: the idempotent methods. "A proxy MUST NOT automatically retry
+# non-idempotent requests" (a POST on a stale reused connection gets a 502 instead).
+IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+
+
+def may_retry(method: bytes, with_body: bool) -> bool:
+    """Whether a request that failed on a stale reused connection may be sent again on a fresh
+    one: idempotent (RFC 9110 §9.2.2) and without a body (the body was consumed)."""
+    return method.upper() in IDEMPOTENT_METHODS and not with_body
+
+
 def has_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """Whether a request carries a body (RFC 9112 §6.3: Transfer-Encoding or Content-Length > 0)."""
     for name, value in headers:

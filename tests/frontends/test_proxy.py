@@ -221,6 +221,22 @@ async def test_stale_reused_origin_connection_is_retried_for_bodyless_requests()
     assert len(connections) == 2  # the stale connection was replaced by a fresh one
 
 
+async def test_stale_reused_origin_connection_is_not_retried_for_a_post():
+    """RFC 9110 §9.2.2: a proxy MUST NOT retry a non-idempotent request by itself (the origin may
+    have acted on it): the client gets a 502 and decides."""
+    async with one_shot_origin() as (port, connections), proxy_env() as (_, proxy_port):
+        client = await RawClient.open(proxy_port)
+        try:
+            first, _ = await client.request("GET", f"http://127.0.0.1:{port}/one")
+            await asyncio.sleep(0.2)  # let the origin's FIN arrive at the idle proxy connection
+            second, text = await client.request("POST", f"http://127.0.0.1:{port}/two", [("Content-Length", "0")])
+        finally:
+            await client.close()
+    assert first.status_code == 200
+    assert second.status_code == 502 and f"127.0.0.1:{port}".encode() in text
+    assert len(connections) == 1  # not sent again on a fresh connection
+
+
 async def test_connect_tunnel_moves_bytes_both_ways_with_half_close():
     sent = os.urandom(3 * 1024 * 1024)
     async with echo_server() as (port, events), proxy_env() as (_, proxy_port):
