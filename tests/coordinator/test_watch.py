@@ -204,3 +204,16 @@ async def test_gateway_change_reaches_many_node_watchers_with_one_gateway_read(c
     assert coord.ctx.gateway_set.loads - loads_before == 1
     for s in streams:
         await s.aclose()
+
+
+async def test_watch_of_a_node_deleted_elsewhere_ends_with_401_not_an_error(coord, caplog):
+    """Another coordinator deleted the node and this one has not heard yet (its credential is
+    still cached): the stream opens, finds no node, and closes as revoked, without a traceback."""
+    client, joined, _ = await coord.join("gone")
+    await client.heartbeat(joined.node_id, wire.Heartbeat())  # caches the credential here
+    await coord.ctx.db.execute("DELETE FROM nodes WHERE id = $1", joined.node_id)
+    stream = client.watch(0)
+    with pytest.raises(CoordinatorError) as err:
+        await asyncio.wait_for(anext(stream), 5)
+    assert err.value.status == 401 and not err.value.retryable
+    assert "Traceback" not in caplog.text and "Error handling request" not in caplog.text

@@ -153,7 +153,12 @@ async def watch(call: Call) -> web.StreamResponse:
         if principal.kind == "gateway":
             last = await _gateway_start(ctx, ws, principal.id, since)
         else:
-            last, config = await _node_start(ctx, ws, principal.id, since)
+            try:
+                last, config = await _node_start(ctx, ws, principal.id, since)
+            except problems.Problem:  # deleted by another coordinator; our feed has not said so yet
+                ctx.auth.forget(principal.id)
+                await ws.close(code=CLOSE_REVOKED, message=b"credential revoked")
+                return ws
         credential_hash = credentials.hash_secret(bearer(request) or "")
         pump = asyncio.create_task(_pump(ctx, ws, sub, last, credential_hash, config), name=f"watch-pump-{principal.id}")
         drain = asyncio.create_task(_drain(ws), name=f"watch-drain-{principal.id}")
