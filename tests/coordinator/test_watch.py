@@ -217,3 +217,12 @@ async def test_watch_of_a_node_deleted_elsewhere_ends_with_401_not_an_error(coor
         await asyncio.wait_for(anext(stream), 5)
     assert err.value.status == 401 and not err.value.retryable
     assert "Traceback" not in caplog.text and "Error handling request" not in caplog.text
+
+
+async def test_watch_of_a_gateway_deleted_elsewhere_ends_with_401(coord):
+    gw_client, gw, _ = await coord.gateway("gone-gw")
+    await gw_client.get_peers(gw.gateway_id)  # caches the credential here
+    await coord.ctx.db.execute("DELETE FROM gateways WHERE id = $1", gw.gateway_id)
+    with pytest.raises(CoordinatorError) as err:
+        await asyncio.wait_for(anext(gw_client.watch(0)), 5)
+    assert err.value.status == 401 and not err.value.retryable

@@ -50,7 +50,8 @@ async def _send(ws: web.WebSocketResponse, event: wire.WatchEvent) -> None:
 
 async def _gateway_start(ctx, ws: web.WebSocketResponse, gateway_id: str, since: int) -> int:
     async with ctx.db.transaction() as tx:
-        await tx.execute("UPDATE gateways SET last_seen_at = $2 WHERE id = $1", gateway_id, ctx.clock())
+        if not await tx.execute("UPDATE gateways SET last_seen_at = $2 WHERE id = $1", gateway_id, ctx.clock()):
+            raise problems.not_found(f"gateway {gateway_id}")
         head = await changes.current_version(tx)
         pruned = await changes.pruned_through(tx)
         if since == 0 or since < pruned or since > head:
@@ -150,15 +151,15 @@ async def watch(call: Call) -> web.StreamResponse:
     try:
         await ws.prepare(request)
         config = None
-        if principal.kind == "gateway":
-            last = await _gateway_start(ctx, ws, principal.id, since)
-        else:
-            try:
+        try:
+            if principal.kind == "gateway":
+                last = await _gateway_start(ctx, ws, principal.id, since)
+            else:
                 last, config = await _node_start(ctx, ws, principal.id, since)
-            except problems.Problem:  # deleted by another coordinator; our feed has not said so yet
-                ctx.auth.forget(principal.id)
-                await ws.close(code=CLOSE_REVOKED, message=b"credential revoked")
-                return ws
+        except problems.Problem:  # deleted by another coordinator; our feed has not said so yet
+            ctx.auth.forget(principal.id)
+            await ws.close(code=CLOSE_REVOKED, message=b"credential revoked")
+            return ws
         credential_hash = credentials.hash_secret(bearer(request) or "")
         pump = asyncio.create_task(_pump(ctx, ws, sub, last, credential_hash, config), name=f"watch-pump-{principal.id}")
         drain = asyncio.create_task(_drain(ws), name=f"watch-drain-{principal.id}")
