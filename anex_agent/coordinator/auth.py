@@ -110,6 +110,9 @@ class Authenticator:
             self._by_hash.pop(digest, None)
 
     def on_change(self, change: changes.Change) -> None:
-        """Change-feed listener: drop revoked credentials."""
-        if change.type in ("deleted", "rejoined") and change.target:
+        """Change-feed listener: drop revoked credentials (all of them when changes were missed)."""
+        if change.scope == changes.RESYNC:
+            self._by_hash.clear()
+            self._by_id.clear()
+        elif change.type in ("deleted", "rejoined") and change.target:
             self.forget(change.target)

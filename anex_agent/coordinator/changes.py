@@ -13,6 +13,8 @@ Scopes and types:
   ``rejoined`` (its credential was replaced: watchers with the old one are closed);
 * ``gateway`` (target = gateway id): ``deleted`` or ``rejoined``;
 * ``nodes``: ``gateway_changed`` (the gateway set changed: every node's config changed).
+* ``resync`` (never stored): the feed found changes pruned before it read them (a long
+  outage); listeners drop their caches and every watcher is sent back for a snapshot.
 
 :class:`ChangeFeed` tails the log in each process: woken at once by local commits
 (:meth:`ChangeFeed.poke`) and by PostgreSQL ``NOTIFY anex_changes`` from other
@@ -39,6 +41,7 @@ GATEWAYS = "gateways"
 GATEWAY = "gateway"
 NODE = "node"
 NODES = "nodes"
+RESYNC = "resync"  # not in the log: the feed skipped pruned changes; caches and watchers start over
 
 
 @dataclass(frozen=True)
@@ -178,11 +181,13 @@ class ChangeFeed:
                 "SELECT version, scope, target, type, payload FROM changes WHERE version > $1 ORDER BY version LIMIT 500",
                 self.version,
             )
-            if not rows:
+            if not rows or rows[0]["version"] > self.version + 1:  # versions are dense: a gap was pruned
                 pruned = await pruned_through(self._db)
-                if pruned > self.version:  # pruned past us (long outage): jump; watchers resync
-                    log.warning("change feed: versions %d..%d were pruned; skipping", self.version + 1, pruned)
-                    self.version = pruned
+                if pruned > self.version:  # pruned past us (long outage): jump; everyone resyncs
+                    log.warning("change feed: versions %d..%d were pruned before this process read them; "
+                                "watchers resync", self.version + 1, pruned)
+                    self._deliver(Change(pruned, RESYNC, None, RESYNC, {}))
+            if not rows:
                 return
             for row in rows:
                 self._deliver(Change.from_row(row))
@@ -195,7 +200,9 @@ class ChangeFeed:
             except Exception:
                 log.exception("change feed listener failed on version %d", change.version)
         for sub in list(self._subscriptions):
-            if sub.kind == "gateway" and (
+            if change.scope == RESYNC:
+                sub.queue.put_nowait(change)
+            elif sub.kind == "gateway" and (
                 change.scope == GATEWAYS or (change.scope == GATEWAY and change.target == sub.ident)
             ):
                 sub.queue.put_nowait(change)

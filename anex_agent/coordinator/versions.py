@@ -32,7 +32,10 @@ class ConfigVersions:
         self._nodes[node_id] = max(version, self._nodes.get(node_id, 0))
 
     def on_change(self, change: changes.Change) -> None:
-        if change.scope == changes.NODES:
+        if change.scope == changes.RESYNC:  # missed changes: reload node versions; the gateway set may have changed
+            self._nodes.clear()
+            self.gateways_version = max(self.gateways_version, change.version)
+        elif change.scope == changes.NODES:
             self.gateways_version = max(self.gateways_version, change.version)
         elif change.scope == changes.NODE and change.target:
             if change.type == "deleted":

@@ -226,3 +226,35 @@ async def test_watch_of_a_gateway_deleted_elsewhere_ends_with_401(coord):
     with pytest.raises(CoordinatorError) as err:
         await asyncio.wait_for(anext(gw_client.watch(0)), 5)
     assert err.value.status == 401 and not err.value.retryable
+
+
+async def test_changes_pruned_before_this_process_read_them_make_watchers_resync(coord):
+    """Another coordinator wrote changes and pruned them before this process's feed read them
+    (a long outage of this process's database connection). A connected gateway would miss
+    them: it must be sent back for a snapshot instead (closed as retryable, resumes, snapshot)."""
+    import json
+
+    from anex_agent.coordinator import changes
+
+    gw_client, _, _ = await coord.gateway()
+    stream = gw_client.watch(0)
+    first = await next_event(stream, timeout=5)
+    assert first.type == "snapshot" and first.peers == []
+    _, joined, _ = await coord.join("seen-only-in-the-snapshot")
+    added = await next_event(stream, timeout=5)
+    assert added.type == "peer_added"
+    db = coord.ctx.db
+    async with db.transaction() as tx:  # what the other coordinator did, seen here all at once
+        row = await tx.fetchrow("SELECT * FROM nodes WHERE id = $1", joined.node_id)
+        await tx.execute("DELETE FROM nodes WHERE id = $1", joined.node_id)
+        await changes.append(db, tx, changes.GATEWAYS, "peer_removed", target=joined.node_id,
+                             payload={"node_id": row["id"], "name": row["name"], "public_key": row["public_key"],
+                                      "allowed_ips": [f"{row['address']}/32"]}, now=1.0)
+        pruned = await changes.current_version(tx)
+        await tx.execute("DELETE FROM changes WHERE version <= $1", pruned)
+        await tx.execute("UPDATE counters SET value = $1 WHERE name = 'pruned_through'", pruned)
+        await changes.append(db, tx, changes.NODES, "gateway_changed", now=1.0)
+    event = await next_event(stream, timeout=10)
+    assert event.type == "snapshot", json.dumps(event.model_dump(mode="json"))
+    assert event.peers == []
+    await stream.aclose()

@@ -8,7 +8,8 @@ Protocol (JSON text frames, each a :class:`wire.WatchEvent`; see its docstring):
   ``config`` event with the full config; then ``config`` / ``gateway_changed`` events.
 * Every event's ``version`` only grows; a client resumes with ``since=<last version>``.
 * The server closes with code 4001 when the caller's credential is revoked (node or
-  gateway deleted, or re-joined with a new credential), 1001 when it shuts down.
+  gateway deleted, or re-joined with a new credential), 1001 when it shuts down, 1012 when
+  this process missed pruned changes (the client resumes with ``since`` and gets a snapshot).
 
 The caller subscribes to the in-process feed *before* reading its starting point, and
 skips queued changes at or below the version it already sent, so nothing falls
@@ -31,6 +32,7 @@ from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegist
 log = logging.getLogger(__name__)
 
 CLOSE_REVOKED = 4001
+CLOSE_RESYNC = 1012  # "service restart": the feed skipped pruned changes; reconnect with since for a snapshot
 WS_HEARTBEAT = 20.0  # seconds between pings; a dead client is dropped after a missed pong
 
 
@@ -98,14 +100,17 @@ async def _pump(
     last: int,
     credential_hash: str,
     config: wire.NodeConfig | None,
-) -> None:
-    """Forward queued changes as events; return when the caller's credential is revoked.
+) -> int:
+    """Forward queued changes as events; return the close code when the stream must end
+    (:data:`CLOSE_REVOKED`: the caller's credential is revoked; :data:`CLOSE_RESYNC`).
 
     Nodes: a change of their own config is read from the database; a gateway-set change
     reuses the node's own part of the last config sent and the process-wide gateway memo.
     """
     while True:
         change: changes.Change = await sub.queue.get()
+        if change.scope == changes.RESYNC:
+            return CLOSE_RESYNC
         if change.version <= last:
             continue
         if change.type in ("deleted", "rejoined") and change.scope in (changes.NODE, changes.GATEWAY):
@@ -113,7 +118,7 @@ async def _pump(
             # here) may reach the feed after it: close only if our credential is really gone
             if await _still_valid(ctx, sub.kind, sub.ident, credential_hash):
                 continue
-            return  # the handler closes the socket with CLOSE_REVOKED
+            return CLOSE_REVOKED
         if sub.kind == "gateway":
             await _send(ws, _gateway_event(change))
             last = change.version
@@ -172,7 +177,9 @@ async def watch(call: Call) -> web.StreamResponse:
                 drain.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await drain
-                await ws.close(code=CLOSE_REVOKED, message=b"credential revoked")
+                code = pump.result()
+                message = b"credential revoked" if code == CLOSE_REVOKED else b"changes were missed: resume for a snapshot"
+                await ws.close(code=code, message=message)
         finally:
             for task in (pump, drain):
                 task.cancel()
