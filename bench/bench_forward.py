@@ -43,21 +43,29 @@ def role_sink() -> None:
         conn.close()
 
 
-def role_client(port: int, nbytes: int) -> None:
-    data = os.urandom(CHUNK)
-    start = time.perf_counter()
-    sock = socket.create_connection(("127.0.0.1", port))
+def send_bulk(sock: socket.socket, nbytes: int) -> tuple[int, int]:
+    """Send ``nbytes`` to a sink (role_sink), half-close, and read its count.
+
+    Returns (bytes sent, bytes the sink says it received; -1 when it did not say).
+    """
+    data = memoryview(os.urandom(CHUNK))
     sent = 0
     while sent < nbytes:
         n = min(CHUNK, nbytes - sent)
-        sock.sendall(memoryview(data)[:n])
+        sock.sendall(data[:n])
         sent += n
     sock.shutdown(socket.SHUT_WR)
     reply = b""
     while len(reply) < 8 and (part := sock.recv(8 - len(reply))):
         reply += part
+    return sent, int.from_bytes(reply, "big") if len(reply) == 8 else -1
+
+
+def role_client(port: int, nbytes: int) -> None:
+    start = time.perf_counter()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sent, got = send_bulk(sock, nbytes)
     elapsed = time.perf_counter() - start
-    got = int.from_bytes(reply, "big") if len(reply) == 8 else -1
     print(json.dumps({"bytes": sent, "sink_bytes": got, "seconds": elapsed}), flush=True)
 
 

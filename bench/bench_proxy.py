@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_forward import CHUNK, role_sink  # noqa: E402  (same sink for both benchmarks)
+from bench_forward import role_sink, send_bulk  # noqa: E402  (same sink and sender for both benchmarks)
 
 BODY = b"x" * 512
 
@@ -81,7 +81,6 @@ def role_latency_client(port: int, origin_port: int, requests: int, via_proxy: b
 
 
 def role_connect_client(port: int, sink_port: int, nbytes: int, via_proxy: bool) -> None:
-    data = os.urandom(CHUNK)
     start = time.perf_counter()
     sock = socket.create_connection(("127.0.0.1", port))
     if via_proxy:
@@ -94,17 +93,9 @@ def role_connect_client(port: int, sink_port: int, nbytes: int, via_proxy: bool)
             head += byte
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(head.decode(errors="replace"))
-    sent = 0
-    while sent < nbytes:
-        n = min(CHUNK, nbytes - sent)
-        sock.sendall(memoryview(data)[:n])
-        sent += n
-    sock.shutdown(socket.SHUT_WR)
-    reply = b""
-    while len(reply) < 8 and (part := sock.recv(8 - len(reply))):
-        reply += part
+    _, got = send_bulk(sock, nbytes)
     elapsed = time.perf_counter() - start
-    print(json.dumps({"sink_bytes": int.from_bytes(reply, "big") if len(reply) == 8 else -1, "seconds": elapsed}))
+    print(json.dumps({"sink_bytes": got, "seconds": elapsed}))
 
 
 async def _child(*args: str) -> bytes:
