@@ -6,32 +6,13 @@ import socket
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.state import StateDir
 from anex_agent.agent.supervisor import Agent
-from anex_agent.client import CoordinatorClient
-from anex_agent.coordinator.app import build_app
-from anex_agent.coordinator.context import Coordinator
-from anex_agent.coordinator.settings import Settings
 from anex_agent.wire import NodeFacts
 
 
-@pytest.fixture
-async def coordinator(tmp_path: Path):
-    settings = Settings.for_tests(tmp_path / "coord", poll_interval=0.2, sweep_interval=3600)
-    settings.state_dir.mkdir()
-    ctx = await Coordinator.open(settings, environ={})
-    server = TestServer(build_app(ctx))
-    await server.start_server()
-    admin = CoordinatorClient(str(server.make_url("")).rstrip("/"), admin_token=ctx.admin_token)
-    try:
-        yield server, admin
-    finally:
-        await admin.close()
-        await server.close()
-        await ctx.close()
 
 
 def closed_port_url() -> str:
@@ -52,8 +33,7 @@ async def join(agent: Agent):
 
 
 async def test_join_once_then_reuse_the_credential(coordinator, tmp_path):
-    server, admin = coordinator
-    url = str(server.make_url("")).rstrip("/")
+    url, admin = coordinator
     token = (await admin.create_join_token()).token
     first = make_agent(url, tmp_path / "st", token)
     config = await join(first)
@@ -67,8 +47,7 @@ async def test_join_once_then_reuse_the_credential(coordinator, tmp_path):
 
 
 async def test_fail_static_start_on_the_last_good_config(coordinator, tmp_path):
-    server, admin = coordinator
-    url = str(server.make_url("")).rstrip("/")
+    url, admin = coordinator
     token = (await admin.create_join_token()).token
     first = make_agent(url, tmp_path / "st", token)
     config = await join(first)
@@ -104,8 +83,7 @@ async def test_unreachable_without_identity_retries_with_one_line(tmp_path, capl
 
 
 async def test_deleted_node_joins_again(coordinator, tmp_path):
-    server, admin = coordinator
-    url = str(server.make_url("")).rstrip("/")
+    url, admin = coordinator
     token = (await admin.create_join_token(reusable=True)).token
     first = make_agent(url, tmp_path / "st", token)
     await join(first)
@@ -116,10 +94,10 @@ async def test_deleted_node_joins_again(coordinator, tmp_path):
 
 
 async def test_bad_token_is_not_retried(coordinator, tmp_path):
-    server, _ = coordinator
+    url, _ = coordinator
     from anex_agent.errors import CoordinatorError
 
-    agent = make_agent(str(server.make_url("")).rstrip("/"), tmp_path / "st", "not-a-token")
+    agent = make_agent(url, tmp_path / "st", "not-a-token")
     with pytest.raises(CoordinatorError) as info:
         await asyncio.wait_for(join(agent), 10)
     assert not info.value.retryable

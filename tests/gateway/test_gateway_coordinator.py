@@ -13,12 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from anex_agent.client import CoordinatorClient
-from anex_agent.coordinator.app import build_app
-from anex_agent.coordinator.context import Coordinator
-from anex_agent.coordinator.settings import Settings
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
 from anex_agent.keys import encode_key, generate_private_key, public_key
@@ -58,20 +54,6 @@ class RecordingEngine(Engine):
         return {p.public_key for p in self.applied[-1].peers} if self.applied else set()
 
 
-@pytest.fixture
-async def coordinator(tmp_path: Path):
-    settings = Settings.for_tests(tmp_path / "coord", poll_interval=0.2, sweep_interval=3600)
-    settings.state_dir.mkdir()
-    ctx = await Coordinator.open(settings, environ={})
-    server = TestServer(build_app(ctx))
-    await server.start_server()
-    admin = CoordinatorClient(str(server.make_url("")).rstrip("/"), admin_token=ctx.admin_token)
-    try:
-        yield str(server.make_url("")).rstrip("/"), admin
-    finally:
-        await admin.close()
-        await server.close()
-        await ctx.close()
 
 
 def make_gateway(url: str, state: Path, token: str) -> tuple[Gateway, RecordingEngine]:
