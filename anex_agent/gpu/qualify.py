@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,121 +132,137 @@ def _no_gpu_reason(facts: ServerFacts) -> str:
     return f"not checked: NVML {state.value} ({facts.nvml.reason})"
 
 
-def evaluate(facts: ServerFacts) -> Qualification:
-    """Apply the rules to ``facts`` (pure)."""
-    checks: list[Check] = []
-    gpus = facts.gpus
-    no_gpu = _no_gpu_reason(facts) if gpus is None else ""
-    n = len(gpus) if gpus is not None else 0
+# A rule's verdict: (status, measured, required, detail).
+Verdict = tuple[str, str, str, str]
 
-    # --- gpu_model
-    if gpus is None:
-        checks.append(Check("gpu_model", "required", NOT_CHECKED, "-", "all GPUs one model", no_gpu))
-    elif not gpus:
-        checks.append(Check("gpu_model", "required", FAIL, "no GPU", "all GPUs one model", "NVML lists no GPU"))
-    else:
-        models = sorted({g.name for g in gpus})
-        ok = len(models) == 1
-        checks.append(Check("gpu_model", "required", PASS if ok else FAIL, f"{n} x " + " / ".join(models),
-                            "all GPUs one model", "" if ok else f"{len(models)} different models"))
 
-    # --- nvme drives and capacity
-    if facts.nvme is None:
-        checks.append(Check("nvme_drives", "required", NOT_CHECKED, "-", f">= {MIN_NVME_DRIVES} NVMe drives",
-                            "not checked: /sys/class/nvme cannot be read"))
-        checks.append(Check("nvme_capacity", "required", NOT_CHECKED, "-", "1 TB per 2 GPUs",
-                            "not checked: /sys/class/nvme cannot be read"))
-    else:
-        count = len(facts.nvme)
-        total = sum(d.size_bytes for d in facts.nvme)
-        checks.append(Check("nvme_drives", "required", PASS if count >= MIN_NVME_DRIVES else FAIL,
-                            f"{count} NVMe drive(s)", f">= {MIN_NVME_DRIVES} NVMe drives",
-                            ", ".join(f"{d.name} {d.model} {d.size_bytes / TB:.2f} TB" for d in facts.nvme)))
-        if gpus is None:
-            checks.append(Check("nvme_capacity", "required", NOT_CHECKED, f"{total / TB:.2f} TB", "1 TB per 2 GPUs",
-                                no_gpu))
-        else:
-            need = max(1, math.ceil(n / 2)) * TB
-            checks.append(Check("nvme_capacity", "required", PASS if total >= need else FAIL,
-                                f"{total / TB:.2f} TB", f">= {need / TB:.0f} TB for {n} GPU(s)"))
+def _gpu_model(facts: ServerFacts, gpus: tuple[GpuInfo, ...]) -> Verdict:
+    if not gpus:
+        return FAIL, "no GPU", "all GPUs one model", "NVML lists no GPU"
+    models = sorted({g.name for g in gpus})
+    ok = len(models) == 1
+    return (PASS if ok else FAIL, f"{len(gpus)} x " + " / ".join(models), "all GPUs one model",
+            "" if ok else f"{len(models)} different models")
 
-    # --- tpm
+
+def _nvme_drives(facts: ServerFacts, nvme: tuple[NvmeDrive, ...]) -> Verdict:
+    count = len(nvme)
+    return (PASS if count >= MIN_NVME_DRIVES else FAIL, f"{count} NVMe drive(s)", f">= {MIN_NVME_DRIVES} NVMe drives",
+            ", ".join(f"{d.name} {d.model} {d.size_bytes / TB:.2f} TB" for d in nvme))
+
+
+def _nvme_capacity(facts: ServerFacts, nvme: tuple[NvmeDrive, ...], gpus: tuple[GpuInfo, ...]) -> Verdict:
+    total = sum(d.size_bytes for d in nvme)
+    need = max(1, math.ceil(len(gpus) / 2)) * TB
+    return PASS if total >= need else FAIL, f"{total / TB:.2f} TB", f">= {need / TB:.0f} TB for {len(gpus)} GPU(s)", ""
+
+
+def _tpm(facts: ServerFacts) -> Verdict:
     if facts.tpm_version is None:
         status = NOT_CHECKED if facts.tpm_note.startswith("not checked") else FAIL
-        checks.append(Check("tpm", "required", status, "no TPM" if status == FAIL else "-", "TPM 2.0", facts.tpm_note))
-    else:
-        checks.append(Check("tpm", "required", PASS if facts.tpm_version >= 2 else FAIL, f"TPM {facts.tpm_version}.x",
-                            "TPM 2.0", facts.tpm_note))
+        return status, "no TPM" if status == FAIL else "-", "TPM 2.0", facts.tpm_note
+    return PASS if facts.tpm_version >= 2 else FAIL, f"TPM {facts.tpm_version}.x", "TPM 2.0", facts.tpm_note
 
-    # --- memory
-    if gpus is None:
-        checks.append(Check("memory", "marketplace", NOT_CHECKED, _gib(facts.mem_total_bytes), "2 x total VRAM",
-                            no_gpu))
-    else:
-        vram = sum(g.memory_total_bytes or 0 for g in gpus)
-        need = 2 * vram
-        ok = facts.mem_total_bytes >= need * (1 - MEMORY_TOLERANCE)
-        checks.append(Check("memory", "marketplace", PASS if ok else FAIL, _gib(facts.mem_total_bytes),
-                            f">= {_gib(need)} (2 x {_gib(vram)} VRAM)",
-                            "" if ok else f"short by {_gib(need - facts.mem_total_bytes)}"))
 
-    # --- pcie lanes
-    if gpus is None:
-        checks.append(Check("pcie_lanes", "marketplace", NOT_CHECKED, "-", f">= x{MIN_LANES} per GPU", no_gpu))
-    else:
-        narrow, unknown, sxm = [], [], 0
-        widths = []
-        for g in gpus:
-            form = facts.form_factor or g.form_factor
-            if form == "sxm":
-                sxm += 1
-                widths.append(f"{g.index}:SXM")
-                continue
-            if g.pcie_width is None:
-                unknown.append(g.index)
-                widths.append(f"{g.index}:?")
-                continue
+def _memory(facts: ServerFacts, gpus: tuple[GpuInfo, ...]) -> Verdict:
+    vram = sum(g.memory_total_bytes or 0 for g in gpus)
+    need = 2 * vram
+    ok = facts.mem_total_bytes >= need * (1 - MEMORY_TOLERANCE)
+    return (PASS if ok else FAIL, _gib(facts.mem_total_bytes), f">= {_gib(need)} (2 x {_gib(vram)} VRAM)",
+            "" if ok else f"short by {_gib(need - facts.mem_total_bytes)}")
+
+
+def _pcie_lanes(facts: ServerFacts, gpus: tuple[GpuInfo, ...]) -> Verdict:
+    narrow, unknown, widths, sxm = [], [], [], 0
+    for g in gpus:
+        if (facts.form_factor or g.form_factor) == "sxm":
+            sxm += 1
+            widths.append(f"{g.index}:SXM")
+        elif g.pcie_width is None:
+            unknown.append(g.index)
+            widths.append(f"{g.index}:?")
+        else:
             widths.append(f"{g.index}:x{g.pcie_width}")
             if g.pcie_width < MIN_LANES:
                 narrow.append(g.index)
-        if narrow:
-            status, detail = FAIL, "GPU(s) " + ", ".join(map(str, narrow)) + f" below x{MIN_LANES}"
-        elif unknown:
-            status, detail = NOT_CHECKED, "not checked: NVML does not report the link width of GPU(s) " + ", ".join(
-                map(str, unknown))
-        else:
-            status, detail = PASS, "SXM GPUs are exempt" if sxm else ""
-        checks.append(Check("pcie_lanes", "marketplace", status if gpus else FAIL,
-                            " ".join(widths) or "no GPU", f">= x{MIN_LANES} per GPU (not SXM)", detail))
-
-    # --- cpu cores
-    cores = facts.cpu_physical or facts.cpu_logical
-    core_kind = "physical" if facts.cpu_physical else "logical"
-    if gpus is None:
-        checks.append(Check("cpu_cores", "marketplace", NOT_CHECKED, f"{cores} {core_kind} cores",
-                            "2 per PCIe 3.0 GPU, 4 per PCIe 4.0 GPU", no_gpu))
+    if narrow:
+        status, detail = FAIL, "GPU(s) " + ", ".join(map(str, narrow)) + f" below x{MIN_LANES}"
+    elif unknown:
+        status = NOT_CHECKED
+        detail = "not checked: NVML does not report the link width of GPU(s) " + ", ".join(map(str, unknown))
     else:
-        need = 0
-        for g in gpus:
-            gen = g.pcie_max_gen or g.pcie_gen
-            need += 4 if gen is None or gen >= 4 else 2
-        checks.append(Check("cpu_cores", "marketplace", PASS if cores >= need else FAIL, f"{cores} {core_kind} cores",
-                            f">= {need} for {n} GPU(s)",
-                            "PCIe gen " + ",".join(str(g.pcie_max_gen or g.pcie_gen or "?") for g in gpus)))
+        status, detail = PASS, "SXM GPUs are exempt" if sxm else ""
+    return status if gpus else FAIL, " ".join(widths) or "no GPU", f">= x{MIN_LANES} per GPU (not SXM)", detail
 
+
+def _cores(facts: ServerFacts) -> str:
+    return f"{facts.cpu_physical or facts.cpu_logical} {'physical' if facts.cpu_physical else 'logical'} cores"
+
+
+def _cpu_cores(facts: ServerFacts, gpus: tuple[GpuInfo, ...]) -> Verdict:
+    generations = [g.pcie_max_gen or g.pcie_gen for g in gpus]  # the GPU's generation: its maximum link generation
+    need = sum(4 if gen is None or gen >= 4 else 2 for gen in generations)
+    cores = facts.cpu_physical or facts.cpu_logical
+    return (PASS if cores >= need else FAIL, _cores(facts), f">= {need} for {len(gpus)} GPU(s)",
+            "PCIe gen " + ",".join(str(gen or "?") for gen in generations))
+
+
+_NVME_UNREADABLE = "not checked: /sys/class/nvme cannot be read"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One hardware rule. ``judge`` gets the facts plus the inputs named in ``needs`` ("gpus", "nvme"),
+    and runs only when all of them could be read; otherwise the rule is ``not_checked`` with
+    ``unmeasured(facts)`` as measured value, ``unknown_required`` as requirement and the reason
+    of the first missing input."""
+
+    id: str
+    scope: str  # "required" | "marketplace"
+    needs: tuple[str, ...]
+    judge: Callable[..., Verdict]
+    unknown_required: str
+    unmeasured: Callable[[ServerFacts], str] = lambda facts: "-"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("gpu_model", "required", ("gpus",), _gpu_model, "all GPUs one model"),
+    Rule("nvme_drives", "required", ("nvme",), _nvme_drives, f">= {MIN_NVME_DRIVES} NVMe drives"),
+    Rule("nvme_capacity", "required", ("nvme", "gpus"), _nvme_capacity, "1 TB per 2 GPUs",
+         lambda f: "-" if f.nvme is None else f"{sum(d.size_bytes for d in f.nvme) / TB:.2f} TB"),
+    Rule("tpm", "required", (), _tpm, "TPM 2.0"),
+    Rule("memory", "marketplace", ("gpus",), _memory, "2 x total VRAM", lambda f: _gib(f.mem_total_bytes)),
+    Rule("pcie_lanes", "marketplace", ("gpus",), _pcie_lanes, f">= x{MIN_LANES} per GPU"),
+    Rule("cpu_cores", "marketplace", ("gpus",), _cpu_cores, "2 per PCIe 3.0 GPU, 4 per PCIe 4.0 GPU", _cores),
+)
+
+
+def _check(rule: Rule, facts: ServerFacts) -> Check:
+    inputs = {"gpus": facts.gpus, "nvme": facts.nvme}
+    for name in rule.needs:
+        if inputs[name] is None:
+            reason = _no_gpu_reason(facts) if name == "gpus" else _NVME_UNREADABLE
+            return Check(rule.id, rule.scope, NOT_CHECKED, rule.unmeasured(facts), rule.unknown_required, reason)
+    status, measured, required, detail = rule.judge(facts, *(inputs[name] for name in rule.needs))
+    return Check(rule.id, rule.scope, status, measured, required, detail)
+
+
+def evaluate(facts: ServerFacts) -> Qualification:
+    """Apply :data:`RULES` to ``facts`` (pure), in their order."""
+    gpus, nvme = facts.gpus, facts.nvme
     summary = {
-        "gpu_count": n if gpus is not None else None,
+        "gpu_count": len(gpus) if gpus is not None else None,
         "gpu_models": sorted({g.name for g in gpus}) if gpus else [],
         "vram_total_bytes": sum(g.memory_total_bytes or 0 for g in gpus) if gpus else None,
         "mem_total_bytes": facts.mem_total_bytes,
         "cpu_physical": facts.cpu_physical,
         "cpu_logical": facts.cpu_logical,
-        "nvme_count": len(facts.nvme) if facts.nvme is not None else None,
-        "nvme_total_bytes": sum(d.size_bytes for d in facts.nvme) if facts.nvme is not None else None,
+        "nvme_count": len(nvme) if nvme is not None else None,
+        "nvme_total_bytes": sum(d.size_bytes for d in nvme) if nvme is not None else None,
         "tpm_version": facts.tpm_version,
         "nvml": facts.nvml.to_dict(),
     }
-    return Qualification(tuple(checks), summary=summary)
+    return Qualification(tuple(_check(rule, facts) for rule in RULES), summary=summary)
 
 
 # ---------------------------------------------------------------------------- reading this machine

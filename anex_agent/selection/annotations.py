@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from anex_agent.errors import ConfigError
 from anex_agent.selection import units, versions
@@ -264,99 +265,114 @@ def _parse_range(prefix: str, spec: NumericSpec, canon: dict, out: _Collector) -
                  None if exact is not None else hi, tuple(sources))
 
 
+def _regions(raw: str, key: str, out: _Collector) -> tuple[str, ...] | None:
+    names = [n.lower() for n in _parse_list(raw)]
+    bad = [n for n in names if n not in REGION_NAMES]
+    if not names or bad:
+        out.add(key, f"unknown region {', '.join(map(repr, bad)) or repr(raw)}; accepted: a comma-separated list of "
+                     f"{', '.join(REGION_NAMES)}")
+        return None
+    return tuple(dict.fromkeys(names))
+
+
+def _gpu_names(raw: str, key: str, out: _Collector) -> tuple[str, ...] | None:
+    names = _parse_list(raw)
+    if not names:
+        out.add(key, "empty list; accepted: comma-separated GPU names, e.g. \"RTX 4090,RTX 3090\"")
+        return None
+    return tuple(dict.fromkeys(names))
+
+
+def _compute_caps(raw: str, key: str, out: _Collector) -> tuple[int, ...] | None:
+    caps: list[int] = []
+    for item in _parse_list(raw) or [raw]:
+        try:
+            caps.append(units.compute_cap_key(item))
+        except ValueError as err:
+            out.add(key, f"{err}; accepted: comma-separated capabilities, e.g. \"8.6,8.9\"")
+            return None
+    return tuple(dict.fromkeys(caps))
+
+
+def _bool(raw: str, key: str, out: _Collector) -> bool | None:
+    return _parse_bool(key, raw, out)
+
+
+def _cloud_type(raw: str, key: str, out: _Collector) -> str | None:
+    value = raw.strip().upper()
+    if value not in CLOUD_TYPES:
+        out.add(key, f"unknown cloud type {raw!r}; accepted: SECURE or COMMUNITY")
+        return None
+    return value
+
+
+def _datacenter_ids(raw: str, key: str, out: _Collector) -> tuple[str, ...] | None:
+    ids = _parse_list(raw)
+    if not ids:
+        out.add(key, "empty list; accepted: comma-separated RunPod data center ids in priority order, e.g. "
+                     "\"EU-RO-1,US-CA-2\"")
+        return None
+    return tuple(dict.fromkeys(i.upper() for i in ids))
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Parse:
+    """One parse: the canonical annotations, the problems found, and which annotations set which filter."""
+
+    canon: dict[str, tuple[str, str]]
+    out: _Collector
+    sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def value(self, prefix: str, name: str, parse: Callable[[str, str, _Collector], T | None]) -> T | None:
+        """The parsed value of annotation ``prefix + name`` (None when absent or bad: bad ones are collected)."""
+        entry = self.canon.get(prefix + name)
+        if entry is None:
+            return None
+        raw, key = entry
+        value = parse(raw, key, self.out)
+        if value is not None:
+            self.sources[name] = (key,)
+        return value
+
+    def ranges(self) -> tuple[Range, ...]:
+        """Every numeric filter that is set (shared ones, then Vast.AI's dlperf), in the documented order."""
+        found = [_parse_range(prefix, spec, self.canon, self.out)
+                 for prefix, spec in [*((SHARED, s) for s in SHARED_NUMERIC), (VASTAI, DLPERF)]]
+        ranges = tuple(r for r in found if r is not None)
+        self.sources.update((r.name, r.sources) for r in ranges)
+        return ranges
+
+
 def parse_annotations(annotations: Mapping[str, str]) -> Filters:
     """Parse pod annotations into :class:`Filters`; raise :class:`AnnotationError` on any problem."""
     out = _Collector()
-    canon = _canonical(annotations, out)
-    sources: dict[str, tuple[str, ...]] = {}
-    kwargs: dict = {}
-
-    entry = canon.get(SHARED + "region")
-    if entry:
-        raw, key = entry
-        names = [n.lower() for n in _parse_list(raw)]
-        bad = [n for n in names if n not in REGION_NAMES]
-        if not names or bad:
-            out.add(key, f"unknown region {', '.join(map(repr, bad)) or repr(raw)}; accepted: a comma-separated list of "
-                         f"{', '.join(REGION_NAMES)}")
-        else:
-            kwargs["regions"] = tuple(dict.fromkeys(names))
-            kwargs["countries"] = countries_of(names)
-            sources["region"] = (key,)
-
-    entry = canon.get(SHARED + "gpu-names")
-    if entry:
-        raw, key = entry
-        names = _parse_list(raw)
-        if not names:
-            out.add(key, "empty list; accepted: comma-separated GPU names, e.g. \"RTX 4090,RTX 3090\"")
-        else:
-            kwargs["gpu_names"] = tuple(dict.fromkeys(names))
-            sources["gpu-names"] = (key,)
-
-    entry = canon.get(SHARED + "compute-cap")
-    if entry:
-        raw, key = entry
-        caps: list[int] = []
-        for item in _parse_list(raw) or [raw]:
-            try:
-                caps.append(units.compute_cap_key(item))
-            except ValueError as err:
-                out.add(key, f"{err}; accepted: comma-separated capabilities, e.g. \"8.6,8.9\"")
-                caps = []
-                break
-        if caps:
-            kwargs["compute_caps"] = tuple(dict.fromkeys(caps))
-            sources["compute-cap"] = (key,)
-
-    ranges: list[Range] = []
-    for spec in SHARED_NUMERIC:
-        r = _parse_range(SHARED, spec, canon, out)
-        if r is not None:
-            ranges.append(r)
-            sources[spec.name] = r.sources
-    r = _parse_range(VASTAI, DLPERF, canon, out)
-    if r is not None:
-        ranges.append(r)
-        sources["dlperf"] = r.sources
-    kwargs["ranges"] = tuple(ranges)
-
-    for name, attr in (("verified-only", "verified_only"), ("datacenter-only", "datacenter_only")):
-        entry = canon.get(VASTAI + name)
-        if entry:
-            value = _parse_bool(entry[1], entry[0], out)
-            if value is not None:
-                kwargs[attr] = value
-                sources[name] = (entry[1],)
-    if kwargs.get("verified_only", True) and "verified-only" not in sources:
-        sources["verified-only"] = ("vastai.anex.sh/verified-only (default true)",)
-
-    entry = canon.get(RUNPOD + "cloud-type")
-    if entry:
-        raw, key = entry
-        value = raw.strip().upper()
-        if value not in CLOUD_TYPES:
-            out.add(key, f"unknown cloud type {raw!r}; accepted: SECURE or COMMUNITY")
-        else:
-            kwargs["cloud_type"] = value
-            sources["cloud-type"] = (key,)
-    entry = canon.get(RUNPOD + "datacenter-ids")
-    if entry:
-        raw, key = entry
-        ids = _parse_list(raw)
-        if not ids:
-            out.add(key, "empty list; accepted: comma-separated RunPod data center ids in priority order, e.g. "
-                         "\"EU-RO-1,US-CA-2\"")
-        else:
-            kwargs["datacenter_ids"] = tuple(dict.fromkeys(i.upper() for i in ids))
-            sources["datacenter-ids"] = (key,)
-    entry = canon.get(RUNPOD + "keep-gpu-type-priority")
-    if entry:
-        value = _parse_bool(entry[1], entry[0], out)
-        if value is not None:
-            kwargs["keep_gpu_type_priority"] = value
-            sources["keep-gpu-type-priority"] = (entry[1],)
-
+    parse = _Parse(_canonical(annotations, out), out)
+    regions = parse.value(SHARED, "region", _regions)
+    gpu_names = parse.value(SHARED, "gpu-names", _gpu_names)
+    compute_caps = parse.value(SHARED, "compute-cap", _compute_caps)
+    ranges = parse.ranges()
+    verified_only = parse.value(VASTAI, "verified-only", _bool)
+    datacenter_only = parse.value(VASTAI, "datacenter-only", _bool)
+    if verified_only is None:
+        parse.sources["verified-only"] = ("vastai.anex.sh/verified-only (default true)",)
+    cloud_type = parse.value(RUNPOD, "cloud-type", _cloud_type)
+    datacenter_ids = parse.value(RUNPOD, "datacenter-ids", _datacenter_ids)
+    keep_gpu_type_priority = parse.value(RUNPOD, "keep-gpu-type-priority", _bool)
     if out.problems:
         raise AnnotationError(out.problems)
-    return Filters(sources=tuple(sources.items()), **kwargs)
+    return Filters(
+        ranges=ranges,
+        regions=regions,
+        countries=countries_of(regions) if regions else None,
+        gpu_names=gpu_names,
+        compute_caps=compute_caps,
+        verified_only=True if verified_only is None else verified_only,
+        datacenter_only=bool(datacenter_only),
+        cloud_type=cloud_type,
+        datacenter_ids=datacenter_ids,
+        keep_gpu_type_priority=bool(keep_gpu_type_priority),
+        sources=tuple(parse.sources.items()),
+    )
