@@ -187,8 +187,14 @@ class CoordinatorClient:
         reusable: bool = False,
         expires_in: int = 3600,
         labels: dict[str, str] | None = None,
+        max_uses: int | None = None,
+        providers: list[wire.Provider | str] | None = None,
     ) -> wire.JoinTokenCreated:
-        request = wire.JoinTokenCreate(kind=kind, reusable=reusable, expires_in=expires_in, labels=labels or {})
+        """``max_uses`` None: 1, or no limit with ``reusable``; ``providers`` None: any (node tokens)."""
+        request = wire.JoinTokenCreate(
+            kind=kind, reusable=reusable, expires_in=expires_in, labels=labels or {}, max_uses=max_uses,
+            providers=providers,
+        )
         return await self._call("POST", "/v1/join-tokens", wire.JoinTokenCreated, auth="admin", body=request)
 
     async def list_join_tokens(self) -> wire.JoinTokenList:

@@ -112,10 +112,17 @@ class Health(str, Enum):
 
 
 class JoinTokenCreate(Model):
+    """A new join token. Uses: ``max_uses`` when given; else 1 (single-use), or no limit with
+    ``reusable: true``. ``providers`` (node tokens only): the providers a joining node may name."""
+
     kind: TokenKind = TokenKind.node
-    reusable: bool = False
+    reusable: bool = Field(False, description="true without max_uses: no limit on uses")
+    max_uses: int | None = Field(None, ge=1, le=1_000_000, description="nodes/gateways the token may admit; default 1")
     expires_in: int = Field(3600, ge=1, le=365 * 86400, description="seconds until the token expires")
     labels: dict[str, str] = Field(default_factory=dict)
+    providers: list[Provider] | None = Field(
+        None, min_length=1, description="node tokens: a join naming another provider is refused (403); null = any"
+    )
 
 
 class JoinTokenCreated(Model):
@@ -125,6 +132,8 @@ class JoinTokenCreated(Model):
     reusable: bool
     expires_at: datetime
     labels: dict[str, str]
+    max_uses: int | None = Field(None, description="null = no limit")
+    providers: list[Provider] | None = None
 
 
 class JoinTokenView(Model):
@@ -132,13 +141,16 @@ class JoinTokenView(Model):
 
     id: str
     kind: TokenKind
-    reusable: bool
+    reusable: bool = Field(description="true when the token admits more than one node or gateway")
     labels: dict[str, str]
     created_at: datetime
     expires_at: datetime
     used_at: datetime | None = None
-    used_by: str | None = Field(None, description="node or gateway id that used a single-use token")
-    use_count: int = 0
+    used_by: str | None = Field(None, description="the first node or gateway that used the token")
+    use_count: int = Field(0, description="joins with the token, re-joins included")
+    uses: int = Field(0, description="distinct nodes/gateways the token admitted (counted against max_uses)")
+    max_uses: int | None = Field(None, description="null = no limit")
+    providers: list[Provider] | None = None
 
 
 class JoinTokenList(Model):

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import os
 
+from anex_agent import childenv
 from anex_agent.agent import settings as agent_settings
 
 
@@ -22,5 +23,6 @@ def main(args: argparse.Namespace) -> int:
 
     settings = agent_settings.from_args(args, os.environ)
     agent_settings.check_ports_free(settings)
+    childenv.scrub_environ(os.environ)  # nothing the agent starts inherits a secret
     agent = Agent(settings, detect_report=detect_report)
     return asyncio.run(agent.run(None))

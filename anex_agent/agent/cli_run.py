@@ -5,6 +5,11 @@ environment (see :mod:`anex_agent.agent.settings`); they are checked, including 
 every GW_TUNNEL port is free, before anything starts. The workload starts only once the
 tunnel, the proxy and the forwards are up; SIGTERM/SIGINT/SIGHUP are forwarded to it;
 ``run`` exits with its status and tears the mesh down.
+
+The workload (and every process the agent starts) gets no ``ANEX_*`` secret: see
+:mod:`anex_agent.childenv`. ``--user NAME`` / ``ANEX_WORKLOAD_USER`` runs it as another
+account (the agent must be root), so it cannot read the state dir or the agent's
+``/proc/<pid>/environ``.
 """
 
 from __future__ import annotations
@@ -13,12 +18,18 @@ import argparse
 import asyncio
 import os
 
+from anex_agent import childenv
 from anex_agent.agent import settings as agent_settings
-from anex_agent.agent.workload import Workload, check_command
+from anex_agent.agent.workload import Workload, check_command, resolve_account
+
+WORKLOAD_USER_VAR = "ANEX_WORKLOAD_USER"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     agent_settings.add_arguments(parser)
+    parser.add_argument(
+        "--user", metavar="NAME", help=f"run the workload as this user (the agent must be root) [{WORKLOAD_USER_VAR}]"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the workload to run")
     parser.usage = "anex-agent run [options] -- CMD ARGS..."
 
@@ -32,6 +43,12 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     check_command(command)
     settings = agent_settings.from_args(args, os.environ)
+    account = None
+    if args.user or os.environ.get(WORKLOAD_USER_VAR):
+        source = "--user" if args.user else WORKLOAD_USER_VAR
+        account = resolve_account(args.user or os.environ[WORKLOAD_USER_VAR], source, euid=os.geteuid())
     agent_settings.check_ports_free(settings)
+    workload = Workload(command, env=childenv.workload_env(os.environ, account), account=account)
+    childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
     agent = Agent(settings, detect_report=detect_report)
-    return asyncio.run(agent.run(Workload(command)))
+    return asyncio.run(agent.run(workload))

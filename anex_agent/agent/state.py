@@ -9,12 +9,20 @@ Layout (directory 0700, every file 0600, written atomically: temp file + rename)
 Contract: a restart with the same state dir re-uses the key and the credential, so it
 does not join again (the join token may be single-use); with the coordinator down it
 can bring the data plane up from ``last-config.json``.
+
+Permissions are checked whenever the directory is used (:meth:`StateDir.ensure`): a
+directory owned by another user is refused (ConfigError naming ANEX_STATE_DIR); a
+directory or one of the files above that group or others may access is set back to
+0700/0600 with a warning naming it. So a workload running as another user (``--user``)
+cannot read the key or the credential.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +35,9 @@ from anex_agent.wire import NodeConfig
 KEY_FILE = "private.key"
 NODE_FILE = "node.json"
 CONFIG_FILE = "last-config.json"
+SECRET_FILES = (KEY_FILE, NODE_FILE, CONFIG_FILE)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,30 @@ class StateDir:
             raise ConfigError("ANEX_STATE_DIR", f"cannot create {self.path}: {err.strerror}; expected a writable directory") from None
         if not os.access(self.path, os.W_OK):
             raise ConfigError("ANEX_STATE_DIR", f"{self.path} is not writable; expected a writable directory")
+        self.secure()
+
+    def secure(self, euid: int | None = None) -> None:
+        """Refuse a directory of another user; make a group/world-accessible one private again."""
+        euid = os.geteuid() if euid is None else euid
+        info = os.stat(self.path)
+        if info.st_uid != euid:
+            raise ConfigError(
+                "ANEX_STATE_DIR", f"{self.path} belongs to uid {info.st_uid}, not to the agent's user (uid {euid}); "
+                "it holds the node's private key and credential: chown it to the agent's user or choose another directory"
+            )
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.chmod(self.path, 0o700)
+            log.warning("state dir %s was mode %04o (other users could enter it); set to 0700",
+                        self.path, stat.S_IMODE(info.st_mode))
+        for name in SECRET_FILES:
+            path = self.path / name
+            try:
+                mode = stat.S_IMODE(os.lstat(path).st_mode)
+            except FileNotFoundError:
+                continue
+            if mode & 0o077 and not path.is_symlink():
+                os.chmod(path, 0o600)
+                log.warning("%s was mode %04o (other users could read it); set to 0600", path, mode)
 
     def keypair(self) -> keys.KeyPair:
         self.ensure()

@@ -118,6 +118,31 @@ CORE: list[Migration] = [
         CREATE INDEX changes_scope ON changes (scope, version)
         """,
     ),
+    # use limits and provider limits; existing tokens keep their meaning (single-use: max 1,
+    # reusable: no limit) and the owners they admitted (so they may re-join)
+    Migration(
+        2,
+        "join tokens: max uses, providers, admitted owners",
+        """
+        ALTER TABLE join_tokens ADD COLUMN max_uses BIGINT;
+        ALTER TABLE join_tokens ADD COLUMN uses BIGINT NOT NULL DEFAULT 0;
+        ALTER TABLE join_tokens ADD COLUMN providers TEXT;
+        UPDATE join_tokens SET max_uses = 1, uses = CASE WHEN used_by IS NULL THEN 0 ELSE 1 END WHERE reusable = 0;
+        UPDATE join_tokens SET uses = use_count WHERE reusable <> 0;
+        CREATE TABLE join_token_uses (
+            token_id TEXT NOT NULL,
+            owner_id TEXT NOT NULL,
+            used_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (token_id, owner_id)
+        );
+        INSERT INTO join_token_uses (token_id, owner_id, used_at)
+            SELECT id, used_by, COALESCE(used_at, created_at) FROM join_tokens WHERE used_by IS NOT NULL;
+        INSERT INTO join_token_uses (token_id, owner_id, used_at)
+            SELECT n.join_token_id, n.id, n.created_at FROM nodes n
+            WHERE n.join_token_id IN (SELECT id FROM join_tokens)
+            AND NOT EXISTS (SELECT 1 FROM join_token_uses u WHERE u.token_id = n.join_token_id AND u.owner_id = n.id)
+        """,
+    ),
 ]
 
 

@@ -1,13 +1,22 @@
-"""Join tokens: created by an admin, shown once, stored hashed, single-use or reusable.
+"""Join tokens: created by an admin, shown once, stored hashed, limited in uses, time and providers.
 
 Contract:
 * :func:`create` returns the secret once; only its SHA-256 is stored.
-* :func:`redeem` runs inside the join transaction: it checks kind and expiry and marks
-  a single-use token used by the joining node with a conditional update, so two
-  concurrent joins (also on two coordinators) cannot both use it. A single-use token
-  may be presented again by the node that used it (same public key), so a restarted
-  agent whose token is baked into its environment can re-join.
-* Every failure is the same 401 (:func:`problems.unauthenticated`).
+* Limits: ``max_uses`` (how many distinct nodes or gateways the token admits; default 1,
+  ``NULL`` = no limit, which is what ``reusable: true`` without ``max_uses`` means), the
+  expiry, and for node tokens ``providers`` (the providers a joining node may name).
+* A node or gateway the token already admitted may present it again (a restarted agent whose
+  token is baked into its environment re-joins) without using it up again; any other join
+  uses one use.
+* :func:`lookup` and :func:`check_unused_or_owner` run before any work and refuse a token that
+  is unknown, of another kind, expired, or used up for a caller it never admitted.
+  :func:`redeem` runs at the end of the join transaction and is authoritative: it counts the
+  use with one conditional update (``uses = uses + 1 ... WHERE uses < max_uses``), so
+  concurrent joins, also on several coordinators sharing PostgreSQL, never exceed
+  ``max_uses``; and it checks the provider the joined node was written with.
+* Every failure of the token itself is the same 401 (:func:`problems.unauthenticated`); a node
+  token naming a provider it does not allow is a 403 naming ``provider`` (the caller holds the
+  token, so it learns nothing it did not know).
 """
 
 from __future__ import annotations
@@ -24,28 +33,52 @@ def to_datetime(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
+def _invalid(field: str, message: str) -> problems.Problem:
+    return problems.Problem(
+        422, "Unprocessable Content", f"invalid body: check {field}", slug="validation",
+        errors=[{"field": field, "message": message}],
+    )
+
+
+def effective_max_uses(request: wire.JoinTokenCreate) -> int | None:
+    """``max_uses`` when given; else 1, or None (no limit) with ``reusable: true``; 422 on a contradiction."""
+    if request.max_uses is not None:
+        if request.reusable and request.max_uses == 1:
+            raise _invalid("max_uses", "reusable: true needs max_uses above 1 (or no max_uses: no limit)")
+        return request.max_uses
+    return None if request.reusable else 1
+
+
 async def create(tx: Conn, request: wire.JoinTokenCreate, *, now: float) -> wire.JoinTokenCreated:
+    if request.providers is not None and request.kind is not wire.TokenKind.node:
+        raise _invalid("providers", "only node join tokens can be limited to providers")
+    max_uses = effective_max_uses(request)
+    providers = sorted({p.value for p in request.providers}) if request.providers is not None else None
     secret = credentials.new_secret(credentials.JOIN_TOKEN)
     token_id = credentials.new_id("jt")
     expires_at = now + request.expires_in
     await tx.execute(
-        "INSERT INTO join_tokens (id, token_hash, kind, reusable, labels, created_at, expires_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO join_tokens (id, token_hash, kind, reusable, labels, created_at, expires_at, max_uses, providers)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         token_id,
         credentials.hash_secret(secret),
         request.kind.value,
-        int(request.reusable),
+        int(max_uses != 1),  # what coordinators without use limits read
         json.dumps(request.labels),
         now,
         expires_at,
+        max_uses,
+        json.dumps(providers) if providers is not None else None,
     )
     return wire.JoinTokenCreated(
         id=token_id,
         token=secret,
         kind=request.kind,
-        reusable=request.reusable,
+        reusable=max_uses != 1,
         expires_at=to_datetime(expires_at),
         labels=request.labels,
+        max_uses=max_uses,
+        providers=providers,
     )
 
 
@@ -57,39 +90,70 @@ async def lookup(tx: Conn, secret: str, kind: wire.TokenKind, *, now: float) -> 
     return row
 
 
+def _used_up(token: dict) -> bool:
+    return token["max_uses"] is not None and token["uses"] >= token["max_uses"]
+
+
+def check_unused_or_owner(token: dict, owner_id: str | None) -> None:
+    """Before doing work: a used-up token is only good for a re-join (``owner_id`` = the row
+    already holding the key); :func:`redeem` decides whether the token admitted that owner."""
+    if owner_id is None and _used_up(token):
+        raise problems.unauthenticated()
+
+
+async def _check_provider(tx: Conn, token: dict, owner_id: str) -> None:
+    if token["providers"] is None or token["kind"] != wire.TokenKind.node.value:
+        return
+    allowed = json.loads(token["providers"])
+    provider = await tx.fetchval("SELECT provider FROM nodes WHERE id = $1", owner_id)
+    if provider not in allowed:
+        raise problems.Problem(
+            403, "Forbidden", f"this join token does not allow provider {provider!r}", slug="forbidden",
+            errors=[{"field": "provider", "message": f"the join token allows only {', '.join(allowed)}"}],
+        )
+
+
 async def redeem(tx: Conn, token: dict, owner_id: str, *, now: float) -> None:
-    """Mark ``token`` used by ``owner_id``; 401 if a single-use token was used by someone else."""
-    if token["reusable"]:
+    """Count the join of ``owner_id`` (inside the join transaction, after its row is written).
+
+    A first join by ``owner_id`` uses one use, atomically: 401 when none is left (the
+    transaction then writes nothing). A re-join by an owner the token already admitted only
+    bumps ``use_count``. 403 naming ``provider`` when the node's provider is not allowed."""
+    await _check_provider(tx, token, owner_id)
+    known = await tx.fetchval(
+        "SELECT owner_id FROM join_token_uses WHERE token_id = $1 AND owner_id = $2", token["id"], owner_id
+    )
+    if known is not None:
         await tx.execute("UPDATE join_tokens SET use_count = use_count + 1 WHERE id = $1", token["id"])
         return
     changed = await tx.execute(
-        "UPDATE join_tokens SET used_at = COALESCE(used_at, $2), used_by = $3, use_count = use_count + 1"
-        " WHERE id = $1 AND (used_by IS NULL OR used_by = $3)",
+        "UPDATE join_tokens SET uses = uses + 1, use_count = use_count + 1, used_at = COALESCE(used_at, $2),"
+        " used_by = COALESCE(used_by, $3) WHERE id = $1 AND (max_uses IS NULL OR uses < max_uses)",
         token["id"],
         now,
         owner_id,
     )
     if changed != 1:
         raise problems.unauthenticated()
-
-
-def check_unused_or_owner(token: dict, owner_id: str | None) -> None:
-    """Before doing work: a used single-use token is only good for the owner that used it."""
-    if not token["reusable"] and token["used_by"] is not None and token["used_by"] != owner_id:
-        raise problems.unauthenticated()
+    await tx.execute(
+        "INSERT INTO join_token_uses (token_id, owner_id, used_at) VALUES ($1, $2, $3)", token["id"], owner_id, now
+    )
 
 
 def view_of(row: dict) -> wire.JoinTokenView:
     return wire.JoinTokenView(
         id=row["id"],
         kind=row["kind"],
-        reusable=bool(row["reusable"]),
+        reusable=row["max_uses"] != 1,
         labels=json.loads(row["labels"]),
         created_at=to_datetime(row["created_at"]),
         expires_at=to_datetime(row["expires_at"]),
         used_at=to_datetime(row["used_at"]),
         used_by=row["used_by"],
         use_count=int(row["use_count"]),
+        uses=int(row["uses"]),
+        max_uses=None if row["max_uses"] is None else int(row["max_uses"]),
+        providers=None if row["providers"] is None else json.loads(row["providers"]),
     )
 
 
@@ -102,3 +166,5 @@ async def revoke(tx: Conn, token_id: str) -> None:
     """Delete a token: it can no longer be used (nodes that joined with it stay)."""
     if await tx.execute("DELETE FROM join_tokens WHERE id = $1", token_id) != 1:
         raise problems.not_found(f"join token {token_id}")
+    await tx.execute("DELETE FROM join_token_uses WHERE token_id = $1", token_id)
+

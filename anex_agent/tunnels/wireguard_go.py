@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import IO
 
+from anex_agent.childenv import engine_env
 from anex_agent.errors import EngineError
 from anex_agent.keys import decode_key, encode_key
 from anex_agent.tunnels import netconf, uapi
@@ -187,7 +188,7 @@ class WireguardGoEngine(Engine):
                 self._proc = await asyncio.create_subprocess_exec(
                     self.binary, "-f", self.ifname,
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=self._stderr,
-                    env=env, preexec_fn=_prepare_pdeathsig(),
+                    env=engine_env(env), preexec_fn=_prepare_pdeathsig(),
                 )
             except OSError as err:
                 raise EngineError(f"cannot run {self.binary}: {err}") from None

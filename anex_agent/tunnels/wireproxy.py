@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from anex_agent.childenv import engine_env
 from anex_agent.errors import ConfigError, EngineError
 from anex_agent.keys import decode_key, encode_key
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, PeerStatus, Support
@@ -435,7 +436,7 @@ class WireproxyEngine(Engine):
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 self.binary, "-c", str(self.config_path), "-i", self.options.health_address,
-                stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile, preexec_fn=_pdeathsig)
+                stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile, preexec_fn=_pdeathsig, env=engine_env(os.environ))
         except OSError as err:
             raise EngineError(f"cannot start {self.binary!r}: {err.strerror or err}") from None
         finally:

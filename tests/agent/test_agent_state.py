@@ -1,5 +1,7 @@
 """State dir: 0600 files, identity and last good config survive a restart."""
 
+import logging
+import os
 import stat
 
 import pytest
@@ -69,3 +71,31 @@ def test_forget(tmp_path):
     state.save_config(config())
     state.forget_identity()
     assert state.load_identity("http://c") is None and state.load_config() is None
+
+
+def test_open_state_dir_and_files_are_made_private_with_a_warning(tmp_path, caplog):
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    state.save_config(config())
+    (state.path / "node.json").write_text("{}")
+    os.chmod(state.path / "node.json", 0o644)
+    os.chmod(state.path, 0o755)
+    assert mode(state.path / "last-config.json") == 0o600
+    with caplog.at_level(logging.WARNING):
+        state.ensure()
+    assert stat.S_IMODE(os.stat(state.path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(state.path / "node.json").st_mode) == 0o600
+    text = caplog.text
+    assert f"state dir {state.path} was mode 0755" in text and "node.json was mode 0644" in text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        state.ensure()
+    assert caplog.text == ""  # nothing to fix: nothing said
+
+
+def test_state_dir_of_another_user_is_refused(tmp_path):
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    with pytest.raises(ConfigError) as info:
+        state.secure(euid=os.geteuid() + 1)
+    assert info.value.source == "ANEX_STATE_DIR" and "belongs to uid" in str(info.value)

@@ -34,8 +34,9 @@ SERVICE = "echo.default.svc.cluster.local:80"
 PUSHED = "db.default.svc.cluster.local:5432"
 
 WORKLOAD = (
-    "import socket,sys,time,os\n"
+    "import socket,sys,time,os,json\n"
     "port=int(sys.argv[1]); release=sys.argv[2]\n"
+    "open(release+'.env','w').write(json.dumps(dict(os.environ)))\n"
     "s=socket.create_connection(('127.0.0.1',port),timeout=10)\n"
     "got=s.recv(200).decode().strip()\n"
     "print('WORKLOAD-GOT', got, flush=True)\n"
@@ -127,7 +128,8 @@ def fake_on_path(tmp_path):
     bindir.mkdir()
     control.mkdir()
     wrapper = bindir / "wireproxy"
-    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    # the agent gives wireproxy a minimal environment: the control directory rides in the wrapper
+    wrapper.write_text(f"#!/bin/sh\nFAKE_WIREPROXY_DIR={control} exec {sys.executable} {FAKE} \"$@\"\n")
     wrapper.chmod(0o755)
     (control / "listen").write_text("bind [http] and tunnels like wireproxy\n")
     return bindir, control
@@ -167,6 +169,9 @@ def test_agent_runs_wireproxy_renders_its_config_restarts_it_on_a_pushed_tunnel_
         assert first["argv"][0] == "-c" and first["argv"][1] == str(config_path) and first["argv"][2] == "-i"
         health = first["argv"][3]
         assert health.startswith("127.0.0.1:") and health != proxy
+        # wireproxy gets a minimal environment: PATH, never an ANEX_* secret
+        assert "PATH" in first["env"] and "HOME" not in first["env"], first["env"]
+        assert not [n for n in first["env"] if n.startswith(("ANEX_", "GW_TUNNEL_"))], first["env"]
 
         # the config it rendered for the fake
         assert stat.S_IMODE(config_path.stat().st_mode) == 0o600
@@ -229,6 +234,12 @@ def test_agent_runs_wireproxy_renders_its_config_restarts_it_on_a_pushed_tunnel_
     assert out.index("mesh up") < out.index("WORKLOAD-GOT")
     assert "Traceback" not in out, out
     assert len(starts(control)) == 2
+    # the workload's environment: no join token (nor any other ANEX_* secret), harmless names kept
+    seen = json.loads(Path(f"{release}.env").read_text())
+    assert not {"ANEX_JOIN_TOKEN", "ANEX_COORDINATOR_URL", "ANEX_STATE_DIR"} & set(seen), sorted(seen)
+    assert node_token["token"] not in json.dumps(seen)
+    assert seen["ANEX_NODE_NAME"] == "wireproxy-node" and seen["ANEX_PROXY_LISTEN"] == proxy
+    assert seen[f"GW_TUNNEL_{tunnel_port}"] == SERVICE
     for started in starts(control):
         assert not alive(started["pid"]), f"wireproxy {started['pid']} is still running"
     assert not config_path.exists()  # the private key does not outlive the agent

@@ -6,7 +6,8 @@ mode 0600 or lacks ``[Interface] PrivateKey`` / a ``[Peer]``, and serves ``/read
 ``/metrics`` like wireproxy does (``/metrics``: a UAPI dump with keys REDACTED). It does
 no WireGuard. Controlled through the directory in ``$FAKE_WIREPROXY_DIR``:
 
-* ``starts.jsonl``: one line appended per start: pid, argv, the peers' endpoints
+* ``starts.jsonl``: one line appended per start: pid, argv, the peers' endpoints, the
+  names in its environment
 * ``readyz``: what /readyz does: ``200`` (default), ``503``, ``hang`` (never answers), ``exit`` (the process exits 3)
 * ``listen`` (optional; when present): like wireproxy, bind ``[http]`` and every
   ``[TCPClientTunnel]`` BindAddress (exit 1 when one is taken); each accepted connection
@@ -83,7 +84,7 @@ def main(argv):
                 return 1
     with open(control / "starts.jsonl", "a") as log:
         log.write(json.dumps({"pid": os.getpid(), "argv": argv, "endpoints": [p.get("endpoint") for p in peers],
-                              "listeners": [a for _, a in listeners]}) + "\n")
+                              "listeners": [a for _, a in listeners], "env": sorted(os.environ)}) + "\n")
     started = int(time.time())
 
     class Handler(BaseHTTPRequestHandler):

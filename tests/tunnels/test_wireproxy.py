@@ -208,7 +208,9 @@ class Control:
 async def rig(tmp_path, monkeypatch):
     control = tmp_path / "control"
     control.mkdir()
-    monkeypatch.setenv("FAKE_WIREPROXY_DIR", str(control))
+    wrapper = tmp_path / "wireproxy"  # the engine gives its process a minimal environment: the control dir rides here
+    wrapper.write_text(f"#!/bin/sh\nFAKE_WIREPROXY_DIR={control} exec {sys.executable} {FAKE} \"$@\"\n")
+    wrapper.chmod(0o755)
     addresses = {"gw.example.com": ["192.0.2.1"]}
 
     async def resolver(host: str, port: int) -> list[str]:  # DNS is the one thing faked here
@@ -218,7 +220,7 @@ async def rig(tmp_path, monkeypatch):
 
     opts = WireproxyOptions(health_address=f"127.0.0.1:{free_port()}", proxy_address=f"127.0.0.1:{free_port()}",
                             check_alive=("10.254.254.1",))
-    engine = WireproxyEngine(ifname=None, options=opts, binary=str(FAKE), state_dir=tmp_path / "state",
+    engine = WireproxyEngine(ifname=None, options=opts, binary=str(wrapper), state_dir=tmp_path / "state",
                              health_interval=0.05, failures_before_restart=3, start_grace=10, resolve_interval=0.2,
                              resolver=resolver)
     try:
