@@ -1,7 +1,9 @@
 """The admin's limit on what gateways offer: a registration offering a network outside it is refused.
 
 Contract: :func:`check` raises a 422 problem with one ``errors`` entry per refused
-route, named ``routes.N`` (N: its index in the request), before anything is stored.
+route, named ``routes.N`` (N: its index in the request), before anything is stored;
+the ``detail`` repeats each field with its reason, so a client that prints only the
+detail (the gateway's log) still says which network and why.
 The rules themselves live in :mod:`anex_agent.route_policy` (shared with the node).
 """
 
@@ -42,6 +44,5 @@ def check(settings: Settings, routes: Sequence[str]) -> None:
         if why is not None:
             errors.append({"field": f"routes.{index}", "message": why})
     if errors:
-        fields = ", ".join(e["field"] for e in errors)
-        raise problems.Problem(422, "Unprocessable Content", f"invalid body: check {fields}", slug="validation",
-                               errors=errors)
+        detail = "invalid body: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        raise problems.Problem(422, "Unprocessable Content", detail, slug="validation", errors=errors)
