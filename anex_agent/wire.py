@@ -43,6 +43,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+
 
 def _check_public_key(value: str) -> str:
     try:
@@ -208,6 +210,11 @@ class NodeConfig(Model):
     tunnels: list[TunnelSpec] = Field(default_factory=list)
     agent_api_verify_key: str = Field(
         "", description="Ed25519 public key (base64) that signs cluster access tokens for the agent API"
+    )
+    gateway_routes: list[Cidr] = Field(
+        default_factory=lambda: list(DEFAULT_GATEWAY_ROUTES),
+        description="networks gateways may offer (the coordinator's --gateway-route); the node installs a gateway's "
+        "network only inside one of them, and never one covering the coordinator's address or a gateway's endpoint",
     )
 
 

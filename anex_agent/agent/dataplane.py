@@ -27,7 +27,8 @@ import time
 from typing import Any
 
 from anex_agent.agent import engine_frontends
-from anex_agent.agent.desired import desired_from_config, merge_tunnels
+from anex_agent.agent.desired import merge_tunnels
+from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.errors import ConfigError, EngineError
 from anex_agent.keys import KeyPair
@@ -58,6 +59,7 @@ class DataPlane:
         self.forwards = None
         self.proxy = None
         self._stack = contextlib.AsyncExitStack()
+        self.route_guard = RouteGuard(settings.coordinator_url)  # gateway routes never cover the coordinator
 
     def choose_engine(self) -> type[Engine]:
         if self.settings.path == "websocket":
@@ -95,7 +97,7 @@ class DataPlane:
             self.engine = self.engine_cls(ifname=new_ifname("n"))
         self._stack.push_async_callback(self.engine.stop)
         await self.engine.start()
-        await self.engine.apply(desired_from_config(config, self.keypair.private))
+        await self.engine.apply(await self.route_guard.desired(config, self.keypair.private))
         if self.engine_serves_frontends:
             self.config = config  # the engine serves the proxy, tunnels and inbound ports
             return
@@ -115,14 +117,14 @@ class DataPlane:
         if self.engine_serves_frontends:
             # wireproxy has no live reconfiguration: new options -> new config text -> restart
             self.engine.set_options(engine_frontends.wireproxy_options(config, self.settings, self.engine.options.health_address))
-            await self.engine.apply(desired_from_config(config, self.keypair.private))
+            await self.engine.apply(await self.route_guard.desired(config, self.keypair.private))
             self.config = config
             log.info("applied config version %d (%d gateway(s), %d tunnel(s)) to %s", config.version,
                      len(config.gateways), len(self.tunnels()), self.engine_cls.name)
             return
         assert self.forwards is not None
         old = self.config
-        await self.engine.apply(desired_from_config(config, self.keypair.private))
+        await self.engine.apply(await self.route_guard.desired(config, self.keypair.private))
         if old is None or (old.dns, old.search_domains) != (config.dns, config.search_domains):
             self.dialer.resolver = Resolver.from_node_config(config)
         await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
@@ -141,7 +143,7 @@ class DataPlane:
         Returns True when a handshake newer than the reset was seen.
         """
         assert self.engine is not None and self.config is not None
-        desired = desired_from_config(self.config, self.keypair.private)
+        desired = await self.route_guard.desired(self.config, self.keypair.private)
         if not desired.peers:
             return False
         if self.engine_serves_frontends:  # no peer-level control: a fresh process handshakes at once

@@ -20,11 +20,13 @@ from pathlib import Path
 from aiohttp import web
 
 from anex_agent.coordinator import app as app_module
+from anex_agent.coordinator import gateway_routes
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT_NETWORK, Settings, default_state_dir
 from anex_agent.coordinator.states import Timings
 from anex_agent.errors import ConfigError
+from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
 
 log = logging.getLogger("anex_agent.coordinator")
 
@@ -58,6 +60,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-flush-interval", type=float, default=0.1, metavar="SECONDS",
                         help="heartbeats are written in one batch this often (default 0.1; 0 writes each "
                              "heartbeat before answering it, slower)")
+    parser.add_argument("--gateway-route", action="append", default=[], metavar="CIDR",
+                        help="a network gateways may offer to nodes (repeatable; default: private address space, "
+                             f"{', '.join(DEFAULT_GATEWAY_ROUTES)}; 'none': no network but the mesh); a gateway "
+                             "registering a route outside the list is refused, and nodes install only routes inside it")
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
@@ -97,6 +103,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise ConfigError("--heartbeat-flush-interval", "must be 0..5 seconds")
     if not 1 <= args.access_token_ttl <= 86400:
         raise ConfigError("--access-token-ttl", "must be 1..86400 seconds")
+    routes = gateway_routes.from_flags(args.gateway_route)
     return Settings(
         state_dir=state_dir,
         database_url=database,
@@ -108,6 +115,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         address_quarantine=args.address_quarantine,
         access_token_ttl=args.access_token_ttl,
         heartbeat_flush_interval=args.heartbeat_flush_interval,
+        gateway_routes=routes,
     )
 
 

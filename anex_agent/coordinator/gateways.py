@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from anex_agent import wire
-from anex_agent.coordinator import changes, credentials, ipam, problems, registration, tokens
+from anex_agent.coordinator import changes, credentials, gateway_routes, ipam, problems, registration, tokens
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import Conn
 from anex_agent.coordinator.nodes import mesh_peer
@@ -42,6 +42,7 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
             tx, request.token, wire.TokenKind.gateway, request.public_key, own_table="gateways", other_table="nodes",
             conflict="this public key belongs to a node; the gateway needs its own key pair", now=now,
         )
+        gateway_routes.check(ctx.settings, request.routes)  # after the token: only a gateway learns the list
         fields = (request.name, request.endpoint, request.ws_url, json.dumps(request.routes), now)
         if existing:
             gateway_id, address = existing["id"], existing["address"]

@@ -57,6 +57,7 @@ async def config_of(ctx: Coordinator, tx: Conn, row: dict) -> wire.NodeConfig:
         gateways=gateways,
         tunnels=[wire.TunnelSpec.model_validate(t) for t in json.loads(row["tunnels"])],
         agent_api_verify_key=ctx.verify_key,
+        gateway_routes=list(settings.gateway_routes),
     )
 
 

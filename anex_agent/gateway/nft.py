@@ -1,24 +1,34 @@
 """The gateway's nftables rules, in a table of its own (``table inet anex_gw_<suffix>``).
 
-What the rules do (and nothing else; all other traffic is left to the host's own rules):
+The mesh reaches what the admin routed and nothing more: not other nodes, not the
+gateway host's own services. What the rules do (and nothing else; all other traffic is
+left to the host's own rules):
 
+* forward, mesh to mesh: dropped first, whatever the routes say (nodes do not reach
+  each other through the hub, even when a ``--route`` network covers the mesh network);
 * forward, from the mesh interface: accept mesh -> ``--route`` networks; drop
-  everything else entering from the mesh (the gateway is not an exit node, and nodes
-  do not reach each other through it);
+  everything else entering from the mesh (the gateway is not an exit node);
 * forward, to the mesh interface: accept ``--route`` networks -> mesh (the cluster
   reaches workloads' ports at their mesh addresses) and replies (ct established,related);
   drop everything else heading into the mesh;
 * postrouting (nat): masquerade mesh -> ``--route`` networks when leaving through any
   interface but the mesh one, so the cluster needs no route back to the mesh for
   connections nodes open;
-* input: the DNS forwarder on the gateway's mesh address (port 53) is reachable only
-  from the mesh interface (and loopback); it is dropped from anywhere else.
+* input, from the mesh interface: the gateway host answers only its DNS forwarder
+  (UDP and TCP 53 on the mesh address, when DNS is served), ICMP echo requests to the
+  mesh address, and replies to connections it opened (ct established,related); every
+  other packet for the host (sshd, a kubelet, anything bound to 0.0.0.0, the host's
+  other addresses) is dropped. The WireGuard port itself is on the underlay
+  interface and untouched;
+* input, from anywhere else: the DNS port on the mesh address is dropped unless it
+  arrives on the mesh interface or loopback.
 
 Base chains use ``policy accept`` so that installing the table never breaks unrelated
-traffic of the host. The ruleset is rendered as text (:func:`render_ruleset`, pure) and
-loaded atomically with ``nft -f -``; removing the table removes every rule of ours.
-Table and chain semantics: nft(8), "TABLES", "CHAINS" (hook priorities ``filter`` = 0,
-``srcnat`` = 100).
+traffic of the host; a ``drop`` verdict in any base chain is final, so the host's other
+tables cannot re-open what ours drops. The ruleset is rendered as text
+(:func:`render_ruleset`, pure) and loaded atomically with ``nft -f -``; removing the
+table removes every rule of ours. Table and chain semantics: nft(8), "TABLES",
+"CHAINS" (hook priorities ``filter`` = 0, ``srcnat`` = 100), "VERDICT STATEMENT".
 """
 
 from __future__ import annotations
@@ -77,6 +87,7 @@ def render_ruleset(rules: GatewayRules) -> str:
         f"table inet {rules.table} {{",
         "\tchain forward {",
         "\t\ttype filter hook forward priority filter; policy accept;",
+        f"\t\tiifname {wg} oifname {wg} drop",
     ]
     if same_family:
         lines.append(f"\t\tiifname {wg} {fam} saddr {mesh} {fam} daddr {_set(same_family)} accept")
@@ -92,18 +103,34 @@ def render_ruleset(rules: GatewayRules) -> str:
     if same_family:
         lines.append(f"\t\toifname != {wg} {fam} saddr {mesh} {fam} daddr {_set(same_family)} masquerade")
     lines.append("\t}")
-    if rules.dns:
-        addr = ipaddress.ip_address(rules.mesh_address)
-        afam = "ip" if addr.version == 4 else "ip6"
-        lines += [
-            "\tchain input {",
-            "\t\ttype filter hook input priority filter; policy accept;",
-            f"\t\t{afam} daddr {addr} meta l4proto {{ tcp, udp }} th dport {DNS_PORT} "
-            f'iifname != {{ {wg}, "lo" }} drop',
-            "\t}",
-        ]
+    lines += _input_chain(rules, wg)
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _input_chain(rules: GatewayRules, wg: str) -> list[str]:
+    """What the mesh may reach on the gateway host itself: DNS, echo, replies; nothing else."""
+    addr = ipaddress.ip_address(rules.mesh_address)
+    afam = "ip" if addr.version == 4 else "ip6"
+    echo = "icmp type echo-request" if addr.version == 4 else "icmpv6 type echo-request"
+    lines = [
+        "\tchain input {",
+        "\t\ttype filter hook input priority filter; policy accept;",
+        f"\t\tiifname {wg} ct state established,related accept",
+    ]
+    if rules.dns:
+        lines.append(f"\t\tiifname {wg} {afam} daddr {addr} meta l4proto {{ tcp, udp }} th dport {DNS_PORT} accept")
+    lines += [
+        f"\t\tiifname {wg} {afam} daddr {addr} {echo} accept",
+        f"\t\tiifname {wg} drop",
+    ]
+    if rules.dns:
+        lines.append(
+            f"\t\t{afam} daddr {addr} meta l4proto {{ tcp, udp }} th dport {DNS_PORT} "
+            f'iifname != {{ {wg}, "lo" }} drop'
+        )
+    lines.append("\t}")
+    return lines
 
 
 def _nft(args: list[str], script: str | None = None) -> subprocess.CompletedProcess:

@@ -30,8 +30,44 @@ def test_ruleset_opens_only_mesh_to_routes():
 def test_ruleset_without_routes_or_dns():
     text = nft.render_ruleset(nft.GatewayRules("anex_gw_t2", "anxgwt2", "10.254.0.0/16", "10.254.0.1", (), dns=False))
     assert "masquerade" not in text and "accept\n" in text  # only replies are accepted
-    assert "chain input" not in text
+    assert "dport 53" not in text  # no DNS served: the port is not opened to the mesh either
     assert 'iifname "anxgwt2" drop' in text
+
+
+def _chain(text: str, name: str) -> list[str]:
+    body = text.split(f"\tchain {name} {{\n", 1)[1].split("\n\t}", 1)[0]
+    return [line.strip() for line in body.splitlines()]
+
+
+def test_input_from_the_mesh_opens_only_dns_echo_and_replies():
+    rules = _chain(nft.render_ruleset(RULES), "input")
+    assert rules == [
+        "type filter hook input priority filter; policy accept;",
+        'iifname "anxgwt1" ct state established,related accept',
+        'iifname "anxgwt1" ip daddr 10.254.0.1 meta l4proto { tcp, udp } th dport 53 accept',
+        'iifname "anxgwt1" ip daddr 10.254.0.1 icmp type echo-request accept',
+        'iifname "anxgwt1" drop',  # sshd, a kubelet, anything on 0.0.0.0, the host's other addresses
+        'ip daddr 10.254.0.1 meta l4proto { tcp, udp } th dport 53 iifname != { "anxgwt1", "lo" } drop',
+    ]
+    # no DNS served: nothing but echo and replies
+    no_dns = _chain(nft.render_ruleset(nft.GatewayRules("anex_gw_t2", "anxgwt2", "10.254.0.0/16", "10.254.0.1", (),
+                                                        dns=False)), "input")
+    assert no_dns[1:] == ['iifname "anxgwt2" ct state established,related accept',
+                          'iifname "anxgwt2" ip daddr 10.254.0.1 icmp type echo-request accept',
+                          'iifname "anxgwt2" drop']
+
+
+def test_input_on_a_v6_mesh_uses_icmpv6_echo():
+    text = nft.render_ruleset(nft.GatewayRules("anex_gw_t6", "anxgwt6", "fd7a::/64", "fd7a::1", ("fd00:1::/64",)))
+    assert 'iifname "anxgwt6" ip6 daddr fd7a::1 icmpv6 type echo-request accept' in _chain(text, "input")
+
+
+def test_mesh_to_mesh_forwarding_dropped_before_any_route_accept():
+    # a --route that covers the mesh network must not open node -> node through the hub
+    text = nft.render_ruleset(nft.GatewayRules("anex_gw_t4", "anxgwt4", "10.254.0.0/16", "10.254.0.1", ("10.0.0.0/8",)))
+    forward = _chain(text, "forward")
+    assert forward[1] == 'iifname "anxgwt4" oifname "anxgwt4" drop'
+    assert forward.index('iifname "anxgwt4" ip saddr 10.254.0.0/16 ip daddr 10.0.0.0/8 accept') > 1
 
 
 def test_single_route_is_not_a_set():
