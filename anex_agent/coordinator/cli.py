@@ -97,7 +97,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
     if not 0 <= args.heartbeat_flush_interval <= 5:
         raise ConfigError("--heartbeat-flush-interval", "must be 0..5 seconds")
     if not 1 <= args.access_token_ttl <= access_token.MAX_TTL:  # agents refuse longer-lived tokens
-        raise ConfigError("--access-token-ttl", f"{args.access_token_ttl} is out of range; use 1..{access_token.MAX_TTL} seconds (an hour at most)")
+        raise ConfigError("--access-token-ttl", f"{args.access_token_ttl} is out of range; "
+                          f"use 1..{access_token.MAX_TTL} seconds (an hour at most)")
     return Settings(
         state_dir=state_dir,
         database_url=database,

@@ -17,10 +17,10 @@ What it does (h11 on both sides; the pure decisions are in :mod:`.proxy_core`):
 * errors: ``400`` (text) for a malformed request, one with ambiguous body framing
   (Content-Length and Transfer-Encoding together, RFC 9112 §6.3; never forwarded), or a
   target that is not absolute-form / authority-form, ``403`` when a client from beyond
-  loopback asks for this machine (:mod:`.this_host`), ``407`` with a Basic challenge when credentials are
-  configured and missing or wrong, ``502`` naming ``host:port`` and the reason when the
-  destination does not resolve or does not accept the connection. Error responses
-  close the client connection.
+  loopback asks for this machine (:mod:`.this_host`), ``407`` with a Basic challenge
+  when credentials are configured and missing or wrong, ``502`` naming ``host:port``
+  and the reason when the destination does not resolve or does not accept the
+  connection. Error responses close the client connection.
 
 Who may connect: anyone who can reach the listen address. The default is loopback
 (processes on this machine only); binding anywhere else without ``auth`` logs a warning.

@@ -114,7 +114,8 @@ async def test_a_client_from_beyond_loopback_gets_403_for_every_spelling_and_not
 async def test_ipv6_spellings_without_brackets_are_refused_too(outside_address, spelling):
     dialer = RecordingDialer(OSDialer())
     async with ProxyServer(dialer, host=outside_address, port=0) as proxy:
-        for raw in (f"CONNECT {spelling}:9555 HTTP/1.1\r\nHost: x\r\n\r\n", f"GET http://{spelling}:9555/ HTTP/1.1\r\nHost: x\r\n\r\n"):
+        for raw in (f"CONNECT {spelling}:9555 HTTP/1.1\r\nHost: x\r\n\r\n",
+                    f"GET http://{spelling}:9555/ HTTP/1.1\r\nHost: x\r\n\r\n"):
             response = await exchange(outside_address, proxy.address[1], raw.encode())
             assert response.split(b" ", 2)[1] in (b"400", b"403"), (raw, response)
     assert dialer.calls == []
