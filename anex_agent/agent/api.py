@@ -139,7 +139,7 @@ class AgentApi:
                             len(self._replay), err.retry_after)
                 self._full_logged = True
             return _problem(429, "Too Many Requests",
-                            "too many access tokens in use at once; retry later with a new token",
+                            "too many access tokens alive at once; retry after Retry-After seconds (this token was not used)",
                             headers={"Retry-After": str(err.retry_after)})
         self._full_logged = False
         return await handler(request)
