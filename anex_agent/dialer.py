@@ -220,12 +220,13 @@ class OSDialer:
             except ResolveError as err:
                 raise ResolveError(host, port, err.reason) from None
         last: DialError | None = None
-        for address in addresses:
+        for i, address in enumerate(addresses):
             try:
                 return await self._connect(address, port)
             except DialError as err:
                 # re-raise under the name the caller asked for, keeping the kind of failure
-                last = type(err)(host, port, err.reason if address == host else f"{err.reason} (tried {address})")
+                reason = err.reason if address == host else f"{err.reason} (tried {address})"
+                last = type(err)(host, port, reason, tried=tuple(addresses[: i + 1]))
                 log.debug("dial %s:%d via %s failed: %s", host, port, address, err.reason)
         assert last is not None, "resolver returned no address"
         raise last

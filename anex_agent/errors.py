@@ -87,13 +87,16 @@ class DialError(AnexError):
     ``host`` and ``port`` name the destination as the caller gave it; ``reason`` is a
     short, designed, human-readable sentence ("connection refused", "name does not
     resolve") that front-ends may show to the workload (the proxy puts it in the body
-    of its 502). It never contains exception text from a library.
+    of its 502). It never contains exception text from a library. ``tried`` lists the
+    addresses a connection was attempted to, in order (empty when none was: the name did
+    not resolve), so a caller can judge where the dial went, not only what it was asked.
     """
 
-    def __init__(self, host: str, port: int, reason: str) -> None:
+    def __init__(self, host: str, port: int, reason: str, *, tried: tuple[str, ...] = ()) -> None:
         self.host = host
         self.port = port
         self.reason = reason
+        self.tried = tried
         super().__init__(f"cannot connect to {host}:{port}: {reason}")
 
 

@@ -290,7 +290,7 @@ class TunnelsUpdate(Model):
 
 
 class AgentAccessToken(Model):
-    token: str = Field(description="signed, short-lived bearer token the cluster presents to the node's agent API")
+    token: str = Field(description="signed, short-lived bearer token the cluster presents to the node's agent API; good for one call (the agent refuses a second use)")
     expires_at: datetime
 
 

@@ -121,6 +121,8 @@ def test_agent_api_on_the_mesh_needs_the_cluster_token(mesh, node):
     assert call("anexat.forged.token") == 403
     issued = mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")
     assert call(issued["token"]) == 200
+    assert call(issued["token"]) == 401  # one token, one call: a replay is refused
+    assert call(mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")["token"]) == 200
 
 
 def test_node_is_ready_at_the_coordinator(mesh, node):

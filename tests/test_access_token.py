@@ -59,3 +59,68 @@ def test_core_is_pure():
     source = inspect.getsource(at)
     for module in ("asyncio", "socket", "import time"):
         assert module not in source
+
+
+def _signed(claims: dict) -> str:
+    """A token signed with KEY for arbitrary claims (sign() itself refuses what these test)."""
+    import json
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    payload = at._b64e(json.dumps({"v": 1, **claims}, separators=(",", ":"), sort_keys=True).encode())
+    signature = Ed25519PrivateKey.from_private_bytes(KEY).sign(f"anexat.{payload}".encode())
+    return f"anexat.{payload}.{at._b64e(signature)}"
+
+
+def test_the_longest_lifetime_is_one_hour():
+    assert at.MAX_TTL == 3600
+    token, _ = at.sign(KEY, "n-1", now=1000, ttl=3600)
+    assert at.verify(VERIFY, token, node_id="n-1", now=1000).expires_at == 4600
+    with pytest.raises(ValueError):
+        at.sign(KEY, "n-1", now=1000, ttl=3601)
+
+
+@pytest.mark.parametrize("iat, exp", [(1000, 4601), (1000, 1000 + 86400), (1000, 1000), (1000, 900)])
+def test_the_agent_refuses_a_lifetime_over_an_hour_or_none(iat, exp):
+    token = _signed({"sub": "n-1", "iat": iat, "exp": exp, "jti": "j"})
+    with pytest.raises(at.InvalidAccessToken, match="lifetime"):
+        at.verify(VERIFY, token, node_id="n-1", now=950)
+
+
+def test_a_token_is_good_for_one_use():
+    cache = at.ReplayCache()
+    token, _ = at.sign(KEY, "n-1", now=1000, ttl=300)
+    claims = at.verify(VERIFY, token, node_id="n-1", now=1000)
+    cache.use(claims, now=1000)
+    again = at.verify(VERIFY, token, node_id="n-1", now=1001)  # still a valid signature...
+    with pytest.raises(at.TokenReplayed):
+        cache.use(again, now=1001)  # ...but used
+    with pytest.raises(at.TokenReplayed):
+        cache.use(again, now=1299)  # until the very end of its life
+    other, _ = at.sign(KEY, "n-1", now=1000, ttl=300)
+    cache.use(at.verify(VERIFY, other, node_id="n-1", now=1000), now=1000)  # another token is fine
+    assert len(cache) == 2
+
+
+def test_ids_of_expired_tokens_are_forgotten():
+    cache = at.ReplayCache()
+    for i in range(5):
+        cache.use(at.Claims("n-1", 1000, 1000 + 10 * (i + 1), f"j{i}"), now=1000)
+    assert len(cache) == 5
+    cache.prune(1020)  # j0 (exp 1010) and j1 (exp 1020) are dead
+    assert len(cache) == 3 and "j0" not in cache and "j1" not in cache and "j2" in cache
+    cache.use(at.Claims("n-1", 1000, 2000, "late"), now=1045)  # use() prunes too
+    assert len(cache) == 2 and "j3" not in cache
+
+
+def test_a_full_cache_refuses_new_tokens_instead_of_forgetting_live_ones():
+    cache = at.ReplayCache(capacity=2)
+    cache.use(at.Claims("n-1", 1000, 1100, "a"), now=1000)
+    cache.use(at.Claims("n-1", 1000, 1300, "b"), now=1000)
+    with pytest.raises(at.ReplayCacheFull) as full:
+        cache.use(at.Claims("n-1", 1000, 1300, "c"), now=1040)
+    assert full.value.retry_after == 60  # "a" expires at 1100
+    with pytest.raises(at.TokenReplayed):
+        cache.use(at.Claims("n-1", 1000, 1100, "a"), now=1099)  # still remembered: never evicted
+    cache.use(at.Claims("n-1", 1000, 1300, "c"), now=1100)  # "a" is dead now: room again
+    assert "c" in cache and "a" not in cache and len(cache) == 2

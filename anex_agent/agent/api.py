@@ -8,6 +8,14 @@ Who may connect:
   ``Authorization: Bearer <token>`` where the token was signed by the coordinator for the
   cluster (checked with the ``agent_api_verify_key`` of the node config). A request whose
   *peer* address is not loopback always needs the token, whatever socket it arrived on.
+  A token is good for one request (:class:`anex_agent.access_token.ReplayCache`): the
+  caller fetches a new one for each call.
+
+Answers on the mesh side: no bearer token, or a token used before: 401; a token that is
+invalid, expired, lives longer than an hour or is for another node: 403; more live tokens
+than the agent remembers (:data:`anex_agent.access_token.MAX_REMEMBERED`): 429 with
+``Retry-After``. Bodies are RFC 9457 problem documents; they never carry the reason a
+token was refused (the log does).
 
 Routes:
     GET /healthz  200 "ok" while the process serves requests (liveness)
@@ -23,6 +31,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,12 +39,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from anex_agent.access_token import Claims, ReplayCache, ReplayCacheFull, TokenReplayed
+
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], Awaitable[dict[str, Any]]]
 ReadyFn = Callable[[], Awaitable[tuple[bool, str]]]
-#: Returns True when ``token`` is a valid cluster access token for this node.
-VerifyFn = Callable[[str], bool]
+#: ``verify(token, now)``: the claims of a valid cluster access token for this node at
+#: ``now``, or None (the verifier logs why).
+VerifyFn = Callable[[str, float], Claims | None]
 
 
 def is_loopback_peer(request: web.Request) -> bool:
@@ -59,14 +71,19 @@ def bearer_token(request: web.Request) -> str | None:
     return token.strip()
 
 
-def _problem(status: int, title: str, detail: str) -> web.Response:
+def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    headers = {"WWW-Authenticate": 'Bearer realm="anex-agent"'} if status == 401 else None
+    if status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="anex-agent"', **(headers or {})}
     return web.json_response(body, status=status, content_type="application/problem+json", headers=headers)
 
 
 class AgentApi:
-    """Builds the aiohttp application and runs its sites (loopback, and mesh once known)."""
+    """Builds the aiohttp application and runs its sites (loopback, and mesh once known).
+
+    ``clock`` (seconds since the epoch) judges token lifetimes and replays; ``replay``
+    remembers the tokens already used (a default :class:`ReplayCache` when None).
+    """
 
     def __init__(
         self,
@@ -76,11 +93,16 @@ class AgentApi:
         registry: CollectorRegistry | None = None,
         *,
         is_local: Callable[[web.Request], bool] = is_loopback_peer,
+        clock: Callable[[], float] = time.time,
+        replay: ReplayCache | None = None,
     ) -> None:
         self._status = status
         self._is_local = is_local
         self._ready = ready
         self._verify = verify
+        self._clock = clock
+        self._replay = replay if replay is not None else ReplayCache()
+        self._full_logged = False
         #: Other parts (GPU telemetry) register their collectors here.
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.app = web.Application(middlewares=[self._auth])
@@ -98,13 +120,28 @@ class AgentApi:
         token = bearer_token(request)
         if token is None:
             return _problem(401, "Unauthorized", "mesh-side calls need Authorization: Bearer <cluster access token>")
+        now = self._clock()
         try:
-            ok = self._verify(token)
+            claims = self._verify(token, now)
         except Exception:  # a verifier bug must not open the API
             log.exception("access token verification failed")
-            ok = False
-        if not ok:
+            claims = None
+        if claims is None:
             return _problem(403, "Forbidden", "the access token is invalid, expired or not for this node")
+        try:
+            self._replay.use(claims, now=now)
+        except TokenReplayed:
+            log.info("agent API: refused a replayed access token (jti %s)", claims.token_id)
+            return _problem(401, "Unauthorized", "this access token was used already; fetch a new one for each call")
+        except ReplayCacheFull as err:
+            if not self._full_logged:
+                log.warning("agent API: %d access tokens still alive are remembered; refusing new ones for %d s",
+                            len(self._replay), err.retry_after)
+                self._full_logged = True
+            return _problem(429, "Too Many Requests",
+                            "too many access tokens alive at once; retry after Retry-After seconds (this token was not used)",
+                            headers={"Retry-After": str(err.retry_after)})
+        self._full_logged = False
         return await handler(request)
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -26,7 +26,6 @@ import contextlib
 import logging
 import signal
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -161,18 +160,18 @@ class Agent:
 
     # ---------------------------------------------------------------- API callbacks
 
-    def verify_token(self, token: str) -> bool:
+    def verify_token(self, token: str, now: float):
+        """The claims of a valid access token for this node at ``now``, else None (logged)."""
         from anex_agent import access_token
 
         config = self.dataplane.config if self.dataplane else None
         if config is None or not config.agent_api_verify_key:
-            return False
+            return None
         try:
-            access_token.verify(config.agent_api_verify_key, token, node_id=config.node_id, now=time.time())
+            return access_token.verify(config.agent_api_verify_key, token, node_id=config.node_id, now=now)
         except Exception as err:  # InvalidAccessToken and malformed keys alike
             log.info("agent API: refused a mesh-side token: %s", err)
-            return False
-        return True
+            return None
 
     async def status(self) -> dict[str, Any]:
         doc = await self.dataplane.status_doc() if self.dataplane else {}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from anex_agent import access_token
 from anex_agent.coordinator import app as app_module
 from anex_agent.coordinator import gateway_routes
 from anex_agent.coordinator.context import Coordinator
@@ -56,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address-quarantine", type=float, default=3600.0, metavar="SECONDS",
                         help="a freed address is not reused for this long (default 3600)")
     parser.add_argument("--access-token-ttl", type=int, default=300, metavar="SECONDS",
-                        help="lifetime of agent API access tokens (default 300, at most 86400)")
+                        help="lifetime of agent API access tokens, each good for one call (default 300, at most 3600)")
     parser.add_argument("--heartbeat-flush-interval", type=float, default=0.1, metavar="SECONDS",
                         help="heartbeats are written in one batch this often (default 0.1; 0 writes each "
                              "heartbeat before answering it, slower)")
@@ -101,8 +102,9 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise ConfigError("--address-quarantine", "must be 0 or more seconds")
     if not 0 <= args.heartbeat_flush_interval <= 5:
         raise ConfigError("--heartbeat-flush-interval", "must be 0..5 seconds")
-    if not 1 <= args.access_token_ttl <= 86400:
-        raise ConfigError("--access-token-ttl", "must be 1..86400 seconds")
+    if not 1 <= args.access_token_ttl <= access_token.MAX_TTL:  # agents refuse longer-lived tokens
+        raise ConfigError("--access-token-ttl", f"{args.access_token_ttl} is out of range; "
+                          f"use 1..{access_token.MAX_TTL} seconds (an hour at most)")
     routes = gateway_routes.from_flags(args.gateway_route)
     return Settings(
         state_dir=state_dir,

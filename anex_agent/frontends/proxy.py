@@ -14,11 +14,13 @@ What it does (h11 on both sides; the pure decisions are in :mod:`.proxy_core`):
   clients), only after a complete exchange that both sides left reusable; a request
   without a body that fails on a reused connection before any response is retried
   once on a fresh one;
-* errors: ``400`` (text) for a malformed request or a target that is not
-  absolute-form / authority-form, ``407`` with a Basic challenge when credentials are
-  configured and missing or wrong, ``502`` naming ``host:port`` and the reason when the
-  destination does not resolve or does not accept the connection. Error responses
-  close the client connection.
+* errors: ``400`` (text) for a malformed request, one with ambiguous body framing
+  (Content-Length and Transfer-Encoding together, RFC 9112 §6.3; never forwarded), or a
+  target that is not absolute-form / authority-form, ``403`` when a client from beyond
+  loopback asks for this machine (:mod:`.this_host`), ``407`` with a Basic challenge
+  when credentials are configured and missing or wrong, ``502`` naming ``host:port``
+  and the reason when the destination does not resolve or does not accept the
+  connection. Error responses close the client connection.
 
 Who may connect: anyone who can reach the listen address. The default is loopback
 (processes on this machine only); binding anywhere else without ``auth`` logs a warning.
@@ -44,6 +46,7 @@ import h11
 from anex_agent.dialer import Connection, Dialer, SocketConnection
 from anex_agent.errors import DialError, PortInUseError
 from anex_agent.frontends import proxy_core as core
+from anex_agent.frontends import this_host
 from anex_agent.frontends.forward import bind_listener
 from anex_agent.frontends.h11_stream import H11Stream
 from anex_agent.frontends.relay import relay, tune_socket
@@ -222,6 +225,10 @@ class _ClientSession:
     async def handle(self, request: h11.Request) -> bool:
         """Proxy one request; True when the client connection may carry another."""
         headers = request.headers.raw_items()
+        framing = core.framing_error(headers)
+        if framing is not None:
+            await self.reply_error(400, framing)  # and close: the body's end is unknown
+            return False
         auth = self.server.auth
         if auth is not None and not auth.check(headers):
             await self.reply_error(407, "proxy authentication required (Basic)", auth.challenge())
@@ -230,6 +237,9 @@ class _ClientSession:
             dest = core.parse_target(request.method, request.target)
         except core.BadRequest as err:
             await self.reply_error(400, err.reason)
+            return False
+        if not this_host.may_reach(self.client_ip, dest.host):  # before dialling anything
+            await self.reply_error(403, core.forbidden_text(dest.host, dest.port))
             return False
         log.debug("proxy: %s %s", request.method.decode(), dest)
         if request.method == b"CONNECT":
@@ -322,18 +332,29 @@ class _ClientSession:
         return H11Stream(h11.CLIENT, conn), False
 
     async def dial(self, dest: core.Destination) -> Connection:
-        """Open a connection for this client; raises DialError, or _Forbidden (see core.may_reach)."""
-        conn = await self.server.dialer.open_connection(dest.host, dest.port)
+        """Open a connection for this client; raises DialError, or _Forbidden.
+
+        :meth:`handle` has refused every spelling of this machine already; a name that
+        resolved to it is caught here, on the addresses the dialer actually tried: the
+        connection is closed before a byte is sent, and a failed dial there is a 403 too
+        (see :mod:`.this_host`).
+        """
+        try:
+            conn = await self.server.dialer.open_connection(dest.host, dest.port)
+        except DialError as err:
+            # refused or silent, this machine is out of reach all the same: the answer must not
+            # tell a client from beyond loopback which of its ports are open
+            if not all(this_host.may_reach(self.client_ip, address) for address in err.tried):
+                raise _Forbidden(core.forbidden_text(dest.host, dest.port)) from None
+            raise
         if conn.socket is not None:
             try:
                 peer = conn.socket.getpeername()[0]
             except OSError:
                 peer = ""
-            if peer and not core.may_reach(self.client_ip, peer):
+            if peer and not this_host.may_reach(self.client_ip, peer):
                 await conn.aclose()
-                raise _Forbidden(
-                    f"{dest.host}:{dest.port} is on this machine's loopback; only local clients may reach it"
-                )
+                raise _Forbidden(core.forbidden_text(dest.host, dest.port))
         return conn
 
     def drop_origin(self, key: tuple[str, int], origin: H11Stream) -> None:

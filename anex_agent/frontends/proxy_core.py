@@ -106,16 +106,6 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def may_reach(client_ip: str, destination_ip: str) -> bool:
-    """Whether a client at ``client_ip`` may use the proxy to reach ``destination_ip``.
-
-    Loopback services of this machine (the agent API trusts local callers) are reachable
-    only for clients that are themselves local; this matters when the proxy is bound
-    beyond loopback.
-    """
-    return is_loopback(client_ip) or not is_loopback(destination_ip)
-
-
 def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
     if not authority or "@" in authority:
         raise BadRequest("the target must be HOST:PORT (no user information)")
@@ -209,9 +199,30 @@ def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
     """Headers to send back to the client: end-to-end fields of the origin's response, plus Via.
 
     Framing is left to h11 on the client side (chunked for HTTP/1.1 when there is no
-    Content-Length; close-delimited for HTTP/1.0).
+    Content-Length; close-delimited for HTTP/1.0). A response that came with both
+    Transfer-Encoding and Content-Length was read chunked, so its Content-Length is
+    dropped: RFC 9112 §6.3 ("an intermediary that chooses to forward the message MUST
+    first remove the received Content-Length field").
     """
-    return _with_via(end_to_end(headers))
+    items = list(headers)
+    if any(name.lower() == b"transfer-encoding" for name, _ in items):
+        items = [(n, v) for n, v in items if n.lower() != b"content-length"]
+    return _with_via(end_to_end(items))
+
+
+def framing_error(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """Why a request's body framing is ambiguous (the text of a 400), or None when it is not.
+
+    RFC 9112 §6.3: a message with both Transfer-Encoding and Content-Length "might indicate
+    an attempt to perform request smuggling"; a server MAY reject it and MUST close the
+    connection afterwards. A proxy that forwarded it would let the client and the origin
+    disagree on where the body ends, so it is refused. (Conflicting Content-Length values
+    and unknown transfer codings are refused earlier, by h11.)
+    """
+    names = {name.lower() for name, _ in headers}
+    if b"transfer-encoding" in names and b"content-length" in names:
+        return "a request must not carry both Content-Length and Transfer-Encoding (RFC 9112 §6.3)"
+    return None
 
 
 def is_chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -294,6 +305,15 @@ def error_response(status: int, text: str) -> tuple[int, bytes, Headers, bytes]:
     except ValueError:
         reason = b""
     return status, reason, headers, body
+
+
+def forbidden_text(host: str, port: int) -> str:
+    """Body of the 403 for a client from beyond loopback asking for this machine."""
+    shown = f"[{host}]" if ":" in host else host
+    return (
+        f"{shown}:{port} is this machine (its loopback); "
+        "only local clients may reach it through the proxy"
+    )
 
 
 def unreachable_text(host: str, port: int, reason: str) -> str:

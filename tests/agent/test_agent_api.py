@@ -4,8 +4,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import Counter
 
+from anex_agent import access_token
+from anex_agent.access_token import Claims
 from anex_agent.agent.api import AgentApi
 from anex_agent.agent.backoff import Backoff
+
+SIGNING_KEY = access_token.generate_signing_key()
+VERIFY_KEY = access_token.verify_key_of(SIGNING_KEY)
 
 
 def make_api(ready=(True, "handshake 3 s ago"), local=True, seen=None):
@@ -15,10 +20,10 @@ def make_api(ready=(True, "handshake 3 s ago"), local=True, seen=None):
     async def is_ready():
         return ready
 
-    def verify(token):
+    def verify(token, now):
         if seen is not None:
             seen.append(token)
-        return token == "good"
+        return Claims("n-1", int(now), int(now) + 60, token_id=token) if token == "good" else None
 
     return AgentApi(status, is_ready, verify, is_local=lambda request: local)
 
@@ -72,7 +77,7 @@ async def test_mesh_side_needs_valid_bearer(header, status):
 
 
 async def test_verifier_crash_denies():
-    api = AgentApi(lambda: None, lambda: None, lambda t: 1 / 0, is_local=lambda r: False)
+    api = AgentApi(lambda: None, lambda: None, lambda t, now: 1 / 0, is_local=lambda r: False)
     client = await client_for(api)
     try:
         assert (await client.get("/healthz", headers={"Authorization": "Bearer x"})).status == 403
@@ -101,6 +106,107 @@ async def test_serves_on_a_real_socket_and_closes():
         await api.close()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))  # released
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def token_api(clock, replay=None):
+    """An agent API that verifies real coordinator-signed tokens for node n-1, as the agent does."""
+
+    async def status():
+        return {"engine": "wireguard-go"}
+
+    async def ready():
+        return True, "ok"
+
+    def verify(token, now):
+        try:
+            return access_token.verify(VERIFY_KEY, token, node_id="n-1", now=now)
+        except access_token.InvalidAccessToken:
+            return None
+
+    return AgentApi(status, ready, verify, is_local=lambda request: False, clock=clock, replay=replay)
+
+
+async def test_a_replayed_token_is_401_over_real_http():
+    """One token, one call: the second use of the same token is refused, on a real socket."""
+    import socket
+
+    import aiohttp
+
+    clock = FakeClock()
+    api = token_api(clock)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    await api.start("127.0.0.1", port)
+    try:
+        token, _ = access_token.sign(SIGNING_KEY, "n-1", now=clock(), ttl=300)
+        fresh, _ = access_token.sign(SIGNING_KEY, "n-1", now=clock(), ttl=300)
+        url = f"http://127.0.0.1:{port}/status"
+        async with aiohttp.ClientSession() as session:
+            async def call(t):
+                async with session.get(url, headers={"Authorization": f"Bearer {t}"}) as resp:
+                    return resp.status, await resp.json(content_type=None), resp.headers
+
+            first, body, _ = await call(token)
+            assert first == 200 and body["engine"] == "wireguard-go"
+            second, problem, headers = await call(token)
+            assert second == 401 and "used already" in problem["detail"] and "engine" not in problem
+            assert headers["Content-Type"].startswith("application/problem+json")
+            assert "Bearer" in headers["WWW-Authenticate"]
+            clock.now += 299
+            assert (await call(token))[0] == 401  # still alive, still remembered
+            assert (await call(fresh))[0] == 200  # a new token per call works
+            clock.now += 1
+            assert (await call(token))[0] == 403  # expired now
+            assert len(api._replay) == 2
+            later, _ = access_token.sign(SIGNING_KEY, "n-1", now=clock(), ttl=300)
+            assert (await call(later))[0] == 200
+            assert len(api._replay) == 1  # the ids of the two expired tokens were forgotten
+    finally:
+        await api.close()
+
+
+async def test_a_full_replay_cache_answers_429_with_retry_after():
+    clock = FakeClock()
+    api = token_api(clock, replay=access_token.ReplayCache(capacity=2))
+    client = await client_for(api)
+    try:
+        tokens = [access_token.sign(SIGNING_KEY, "n-1", now=clock(), ttl=ttl)[0] for ttl in (60, 300, 300)]
+        for token in tokens[:2]:
+            assert (await client.get("/healthz", headers={"Authorization": f"Bearer {token}"})).status == 200
+        resp = await client.get("/healthz", headers={"Authorization": f"Bearer {tokens[2]}"})
+        assert resp.status == 429 and resp.headers["Retry-After"] == "60"
+        assert (await resp.json())["status"] == 429
+        clock.now += 60  # the first token expired: its slot is free
+        assert (await client.get("/healthz", headers={"Authorization": f"Bearer {tokens[2]}"})).status == 200
+    finally:
+        await client.close()
+
+
+async def test_a_token_living_longer_than_an_hour_is_refused():
+    import base64
+    import json
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    clock = FakeClock()
+    body = {"v": 1, "sub": "n-1", "iat": int(clock()), "exp": int(clock()) + 3601, "jti": "long"}
+    payload = base64.urlsafe_b64encode(json.dumps(body).encode()).rstrip(b"=").decode()
+    signature = Ed25519PrivateKey.from_private_bytes(SIGNING_KEY).sign(f"anexat.{payload}".encode())
+    token = f"anexat.{payload}.{base64.urlsafe_b64encode(signature).rstrip(b'=').decode()}"
+    client = await client_for(token_api(clock))
+    try:
+        assert (await client.get("/healthz", headers={"Authorization": f"Bearer {token}"})).status == 403
+    finally:
+        await client.close()
 
 
 def test_backoff_grows_with_jitter_and_caps():

@@ -90,6 +90,17 @@ async def echo_server():
         await server.wait_closed()
 
 
+def non_loopback_ipv4() -> str | None:
+    """An address of this machine outside 127/8 (the source of a UDP 'connect' towards a test net)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.123", 9))  # TEST-NET-1: no packet is sent by connect() on UDP
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
 def pattern(n: int) -> bytes:
     """Deterministic, non-repeating-ish bytes for body integrity checks."""
     out = bytearray()

@@ -20,7 +20,7 @@ from anex_agent.frontends.proxy import ProxyServer
 from anex_agent.frontends.proxy_core import ProxyAuth
 from anex_agent.resolver import Resolver
 
-from .servers import PEERS, echo_server, free_port, loads, pattern, run_origin, tiny_dns
+from .servers import PEERS, echo_server, free_port, loads, non_loopback_ipv4, pattern, run_origin, tiny_dns
 
 CLUSTER_NAME = "web.default.svc.cluster.local"
 
@@ -492,21 +492,8 @@ async def test_curl_get_post_and_connect_through_the_proxy():
         assert tunneled["via"] is None  # the proxy did not see inside the tunnel
 
 
-def _non_loopback_ipv4() -> str | None:
-    """An address of this machine outside 127/8 (the source of a UDP 'connect' towards a test net)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.123", 9))  # TEST-NET-1: no packet is sent by connect() on UDP
-            address = s.getsockname()[0]
-        except OSError:
-            return None
-    return None if address.startswith("127.") or address == "0.0.0.0" else address
-
-
 async def test_clients_from_beyond_loopback_cannot_reach_loopback_services():
-    address = _non_loopback_ipv4()
+    address = non_loopback_ipv4()
     if address is None:
         pytest.skip("this machine has no non-loopback IPv4 address to connect from")
     async with run_origin("a") as (port, app):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from anex_agent.errors import ConfigError
 from anex_agent.frontends import proxy_core as core
+from anex_agent.frontends import this_host
 
 
 def test_core_does_no_io():
@@ -92,6 +93,34 @@ def test_response_headers_keep_end_to_end_fields_and_add_via():
     assert out == [(b"Content-Length", b"3"), (b"Set-Cookie", b"a=b"), (b"Via", core.VIA)]
 
 
+def test_a_response_with_both_framings_loses_its_content_length():
+    # RFC 9112 §6.3: read chunked, so the Content-Length must not reach the client
+    out = core.response_headers([(b"Content-Length", b"100"), (b"Transfer-Encoding", b"chunked"), (b"X-A", b"1")])
+    assert out == [(b"X-A", b"1"), (b"Via", b"1.1 anex-agent")]
+
+
+@pytest.mark.parametrize(
+    "headers, refused",
+    [
+        ([(b"Content-Length", b"5"), (b"Transfer-Encoding", b"chunked")], True),
+        ([(b"transfer-encoding", b"chunked"), (b"CONTENT-LENGTH", b"0")], True),
+        ([(b"Content-Length", b"5")], False),
+        ([(b"Transfer-Encoding", b"chunked")], False),
+        ([(b"X-Content-Length", b"5"), (b"Transfer-Encoding", b"chunked")], False),
+    ],
+)
+def test_framing_error_refuses_content_length_with_transfer_encoding(headers, refused):
+    reason = core.framing_error(headers)
+    assert (reason is not None) is refused
+    if refused:
+        assert "Content-Length" in reason and "Transfer-Encoding" in reason and "RFC 9112" in reason
+
+
+def test_forbidden_text_names_the_destination():
+    assert core.forbidden_text("::1", 9555).startswith("[::1]:9555 is this machine")
+    assert "only local clients" in core.forbidden_text("127.1", 80)
+
+
 def test_body_detection():
     assert core.has_body([(b"content-length", b"5")])
     assert core.has_body([(b"transfer-encoding", b"chunked")])
@@ -162,7 +191,7 @@ def test_error_response_is_plain_text_and_closes():
      ("10.254.0.9", "10.96.0.10", True), ("10.254.0.9", "127.0.0.1", False), ("192.0.2.1", "::1", False)],
 )
 def test_only_local_clients_may_reach_loopback_destinations(client, destination, allowed):
-    assert core.may_reach(client, destination) is allowed
+    assert this_host.may_reach(client, destination) is allowed
 
 
 @pytest.mark.parametrize("value", ["127.0.0.1:31²", "127.0.0.1:٣١٢٨"])

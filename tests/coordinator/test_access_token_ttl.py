@@ -1,0 +1,41 @@
+"""--access-token-ttl: agent API access tokens live an hour at most (agents refuse longer ones)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from anex_agent import access_token
+from anex_agent.coordinator import cli
+from anex_agent.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parse(tmp_path, *flags):
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    return cli.settings_from(parser.parse_args(["--state-dir", str(tmp_path), *flags]), environ={})
+
+
+def test_default_and_the_longest_ttl_are_accepted(tmp_path):
+    assert parse(tmp_path).access_token_ttl == 300
+    assert parse(tmp_path, "--access-token-ttl", "3600").access_token_ttl == 3600 == access_token.MAX_TTL
+
+
+@pytest.mark.parametrize("value", ["3601", "86400", "0", "-5"])
+def test_a_ttl_outside_one_hour_is_refused_naming_the_flag(tmp_path, value):
+    with pytest.raises(ConfigError) as err:
+        parse(tmp_path, "--access-token-ttl", value)
+    assert "--access-token-ttl" in str(err.value) and "3600" in str(err.value)
+
+
+def test_the_coordinator_exits_2_for_a_ttl_over_an_hour(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "anex_agent", "coordinator", "--state-dir", str(tmp_path),
+                          "--access-token-ttl", "7200"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "--access-token-ttl" in out.stderr and "3600" in out.stderr and "Traceback" not in out.stderr
