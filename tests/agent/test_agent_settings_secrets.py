@@ -50,7 +50,7 @@ def test_token_flag_warns(caplog):
 def test_repr_shows_no_secret(tmp_path):
     cfg = parse({**BASE, "ANEX_JOIN_TOKEN": "join-s3cret", "ANEX_PROXY_AUTH": "user:pr0xy-pw"})
     assert cfg.join_token == "join-s3cret"
-    text = repr(cfg) + str(cfg)
+    text = repr(cfg) + str(cfg) + repr(cfg.proxy_auth)
     assert "join-s3cret" not in text and "pr0xy-pw" not in text
     assert "10.0.0.1" in text  # the rest is still shown
 
