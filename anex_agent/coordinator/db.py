@@ -328,7 +328,7 @@ def _userinfo_end(url: str) -> tuple[int, int]:
     """
     scheme_end = url.find("://")
     at = url.rfind("@")
-    if scheme_end < 0 or at < scheme_end:
+    if scheme_end < 0 or at < scheme_end or url.startswith("/", scheme_end + 3):  # sqlite:///PATH: no authority
         return -1, -1
     return scheme_end + 3, at
 
