@@ -87,7 +87,8 @@ class CoordinatorClient:
         if self._session is None or self._session.closed:
             from anex_agent.transport import client_ssl_context
 
-            connector = aiohttp.TCPConnector(ssl=client_ssl_context(self.ca_file))
+            https = self.base_url.startswith("https://")
+            connector = aiohttp.TCPConnector(ssl=client_ssl_context(self.ca_file)) if https else None
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
             self._own_session = True
         return self._session
