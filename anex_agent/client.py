@@ -13,6 +13,9 @@ Contract:
   the snapshot's version, even when lower than before). It raises (does
   not retry) a non-retryable error, e.g. a revoked credential (401).
 * Use as ``async with CoordinatorClient(url, ...) as client:`` (or call :meth:`close`).
+* An ``https://`` coordinator's certificate is verified against the system CA store plus
+  ``ca_file`` (:func:`anex_agent.transport.client_ssl_context`), for REST calls and the
+  watch WebSocket alike: both go through the one session this client builds.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import logging
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -55,8 +59,10 @@ class CoordinatorClient:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         session: aiohttp.ClientSession | None = None,
+        ca_file: Path | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.ca_file = ca_file
         self.credential = credential
         self.admin_token = admin_token
         self._timeout = aiohttp.ClientTimeout(total=timeout)
@@ -79,7 +85,11 @@ class CoordinatorClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            from anex_agent.transport import client_ssl_context
+
+            https = self.base_url.startswith("https://")
+            connector = aiohttp.TCPConnector(ssl=client_ssl_context(self.ca_file)) if https else None
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
             self._own_session = True
         return self._session
 

@@ -13,6 +13,7 @@ whether trying again later may help (see the client's contract).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from anex_agent.client import CoordinatorClient
 from anex_agent.wire import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest, NodeJoinResponse, WatchEvent
@@ -21,8 +22,8 @@ from anex_agent.wire import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest
 class LinkBase:
     """What the agent's and the gateway's links share: the client, its credential, the watch stream."""
 
-    def __init__(self, base_url: str) -> None:
-        self.client = CoordinatorClient(base_url)
+    def __init__(self, base_url: str, *, ca_file: Path | None = None) -> None:
+        self.client = CoordinatorClient(base_url, ca_file=ca_file)
 
     def set_credential(self, credential: str) -> None:
         self.client.set_credential(credential)

@@ -11,12 +11,19 @@ variable               flag                             accepted / default
 ====================== ================================ =====================================
 ANEX_COORDINATOR_URL   --coordinator                    http(s)://host[:port] (required)
 ANEX_JOIN_TOKEN        --token                          the join token (required on first start)
+ANEX_JOIN_TOKEN_FILE   --token-file                     a file holding the join token (preferred:
+                                                        a flag's value is visible to every user in ``ps``)
+ANEX_CA_FILE           --ca-file                        PEM CA certificates trusted for an https://
+                                                        coordinator, besides the system CA store
+ANEX_ALLOW_INSECURE    --allow-insecure                 1: accept plain http:// to a public coordinator
+                                                        (refused by default; see :mod:`anex_agent.transport`)
 ANEX_STATE_DIR         --state-dir                      directory; default see :func:`default_state_dir`
 ANEX_ENGINE            --engine                         auto|kernel|wireguard-go|userspace|wireproxy
 ANEX_PATH              --path                           auto|udp|websocket
 ANEX_PROXY_LISTEN      --proxy-listen                   HOST:PORT, default 127.0.0.1:3128
 ANEX_API_LISTEN        --api-listen                     HOST:PORT, default 127.0.0.1:9555
 ANEX_PROXY_AUTH        --proxy-auth                     USER:PASSWORD the proxy requires (optional)
+ANEX_PROXY_AUTH_FILE   --proxy-auth-file                a file holding USER:PASSWORD
 ANEX_PROVIDER          --provider                       vastai|runpod|onprem|other, default other
 ANEX_NODE_NAME         --name                           1-253 characters, default the host name
 ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT,... the workload serves to the mesh
@@ -35,6 +42,8 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from anex_agent import transport
+from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError
 from anex_agent.frontends.proxy_core import is_port
 from anex_agent.frontends.proxy_core import parse_listen as parse_host_port
@@ -68,7 +77,7 @@ class TunnelSetting:
 @dataclass(frozen=True)
 class AgentSettings:
     coordinator_url: str
-    join_token: str
+    join_token: str = field(repr=False)  # secret
     state_dir: Path
     engine: str = "auto"
     path: str = "auto"
@@ -84,6 +93,8 @@ class AgentSettings:
     inbound_ports: tuple[int, ...] = ()
     #: the flag or variable ``engine`` came from (for error messages)
     engine_source: str = "ANEX_ENGINE"
+    #: PEM CA certificates trusted for an https:// coordinator besides the system store
+    ca_file: Path | None = None
 
     @property
     def tunnel_specs(self) -> list[TunnelSpec]:
@@ -205,16 +216,28 @@ def _pick(flag_value, flag: str, environ: Mapping[str, str], var: str, default: 
     return default, var
 
 
+JOIN_TOKEN = SecretSpec("--token", "ANEX_JOIN_TOKEN")
+PROXY_AUTH = SecretSpec("--proxy-auth", "ANEX_PROXY_AUTH")
+
+
 def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = True) -> AgentSettings:
     """Build settings from argparse ``args`` (see :func:`add_arguments`) and ``environ``."""
+    token, _ = pick_secret(JOIN_TOKEN, environ, flag_value=getattr(args, "token", None),
+                           file_value=getattr(args, "token_file", None))
+    auth_text, src_u = pick_secret(PROXY_AUTH, environ, flag_value=getattr(args, "proxy_auth", None),
+                                   file_value=getattr(args, "proxy_auth_file", None))
+    ca, src_c = _pick(getattr(args, "ca_file", None), "--ca-file", environ, transport.CA_FILE_VAR, None)
+    ca_file = transport.parse_ca_file(ca, src_c)
+    allow_insecure = bool(getattr(args, "allow_insecure", False)) or transport.allow_insecure_from(environ)
     url, src = _pick(getattr(args, "coordinator", None), "--coordinator", environ, "ANEX_COORDINATOR_URL", None)
     if url is None:
         if require_coordinator:
-            raise ConfigError("ANEX_COORDINATOR_URL", "is not set; expected the coordinator URL, e.g. http://10.0.0.1:8080")
+            raise ConfigError("ANEX_COORDINATOR_URL", "is not set; expected the coordinator URL, e.g. https://coordinator.example:8700")
         url = ""
     else:
         url = _url(url, src)
-    token, _ = _pick(getattr(args, "token", None), "--token", environ, "ANEX_JOIN_TOKEN", "")
+        transport.check_coordinator_url(url, src, allow_insecure=allow_insecure,
+                                        allow_hint=f"{transport.ALLOW_INSECURE_VAR}=1 (or --allow-insecure)")
     state, _ = _pick(getattr(args, "state_dir", None), "--state-dir", environ, "ANEX_STATE_DIR", None)
     engine, src_e = _pick(getattr(args, "engine", None), "--engine", environ, "ANEX_ENGINE", "auto")
     path, src_p = _pick(getattr(args, "path", None), "--path", environ, "ANEX_PATH", "auto")
@@ -222,7 +245,6 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     api, src_a = _pick(getattr(args, "api_listen", None), "--api-listen", environ, "ANEX_API_LISTEN", DEFAULT_API_LISTEN)
     provider, src_v = _pick(getattr(args, "provider", None), "--provider", environ, "ANEX_PROVIDER", "other")
     name, src_n = _pick(getattr(args, "name", None), "--name", environ, "ANEX_NODE_NAME", socket.gethostname())
-    auth_text, src_u = _pick(getattr(args, "proxy_auth", None), "--proxy-auth", environ, "ANEX_PROXY_AUTH", None)
     inbound, src_i = _pick(getattr(args, "inbound_ports", None), "--inbound-ports", environ, "ANEX_INBOUND_PORTS", "")
     proxy_auth = None
     if auth_text:
@@ -262,6 +284,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         tunnels=parse_tunnels(environ, getattr(args, "tunnel", None)),
         proxy_auth=proxy_auth,
         inbound_ports=inbound_ports,
+        ca_file=ca_file,
     )
 
 
@@ -269,13 +292,21 @@ def add_arguments(parser) -> None:
     """The agent's flags, shared by ``run`` and ``daemon``. Each overrides its environment variable."""
     g = parser.add_argument_group("agent settings (flags override ANEX_* environment variables)")
     g.add_argument("--coordinator", metavar="URL", help="coordinator URL [ANEX_COORDINATOR_URL]")
-    g.add_argument("--token", metavar="TOKEN", help="join token, needed on first start [ANEX_JOIN_TOKEN]")
+    g.add_argument("--token", metavar="TOKEN",
+                   help="join token, needed on first start; visible in ps, prefer --token-file [ANEX_JOIN_TOKEN]")
+    g.add_argument("--token-file", metavar="FILE", help="file holding the join token [ANEX_JOIN_TOKEN_FILE]")
     g.add_argument("--state-dir", metavar="DIR", help="key, credential, last good config [ANEX_STATE_DIR]")
     g.add_argument("--engine", metavar="|".join(ENGINES), help="WireGuard engine, default auto [ANEX_ENGINE]")
     g.add_argument("--path", metavar="|".join(PATHS), help="datagram path, default auto [ANEX_PATH]")
     g.add_argument("--proxy-listen", metavar="HOST:PORT", help=f"HTTP proxy, default {DEFAULT_PROXY_LISTEN} [ANEX_PROXY_LISTEN]")
     g.add_argument("--api-listen", metavar="HOST:PORT", help=f"agent API, default {DEFAULT_API_LISTEN} [ANEX_API_LISTEN]")
-    g.add_argument("--proxy-auth", metavar="USER:PASSWORD", help="require Proxy-Authorization Basic [ANEX_PROXY_AUTH]")
+    g.add_argument("--proxy-auth", metavar="USER:PASSWORD",
+                   help="require Proxy-Authorization Basic; visible in ps, prefer --proxy-auth-file [ANEX_PROXY_AUTH]")
+    g.add_argument("--proxy-auth-file", metavar="FILE", help="file holding USER:PASSWORD [ANEX_PROXY_AUTH_FILE]")
+    g.add_argument("--ca-file", metavar="FILE",
+                   help="PEM CA certificates to trust for an https:// coordinator, besides the system ones [ANEX_CA_FILE]")
+    g.add_argument("--allow-insecure", action="store_true", default=None,
+                   help="accept a plain http:// coordinator URL to a public address [ANEX_ALLOW_INSECURE=1]")
     g.add_argument("--provider", metavar="NAME", help="vastai|runpod|onprem|other [ANEX_PROVIDER]")
     g.add_argument("--name", metavar="NAME", help="node name, default the host name [ANEX_NODE_NAME]")
     g.add_argument("--inbound-ports", metavar="PORT,PORT", help="workload ports served to the mesh (wireproxy) [ANEX_INBOUND_PORTS]")

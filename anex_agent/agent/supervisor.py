@@ -54,7 +54,7 @@ class Agent:
     def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None) -> None:
         self.settings = settings
         self.state = StateDir(settings.state_dir)
-        self.link = CoordinatorLink(settings.coordinator_url)
+        self.link = CoordinatorLink(settings.coordinator_url, ca_file=settings.ca_file)
         self.dataplane: DataPlane | None = None
         self.identity: NodeIdentity | None = None
         self.coordinator_reachable: bool | None = None

@@ -3,8 +3,15 @@
 Who may connect: the default listen address is loopback (127.0.0.1:8700). Admin routes
 need the admin token, node routes a node credential, gateway routes a gateway
 credential, join routes a join token in the body; /healthz, /readyz, /metrics and
-/v1/openapi.json need nothing. Listen on a wider address only behind TLS (a reverse
-proxy or your ingress): bearer secrets travel in headers.
+/v1/openapi.json need nothing. Listen on a wider address only with TLS: ``--tls-cert``/``--tls-key`` (the
+coordinator serves HTTPS itself) or a reverse proxy / ingress in front: bearer secrets
+travel in headers.
+
+Secrets never need the command line (every user of the host sees it in ``ps``): the
+admin token comes from ``ANEX_ADMIN_TOKEN`` or ``ANEX_ADMIN_TOKEN_FILE`` (else the state
+dir), the PostgreSQL password from ``--database-password-file``, ``ANEX_DATABASE_PASSWORD``,
+``ANEX_DATABASE_PASSWORD_FILE``, or asyncpg's own ``PGPASSWORD``/``PGPASSFILE``. A password
+inside ``--database`` still works, with a warning.
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ from pathlib import Path
 from aiohttp import web
 
 from anex_agent import access_token
+from anex_agent.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
-from anex_agent.coordinator import gateway_routes
+from anex_agent.coordinator import gateway_routes, tls
 from anex_agent.coordinator.context import Coordinator
+from anex_agent.coordinator.db import split_password
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT_NETWORK, Settings, default_state_dir
 from anex_agent.coordinator.states import Timings
@@ -68,6 +77,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
+    _configure_secrets_and_tls(parser)
+
+
+def _configure_secrets_and_tls(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database-password-file", type=Path, metavar="FILE",
+                        help="file holding the PostgreSQL password (also $ANEX_DATABASE_PASSWORD, "
+                             "$ANEX_DATABASE_PASSWORD_FILE, $PGPASSWORD, $PGPASSFILE); keeps it out of --database")
+    parser.add_argument("--tls-cert", type=Path, metavar="FILE",
+                        help="serve HTTPS with this PEM certificate chain (leaf first); needs --tls-key")
+    parser.add_argument("--tls-key", type=Path, metavar="FILE",
+                        help="the PEM private key of --tls-cert (unencrypted; keep it mode 0600)")
+
+
+DATABASE_PASSWORD = SecretSpec(None, "ANEX_DATABASE_PASSWORD", file_flag="--database-password-file")
+ADMIN_TOKEN = SecretSpec(None, "ANEX_ADMIN_TOKEN")
+
+
+def _secrets_and_tls(args: argparse.Namespace, env) -> dict:
+    """The secret and TLS fields of :class:`Settings`, read once here; warnings for secrets on the command line."""
+    if args.database and split_password(args.database)[1] is not None:
+        warn_command_line("a password in --database", "--database-password-file", "ANEX_DATABASE_PASSWORD")
+    password, _ = pick_secret(DATABASE_PASSWORD, env, file_value=getattr(args, "database_password_file", None))
+    admin_token, source = pick_secret(ADMIN_TOKEN, env)
+    if source == ADMIN_TOKEN.file_var:
+        log.info("admin token read from the file in %s", source)
+    cert, key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
+    tls.check_pair(cert, key)
+    if cert is not None:
+        tls.server_ssl_context(cert, key)  # fail now, naming the flag, rather than after the database opened
+    return {"database_password": password, "admin_token": admin_token, "tls_cert": cert, "tls_key": key}
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -85,6 +124,7 @@ def _listen(value: str) -> tuple[str, int]:
 
 def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
+    secret_fields = _secrets_and_tls(args, env)
     state_dir = args.state_dir or default_state_dir(env)
     database = args.database or env.get("ANEX_DATABASE_URL") or f"sqlite:///{state_dir / 'coordinator.db'}"
     if not 1280 <= args.mtu <= 9000:
@@ -118,14 +158,18 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         access_token_ttl=args.access_token_ttl,
         heartbeat_flush_interval=args.heartbeat_flush_interval,
         gateway_routes=routes,
+        **secret_fields,
     )
 
 
 async def serve(settings: Settings, host: str, port: int, signing_key_file: Path | None) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     modules = app_module.load_modules()
+    ssl_context = tls.server_ssl_context(settings.tls_cert, settings.tls_key) if settings.tls_cert else None
+    scheme = "https" if ssl_context else "http"
     ctx = await Coordinator.open(
-        settings, extra_migrations=app_module.module_migrations(modules), signing_key_file=signing_key_file
+        settings, extra_migrations=app_module.module_migrations(modules), signing_key_file=signing_key_file,
+        environ={"ANEX_ADMIN_TOKEN": settings.admin_token} if settings.admin_token else {},
     )
     log.info("admin token: %s", ctx.admin_token_source)
     log.info("database: %s (%s)", _redacted(settings.database_url), ctx.db.dialect)
@@ -133,14 +177,14 @@ async def serve(settings: Settings, host: str, port: int, signing_key_file: Path
     runner = web.AppRunner(application, access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as err:
             raise ConfigError("--listen", f"cannot listen on {host}:{port}: {err.strerror}") from None
         bound = runner.addresses[0] if runner.addresses else (host, port)
-        log.info("coordinator listening on http://%s:%s (network %s)", bound[0], bound[1], settings.pool.cidr)
-        print(f"anex-agent coordinator listening on http://{bound[0]}:{bound[1]}", flush=True)
+        log.info("coordinator listening on %s://%s:%s (network %s)", scheme, bound[0], bound[1], settings.pool.cidr)
+        print(f"anex-agent coordinator listening on {scheme}://{bound[0]}:{bound[1]}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -88,7 +88,7 @@ class Coordinator:
             from anex_agent.coordinator import app
 
             extra_migrations = app.module_migrations(app.load_modules())
-        db = await open_database(settings.database_url)
+        db = await open_database(settings.database_url, password=settings.database_password)
         try:
             await migrations.apply(db, [*migrations.CORE, *extra_migrations], clock=clock)
             verify_key = await signing.register(db, signing_key, key_path=key_path)

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 from anex_agent.errors import ConfigError
 
@@ -268,8 +269,9 @@ class _PgConn:
 class PostgresDatabase(Database):
     dialect = "postgresql"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, password: str | None = None) -> None:
         self.url = url
+        self._password = password  # None: asyncpg takes the URL's, $PGPASSWORD or the passfile ($PGPASSFILE)
         self._pool: Any = None
         self._listen_conn: Any = None
 
@@ -277,7 +279,7 @@ class PostgresDatabase(Database):
         import asyncpg  # imported lazily: SQLite users need no PostgreSQL driver loaded
 
         try:
-            self._pool = await asyncpg.create_pool(self.url, min_size=1, max_size=10, timeout=CONNECT_TIMEOUT)
+            self._pool = await asyncpg.create_pool(self.url, password=self._password, min_size=1, max_size=10, timeout=CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as err:
             raise ConfigError("--database", f"cannot connect to PostgreSQL at {_redact(self.url)}: {err}") from None
 
@@ -297,7 +299,7 @@ class PostgresDatabase(Database):
         if self._listen_conn is not None:
             with contextlib.suppress(Exception):
                 await self._listen_conn.close()
-        self._listen_conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT)
+        self._listen_conn = await asyncpg.connect(self.url, password=self._password, timeout=CONNECT_TIMEOUT)
         await self._listen_conn.add_listener(channel, lambda _c, _pid, _ch, payload: callback(payload))
         return True
 
@@ -317,19 +319,55 @@ class PostgresDatabase(Database):
             self._pool = None
 
 
+def _userinfo_end(url: str) -> tuple[int, int]:
+    """``(start, end)`` of the user info of ``scheme://userinfo@host...``, or ``(-1, -1)`` without one.
+
+    The user info runs to the LAST ``@`` of the URL, so a password holding ``@`` or ``/``
+    (unencoded) stays whole; a URL whose query holds an ``@`` is over-redacted, never
+    under-redacted.
+    """
+    scheme_end = url.find("://")
+    at = url.rfind("@")
+    if scheme_end < 0 or at < scheme_end or url.startswith("/", scheme_end + 3):  # sqlite:///PATH: no authority
+        return -1, -1
+    return scheme_end + 3, at
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """``(url without its password, the password percent-decoded)``; ``(url, None)`` when it has none.
+
+    ``postgresql://u:pa/ss@w@host/db`` gives ``("postgresql://u@host/db", "pa/ss@w")``;
+    ``postgresql://u:p%40ss@host/db`` gives ``("postgresql://u@host/db", "p@ss")``.
+    """
+    start, end = _userinfo_end(url)
+    if start < 0:
+        return url, None
+    user, sep, password = url[start:end].partition(":")
+    if not sep:
+        return url, None
+    return f"{url[:start]}{user}{url[end:]}", unquote(password)
+
+
 def _redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (the password may itself hold ``@``: the
-    user info ends at the last ``@`` before the host, as in libpq)."""
-    return re.sub(r"//([^:/@]+):[^/]*@", r"//\1:***@", url)
+    """``url`` with its password replaced by ``***`` (see :func:`_userinfo_end` for where it ends)."""
+    start, end = _userinfo_end(url)
+    if start < 0:
+        return url
+    user, sep, _ = url[start:end].partition(":")
+    return f"{url[:start]}{user}:***{url[end:]}" if sep else url
 
 
-async def open_database(url: str) -> Database:
+async def open_database(url: str, *, password: str | None = None) -> Database:
     """Open ``sqlite:///PATH`` (or a bare path) or ``postgresql://...``.
+
+    ``password`` (PostgreSQL) wins over one in the URL; a password in the URL is taken out
+    of it here (:func:`split_password`), so it may hold ``@`` or ``/`` and never reaches a log.
 
     Raises ConfigError naming ``--database`` for an unknown scheme or an unreachable server.
     """
     if url.startswith(("postgresql://", "postgres://")):
-        db: Database = PostgresDatabase(url)
+        bare, in_url = split_password(url)
+        db: Database = PostgresDatabase(bare, password if password is not None else in_url)
     elif url.startswith("sqlite:///") or "://" not in url:
         path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
         if path != ":memory:":

@@ -1,4 +1,9 @@
-"""The coordinator's configuration, parsed once at the edge (CLI) into a frozen dataclass."""
+"""The coordinator's configuration, parsed once at the edge (CLI) into a frozen dataclass.
+
+Secrets (the database password, the admin token) are fields left out of ``repr``; a
+password written into ``database_url`` is moved to ``database_password`` on construction,
+so the URL itself is safe to show.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from anex_agent.coordinator.db import split_password
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
 from anex_agent.coordinator.states import Timings
+from anex_agent.errors import ConfigError
 
 DEFAULT_LISTEN = "127.0.0.1:8700"
 DEFAULT_NETWORK = "10.254.0.0/16"
@@ -39,6 +46,21 @@ class Settings:
     change_retention: int = 100_000
     persistent_keepalive: int = 25
     gateway_routes: tuple[str, ...] = DEFAULT_GATEWAY_ROUTES  # networks gateways may offer (--gateway-route)
+    #: PostgreSQL password (secret); None: the URL's, else $PGPASSWORD / $PGPASSFILE as asyncpg reads them
+    database_password: str | None = field(default=None, repr=False)
+    #: the admin token from ANEX_ADMIN_TOKEN(_FILE) (secret); None: <state_dir>/admin-token
+    admin_token: str | None = field(default=None, repr=False)
+    #: certificate chain and key (PEM) when the coordinator serves HTTPS itself
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    def __post_init__(self) -> None:
+        bare, password = split_password(self.database_url)
+        if password is not None:
+            if self.database_password is not None:
+                raise ConfigError("--database", "holds a password and a database password is also given; give it once")
+            object.__setattr__(self, "database_url", bare)
+            object.__setattr__(self, "database_password", password)
 
     @classmethod
     def for_tests(cls, state_dir: Path, database_url: str | None = None, **overrides) -> Settings:

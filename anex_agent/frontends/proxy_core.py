@@ -14,7 +14,7 @@ import binascii
 import hmac
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import urlsplit
 
@@ -259,7 +259,7 @@ class ProxyAuth:
     """Basic credentials the proxy requires in ``Proxy-Authorization`` (RFC 9110 §11.7.2, RFC 7617)."""
 
     username: str
-    password: str
+    password: str = field(repr=False)  # secret
     realm: str = "anex-agent"
 
     @classmethod

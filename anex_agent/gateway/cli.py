@@ -4,6 +4,10 @@ Flags (environment fallback in brackets):
 
     --coordinator URL       coordinator base URL            [ANEX_COORDINATOR_URL]
     --token T               gateway join token              [ANEX_GATEWAY_TOKEN]
+                            (visible to every user in ps: prefer --token-file)
+    --token-file FILE       file holding the gateway join token [ANEX_GATEWAY_TOKEN_FILE]
+    --ca-file FILE          PEM CA certificates trusted for an https:// coordinator [ANEX_CA_FILE]
+    --allow-insecure        accept plain http:// to a public coordinator address [ANEX_ALLOW_INSECURE=1]
     --listen-udp ADDR       WireGuard UDP HOST:PORT (default 0.0.0.0:51820; the engine binds the port on all addresses)
     --endpoint HOST:PORT    what nodes dial (default: --listen-udp when it names an address)
     --ws-url URL            WebSocket relay URL advertised to UDP-blocked nodes
@@ -20,30 +24,33 @@ import argparse
 import asyncio
 import os
 
-from anex_agent.gateway.settings import DEFAULT_LISTEN_UDP, GATEWAY_ENGINES, build_settings
+from anex_agent.gateway.settings import DEFAULT_LISTEN_UDP, GATEWAY_ENGINES, from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    parser.add_argument("--coordinator", default=env("ANEX_COORDINATOR_URL"), help="coordinator base URL")
-    parser.add_argument("--token", default=env("ANEX_GATEWAY_TOKEN"), help="gateway join token")
+    parser.add_argument("--coordinator", default=None, help="coordinator base URL [ANEX_COORDINATOR_URL]")
+    parser.add_argument("--token", default=None,
+                        help="gateway join token; visible to every user in ps, prefer --token-file [ANEX_GATEWAY_TOKEN]")
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="file holding the gateway join token [ANEX_GATEWAY_TOKEN_FILE]")
+    parser.add_argument("--ca-file", default=None, metavar="FILE",
+                        help="PEM CA certificates to trust for an https:// coordinator, besides the system ones "
+                             "[ANEX_CA_FILE]")
+    parser.add_argument("--allow-insecure", action="store_true",
+                        help="accept a plain http:// coordinator URL to a public address [ANEX_ALLOW_INSECURE=1]")
     parser.add_argument("--listen-udp", default=DEFAULT_LISTEN_UDP, help="WireGuard UDP HOST:PORT")
     parser.add_argument("--endpoint", default=None, help="UDP HOST:PORT nodes dial (default: --listen-udp)")
     parser.add_argument("--ws-url", default=None, help="WebSocket relay URL to advertise")
     parser.add_argument("--route", action="append", default=[], metavar="CIDR", help="cluster network to route (repeat)")
     parser.add_argument("--dns-upstream", default=None, metavar="IP[:PORT]", help="cluster DNS server")
-    parser.add_argument("--state-dir", default=env("ANEX_STATE_DIR"), help="state directory")
-    parser.add_argument("--engine", default=env("ANEX_ENGINE", "auto"), choices=GATEWAY_ENGINES)
+    parser.add_argument("--state-dir", default=None, help="state directory [ANEX_STATE_DIR]")
+    parser.add_argument("--engine", default=None, choices=GATEWAY_ENGINES, help="default auto [ANEX_ENGINE]")
     parser.add_argument("--name", default=None, help="gateway name (default: hostname)")
     parser.add_argument("--interface", default=None, help="WireGuard interface name")
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = build_settings(
-        coordinator_url=args.coordinator, token=args.token, listen_udp=args.listen_udp, endpoint=args.endpoint,
-        ws_url=args.ws_url, routes=args.route, dns_upstream=args.dns_upstream, state_dir=args.state_dir,
-        engine=args.engine, name=args.name, interface=args.interface,
-    )
+    settings = from_args(args, os.environ)
     from anex_agent.gateway.service import Gateway
 
     return asyncio.run(Gateway(settings).run())

@@ -116,7 +116,7 @@ class Gateway:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.state = GatewayState(settings.state_dir)
-        self.link = GatewayLink(settings.coordinator_url)
+        self.link = GatewayLink(settings.coordinator_url, ca_file=settings.ca_file)
         self.book = PeerBook()
         self.registration: Registration | None = None
         self.engine: Engine | None = None

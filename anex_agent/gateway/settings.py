@@ -8,21 +8,25 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import socket
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from anex_agent import transport
+from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError
 from anex_agent.gateway.dns import parse_upstream
 from anex_agent.tunnels.base import IFNAME_PREFIX, check_ifname
 
 DEFAULT_LISTEN_UDP = "0.0.0.0:51820"
 GATEWAY_ENGINES = ("auto", "kernel", "wireguard-go")
+GATEWAY_TOKEN = SecretSpec("--token", "ANEX_GATEWAY_TOKEN")
 
 
 @dataclass(frozen=True)
 class GatewaySettings:
     coordinator_url: str
-    token: str = ""
+    token: str = field(default="", repr=False)  # secret
     listen_port: int = 51820
     endpoint: str | None = None          # what nodes dial (HOST:PORT); None: the coordinator decides
     ws_url: str | None = None
@@ -32,9 +36,7 @@ class GatewaySettings:
     engine: str = "auto"
     name: str = ""
     interface: str | None = None         # None: derived from the public key (stable across restarts)
-
-    def __repr__(self) -> str:  # never print the token
-        return f"GatewaySettings(coordinator_url={self.coordinator_url!r}, endpoint={self.endpoint!r}, routes={self.routes!r})"
+    ca_file: Path | None = None          # PEM CA certificates trusted for an https:// coordinator
 
 
 def parse_listen_udp(text: str) -> tuple[str, int]:
@@ -61,12 +63,17 @@ def build_settings(
     *, coordinator_url: str | None, token: str | None, listen_udp: str = DEFAULT_LISTEN_UDP,
     endpoint: str | None = None, ws_url: str | None = None, routes: list[str] | None = None,
     dns_upstream: str | None = None, state_dir: str | None = None, engine: str = "auto",
-    name: str | None = None, interface: str | None = None,
+    name: str | None = None, interface: str | None = None, ca_file: str | None = None,
+    allow_insecure: bool = False,
 ) -> GatewaySettings:
+    """Check every value (ConfigError naming its flag) and build the settings; see :func:`from_args` for the CLI."""
     if not coordinator_url:
         raise ConfigError("--coordinator", "is required (or ANEX_COORDINATOR_URL): the coordinator's http(s) URL")
     if not coordinator_url.startswith(("http://", "https://")):
         raise ConfigError("--coordinator", f"{coordinator_url!r} must start with http:// or https://")
+    ca_path = transport.parse_ca_file(ca_file, "--ca-file")
+    transport.check_coordinator_url(coordinator_url, "--coordinator", allow_insecure=allow_insecure,
+                                    allow_hint=f"--allow-insecure (or {transport.ALLOW_INSECURE_VAR}=1)")
     host, port = parse_listen_udp(listen_udp)
     if endpoint is None and host and host not in ("0.0.0.0", "::"):
         endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -90,6 +97,20 @@ def build_settings(
         engine=engine,
         name=name or socket.gethostname(),
         interface=interface,
+        ca_file=ca_path,
+    )
+
+
+def from_args(args, environ: Mapping[str, str]) -> GatewaySettings:
+    """Settings from the gateway CLI's ``args`` (flags win over ``environ``); see :mod:`anex_agent.gateway.cli`."""
+    token, _ = pick_secret(GATEWAY_TOKEN, environ, flag_value=args.token, file_value=args.token_file)
+    return build_settings(
+        coordinator_url=args.coordinator or environ.get("ANEX_COORDINATOR_URL"), token=token,
+        listen_udp=args.listen_udp, endpoint=args.endpoint, ws_url=args.ws_url, routes=args.route,
+        dns_upstream=args.dns_upstream, state_dir=args.state_dir or environ.get("ANEX_STATE_DIR"),
+        engine=args.engine or environ.get("ANEX_ENGINE") or "auto", name=args.name, interface=args.interface,
+        ca_file=args.ca_file or environ.get(transport.CA_FILE_VAR),
+        allow_insecure=args.allow_insecure or transport.allow_insecure_from(environ),
     )
 
 

@@ -3,8 +3,10 @@
 | variable | default | meaning |
 |---|---|---|
 | ``ANEX_VASTAI_API_KEY`` | unset | Vast.AI API key; Vast.AI is asked only when set (or a URL is set) |
+| ``ANEX_VASTAI_API_KEY_FILE`` | unset | a file holding the Vast.AI API key (instead of the variable) |
 | ``ANEX_VASTAI_URL`` | ``https://console.vast.ai/api/v0`` | Vast.AI API base |
 | ``ANEX_RUNPOD_API_KEY`` | unset | RunPod API key; RunPod is asked only when set (or a URL is set) |
+| ``ANEX_RUNPOD_API_KEY_FILE`` | unset | a file holding the RunPod API key (instead of the variable) |
 | ``ANEX_RUNPOD_URL`` | ``https://api.runpod.io/graphql`` | RunPod GraphQL endpoint |
 | ``ANEX_SELECTION_BAN_SECONDS`` | 3600 | how long a provisioning failure bans a Vast.AI machine |
 | ``ANEX_SELECTION_CACHE_TTL`` | 30 | seconds a provider answer is reused |
@@ -20,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError
 from anex_agent.selection.bans import DEFAULT_BAN_SECONDS
 from anex_agent.selection.providers.http import HttpPolicy
@@ -52,8 +55,9 @@ class SelectionConfig:
         policy = HttpPolicy(timeout=number("ANEX_SELECTION_TIMEOUT", 15.0, minimum=0.1),
                             attempts=int(number("ANEX_SELECTION_ATTEMPTS", 4, minimum=1, integer=True)),
                             cache_ttl=number("ANEX_SELECTION_CACHE_TTL", 30.0, minimum=0))
-        vast_key, vast_url = environ.get("ANEX_VASTAI_API_KEY", ""), environ.get("ANEX_VASTAI_URL", "")
-        runpod_key, runpod_url = environ.get("ANEX_RUNPOD_API_KEY", ""), environ.get("ANEX_RUNPOD_URL", "")
+        vast_key = pick_secret(SecretSpec(None, "ANEX_VASTAI_API_KEY"), environ)[0] or ""
+        runpod_key = pick_secret(SecretSpec(None, "ANEX_RUNPOD_API_KEY"), environ)[0] or ""
+        vast_url, runpod_url = environ.get("ANEX_VASTAI_URL", ""), environ.get("ANEX_RUNPOD_URL", "")
         for name, url in (("ANEX_VASTAI_URL", vast_url), ("ANEX_RUNPOD_URL", runpod_url)):
             if url and not url.startswith(("http://", "https://")):
                 raise ConfigError(name, f"{url!r} is not an http(s) URL")

@@ -119,8 +119,28 @@ async def test_cancelled_while_beginning_leaves_no_open_transaction(db):
     ("postgresql://anex:s3cret@db.example:5432/anex", "postgresql://anex:***@db.example:5432/anex"),
     ("postgresql://anex:p@ss@word@db.example/anex", "postgresql://anex:***@db.example/anex"),
     ("postgresql://db.example/anex", "postgresql://db.example/anex"),
+    ("postgresql://u:pa/ss@w@host/db", "postgresql://u:***@host/db"),
+    ("postgresql://u:p%40ss@host/db", "postgresql://u:***@host/db"),
+    ("postgresql://u:a/b/c@host:5432/db?sslmode=require", "postgresql://u:***@host:5432/db?sslmode=require"),
+    ("postgresql://u@host/db", "postgresql://u@host/db"),
+    ("sqlite:////tmp/a:b@c.db", "sqlite:////tmp/a:b@c.db"),
 ])
 def test_logged_database_urls_hide_the_whole_password(url, shown):
     from anex_agent.coordinator.db import _redact
 
     assert _redact(url) == shown
+
+
+@pytest.mark.parametrize("url,bare,password", [
+    ("postgresql://u:pa/ss@w@host/db", "postgresql://u@host/db", "pa/ss@w"),
+    ("postgresql://u:p%40ss@host/db", "postgresql://u@host/db", "p@ss"),
+    ("postgresql://u:@host/db", "postgresql://u@host/db", ""),
+    ("postgresql://u@host:5432/db", "postgresql://u@host:5432/db", None),
+    ("postgresql://host/db", "postgresql://host/db", None),
+    ("sqlite:///tmp/x.db", "sqlite:///tmp/x.db", None),
+    ("sqlite:////tmp/a:b@c.db", "sqlite:////tmp/a:b@c.db", None),
+])
+def test_password_is_taken_out_of_the_url(url, bare, password):
+    from anex_agent.coordinator.db import split_password
+
+    assert split_password(url) == (bare, password)

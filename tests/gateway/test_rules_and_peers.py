@@ -113,9 +113,9 @@ def test_settings_defaults_and_derivations():
     assert s.endpoint == "192.168.50.1:51821" and s.listen_port == 51821
     assert s.routes == ("10.96.0.0/12",)
     assert s.dns_upstream == ("10.96.0.10", 53)
-    secret = build_settings(coordinator_url="http://c", token="s3cr3t-token")
+    secret = build_settings(coordinator_url="http://127.0.0.1:8700", token="s3cr3t-token")
     assert "s3cr3t" not in repr(secret)
-    wildcard = build_settings(coordinator_url="http://c", token="t")
+    wildcard = build_settings(coordinator_url="http://127.0.0.1:8700", token="t")
     assert wildcard.endpoint is None and wildcard.listen_port == 51820
 
 
@@ -134,7 +134,7 @@ def test_settings_defaults_and_derivations():
     ],
 )
 def test_settings_reject(kwargs, flag):
-    args = {"coordinator_url": "http://c", "token": "t", **kwargs}
+    args = {"coordinator_url": "http://127.0.0.1:8700", "token": "t", **kwargs}
     with pytest.raises(ConfigError) as info:
         build_settings(**args)
     assert info.value.source == flag

@@ -6,7 +6,7 @@ from anex_agent.gateway.service import Gateway, GatewayState, Registration
 from anex_agent.gateway.settings import build_settings
 from anex_agent.wire import MeshPeer, PeerSet
 
-REG = Registration(coordinator_url="http://c:8700", gateway_id="g1", credential="secret-credential",
+REG = Registration(coordinator_url="http://127.0.0.1:8700", gateway_id="g1", credential="secret-credential",
                    address="10.254.0.1", network="10.254.0.0/16", mtu=1420)
 PEERS = PeerSet(version=7, peers=[MeshPeer(node_id="n1", name="n1", public_key="A" * 43 + "=", allowed_ips=["10.254.0.2/32"])])
 
@@ -17,7 +17,7 @@ def test_saved_registration_roundtrip_is_private(tmp_path):
     state.save(REG, PEERS)
     path = tmp_path / "gw" / "gateway.json"
     assert path.stat().st_mode & 0o777 == 0o600
-    loaded = state.load("http://c:8700")
+    loaded = state.load("http://127.0.0.1:8700")
     assert loaded == (REG, PEERS)
     assert "secret-credential" not in repr(REG)
 
@@ -30,13 +30,13 @@ def test_saved_state_of_another_coordinator_is_not_used(tmp_path):
 
 def test_corrupt_state_is_ignored(tmp_path):
     (tmp_path / "gateway.json").write_text("{not json")
-    assert GatewayState(tmp_path).load("http://c:8700") is None
-    (tmp_path / "gateway.json").write_text('{"registration": {"coordinator_url": "http://c:8700"}, "peers": {}}')
-    assert GatewayState(tmp_path).load("http://c:8700") is None
+    assert GatewayState(tmp_path).load("http://127.0.0.1:8700") is None
+    (tmp_path / "gateway.json").write_text('{"registration": {"coordinator_url": "http://127.0.0.1:8700"}, "peers": {}}')
+    assert GatewayState(tmp_path).load("http://127.0.0.1:8700") is None
 
 
 def test_desired_config_of_the_hub(tmp_path):
-    settings = build_settings(coordinator_url="http://c:8700", token="t", state_dir=str(tmp_path), listen_udp="0.0.0.0:51999")
+    settings = build_settings(coordinator_url="http://127.0.0.1:8700", token="t", state_dir=str(tmp_path), listen_udp="0.0.0.0:51999")
     gateway = Gateway(settings)
     gateway.state.ensure()
     gateway.keypair = gateway.state.keypair()

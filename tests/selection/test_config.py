@@ -29,3 +29,15 @@ def test_bad_values_name_the_variable(name, value):
     with pytest.raises(ConfigError) as info:
         SelectionConfig.from_env({name: value})
     assert info.value.source == name
+
+
+def test_keys_from_file_twins(tmp_path):
+    (tmp_path / "vast").write_text("vast-secret-1\n")
+    (tmp_path / "rp").write_text("rp-secret-2\n")
+    config = SelectionConfig.from_env({"ANEX_VASTAI_API_KEY_FILE": str(tmp_path / "vast"),
+                                       "ANEX_RUNPOD_API_KEY_FILE": str(tmp_path / "rp")})
+    assert config.vastai.api_key == "vast-secret-1" and config.runpod.api_key == "rp-secret-2"
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError) as info:
+        SelectionConfig.from_env({"ANEX_RUNPOD_API_KEY_FILE": str(tmp_path / "empty")})
+    assert info.value.source == "ANEX_RUNPOD_API_KEY_FILE"
