@@ -150,6 +150,9 @@ async def test_an_engine_that_gives_a_dialer_gets_our_proxy_and_forwards(plane):
     assert dp.tunnels()[pushed.listen_port] == "redis.local:6379"
     assert await dp.apply(config(version=3, tunnels=[pushed])) is False  # same again: nothing changed
     assert "contract-dialer" not in await dp.status_doc()  # no engine report: no key
+    assert dp.dialer.resolver is dp.resolver  # the dialer keeps the slot; a DNS change refills it
+    assert await dp.apply(config(version=4, tunnels=[pushed], dns=("10.254.0.2",))) is True
+    assert [str(s) for s in dp.resolver.current.cluster_dns] == ["10.254.0.2"]
 
 
 async def test_an_engine_that_serves_the_workload_gets_it_with_every_apply(plane):
