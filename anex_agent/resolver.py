@@ -213,3 +213,22 @@ class Resolver:
             if len(self._cache) >= MAX_CACHE_ENTRIES:
                 self._cache.clear()
         self._cache[key] = (time.monotonic() + ttl, addresses)
+
+
+class ResolverSlot:
+    """A :class:`anex_agent.dialer.NameResolver` whose answers come from a resolver that can be replaced.
+
+    The data plane gives one slot to the engine's dialer for good and puts a new
+    :class:`Resolver` into it when the node's DNS config changes (:meth:`use`): the dialer
+    is never reached into, and connections being resolved finish with the resolver they began with.
+    """
+
+    def __init__(self, resolver: Resolver | None = None) -> None:
+        self.current = resolver or Resolver()
+
+    def use(self, resolver: Resolver) -> None:
+        """Answer with ``resolver`` from now on."""
+        self.current = resolver
+
+    async def resolve(self, host: str) -> list[str]:
+        return await self.current.resolve(host)

@@ -40,6 +40,12 @@ def _dump_doc(device) -> dict:
 
 
 async def main(engine_name: str, ifname: str) -> int:
+    async with asyncio.TaskGroup() as tg:  # the engine's tasks are owned by this "role"
+        return await drive(engine_name, ifname, tg)
+
+
+async def drive(engine_name: str, ifname: str, tg: asyncio.TaskGroup) -> int:
+    from anex_agent.tasks import Tasks
     from anex_agent.tunnels.base import engine_classes
 
     engine = engine_classes()[engine_name](ifname=ifname)
@@ -52,7 +58,7 @@ async def main(engine_name: str, ifname: str) -> int:
         sys.stdout.flush()
 
     try:
-        await engine.start()
+        await engine.start(Tasks(tg, role="engine driver"))
         reply({"ok": True, "started": True})
         while line := await reader.readline():
             cmd = json.loads(line)

@@ -50,6 +50,13 @@ def desired_from(doc: dict) -> DesiredConfig:
 
 
 async def main(address: str) -> int:
+    async with asyncio.TaskGroup() as tg:  # the engine's tasks are owned by this "role"
+        return await drive(address, tg)
+
+
+async def drive(address: str, tg: asyncio.TaskGroup) -> int:
+    from anex_agent.tasks import Tasks
+
     received: list[list] = []
     engine: UserspaceEngine
 
@@ -63,6 +70,7 @@ async def main(address: str) -> int:
             engine.tunnel.send_packet(reply)
 
     engine = UserspaceEngine(ifname=None, on_packet=on_packet)
+    await engine.start(Tasks(tg, role="wg peer"))
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

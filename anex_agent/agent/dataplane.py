@@ -1,27 +1,28 @@
-"""The node's data plane: engine + resolver + dialer + front-ends, driven by NodeConfig.
+"""The node's data plane: engine + endpoint policy + resolver + front-ends, driven by NodeConfig.
 
 Owns, in start order: the WireGuard engine (chosen by ``ANEX_ENGINE`` or the auto
-order), the resolver built from the config's DNS servers, the dialer the engine
-gives, the ``GW_TUNNEL`` forwards (local + pushed) and the HTTP proxy. ``apply(config)``
-is declarative and may be called on every config from the coordinator; ``stop()``
-tears down in reverse order and leaves nothing of ours (the engine removes its
-interface, routes and process).
+order), the endpoint policy (peer endpoint names resolved to addresses, followed when
+they move), the resolver built from the config's DNS servers, and what the engine asks
+for to serve the workload: when it gives a dialer, the ``GW_TUNNEL`` forwards (local +
+pushed) and the HTTP proxy over it; when it serves the workload itself (its dialer is
+None), nothing more. ``apply(config)`` is declarative and may be called on every config
+from the coordinator; it says whether anything changed. ``stop()`` tears down in reverse
+order and leaves nothing of ours (the engine removes its interface, routes and process).
 
-Front-ends never see the engine: they hold the dialer, whose resolver is swapped when
-the DNS config changes.
+Every engine is treated the same, through the contract of
+:class:`anex_agent.tunnels.base.Engine` only: each ``apply()`` gives it the tunnel
+(:class:`DesiredConfig`, endpoints as addresses) and what the workload is offered
+(:class:`WorkloadConfig`, from :mod:`.engine_frontends`); status, readiness, session
+resets and engine-specific report facts all come from the contract's methods.
 
-Engines that serve the front-ends themselves (``Engine.frontends == "engine"``: wireproxy)
-get no proxy or forwards from us: their options (proxy address, a client tunnel per
-``GW_TUNNEL_*`` and pushed tunnel, a server tunnel per ``ANEX_INBOUND_PORTS`` port, a
-loopback health address) are rendered from the config by :mod:`.engine_frontends`, and a
-changed config re-renders and restarts the engine; readiness is the engine's own verdict.
+Front-ends never see the engine: they hold the dialer, whose resolver is a
+:class:`~anex_agent.resolver.ResolverSlot` that gets a new resolver when the DNS config changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -30,9 +31,13 @@ from anex_agent.agent import engine_frontends
 from anex_agent.agent.desired import merge_tunnels
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
+from anex_agent.dialer import Dialer
 from anex_agent.errors import ConfigError, EngineError
 from anex_agent.keys import KeyPair
-from anex_agent.tunnels.base import Engine, EngineStatus, choose_engine, new_ifname
+from anex_agent.resolver import Resolver, ResolverSlot
+from anex_agent.tasks import Tasks
+from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, WorkloadConfig, choose_engine, new_ifname
+from anex_agent.tunnels.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
 from anex_agent.wire import NodeConfig, TransportStatus
 
 log = logging.getLogger(__name__)
@@ -47,7 +52,8 @@ RESET_WINDOW = 10.0
 
 
 class DataPlane:
-    def __init__(self, settings: AgentSettings, keypair: KeyPair, detect_report: dict[str, Any]) -> None:
+    def __init__(self, settings: AgentSettings, keypair: KeyPair, detect_report: dict[str, Any], *,
+                 endpoint_resolve: Resolve = system_resolve, resolve_interval: float = RESOLVE_INTERVAL) -> None:
         self.settings = settings
         self.keypair = keypair
         self.detect_report = detect_report
@@ -55,27 +61,28 @@ class DataPlane:
         self.engine: Engine | None = None
         self.config: NodeConfig | None = None
         self.path = "udp"
-        self.dialer = None
+        self.endpoints = EndpointPolicy(endpoint_resolve)
+        self.resolve_interval = resolve_interval
+        self.resolver = ResolverSlot()
+        self.dialer: Dialer | None = None
         self.forwards = None
         self.proxy = None
+        self._desired: DesiredConfig | None = None  # as last applied (endpoints resolved)
+        self._workload: WorkloadConfig | None = None
+        self._lock = asyncio.Lock()  # one engine apply at a time (config changes, endpoint moves, resets)
         self._stack = contextlib.AsyncExitStack()
         self.route_guard = RouteGuard(settings.coordinator_url)  # gateway routes never cover the coordinator
 
     def choose_engine(self) -> type[Engine]:
         if self.settings.path == "websocket":
-            raise ConfigError("ANEX_PATH", "the websocket path is not available in this build yet; expected auto or udp")
+            raise ConfigError("ANEX_PATH", "the websocket path is not supported yet; use auto or udp "
+                                           "(a gateway reachable over UDP)")
         cls, tried = choose_engine(self.settings.engine, for_workload=True, source=self.settings.engine_source)
         self.detect_report.setdefault("engines", {n: s.to_dict() for n, s in tried.items()})
-        if cls.frontends == "engine":
-            engine_frontends.check_settings(self.settings)
+        engine_frontends.check_settings(self.settings, cls)
         self.engine_cls = cls
         log.info("engine: %s (%s)", cls.name, tried[cls.name].reason)
         return cls
-
-    @property
-    def engine_serves_frontends(self) -> bool:
-        """True when the engine runs the proxy and tunnels itself (wireproxy)."""
-        return self.engine_cls is not None and self.engine_cls.frontends == "engine"
 
     @property
     def host_address(self) -> bool:
@@ -84,85 +91,67 @@ class DataPlane:
 
     # ---------------------------------------------------------------- lifecycle
 
-    async def start(self, config: NodeConfig) -> None:
-        """Engine up with ``config``, then resolver/dialer, then forwards and proxy."""
-        from anex_agent.resolver import Resolver
-
+    async def start(self, config: NodeConfig, tasks: Tasks) -> None:
+        """Engine up with ``config``, then the front-ends it asks for; the endpoint follower in ``tasks``."""
         assert self.engine_cls is not None, "choose_engine() first"
-        if self.engine_serves_frontends:
-            health = f"127.0.0.1:{engine_frontends.free_loopback_port()}"
-            self.engine = self.engine_cls(ifname=new_ifname("n"), state_dir=self.settings.state_dir,
-                                          options=engine_frontends.wireproxy_options(config, self.settings, health))
-        else:
-            self.engine = self.engine_cls(ifname=new_ifname("n"))
+        self.engine = self.engine_cls(ifname=new_ifname("n"), state_dir=self.settings.state_dir)
         self._stack.push_async_callback(self.engine.stop)
-        await self.engine.start()
-        await self.engine.apply(await self.route_guard.desired(config, self.keypair.private))
-        if self.engine_serves_frontends:
-            self.config = config  # the engine serves the proxy, tunnels and inbound ports
-            return
-        self.dialer = self.engine.dialer(Resolver.from_node_config(config))
-        if self.dialer is None:
-            raise EngineError(f"engine {self.engine_cls.name} gives no dialer; it cannot serve the proxy and forwards")
-        self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer))
-        await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
-        self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
+        await self.engine.start(tasks)
+        self.resolver.use(Resolver.from_node_config(config))
+        await self._apply_engine(config)
+        self.dialer = self.engine.dialer(self.resolver)
+        if self.dialer is not None:  # the engine gives a dialer: our proxy and forwards serve the workload
+            self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer))
+            await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
+            self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
         self.config = config
+        tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
 
-    async def apply(self, config: NodeConfig) -> None:
-        """Re-apply a newer config: engine (gateways, address, routes), DNS, pushed tunnels."""
-        from anex_agent.resolver import Resolver
+    async def apply(self, config: NodeConfig) -> bool:
+        """Re-apply a newer config: engine (gateways, address, routes, workload), DNS, forwards.
 
+        Returns True when anything changed (False: all of it already matched)."""
         assert self.engine is not None
-        if self.engine_serves_frontends:
-            # wireproxy has no live reconfiguration: new options -> new config text -> restart
-            self.engine.set_options(engine_frontends.wireproxy_options(config, self.settings, self.engine.options.health_address))
-            await self.engine.apply(await self.route_guard.desired(config, self.keypair.private))
-            self.config = config
-            log.info("applied config version %d (%d gateway(s), %d tunnel(s)) to %s", config.version,
-                     len(config.gateways), len(self.tunnels()), self.engine_cls.name)
-            return
-        assert self.forwards is not None
         old = self.config
-        await self.engine.apply(await self.route_guard.desired(config, self.keypair.private))
+        changed = await self._apply_engine(config)
         if old is None or (old.dns, old.search_domains) != (config.dns, config.search_domains):
-            self.dialer.resolver = Resolver.from_node_config(config)
-        await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
+            self.resolver.use(Resolver.from_node_config(config))
+            changed = True
+        if self.forwards is not None:
+            before = dict(self.forwards.active)
+            await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
+            changed |= dict(self.forwards.active) != before
         self.config = config
-        log.info("applied config version %d (%d gateway(s), %d tunnel(s))", config.version, len(config.gateways), len(self.forwards.active))
+        log.info("applied config version %d (%d gateway(s), %d tunnel(s)) to %s%s", config.version,
+                 len(config.gateways), len(self.tunnels()), self.engine.name, "" if changed else ": nothing changed")
+        return changed
+
+    async def _apply_engine(self, config: NodeConfig) -> bool:
+        """The engine's part of ``config``: the tunnel with endpoint names resolved, and the workload."""
+        assert self.engine is not None
+        async with self._lock:
+            desired = await self.endpoints.resolve(await self.route_guard.desired(config, self.keypair.private))
+            workload = engine_frontends.workload_config(config, self.settings)
+            changed = await self.engine.apply(desired, workload)
+            self._desired, self._workload = desired, workload
+            return changed
+
+    async def _reapply(self) -> None:
+        """Apply the current config again (an endpoint name moved: the policy resolves it anew)."""
+        if self.config is not None:
+            await self._apply_engine(self.config)
 
     async def reset_gateway_sessions(self, *, within: float = RESET_WINDOW, every: float = RESET_RETRY) -> bool:
-        """Drop and re-add the gateway peers until a fresh handshake completes (or ``within`` s pass).
+        """Fresh handshakes with the gateways now (see :meth:`Engine.reset_sessions`).
 
         A gateway that restarted lost its sessions; our engine would keep sending on the
         old one until WireGuard's own timers give up (REKEY_TIMEOUT + KEEPALIVE_TIMEOUT,
-        whitepaper §6.1/§6.5: about 15 s). Re-adding a peer (with its persistent
-        keepalive) makes the engine send a handshake initiation at once; while the
-        gateway's interface is still coming up that initiation may be lost, so it is
-        repeated every ``every`` seconds instead of waiting REKEY_TIMEOUT (5 s) each time.
-        Returns True when a handshake newer than the reset was seen.
+        whitepaper §6.1/§6.5: about 15 s). Returns True when a handshake newer than the
+        reset was seen.
         """
-        assert self.engine is not None and self.config is not None
-        desired = await self.route_guard.desired(self.config, self.keypair.private)
-        if not desired.peers:
-            return False
-        if self.engine_serves_frontends:  # no peer-level control: a fresh process handshakes at once
-            await self.engine.restart("a gateway changed (re-registered)")
-            return False
-        started = time.time()
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            await self.engine.apply(dataclasses.replace(desired, peers=()))
-            await self.engine.apply(desired)
-            retry_at = time.monotonic() + every
-            while time.monotonic() < min(retry_at, deadline):
-                await asyncio.sleep(0.1)
-                status = await self.engine_status()
-                if status and any(p.last_handshake and p.last_handshake >= started for p in status.peers):
-                    log.info("gateway sessions reset: handshake after %.1f s", time.time() - started)
-                    return True
-        log.warning("gateway sessions reset, but no handshake within %.0f s; WireGuard keeps retrying", within)
-        return False
+        assert self.engine is not None and self._desired is not None
+        async with self._lock:
+            return await self.engine.reset_sessions(self._desired, within=within, every=every)
 
     async def wait_handshake(self, timeout: float = FIRST_HANDSHAKE_WAIT) -> bool:
         """Wait until some gateway handshake completed (True), or ``timeout`` s passed (False).
@@ -237,22 +226,19 @@ class DataPlane:
             "tunnels": [{"listen_port": p, "target": t} for p, t in self.tunnels().items()],
             "proxy": str(self.settings.proxy_listen),
             "inbound_ports": list(self.settings.inbound_ports),
-            **({"wireproxy": self._wireproxy_doc()} if self.engine_serves_frontends and self.engine else {}),
+            "endpoints": self.endpoints.current,
+            **self._engine_report(),
         }
+
+    def _engine_report(self) -> dict[str, Any]:
+        details = self.engine.report() if self.engine is not None else {}
+        return {self.engine.name: details} if details else {}
 
     def tunnels(self) -> dict[int, str]:
         """Active forwards, local port -> target, whoever serves them (our forwards or the engine)."""
-        if self.engine_serves_frontends and self.engine is not None:
-            return {int(t.bind_address.rpartition(":")[2]): t.target for t in self.engine.options.client_tunnels}
-        return dict(self.forwards.active) if self.forwards else {}
-
-    def _wireproxy_doc(self) -> dict[str, Any]:
-        engine = self.engine
-        sup = engine.supervision
-        return {"config": str(engine.config_path), "health_address": engine.options.health_address,
-                "running": engine.running, "starts": sup.starts, "restarts": list(sup.restarts),
-                "last_health": sup.last_health,
-                "server_tunnels": [{"listen_port": t.listen_port, "target": t.target} for t in engine.options.server_tunnels]}
+        if self.forwards is not None:
+            return dict(self.forwards.active)
+        return self._workload.tunnels() if self._workload is not None else {}
 
     def summary(self) -> str:
         config = self.config
@@ -264,13 +250,13 @@ class DataPlane:
         )
 
 
-def _forward_manager(dialer):
+def _forward_manager(dialer: Dialer):
     from anex_agent.frontends.forward import ForwardManager
 
     return ForwardManager(dialer)
 
 
-def _proxy(dialer, settings: AgentSettings):
+def _proxy(dialer: Dialer, settings: AgentSettings):
     """The HTTP proxy front-end (an async context manager that binds on entry)."""
     from anex_agent.frontends.proxy import ProxyServer
 

@@ -1,46 +1,50 @@
-"""Front-ends served by the engine itself (wireproxy): its options from the node's config and settings.
+"""What the workload is offered, in the engine contract's terms: a WorkloadConfig from config + settings.
 
-wireproxy owns the HTTP proxy, one ``[TCPClientTunnel]`` per forward and one
-``[TCPServerTunnel]`` per inbound port; the agent starts none of its own. This module
-turns (NodeConfig, AgentSettings) into the :class:`~anex_agent.tunnels.wireproxy.WireproxyOptions`
-the engine renders, so a pushed tunnel becomes a changed config (and wireproxy, which
-has no live reconfiguration, a restart).
+The data plane gives every engine a :class:`~anex_agent.tunnels.base.WorkloadConfig`
+with each ``apply()``: the proxy address (``ANEX_PROXY_LISTEN``) and whether it asks for
+credentials (``ANEX_PROXY_AUTH``), the forwards (``GW_TUNNEL_*`` and pushed tunnels, local
+settings winning on a port clash), the inbound ports (``ANEX_INBOUND_PORTS``), the cluster
+DNS and the gateways' mesh addresses. Engines that give a dialer ignore it (the agent's
+proxy and forwards serve the workload); engines with front-ends of their own (wireproxy)
+render it, so a pushed tunnel is just a changed config.
+
+:func:`check_settings` asks the chosen engine, before anything starts, whether it can
+serve what the settings ask for, and names the variable when it cannot.
 """
 
 from __future__ import annotations
 
-import socket
-from typing import Any
-
 from anex_agent.agent.desired import merge_tunnels
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.errors import ConfigError
+from anex_agent.tunnels.base import Engine, Forward, WorkloadConfig
 from anex_agent.wire import NodeConfig
 
-
-def free_loopback_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the kernel's pick), for wireproxy's ``-i``.
-
-    Another process could take it before wireproxy binds it; wireproxy then exits and the
-    engine's supervisor restarts it (with the same address), which is reported.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+#: WorkloadConfig field -> the setting a user changes.
+SETTING_FOR_FIELD = {
+    "proxy_address": "ANEX_PROXY_LISTEN",
+    "proxy_auth": "ANEX_PROXY_AUTH",
+    "forwards": "GW_TUNNEL_<port>",
+    "inbound_ports": "ANEX_INBOUND_PORTS",
+}
 
 
-def check_settings(settings: AgentSettings) -> None:
-    """Settings the engine-served front-ends cannot honour: ConfigError naming the variable."""
-    if settings.proxy_auth is not None:
-        raise ConfigError("ANEX_PROXY_AUTH", "is not supported with the wireproxy engine (its proxy is served by "
-                                             "wireproxy); unset it or use another engine")
+def workload_config(config: NodeConfig | None, settings: AgentSettings) -> WorkloadConfig:
+    """The WorkloadConfig for ``config`` (None: before the first config, from the settings alone)."""
+    tunnels = merge_tunnels(settings.tunnel_specs, config.tunnels if config is not None else [])
+    return WorkloadConfig(
+        proxy_address=str(settings.proxy_listen),
+        proxy_auth=settings.proxy_auth is not None,
+        forwards=tuple(Forward(t.listen_port, str(t.target)) for t in tunnels),
+        inbound_ports=tuple(settings.inbound_ports),
+        dns=tuple(config.dns) if config is not None else (),
+        gateways=tuple(g.mesh_address for g in config.gateways if g.mesh_address) if config is not None else (),
+    )
 
 
-def wireproxy_options(config: NodeConfig, settings: AgentSettings, health_address: str) -> Any:
-    """WireproxyOptions for ``config``: proxy on ANEX_PROXY_LISTEN, a client tunnel per GW_TUNNEL_* and
-    per pushed tunnel (local settings win on a port clash), a server tunnel per ANEX_INBOUND_PORTS port."""
-    from anex_agent.tunnels.wireproxy import WireproxyOptions
-
-    merged = config.model_copy(update={"tunnels": merge_tunnels(settings.tunnel_specs, config.tunnels)})
-    return WireproxyOptions.for_node(merged, proxy_address=str(settings.proxy_listen), health_address=health_address,
-                                     inbound_ports=settings.inbound_ports)
+def check_settings(settings: AgentSettings, engine_cls: type[Engine]) -> None:
+    """ConfigError naming the variable when ``engine_cls`` cannot serve what ``settings`` ask for."""
+    try:
+        engine_cls.check_workload(workload_config(None, settings))
+    except ConfigError as err:
+        raise ConfigError(SETTING_FOR_FIELD.get(err.source, err.source), err.message) from None

@@ -15,6 +15,13 @@ Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` 
 retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
 the agent exits with 128+N), then ``heartbeat``, ``watch``, ``gpu-telemetry`` (when
 :mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` throughout.
+The data plane and its engine spawn theirs (``endpoint-follow``, an engine's own loops)
+through :class:`anex_agent.tasks.Tasks` over the same TaskGroup: a failure is logged and
+the task restarted with backoff.
+
+The agent API listens on loopback and, when the engine puts the mesh address on an
+interface of this host, on the mesh address too; that listener follows the address when
+the coordinator changes it.
 Signals: with a running workload they are forwarded to it (see :mod:`.workload`);
 otherwise they stop the agent (``daemon`` exits 0 after a clean stop).
 """
@@ -40,6 +47,7 @@ from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.agent.workload import FORWARDED, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
+from anex_agent.tasks import Tasks
 from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
 
 log = logging.getLogger("anex_agent.agent")
@@ -66,6 +74,8 @@ class Agent:
         self.telemetry = None  # anex_agent.gpu.monitor.TelemetryMonitor when available
         self.last_transport = None  # wire.TransportStatus, refreshed by heartbeats and /status (for /metrics)
         self._mesh_api_skipped = False
+        self._mesh_api: tuple[str, int] | None = None  # where the mesh-side API listens now
+        self.tasks: Tasks | None = None
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -152,11 +162,19 @@ class Agent:
                 log.info("agent API: not served on the mesh address (engine %s has no OS interface)", self.dataplane.engine_cls.name)
                 self._mesh_api_skipped = True
             return
-        port = self.settings.api_listen.port
+        where = (config.address, self.settings.api_listen.port)
+        if where == self._mesh_api:
+            return
+        if self._mesh_api is not None:  # the coordinator moved the node: the old address is gone
+            await self.api.stop_site(*self._mesh_api)
+            log.info("agent API: no longer listening on %s:%d (the mesh address changed)", *self._mesh_api)
+            self._mesh_api = None
         try:
-            await self.api.start(config.address, port)
+            await self.api.start(*where)
         except OSError as err:
-            log.warning("agent API cannot listen on the mesh address %s:%d: %s", config.address, port, err.strerror)
+            log.warning("agent API cannot listen on the mesh address %s:%d: %s", *where, err.strerror)
+            return
+        self._mesh_api = where
 
     # ---------------------------------------------------------------- API callbacks
 
@@ -232,7 +250,8 @@ class Agent:
         """Join (or re-use), data plane, API, then the workload. Cancelled by a stop signal."""
         assert self.dataplane is not None
         config = await self._join_or_load(pubkey, facts)
-        await self.dataplane.start(config)
+        assert self.tasks is not None
+        await self.dataplane.start(config, self.tasks)
         self.state.save_config(config)
         self.api = AgentApi(self.status, self.ready, self.verify_token)
         self.api.registry.register(AgentCollector(self))
@@ -252,6 +271,7 @@ class Agent:
         exit_code = 0
         try:
             async with asyncio.TaskGroup() as tg:
+                self.tasks = Tasks(tg, role="agent")
                 stopper = tg.create_task(self._stop.wait(), name="stop-wait")
                 startup = tg.create_task(self._start_up(pubkey, facts, workload), name="start-up")
                 await asyncio.wait({startup, stopper}, return_when=asyncio.FIRST_COMPLETED)

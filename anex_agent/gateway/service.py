@@ -36,6 +36,7 @@ from anex_agent.gateway.dns import DnsForwarder
 from anex_agent.gateway.link import GatewayLink
 from anex_agent.gateway.peers import PeerBook
 from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
+from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, Engine, choose_engine
 from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
 
@@ -252,6 +253,15 @@ class Gateway:
     # ------------------------------------------------------------ run
 
     async def run(self) -> int:
+        """Run until stopped; the engine's tasks live in the gateway's TaskGroup (:mod:`anex_agent.tasks`)."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                return await self._run(Tasks(tg, role="gateway"))
+        except BaseExceptionGroup as group:
+            error = _first_anex_error(group) or group.exceptions[0]
+            raise error from None
+
+    async def _run(self, tasks: Tasks) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -271,7 +281,7 @@ class Gateway:
             self.ifname = self.ifname or interface_for(self.keypair.public_b64)
             self.engine = engine_cls(ifname=self.ifname)
             stack.push_async_callback(self.engine.stop)
-            await self.engine.start()
+            await self.engine.start(tasks)
             await self._apply_peers()
             previous = forwarding.enable()
             stack.callback(forwarding.restore, previous)

@@ -1,26 +1,41 @@
 """The engine contract: what every WireGuard engine (kernel, wireguard-go, userspace, wireproxy) provides.
 
-An *engine* turns a :class:`DesiredConfig` into a working WireGuard tunnel and gives
-the front-ends a *dialer* to open connections through it. The agent and the gateway
-drive every engine the same way::
+An *engine* turns a :class:`DesiredConfig` into a working WireGuard tunnel and gives the
+workload what it needs to use it: either a *dialer* (the agent's own front-ends, the HTTP
+proxy and the forwards, open connections through it) or front-ends of its own
+(wireproxy). The agent and the gateway drive every engine the same way::
 
-    support = EngineClass.is_supported()        # Support(ok, reason); never raises
-    engine = EngineClass(ifname=new_ifname())   # keyword-only ifname; constructors do no I/O
-    await engine.start()                        # create the interface / process (idempotent)
-    await engine.apply(desired)                 # declarative; call again on every change
-    status = await engine.status()              # handshakes, bytes, endpoints
-    dialer = engine.dialer(resolver)            # what the proxy and forwards use
-    await engine.stop()                         # nothing of ours is left afterwards
+    support = EngineClass.is_supported()         # Support(ok, reason); never raises
+    EngineClass.check_workload(workload)         # ConfigError naming a WorkloadConfig field it cannot serve
+    engine = EngineClass(ifname=new_ifname(), state_dir=path)   # keyword-only; constructors do no I/O
+    await engine.start(tasks)                    # the role's anex_agent.tasks.Tasks owns every task it starts
+    changed = await engine.apply(desired, workload)   # declarative; True when anything changed
+    dialer = engine.dialer(resolver)             # a Dialer, or None: the engine serves the workload itself
+    status = await engine.status()               # handshakes, bytes, endpoints
+    verdict = await engine.readiness()           # its own verdict, or None: judge by the last handshake
+    await engine.reset_sessions(desired)         # fresh handshakes now (a gateway restarted)
+    details = engine.report()                    # engine-specific facts for /status ({} for most)
+    await engine.stop()                          # nothing of ours is left afterwards
 
 Contracts every engine keeps:
 
-* ``apply(desired)`` is declarative and idempotent: the same config twice changes
-  nothing on the second call; peers are added, removed and updated by diff (see
+* ``apply(desired, workload)`` is declarative and idempotent: the same config twice
+  changes nothing on the second call and returns False (tailscale's ``Reconfig``
+  answering ``ErrNoChanges``); peers are added, removed and updated by diff (see
   :func:`plan_peers`), so a peer whose config did not change keeps its session.
-* ``stop()`` leaves no interface, route, process or socket of ours; calling it twice,
-  or before ``start()``, is fine. Errors raise :class:`anex_agent.errors.EngineError`.
-* Constructors take keyword-only ``ifname`` (engines with no OS interface, such as
-  userspace, accept and ignore it) and do no I/O.
+  ``workload`` (:class:`WorkloadConfig`) is what the workload is offered; engines that
+  serve it themselves render it, the others ignore it; ``None`` keeps the last one.
+* Peer endpoints arrive as IP literals from the agent, which resolves names with one
+  policy for every engine and re-applies when a name moves
+  (:mod:`anex_agent.tunnels.endpoints`); an engine given a name resolves it once.
+* Every task an engine runs is spawned through the ``tasks`` given to ``start()``
+  (named, owned by the role's TaskGroup; a failure is logged and the task restarted, or
+  the role stops). Every child process is started with
+  :func:`anex_agent.tunnels.process.spawn` (it dies with us).
+* ``stop()`` leaves no interface, route, process, task or socket of ours; calling it
+  twice, or before ``start()``, is fine. Errors raise :class:`anex_agent.errors.EngineError`.
+* Constructors take keyword-only ``ifname`` and ``state_dir`` (engines with no OS
+  interface or no files accept and ignore them) and do no I/O.
 * The private key is never logged, never part of ``repr()``, never serialised.
 
 Names of our interfaces start with :data:`IFNAME_PREFIX` so that ``anex-agent cleanup``
@@ -30,11 +45,21 @@ can find leftovers after a crash.
 from __future__ import annotations
 
 import abc
+import asyncio
+import dataclasses
 import ipaddress
+import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from anex_agent.errors import ConfigError
+from anex_agent.dialer import Dialer, NameResolver
+from anex_agent.errors import ConfigError, EngineError
+
+if TYPE_CHECKING:
+    from anex_agent.tasks import Tasks
+
+log = logging.getLogger(__name__)
 
 #: Interfaces (and wireguard-go UAPI sockets) we create are named ``anx<something>``.
 IFNAME_PREFIX = "anx"
@@ -173,15 +198,36 @@ class EngineStatus:
         }
 
 
-@runtime_checkable
-class Dialer(Protocol):
-    """Opens TCP connections to ``host:port`` through whatever the engine provides.
+@dataclass(frozen=True)
+class Forward:
+    """A TCP forward offered to the workload: ``127.0.0.1:listen_port`` -> ``target`` (``HOST:PORT``) over the mesh."""
 
-    Defined fully by the front-ends in :mod:`anex_agent.dialer` (``Dialer``); repeated
-    here as a structural type so this module imports nothing heavy.
+    listen_port: int
+    target: str
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """What the workload is offered, besides the tunnel: given to every engine with ``apply()``.
+
+    ``proxy_address``: where the HTTP proxy listens (``HOST:PORT``); ``proxy_auth``:
+    whether it must ask for credentials; ``forwards``: ``GW_TUNNEL`` and pushed forwards;
+    ``inbound_ports``: the workload's ports reachable from the mesh; ``dns``: cluster DNS
+    servers; ``gateways``: the gateways' mesh addresses (for liveness checks).
+    Engines that give a dialer ignore it (the agent serves the proxy and forwards);
+    engines with front-ends of their own render it.
     """
 
-    async def open_connection(self, host: str, port: int) -> Any: ...
+    proxy_address: str = "127.0.0.1:3128"
+    proxy_auth: bool = False
+    forwards: tuple[Forward, ...] = ()
+    inbound_ports: tuple[int, ...] = ()
+    dns: tuple[str, ...] = ()
+    gateways: tuple[str, ...] = ()
+
+    def tunnels(self) -> dict[int, str]:
+        """Forwards as local port -> target."""
+        return {f.listen_port: f.target for f in self.forwards}
 
 
 class Engine(abc.ABC):
@@ -191,7 +237,8 @@ class Engine(abc.ABC):
     name: ClassVar[str]
     #: Who serves the workload's proxy, ``GW_TUNNEL`` ports and inbound ports: ``"dialer"``
     #: (the agent's front-ends over :meth:`dialer`) or ``"engine"`` (the engine runs its own,
-    #: like wireproxy; the agent then starts no proxy or forwards of its own).
+    #: like wireproxy: :meth:`dialer` returns None and ``apply()`` renders the WorkloadConfig).
+    #: ``choose_engine`` reads it so that a bare tunnel (the gateway) never gets such an engine.
     frontends: ClassVar[str] = "dialer"
     #: Whether the mesh address becomes an address of this host (an OS interface), so that
     #: local sockets (the agent API, the workload's ports) can listen on it.
@@ -204,9 +251,12 @@ class Engine(abc.ABC):
         answer (no probe): the agent's ``auto`` skips engines that say no. Default: an OS dialer."""
         return Support(True, "the OS routes through its interface serve the proxy, forwards and inbound ports")
 
-    async def readiness(self) -> tuple[bool, str] | None:
-        """The engine's own readiness verdict, or None to judge by the last handshake (default)."""
-        return None
+    @classmethod
+    def check_workload(cls, workload: WorkloadConfig) -> None:
+        """Raise ConfigError naming the :class:`WorkloadConfig` field this engine cannot serve.
+
+        Called before the engine is built, so a setting it cannot honour stops the agent early.
+        Default: everything (the agent's own front-ends serve it over the dialer)."""
 
     @classmethod
     @abc.abstractmethod
@@ -214,12 +264,18 @@ class Engine(abc.ABC):
         """Probe whether this engine can run here. Never raises; cheap enough for ``detect``."""
 
     @abc.abstractmethod
-    async def start(self) -> None:
-        """Create the interface/process with no peers. Idempotent. Raises EngineError."""
+    async def start(self, tasks: Tasks) -> None:
+        """Create the interface/process with no peers. Idempotent. Raises EngineError.
+
+        ``tasks`` belongs to the role that owns the engine: every task the engine runs, now
+        or later, is spawned through it."""
 
     @abc.abstractmethod
-    async def apply(self, desired: DesiredConfig) -> None:
-        """Make the tunnel match ``desired`` by diff. Idempotent. Raises EngineError."""
+    async def apply(self, desired: DesiredConfig, workload: WorkloadConfig | None = None) -> bool:
+        """Make the tunnel (and, for engines serving the workload, its front-ends) match by diff.
+
+        Idempotent: returns True when anything changed, False when all already matched.
+        ``workload`` None keeps the last one given. Raises EngineError."""
 
     @abc.abstractmethod
     async def status(self) -> EngineStatus:
@@ -230,20 +286,50 @@ class Engine(abc.ABC):
         """Tear everything down; leaves nothing of ours. Idempotent, safe before start()."""
 
     @abc.abstractmethod
-    def dialer(self, resolver: Any = None) -> Dialer | None:
-        """The dialer front-ends use (see :mod:`anex_agent.dialer`).
+    def dialer(self, resolver: NameResolver) -> Dialer | None:
+        """What the workload's front-ends dial through, or None when the engine serves them itself.
 
         Kernel and wireguard-go return ``anex_agent.dialer.OSDialer(resolver)``: routes do
-        the work. ``resolver`` (an ``anex_agent.dialer.NameResolver``) resolves mesh/cluster
-        names; engines with their own stack use it the same way.
+        the work. ``resolver`` resolves mesh/cluster names; the caller may change what it
+        answers later (see :class:`anex_agent.resolver.ResolverSlot`), the dialer keeps it.
         """
 
-    async def __aenter__(self) -> Engine:
-        await self.start()
-        return self
+    async def readiness(self) -> tuple[bool, str] | None:
+        """The engine's own readiness verdict, or None to judge by the last handshake (default)."""
+        return None
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+    def report(self) -> dict[str, Any]:
+        """Engine-specific facts for the agent's ``/status`` (under the engine's name); ``{}`` for none."""
+        return {}
+
+    async def reset_sessions(self, desired: DesiredConfig, *, within: float = 10.0, every: float = 1.0) -> bool:
+        """Start fresh handshakes with ``desired``'s peers now (a gateway restarted and lost its sessions).
+
+        Default: drop and re-add the peers (a keepalive peer initiates at once), repeated every
+        ``every`` s until a handshake newer than the reset is seen or ``within`` s pass (the
+        gateway's interface may still be coming up and lose the first initiation). Returns
+        True when such a handshake was seen. Engines without peer-level control override it.
+        """
+        if not desired.peers:
+            return False
+        started = time.time()
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            await self.apply(dataclasses.replace(desired, peers=()))
+            await self.apply(desired)
+            retry_at = time.monotonic() + every
+            while time.monotonic() < min(retry_at, deadline):
+                await asyncio.sleep(0.1)
+                try:
+                    status = await self.status()
+                except EngineError as err:
+                    log.debug("engine status failed during a session reset: %s", err)
+                    continue
+                if any(p.last_handshake and p.last_handshake >= started for p in status.peers):
+                    log.info("gateway sessions reset: handshake after %.1f s", time.time() - started)
+                    return True
+        log.warning("gateway sessions reset, but no handshake within %.0f s; WireGuard keeps retrying", within)
+        return False
 
 
 # ---------------------------------------------------------------- diff planning (pure)
@@ -309,7 +395,7 @@ def engine_classes() -> dict[str, type[Engine]]:
     """Engines that exist in this build, keyed by name, in :data:`AUTO_ORDER`.
 
     Imported lazily (each module is small, but kernel/wireguard-go pull in pyroute2).
-    An engine whose module is not there yet (userspace, wireproxy) is simply absent.
+    An engine whose module cannot be imported in a build is simply absent.
     """
     import importlib
 

@@ -21,15 +21,30 @@ import base64
 import errno as errno_mod
 import secrets
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from anex_agent.errors import EngineError
 from anex_agent.keys import encode_key
 from anex_agent.tunnels import netconf
-from anex_agent.tunnels.base import IFNAME_PREFIX, DesiredConfig, Engine, EngineStatus, Support, check_ifname, plan_peers
+from anex_agent.tunnels.base import (
+    IFNAME_PREFIX,
+    DesiredConfig,
+    Engine,
+    EngineStatus,
+    Support,
+    WorkloadConfig,
+    check_ifname,
+    plan_peers,
+)
+from anex_agent.tunnels.endpoints import resolve_once
 from anex_agent.tunnels.caps import CAP_NET_ADMIN, call_off_loop, has_capability
 from anex_agent.tunnels.uapi import UapiDevice, UapiPeer
 from anex_agent.tunnels.wireguard_go import peers_from_device, status_from_device
+
+if TYPE_CHECKING:
+    from anex_agent.dialer import NameResolver, OSDialer
+    from anex_agent.tasks import Tasks
 
 ZERO_KEY_B64 = base64.b64encode(bytes(32)).decode()
 
@@ -180,8 +195,8 @@ class KernelEngine(Engine):
 
     name = "kernel"
 
-    def __init__(self, *, ifname: str) -> None:
-        self.ifname = check_ifname(ifname)
+    def __init__(self, *, ifname: str, state_dir: Path | None = None) -> None:
+        self.ifname = check_ifname(ifname)  # state_dir: accepted and ignored (no files)
         self._started = False
         self._lock = asyncio.Lock()
 
@@ -194,22 +209,26 @@ class KernelEngine(Engine):
         except Exception as err:  # a probe never raises
             return Support(False, f"probe failed: {type(err).__name__}: {err}")
 
-    async def start(self) -> None:
+    async def start(self, tasks: Tasks | None = None) -> None:
+        """Create the link. The kernel runs the tunnel: no task of ours (``tasks`` is not needed)."""
         async with self._lock:
             if self._started:
                 return
             await netconf.run_blocking(netconf.create_link, self.ifname, "wireguard")
             self._started = True
 
-    async def apply(self, desired: DesiredConfig) -> None:
+    async def apply(self, desired: DesiredConfig, workload: WorkloadConfig | None = None) -> bool:
+        """Diff the device and the interface settings into ``desired``; True when anything changed.
+        ``workload`` is not needed: the OS routes serve it."""
         await self.start()
         async with self._lock:
-            resolved = await netconf.resolve_peers(desired)
+            resolved = await resolve_once(desired)
             device = await netconf.run_blocking(_wg_info, self.ifname)
             device_kwargs, peers = netlink_changes(device, resolved)
             if device_kwargs or peers:
                 await netconf.run_blocking(_wg_set, self.ifname, device_kwargs, peers)
-            await netconf.run_blocking(netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes)
+            plans = await netconf.run_blocking(netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes)
+            return bool(device_kwargs or peers) or netconf.changed(plans)
 
     async def dump(self) -> UapiDevice:
         return await netconf.run_blocking(_wg_info, self.ifname)
@@ -224,7 +243,7 @@ class KernelEngine(Engine):
             await netconf.run_blocking(netconf.delete_link, self.ifname)
             self._started = False
 
-    def dialer(self, resolver: Any = None) -> Any:
+    def dialer(self, resolver: NameResolver | None = None) -> OSDialer:
         """An OS dialer: the routes through the interface carry the traffic."""
         from anex_agent.dialer import OSDialer
 

@@ -142,16 +142,19 @@ def _require(ipr: Any, ifname: str) -> int:
 def configure(ifname: str, address: str, mtu: int, routes: Iterable[str]) -> dict[str, SetPlan]:
     """Make ``ifname`` have exactly ``address``, ``mtu``, state up and exactly our ``routes``.
 
-    Returns the plans that were carried out (for logging and tests). EngineError on failure.
+    Returns the plans that were carried out (for logging and tests); ``link`` lists the link
+    settings changed (``mtu``, ``up``). EngineError on failure.
     """
     from pyroute2 import NetlinkError
 
+    link_changes: list[str] = []
     with _ipr() as ipr:
         index = _require(ipr, ifname)
         try:
             link = ipr.get_links(index)[0]
             if link.get("IFLA_MTU") != mtu:
                 ipr.link("set", index=index, mtu=mtu)
+                link_changes.append("mtu")
             have = [f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}" for a in ipr.get_addr(index=index)]
             have = [a for a in have if not ipaddress.ip_interface(a).ip.is_link_local]
             addr_plan = plan_set(have, [address], kind="interface")
@@ -163,10 +166,16 @@ def configure(ifname: str, address: str, mtu: int, routes: Iterable[str]) -> dic
                 ipr.addr("add", index=index, address=str(iface.ip), prefixlen=iface.network.prefixlen)
             if not link["flags"] & 1:  # IFF_UP
                 ipr.link("set", index=index, state="up")
+                link_changes.append("up")
         except NetlinkError as err:
             raise EngineError(f"cannot configure {ifname}: {err}") from None
     route_plan = set_routes(ifname, routes)
-    return {"addresses": addr_plan, "routes": route_plan}
+    return {"addresses": addr_plan, "routes": route_plan, "link": SetPlan(add=tuple(link_changes), remove=())}
+
+
+def changed(plans: dict[str, SetPlan]) -> bool:
+    """Whether :func:`configure` changed anything. Pure."""
+    return any(plan.add or plan.remove for plan in plans.values())
 
 
 def set_routes(ifname: str, routes: Iterable[str]) -> SetPlan:
@@ -208,8 +217,9 @@ def join_host_port(host: str, port: int) -> str:
 
 
 async def resolve_endpoint(endpoint: str) -> str:
-    """An endpoint with its host resolved to an IP literal (first address; IPv4 preferred)."""
-    import socket
+    """An endpoint with its host resolved to an IP literal, by the one policy of
+    :mod:`anex_agent.tunnels.endpoints` (first address, IPv4 first). EngineError when it fails."""
+    from anex_agent.tunnels.endpoints import EndpointPolicy
 
     host, port = split_host_port(endpoint)
     try:
@@ -217,26 +227,8 @@ async def resolve_endpoint(endpoint: str) -> str:
         return join_host_port(host, port)
     except ValueError:
         pass
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-    except OSError as err:
-        raise EngineError(f"cannot resolve peer endpoint {endpoint!r}: {err}") from None
-    infos.sort(key=lambda info: info[0] != socket.AF_INET)
-    return join_host_port(infos[0][4][0], port)
-
-
-async def resolve_peers(desired: Any) -> Any:
-    """``desired`` (a DesiredConfig) with every peer endpoint resolved to an IP literal."""
-    import dataclasses
-
-    peers = []
-    changed = False
-    for peer in desired.peers:
-        if peer.endpoint is not None:
-            resolved = await resolve_endpoint(peer.endpoint)
-            if resolved != peer.endpoint:
-                peer = dataclasses.replace(peer, endpoint=resolved)
-                changed = True
-        peers.append(peer)
-    return dataclasses.replace(desired, peers=tuple(peers)) if changed else desired
+    policy = EndpointPolicy()
+    address = await policy.lookup(endpoint)
+    if address is None:
+        raise EngineError(f"cannot resolve peer endpoint {endpoint!r}")
+    return join_host_port(address, port)

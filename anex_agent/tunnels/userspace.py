@@ -11,20 +11,22 @@ Two layers:
 * :class:`UserspaceEngine` -- the :class:`anex_agent.tunnels.base.Engine` contract
   around it: ``apply(desired)`` creates the device and a :class:`UdpBind` on the desired
   port and diffs peers into the device. It creates no OS interface and needs no
-  privileges. Its :meth:`dialer` is not available yet: the TCP/IP stack that turns the
-  packet interface into TCP connections is part 2 (issue 5).
+  privileges. Its receive loop is a task of the owning role (``start(tasks)``). It
+  carries IP packets only: there is no TCP/IP stack in it yet, so it has no dialer and
+  cannot serve a workload's proxy, forwards or inbound ports; use the kernel,
+  wireguard-go or wireproxy engine for that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from anex_agent.errors import EngineError, LocalProtocolError, NotSupported
 from anex_agent.keys import decode_key, encode_key
@@ -36,11 +38,17 @@ from anex_agent.tunnels.base import (
     PeerConfig,
     PeerStatus,
     Support,
+    WorkloadConfig,
     plan_peers,
 )
+from anex_agent.tunnels.endpoints import resolve_once
 from anex_agent.tunnels.udp_bind import Bind, BindClosed, UdpBind
 from anex_agent.wg.device import Device, Output
 from anex_agent.wg.peer import PeerConfig as WgPeerConfig
+
+if TYPE_CHECKING:
+    from anex_agent.dialer import NameResolver
+    from anex_agent.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -161,25 +169,21 @@ class UserspaceEngine(Engine):
     name = "userspace"
     host_address = False  # no OS interface: the mesh address is not an address of this host
 
-    def __init__(self, *, ifname: str | None = None, listen_host: str = "0.0.0.0",
-                 on_packet: PacketHandler | None = None, resolve_interval: float = 30.0,
-                 resolver: Callable[[str], Awaitable[str]] = netconf.resolve_endpoint,
+    def __init__(self, *, ifname: str | None = None, state_dir: Path | None = None, listen_host: str = "0.0.0.0",
+                 on_packet: PacketHandler | None = None,
                  bind_factory: Callable[[int | None], Awaitable[Bind]] | None = None) -> None:
         """``bind_factory(listen_port)`` makes the datagram path (default: a :class:`UdpBind` on
         ``listen_host``); the WebSocket relay path passes its own Bind factory here."""
-        self.ifname = ifname  # accepted and ignored: there is no OS interface
+        self.ifname = ifname  # accepted and ignored: there is no OS interface (nor files: state_dir)
         self.listen_host = listen_host
         self.on_packet = on_packet
-        self.resolve_interval = resolve_interval
-        self.resolver = resolver
         self.bind_factory = bind_factory or (lambda port: UdpBind.open(port or 0, self.listen_host))
         self.tunnel: UserspaceTunnel | None = None
         self.address: str | None = None
+        self._tasks: Tasks | None = None
         self._task: asyncio.Task | None = None
-        self._resolve_task: asyncio.Task | None = None
         self._private_key: bytes | None = None
         self._listen_port: int | None = None
-        self._wanted: tuple[PeerConfig, ...] = ()  # as given (host names kept)
         self._peers: tuple[PeerConfig, ...] = ()  # as applied (endpoints resolved)
         self._mtu = 1420
 
@@ -192,31 +196,34 @@ class UserspaceEngine(Engine):
 
     @classmethod
     def workload_support(cls) -> Support:
-        """Not yet: without a TCP/IP stack (issue 5) there is no dialer for the proxy and forwards."""
-        return Support(False, "no TCP/IP stack yet (a later issue): it carries IP packets only, "
-                              "so it cannot serve the proxy, GW_TUNNEL forwards or inbound ports")
+        """No: it has no TCP/IP stack yet, so there is no dialer for the proxy and forwards."""
+        return Support(False, "no TCP/IP stack yet: it carries IP packets only, so it cannot serve the proxy, "
+                              "GW_TUNNEL forwards or inbound ports; use the kernel, wireguard-go or wireproxy engine")
 
-    async def start(self) -> None:
-        """Nothing to create before the first apply() (the key and port come with the config)."""
+    async def start(self, tasks: Tasks) -> None:
+        """Remember the role's ``tasks`` (the receive loop runs there); the device comes with the first apply()."""
+        self._tasks = tasks
 
-    async def apply(self, desired: DesiredConfig) -> None:
-        """Create the device/socket when needed and diff peers in; endpoint host names are resolved
-        now and again every ``resolve_interval`` seconds (a moved gateway is followed)."""
-        resolved = tuple([dataclasses.replace(p, endpoint=await self.resolver(p.endpoint)) if p.endpoint else p
-                          for p in desired.peers])
+    async def apply(self, desired: DesiredConfig, workload: WorkloadConfig | None = None) -> bool:
+        """Create the device/socket when needed and diff peers in; True when anything changed.
+        Endpoint names are resolved once (the agent gives literals and follows names itself)."""
+        if self._tasks is None:
+            raise EngineError("the userspace engine was not started: call start(tasks) first")
+        resolved = (await resolve_once(desired)).peers
+        changed = False
         try:
             if (self.tunnel is None or desired.private_key != self._private_key
                     or desired.listen_port != self._listen_port or desired.mtu != self._mtu):
                 await self._restart(desired)
-            self._wanted = desired.peers
+                changed = True
+            changed |= self.address != desired.address
             self.address = desired.address
-            self._apply_peers(resolved)
+            changed |= self._apply_peers(resolved)
         except LocalProtocolError as err:
             raise EngineError(f"userspace engine refused the config: {err}") from None
-        if self.resolve_interval and (self._resolve_task is None or self._resolve_task.done()):
-            self._resolve_task = asyncio.create_task(self._re_resolve(), name="userspace-wg-resolve")
+        return changed
 
-    def _apply_peers(self, resolved: tuple[PeerConfig, ...]) -> None:
+    def _apply_peers(self, resolved: tuple[PeerConfig, ...]) -> bool:
         assert self.tunnel is not None
         plan = plan_peers(self._peers, resolved)
         device = self.tunnel.device
@@ -230,37 +237,15 @@ class UserspaceEngine(Engine):
             wg_peer = device.peer(key)
             if peer.endpoint is not None and peer.persistent_keepalive and wg_peer.keypairs.current is None:
                 self.tunnel.call(lambda now, key=key: device.initiate_handshake(key, now))
-
-    async def _re_resolve(self) -> None:
-        while True:
-            await asyncio.sleep(self.resolve_interval)
-            if self.tunnel is None:
-                return
-            current = {p.public_key: p for p in self._peers}
-            updated = []
-            for peer in self._wanted:
-                applied = current.get(peer.public_key)
-                if peer.endpoint is None or applied is None:
-                    updated.append(applied or peer)
-                    continue
-                try:
-                    endpoint = await self.resolver(peer.endpoint)
-                except EngineError as err:
-                    log.info("userspace wg: keeping %s: %s", applied.endpoint, err)  # DNS trouble: keep what works
-                    endpoint = applied.endpoint
-                if endpoint != applied.endpoint:
-                    log.warning("userspace wg: peer endpoint %s now resolves to %s (was %s)",
-                                peer.endpoint, endpoint, applied.endpoint)
-                updated.append(dataclasses.replace(applied, endpoint=endpoint))
-            if self.tunnel is not None:
-                self._apply_peers(tuple(updated))
+        return not plan.empty
 
     async def _restart(self, desired: DesiredConfig) -> None:
-        await self.stop()
+        assert self._tasks is not None
+        await self._close()
         bind = await self.bind_factory(desired.listen_port)
         device = Device(desired.private_key, wall_time=time.time, mtu=desired.mtu)
-        self.tunnel = UserspaceTunnel(device, bind, on_packet=self.on_packet)
-        self._task = asyncio.create_task(self.tunnel.run(), name="userspace-wg-receive")
+        self.tunnel = tunnel = UserspaceTunnel(device, bind, on_packet=self.on_packet)
+        self._task = self._tasks.spawn("userspace-wg-receive", tunnel.run)
         self._private_key, self._listen_port, self._mtu = desired.private_key, desired.listen_port, desired.mtu
         self._peers = ()
 
@@ -283,14 +268,14 @@ class UserspaceEngine(Engine):
         return EngineStatus(self.name, None, self.tunnel.bind.local_port, self._task is not None and not self._task.done(),
                             tuple(peers))
 
-    def dialer(self, resolver: Any = None):
-        raise NotSupported("the userspace engine has no TCP/IP stack yet (issue 5, part 2); "
-                           "it carries IP packets only (UserspaceEngine.tunnel.send_packet / receive_packet)")
+    def dialer(self, resolver: NameResolver | None = None):
+        raise NotSupported("the userspace engine has no TCP/IP stack yet; it carries IP packets only "
+                           "(UserspaceEngine.tunnel.send_packet / receive_packet)")
 
     async def stop(self) -> None:
-        if self._resolve_task is not None:
-            self._resolve_task.cancel()
-            self._resolve_task = None
+        await self._close()
+
+    async def _close(self) -> None:
         tunnel, task = self.tunnel, self._task
         self.tunnel = self._task = None
         self._private_key = None

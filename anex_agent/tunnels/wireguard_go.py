@@ -2,9 +2,10 @@
 
 Lifecycle:
 
-* ``start()`` runs ``wireguard-go -f IFNAME`` in the current network namespace (the
-  child gets SIGTERM if we die, via PR_SET_PDEATHSIG, so a crashed agent does not leave
-  it behind), then waits until its UAPI socket answers ``get=1``.
+* ``start()`` runs ``wireguard-go -f IFNAME`` in the current network namespace with
+  :func:`anex_agent.tunnels.process.spawn` (the child gets SIGTERM if we die, via
+  PR_SET_PDEATHSIG, so a crashed agent does not leave it behind), then waits until its
+  UAPI socket answers ``get=1``.
 * ``apply(desired)`` reads the device over UAPI, diffs it against ``desired``
   (:func:`anex_agent.tunnels.base.plan_peers`) and sends one ``set=1`` with only the
   changes; then addresses, MTU, link state and routes through :mod:`netconf`.
@@ -25,12 +26,13 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import IO
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 from anex_agent.childenv import engine_env
 from anex_agent.errors import EngineError
 from anex_agent.keys import decode_key, encode_key
-from anex_agent.tunnels import netconf, uapi
+from anex_agent.tunnels import netconf, process, uapi
 from anex_agent.tunnels.base import (
     DesiredConfig,
     Engine,
@@ -38,10 +40,16 @@ from anex_agent.tunnels.base import (
     PeerConfig,
     PeerStatus,
     Support,
+    WorkloadConfig,
     check_ifname,
     plan_peers,
 )
 from anex_agent.tunnels.caps import CAP_NET_ADMIN, has_capability, tun_usable
+from anex_agent.tunnels.endpoints import resolve_once
+
+if TYPE_CHECKING:
+    from anex_agent.dialer import NameResolver, OSDialer
+    from anex_agent.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -50,28 +58,6 @@ BINARY = "wireguard-go"
 ENV_PREFER_USERSPACE = "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD"
 START_TIMEOUT = 10.0
 STOP_GRACE = 5.0
-
-
-_PRCTL = None
-
-
-def _prepare_pdeathsig():
-    """Return a preexec function setting PR_SET_PDEATHSIG=SIGTERM (linux/prctl.h: PR_SET_PDEATHSIG = 1).
-
-    The libc symbol is looked up here, in the parent, so that the child (between fork and
-    exec, where other threads' locks may be held) only makes one plain system call.
-    """
-    global _PRCTL
-    if _PRCTL is None:
-        import ctypes
-
-        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-    prctl = _PRCTL
-
-    def preexec() -> None:  # pragma: no cover - runs in the child
-        prctl(1, int(signal.SIGTERM))
-
-    return preexec
 
 
 def peers_from_device(device: uapi.UapiDevice) -> tuple[PeerConfig, ...]:
@@ -91,7 +77,7 @@ def peers_from_device(device: uapi.UapiDevice) -> tuple[PeerConfig, ...]:
 def encode_apply(device: uapi.UapiDevice, desired: DesiredConfig) -> bytes:
     """The ``set=1`` request that takes ``device`` to ``desired`` (``b"set=1\\n\\n"`` when nothing differs). Pure.
 
-    Peer endpoints in ``desired`` must already be IP literals (see :func:`netconf.resolve_endpoint`).
+    Peer endpoints in ``desired`` must already be IP literals (see :mod:`anex_agent.tunnels.endpoints`).
     """
     current = peers_from_device(device)
     plan = plan_peers(current, desired.peers)
@@ -147,8 +133,9 @@ class WireguardGoEngine(Engine):
 
     name = "wireguard-go"
 
-    def __init__(self, *, ifname: str, binary: str = BINARY, socket_dir: str = uapi.SOCKET_DIR) -> None:
-        self.ifname = check_ifname(ifname)
+    def __init__(self, *, ifname: str, state_dir: Path | None = None, binary: str = BINARY,
+                 socket_dir: str = uapi.SOCKET_DIR) -> None:
+        self.ifname = check_ifname(ifname)  # state_dir: accepted and ignored (no files of ours)
         self.binary = binary
         self.socket_path = uapi.socket_path(ifname, socket_dir)
         self._proc: asyncio.subprocess.Process | None = None
@@ -173,7 +160,8 @@ class WireguardGoEngine(Engine):
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
-    async def start(self) -> None:
+    async def start(self, tasks: Tasks | None = None) -> None:
+        """Run the child and wait for its UAPI socket. No task of ours: ``tasks`` is not needed."""
         async with self._lock:
             if self.running:
                 return
@@ -185,10 +173,10 @@ class WireguardGoEngine(Engine):
             # quote when it fails to start; no reader task needed.
             self._stderr = tempfile.TemporaryFile()
             try:
-                self._proc = await asyncio.create_subprocess_exec(
+                self._proc = await process.spawn(
                     self.binary, "-f", self.ifname,
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=self._stderr,
-                    env=engine_env(env), preexec_fn=_prepare_pdeathsig(),
+                    env=engine_env(env),
                 )
             except OSError as err:
                 raise EngineError(f"cannot run {self.binary}: {err}") from None
@@ -228,15 +216,20 @@ class WireguardGoEngine(Engine):
             return
         raise EngineError(f"another WireGuard process already serves {self.socket_path}; choose another interface name")
 
-    async def apply(self, desired: DesiredConfig) -> None:
+    async def apply(self, desired: DesiredConfig, workload: WorkloadConfig | None = None) -> bool:
+        """Diff the device over UAPI and the interface settings into ``desired``; True when anything
+        changed. ``workload`` is not needed: the OS routes serve it."""
         if not self.running:
             await self.start()
         async with self._lock:
-            resolved = await netconf.resolve_peers(desired)
+            resolved = await resolve_once(desired)
             device = await uapi.get_device(self.socket_path)
             request = encode_apply(device, resolved)
-            await uapi.set_device(self.socket_path, request)
-            await netconf.run_blocking(netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes)
+            sent = request != uapi.encode_set()
+            if sent:
+                await uapi.set_device(self.socket_path, request)
+            plans = await netconf.run_blocking(netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes)
+            return sent or netconf.changed(plans)
 
     async def status(self) -> EngineStatus:
         if not self.running:
@@ -272,7 +265,7 @@ class WireguardGoEngine(Engine):
             except FileNotFoundError:
                 pass
 
-    def dialer(self, resolver=None):
+    def dialer(self, resolver: NameResolver | None = None) -> OSDialer:
         """An OS dialer: the routes through the interface carry the traffic."""
         from anex_agent.dialer import OSDialer
 

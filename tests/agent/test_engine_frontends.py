@@ -1,4 +1,4 @@
-"""Options of an engine that serves the front-ends itself (wireproxy), from NodeConfig + settings."""
+"""What the workload is offered (WorkloadConfig) from NodeConfig + settings, and an engine's check of the settings."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from anex_agent.agent import engine_frontends
 from anex_agent.agent.settings import AgentSettings, ListenAddress, TunnelSetting
 from anex_agent.errors import ConfigError
 from anex_agent.keys import KeyPair, generate_private_key
+from anex_agent.tunnels.base import engine_classes
+from anex_agent.tunnels.wireproxy import WireproxyEngine, WireproxyOptions
+from anex_agent.tunnels.wireproxy_process import free_loopback_port
 from anex_agent.wire import GatewayPeer, NodeConfig, TunnelSpec
 
 GW = KeyPair(generate_private_key()).public_b64
@@ -33,8 +36,9 @@ def settings(**kw):
 def test_options_merge_local_and_pushed_tunnels_and_inbound_ports():
     local = TunnelSetting("GW_TUNNEL_5432", TunnelSpec(listen_port=5432, target="db.local:5432"))
     pushed = [TunnelSpec(listen_port=5432, target="pushed.loses:1"), TunnelSpec(listen_port=6379, target="redis:6379")]
-    options = engine_frontends.wireproxy_options(config(pushed), settings(tunnels=(local,), inbound_ports=(8000, 8888)),
-                                                 "127.0.0.1:9999")
+    options = WireproxyOptions.from_workload(
+        engine_frontends.workload_config(config(pushed), settings(tunnels=(local,), inbound_ports=(8000, 8888))),
+        health_address="127.0.0.1:9999")
     assert options.proxy_address == "127.0.0.1:4128" and options.health_address == "127.0.0.1:9999"
     assert [(t.bind_address, t.target) for t in options.client_tunnels] == [("127.0.0.1:5432", "db.local:5432"),
                                                                             ("127.0.0.1:6379", "redis:6379")]
@@ -44,12 +48,15 @@ def test_options_merge_local_and_pushed_tunnels_and_inbound_ports():
 
 def test_proxy_auth_is_refused_naming_the_variable():
     with pytest.raises(ConfigError) as err:
-        engine_frontends.check_settings(settings(proxy_auth=object()))
+        engine_frontends.check_settings(settings(proxy_auth=object()), WireproxyEngine)
     assert err.value.source == "ANEX_PROXY_AUTH" and "wireproxy" in str(err.value)
-    engine_frontends.check_settings(settings())
+    engine_frontends.check_settings(settings(), WireproxyEngine)
+    for name, cls in engine_classes().items():  # engines that give a dialer: our proxy asks for the credentials
+        if cls.frontends == "dialer":
+            engine_frontends.check_settings(settings(proxy_auth=object()), cls)
 
 
 def test_free_loopback_port_is_bindable():
-    port = engine_frontends.free_loopback_port()
+    port = free_loopback_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))

@@ -32,11 +32,11 @@ def desired(key: bytes, peer_key: bytes, address: str, peer_ip: str, endpoint: s
 
 
 @pytest.fixture
-async def engines():
+async def engines(tasks):
     ka, kb = keys.generate_private_key(), keys.generate_private_key()
     a, b = UserspaceEngine(ifname="ignored"), UserspaceEngine(ifname=None)
-    await a.start()
-    await b.start()
+    await a.start(tasks)
+    await b.start(tasks)
     await b.apply(desired(kb, ka, IP_B, IP_A, None))
     port_b = (await b.status()).listen_port
     await a.apply(desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{port_b}"))
@@ -53,7 +53,7 @@ async def test_registered_and_always_supported():
     assert support.ok and "UDP" in support.reason
 
 
-async def test_dialer_says_it_needs_part_two():
+async def test_dialer_says_it_has_no_stack_yet():
     with pytest.raises(NotSupported, match="TCP/IP stack"):
         UserspaceEngine(ifname=None).dialer()
 
@@ -113,8 +113,9 @@ async def test_stop_releases_the_port_and_is_idempotent(engines):
     await UserspaceEngine(ifname=None).stop()  # stop before start is fine
 
 
-async def test_bad_peer_config_is_an_engine_error():
+async def test_bad_peer_config_is_an_engine_error(tasks):
     engine = UserspaceEngine(ifname=None)
+    await engine.start(tasks)
     key = keys.generate_private_key()
     try:
         with pytest.raises(EngineError):
@@ -155,37 +156,50 @@ async def test_a_failing_packet_handler_does_not_stop_the_tunnel(engines):
     assert b.tunnel.drop_reasons["packet handler failed"] == 1
 
 
-async def test_follows_an_endpoint_whose_name_resolves_elsewhere():
-    """The gateway moves (same key, new address): the re-resolution points the peer at it."""
+async def test_follows_an_endpoint_whose_name_resolves_elsewhere(tasks):
+    """The gateway moves (same key, new address): the endpoint policy's re-resolution points the peer at it."""
+    from anex_agent.tunnels.endpoints import EndpointPolicy
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     ka, kb = keys.generate_private_key(), keys.generate_private_key()
-    old_gw, new_gw = UserspaceEngine(ifname=None), UserspaceEngine(ifname=None)
+    old_gw, new_gw = UserspaceEngine(listen_host="127.0.0.1"), UserspaceEngine(listen_host="127.0.0.2")
     dns: dict[str, str] = {}
 
-    async def resolver(endpoint: str) -> str:  # DNS is the one thing faked here
-        if endpoint not in dns:
-            raise EngineError(f"cannot resolve {endpoint}")
-        return dns[endpoint]
+    async def resolver(host: str, port: int) -> list[str]:  # DNS is the one thing faked here
+        if host not in dns:
+            raise OSError(f"cannot resolve {host}")
+        return [dns[host]]
 
-    node = UserspaceEngine(ifname=None, resolver=resolver, resolve_interval=0.05)
+    node = UserspaceEngine(ifname=None)
+    policy = EndpointPolicy(resolver)
+    wanted = desired(ka, kb, IP_A, IP_B, f"gw.test:{port}")
+
+    async def reapply():
+        await node.apply(await policy.resolve(wanted))
+
+    for engine in (node, old_gw, new_gw):
+        await engine.start(tasks)
     try:
-        await old_gw.apply(desired(kb, ka, IP_B, IP_A, None))
-        await new_gw.apply(desired(kb, ka, IP_B, IP_A, None))
-        dns["gw.test:51820"] = f"127.0.0.1:{(await old_gw.status()).listen_port}"
+        await old_gw.apply(desired(kb, ka, IP_B, IP_A, None, port=port))
+        await new_gw.apply(desired(kb, ka, IP_B, IP_A, None, port=port))
+        dns["gw.test"] = "127.0.0.1"
         with pytest.raises(EngineError, match="cannot resolve"):
-            await node.apply(desired(ka, kb, IP_A, IP_B, "nowhere.test:1"))
-        await node.apply(desired(ka, kb, IP_A, IP_B, "gw.test:51820"))
+            await node.apply(await policy.resolve(desired(ka, kb, IP_A, IP_B, "nowhere.test:1")))
+        await node.apply(await policy.resolve(wanted))
+        tasks.spawn("endpoint-follow", lambda: policy.follow(reapply, 0.05))
         node.tunnel.send_packet(ipv4(IP_A, IP_B, b"to the old address"))
         assert (await asyncio.wait_for(old_gw.tunnel.receive_packet(), 5)).endswith(b"to the old address")
-        new_port = (await new_gw.status()).listen_port
-        dns["gw.test:51820"] = f"127.0.0.1:{new_port}"
+        dns["gw.test"] = "127.0.0.2"  # the gateway moved to another host
         for _ in range(100):
-            if (await node.status()).peers[0].endpoint == f"127.0.0.1:{new_port}":
+            if (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}":
                 break
             await asyncio.sleep(0.02)
-        assert (await node.status()).peers[0].endpoint == f"127.0.0.1:{new_port}"
-        del dns["gw.test:51820"]  # DNS failing later keeps the last good address
+        assert (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}"
+        del dns["gw.test"]  # DNS failing later keeps the last good address
         await asyncio.sleep(0.2)
-        assert (await node.status()).peers[0].endpoint == f"127.0.0.1:{new_port}"
+        assert (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}"
         node.tunnel.device.expire_sessions(keys.public_key(kb))  # the new host has no session: rekey
         node.tunnel.send_packet(ipv4(IP_A, IP_B, b"to the new address"))
         assert (await asyncio.wait_for(new_gw.tunnel.receive_packet(), 5)).endswith(b"to the new address")
@@ -194,7 +208,7 @@ async def test_follows_an_endpoint_whose_name_resolves_elsewhere():
             await engine.stop()
 
 
-async def test_a_custom_bind_carries_the_tunnel():
+async def test_a_custom_bind_carries_the_tunnel(tasks):
     """Any object with send/receive/close/local_port works as the path (the WebSocket Bind's seam)."""
     from anex_agent.tunnels.udp_bind import BindClosed
 
@@ -225,6 +239,8 @@ async def test_a_custom_bind_carries_the_tunnel():
     ka, kb = keys.generate_private_key(), keys.generate_private_key()
     a = UserspaceEngine(ifname=None, bind_factory=await factory_for(bind_a))
     b = UserspaceEngine(ifname=None, bind_factory=await factory_for(bind_b))
+    await a.start(tasks)
+    await b.start(tasks)
     try:
         await b.apply(desired(kb, ka, IP_B, IP_A, None))
         await a.apply(desired(ka, kb, IP_A, IP_B, "192.0.2.1:51820"))  # the relay ignores the endpoint

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from anex_agent.errors import ConfigError, EngineError
-from anex_agent.tunnels.base import DesiredConfig, PeerConfig, engine_classes
+from anex_agent.tunnels.base import DesiredConfig, Forward, PeerConfig, WorkloadConfig, engine_classes
 from anex_agent.tunnels.wireproxy import (
     ClientTunnel,
     ServerTunnel,
@@ -205,7 +205,7 @@ class Control:
 
 
 @pytest.fixture
-async def rig(tmp_path, monkeypatch):
+async def rig(tmp_path, monkeypatch, tasks):
     control = tmp_path / "control"
     control.mkdir()
     wrapper = tmp_path / "wireproxy"  # the engine gives its process a minimal environment: the control dir rides here
@@ -218,15 +218,24 @@ async def rig(tmp_path, monkeypatch):
             raise OSError("no such host")
         return list(addresses[host])
 
-    opts = WireproxyOptions(health_address=f"127.0.0.1:{free_port()}", proxy_address=f"127.0.0.1:{free_port()}",
-                            check_alive=("10.254.254.1",))
-    engine = WireproxyEngine(ifname=None, options=opts, binary=str(wrapper), state_dir=tmp_path / "state",
-                             health_interval=0.05, failures_before_restart=3, start_grace=10, resolve_interval=0.2,
-                             resolver=resolver)
+    engine = WireproxyEngine(ifname=None, binary=str(wrapper), state_dir=tmp_path / "state",
+                             health_address=f"127.0.0.1:{free_port()}",
+                             health_interval=0.05, failures_before_restart=3, start_grace=10)
+    await engine.start(tasks)
+    real_apply = engine.apply
+
+    async def apply(desired, workload=None):  # the rig's workload unless the test gives one
+        return await real_apply(desired, workload or WORKLOAD)
+
+    engine.apply = apply
+    engine.resolver = resolver
     try:
         yield engine, Control(control), addresses
     finally:
         await engine.stop()
+
+
+WORKLOAD = WorkloadConfig(proxy_address=f"127.0.0.1:{free_port()}", gateways=("10.254.254.1",))
 
 
 async def wait_healthy(engine):
@@ -235,8 +244,7 @@ async def wait_healthy(engine):
 
 async def test_starts_with_the_flags_and_reports_metrics(rig):
     engine, control, _ = rig
-    await engine.start()
-    await engine.apply(desired())
+    assert await engine.apply(desired()) is True
     await wait_healthy(engine)
     (start,) = control.starts()
     assert start["argv"] == ["-c", str(engine.config_path), "-i", engine.options.health_address]
@@ -252,11 +260,10 @@ async def test_same_config_twice_does_not_restart_and_a_change_does(rig):
     engine, control, _ = rig
     await engine.apply(desired())
     await wait_healthy(engine)
-    await engine.apply(desired())
+    assert await engine.apply(desired()) is False
     assert len(control.starts()) == 1
-    engine.set_options(WireproxyOptions(health_address=engine.options.health_address, proxy_address=engine.options.proxy_address,
-                                        client_tunnels=(ClientTunnel("127.0.0.1:15432", "db:5432"),)))
-    await engine.apply(desired())
+    assert await engine.apply(desired(), WorkloadConfig(proxy_address=engine.options.proxy_address,
+                                                        forwards=(Forward(15432, "db:5432"),))) is True
     await eventually(lambda: len(control.starts()) == 2, what="restart on config change")
     assert "Target = db:5432" in engine.config_path.read_text()
     assert engine.supervision.restarts == ["config changed"]
@@ -290,18 +297,53 @@ async def test_no_restart_during_start_grace(rig):
     assert len(control.starts()) == 1 and engine.supervision.restarts == []
 
 
-async def test_restarts_when_the_endpoint_resolves_elsewhere(rig):
+async def test_restarts_when_the_endpoint_resolves_elsewhere(rig, tasks):
+    """The endpoint policy above the engine follows the name; wireproxy gets the new address and restarts."""
+    from anex_agent.tunnels.endpoints import EndpointPolicy
+
     engine, control, addresses = rig
-    await engine.apply(desired())
+    policy = EndpointPolicy(engine.resolver)
+
+    async def reapply():
+        await engine.apply(await policy.resolve(desired()))
+
+    await engine.apply(await policy.resolve(desired()))
     await wait_healthy(engine)
+    tasks.spawn("endpoint-follow", lambda: policy.follow(reapply, 0.2))
     await asyncio.sleep(0.5)
     assert len(control.starts()) == 1  # same address: nothing happens
+    assert control.starts()[0]["endpoints"] == ["192.0.2.1:51820"]
     addresses["gw.example.com"] = ["198.51.100.7"]
     await eventually(lambda: len(control.starts()) == 2, what="restart after DNS change")
-    assert engine.supervision.restarts == ["endpoint gw.example.com:51820 now resolves to 198.51.100.7 (was 192.0.2.1)"]
+    assert engine.supervision.restarts == ["config changed"]
+    assert control.starts()[1]["endpoints"] == ["198.51.100.7:51820"]
     del addresses["gw.example.com"]  # DNS failure later: keep running
     await asyncio.sleep(0.5)
     assert len(control.starts()) == 2
+
+
+async def test_survives_a_failed_restart_and_comes_back(rig, tmp_path, tasks, caplog):
+    """The binary vanishes while wireproxy must restart: the failure is logged, the supervisor keeps
+    trying with backoff, and once the binary is back wireproxy runs again (never a silent death)."""
+    engine, control, _ = rig
+    wrapper = tmp_path / "bin" / "wireproxy"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nFAKE_WIREPROXY_DIR={control.path} exec {sys.executable} {FAKE} \"$@\"\n")
+    wrapper.chmod(0o755)
+    engine.binary = str(wrapper)
+    await engine.apply(desired())
+    await wait_healthy(engine)
+    hidden = wrapper.with_name("hidden")
+    wrapper.rename(hidden)  # the binary is gone...
+    control.readyz("exit")  # ...and the process exits
+    await eventually(lambda: tasks.failures["wireproxy-supervisor"] >= 2, what="failed restarts, logged")
+    assert "cannot start" in caplog.text and "wireproxy-supervisor failed" in caplog.text
+    assert not engine.running
+    control.readyz("200")
+    hidden.rename(wrapper)  # the binary is back
+    await eventually(lambda: len(control.starts()) == 2 and engine.running, what="wireproxy running again")
+    await wait_healthy(engine)
+    assert "not running (its last start failed)" in engine.supervision.restarts
 
 
 async def test_stop_kills_the_process_and_removes_the_key_file(rig):
@@ -317,14 +359,17 @@ async def test_stop_kills_the_process_and_removes_the_key_file(rig):
     assert not (await engine.status()).running
 
 
-async def test_missing_binary_is_an_engine_error(tmp_path):
+async def test_missing_binary_is_an_engine_error(tmp_path, tasks):
     engine = WireproxyEngine(ifname=None, binary=str(tmp_path / "missing"), state_dir=tmp_path)
+    await engine.start(tasks)
     with pytest.raises(EngineError, match="cannot start"):
         await engine.apply(desired(endpoint="192.0.2.1:51820"))
     await engine.stop()
 
 
 def test_options_for_node_from_the_wire_config():
+    from anex_agent.agent.engine_frontends import workload_config
+    from anex_agent.agent.settings import AgentSettings
     from anex_agent.wire import NodeConfig
 
     config = NodeConfig.model_validate({
@@ -334,6 +379,7 @@ def test_options_for_node_from_the_wire_config():
                       "allowed_ips": ["10.254.0.0/16"], "mesh_address": "10.254.254.1"}],
         "tunnels": [{"listen_port": 5432, "target": "db.default.svc.cluster.local:5432"}],
     })
-    opts = WireproxyOptions.for_node(config, inbound_ports=(8888,))
+    settings = AgentSettings(coordinator_url="http://c", join_token="", state_dir=Path("/tmp/x"), inbound_ports=(8888,))
+    opts = WireproxyOptions.from_workload(workload_config(config, settings))
     assert render_config(desired(), opts) == GOLDEN.replace(
         "[TCPClientTunnel]\nBindAddress = 127.0.0.1:6379\nTarget = 10.96.0.20:6379\n\n", "")

@@ -1,0 +1,170 @@
+"""The data plane treats every engine the same, through the engine contract only.
+
+Two stand-in engines that implement nothing but :class:`anex_agent.tunnels.base.Engine`:
+one gives a dialer (the agent's proxy and forwards serve the workload), one serves the
+workload itself (its dialer is None). DNS is injected; everything else is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+
+from anex_agent.agent.dataplane import DataPlane
+from anex_agent.agent.settings import AgentSettings, ListenAddress, TunnelSetting
+from anex_agent.dialer import OSDialer
+from anex_agent.keys import KeyPair, generate_private_key
+from anex_agent.tasks import Tasks
+from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support, WorkloadConfig
+from anex_agent.wire import GatewayPeer, NodeConfig, TunnelSpec
+
+GW = KeyPair(generate_private_key()).public_b64
+
+
+class ContractEngine(Engine):
+    """Records what the data plane gives it; no attribute beyond the contract is read by the data plane."""
+
+    name = "contract-dialer"
+    gives_dialer = True
+
+    def __init__(self, *, ifname=None, state_dir=None) -> None:
+        self.applied: list[tuple[DesiredConfig, WorkloadConfig | None]] = []
+        self.resets = 0
+        self.started_with = None
+
+    @classmethod
+    def is_supported(cls) -> Support:
+        return Support(True, "in memory")
+
+    async def start(self, tasks) -> None:
+        self.started_with = tasks
+
+    async def apply(self, desired, workload=None) -> bool:
+        changed = not self.applied or self.applied[-1] != (desired, workload)
+        self.applied.append((desired, workload))
+        return changed
+
+    async def status(self) -> EngineStatus:
+        return EngineStatus(self.name, None, 0, True)
+
+    async def stop(self) -> None:
+        pass
+
+    def dialer(self, resolver):
+        return OSDialer(resolver) if self.gives_dialer else None
+
+    async def reset_sessions(self, desired, *, within=10.0, every=1.0) -> bool:
+        self.resets += 1
+        return False
+
+    def report(self):
+        return {} if self.gives_dialer else {"served_forwards": len(self.applied[-1][1].forwards)}
+
+    def endpoints(self) -> list[str | None]:
+        return [p.endpoint for p in self.applied[-1][0].peers]
+
+
+class SelfServingEngine(ContractEngine):
+    name = "contract-self"
+    gives_dialer = False
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def config(version=1, address="10.254.0.7", tunnels=(), dns=("10.254.0.1",)) -> NodeConfig:
+    return NodeConfig(node_id="n", version=version, address=address, network="10.254.0.0/16", mtu=1380, dns=list(dns),
+                      gateways=[GatewayPeer(id="g", public_key=GW, endpoint="gw.example.test:51820",
+                                            allowed_ips=["10.254.0.0/16"], mesh_address="10.254.0.1")],
+                      tunnels=list(tunnels))
+
+
+@pytest.fixture
+async def plane(tmp_path):
+    """make(engine_cls) -> (DataPlane, dns dict); DNS answers come from the dict."""
+    made = []
+    dns = {"gw.example.test": ["192.0.2.1"]}
+
+    async def resolve(host: str, port: int) -> list[str]:
+        if host not in dns:
+            raise OSError("no such name")
+        return list(dns[host])
+
+    async with asyncio.TaskGroup() as group:
+        tasks = Tasks(group, role="agent", base=0.05, cap=0.2)
+
+        async def make(engine_cls):
+            settings = AgentSettings(coordinator_url="http://c", join_token="", state_dir=Path(tmp_path),
+                                     proxy_listen=ListenAddress("127.0.0.1", free_port()),
+                                     tunnels=(TunnelSetting("GW_TUNNEL_X", TunnelSpec(listen_port=free_port(),
+                                                                                      target="db.local:5432")),))
+            dp = DataPlane(settings, KeyPair(generate_private_key()), {}, endpoint_resolve=resolve, resolve_interval=0.05)
+            dp.engine_cls = engine_cls  # what choose_engine() would have picked
+            await dp.start(config(), tasks)
+            made.append(dp)
+            return dp, tasks
+
+        yield make, dns
+        for dp in made:
+            await dp.stop()
+        for task in list(group._tasks):
+            task.cancel()
+
+
+@pytest.mark.parametrize("engine_cls", [ContractEngine, SelfServingEngine])
+async def test_a_moved_gateway_is_followed_whatever_the_engine(plane, engine_cls):
+    make, dns = plane
+    dp, tasks = await make(engine_cls)
+    engine = dp.engine
+    assert engine.started_with is tasks  # the engine's tasks belong to the agent's TaskGroup
+    assert engine.endpoints() == ["192.0.2.1:51820"]  # engines get addresses, never names
+    await asyncio.sleep(0.2)
+    assert engine.endpoints() == ["192.0.2.1:51820"] and len(engine.applied) == 1  # nothing moved: no apply
+    dns["gw.example.test"] = ["198.51.100.7"]
+    for _ in range(100):
+        if engine.endpoints() == ["198.51.100.7:51820"]:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.endpoints() == ["198.51.100.7:51820"]
+    del dns["gw.example.test"]  # DNS trouble later: the last good address stays
+    assert await dp.apply(config(version=2)) is False
+    assert engine.endpoints() == ["198.51.100.7:51820"]
+    assert (await dp.status_doc())["endpoints"] == {"gw.example.test:51820": "198.51.100.7"}
+
+
+async def test_an_engine_that_gives_a_dialer_gets_our_proxy_and_forwards(plane):
+    make, _ = plane
+    dp, _ = await make(ContractEngine)
+    assert dp.proxy is not None and dp.forwards is not None
+    port = dp.settings.proxy_listen.port
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass  # our proxy listens
+    pushed = TunnelSpec(listen_port=free_port(), target="redis.local:6379")
+    assert await dp.apply(config(version=2, tunnels=[pushed])) is True
+    assert dp.tunnels()[pushed.listen_port] == "redis.local:6379"
+    assert await dp.apply(config(version=3, tunnels=[pushed])) is False  # same again: nothing changed
+    assert "contract-dialer" not in await dp.status_doc()  # no engine report: no key
+    assert dp.dialer.resolver is dp.resolver  # the dialer keeps the slot; a DNS change refills it
+    assert await dp.apply(config(version=4, tunnels=[pushed], dns=("10.254.0.2",))) is True
+    assert [str(s) for s in dp.resolver.current.cluster_dns] == ["10.254.0.2"]
+
+
+async def test_an_engine_that_serves_the_workload_gets_it_with_every_apply(plane):
+    make, _ = plane
+    dp, _ = await make(SelfServingEngine)
+    assert dp.proxy is None and dp.forwards is None  # the engine serves them
+    workload = dp.engine.applied[-1][1]
+    assert workload.proxy_address == str(dp.settings.proxy_listen) and workload.gateways == ("10.254.0.1",)
+    pushed = TunnelSpec(listen_port=free_port(), target="redis.local:6379")
+    assert await dp.apply(config(version=2, tunnels=[pushed])) is True
+    assert pushed.listen_port in {f.listen_port for f in dp.engine.applied[-1][1].forwards}
+    assert dp.tunnels()[pushed.listen_port] == "redis.local:6379"
+    assert (await dp.status_doc())["contract-self"] == {"served_forwards": 2}
+    await dp.reset_gateway_sessions()
+    assert dp.engine.resets == 1  # the engine decides how to reset its sessions

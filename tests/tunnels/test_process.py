@@ -1,0 +1,168 @@
+"""PR_SET_PDEATHSIG, set once and fork-safely, for every engine that starts a child process.
+
+Real processes: a parent (a Python process running the engine, as the agent does) is
+killed with SIGKILL, and the engine's child must die with it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from anex_agent.tunnels import process
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_WIREPROXY = Path(__file__).with_name("fake_wireproxy.py")
+FAKE_WIREGUARD_GO = """\
+#!/bin/sh
+# stands in for wireguard-go: records its pid, then waits (it never opens a UAPI socket)
+echo $$ > "$PIDFILE"
+exec sleep 600
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie waiting for its new parent to reap it is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "Z"
+    except OSError:
+        return True
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_parent(tmp_path: Path, body: str, env: dict[str, str]) -> subprocess.Popen:
+    """A parent process running ``body`` (async, with ``tasks`` in scope) forever, like the agent."""
+    script = tmp_path / "parent.py"
+    script.write_text("import asyncio, sys\nfrom anex_agent.tasks import Tasks\n\n"
+                      "async def main():\n    async with asyncio.TaskGroup() as tg:\n        tasks = Tasks(tg, role='test')\n"
+                      + textwrap.indent(textwrap.dedent(body), " " * 8)
+                      + "        await asyncio.sleep(600)\n\nasyncio.run(main())\n")
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.Popen([sys.executable, str(script)], env=full_env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "parent.log", "wb"))
+
+
+def kill_parent_and_check_child(parent: subprocess.Popen, child: int) -> None:
+    assert not gone(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+    wait_for(lambda: gone(child), 10, f"child {child} to die with its parent")
+
+
+def test_spawn_sets_pdeathsig_and_the_child_dies_with_its_parent(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    parent = run_parent(tmp_path, f"""
+        from anex_agent.tunnels.process import spawn
+        child = await spawn("sleep", "600")
+        open({str(pidfile)!r}, "w").write(str(child.pid))
+    """, {})
+    try:
+        child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 15, "the child"))
+        kill_parent_and_check_child(parent, child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_without_pdeathsig_the_child_would_outlive_its_parent(tmp_path):
+    """The control: the same parent with a plain create_subprocess_exec leaves the child running."""
+    pidfile = tmp_path / "child.pid"
+    parent = run_parent(tmp_path, f"""
+        child = await asyncio.create_subprocess_exec("sleep", "600")
+        open({str(pidfile)!r}, "w").write(str(child.pid))
+    """, {})
+    child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 15, "the child"))
+    try:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        time.sleep(0.5)
+        assert not gone(child)
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_wireguard_go_child_dies_with_the_agent(tmp_path):
+    fake = tmp_path / "wireguard-go"
+    fake.write_text(FAKE_WIREGUARD_GO)
+    fake.chmod(0o755)
+    pidfile = tmp_path / "wg.pid"
+    parent = run_parent(tmp_path, f"""
+        from anex_agent.tunnels.wireguard_go import WireguardGoEngine
+        engine = WireguardGoEngine(ifname="anxpdtest", binary={str(fake)!r}, socket_dir={str(tmp_path)!r})
+        tasks.spawn("start", lambda: engine.start(tasks))
+    """, {"PIDFILE": str(pidfile)})
+    try:
+        child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 15, "wireguard-go started"))
+        kill_parent_and_check_child(parent, child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_wireproxy_child_dies_with_the_agent(tmp_path):
+    control = tmp_path / "control"
+    control.mkdir()
+    parent = run_parent(tmp_path, f"""
+        from anex_agent.tunnels.base import DesiredConfig, PeerConfig
+        from anex_agent.tunnels.wireproxy import WireproxyEngine
+        engine = WireproxyEngine(binary={str(FAKE_WIREPROXY)!r}, state_dir={str(tmp_path / "state")!r})
+        await engine.start(tasks)
+        await engine.apply(DesiredConfig(private_key=bytes(range(32)), listen_port=None, address="10.254.0.5/16",
+                                         mtu=1400, peers=(PeerConfig(public_key="{'A' * 43}=", endpoint="192.0.2.1:51820",
+                                                                     allowed_ips=("10.254.0.0/16",)),)))
+    """, {"FAKE_WIREPROXY_DIR": str(control)})
+    starts = control / "starts.jsonl"
+    try:
+        line = wait_for(lambda: starts.exists() and starts.read_text().strip(), 15, "wireproxy started")
+        kill_parent_and_check_child(parent, json.loads(line.splitlines()[0])["pid"])
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_every_engine_starts_its_children_through_spawn():
+    """No engine calls the subprocess APIs itself: process.spawn (with the death signal) is the only way.
+    (``cleanup.py`` runs ``nft`` to completion, synchronously: nothing there can outlive us.)"""
+    forbidden = {"create_subprocess_exec", "create_subprocess_shell", "Popen", "run", "call", "check_call",
+                 "check_output", "fork", "posix_spawn", "spawnv", "system"}
+    found = []
+    for path in (ROOT / "anex_agent" / "tunnels").glob("*.py"):
+        if path.name in ("process.py", "cleanup.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in forbidden:
+                base = node.func.value
+                if isinstance(base, ast.Name) and base.id in ("asyncio", "subprocess", "os"):
+                    found.append(f"{path.name}:{node.lineno} {base.id}.{node.func.attr}")
+    assert found == []
+
+
+def test_preexec_is_prepared_in_the_parent():
+    preexec = process.pdeathsig_preexec()
+    assert preexec.pdeathsig == signal.SIGTERM
+    assert "ctypes" not in preexec.__code__.co_names  # nothing to import between fork and exec
+    with pytest.raises(TypeError):
+        import asyncio
+
+        asyncio.run(process.spawn("true", preexec_fn=lambda: None))
