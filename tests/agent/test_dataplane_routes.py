@@ -21,8 +21,9 @@ class FakeEngine:
     def __init__(self) -> None:
         self.applied = []
 
-    async def apply(self, desired) -> None:
+    async def apply(self, desired, workload=None) -> bool:
         self.applied.append(desired)
+        return True
 
 
 class FakeForwards:

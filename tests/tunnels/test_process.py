@@ -103,15 +103,15 @@ def test_without_pdeathsig_the_child_would_outlive_its_parent(tmp_path):
 
 
 def test_wireguard_go_child_dies_with_the_agent(tmp_path):
-    fake = tmp_path / "wireguard-go"
-    fake.write_text(FAKE_WIREGUARD_GO)
-    fake.chmod(0o755)
     pidfile = tmp_path / "wg.pid"
+    fake = tmp_path / "wireguard-go"  # engines give their child a minimal environment: the pid file rides here
+    fake.write_text(FAKE_WIREGUARD_GO.replace('"$PIDFILE"', f'"{pidfile}"'))
+    fake.chmod(0o755)
     parent = run_parent(tmp_path, f"""
         from anex_agent.tunnels.wireguard_go import WireguardGoEngine
         engine = WireguardGoEngine(ifname="anxpdtest", binary={str(fake)!r}, socket_dir={str(tmp_path)!r})
         tasks.spawn("start", lambda: engine.start(tasks))
-    """, {"PIDFILE": str(pidfile)})
+    """, {})
     try:
         child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 15, "wireguard-go started"))
         kill_parent_and_check_child(parent, child)
@@ -123,15 +123,18 @@ def test_wireguard_go_child_dies_with_the_agent(tmp_path):
 def test_wireproxy_child_dies_with_the_agent(tmp_path):
     control = tmp_path / "control"
     control.mkdir()
+    wrapper = tmp_path / "wireproxy"  # engines give their child a minimal environment: the control dir rides here
+    wrapper.write_text(f"#!/bin/sh\nFAKE_WIREPROXY_DIR={control} exec {sys.executable} {FAKE_WIREPROXY} \"$@\"\n")
+    wrapper.chmod(0o755)
     parent = run_parent(tmp_path, f"""
         from anex_agent.tunnels.base import DesiredConfig, PeerConfig
         from anex_agent.tunnels.wireproxy import WireproxyEngine
-        engine = WireproxyEngine(binary={str(FAKE_WIREPROXY)!r}, state_dir={str(tmp_path / "state")!r})
+        engine = WireproxyEngine(binary={str(wrapper)!r}, state_dir={str(tmp_path / "state")!r})
         await engine.start(tasks)
         await engine.apply(DesiredConfig(private_key=bytes(range(32)), listen_port=None, address="10.254.0.5/16",
                                          mtu=1400, peers=(PeerConfig(public_key="{'A' * 43}=", endpoint="192.0.2.1:51820",
                                                                      allowed_ips=("10.254.0.0/16",)),)))
-    """, {"FAKE_WIREPROXY_DIR": str(control)})
+    """, {})
     starts = control / "starts.jsonl"
     try:
         line = wait_for(lambda: starts.exists() and starts.read_text().strip(), 15, "wireproxy started")
