@@ -20,6 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from anex_agent.coordinator import app as app_module
+from anex_agent.coordinator import server as http_server
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT_NETWORK, Settings, default_state_dir
@@ -120,7 +121,7 @@ async def serve(settings: Settings, host: str, port: int, signing_key_file: Path
     log.info("admin token: %s", ctx.admin_token_source)
     log.info("database: %s (%s)", _redacted(settings.database_url), ctx.db.dialect)
     application = app_module.build_app(ctx, modules)
-    runner = web.AppRunner(application, access_log=None, shutdown_timeout=5)
+    runner = http_server.AppRunner(application, access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True)
