@@ -138,9 +138,9 @@ class RouteRegistry:
             started = time.perf_counter()
             status = 500
             try:
+                principal = await ctx.auth.authenticate(request, route.auth)
                 _check_path(request)
                 query = _parse_query(request, route.query)
-                principal = await ctx.auth.authenticate(request, route.auth)
                 body = await _parse_body(request, route.request_model) if route.request_model else None
                 result = await route.handler(Call(request, ctx, principal, body, query))
                 response = _to_response(result, route.status)
