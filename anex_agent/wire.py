@@ -106,7 +106,7 @@ def _free_value(value: Any, path: str) -> None:
             _free_value(item, f"{path}.{index}" if path else str(index))
 
 
-def _check_telemetry(value: dict[str, Any] | None) -> dict[str, Any] | None:
+def check_telemetry(value: dict[str, Any] | None) -> dict[str, Any] | None:
     """Telemetry is free-form except: finite numbers, and counters/measures (keys ending in
     ``_bytes``, ``_count``, ``_errors``, ``_pct``, ... and the values of ``xid_counts``) not negative."""
     if value is not None:
@@ -324,7 +324,7 @@ class TransportStatus(Model):
 class Heartbeat(Model):
     status: TransportStatus = Field(default_factory=TransportStatus)
     config_version: Version = 0
-    telemetry: Annotated[dict[str, Any] | None, AfterValidator(_check_telemetry)] = Field(
+    telemetry: Annotated[dict[str, Any] | None, AfterValidator(check_telemetry)] = Field(
         None,
         description=(
             "opaque to the coordinator except telemetry['health'] = {'verdict': healthy|degraded|unhealthy, "
