@@ -239,6 +239,15 @@ _PROBLEM_TEXT = {
 }
 
 
+INPUT_RULES = (
+    "Input rules of every route (beyond each schema's own limits): request bodies are application/json in "
+    "UTF-8 (else 415) and are validated strictly, without type coercion (422 naming the field); no string "
+    "anywhere in a body holds a NUL character; numbers are finite (no NaN or Infinity); strings inside "
+    "untyped objects hold at most 4096 characters; path parameters are at most 253 printable characters and "
+    "integer query parameters are ASCII digits within their range (else 400 naming the parameter)."
+)
+
+
 def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
     """An OpenAPI 3.1 document describing ``routes``."""
     from pydantic.json_schema import models_json_schema
@@ -313,7 +322,7 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
         paths.setdefault(r.path, {})[r.method.lower()] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": title, "version": version},
+        "info": {"title": title, "version": version, "description": INPUT_RULES},
         "paths": paths,
         "components": {
             "schemas": schema.get("$defs", {}),

@@ -368,5 +368,6 @@ async def test_openapi_shows_the_constraints(coord):
     assert (offers["schema"]["minimum"], offers["schema"]["maximum"], offers["schema"]["default"]) == (1, 10000, 100)
     node_param = doc["paths"]["/v1/nodes/{node_id}"]["get"]["parameters"][0]
     assert node_param["schema"]["maxLength"] == 253
+    assert "NUL" in doc["info"]["description"] and "without type coercion" in doc["info"]["description"]
     join = doc["paths"]["/v1/nodes"]["post"]["responses"]
     assert {"400", "415", "422"} <= set(join)
