@@ -41,7 +41,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from anex_agent import parse
 
@@ -164,9 +164,11 @@ class Model(BaseModel):
     """Base of every wire model.
 
     * unknown fields are rejected (a typo is an error, not silently ignored);
-    * no string anywhere (fields, list items, dict keys, untyped objects) holds a NUL
-      character, and untyped objects hold no NaN/Infinity and no string over
-      :data:`FREE_TEXT_MAX` characters (422 naming the field);
+    * in what is parsed from JSON (a request on the coordinator, an answer on a client), no
+      string anywhere (fields, list items, dict keys, untyped objects) holds a NUL character,
+      and untyped objects hold no NaN/Infinity and no string over :data:`FREE_TEXT_MAX`
+      characters (422 naming the field). Models built in Python by the product's own code
+      are not walked (a coordinator answer never fails on them);
     * NaN and Infinity are refused in float fields.
 
     The coordinator parses request bodies in pydantic's strict mode (``"reusable": 0``
@@ -177,8 +179,8 @@ class Model(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _no_nul_or_non_finite(cls, value: Any) -> Any:
-        if not isinstance(value, BaseModel):
+    def _no_nul_or_non_finite(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.mode == "json" and not isinstance(value, BaseModel):
             _free_value(value, "")
         return value
 
