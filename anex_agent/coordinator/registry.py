@@ -197,10 +197,8 @@ async def _parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel
         raise problems.bad_request(f"a JSON body ({model.__name__}) is required")
     charset = (request.charset or "utf-8").lower()
     if request.content_type != JSON or charset not in ("utf-8", "utf8"):
-        raise problems.Problem(
-            415, "Unsupported Media Type",
-            f"the body must be {JSON} (UTF-8), a {model.__name__} object; got {request.content_type}",
-            slug="unsupported-media-type", headers={"Accept-Post": JSON})
+        got = request.headers.get("Content-Type", "")
+        raise problems.unsupported_media_type(JSON, got[:100], f"UTF-8, a {model.__name__} object")
     try:
         raw = await request.read()
     except ConnectionResetError:
