@@ -56,7 +56,7 @@ LABEL_KEY_MAX = 253
 LABEL_VALUE_MAX = 253
 LABELS_MAX = 64  # labels per token
 LIST_MAX = 256  # list items of request fields (networks, tunnels, capabilities)
-FREE_TEXT_MAX = 4096  # any string inside an untyped object (facts.detect, telemetry)
+FREE_TEXT_MAX = 4096  # any string parsed from JSON without a smaller limit (also inside facts.detect, telemetry)
 PUBLIC_KEY_PATTERN = r"^[A-Za-z0-9+/]{43}=$"  # 32 bytes of standard base64
 CIDR_PATTERN = r"^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$"  # the exact check is anex_agent.parse.cidr
 WS_URL_PATTERN = r"^wss?://[^\s]+$"

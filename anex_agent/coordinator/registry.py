@@ -240,8 +240,8 @@ _PROBLEM_TEXT = {
 INPUT_RULES = (
     "Input rules of every route (beyond each schema's own limits): request bodies are application/json in "
     "UTF-8 (else 415) and are validated strictly, without type coercion (422 naming the field); no string "
-    "anywhere in a body holds a NUL character; numbers are finite (no NaN or Infinity); strings inside "
-    "untyped objects hold at most 4096 characters; path parameters are at most 253 printable characters and "
+    "anywhere in a body holds a NUL character or more than 4096 characters (fewer where the schema says "
+    "so); numbers are finite (no NaN or Infinity); path parameters are at most 253 printable characters and "
     "integer query parameters are ASCII digits within their range (else 400 naming the parameter)."
 )
 
