@@ -87,16 +87,16 @@ def _check_host_port(value: str) -> str:
 def _free_value(value: Any, path: str) -> None:
     """Refuse what no field of the REST contract may hold, at any depth of ``value``:
     NUL characters (PostgreSQL text cannot store them), strings longer than
-    :data:`FREE_TEXT_MAX`, and NaN or infinite numbers (JSON has none)."""
+    :data:`FREE_TEXT_MAX`, and NaN or infinite numbers (JSON has none).
+    The message starts with the path inside ``value`` (``gpus.0.power_w: ...``)."""
     if isinstance(value, str):
         if "\x00" in value:
-            raise ValueError(f"{path}: must not contain the NUL character" if path else "must not contain the NUL character")
+            raise ValueError(_at(path, "must not contain the NUL character"))
         if len(value) > FREE_TEXT_MAX:
-            raise ValueError(f"{path}: must be at most {FREE_TEXT_MAX} characters" if path
-                             else f"must be at most {FREE_TEXT_MAX} characters")
+            raise ValueError(_at(path, f"must be at most {FREE_TEXT_MAX} characters"))
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{path}: must be a finite number" if path else "must be a finite number")
+            raise ValueError(_at(path, "must be a finite number"))
     elif isinstance(value, dict):
         for key, item in value.items():
             _free_value(key, path)
@@ -104,6 +104,10 @@ def _free_value(value: Any, path: str) -> None:
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             _free_value(item, f"{path}.{index}" if path else str(index))
+
+
+def _at(path: str, message: str) -> str:
+    return f"{path}: {message}" if path else message
 
 
 def check_telemetry(value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -122,7 +126,7 @@ def _check_non_negative(value: Any, path: str) -> None:
             if isinstance(item, (int, float)) and not isinstance(item, bool) and item < 0 and (
                 str(key).endswith(_NON_NEGATIVE_SUFFIXES) or path.endswith("xid_counts")
             ):
-                raise ValueError(f"{where}: must not be negative")
+                raise ValueError(_at(where, "must not be negative"))
             _check_non_negative(item, where)
     elif isinstance(value, list):
         for index, item in enumerate(value):

@@ -89,8 +89,9 @@ def bad_request(detail: str, field: str | None = None) -> Problem:
 
 def unsupported_media_type(accepted: str, got: str, what: str) -> Problem:
     """415 for a body that is not ``accepted`` (``Accept-Post`` names it, RFC 9110 §15.5.16)."""
-    return Problem(415, "Unsupported Media Type", f"the body must be {accepted} ({what}); got {got or 'none'}",
-                   slug="unsupported-media-type", headers={"Accept-Post": accepted})
+    detail = f"the body must be {accepted} ({what}); got {got or 'none'}"
+    return Problem(415, "Unsupported Media Type", detail, slug="unsupported-media-type",
+                   headers={"Accept-Post": accepted})
 
 
 def from_validation_error(err: ValidationError, *, location: str = "body") -> Problem:
