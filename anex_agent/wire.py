@@ -36,14 +36,34 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
+import math
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from anex_agent import parse
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+
+
+# ---------------------------------------------------------------- limits (documented in the OpenAPI schema)
+
+NAME_MAX = 253  # node and gateway names, host names (a DNS name)
+SECRET_MAX = 512  # join tokens and credentials as sent
+SHORT_TEXT_MAX = 128  # engine, path, agent version, capability names
+URL_MAX = 2048
+LABEL_KEY_MAX = 253
+LABEL_VALUE_MAX = 253
+LABELS_MAX = 64  # labels per token
+LIST_MAX = 256  # list items of request fields (networks, tunnels, capabilities)
+FREE_TEXT_MAX = 4096  # any string parsed from JSON without a smaller limit (also inside facts.detect, telemetry)
+PUBLIC_KEY_PATTERN = r"^[A-Za-z0-9+/]{43}=$"  # 32 bytes of standard base64
+CIDR_PATTERN = r"^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$"  # the exact check is anex_agent.parse.cidr
+WS_URL_PATTERN = r"^wss?://[^\s]+$"
+
+# counters and measures in telemetry that cannot be negative: keys ending so (see anex_agent.gpu)
+_NON_NEGATIVE_SUFFIXES = ("_bytes", "_count", "_errors", "_pct", "_mhz", "_w", "_seconds", "_bits", "_gbps")
 
 
 def _check_public_key(value: str) -> str:
@@ -57,29 +77,117 @@ def _check_public_key(value: str) -> str:
 
 
 def _check_cidr(value: str) -> str:
-    try:
-        return str(ipaddress.ip_network(value, strict=False))
-    except ValueError:
-        raise ValueError("must be a network in CIDR form, for example 10.96.0.0/12") from None
+    return str(parse.cidr(value))
 
 
 def _check_host_port(value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError("must be HOST:PORT with a port from 1 to 65535 (IPv6 hosts in brackets)")
+    parse.host_port(value)
     return value
 
 
-PublicKey = Annotated[str, AfterValidator(_check_public_key)]
-Cidr = Annotated[str, AfterValidator(_check_cidr)]
-HostPort = Annotated[str, AfterValidator(_check_host_port)]
+def _free_value(value: Any, path: str) -> None:
+    """Refuse what no field of the REST contract may hold, at any depth of ``value``:
+    NUL characters (PostgreSQL text cannot store them), strings longer than
+    :data:`FREE_TEXT_MAX`, and NaN or infinite numbers (JSON has none).
+    The message starts with the path inside ``value`` (``gpus.0.power_w: ...``)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(_at(path, "must not contain the NUL character"))
+        if len(value) > FREE_TEXT_MAX:
+            raise ValueError(_at(path, f"must be at most {FREE_TEXT_MAX} characters"))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(_at(path, "must be a finite number"))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _free_value(key, path)
+            _free_value(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _free_value(item, f"{path}.{index}" if path else str(index))
+
+
+def _at(path: str, message: str) -> str:
+    return f"{path}: {message}" if path else message
+
+
+def check_telemetry(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Telemetry is free-form except: finite numbers, and counters/measures (keys ending in
+    ``_bytes``, ``_count``, ``_errors``, ``_pct``, ... and the values of ``xid_counts``) not negative."""
+    if value is not None:
+        _free_value(value, "")
+        _check_non_negative(value, "")
+    return value
+
+
+def _check_non_negative(value: Any, path: str) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(item, (int, float)) and not isinstance(item, bool) and item < 0 and (
+                str(key).endswith(_NON_NEGATIVE_SUFFIXES) or path.endswith("xid_counts")
+            ):
+                raise ValueError(_at(where, "must not be negative"))
+            _check_non_negative(item, where)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_non_negative(item, f"{path}.{index}" if path else str(index))
+
+
+PublicKey = Annotated[
+    str,
+    Field(min_length=44, max_length=44, pattern=PUBLIC_KEY_PATTERN,
+          description="WireGuard public key: 44 characters of base64 (32 bytes)"),
+    AfterValidator(_check_public_key),
+]
+Cidr = Annotated[
+    str,
+    Field(max_length=parse.CIDR_MAX, pattern=CIDR_PATTERN, description="an IPv4 or IPv6 network in CIDR form"),
+    AfterValidator(_check_cidr),
+]
+HostPort = Annotated[
+    str,
+    Field(max_length=parse.HOST_PORT_MAX, pattern=parse.HOST_PORT_PATTERN,
+          description="HOST:PORT, port 1..65535 in ASCII digits; IPv6 hosts in brackets"),
+    AfterValidator(_check_host_port),
+]
 Port = Annotated[int, Field(ge=1, le=65535)]
+Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX)]
+Secret = Annotated[str, Field(min_length=1, max_length=SECRET_MAX)]
+ShortText = Annotated[str, Field(max_length=SHORT_TEXT_MAX)]
+WsUrl = Annotated[str, Field(max_length=URL_MAX, pattern=WS_URL_PATTERN)]
+Labels = Annotated[
+    dict[Annotated[str, Field(min_length=1, max_length=LABEL_KEY_MAX)],
+         Annotated[str, Field(max_length=LABEL_VALUE_MAX)]],
+    Field(max_length=LABELS_MAX),
+]
+Version = Annotated[int, Field(ge=0)]
+Counter = Annotated[int, Field(ge=0)]
 
 
 class Model(BaseModel):
-    """Base: unknown fields are rejected (a typo is an error, not silently ignored)."""
+    """Base of every wire model.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    * unknown fields are rejected (a typo is an error, not silently ignored);
+    * in what is parsed from JSON (a request on the coordinator, an answer on a client), no
+      string anywhere (fields, list items, dict keys, untyped objects) holds a NUL character,
+      and untyped objects hold no NaN/Infinity and no string over :data:`FREE_TEXT_MAX`
+      characters (422 naming the field). Models built in Python by the product's own code
+      are not walked (a coordinator answer never fails on them);
+    * NaN and Infinity are refused in float fields.
+
+    The coordinator parses request bodies in pydantic's strict mode (``"reusable": 0``
+    or ``"port": "80"`` are errors, not coerced); clients parse responses in lax mode.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul_or_non_finite(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.mode == "json" and not isinstance(value, BaseModel):
+            _free_value(value, "")
+        return value
 
 
 class Provider(str, Enum):
@@ -121,7 +229,7 @@ class JoinTokenCreate(Model):
     reusable: bool = Field(False, description="true without max_uses: no limit on uses")
     max_uses: int | None = Field(None, ge=1, le=1_000_000, description="nodes/gateways the token may admit; default 1")
     expires_in: int = Field(3600, ge=1, le=365 * 86400, description="seconds until the token expires")
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     providers: list[Provider] | None = Field(
         None, min_length=1, description="node tokens: a join naming another provider is refused (403); null = any"
     )
@@ -163,16 +271,17 @@ class JoinTokenList(Model):
 
 
 class NodeFacts(Model):
-    hostname: str = ""
-    capabilities: list[str] = Field(default_factory=list, description="e.g. kernel-wireguard, wireguard-go, udp")
+    hostname: str = Field("", max_length=NAME_MAX)
+    capabilities: list[ShortText] = Field(default_factory=list, max_length=LIST_MAX,
+                                          description="e.g. kernel-wireguard, wireguard-go, udp")
     detect: dict[str, Any] = Field(default_factory=dict, description="the agent's detect report")
-    agent_version: str = ""
+    agent_version: ShortText = ""
 
 
 class NodeJoinRequest(Model):
-    token: str
+    token: Secret
     public_key: PublicKey
-    name: str = Field(min_length=1, max_length=253)
+    name: Name
     provider: Provider
     facts: NodeFacts = Field(default_factory=NodeFacts)
 
@@ -182,8 +291,9 @@ class GatewayPeer(Model):
 
     id: str
     public_key: PublicKey
-    endpoint: str | None = Field(None, description="UDP HOST:PORT of the gateway's WireGuard hub")
-    ws_url: str | None = Field(None, description="WebSocket relay URL (ws:// or wss://) for UDP-blocked nodes")
+    endpoint: str | None = Field(None, max_length=URL_MAX, description="UDP HOST:PORT of the gateway's WireGuard hub")
+    ws_url: str | None = Field(None, max_length=URL_MAX,
+                               description="WebSocket relay URL (ws:// or wss://) for UDP-blocked nodes")
     allowed_ips: list[Cidr]
     persistent_keepalive: int = Field(25, ge=0, le=65535)
     mesh_address: str
@@ -228,21 +338,23 @@ class NodeJoinResponse(Model):
 
 
 class TransportStatus(Model):
-    engine: str = ""
-    path: str = ""
-    last_handshake_age: float | None = Field(None, description="seconds since the last handshake, None if never")
-    rx_bytes: int = 0
-    tx_bytes: int = 0
+    engine: ShortText = ""
+    path: ShortText = ""
+    last_handshake_age: float | None = Field(None, ge=0, description="seconds since the last handshake, None if never")
+    rx_bytes: Counter = 0
+    tx_bytes: Counter = 0
 
 
 class Heartbeat(Model):
     status: TransportStatus = Field(default_factory=TransportStatus)
-    config_version: int = 0
-    telemetry: dict[str, Any] | None = Field(
+    config_version: Version = 0
+    telemetry: Annotated[dict[str, Any] | None, AfterValidator(check_telemetry)] = Field(
         None,
         description=(
             "opaque to the coordinator except telemetry['health'] = {'verdict': healthy|degraded|unhealthy, "
-            "'reasons': [...]}; see anex_agent.gpu for the shape"
+            "'reasons': [...]}; see anex_agent.gpu for the shape. Numbers are finite; counters and "
+            "measures (keys ending in _bytes, _count, _errors, _pct, _mhz, _w, _seconds, _bits, _gbps, and "
+            "the values of xid_counts) are not negative; strings hold at most 4096 characters and no NUL"
         ),
     )
 
@@ -286,7 +398,7 @@ class NodeTelemetry(Model):
 
 
 class TunnelsUpdate(Model):
-    tunnels: list[TunnelSpec]
+    tunnels: list[TunnelSpec] = Field(max_length=LIST_MAX)
 
 
 class AgentAccessToken(Model):
@@ -298,12 +410,13 @@ class AgentAccessToken(Model):
 
 
 class GatewayRegisterRequest(Model):
-    token: str
+    token: Secret
     public_key: PublicKey
-    name: str = Field(min_length=1, max_length=253)
+    name: Name
     endpoint: HostPort | None = Field(None, description="UDP HOST:PORT nodes use to reach the hub")
-    ws_url: str | None = Field(None, description="WebSocket relay URL")
-    routes: list[Cidr] = Field(default_factory=list, description="cluster networks reachable through this gateway")
+    ws_url: WsUrl | None = Field(None, description="WebSocket relay URL (ws:// or wss://)")
+    routes: list[Cidr] = Field(default_factory=list, max_length=LIST_MAX,
+                               description="cluster networks reachable through this gateway")
 
 
 class MeshPeer(Model):

@@ -189,7 +189,7 @@ class DataPlane:
         return TransportStatus(
             engine=self.engine_cls.name if self.engine_cls else "",
             path=self.path,
-            last_handshake_age=round(min(ages), 3) if ages else None,
+            last_handshake_age=max(0.0, round(min(ages), 3)) if ages else None,  # never negative (clock steps)
             rx_bytes=sum(p.rx_bytes for p in status.peers) if status else 0,
             tx_bytes=sum(p.tx_bytes for p in status.peers) if status else 0,
         )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from anex_agent.agent.backoff import Backoff
 from anex_agent.errors import AnexError, CoordinatorError
-from anex_agent.wire import Heartbeat
+from anex_agent.wire import Heartbeat, check_telemetry
 
 if TYPE_CHECKING:
     from anex_agent.agent.supervisor import Agent
@@ -51,11 +51,15 @@ def start_telemetry(state_dir: str, registry) -> Any | None:
 
 
 def telemetry_block(monitor: Any | None) -> dict[str, Any] | None:
-    """The heartbeat's telemetry block (cached by the monitor; never calls NVML), or None."""
+    """The heartbeat's telemetry block (cached by the monitor; never calls NVML), or None.
+
+    A block the coordinator would refuse (NaN, a negative counter, a NUL or an over-long
+    string: :func:`anex_agent.wire.check_telemetry`) is left out with a warning, so that the
+    heartbeat itself still goes through."""
     if monitor is None:
         return None
     try:
-        return monitor.telemetry()
+        return check_telemetry(monitor.telemetry())
     except Exception as err:  # telemetry must never stop heartbeats
         log.warning("GPU telemetry failed: %s", err)
         return None

@@ -57,11 +57,15 @@ _ALLOWED: dict[Auth, frozenset[str]] = {
 
 
 def bearer(request: web.Request) -> str | None:
+    """The bearer secret, or None when there is none or it cannot be one: every token and
+    credential is printable ASCII, so other bytes (which aiohttp keeps as surrogates of
+    the raw bytes) are an unknown credential, not an error."""
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
-    if scheme.lower() != "bearer" or not value.strip():
+    value = value.strip()
+    if scheme.lower() != "bearer" or not value or not value.isascii() or not value.isprintable():
         return None
-    return value.strip()
+    return value
 
 
 class Authenticator:

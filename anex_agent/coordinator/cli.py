@@ -30,6 +30,7 @@ from anex_agent import access_token
 from anex_agent.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
 from anex_agent.coordinator import gateway_routes, tls
+from anex_agent.coordinator import server as http_server
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import split_password
 from anex_agent.coordinator.ipam import Pool
@@ -174,7 +175,7 @@ async def serve(settings: Settings, host: str, port: int, signing_key_file: Path
     log.info("admin token: %s", ctx.admin_token_source)
     log.info("database: %s (%s)", _redacted(settings.database_url), ctx.db.dialect)
     application = app_module.build_app(ctx, modules)
-    runner = web.AppRunner(application, access_log=None, shutdown_timeout=5)
+    runner = http_server.AppRunner(application, access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)

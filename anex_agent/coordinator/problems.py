@@ -87,6 +87,13 @@ def bad_request(detail: str, field: str | None = None) -> Problem:
     return Problem(400, "Bad Request", detail, slug="bad-request", errors=errors)
 
 
+def unsupported_media_type(accepted: str, got: str, what: str) -> Problem:
+    """415 for a body that is not ``accepted`` (``Accept-Post`` names it, RFC 9110 §15.5.16)."""
+    detail = f"the body must be {accepted} ({what}); got {got or 'none'}"
+    return Problem(415, "Unsupported Media Type", detail, slug="unsupported-media-type",
+                   headers={"Accept-Post": accepted})
+
+
 def from_validation_error(err: ValidationError, *, location: str = "body") -> Problem:
     errors = []
     for item in err.errors(include_url=False):

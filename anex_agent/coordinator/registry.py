@@ -8,13 +8,26 @@ authenticate (:mod:`.auth`), parse and validate the JSON body into ``request_mod
 from the same declarations, so a route added by another module is documented
 automatically.
 
+Input rules, the same for every route:
+* path parameters: at most :data:`PATH_PARAM_MAX` characters, no control characters
+  (NUL included), else 400 naming the parameter;
+* declared integer query parameters (:class:`QueryParam` with ``type="integer"``): ASCII
+  digits within ``minimum``..``maximum``, else 400 naming the parameter; the parsed
+  values are in :attr:`Call.query`;
+* a body is ``Content-Type: application/json`` (charset utf-8 if given), else 415, and is
+  validated in pydantic's strict mode: no coercion (``"reusable": 0`` is an error);
+* a client that disconnects while its body is read is counted with status
+  :data:`CLIENT_CLOSED` (499) and logged at debug, not as an error.
+
 Handler contract: ``async def handler(call: Call) -> BaseModel | web.StreamResponse | None``
 (None -> 204). Raise :class:`.problems.Problem` for errors.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -24,10 +37,22 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from anex_agent import parse
 from anex_agent.coordinator import problems
 from anex_agent.coordinator.auth import Auth, Principal
 
+log = logging.getLogger(__name__)
+
 Handler = Callable[["Call"], Awaitable[Any]]
+
+JSON = "application/json"
+PATH_PARAM_MAX = 253
+CLIENT_CLOSED = 499  # the client went away before the answer (nginx's convention); counted, never sent
+INT64_MAX = 2**63 - 1
+
+
+class ClientClosed(Exception):
+    """The client closed the connection while the coordinator was reading its request."""
 
 
 @dataclass
@@ -38,6 +63,7 @@ class Call:
     ctx: Any  # anex_agent.coordinator.context.Coordinator
     principal: Principal
     body: BaseModel | None
+    query: dict[str, Any] = field(default_factory=dict)  # declared integer query parameters, parsed
 
     def param(self, name: str) -> str:
         return self.request.match_info[name]
@@ -45,10 +71,25 @@ class Call:
 
 @dataclass(frozen=True)
 class QueryParam:
+    """A query parameter. ``type="integer"`` ones are parsed by the registry (ASCII digits,
+    ``minimum``..``maximum``, 400 naming the parameter otherwise) into ``Call.query``,
+    ``default`` when absent."""
+
     name: str
     type: str = "string"  # OpenAPI scalar type
     description: str = ""
     required: bool = False
+    minimum: int = 0  # integer parameters only
+    maximum: int = INT64_MAX
+    default: int | None = None
+
+    def schema(self) -> dict[str, Any]:
+        if self.type != "integer":
+            return {"type": self.type}
+        out: dict[str, Any] = {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
+        if self.default is not None:
+            out["default"] = self.default
+        return out
 
 
 @dataclass(frozen=True)
@@ -98,13 +139,25 @@ class RouteRegistry:
             status = 500
             try:
                 principal = await ctx.auth.authenticate(request, route.auth)
+                _check_path(request)
+                query = _parse_query(request, route.query)
                 body = await _parse_body(request, route.request_model) if route.request_model else None
-                result = await route.handler(Call(request, ctx, principal, body))
+                result = await route.handler(Call(request, ctx, principal, body, query))
                 response = _to_response(result, route.status)
                 status = response.status
                 return response
             except problems.Problem as problem:
                 status = problem.status
+                raise
+            except ClientClosed:
+                # nothing to answer (aiohttp drops a response to a closed connection quietly),
+                # nothing wrong with the coordinator
+                status = CLIENT_CLOSED
+                log.debug("client closed the connection during %s %s", request.method, request.path)
+                return web.Response(status=CLIENT_CLOSED)
+            except asyncio.CancelledError:  # aiohttp cancels a handler whose client went away
+                status = CLIENT_CLOSED
+                log.debug("request %s %s cancelled (client gone or shutdown)", request.method, request.path)
                 raise
             finally:
                 count(status)
@@ -113,12 +166,47 @@ class RouteRegistry:
         return endpoint
 
 
+def _check_path(request: web.Request) -> None:
+    for name, value in request.match_info.items():
+        if len(value) > PATH_PARAM_MAX or not value.isprintable():
+            raise problems.bad_request(
+                f"path parameter {name} must be at most {PATH_PARAM_MAX} printable characters (no NUL or "
+                "control characters)", field=name)
+
+
+def _parse_query(request: web.Request, declared: tuple[QueryParam, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for q in declared:
+        if q.type != "integer":
+            continue
+        raw = request.query.get(q.name)
+        if raw is None:
+            if q.required:
+                raise problems.bad_request(f"query parameter {q.name} is required", field=q.name)
+            out[q.name] = q.default
+            continue
+        try:
+            out[q.name] = parse.integer(raw, minimum=q.minimum, maximum=q.maximum)
+        except ValueError as err:
+            raise problems.bad_request(f"query parameter {q.name} {err}", field=q.name) from None
+    return out
+
+
 async def _parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
-    raw = await request.read()
+    if not request.body_exists:
+        raise problems.bad_request(f"a JSON body ({model.__name__}) is required")
+    charset = (request.charset or "utf-8").lower()
+    if request.content_type != JSON or charset not in ("utf-8", "utf8"):
+        got = request.headers.get("Content-Type", "")
+        raise problems.unsupported_media_type(JSON, got[:100], f"UTF-8, a {model.__name__} object")
+    try:
+        raw = await request.read()
+    except ConnectionResetError:
+        raise ClientClosed() from None
     if not raw:
         raise problems.bad_request(f"a JSON body ({model.__name__}) is required")
     try:
-        return model.model_validate_json(raw)
+        return model.model_validate_json(raw, strict=True)
     except ValidationError as err:
         if any(e["type"] == "json_invalid" for e in err.errors()):
             raise problems.bad_request(f"the body is not valid JSON; expected a {model.__name__} object") from None
@@ -140,12 +228,22 @@ def _to_response(result: Any, status: int) -> web.StreamResponse:
 _PATH_PARAM = re.compile(r"\{(\w+)\}")
 _PROBLEM_TEXT = {
     400: "bad request",
+    415: "the body is not application/json",
     403: "the caller may not act on this object",
     409: "conflict with a concurrent change or another object; retry or fix the input",
     422: "invalid field(s), named in errors[]",
     429: "too many requests",
     503: "temporarily unavailable (network exhausted, database down)",
 }
+
+
+INPUT_RULES = (
+    "Input rules of every route (beyond each schema's own limits): request bodies are application/json in "
+    "UTF-8 (else 415) and are validated strictly, without type coercion (422 naming the field); no string "
+    "anywhere in a body holds a NUL character or more than 4096 characters (fewer where the schema says "
+    "so); numbers are finite (no NaN or Infinity); path parameters are at most 253 printable characters and "
+    "integer query parameters are ASCII digits within their range (else 400 naming the parameter)."
+)
 
 
 def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
@@ -170,12 +268,13 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
         if r.tags:
             op["tags"] = list(r.tags)
         params = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            {"name": name, "in": "path", "required": True,
+             "schema": {"type": "string", "minLength": 1, "maxLength": PATH_PARAM_MAX}}
             for name in _PATH_PARAM.findall(r.path)
         ]
         params += [
             {"name": q.name, "in": "query", "required": q.required, "description": q.description,
-             "schema": {"type": q.type}}
+             "schema": q.schema()}
             for q in r.query
         ]
         if params:
@@ -203,7 +302,12 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
             op["responses"][str(r.status)] = entry
         if r.request_model:
             op["responses"]["400"] = {"description": "malformed JSON", **problem_response}
-            op["responses"]["422"] = {"description": "invalid field(s), named in errors[]", **problem_response}
+            op["responses"]["415"] = {"description": _PROBLEM_TEXT[415], **problem_response}
+            op["responses"]["422"] = {"description": "invalid field(s), named in errors[] (strict types: no "
+                                      "coercion)", **problem_response}
+        elif params:
+            op["responses"]["400"] = {"description": "invalid path or query parameter, named in errors[]",
+                                      **problem_response}
         if r.auth not in (Auth.public,):
             op["responses"]["401"] = {"description": "missing or invalid credential/token", **problem_response}
         if r.auth not in (Auth.public, Auth.join):
@@ -216,7 +320,7 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
         paths.setdefault(r.path, {})[r.method.lower()] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": title, "version": version},
+        "info": {"title": title, "version": version, "description": INPUT_RULES},
         "paths": paths,
         "components": {
             "schemas": schema.get("$defs", {}),

@@ -117,13 +117,11 @@ class SelectionRoutes:
         if bad:
             raise problems.bad_request(f"unknown provider {', '.join(bad)}; accepted: {', '.join(ALL_PROVIDERS)}",
                                        field="provider")
-        raw_limit = query.get("limit", "100")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_OFFERS_LISTED:
-            raise problems.bad_request(f"limit must be an integer from 1 to {MAX_OFFERS_LISTED}", field="limit")
+        limit = call.query["limit"]  # parsed by the registry (QueryParam below)
         sources, missing = self._sources(wanted)
         everything = Filters(verified_only=False)  # inspection: ask for all offers, unverified included
         table, report = await gather_offers(sources, everything)
-        ordered = rank(table, list(range(table.size)), everything)[: int(raw_limit)]
+        ordered = rank(table, list(range(table.size)), everything)[:limit]
         banned = sorted(await self.bans.banned_machines())
         return models.OfferList(offers=[_offer_view(table, i) for i in ordered], providers={**report, **missing},
                                 banned=banned)
@@ -178,7 +176,8 @@ def make_setup(config: SelectionConfig | None = None):
                            "Normalized offers of the configured providers, cheapest first (inspection)",
                            response_model=models.OfferList, tags=tags,
                            query=(QueryParam("provider", description="comma-separated: vastai, runpod, onprem"),
-                                  QueryParam("limit", "integer", f"1..{MAX_OFFERS_LISTED}, default 100"))))
+                                  QueryParam("limit", "integer", f"1..{MAX_OFFERS_LISTED}, default 100",
+                                             minimum=1, maximum=MAX_OFFERS_LISTED, default=100))))
         registry.add(Route("POST", "/v1/bans", routes.create_ban, Auth.admin,
                            "Ban a Vast.AI machine (machine_id) for a time (default: the configured ban time)",
                            request_model=models.BanCreate, response_model=models.BanView, status=201, tags=tags))

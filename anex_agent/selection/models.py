@@ -6,7 +6,7 @@ unknown fields rejected); a cluster-side client parses answers with the same cla
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -16,8 +16,9 @@ ProviderName = Literal["vastai", "runpod", "onprem"]
 
 
 class SelectionRequest(Model):
-    annotations: dict[str, str] = Field(description="the pod's annotations; only anex.sh/, vastai.anex.sh/, "
-                                                    "runpod.anex.sh/ and gpu-provider.glami.cz/ keys are read")
+    annotations: dict[Annotated[str, Field(max_length=316)], Annotated[str, Field(max_length=1024)]] = Field(
+        max_length=256, description="the pod's annotations (keys up to 316 characters, values up to 1024); only "
+        "anex.sh/, vastai.anex.sh/, runpod.anex.sh/ and gpu-provider.glami.cz/ keys are read")
     providers: list[ProviderName] | None = Field(None, description="sources to ask; default: every configured one")
     limit: int = Field(10, ge=1, le=1000, description="most candidates to return")
 
@@ -99,7 +100,7 @@ class ProvisioningFailure(Model):
     """The cluster reports that renting/starting a selected machine failed."""
 
     provider: ProviderName
-    offer_id: str = ""
+    offer_id: str = Field("", max_length=64)
     machine_id: str | None = Field(None, max_length=64)
     reason: str = Field("", max_length=1000)
 

@@ -11,8 +11,10 @@ from anex_agent import access_token, keys, wire
 from anex_agent.errors import CoordinatorError
 
 
-async def raw(coord, method, path, *, token=None, body=None):
+async def raw(coord, method, path, *, token=None, body=None, content_type="application/json"):
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if body is not None and content_type:
+        headers["Content-Type"] = content_type
     async with aiohttp.ClientSession() as session:
         async with session.request(method, coord.url + path, headers=headers, data=body) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), await resp.read()

@@ -100,7 +100,7 @@ async def test_watch_rejects_bad_credentials_and_since(coord):
     async with aiohttp.ClientSession() as session:
         async with session.get(coord.url + "/v1/watch?since=-1",
                                headers={"Authorization": f"Bearer {gw_client.credential}"}) as resp:
-            assert resp.status == 422
+            assert resp.status == 400
             assert (await resp.json(content_type=None))["errors"][0]["field"] == "since"
 
 

@@ -1,0 +1,39 @@
+"""The agent leaves out a telemetry block the coordinator would refuse, and still sends its heartbeat."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from anex_agent.agent.heartbeat import telemetry_block
+from anex_agent.wire import Heartbeat
+
+
+class FakeMonitor:
+    def __init__(self, block):
+        self.block = block
+
+    def telemetry(self):
+        return self.block
+
+
+@pytest.mark.parametrize("block", [
+    {"gpus": [{"power_w": float("nan")}]},
+    {"taken_at": float("inf")},
+    {"host": {"rx_bytes": -1}},
+    {"nvml": {"reason": "x\x00"}},
+    {"nvml": {"reason": "x" * 5000}},
+])
+def test_refusable_telemetry_is_left_out_with_a_warning(block, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert telemetry_block(FakeMonitor(block)) is None
+    assert "GPU telemetry failed" in caplog.text
+    with pytest.raises(ValueError):
+        Heartbeat(telemetry=block)
+
+
+def test_good_telemetry_passes_unchanged():
+    block = {"v": 1, "gpus": [{"power_w": 10.5, "xid_counts": {"79": 2}}], "host": {"rx_bytes": 0}}
+    assert telemetry_block(FakeMonitor(block)) == block
+    assert Heartbeat(telemetry=block).telemetry == block
