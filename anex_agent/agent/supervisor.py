@@ -67,6 +67,8 @@ class Agent:
         self.telemetry = None  # anex_agent.gpu.monitor.TelemetryMonitor when available
         self.last_transport = None  # wire.TransportStatus, refreshed by heartbeats and /status (for /metrics)
         self._mesh_api_skipped = False
+        self.facts: NodeFacts | None = None  # what the node reported at its join (a re-join reports it again)
+        self.credential_revoked: str | None = None  # set when the credential is refused and joining again failed
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -206,6 +208,7 @@ class Agent:
         """Bring everything up, run until the workload exits (or a stop signal), tear down."""
         check_ports_free(self.settings)
         keypair = self.state.keypair()
+        self.link.keypair = keypair  # joins prove possession of it
         # probes may run their own event loop (pyroute2): keep them off ours
         report = await asyncio.to_thread(self._detect) if self._detect else {}
         self.dataplane = DataPlane(self.settings, keypair, report)
@@ -216,6 +219,7 @@ class Agent:
             detect=report,
             agent_version=__version__,
         )
+        self.facts = facts
         loop = asyncio.get_running_loop()
         for signum in FORWARDED:
             loop.add_signal_handler(signum, self._on_signal, signum, workload)

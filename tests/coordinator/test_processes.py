@@ -145,7 +145,7 @@ async def test_200_concurrent_joins_on_two_coordinators_get_distinct_addresses(t
                 pair = keys.KeyPair(keys.generate_private_key())
                 for attempt in range(5):
                     try:
-                        return await client.join(token.token, pair.public_b64, f"race-{i}", "other")
+                        return await client.join(token.token, pair, f"race-{i}", "other")
                     except Exception as err:  # only a retryable error may happen; prove it below
                         if not getattr(err, "retryable", False) or attempt == 4:
                             raise
@@ -166,12 +166,12 @@ async def test_join_on_one_coordinator_reaches_a_gateway_watching_the_other(two_
     async with CoordinatorClient(a.url, admin_token=ADMIN) as admin, CoordinatorClient(b.url) as gw:
         gw_token = await admin.create_join_token("gateway")
         node_token = await admin.create_join_token()
-        await gw.register_gateway(gw_token.token, keys.KeyPair(keys.generate_private_key()).public_b64, "gw")
+        await gw.register_gateway(gw_token.token, keys.KeyPair(keys.generate_private_key()), "gw")
         stream = gw.watch(0)
         assert (await asyncio.wait_for(anext(stream), 5)).type == "snapshot"
         pair = keys.KeyPair(keys.generate_private_key())
         async with CoordinatorClient(a.url) as node:
-            joined = await node.join(node_token.token, pair.public_b64, "far", "runpod")
+            joined = await node.join(node_token.token, pair, "far", "runpod")
         # the join has committed when its response arrives; the event must follow within 1 s
         event = await asyncio.wait_for(anext(stream), 1.0)
         assert event.type == "peer_added" and event.peer.node_id == joined.node_id
@@ -217,7 +217,7 @@ async def test_buffered_heartbeats_survive_a_clean_shutdown(tmp_path):
         url = proc.wait_listening()
         async with CoordinatorClient(url, admin_token=ADMIN) as admin, CoordinatorClient(url) as node:
             token = await admin.create_join_token()
-            joined = await node.join(token.token, keys.KeyPair(keys.generate_private_key()).public_b64, "n", "other")
+            joined = await node.join(token.token, keys.KeyPair(keys.generate_private_key()), "n", "other")
             ack = await node.heartbeat(joined.node_id, wire.Heartbeat(
                 status=wire.TransportStatus(engine="kernel", rx_bytes=4242), telemetry={"marker": 7}))
             assert ack.state == wire.NodeState.ready
