@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.keys import encode_key, generate_private_key, public_key
+from anex_agent.client import proven_body
+from anex_agent.keys import KeyPair, encode_key, generate_private_key, public_key
+from anex_agent.wire import NodeJoinRequest
 from integration.netns import Netns, missing_prerequisites, unique
 
 REASON = missing_prerequisites("wireguard-go", "nft", "wg")
@@ -102,8 +104,10 @@ class Rig:
 
     def join(self, key: bytes, name: str) -> str:
         token = self.call("POST", "/v1/join-tokens", {"kind": "node"})["token"]
-        joined = self.call("POST", "/v1/nodes", {"token": token, "public_key": encode_key(public_key(key)),
-                                                  "name": name, "provider": "other"})
+        coordinator_key = self.call("GET", "/v1/coordinator")["public_key"]
+        body = proven_body(NodeJoinRequest, {"token": token, "name": name, "provider": "other"}, KeyPair(key),
+                           coordinator_key)
+        joined = self.call("POST", "/v1/nodes", body)
         return joined["node_id"]
 
     def tail(self, name: str) -> str:

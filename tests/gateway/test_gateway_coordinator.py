@@ -17,7 +17,7 @@ import pytest
 from anex_agent.client import CoordinatorClient
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
-from anex_agent.keys import encode_key, generate_private_key, public_key
+from anex_agent.keys import KeyPair, generate_private_key
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support
 
 
@@ -75,9 +75,10 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
 
 async def join_node(url: str, admin: CoordinatorClient, name: str) -> tuple[str, str]:
     token = (await admin.create_join_token()).token
-    key = encode_key(public_key(generate_private_key()))
+    pair = KeyPair(generate_private_key())
+    key = pair.public_b64
     async with CoordinatorClient(url) as node:
-        joined = await node.join(token, key, name, "other")
+        joined = await node.join(token, pair, name, "other")
     return joined.node_id, key
 
 
