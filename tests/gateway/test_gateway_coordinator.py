@@ -8,6 +8,7 @@ saved state and fail static are all real.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 from pathlib import Path
@@ -150,5 +151,42 @@ async def test_bad_token_without_saved_state_is_a_clear_error(coordinator, tmp_p
         with pytest.raises(CoordinatorError) as info:
             await gateway._initial_registration()
         assert info.value.status == 401 and not info.value.retryable
+    finally:
+        await gateway.link.close()
+
+
+async def test_renews_its_credential_and_saves_it(coordinator, tmp_path):
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway")).token
+    gateway, _ = make_gateway(url, tmp_path / "gw", token)
+    try:
+        assert await gateway._initial_registration() is True
+        first = gateway.registration.credential
+        gateway.rotate_in = 0.05
+        renewer = asyncio.create_task(gateway._renew_loop(), name="test-gateway-renew")
+        try:
+            await wait_for(lambda: gateway.registration.credential != first, 5, "renewed credential")
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+        saved = gateway.state.load(url)
+        assert saved is not None and saved[0].credential == gateway.registration.credential
+        assert gateway.link.client.credential == gateway.registration.credential
+        await gateway.link.peers(gateway.registration.gateway_id)
+        assert gateway.rotate_in == 3600.0  # the coordinator's period, from the renewal answer
+    finally:
+        await gateway.link.close()
+
+
+async def test_a_refused_credential_without_a_token_stops_the_watch_with_an_error(coordinator, tmp_path, caplog):
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway")).token
+    gateway, _ = make_gateway(url, tmp_path / "gw", token)
+    try:
+        assert await gateway._initial_registration() is True
+        await admin.delete_gateway(gateway.registration.gateway_id)
+        gateway.settings = dataclasses.replace(gateway.settings, token="")
+        await asyncio.wait_for(gateway._watch_loop(), 10)  # returns instead of retrying forever
+        assert any("no gateway token" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
     finally:
         await gateway.link.close()
