@@ -84,11 +84,12 @@ class Coordinator:
         extra_migrations: Iterable[migrations.Migration] | None = None,
         environ: dict[str, str] | None = None,
         signing_key_file: Path | None = None,
+        coordinator_key_file: Path | None = None,
     ) -> Coordinator:
         admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
         key_path = signing_key_file or settings.state_dir / "access-token-signing-key"
         signing_key = signing.load_or_create(key_path)
-        coord_key_path = settings.state_dir / coordinator_key.FILE_NAME
+        coord_key_path = coordinator_key_file or settings.state_dir / coordinator_key.FILE_NAME
         coordinator_private = coordinator_key.load_or_create(coord_key_path)
         if extra_migrations is None:  # those of the default route modules (app.ROUTE_MODULES)
             from anex_agent.coordinator import app

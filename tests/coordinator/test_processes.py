@@ -102,6 +102,8 @@ def test_starts_with_no_arguments_and_serves_openapi(tmp_path):
     (["--not-ready-after", "5", "--heartbeat-interval", "10"], "not-ready-after"),
     (["--mtu", "100"], "--mtu"),
     (["--address-quarantine", "nan"], "--address-quarantine"),
+    (["--credential-rotation", "5"], "--credential-rotation"),
+    (["--credential-grace", "nan"], "--credential-grace"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, flags, words):
     out = subprocess.run([sys.executable, "-m", "anex_agent", "coordinator", "--state-dir", str(tmp_path), *flags],
@@ -125,7 +127,8 @@ def two_coordinators(tmp_path, pg_database):
     for i in range(2):
         state = tmp_path / f"c{i}"
         procs.append(Proc(["--listen", "127.0.0.1:0", "--state-dir", str(state), "--database", pg_database,
-                           "--signing-key-file", str(key_file)], cwd=tmp_path))
+                           "--signing-key-file", str(key_file),
+                           "--coordinator-key-file", str(tmp_path / "coordinator-key")], cwd=tmp_path))
         procs[-1].wait_listening()  # one after the other: the first creates the shared key file
     yield procs
     for p in procs:
@@ -205,6 +208,23 @@ def test_second_coordinator_with_another_signing_key_refuses_to_start(tmp_path, 
         first.stop()
     assert out.returncode == 2
     assert "signing key differs" in out.stderr and "access-token-signing-key" in out.stderr
+
+
+@needs_postgres
+def test_second_coordinator_with_another_coordinator_key_refuses_to_start(tmp_path, pg_database):
+    args = ["--listen", "127.0.0.1:0", "--database", pg_database, "--signing-key-file", str(tmp_path / "signing")]
+    first = Proc([*args, "--state-dir", str(tmp_path / "a")], cwd=tmp_path)
+    try:
+        first.wait_listening()
+        out = subprocess.run(
+            [sys.executable, "-m", "anex_agent", "coordinator", *args, "--state-dir", str(tmp_path / "b")],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "ANEX_ADMIN_TOKEN": ADMIN},
+            capture_output=True, text=True, timeout=30,
+        )
+    finally:
+        first.stop()
+    assert out.returncode == 2
+    assert "coordinator key differs" in out.stderr and str(tmp_path / "b" / "coordinator-key") in out.stderr
 
 
 async def test_buffered_heartbeats_survive_a_clean_shutdown(tmp_path):
