@@ -144,7 +144,8 @@ class CoordinatorClient:
         return self.coordinator_key
 
     async def _prove(self, request: M, purpose: str, key: keys.KeyPair) -> M:
-        """``request`` with its ``proof`` of possession of ``key`` (made now)."""
+        """``request`` with its ``proof`` of possession of ``key`` (made now). The digest covers every
+        field, as :meth:`_call` sends every field (defaults included)."""
         made = proof.make(
             purpose, private_key=key.private, public_key=key.public_b64, coordinator_key=await self._coordinator_key(),
             fields=request.model_dump(mode="json", exclude={"proof"}), now=self._clock(),
@@ -338,7 +339,8 @@ def proven_body(
     made = proof.make(
         purpose, private_key=key.private, public_key=key.public_b64,
         coordinator_key=keys.decode_key(coordinator_key, what="the coordinator's public key"),
-        fields=request.model_dump(mode="json", exclude={"proof"}), now=time.time() if now is None else now,
+        fields=request.model_dump(mode="json", exclude={"proof"}, exclude_unset=True),
+        now=time.time() if now is None else now,
     )
     return {**body, "public_key": key.public_b64, "proof": made}
 

@@ -13,8 +13,10 @@ possession")::
 
 ``PURPOSE`` is :data:`NODE_JOIN` or :data:`GATEWAY_REGISTRATION`, so a proof for one can
 never be used for the other. Canonical JSON: keys sorted, no whitespace
-(``separators=(",", ":")``), ASCII only, of the request as the coordinator parses it
-(every field, defaults included; pydantic's JSON mode).
+(``separators=(",", ":")``), ASCII only, of the fields present in the request body (those
+left out, and so defaulted by the coordinator, are not covered: a coordinator that knows
+more optional fields than its client still checks the client's proofs), values as the
+coordinator parses them (pydantic's JSON mode: send them in canonical form).
 
 Contract: :func:`make` is the client's side, :func:`verify` the coordinator's; both take
 ``now`` (seconds since the epoch). :func:`verify` checks the MAC in constant time and the

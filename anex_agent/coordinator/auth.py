@@ -47,6 +47,7 @@ class Principal:
     issued_at: float = 0.0  # when the node's or gateway's current credential was issued
     current: bool = True  # False: the caller used its previous credential, within the grace
     credential_hash: str = ""
+    grace_open: bool = False  # the current credential was used while the previous one still works
 
     @property
     def is_admin(self) -> bool:
@@ -121,9 +122,10 @@ class Authenticator:
         if row is None:
             return None
         current = row["credential_hash"] == digest
+        previous_until = row["previous_valid_until"]
         principal = Principal(
             kind, row["id"], issued_at=float(row["credential_issued_at"] or row["created_at"]), current=current,
-            credential_hash=digest,
+            credential_hash=digest, grace_open=current and previous_until is not None and previous_until > now,
         )
         if kind == "node" and self.on_node_loaded is not None:  # one query serves the config-version cache too
             self.on_node_loaded(row["id"], int(row["config_version"]))

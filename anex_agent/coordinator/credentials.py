@@ -115,3 +115,22 @@ async def rotate(db, table: str, ident: str, used_hash: str, *, current: bool, n
         await changes.append(db, tx, changes.CREDENTIALS, "rotated", target=ident, now=now)
     log.info("rotated the credential of %s", ident)
     return secret
+
+
+async def end_grace(db, table: str, ident: str, current_hash: str, *, now: float) -> bool:
+    """The caller has shown it holds its new credential: the previous one stops now, not at the
+    end of its grace. True when that changed something (a ``credentials`` change then tells
+    every coordinator's cache)."""
+    from anex_agent.coordinator import changes
+
+    assert table in ("nodes", "gateways")
+    async with db.transaction() as tx:
+        changed = await tx.execute(
+            f"UPDATE {table} SET previous_valid_until = $3"
+            " WHERE id = $1 AND credential_hash = $2 AND previous_valid_until > $3",
+            ident, current_hash, now,
+        )
+        if changed != 1:
+            return False
+        await changes.append(db, tx, changes.CREDENTIALS, "grace_ended", target=ident, now=now)
+    return True

@@ -9,7 +9,8 @@ Contract:
   address goes to quarantine and its credential stops working; its row is gone, so a
   single-use token it used is no good to it any more.
 * :func:`heartbeat` rotates the node's credential once ``credential_rotation`` seconds
-  after issue (:func:`.credentials.rotate`) and hands the new one back in the answer.
+  after issue (:func:`.credentials.rotate`) and hands the new one back in the answer; the
+  first heartbeat with the new one ends the old one's grace (:func:`.credentials.end_grace`).
 * A node's config version is the newest change-log version that touched its config:
   its own changes (``nodes.config_version``) or a gateway-set change
   (``counters.gateways_version``).
@@ -286,6 +287,11 @@ async def heartbeat(
         if credential is not None:
             ctx.auth.forget(node_id)
             ctx.committed()
+    elif principal.grace_open and await credentials.end_grace(
+        ctx.db, "nodes", node_id, principal.credential_hash, now=now
+    ):
+        ctx.auth.forget(node_id)
+        ctx.committed()
     return wire.HeartbeatAck(
         state=states.on_heartbeat(wire.NodeState.ready),
         config_version=config_version,

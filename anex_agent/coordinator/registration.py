@@ -41,7 +41,7 @@ def check_proof(
         proof.verify(
             PURPOSE[kind], coordinator_private=coordinator_private, public_key=request.public_key,
             timestamp=given.timestamp, nonce=given.nonce, mac=given.mac,
-            fields=request.model_dump(mode="json", exclude={"proof"}), now=now,
+            fields=request.model_dump(mode="json", exclude={"proof"}, exclude_unset=True), now=now,
         )
     except proof.ProofError as err:
         log.info("refused a %s request for key %s: proof %s", kind.value, request.public_key, err)

@@ -103,6 +103,18 @@ async def test_node_credential_rotates_and_the_old_one_ends_after_the_grace(coor
     await client.get_config(joined.node_id)
 
 
+async def test_the_first_heartbeat_with_the_new_credential_ends_the_old_ones_grace(coord):
+    client, joined, _ = await coord.join()
+    copied = coord.client(joined.credential)
+    coord.clock.advance(coord.ctx.settings.timings.credential_rotation)
+    assert (await client.heartbeat(joined.node_id, wire.Heartbeat())).credential
+    await copied.get_config(joined.node_id)  # the node has not shown yet that it got the new one
+    assert (await client.heartbeat(joined.node_id, wire.Heartbeat())).credential is None
+    await refused(copied.get_config(joined.node_id))  # no waiting for the grace
+    await refused(copied.heartbeat(joined.node_id, wire.Heartbeat()))
+    await client.get_config(joined.node_id)
+
+
 async def test_a_lost_rotation_answer_is_recovered_within_the_grace(coord):
     timings = coord.ctx.settings.timings
     client, joined, _ = await coord.join()
