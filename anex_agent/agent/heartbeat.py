@@ -76,8 +76,12 @@ def adopt_credential(agent: Agent, credential: str) -> None:
     """Use and keep a rotated credential (the previous one works only for a short grace)."""
     assert agent.identity is not None
     agent.identity = dataclasses.replace(agent.identity, credential=credential)
-    agent.state.save_identity(agent.identity)
     agent.link.set_credential(credential)
+    try:
+        agent.state.save_identity(agent.identity)
+    except OSError as err:  # keep going on the new credential; a restart then joins again
+        log.error("cannot save the rotated node credential in %s: %s", agent.state.path, err)
+        return
     log.info("node credential rotated")
 
 

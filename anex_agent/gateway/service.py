@@ -222,7 +222,9 @@ class Gateway:
                 response = await self._register_once()
             except CoordinatorError as err:
                 if not err.retryable:
-                    log.error("registration refused: %s (keeping the saved configuration)", err)
+                    log.error("registration refused: %s; going on with the saved registration (registering "
+                              "again needs a new gateway token)", err)
+                    return
                 continue
             self._adopt(response)
             await self._apply_peers(PeerBook.from_peer_set(response.peers), replace=True)
