@@ -148,3 +148,25 @@ async def test_an_expired_node_with_a_used_token_stops_and_says_so(fast_coordina
     assert agent.credential_revoked and "join token" in agent.credential_revoked
     assert any("joining again was refused" in r.getMessage() for r in caplog.records)
     assert agent.coordinator_reachable is False
+
+
+async def test_a_restarted_agent_with_its_key_joins_again_and_keeps_its_address(fast_coordinator, tmp_path):
+    url, admin, ctx, clock = fast_coordinator
+    token = (await admin.create_join_token(reusable=True)).token
+    first = await joined_agent(url, tmp_path / "st", token)
+    await first.link.close()
+    (tmp_path / "st" / "node.json").unlink()  # the credential is gone, the key is not: it proves the same key
+    second = await joined_agent(url, tmp_path / "st", token)
+    try:
+        assert second.identity.node_id == first.identity.node_id
+        assert second.dataplane.config.address == first.dataplane.config.address
+    finally:
+        await second.link.close()
+    (tmp_path / "st" / "private.key").unlink()  # a lost state dir: a new key is a new node
+    (tmp_path / "st" / "node.json").unlink()
+    third = await joined_agent(url, tmp_path / "st", token)
+    try:
+        assert third.identity.node_id != first.identity.node_id
+        assert third.dataplane.config.address != first.dataplane.config.address
+    finally:
+        await third.link.close()

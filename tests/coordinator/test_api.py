@@ -235,13 +235,14 @@ async def test_openapi_documents_every_route(coord):
                    ("GET", "/v1/nodes/{node_id}"), ("DELETE", "/v1/nodes/{node_id}"),
                    ("POST", "/v1/nodes/{node_id}/heartbeat"), ("GET", "/v1/nodes/{node_id}/config"),
                    ("PUT", "/v1/nodes/{node_id}/tunnels"), ("POST", "/v1/gateways"),
-                   ("GET", "/v1/gateways/{gateway_id}/peers"), ("GET", "/v1/watch")]:
+                   ("GET", "/v1/gateways/{gateway_id}/peers"), ("GET", "/v1/watch"),
+                   ("GET", "/v1/coordinator"), ("POST", "/v1/gateways/{gateway_id}/credential")]:
         assert needed in documented
     join = doc["paths"]["/v1/nodes"]["post"]
     assert {"201", "401", "409", "422", "503"} <= set(join["responses"])
     assert "403" in doc["paths"]["/v1/nodes/{node_id}/heartbeat"]["post"]["responses"]
     ref = join["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
-    assert "public_key" in doc["components"]["schemas"][ref]["properties"]
+    assert {"public_key", "proof"} <= set(doc["components"]["schemas"][ref]["properties"])
 
 
 async def test_health_ready_metrics_and_unknown_route(coord):
