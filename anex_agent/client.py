@@ -7,7 +7,11 @@ Contract:
   429) and ``problem`` (the RFC 9457 document the coordinator sent). A response that
   does not parse as the expected model is a non-retryable CoordinatorError.
 * ``credential`` authenticates node/gateway calls, ``admin_token`` admin calls; a call
-  uses whichever the route needs (:meth:`set_credential` after joining).
+  uses whichever the route needs (:meth:`set_credential` after joining). A heartbeat
+  answer or a gateway renewal carrying a rotated credential replaces it here too.
+* :meth:`join` and :meth:`register_gateway` take the caller's :class:`~anex_agent.keys.KeyPair`
+  and prove its possession (:mod:`anex_agent.proof`) against the coordinator's key, read
+  once from ``GET /v1/coordinator``; ``clock`` gives the proof's timestamp.
 * :meth:`watch` yields :class:`wire.WatchEvent` forever: it reconnects with jittered
   exponential backoff and resumes from the last version it yielded (after a snapshot:
   the snapshot's version, even when lower than before). It raises (does
@@ -24,14 +28,15 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from anex_agent import wire
+from anex_agent import keys, proof, wire
 from anex_agent.errors import CoordinatorError
 
 log = logging.getLogger(__name__)
@@ -60,11 +65,14 @@ class CoordinatorClient:
         timeout: float = DEFAULT_TIMEOUT,
         session: aiohttp.ClientSession | None = None,
         ca_file: Path | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.ca_file = ca_file
         self.credential = credential
         self.admin_token = admin_token
+        self.coordinator_key: bytes | None = None  # X25519 public key, from GET /v1/coordinator
+        self._clock = clock
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session = session
         self._own_session = session is None
@@ -134,21 +142,50 @@ class CoordinatorClient:
         except ValidationError as err:
             raise CoordinatorError(f"{method} {path}: unexpected response: {err}", status=status) from None
 
+    # ------------------------------------------------------------ proofs
+
+    async def coordinator_info(self) -> wire.CoordinatorInfo:
+        return await self._call("GET", "/v1/coordinator", wire.CoordinatorInfo, auth=None)
+
+    async def _coordinator_key(self) -> bytes:
+        if self.coordinator_key is None:
+            info = await self.coordinator_info()
+            self.coordinator_key = keys.decode_key(info.public_key, what="the coordinator's public key")
+        return self.coordinator_key
+
+    async def _prove(self, request: M, purpose: str, key: keys.KeyPair) -> M:
+        """``request`` with its ``proof`` of possession of ``key`` (made now). The digest covers every
+        field, as :meth:`_call` sends every field (defaults included)."""
+        made = proof.make(
+            purpose, private_key=key.private, public_key=key.public_b64, coordinator_key=await self._coordinator_key(),
+            fields=request.model_dump(mode="json", exclude={"proof"}), now=self._clock(),
+        )
+        return request.model_copy(update={"proof": wire.KeyProof(**made)})
+
+    async def _post_proven(self, path: str, model: type[M], request: BaseModel) -> M:
+        try:
+            return await self._call("POST", path, model, auth=None, body=request)
+        except CoordinatorError as err:
+            if err.status == 401:  # the coordinator's key may have changed: read it again next time
+                self.coordinator_key = None
+            raise
+
     # ------------------------------------------------------------ nodes
 
     async def join(
         self,
         token: str,
-        public_key: str,
+        key: keys.KeyPair,
         name: str,
         provider: wire.Provider | str,
         facts: wire.NodeFacts | None = None,
     ) -> wire.NodeJoinResponse:
-        """Join with a join token; remembers the returned credential for later calls."""
+        """Join with a join token, proving possession of ``key``; remembers the returned credential."""
         request = wire.NodeJoinRequest(
-            token=token, public_key=public_key, name=name, provider=provider, facts=facts or wire.NodeFacts()
+            token=token, public_key=key.public_b64, name=name, provider=provider, facts=facts or wire.NodeFacts()
         )
-        response = await self._call("POST", "/v1/nodes", wire.NodeJoinResponse, auth=None, body=request)
+        request = await self._prove(request, proof.NODE_JOIN, key)
+        response = await self._post_proven("/v1/nodes", wire.NodeJoinResponse, request)
         self.credential = response.credential
         return response
 
@@ -157,9 +194,13 @@ class CoordinatorClient:
         return await self._call("GET", f"/v1/nodes/{node_id}/config", wire.NodeConfig, auth=auth)
 
     async def heartbeat(self, node_id: str, heartbeat: wire.Heartbeat) -> wire.HeartbeatAck:
-        return await self._call(
+        """Send a heartbeat; an answer with a rotated credential replaces ours (the caller persists it)."""
+        ack = await self._call(
             "POST", f"/v1/nodes/{node_id}/heartbeat", wire.HeartbeatAck, auth="credential", body=heartbeat
         )
+        if ack.credential:
+            self.credential = ack.credential
+        return ack
 
     async def get_telemetry(self, node_id: str) -> wire.NodeTelemetry:
         auth = "credential" if self.credential else "admin"
@@ -170,23 +211,32 @@ class CoordinatorClient:
     async def register_gateway(
         self,
         token: str,
-        public_key: str,
+        key: keys.KeyPair,
         name: str,
         *,
         endpoint: str | None = None,
         ws_url: str | None = None,
         routes: list[str] | None = None,
     ) -> wire.GatewayRegisterResponse:
-        """Register a gateway; remembers the returned credential for later calls."""
+        """Register a gateway, proving possession of ``key``; remembers the returned credential."""
         request = wire.GatewayRegisterRequest(
-            token=token, public_key=public_key, name=name, endpoint=endpoint, ws_url=ws_url, routes=routes or []
+            token=token, public_key=key.public_b64, name=name, endpoint=endpoint, ws_url=ws_url, routes=routes or []
         )
-        response = await self._call("POST", "/v1/gateways", wire.GatewayRegisterResponse, auth=None, body=request)
+        request = await self._prove(request, proof.GATEWAY_REGISTRATION, key)
+        response = await self._post_proven("/v1/gateways", wire.GatewayRegisterResponse, request)
         self.credential = response.credential
         return response
 
     async def get_peers(self, gateway_id: str) -> wire.PeerSet:
         return await self._call("GET", f"/v1/gateways/{gateway_id}/peers", wire.PeerSet, auth="credential")
+
+    async def renew_gateway_credential(self, gateway_id: str) -> wire.CredentialRenewal:
+        """Rotate the gateway's credential; remembers the new one (the caller persists it)."""
+        renewal = await self._call(
+            "POST", f"/v1/gateways/{gateway_id}/credential", wire.CredentialRenewal, auth="credential"
+        )
+        self.credential = renewal.credential
+        return renewal
 
     # ------------------------------------------------------------ admin
 
@@ -292,6 +342,23 @@ class CoordinatorClient:
                 raise CoordinatorError("watch: credential revoked", status=401, retryable=False)
         finally:
             await ws.close()
+
+
+def proven_body(
+    model: type[wire.NodeJoinRequest] | type[wire.GatewayRegisterRequest], body: dict[str, Any], key: keys.KeyPair,
+    coordinator_key: str, *, now: float | None = None,
+) -> dict[str, Any]:
+    """``body`` (a join or registration request as a dict) with its ``proof``, for callers that speak
+    raw HTTP (tools, tests). ``coordinator_key`` is ``GET /v1/coordinator``'s ``public_key``."""
+    request = model.model_validate({**body, "public_key": key.public_b64})
+    purpose = proof.NODE_JOIN if model is wire.NodeJoinRequest else proof.GATEWAY_REGISTRATION
+    made = proof.make(
+        purpose, private_key=key.private, public_key=key.public_b64,
+        coordinator_key=keys.decode_key(coordinator_key, what="the coordinator's public key"),
+        fields=request.model_dump(mode="json", exclude={"proof"}, exclude_unset=True),
+        now=time.time() if now is None else now,
+    )
+    return {**body, "public_key": key.public_b64, "proof": made}
 
 
 def _problem(raw: bytes) -> dict[str, Any]:

@@ -29,6 +29,8 @@ Routes (see the coordinator's OpenAPI document for the authoritative list):
     GET    /v1/gateways                   admin      -> GatewayList
     DELETE /v1/gateways/{id}              admin      -> 204
     GET    /v1/gateways/{id}/peers        gateway    -> PeerSet
+    POST   /v1/gateways/{id}/credential   gateway    -> CredentialRenewal (rotation)
+    GET    /v1/coordinator                public     -> CoordinatorInfo (key for join proofs)
     GET    /v1/watch                      node/gw    WebSocket of WatchEvent
 """
 
@@ -267,6 +269,30 @@ class JoinTokenList(Model):
     tokens: list[JoinTokenView]
 
 
+# ---------------------------------------------------------------- proof of key possession
+
+
+class KeyProof(Model):
+    """Proves the caller holds the private key of the ``public_key`` it names (see :mod:`anex_agent.proof`)."""
+
+    timestamp: int = Field(ge=0, description="seconds since the epoch; within 120 s of the coordinator's clock")
+    nonce: str = Field(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="random, never reused")
+    mac: str = Field(min_length=44, max_length=44, description="base64 HMAC-SHA256 (docs/coordinator.md)")
+
+
+class CoordinatorInfo(Model):
+    """``GET /v1/coordinator`` (no authentication): what a node needs before it joins."""
+
+    public_key: PublicKey = Field(description="the coordinator's X25519 public key, for join proofs")
+
+
+class CredentialRenewal(Model):
+    """``POST /v1/gateways/{id}/credential``: the gateway's new credential (the old one ends after a grace)."""
+
+    credential: str
+    rotate_in: float = Field(description="seconds until the gateway should renew again")
+
+
 # ---------------------------------------------------------------- node join
 
 
@@ -284,6 +310,7 @@ class NodeJoinRequest(Model):
     name: Name
     provider: Provider
     facts: NodeFacts = Field(default_factory=NodeFacts)
+    proof: KeyProof | None = Field(None, description="proof of possession of public_key's private key (required)")
 
 
 class GatewayPeer(Model):
@@ -363,6 +390,9 @@ class HeartbeatAck(Model):
     state: NodeState
     config_version: int = Field(description="the coordinator's current config version for this node")
     next_heartbeat_in: float = Field(description="seconds until the coordinator expects the next heartbeat")
+    credential: str | None = Field(
+        None, description="a new credential for this node (rotation); the one used for this call ends after a grace"
+    )
 
 
 # ---------------------------------------------------------------- admin views
@@ -417,6 +447,7 @@ class GatewayRegisterRequest(Model):
     ws_url: WsUrl | None = Field(None, description="WebSocket relay URL (ws:// or wss://)")
     routes: list[Cidr] = Field(default_factory=list, max_length=LIST_MAX,
                                description="cluster networks reachable through this gateway")
+    proof: KeyProof | None = Field(None, description="proof of possession of public_key's private key (required)")
 
 
 class MeshPeer(Model):
@@ -440,6 +471,7 @@ class GatewayRegisterResponse(Model):
     network: Cidr
     mtu: int
     peers: PeerSet
+    credential_rotation: float = Field(3600.0, description="renew the credential this often (POST .../credential)")
 
 
 class GatewayView(Model):

@@ -185,7 +185,7 @@ async def setup_nodes(client, count: int) -> list[tuple[str, str]]:
     async def one(i: int) -> None:
         pair = keys.KeyPair(keys.generate_private_key())
         async with CoordinatorClient(client.base_url) as c:
-            joined = await c.join(token.token, pair.public_b64, f"bench-{i}", "other")
+            joined = await c.join(token.token, pair, f"bench-{i}", "other")
         nodes.append((joined.node_id, joined.credential))
 
     for start in range(0, count, 50):
@@ -341,7 +341,7 @@ async def loadgen_fanout(args: argparse.Namespace) -> dict:
             for i in range(count):
                 token = await admin.create_join_token("gateway")
                 client = CoordinatorClient(args.url)
-                await client.register_gateway(token.token, keys.KeyPair(keys.generate_private_key()).public_b64,
+                await client.register_gateway(token.token, keys.KeyPair(keys.generate_private_key()),
                                               f"gw-{count}-{i}")
                 gateways.append(client)
             streams = [g.watch(0) for g in gateways]
@@ -352,7 +352,7 @@ async def loadgen_fanout(args: argparse.Namespace) -> dict:
             for _ in range(5):
                 pair = keys.KeyPair(keys.generate_private_key())
                 started = time.perf_counter()
-                joiner = asyncio.create_task(CoordinatorClient(args.url).join(node_token.token, pair.public_b64, "fan", "other"))
+                joiner = asyncio.create_task(CoordinatorClient(args.url).join(node_token.token, pair, "fan", "other"))
 
                 async def seen(stream) -> float:
                     while True:

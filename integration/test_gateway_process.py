@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.keys import encode_key, generate_private_key, public_key
+from anex_agent.client import proven_body
+from anex_agent.keys import KeyPair, encode_key, generate_private_key, public_key
+from anex_agent.wire import NodeJoinRequest
 from integration.netns import Netns, missing_prerequisites, unique
 
 REASON = missing_prerequisites("wireguard-go", "nft", "wg")
@@ -55,10 +57,10 @@ class Rig:
     def log(self, name: str):
         return open(self.workdir / f"{name}.log", "ab")
 
-    def start_coordinator(self) -> None:
+    def start_coordinator(self, *extra: str) -> None:
         env = {**os.environ, "ANEX_ADMIN_TOKEN": ADMIN}
         self.coordinator = self.ns.popen(_argv("coordinator", "--listen", f"127.0.0.1:{PORT}",
-                                               "--state-dir", str(self.workdir / "coord")),
+                                               "--state-dir", str(self.workdir / "coord"), *extra),
                                          stdout=self.log("coordinator"), stderr=subprocess.STDOUT, env=env)
         wait_for(lambda: self.call("GET", "/v1/nodes", ok_only=True), 30, "coordinator up")
 
@@ -102,8 +104,10 @@ class Rig:
 
     def join(self, key: bytes, name: str) -> str:
         token = self.call("POST", "/v1/join-tokens", {"kind": "node"})["token"]
-        joined = self.call("POST", "/v1/nodes", {"token": token, "public_key": encode_key(public_key(key)),
-                                                  "name": name, "provider": "other"})
+        coordinator_key = self.call("GET", "/v1/coordinator")["public_key"]
+        body = proven_body(NodeJoinRequest, {"token": token, "name": name, "provider": "other"}, KeyPair(key),
+                           coordinator_key)
+        joined = self.call("POST", "/v1/nodes", body)
         return joined["node_id"]
 
     def tail(self, name: str) -> str:
@@ -171,3 +175,19 @@ def test_gateway_follows_the_coordinator_and_exits_clean(rig):
     assert not os.path.exists(f"/var/run/wireguard/{ifname}.sock")
     key_file = rig.workdir / "gw" / "private.key"
     assert key_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_expired_node_leaves_the_hub(rig):
+    """A node that never heartbeats expires and its peer leaves the running gateway's hub."""
+    rig.stop(rig.coordinator)
+    rig.start_coordinator("--heartbeat-interval", "1", "--not-ready-after", "2", "--expired-after", "4")
+    rig.start_gateway()
+    ifname = wait_for(rig.gateway_ifname, 30, "gateway interface")
+    key = generate_private_key()
+    node = rig.join(key, "silent")
+    wait_for(lambda: encode_key(public_key(key)) in rig.hub_peers(ifname), 10, "joined node as hub peer")
+    started = time.monotonic()
+    wait_for(lambda: encode_key(public_key(key)) not in rig.hub_peers(ifname), 15, "expired node removed from hub")
+    print(f"join -> expired and off the hub: {time.monotonic() - started:.1f} s")
+    assert node not in {n["id"] for n in rig.call("GET", "/v1/nodes")["nodes"]}
+    assert rig.stop(rig.gateway) == 0, rig.tail("gateway")

@@ -10,17 +10,28 @@ last good config. Neither ever raises out of its loop except on cancellation.
   a newer config than ours, it fetches and applies it (a watch event may have been lost).
 * :func:`watch_loop` follows ``GET /v1/watch?since=<version>`` and applies every
   ``snapshot`` / ``config`` / ``gateway_changed`` event's config.
+
+Credentials: an ack carrying a rotated credential is adopted and saved in the state dir
+(0600, atomically) before anything else. A 401 is not an outage: the node expired or was
+deleted (or its credential was rotated away). The heartbeat loop then joins again
+(:func:`rejoin`, with the join token and a proof of the key) and carries on with the new
+identity; when that is impossible (no token, or the token is refused: used, expired,
+revoked) it logs so once, sets ``agent.credential_revoked`` and both loops stop: the data
+plane keeps its last config, but the coordinator will not take this node back without a
+new join token. The watch loop leaves re-joining to the heartbeat loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
 from anex_agent.agent.backoff import Backoff
+from anex_agent.agent.state import NodeIdentity
 from anex_agent.errors import AnexError, CoordinatorError
-from anex_agent.wire import Heartbeat, check_telemetry
+from anex_agent.wire import Heartbeat, NodeFacts, NodeJoinRequest, check_telemetry
 
 if TYPE_CHECKING:
     from anex_agent.agent.supervisor import Agent
@@ -65,6 +76,59 @@ def telemetry_block(monitor: Any | None) -> dict[str, Any] | None:
         return None
 
 
+def adopt_credential(agent: Agent, credential: str) -> None:
+    """Use and keep a rotated credential (the previous one works only for a short grace)."""
+    assert agent.identity is not None
+    agent.identity = dataclasses.replace(agent.identity, credential=credential)
+    agent.link.set_credential(credential)
+    try:
+        agent.state.save_identity(agent.identity)
+    except OSError as err:  # keep going on the new credential; a restart then joins again
+        log.error("cannot save the rotated node credential in %s: %s", agent.state.path, err)
+        return
+    log.info("node credential rotated")
+
+
+async def rejoin(agent: Agent, refused: CoordinatorError) -> bool | None:
+    """Join again after the coordinator refused our credential.
+
+    True when joined (new identity saved, its config applied); None when the coordinator
+    could not be reached (try again later); False when it is over: no join token, or the
+    token was refused. Then ``agent.credential_revoked`` says why (and it was logged).
+    """
+    old = agent.identity.node_id if agent.identity else "?"
+    token = agent.settings.join_token
+    if not token:
+        return _revoked(agent, f"the coordinator refused the credential of node {old} ({refused}) and no join token "
+                               "is set to join again")
+    assert agent.link.keypair is not None
+    log.warning("the coordinator refused the credential of node %s (%s): the node expired or was removed; "
+                "joining again", old, refused)
+    request = NodeJoinRequest(token=token, public_key=agent.link.keypair.public_b64, name=agent.settings.name,
+                              provider=agent.settings.provider, facts=agent.facts or NodeFacts())
+    try:
+        joined = await agent.link.join(request)
+    except CoordinatorError as err:
+        if err.retryable:
+            log.warning("joining again failed (%s); will retry", err)
+            return None
+        return _revoked(agent, f"the coordinator refused the credential of node {old} and joining again was "
+                               f"refused too ({err}); a new join token is needed")
+    agent.identity = NodeIdentity(agent.settings.coordinator_url, joined.node_id, joined.credential)
+    agent.state.save_identity(agent.identity)
+    agent.link.set_credential(joined.credential)
+    log.info("joined again as node %s, mesh address %s", joined.node_id, joined.config.address)
+    await agent.apply_config(joined.config)
+    return True
+
+
+def _revoked(agent: Agent, why: str) -> bool:
+    agent.credential_revoked = why
+    agent._reachable(False, why)
+    log.error("%s; heartbeats and config updates stop (the data plane keeps its last config)", why)
+    return False
+
+
 async def heartbeat_loop(agent: Agent) -> None:
     backoff = Backoff(base=1.0, cap=MAX_BACKOFF)
     interval = DEFAULT_INTERVAL
@@ -78,6 +142,8 @@ async def heartbeat_loop(agent: Agent) -> None:
             version = agent.dataplane.config.version if agent.dataplane.config else 0
             beat = Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
             ack = await agent.link.heartbeat(agent.identity.node_id, beat)
+            if ack.credential:
+                adopt_credential(agent, ack.credential)
             if not agent.coordinator_reachable:
                 log.info("coordinator reachable again")
             agent._reachable(True)
@@ -88,6 +154,13 @@ async def heartbeat_loop(agent: Agent) -> None:
                 await agent.apply_config(config)
             await asyncio.sleep(interval)
         except CoordinatorError as err:
+            if err.status == 401:
+                joined = await rejoin(agent, err)
+                if joined is False:
+                    return
+                if joined:
+                    backoff.reset()
+                    continue
             agent._reachable(False, str(err))
             delay = min(backoff.next_delay(), max(interval, MAX_BACKOFF))
             log.warning("heartbeat failed (%s); keeping the last good config, next try in %.1f s", err, delay)
@@ -112,9 +185,15 @@ async def watch_loop(agent: Agent) -> None:
             delay = backoff.next_delay()
             log.info("watch stream closed; reconnecting in %.1f s", delay)
         except CoordinatorError as err:
-            agent._reachable(False, str(err))
+            if agent.credential_revoked:
+                log.error("watch stream stops: %s", agent.credential_revoked)
+                return
             delay = backoff.next_delay()
-            log.warning("watch stream failed (%s); reconnecting in %.1f s", err, delay)
+            if err.status == 401:  # the heartbeat loop joins again (or gives up); then we follow
+                log.info("watch stream: credential refused; reconnecting in %.1f s", delay)
+            else:
+                agent._reachable(False, str(err))
+                log.warning("watch stream failed (%s); reconnecting in %.1f s", err, delay)
         except AnexError as err:
             delay = backoff.next_delay()
             log.error("applying a watched config failed: %s; resyncing in %.1f s", err, delay)

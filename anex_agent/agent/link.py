@@ -1,6 +1,6 @@
 """The agent's view of the coordinator: the few calls it makes, over :class:`anex_agent.client.CoordinatorClient`.
 
-    join(NodeJoinRequest) -> NodeJoinResponse
+    join(NodeJoinRequest) -> NodeJoinResponse   (proves possession of ``keypair``, set before joining)
     get_config(node_id) -> NodeConfig
     heartbeat(node_id, Heartbeat) -> HeartbeatAck
     watch(since) -> async iterator of WatchEvent (reconnects by itself; raises only
@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from anex_agent import keys
 from anex_agent.client import CoordinatorClient
+from anex_agent.errors import ConfigError
 from anex_agent.wire import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest, NodeJoinResponse, WatchEvent
 
 
@@ -36,8 +38,12 @@ class LinkBase:
 
 
 class CoordinatorLink(LinkBase):
+    keypair: keys.KeyPair | None = None  # the node's WireGuard key pair: joins prove we hold it
+
     async def join(self, request: NodeJoinRequest) -> NodeJoinResponse:
-        return await self.client.join(request.token, request.public_key, request.name, request.provider, request.facts)
+        if self.keypair is None or self.keypair.public_b64 != request.public_key:
+            raise ConfigError("private.key", "the node's key pair is not loaded; cannot prove possession of its key")
+        return await self.client.join(request.token, self.keypair, request.name, request.provider, request.facts)
 
     async def get_config(self, node_id: str) -> NodeConfig:
         return await self.client.get_config(node_id)

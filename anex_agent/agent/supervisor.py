@@ -76,6 +76,8 @@ class Agent:
         self._mesh_api_skipped = False
         self._mesh_api: tuple[str, int] | None = None  # where the mesh-side API listens now
         self.tasks: Tasks | None = None
+        self.facts: NodeFacts | None = None  # what the node reported at its join (a re-join reports it again)
+        self.credential_revoked: str | None = None  # set when the credential is refused and joining again failed
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -223,6 +225,7 @@ class Agent:
         """Bring everything up, run until the workload exits (or a stop signal), tear down."""
         check_ports_free(self.settings)
         keypair = self.state.keypair()
+        self.link.keypair = keypair  # joins prove possession of it
         # probes may run their own event loop (pyroute2): keep them off ours
         report = await asyncio.to_thread(self._detect) if self._detect else {}
         self.dataplane = DataPlane(self.settings, keypair, report)
@@ -233,6 +236,7 @@ class Agent:
             detect=report,
             agent_version=__version__,
         )
+        self.facts = facts
         loop = asyncio.get_running_loop()
         for signum in FORWARDED:
             loop.add_signal_handler(signum, self._on_signal, signum, workload)

@@ -7,11 +7,17 @@ Contract:
 * Every failure is the same 401 problem (:func:`problems.unauthenticated`), whatever
   went wrong. Authorisation (a node asking for another node: 403) is the handler's job.
 * The cache forgets a node's or gateway's credentials when the change feed reports
-  it ``deleted`` or ``rejoined`` (its credential rotated), in every process.
+  it ``deleted`` (also on expiry) or ``rejoined``, or a ``credentials`` change (rotation),
+  in every process.
+* Rotation: a credential rotated away stays good until ``previous_valid_until`` (the
+  grace); the cache remembers that deadline. :class:`Principal` says which credential was
+  used (``current``) and when the current one was issued, so the heartbeat can rotate
+  without a query.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -38,6 +44,10 @@ class Auth(str, Enum):
 class Principal:
     kind: str  # "admin" | "node" | "gateway" | "anonymous"
     id: str = ""
+    issued_at: float = 0.0  # when the node's or gateway's current credential was issued
+    current: bool = True  # False: the caller used its previous credential, within the grace
+    credential_hash: str = ""
+    grace_open: bool = False  # the current credential was used while the previous one still works
 
     @property
     def is_admin(self) -> bool:
@@ -69,10 +79,11 @@ def bearer(request: web.Request) -> str | None:
 
 
 class Authenticator:
-    def __init__(self, db: Database, admin_token: str) -> None:
+    def __init__(self, db: Database, admin_token: str, *, clock: Callable[[], float] = time.time) -> None:
         self._db = db
         self._admin_token = admin_token
-        self._by_hash: dict[str, Principal] = {}
+        self._clock = clock
+        self._by_hash: dict[str, tuple[Principal, float | None]] = {}  # digest -> (principal, valid until)
         self._by_id: dict[str, set[str]] = {}
         self.on_node_loaded: Callable[[str, int], None] | None = None
 
@@ -92,21 +103,38 @@ class Authenticator:
         if credentials.same_secret(secret, self._admin_token):
             return ADMIN
         digest = credentials.hash_secret(secret)
+        now = self._clock()
         cached = self._by_hash.get(digest)
         if cached is not None:
-            return cached
-        principal = None
+            principal, until = cached
+            if until is None or now < until:
+                return principal
+            self._by_hash.pop(digest, None)
+            return None
         if credentials.has_prefix(secret, credentials.NODE_CREDENTIAL):
-            row = await self._db.fetchrow("SELECT id, config_version FROM nodes WHERE credential_hash = $1", digest)
-            principal = Principal("node", row["id"]) if row else None
-            if row and self.on_node_loaded is not None:  # one query serves the config-version cache too
-                self.on_node_loaded(row["id"], int(row["config_version"]))
+            kind, table = "node", "nodes"
         elif credentials.has_prefix(secret, credentials.GATEWAY_CREDENTIAL):
-            ident = await self._db.fetchval("SELECT id FROM gateways WHERE credential_hash = $1", digest)
-            principal = Principal("gateway", ident) if ident else None
-        if principal is not None:
-            self._by_hash[digest] = principal
-            self._by_id.setdefault(principal.id, set()).add(digest)
+            kind, table = "gateway", "gateways"
+        else:
+            return None
+        row = await self._db.fetchrow(
+            f"SELECT * FROM {table} WHERE credential_hash = $1"
+            " OR (previous_credential_hash = $1 AND previous_valid_until > $2)",
+            digest,
+            now,
+        )
+        if row is None:
+            return None
+        current = row["credential_hash"] == digest
+        previous_until = row["previous_valid_until"]
+        principal = Principal(
+            kind, row["id"], issued_at=float(row["credential_issued_at"] or row["created_at"]), current=current,
+            credential_hash=digest, grace_open=current and previous_until is not None and previous_until > now,
+        )
+        if kind == "node" and self.on_node_loaded is not None:  # one query serves the config-version cache too
+            self.on_node_loaded(row["id"], int(row["config_version"]))
+        self._by_hash[digest] = (principal, None if current else float(row["previous_valid_until"]))
+        self._by_id.setdefault(principal.id, set()).add(digest)
         return principal
 
     def forget(self, ident: str) -> None:
@@ -118,5 +146,5 @@ class Authenticator:
         if change.scope == changes.RESYNC:
             self._by_hash.clear()
             self._by_id.clear()
-        elif change.type in ("deleted", "rejoined") and change.target:
+        elif change.target and (change.type in ("deleted", "rejoined") or change.scope == changes.CREDENTIALS):
             self.forget(change.target)

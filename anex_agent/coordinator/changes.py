@@ -41,6 +41,7 @@ GATEWAYS = "gateways"
 GATEWAY = "gateway"
 NODE = "node"
 NODES = "nodes"
+CREDENTIALS = "credentials"  # a node's or gateway's credential rotated (target: its id); no watcher gets it
 RESYNC = "resync"  # not in the log: the feed skipped pruned changes; caches and watchers start over
 
 

@@ -64,6 +64,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a node without heartbeat for this long is not_ready (default 60)")
     parser.add_argument("--expired-after", type=float, default=3600.0, metavar="SECONDS",
                         help="a node without heartbeat for this long is expired (default 3600)")
+    parser.add_argument("--credential-rotation", type=float, default=3600.0, metavar="SECONDS",
+                        help="node and gateway credentials are replaced this often (default 3600)")
+    parser.add_argument("--credential-grace", type=float, default=300.0, metavar="SECONDS",
+                        help="a replaced credential keeps working this long (default 300)")
     parser.add_argument("--address-quarantine", type=float, default=3600.0, metavar="SECONDS",
                         help="a freed address is not reused for this long (default 3600)")
     parser.add_argument("--access-token-ttl", type=int, default=300, metavar="SECONDS",
@@ -75,6 +79,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a network gateways may offer to nodes (repeatable; default: private address space, "
                              f"{', '.join(DEFAULT_GATEWAY_ROUTES)}; 'none': no network but the mesh); a gateway "
                              "registering a route outside the list is refused, and nodes install only routes inside it")
+    parser.add_argument("--coordinator-key-file", type=Path, metavar="FILE",
+                        help="X25519 key that join proofs are made against (default <state-dir>/coordinator-key; "
+                             "every coordinator on one database needs the same file)")
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
@@ -136,9 +143,12 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         except ValueError:
             raise ConfigError("--dns", f"{server!r} is not an IP address") from None
     try:
-        timings = Timings(args.heartbeat_interval, args.not_ready_after, args.expired_after)
+        timings = Timings(args.heartbeat_interval, args.not_ready_after, args.expired_after,
+                          args.credential_rotation, args.credential_grace)
     except ValueError as err:
-        raise ConfigError("--heartbeat-interval/--not-ready-after/--expired-after", str(err)) from None
+        flags = "--heartbeat-interval/--credential-rotation/--credential-grace" if "credential" in str(err) else \
+            "--heartbeat-interval/--not-ready-after/--expired-after"
+        raise ConfigError(flags, str(err)) from None
     if not args.address_quarantine >= 0:  # also NaN: it would make a freed address never (or randomly) reusable
         raise ConfigError("--address-quarantine", "must be 0 or more seconds")
     if not 0 <= args.heartbeat_flush_interval <= 5:
@@ -163,7 +173,9 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
     )
 
 
-async def serve(settings: Settings, host: str, port: int, signing_key_file: Path | None) -> None:
+async def serve(
+    settings: Settings, host: str, port: int, signing_key_file: Path | None, coordinator_key_file: Path | None = None
+) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     modules = app_module.load_modules()
     ssl_context = tls.server_ssl_context(settings.tls_cert, settings.tls_key) if settings.tls_cert else None
@@ -171,6 +183,7 @@ async def serve(settings: Settings, host: str, port: int, signing_key_file: Path
     ctx = await Coordinator.open(
         settings, extra_migrations=app_module.module_migrations(modules), signing_key_file=signing_key_file,
         environ={"ANEX_ADMIN_TOKEN": settings.admin_token} if settings.admin_token else {},
+        coordinator_key_file=coordinator_key_file,
     )
     log.info("admin token: %s", ctx.admin_token_source)
     log.info("database: %s (%s)", _redacted(settings.database_url), ctx.db.dialect)
@@ -205,5 +218,5 @@ def _redacted(url: str) -> str:
 def main(args: argparse.Namespace) -> int:
     host, port = _listen(args.listen)
     settings = settings_from(args)
-    asyncio.run(serve(settings, host, port, args.signing_key_file))
+    asyncio.run(serve(settings, host, port, args.signing_key_file, args.coordinator_key_file))
     return 0

@@ -3,7 +3,7 @@
 Contract:
 * :meth:`Coordinator.open` connects the database, applies migrations (core ones plus
   those of the route modules, by default ``app.ROUTE_MODULES``), loads the admin token
-  and the signing key.
+  the signing key and the coordinator key (join proofs).
 * :meth:`Coordinator.start` starts the background work, all named tasks in one
   ``TaskGroup`` owned by a single runner task: the change feed, the heartbeat flusher,
   the state sweeper and the change-log pruner. :meth:`Coordinator.close` cancels them,
@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
-from anex_agent.coordinator import changes, credentials, migrations, signing
+from anex_agent.coordinator import changes, coordinator_key, credentials, migrations, signing
 from anex_agent.coordinator.auth import Authenticator
 from anex_agent.coordinator.db import Database, open_database
 from anex_agent.coordinator.gatewayset import GatewaySetCache
@@ -47,6 +47,8 @@ class Coordinator:
         signing_key: bytes,
         verify_key: str,
         clock: Callable[[], float],
+        coordinator_private: bytes = b"",
+        coordinator_public: str = "",
     ) -> None:
         self.settings = settings
         self.db = db
@@ -55,8 +57,10 @@ class Coordinator:
         self.admin_token_source = admin_token_source
         self.signing_key = signing_key
         self.verify_key = verify_key
+        self.coordinator_private = coordinator_private  # X25519: join proofs (coordinator_key.py)
+        self.coordinator_public = coordinator_public
         self.feed = changes.ChangeFeed(db, poll_interval=settings.poll_interval)
-        self.auth = Authenticator(db, admin_token)
+        self.auth = Authenticator(db, admin_token, clock=clock)
         self.heartbeats = HeartbeatBuffer(db)
         self.metrics = Metrics()
         self.versions = ConfigVersions(db)
@@ -80,10 +84,13 @@ class Coordinator:
         extra_migrations: Iterable[migrations.Migration] | None = None,
         environ: dict[str, str] | None = None,
         signing_key_file: Path | None = None,
+        coordinator_key_file: Path | None = None,
     ) -> Coordinator:
         admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
         key_path = signing_key_file or settings.state_dir / "access-token-signing-key"
         signing_key = signing.load_or_create(key_path)
+        coord_key_path = coordinator_key_file or settings.state_dir / coordinator_key.FILE_NAME
+        coordinator_private = coordinator_key.load_or_create(coord_key_path)
         if extra_migrations is None:  # those of the default route modules (app.ROUTE_MODULES)
             from anex_agent.coordinator import app
 
@@ -92,6 +99,7 @@ class Coordinator:
         try:
             await migrations.apply(db, [*migrations.CORE, *extra_migrations], clock=clock)
             verify_key = await signing.register(db, signing_key, key_path=key_path)
+            coordinator_public = await coordinator_key.register(db, coordinator_private, key_path=coord_key_path)
         except BaseException:
             await db.close()
             raise
@@ -103,6 +111,8 @@ class Coordinator:
             signing_key=signing_key,
             verify_key=verify_key,
             clock=clock,
+            coordinator_private=coordinator_private,
+            coordinator_public=coordinator_public,
         )
 
     def _forget_deleted_node(self, change: changes.Change) -> None:

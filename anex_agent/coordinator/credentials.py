@@ -81,3 +81,56 @@ def load_admin_token(state_dir: Path, environ: dict[str, str] | None = None) -> 
     with os.fdopen(fd, "w") as handle:
         handle.write(token + "\n")
     return token, str(path)
+
+
+async def rotate(db, table: str, ident: str, used_hash: str, *, current: bool, now: float, grace: float) -> str | None:
+    """Give the node or gateway ``ident`` a new credential; return it, or None when nothing changed.
+
+    ``used_hash`` is the hash of the credential the caller presented. With its current one
+    (``current``), that one becomes the previous credential, good until ``now + grace``.
+    With its previous one, within the grace (the answer carrying the new one was lost),
+    the current one is replaced again and the grace deadline stays. A ``credentials``
+    change tells every coordinator's cache. None when the row changed meanwhile (a
+    concurrent rotation, a re-join, a deletion).
+    """
+    from anex_agent.coordinator import changes  # late: changes -> db only, but keep this module import-light
+
+    assert table in ("nodes", "gateways")
+    secret = new_secret(NODE_CREDENTIAL if table == "nodes" else GATEWAY_CREDENTIAL)
+    async with db.transaction() as tx:
+        if current:
+            changed = await tx.execute(
+                f"UPDATE {table} SET previous_credential_hash = credential_hash, previous_valid_until = $3,"
+                " credential_hash = $4, credential_issued_at = $5 WHERE id = $1 AND credential_hash = $2",
+                ident, used_hash, now + grace, hash_secret(secret), now,
+            )
+        else:
+            changed = await tx.execute(
+                f"UPDATE {table} SET credential_hash = $3, credential_issued_at = $4"
+                " WHERE id = $1 AND previous_credential_hash = $2 AND previous_valid_until > $4",
+                ident, used_hash, hash_secret(secret), now,
+            )
+        if changed != 1:
+            return None
+        await changes.append(db, tx, changes.CREDENTIALS, "rotated", target=ident, now=now)
+    log.info("rotated the credential of %s", ident)
+    return secret
+
+
+async def end_grace(db, table: str, ident: str, current_hash: str, *, now: float) -> bool:
+    """The caller has shown it holds its new credential: the previous one stops now, not at the
+    end of its grace. True when that changed something (a ``credentials`` change then tells
+    every coordinator's cache)."""
+    from anex_agent.coordinator import changes
+
+    assert table in ("nodes", "gateways")
+    async with db.transaction() as tx:
+        changed = await tx.execute(
+            f"UPDATE {table} SET previous_valid_until = $3"
+            " WHERE id = $1 AND credential_hash = $2 AND previous_valid_until > $3",
+            ident, current_hash, now,
+        )
+        if changed != 1:
+            return False
+        await changes.append(db, tx, changes.CREDENTIALS, "grace_ended", target=ident, now=now)
+    return True

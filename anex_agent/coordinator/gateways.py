@@ -1,8 +1,12 @@
 """Gateways: registration (idempotent per public key), views, and the peer set they serve.
 
 Contract:
-* A gateway gets a mesh address from the same pool as nodes (so no node ever gets it)
-  and a credential (stored hashed; re-registering rotates it).
+* Registration needs a proof of possession of the key (:mod:`.registration`). A gateway
+  gets a mesh address from the same pool as nodes (so no node ever gets it) and a
+  credential (stored hashed; re-registering replaces it at once).
+* :func:`renew` rotates the credential on the gateway's own call (it renews every
+  ``credential_rotation`` seconds, told in the registration answer); the old one keeps
+  working for ``credential_grace`` seconds.
 * Registering or changing a gateway is a ``gateway_changed`` for every node (their
   config lists the gateways) and bumps ``counters.gateways_version``.
 * :func:`peer_set` reads the version *before* the peers: a change committed in between
@@ -16,6 +20,7 @@ import json
 
 from anex_agent import wire
 from anex_agent.coordinator import changes, credentials, gateway_routes, ipam, problems, registration, tokens
+from anex_agent.coordinator.auth import Principal
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import Conn
 from anex_agent.coordinator.nodes import mesh_peer
@@ -39,8 +44,9 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
     credential = credentials.new_secret(credentials.GATEWAY_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
         token, existing = await registration.claim(
-            tx, request.token, wire.TokenKind.gateway, request.public_key, own_table="gateways", other_table="nodes",
-            conflict="this public key belongs to a node; the gateway needs its own key pair", now=now,
+            tx, request, wire.TokenKind.gateway, coordinator_private=ctx.coordinator_private, own_table="gateways",
+            other_table="nodes", conflict="this public key belongs to a node; the gateway needs its own key pair",
+            now=now,
         )
         gateway_routes.check(ctx.settings, request.routes)  # after the token: only a gateway learns the list
         fields = (request.name, request.endpoint, request.ws_url, json.dumps(request.routes), now)
@@ -48,7 +54,8 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
             gateway_id, address = existing["id"], existing["address"]
             await tx.execute(
                 "UPDATE gateways SET credential_hash = $2, name = $3, endpoint = $4, ws_url = $5, routes = $6,"
-                " last_seen_at = $7 WHERE id = $1",
+                " last_seen_at = $7, credential_issued_at = $7, previous_credential_hash = NULL,"
+                " previous_valid_until = NULL WHERE id = $1",
                 gateway_id,
                 credentials.hash_secret(credential),
                 *fields,
@@ -59,7 +66,7 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
             address = await ipam.allocate(tx, ctx.settings.pool, f"gateway:{gateway_id}", now=now)
             await tx.execute(
                 "INSERT INTO gateways (id, public_key, credential_hash, address, name, endpoint, ws_url, routes,"
-                " last_seen_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
+                " last_seen_at, created_at, credential_issued_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $9)",
                 gateway_id,
                 request.public_key,
                 credentials.hash_secret(credential),
@@ -79,7 +86,24 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
         network=ctx.settings.pool.cidr,
         mtu=ctx.settings.mtu,
         peers=peer_snapshot,
+        credential_rotation=ctx.settings.timings.credential_rotation,
     )
+
+
+async def renew(ctx: Coordinator, principal: Principal) -> wire.CredentialRenewal:
+    """A new credential for the calling gateway (see :func:`.credentials.rotate`); 401 when
+    its credential changed meanwhile (re-registered or deleted)."""
+    now = ctx.clock()
+    timings = ctx.settings.timings
+    credential = await credentials.rotate(
+        ctx.db, "gateways", principal.id, principal.credential_hash, current=principal.current, now=now,
+        grace=timings.credential_grace,
+    )
+    if credential is None:
+        raise problems.unauthenticated()
+    ctx.auth.forget(principal.id)
+    ctx.committed()
+    return wire.CredentialRenewal(credential=credential, rotate_in=timings.credential_rotation)
 
 
 async def _gateways_changed(ctx: Coordinator, tx: Conn, now: float) -> None:

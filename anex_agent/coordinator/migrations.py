@@ -143,6 +143,29 @@ CORE: list[Migration] = [
             AND NOT EXISTS (SELECT 1 FROM join_token_uses u WHERE u.token_id = n.join_token_id AND u.owner_id = n.id)
         """,
     ),
+    Migration(
+        3,
+        "join proofs and credential rotation",
+        """
+        CREATE TABLE proof_nonces (
+            public_key TEXT NOT NULL,
+            nonce TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (public_key, nonce)
+        );
+        CREATE INDEX proof_nonces_expiry ON proof_nonces (expires_at);
+        ALTER TABLE nodes ADD COLUMN credential_issued_at DOUBLE PRECISION;
+        ALTER TABLE nodes ADD COLUMN previous_credential_hash TEXT;
+        ALTER TABLE nodes ADD COLUMN previous_valid_until DOUBLE PRECISION;
+        CREATE INDEX nodes_previous_credential ON nodes (previous_credential_hash);
+        ALTER TABLE gateways ADD COLUMN credential_issued_at DOUBLE PRECISION;
+        ALTER TABLE gateways ADD COLUMN previous_credential_hash TEXT;
+        ALTER TABLE gateways ADD COLUMN previous_valid_until DOUBLE PRECISION;
+        CREATE INDEX gateways_previous_credential ON gateways (previous_credential_hash);
+        UPDATE nodes SET credential_issued_at = created_at;
+        UPDATE gateways SET credential_issued_at = created_at
+        """,
+    ),
 ]
 
 

@@ -1,10 +1,16 @@
 """Nodes: join, config, views, tunnels, deletion. Every multi-row change is one transaction.
 
 Contract:
-* :func:`join` is idempotent per public key: the same key gets the same node id and
-  address (and a fresh credential, which revokes the previous one).
-* A new node becomes a ``peer_added`` for every gateway; a deleted one a
-  ``peer_removed``, its address goes to quarantine and its credential stops working.
+* :func:`join` needs a proof of possession of the key (:mod:`.registration`) and is
+  idempotent per public key: the same key gets the same node id and address (and a
+  fresh credential, which revokes the previous one at once, grace or not).
+* A new node becomes a ``peer_added`` for every gateway; a deleted one (by an admin, or
+  :func:`expire` when it has been silent for ``expired_after``) a ``peer_removed``, its
+  address goes to quarantine and its credential stops working; its row is gone, so a
+  single-use token it used is no good to it any more.
+* :func:`heartbeat` rotates the node's credential once ``credential_rotation`` seconds
+  after issue (:func:`.credentials.rotate`) and hands the new one back in the answer; the
+  first heartbeat with the new one ends the old one's grace (:func:`.credentials.end_grace`).
 * A node's config version is the newest change-log version that touched its config:
   its own changes (``nodes.config_version``) or a gateway-set change
   (``counters.gateways_version``).
@@ -16,6 +22,7 @@ import json
 
 from anex_agent import wire
 from anex_agent.coordinator import changes, credentials, ipam, problems, registration, states, tokens
+from anex_agent.coordinator.auth import Principal
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import Conn
 
@@ -78,18 +85,21 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
     credential = credentials.new_secret(credentials.NODE_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
         token, existing = await registration.claim(
-            tx, request.token, wire.TokenKind.node, request.public_key, own_table="nodes", other_table="gateways",
-            conflict="this public key belongs to a gateway; every node needs its own key pair", now=now,
+            tx, request, wire.TokenKind.node, coordinator_private=ctx.coordinator_private, own_table="nodes",
+            other_table="gateways", conflict="this public key belongs to a gateway; every node needs its own key pair",
+            now=now,
         )
         if existing:
             node_id = existing["id"]
             await tx.execute(
-                "UPDATE nodes SET credential_hash = $2, name = $3, provider = $4, facts = $5 WHERE id = $1",
+                "UPDATE nodes SET credential_hash = $2, name = $3, provider = $4, facts = $5, credential_issued_at = $6,"
+                " previous_credential_hash = NULL, previous_valid_until = NULL WHERE id = $1",
                 node_id,
                 credentials.hash_secret(credential),
                 request.name,
                 request.provider.value,
                 request.facts.model_dump_json(),
+                now,
             )
             await changes.append(ctx.db, tx, changes.NODE, "rejoined", target=node_id, now=now)
         else:
@@ -97,7 +107,8 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
             address = await ipam.allocate(tx, ctx.settings.pool, f"node:{node_id}", now=now)
             await tx.execute(
                 "INSERT INTO nodes (id, name, provider, public_key, credential_hash, address, labels, facts, tunnels,"
-                " state, created_at, join_token_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '[]', 'pending', $9, $10)",
+                " state, created_at, join_token_id, credential_issued_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '[]', 'pending', $9, $10, $9)",
                 node_id,
                 request.name,
                 request.provider.value,
@@ -123,19 +134,49 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
     return wire.NodeJoinResponse(node_id=node_id, credential=credential, config=node_config)
 
 
+async def _remove(ctx: Coordinator, tx: Conn, row: dict, *, reason: str, now: float) -> None:
+    """Delete ``row``: address to quarantine, ``peer_removed`` for the gateways, ``deleted`` for the node."""
+    node_id = row["id"]
+    await tx.execute("DELETE FROM nodes WHERE id = $1", node_id)
+    await ipam.release(tx, ctx.settings.pool, row["address"], now=now, quarantine=ctx.settings.address_quarantine)
+    await changes.append(
+        ctx.db, tx, changes.GATEWAYS, "peer_removed", target=node_id, payload=mesh_peer(row).model_dump(), now=now
+    )
+    await changes.append(ctx.db, tx, changes.NODE, "deleted", target=node_id, payload={"reason": reason}, now=now)
+
+
+def _forget(ctx: Coordinator, node_id: str) -> None:
+    ctx.heartbeats.forget(node_id)
+    ctx.auth.forget(node_id)
+    ctx.committed()
+
+
 async def delete(ctx: Coordinator, node_id: str) -> None:
     now = ctx.clock()
     async with ctx.db.transaction() as tx:
         row = await row_of(tx, node_id)
-        await tx.execute("DELETE FROM nodes WHERE id = $1", node_id)
-        await ipam.release(tx, ctx.settings.pool, row["address"], now=now, quarantine=ctx.settings.address_quarantine)
-        await changes.append(
-            ctx.db, tx, changes.GATEWAYS, "peer_removed", target=node_id, payload=mesh_peer(row).model_dump(), now=now
+        await _remove(ctx, tx, row, reason="deleted", now=now)
+    _forget(ctx, node_id)
+
+
+async def expire(ctx: Coordinator, node_id: str, last_heartbeat_at: float | None) -> bool:
+    """Remove a node judged expired, unless it heartbeated since (``last_heartbeat_at`` is
+    what it was judged by; a heartbeat still buffered here counts too). True when removed."""
+    if ctx.heartbeats.pending_for(node_id) is not None:
+        return False
+    now = ctx.clock()
+    async with ctx.db.transaction() as tx:
+        row = await tx.fetchrow(
+            "SELECT * FROM nodes WHERE id = $1"
+            " AND COALESCE(last_heartbeat_at, -1.0) = COALESCE(CAST($2 AS DOUBLE PRECISION), -1.0)",
+            node_id,
+            last_heartbeat_at,
         )
-        await changes.append(ctx.db, tx, changes.NODE, "deleted", target=node_id, now=now)
-    ctx.heartbeats.forget(node_id)
-    ctx.auth.forget(node_id)
-    ctx.committed()
+        if row is None:
+            return False
+        await _remove(ctx, tx, row, reason="expired", now=now)
+    _forget(ctx, node_id)
+    return True
 
 
 async def set_tunnels(ctx: Coordinator, node_id: str, update: wire.TunnelsUpdate) -> wire.NodeConfig:
@@ -228,12 +269,33 @@ async def telemetry(ctx: Coordinator, node_id: str) -> wire.NodeTelemetry:
     )
 
 
-def heartbeat(ctx: Coordinator, node_id: str, beat: wire.Heartbeat, *, config_version: int) -> wire.HeartbeatAck:
-    """Hot path: no database access (see :mod:`.heartbeats`)."""
-    ctx.heartbeats.record(node_id, beat, ctx.clock())
+async def heartbeat(
+    ctx: Coordinator, principal: Principal, beat: wire.Heartbeat, *, config_version: int
+) -> wire.HeartbeatAck:
+    """Hot path: no database access (see :mod:`.heartbeats`), except once per rotation period
+    when the credential used is due to be replaced (or was already, and the answer was lost)."""
+    now = ctx.clock()
+    node_id = principal.id
+    ctx.heartbeats.record(node_id, beat, now)
     ctx.metrics.heartbeats.inc()
+    timings = ctx.settings.timings
+    credential = None
+    if not principal.current or states.rotation_due(now=now, issued_at=principal.issued_at, timings=timings):
+        credential = await credentials.rotate(
+            ctx.db, "nodes", node_id, principal.credential_hash, current=principal.current, now=now,
+            grace=timings.credential_grace,
+        )
+        if credential is not None:
+            ctx.auth.forget(node_id)
+            ctx.committed()
+    elif principal.grace_open and await credentials.end_grace(
+        ctx.db, "nodes", node_id, principal.credential_hash, now=now
+    ):
+        ctx.auth.forget(node_id)
+        ctx.committed()
     return wire.HeartbeatAck(
         state=states.on_heartbeat(wire.NodeState.ready),
         config_version=config_version,
-        next_heartbeat_in=ctx.settings.timings.heartbeat_interval,
+        next_heartbeat_in=timings.heartbeat_interval,
+        credential=credential,
     )

@@ -4,12 +4,16 @@
        │                           ▲                                             │
        │                           └──────────────── heartbeat ◄─────────────────┤
        └──no heartbeat for expired_after since joining──► expired ◄──no heartbeat for expired_after
-                                                           │
-                                                           └── heartbeat ──► ready
 
-``expired`` is where a node ends up when it has been silent for ``expired_after``
-seconds (rented machines vanish without saying goodbye); it keeps its record and
-address until an admin deletes it, and comes back to ``ready`` if it heartbeats again.
+``expired`` is final: a node silent for ``expired_after`` seconds (rented machines vanish
+without saying goodbye, and the host keeps the disk) is removed as if an admin deleted it
+(the sweeper does it): its credential stops working, its peer leaves every gateway and
+its address goes into quarantine. To come back it joins again, with a token that is
+still good for it and a proof of its key.
+
+Credentials rotate: a node's (on a heartbeat) and a gateway's (on its renewal call) once
+``credential_rotation`` seconds after issue; the one rotated away keeps working for
+``credential_grace`` seconds, so an answer lost on the way does not lock the caller out.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ class Timings:
     heartbeat_interval: float = 15.0
     not_ready_after: float = 60.0
     expired_after: float = 3600.0
+    credential_rotation: float = 3600.0
+    credential_grace: float = 300.0
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_interval < self.not_ready_after < self.expired_after:
@@ -33,11 +39,21 @@ class Timings:
                 "timings must satisfy 0 < heartbeat interval < not-ready-after < expired-after "
                 f"(got {self.heartbeat_interval}, {self.not_ready_after}, {self.expired_after})"
             )
+        if not (self.heartbeat_interval < self.credential_rotation and 0 < self.credential_grace):
+            raise ValueError(
+                "timings must satisfy heartbeat interval < credential rotation and a grace above 0 "
+                f"(got {self.heartbeat_interval}, {self.credential_rotation}, {self.credential_grace})"
+            )
 
 
 def on_heartbeat(state: NodeState) -> NodeState:
-    """Any heartbeat makes a node ready."""
+    """A heartbeat makes a pending or not_ready node ready (an expired node has no credential left)."""
     return NodeState.ready
+
+
+def rotation_due(*, now: float, issued_at: float, timings: Timings) -> bool:
+    """Whether a credential issued at ``issued_at`` is to be replaced now."""
+    return now - issued_at >= timings.credential_rotation
 
 
 def state_at(*, now: float, created_at: float, last_heartbeat_at: float | None, timings: Timings) -> NodeState:

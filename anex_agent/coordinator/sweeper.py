@@ -1,9 +1,13 @@
-"""Periodic upkeep: node state transitions, gauges, change-log pruning.
+"""Periodic upkeep: node state transitions (expiry removes the node), gauges, pruning of
+the change log and of spent join-proof nonces.
 
 State rules live in :mod:`.states` (pure); SQL here only pre-selects candidates and
 writes a new state with a conditional update (the row must still have the heartbeat
 time we judged it by), so a heartbeat written meanwhile, by this or another
-coordinator, is never overwritten.
+coordinator, is never overwritten. A node due to be ``expired`` is removed
+(:func:`.nodes.expire`: credential gone, ``peer_removed`` for every gateway, address in
+quarantine) under the same condition. The first sweep runs at start, so a node that
+expired while no coordinator ran cannot heartbeat itself back.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from anex_agent.coordinator import changes, states
+from anex_agent.coordinator import changes, nodes, registration, states
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.wire import NodeState
 
@@ -44,8 +48,15 @@ async def apply_transitions(ctx: Coordinator, updates: list[tuple[str, str, str,
     changed = 0
     if not updates:
         return 0
+    for node_id, new, _old, last in updates:
+        if new == NodeState.expired.value and await nodes.expire(ctx, node_id, last):
+            changed += 1
+            log.info("node %s expired (silent for %.0f s): removed; it must join again", node_id,
+                     ctx.settings.timings.expired_after)
     async with ctx.db.transaction() as tx:
         for node_id, new, old, last in updates:
+            if new == NodeState.expired.value:
+                continue
             changed += await tx.execute(
                 "UPDATE nodes SET state = $2 WHERE id = $1 AND state = $3"
                 " AND COALESCE(last_heartbeat_at, -1.0) = COALESCE(CAST($4 AS DOUBLE PRECISION), -1.0)",
@@ -76,13 +87,14 @@ async def update_gauges(ctx: Coordinator) -> None:
 async def run(ctx: Coordinator) -> None:
     rounds = 0
     while True:
-        await asyncio.sleep(ctx.settings.sweep_interval)
         try:
             await ctx.heartbeats.flush()
             await sweep(ctx)
             await update_gauges(ctx)
-            rounds += 1
             if rounds % _PRUNE_EVERY == 0:
                 await changes.prune(ctx.db, keep=ctx.settings.change_retention)
+                await registration.prune_nonces(ctx.db, now=ctx.clock())
+            rounds += 1
         except Exception:
             log.exception("state sweep failed; will retry")
+        await asyncio.sleep(ctx.settings.sweep_interval)

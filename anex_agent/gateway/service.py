@@ -11,7 +11,10 @@ Start order (teardown runs in reverse, also after errors):
 5. the DNS forwarder on the mesh address (when ``--dns-upstream`` is set);
 6. the watch loop: events are applied to the hub as they come (well within 1 s);
    on disconnect it reconnects with jittered backoff, asking for ``since=<version>``,
-   and keeps the last peers meanwhile (fail static).
+   and keeps the last peers meanwhile (fail static). A refused credential (401) makes it
+   register again (token and key proof); when that is refused too it says so and stops;
+7. the credential renewal: every ``credential_rotation`` seconds (from the registration
+   answer) ``POST /v1/gateways/{id}/credential``; the new credential is saved at once.
 
 Every task is named and owned by one TaskGroup; SIGTERM/SIGINT end it cleanly.
 """
@@ -126,6 +129,7 @@ class Gateway:
         self._stop = asyncio.Event()
         self._apply_lock = asyncio.Lock()
         self.ready = asyncio.Event()
+        self.rotate_in = 3600.0  # seconds between credential renewals (the coordinator says)
 
     def stop(self) -> None:
         self._stop.set()
@@ -144,10 +148,31 @@ class Gateway:
             coordinator_url=self.settings.coordinator_url, gateway_id=response.gateway_id,
             credential=response.credential, address=response.address, network=response.network, mtu=response.mtu,
         )
+        self.rotate_in = response.credential_rotation
         self.link.set_credential(response.credential)
 
     async def _register_once(self) -> GatewayRegisterResponse:
-        return await self.link.register(self._register_request())
+        assert self.keypair is not None
+        return await self.link.register(self._register_request(), self.keypair)
+
+    async def _renew_loop(self) -> None:
+        """Rotate our credential every ``rotate_in`` seconds and save it (the old one ends after a grace)."""
+        delay = self.rotate_in
+        while True:
+            await asyncio.sleep(delay)
+            assert self.registration is not None
+            try:
+                renewal = await self.link.renew(self.registration.gateway_id)
+            except CoordinatorError as err:
+                delay = min(self.rotate_in, 30.0)
+                log.warning("renewing the gateway credential failed (%s); next try in %.0f s", err, delay)
+                continue
+            async with self._apply_lock:
+                self.registration.credential = renewal.credential
+                self.link.set_credential(renewal.credential)
+                self.state.save(self.registration, self.book.to_peer_set())
+            self.rotate_in = delay = renewal.rotate_in
+            log.info("gateway credential rotated")
 
     async def _sleep_or_stop(self, delay: float) -> bool:
         """Sleep ``delay`` seconds; True when asked to stop meanwhile."""
@@ -198,7 +223,9 @@ class Gateway:
                 response = await self._register_once()
             except CoordinatorError as err:
                 if not err.retryable:
-                    log.error("registration refused: %s (keeping the saved configuration)", err)
+                    log.error("registration refused: %s; going on with the saved registration (registering "
+                              "again needs a new gateway token)", err)
+                    return
                 continue
             self._adopt(response)
             await self._apply_peers(PeerBook.from_peer_set(response.peers), replace=True)
@@ -240,11 +267,23 @@ class Gateway:
                         else:
                             log.info("%s v%d applied: %d peers", event.type, event.version, len(self.book.peers))
             except CoordinatorError as err:
-                if err.status in (401, 403) and self.settings.token:
+                if err.status in (401, 403):
+                    if not self.settings.token:
+                        log.error("the coordinator refused the gateway credential (%s) and no gateway token is set to "
+                                  "register again; following the coordinator stops (keeping %d peers)",
+                                  err, len(self.book.peers))
+                        return
                     try:
                         self._adopt(await self._register_once())
+                        assert self.registration is not None
+                        self.state.save(self.registration, self.book.to_peer_set())
                         log.info("credential refreshed by registering again")
                     except CoordinatorError as reg_err:
+                        if not reg_err.retryable:
+                            log.error("the coordinator refused the gateway credential and registering again was "
+                                      "refused too (%s); a new gateway token is needed; following the coordinator "
+                                      "stops (keeping %d peers)", reg_err, len(self.book.peers))
+                            return
                         log.warning("re-registration failed: %s", reg_err)
                 log.warning("watch stream: %s (keeping %d peers)", err, len(self.book.peers))
             delay = backoff.next_delay()
@@ -313,6 +352,7 @@ class Gateway:
                         raise EngineError(f"cannot serve DNS on {self.registration.address}:53: "
                                           f"{err.strerror or err}") from None
                 tg.create_task(self._watch_loop(), name="gateway-watch")
+                tg.create_task(self._renew_loop(), name="gateway-credential")
                 if not registered:
                     tg.create_task(self._register_later(), name="gateway-register")
                 tg.create_task(self._wait_stop(), name="gateway-stop")

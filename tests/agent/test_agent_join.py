@@ -26,8 +26,9 @@ def make_agent(url: str, state: Path, token: str = "") -> Agent:
 
 
 async def join(agent: Agent):
+    agent.link.keypair = agent.state.keypair()  # as Agent.run does
     try:
-        return await agent._join_or_load(agent.state.keypair().public_b64, NodeFacts())
+        return await agent._join_or_load(agent.link.keypair.public_b64, NodeFacts())
     finally:
         await agent.link.close()
 

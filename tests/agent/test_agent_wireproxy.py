@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from anex_agent.client import proven_body
 from anex_agent.keys import KeyPair, generate_private_key
+from anex_agent.wire import GatewayRegisterRequest
 
 FAKE = Path(__file__).resolve().parents[1] / "tunnels" / "fake_wireproxy.py"
 ADMIN_TOKEN = "wireproxy-e2e-admin-token-0123456789"
@@ -141,9 +143,10 @@ def test_agent_runs_wireproxy_renders_its_config_restarts_it_on_a_pushed_tunnel_
     gw_key = KeyPair(generate_private_key())
     status, token = http("POST", f"{coordinator}/v1/join-tokens", {"kind": "gateway"}, ADMIN_TOKEN)
     assert status in (200, 201), token
-    status, gateway = http("POST", f"{coordinator}/v1/gateways", {
-        "token": token["token"], "public_key": gw_key.public_b64, "name": "gw-e2e",
-        "endpoint": "127.0.0.1:51820", "routes": ["10.96.0.0/12"]})
+    _, info = http("GET", f"{coordinator}/v1/coordinator")
+    status, gateway = http("POST", f"{coordinator}/v1/gateways", proven_body(GatewayRegisterRequest, {
+        "token": token["token"], "name": "gw-e2e",
+        "endpoint": "127.0.0.1:51820", "routes": ["10.96.0.0/12"]}, gw_key, info["public_key"]))
     assert status in (200, 201), gateway
     status, node_token = http("POST", f"{coordinator}/v1/join-tokens", {"kind": "node"}, ADMIN_TOKEN)
     assert status in (200, 201), node_token

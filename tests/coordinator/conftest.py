@@ -123,6 +123,7 @@ class Harness:
         return str(self.server.make_url("")).rstrip("/")
 
     def client(self, credential: str | None = None, **kw) -> CoordinatorClient:
+        kw.setdefault("clock", self.clock)  # join proofs carry the coordinator's (fake) time
         c = CoordinatorClient(self.url, credential=credential, **kw)
         self.clients.append(c)
         return c
@@ -132,14 +133,14 @@ class Harness:
         token = await self.admin.create_join_token(labels=labels or {})
         pair = key or keys.KeyPair(keys.generate_private_key())
         client = self.client()
-        response = await client.join(token.token, pair.public_b64, name, provider)
+        response = await client.join(token.token, pair, name, provider)
         return client, response, pair
 
     async def gateway(self, name: str = "gw", **kw):
         token = await self.admin.create_join_token("gateway")
         pair = keys.KeyPair(keys.generate_private_key())
         client = self.client()
-        response = await client.register_gateway(token.token, pair.public_b64, name, **kw)
+        response = await client.register_gateway(token.token, pair, name, **kw)
         return client, response, pair
 
 

@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 
 from anex_agent import access_token, keys, wire
+from anex_agent.client import proven_body
 from anex_agent.errors import CoordinatorError
 
 
@@ -43,8 +44,8 @@ async def test_join_returns_address_config_and_credential(coord):
 async def test_rejoin_same_key_keeps_node_and_address_and_rotates_credential(coord):
     token = await coord.admin.create_join_token(reusable=True)
     pair = keys.KeyPair(keys.generate_private_key())
-    first = await coord.client().join(token.token, pair.public_b64, "n", "onprem")
-    second = await coord.client().join(token.token, pair.public_b64, "n-renamed", "onprem")
+    first = await coord.client().join(token.token, pair, "n", "onprem")
+    second = await coord.client().join(token.token, pair, "n-renamed", "onprem")
     assert second.node_id == first.node_id
     assert second.config.address == first.config.address
     assert second.credential != first.credential
@@ -57,21 +58,21 @@ async def test_rejoin_same_key_keeps_node_and_address_and_rotates_credential(coo
 async def test_single_use_token_rejoins_only_for_its_own_key(coord):
     token = await coord.admin.create_join_token()
     pair = keys.KeyPair(keys.generate_private_key())
-    first = await coord.client().join(token.token, pair.public_b64, "n", "vastai")
-    again = await coord.client().join(token.token, pair.public_b64, "n", "vastai")  # restarted agent
+    first = await coord.client().join(token.token, pair, "n", "vastai")
+    again = await coord.client().join(token.token, pair, "n", "vastai")  # restarted agent
     assert again.node_id == first.node_id
     other = keys.KeyPair(keys.generate_private_key())
     with pytest.raises(CoordinatorError) as used:
-        await coord.client().join(token.token, other.public_b64, "other", "vastai")
+        await coord.client().join(token.token, other, "other", "vastai")
     with pytest.raises(CoordinatorError) as unknown:
-        await coord.client().join("anexjt_" + "x" * 43, other.public_b64, "other", "vastai")
+        await coord.client().join("anexjt_" + "x" * 43, other, "other", "vastai")
     expired_token = await coord.admin.create_join_token(expires_in=10)
     coord.clock.advance(11)
     with pytest.raises(CoordinatorError) as expired:
-        await coord.client().join(expired_token.token, other.public_b64, "other", "vastai")
+        await coord.client().join(expired_token.token, other, "other", "vastai")
     gw_token = await coord.admin.create_join_token("gateway")
     with pytest.raises(CoordinatorError) as wrong_kind:
-        await coord.client().join(gw_token.token, other.public_b64, "other", "vastai")
+        await coord.client().join(gw_token.token, other, "other", "vastai")
     problems = [e.value.problem for e in (used, unknown, expired, wrong_kind)]
     assert all(e.value.status == 401 for e in (used, unknown, expired, wrong_kind))
     assert len({json.dumps({k: v for k, v in p.items() if k != "instance"}) for p in problems}) == 1
@@ -236,13 +237,14 @@ async def test_openapi_documents_every_route(coord):
                    ("GET", "/v1/nodes/{node_id}"), ("DELETE", "/v1/nodes/{node_id}"),
                    ("POST", "/v1/nodes/{node_id}/heartbeat"), ("GET", "/v1/nodes/{node_id}/config"),
                    ("PUT", "/v1/nodes/{node_id}/tunnels"), ("POST", "/v1/gateways"),
-                   ("GET", "/v1/gateways/{gateway_id}/peers"), ("GET", "/v1/watch")]:
+                   ("GET", "/v1/gateways/{gateway_id}/peers"), ("GET", "/v1/watch"),
+                   ("GET", "/v1/coordinator"), ("POST", "/v1/gateways/{gateway_id}/credential")]:
         assert needed in documented
     join = doc["paths"]["/v1/nodes"]["post"]
     assert {"201", "401", "409", "422", "503"} <= set(join["responses"])
     assert "403" in doc["paths"]["/v1/nodes/{node_id}/heartbeat"]["post"]["responses"]
     ref = join["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
-    assert "public_key" in doc["components"]["schemas"][ref]["properties"]
+    assert {"public_key", "proof"} <= set(doc["components"]["schemas"][ref]["properties"])
 
 
 async def test_health_ready_metrics_and_unknown_route(coord):
@@ -285,8 +287,10 @@ async def test_gateway_registration_on_an_exhausted_network_is_503_with_retry_af
         await coord.join("a")
         await coord.gateway("gw1")  # nodes and gateways share the two usable addresses
         token = await coord.admin.create_join_token("gateway")
-        body = json.dumps({"token": token.token, "public_key": keys.KeyPair(keys.generate_private_key()).public_b64,
-                           "name": "gw2", "endpoint": "203.0.113.9:51820"}).encode()
+        body = json.dumps(proven_body(
+            wire.GatewayRegisterRequest, {"token": token.token, "name": "gw2", "endpoint": "203.0.113.9:51820"},
+            keys.KeyPair(keys.generate_private_key()), coord.ctx.coordinator_public, now=coord.clock(),
+        )).encode()
         headers = {"Content-Type": "application/json"}
         async with aiohttp.ClientSession() as session:
             async with session.post(coord.url + "/v1/gateways", data=body, headers=headers) as resp:
@@ -314,7 +318,7 @@ async def test_a_key_is_either_a_node_or_a_gateway_409_naming_public_key(coord):
     _, _, node_pair = await coord.join("n1")
     gw_token = await coord.admin.create_join_token("gateway")
     with pytest.raises(CoordinatorError) as err:
-        await coord.client().register_gateway(gw_token.token, node_pair.public_b64, "gw")
+        await coord.client().register_gateway(gw_token.token, node_pair, "gw")
     assert err.value.status == 409
     assert err.value.problem["errors"] == [{"field": "public_key", "message": "already used by a node"}]
     _, _, gw_pair = await coord.gateway("gw")
@@ -331,7 +335,7 @@ async def test_join_tokens_are_listed_without_secrets_and_can_be_revoked(coord):
     reusable = await coord.admin.create_join_token(reusable=True)
     _, joined, pair = await coord.join(key=None)
     client = coord.client()
-    await client.join(single.token, keys.KeyPair(keys.generate_private_key()).public_b64, "uses-single", "other")
+    await client.join(single.token, keys.KeyPair(keys.generate_private_key()), "uses-single", "other")
     listed = {t.id: t for t in (await coord.admin.list_join_tokens()).tokens}
     assert listed[single.id].used_by is not None and listed[single.id].use_count == 1
     assert listed[single.id].labels == {"pool": "x"}
@@ -340,7 +344,7 @@ async def test_join_tokens_are_listed_without_secrets_and_can_be_revoked(coord):
     assert single.token not in payload.decode() and reusable.token not in payload.decode()
     await coord.admin.revoke_join_token(reusable.id)
     with pytest.raises(CoordinatorError) as err:
-        await coord.client().join(reusable.token, keys.KeyPair(keys.generate_private_key()).public_b64, "n", "other")
+        await coord.client().join(reusable.token, keys.KeyPair(keys.generate_private_key()), "n", "other")
     assert err.value.status == 401
     with pytest.raises(CoordinatorError) as err:
         await coord.admin.revoke_join_token(reusable.id)

@@ -102,6 +102,8 @@ def test_starts_with_no_arguments_and_serves_openapi(tmp_path):
     (["--not-ready-after", "5", "--heartbeat-interval", "10"], "not-ready-after"),
     (["--mtu", "100"], "--mtu"),
     (["--address-quarantine", "nan"], "--address-quarantine"),
+    (["--credential-rotation", "5"], "--credential-rotation"),
+    (["--credential-grace", "nan"], "--credential-grace"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, flags, words):
     out = subprocess.run([sys.executable, "-m", "anex_agent", "coordinator", "--state-dir", str(tmp_path), *flags],
@@ -125,7 +127,8 @@ def two_coordinators(tmp_path, pg_database):
     for i in range(2):
         state = tmp_path / f"c{i}"
         procs.append(Proc(["--listen", "127.0.0.1:0", "--state-dir", str(state), "--database", pg_database,
-                           "--signing-key-file", str(key_file)], cwd=tmp_path))
+                           "--signing-key-file", str(key_file),
+                           "--coordinator-key-file", str(tmp_path / "coordinator-key")], cwd=tmp_path))
         procs[-1].wait_listening()  # one after the other: the first creates the shared key file
     yield procs
     for p in procs:
@@ -145,7 +148,7 @@ async def test_200_concurrent_joins_on_two_coordinators_get_distinct_addresses(t
                 pair = keys.KeyPair(keys.generate_private_key())
                 for attempt in range(5):
                     try:
-                        return await client.join(token.token, pair.public_b64, f"race-{i}", "other")
+                        return await client.join(token.token, pair, f"race-{i}", "other")
                     except Exception as err:  # only a retryable error may happen; prove it below
                         if not getattr(err, "retryable", False) or attempt == 4:
                             raise
@@ -166,12 +169,12 @@ async def test_join_on_one_coordinator_reaches_a_gateway_watching_the_other(two_
     async with CoordinatorClient(a.url, admin_token=ADMIN) as admin, CoordinatorClient(b.url) as gw:
         gw_token = await admin.create_join_token("gateway")
         node_token = await admin.create_join_token()
-        await gw.register_gateway(gw_token.token, keys.KeyPair(keys.generate_private_key()).public_b64, "gw")
+        await gw.register_gateway(gw_token.token, keys.KeyPair(keys.generate_private_key()), "gw")
         stream = gw.watch(0)
         assert (await asyncio.wait_for(anext(stream), 5)).type == "snapshot"
         pair = keys.KeyPair(keys.generate_private_key())
         async with CoordinatorClient(a.url) as node:
-            joined = await node.join(node_token.token, pair.public_b64, "far", "runpod")
+            joined = await node.join(node_token.token, pair, "far", "runpod")
         # the join has committed when its response arrives; the event must follow within 1 s
         event = await asyncio.wait_for(anext(stream), 1.0)
         assert event.type == "peer_added" and event.peer.node_id == joined.node_id
@@ -207,6 +210,23 @@ def test_second_coordinator_with_another_signing_key_refuses_to_start(tmp_path, 
     assert "signing key differs" in out.stderr and "access-token-signing-key" in out.stderr
 
 
+@needs_postgres
+def test_second_coordinator_with_another_coordinator_key_refuses_to_start(tmp_path, pg_database):
+    args = ["--listen", "127.0.0.1:0", "--database", pg_database, "--signing-key-file", str(tmp_path / "signing")]
+    first = Proc([*args, "--state-dir", str(tmp_path / "a")], cwd=tmp_path)
+    try:
+        first.wait_listening()
+        out = subprocess.run(
+            [sys.executable, "-m", "anex_agent", "coordinator", *args, "--state-dir", str(tmp_path / "b")],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "ANEX_ADMIN_TOKEN": ADMIN},
+            capture_output=True, text=True, timeout=30,
+        )
+    finally:
+        first.stop()
+    assert out.returncode == 2
+    assert "coordinator key differs" in out.stderr and str(tmp_path / "b" / "coordinator-key") in out.stderr
+
+
 async def test_buffered_heartbeats_survive_a_clean_shutdown(tmp_path):
     """SIGTERM flushes the heartbeat batch: an acknowledged heartbeat is in the database afterwards."""
     args = ["--listen", "127.0.0.1:0", "--state-dir", str(tmp_path), "--heartbeat-flush-interval", "5"]
@@ -217,7 +237,7 @@ async def test_buffered_heartbeats_survive_a_clean_shutdown(tmp_path):
         url = proc.wait_listening()
         async with CoordinatorClient(url, admin_token=ADMIN) as admin, CoordinatorClient(url) as node:
             token = await admin.create_join_token()
-            joined = await node.join(token.token, keys.KeyPair(keys.generate_private_key()).public_b64, "n", "other")
+            joined = await node.join(token.token, keys.KeyPair(keys.generate_private_key()), "n", "other")
             ack = await node.heartbeat(joined.node_id, wire.Heartbeat(
                 status=wire.TransportStatus(engine="kernel", rx_bytes=4242), telemetry={"marker": 7}))
             assert ack.state == wire.NodeState.ready

@@ -26,7 +26,7 @@ async def test_no_private_key_or_plain_secret_in_the_database(coord):
     gw_client, gw, gw_pair = await coord.gateway()
     node_client, joined, node_pair = await coord.join()
     rejoin_client = coord.client()
-    rejoined = await rejoin_client.join(node_token.token, node_pair.public_b64, "again", "onprem")
+    rejoined = await rejoin_client.join(node_token.token, node_pair, "again", "onprem")
     await rejoin_client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"gpus": []}))
     await coord.admin.put_tunnels(joined.node_id, [wire.TunnelSpec(listen_port=80, target="a:80")])
     issued = await coord.admin.create_access_token(joined.node_id)

@@ -8,6 +8,7 @@ import pytest
 
 from anex_agent import wire
 from anex_agent.coordinator import states, sweeper
+from anex_agent.errors import CoordinatorError
 from anex_agent.wire import NodeState
 
 T = states.Timings(heartbeat_interval=10, not_ready_after=30, expired_after=300)
@@ -29,9 +30,17 @@ def test_state_at(created, last, now, expected):
     assert states.state_at(now=now, created_at=created, last_heartbeat_at=last, timings=T) == expected
 
 
-def test_heartbeat_revives_any_state():
-    for state in NodeState:
+def test_heartbeat_revives_a_not_ready_node():
+    for state in (NodeState.pending, NodeState.ready, NodeState.not_ready):
         assert states.on_heartbeat(state) == NodeState.ready
+
+
+def test_rotation_is_due_after_the_rotation_period():
+    timings = states.Timings(heartbeat_interval=10, not_ready_after=30, expired_after=300, credential_rotation=100)
+    assert not states.rotation_due(now=99.0, issued_at=0.0, timings=timings)
+    assert states.rotation_due(now=100.0, issued_at=0.0, timings=timings)
+    with pytest.raises(ValueError, match="credential rotation"):
+        states.Timings(heartbeat_interval=10, not_ready_after=30, expired_after=300, credential_rotation=5)
 
 
 def test_timings_must_be_ordered():
@@ -63,16 +72,21 @@ async def test_sweeper_moves_nodes_through_states(coord):
     assert await db_state(coord, node_id) == "ready"
 
     coord.clock.advance(timings.expired_after + 1)
-    await sweeper.sweep(coord.ctx)
-    assert await db_state(coord, node_id) == "expired"
-    assert await db_state(coord, silent.node_id) == "expired"
-    assert (await coord.admin.get_node(node_id)).state == NodeState.expired
+    assert await sweeper.sweep(coord.ctx) == 2
+    # expired is final: both nodes are removed (credential, peer, address), not kept around
+    assert await db_state(coord, node_id) is None
+    assert await db_state(coord, silent.node_id) is None
+    with pytest.raises(CoordinatorError) as err:
+        await coord.admin.get_node(node_id)
+    assert err.value.status == 404
     await sweeper.update_gauges(coord.ctx)
-    assert coord.ctx.metrics.nodes.labels(state="expired")._value.get() == 2
+    assert coord.ctx.metrics.nodes.labels(state="expired")._value.get() == 0
 
-    await client.heartbeat(node_id, wire.Heartbeat())  # a node that comes back is ready again
+    with pytest.raises(CoordinatorError) as err:  # a node that comes back is not revived by a heartbeat
+        await client.heartbeat(node_id, wire.Heartbeat())
+    assert err.value.status == 401
     await coord.ctx.heartbeats.flush()
-    assert await db_state(coord, node_id) == "ready"
+    assert await db_state(coord, node_id) is None
 
 
 async def test_sweeper_does_not_overwrite_a_newer_heartbeat(coord):

@@ -125,7 +125,7 @@ async def test_a_rejoin_seen_late_does_not_close_the_new_stream(coord):
     from anex_agent import keys
 
     pair = keys.KeyPair(keys.generate_private_key())
-    first = await coord.client().join(token.token, pair.public_b64, "n", "other")
+    first = await coord.client().join(token.token, pair, "n", "other")
     old_stream = coord.client(first.credential).watch(0)
     assert (await next_event(old_stream, timeout=5)).type == "snapshot"
     # hold the feed back so the re-join reaches it only after the new stream is open
@@ -140,7 +140,7 @@ async def test_a_rejoin_seen_late_does_not_close_the_new_stream(coord):
     feed.catch_up = late_catch_up
     print("patched", feed.version)
     client = coord.client()
-    second = await client.join(token.token, pair.public_b64, "n", "other")
+    second = await client.join(token.token, pair, "n", "other")
     new_stream = client.watch(0)
     assert (await next_event(new_stream, timeout=5)).type == "snapshot"
     feed.catch_up = original

@@ -8,6 +8,7 @@ saved state and fail static are all real.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from anex_agent.client import CoordinatorClient
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
-from anex_agent.keys import encode_key, generate_private_key, public_key
+from anex_agent.keys import KeyPair, generate_private_key
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support
 
 
@@ -75,9 +76,10 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
 
 async def join_node(url: str, admin: CoordinatorClient, name: str) -> tuple[str, str]:
     token = (await admin.create_join_token()).token
-    key = encode_key(public_key(generate_private_key()))
+    pair = KeyPair(generate_private_key())
+    key = pair.public_b64
     async with CoordinatorClient(url) as node:
-        joined = await node.join(token, key, name, "other")
+        joined = await node.join(token, pair, name, "other")
     return joined.node_id, key
 
 
@@ -149,5 +151,42 @@ async def test_bad_token_without_saved_state_is_a_clear_error(coordinator, tmp_p
         with pytest.raises(CoordinatorError) as info:
             await gateway._initial_registration()
         assert info.value.status == 401 and not info.value.retryable
+    finally:
+        await gateway.link.close()
+
+
+async def test_renews_its_credential_and_saves_it(coordinator, tmp_path):
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway")).token
+    gateway, _ = make_gateway(url, tmp_path / "gw", token)
+    try:
+        assert await gateway._initial_registration() is True
+        first = gateway.registration.credential
+        gateway.rotate_in = 0.05
+        renewer = asyncio.create_task(gateway._renew_loop(), name="test-gateway-renew")
+        try:
+            await wait_for(lambda: gateway.registration.credential != first, 5, "renewed credential")
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+        saved = gateway.state.load(url)
+        assert saved is not None and saved[0].credential == gateway.registration.credential
+        assert gateway.link.client.credential == gateway.registration.credential
+        await gateway.link.peers(gateway.registration.gateway_id)
+        assert gateway.rotate_in == 3600.0  # the coordinator's period, from the renewal answer
+    finally:
+        await gateway.link.close()
+
+
+async def test_a_refused_credential_without_a_token_stops_the_watch_with_an_error(coordinator, tmp_path, caplog):
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway")).token
+    gateway, _ = make_gateway(url, tmp_path / "gw", token)
+    try:
+        assert await gateway._initial_registration() is True
+        await admin.delete_gateway(gateway.registration.gateway_id)
+        gateway.settings = dataclasses.replace(gateway.settings, token="")
+        await asyncio.wait_for(gateway._watch_loop(), 10)  # returns instead of retrying forever
+        assert any("no gateway token" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
     finally:
         await gateway.link.close()

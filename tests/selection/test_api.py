@@ -51,7 +51,7 @@ class Api:
         pair = keys.KeyPair(keys.generate_private_key())
         client = CoordinatorClient(str(self.server.make_url("")).rstrip("/"))
         try:
-            joined = await client.join(token.token, pair.public_b64, name, "onprem")
+            joined = await client.join(token.token, pair, name, "onprem")
             client.credential = joined.credential
             if telemetry is not None:
                 await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry=telemetry))

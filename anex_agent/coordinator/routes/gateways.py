@@ -26,6 +26,12 @@ async def peers(call: Call) -> wire.PeerSet:
     return await gateways.peers(call.ctx, gateway_id)
 
 
+async def renew_credential(call: Call) -> wire.CredentialRenewal:
+    if call.principal.id != call.param("gateway_id"):
+        raise problems.forbidden("a gateway may only renew its own credential")
+    return await gateways.renew(call.ctx, call.principal)
+
+
 async def delete_gateway(call: Call) -> None:
     await gateways.delete(call.ctx, call.param("gateway_id"))
 
@@ -33,7 +39,7 @@ async def delete_gateway(call: Call) -> None:
 def setup(registry: RouteRegistry, ctx) -> None:
     tags = ("gateways",)
     registry.add(Route("POST", "/v1/gateways", register, Auth.join,
-                       "Register a gateway with a gateway join token (idempotent per public key)",
+                       "Register a gateway with a gateway join token and a proof of key possession (idempotent per public key)",
                        request_model=wire.GatewayRegisterRequest, response_model=wire.GatewayRegisterResponse,
                        status=201, tags=tags, problems=(409, 503)))
     registry.add(Route("GET", "/v1/gateways", list_gateways, Auth.admin, "List gateways",
@@ -43,3 +49,6 @@ def setup(registry: RouteRegistry, ctx) -> None:
     registry.add(Route("GET", "/v1/gateways/{gateway_id}/peers", peers, Auth.gateway,
                        "The full peer set the gateway must serve (the gateway itself)",
                        response_model=wire.PeerSet, tags=tags, problems=(403,)))
+    registry.add(Route("POST", "/v1/gateways/{gateway_id}/credential", renew_credential, Auth.gateway,
+                       "Rotate the gateway's credential (the old one keeps working for a short grace)",
+                       response_model=wire.CredentialRenewal, tags=tags, problems=(403,)))

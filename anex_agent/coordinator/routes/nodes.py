@@ -39,7 +39,7 @@ async def delete_node(call: Call) -> None:
 async def heartbeat(call: Call) -> wire.HeartbeatAck:
     node_id = _own_node(call)
     version = await call.ctx.versions.for_node(node_id)
-    ack = nodes.heartbeat(call.ctx, node_id, call.body, config_version=version)
+    ack = await nodes.heartbeat(call.ctx, call.principal, call.body, config_version=version)
     if call.ctx.settings.heartbeat_flush_interval == 0:  # write-through: committed before the answer
         await call.ctx.heartbeats.flush()
     return ack
@@ -70,7 +70,7 @@ def setup(registry: RouteRegistry, ctx) -> None:
     tags = ("nodes",)
     for route in [
         Route("POST", "/v1/nodes", join, Auth.join,
-              "Join the mesh with a node join token (idempotent per public key)",
+              "Join the mesh with a node join token and a proof of key possession (idempotent per public key)",
               request_model=wire.NodeJoinRequest, response_model=wire.NodeJoinResponse, status=201, tags=tags,
               problems=(409, 503)),
         Route("GET", "/v1/nodes", list_nodes, Auth.admin, "List nodes", response_model=wire.NodeList, tags=tags),
@@ -80,7 +80,7 @@ def setup(registry: RouteRegistry, ctx) -> None:
               "Delete a node: frees its address (after quarantine) and removes it from every gateway",
               status=204, tags=tags),
         Route("POST", "/v1/nodes/{node_id}/heartbeat", heartbeat, Auth.node,
-              "Report status and telemetry (the node itself)",
+              "Report status and telemetry (the node itself); the answer may carry a rotated credential",
               request_model=wire.Heartbeat, response_model=wire.HeartbeatAck, tags=tags, problems=(403,)),
         Route("GET", "/v1/nodes/{node_id}/config", get_config, Auth.node_or_admin,
               "The node's current config (the node itself or the admin)", response_model=wire.NodeConfig, tags=tags,

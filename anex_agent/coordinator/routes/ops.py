@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from anex_agent import __version__
+from anex_agent import __version__, wire
 from anex_agent.coordinator import problems
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.registry import Call, Route, RouteRegistry, openapi
@@ -29,6 +29,10 @@ async def metrics(call: Call) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def coordinator_info(call: Call) -> wire.CoordinatorInfo:
+    return wire.CoordinatorInfo(public_key=call.ctx.coordinator_public)
+
+
 def setup(registry: RouteRegistry, ctx) -> None:
     async def openapi_document(call: Call) -> web.Response:
         return web.json_response(openapi(registry.routes, title="anex-agent coordinator", version=__version__))
@@ -39,5 +43,8 @@ def setup(registry: RouteRegistry, ctx) -> None:
                        problems=(503,)))
     registry.add(Route("GET", "/metrics", metrics, Auth.public, "Prometheus metrics", tags=tags,
                        content_type="text/plain"))
+    registry.add(Route("GET", "/v1/coordinator", coordinator_info, Auth.public,
+                       "The coordinator's public key, against which joins prove key possession",
+                       response_model=wire.CoordinatorInfo, tags=tags))
     registry.add(Route("GET", "/v1/openapi.json", openapi_document, Auth.public,
                        "This OpenAPI document", tags=tags))
