@@ -17,8 +17,8 @@ from anex_agent.errors import CoordinatorError
 from .conftest import start_harness, stop_harness
 
 
-def new_key() -> str:
-    return keys.KeyPair(keys.generate_private_key()).public_b64
+def new_key() -> keys.KeyPair:
+    return keys.KeyPair(keys.generate_private_key())
 
 
 async def create_raw(coord, body: dict) -> tuple[int, dict]:
@@ -136,9 +136,10 @@ async def test_concurrent_joins_on_several_coordinators_never_exceed_max_uses(tm
     """Each coordinator serialises its own joins; the database alone keeps coordinators apart."""
     coords = [await start_harness(tmp_path / "0", database_url, clock)]
     try:
-        for i in (1, 2):  # coordinators sharing a database share the signing key
+        for i in (1, 2):  # coordinators sharing a database share the signing key and the coordinator key
             (tmp_path / str(i)).mkdir()
-            shutil.copy(tmp_path / "0" / "access-token-signing-key", tmp_path / str(i))
+            for name in ("access-token-signing-key", "coordinator-key"):
+                shutil.copy(tmp_path / "0" / name, tmp_path / str(i))
             coords.append(await start_harness(tmp_path / str(i), database_url, clock))
         token = await coords[0].admin.create_join_token(max_uses=3)
 
