@@ -43,6 +43,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from anex_agent import telemetry_bounds
+
 
 def _check_public_key(value: str) -> str:
     try:
@@ -219,11 +221,11 @@ class TransportStatus(Model):
 class Heartbeat(Model):
     status: TransportStatus = Field(default_factory=TransportStatus)
     config_version: int = 0
-    telemetry: dict[str, Any] | None = Field(
+    telemetry: Annotated[dict[str, Any] | None, AfterValidator(telemetry_bounds.check)] = Field(
         None,
         description=(
             "opaque to the coordinator except telemetry['health'] = {'verdict': healthy|degraded|unhealthy, "
-            "'reasons': [...]}; see anex_agent.gpu for the shape"
+            "'reasons': [...]}; see anex_agent.gpu for the shape; bounded by anex_agent.telemetry_bounds"
         ),
     )
 

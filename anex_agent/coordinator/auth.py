@@ -6,6 +6,11 @@ Contract:
   touches no database), then in the database.
 * Every failure is the same 401 problem (:func:`problems.unauthenticated`), whatever
   went wrong. Authorisation (a node asking for another node: 403) is the handler's job.
+* The metrics token (optional) is stored only hashed and identifies the ``metrics``
+  principal, which no route but ``/metrics`` accepts.
+* :func:`precheck_join` refuses a join token that does not exist, is of another kind or is
+  expired on a plain read (no lock, no transaction), before a join or registration takes
+  the write lock; the join transaction checks the token again.
 * The cache forgets a node's or gateway's credentials when the change feed reports
   it ``deleted`` or ``rejoined`` (its credential rotated), in every process.
 """
@@ -18,7 +23,8 @@ from enum import Enum
 
 from aiohttp import web
 
-from anex_agent.coordinator import changes, credentials, problems
+from anex_agent import wire
+from anex_agent.coordinator import changes, credentials, problems, tokens
 from anex_agent.coordinator.db import Database
 
 
@@ -36,7 +42,7 @@ class Auth(str, Enum):
 
 @dataclass(frozen=True)
 class Principal:
-    kind: str  # "admin" | "node" | "gateway" | "anonymous"
+    kind: str  # "admin" | "node" | "gateway" | "metrics" | "anonymous"
     id: str = ""
 
     @property
@@ -46,6 +52,7 @@ class Principal:
 
 ANONYMOUS = Principal("anonymous")
 ADMIN = Principal("admin", "admin")
+METRICS = Principal("metrics", "metrics")
 
 _ALLOWED: dict[Auth, frozenset[str]] = {
     Auth.admin: frozenset({"admin"}),
@@ -65,9 +72,10 @@ def bearer(request: web.Request) -> str | None:
 
 
 class Authenticator:
-    def __init__(self, db: Database, admin_token: str) -> None:
+    def __init__(self, db: Database, admin_token: str, *, metrics_token: str | None = None) -> None:
         self._db = db
         self._admin_token = admin_token
+        self._metrics_hash = credentials.hash_secret(metrics_token) if metrics_token else None
         self._by_hash: dict[str, Principal] = {}
         self._by_id: dict[str, set[str]] = {}
         self.on_node_loaded: Callable[[str, int], None] | None = None
@@ -84,10 +92,19 @@ class Authenticator:
             raise problems.unauthenticated()
         return principal
 
+    def known(self, secret: str | None) -> bool:
+        """Whether ``secret`` is the admin token or a credential this process has already
+        verified (no database access)."""
+        if not secret:
+            return False
+        return credentials.same_secret(secret, self._admin_token) or credentials.hash_secret(secret) in self._by_hash
+
     async def identify(self, secret: str) -> Principal | None:
         if credentials.same_secret(secret, self._admin_token):
             return ADMIN
         digest = credentials.hash_secret(secret)
+        if self._metrics_hash is not None and credentials.same_secret(digest, self._metrics_hash):
+            return METRICS
         cached = self._by_hash.get(digest)
         if cached is not None:
             return cached
@@ -116,3 +133,11 @@ class Authenticator:
             self._by_id.clear()
         elif change.type in ("deleted", "rejoined") and change.target:
             self.forget(change.target)
+
+
+async def precheck_join(db: Database, secret: str, kind: str, *, now: float) -> None:
+    """Raise the one 401 unless ``secret`` is an unexpired join token of ``kind``.
+
+    A plain read: SQLite's read-only connection, a pooled PostgreSQL connection; no lock
+    and no transaction is held, so a flood of bad tokens never delays a writer."""
+    await tokens.lookup(db, secret, wire.TokenKind(kind), now=now)

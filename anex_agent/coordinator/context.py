@@ -22,12 +22,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
-from anex_agent.coordinator import changes, credentials, migrations, signing
+from anex_agent.coordinator import changes, credentials, limits, migrations, signing
 from anex_agent.coordinator.auth import Authenticator
 from anex_agent.coordinator.db import Database, open_database
 from anex_agent.coordinator.gatewayset import GatewaySetCache
 from anex_agent.coordinator.heartbeats import HeartbeatBuffer
-from anex_agent.coordinator.metrics import Metrics
+from anex_agent.coordinator.metrics import Metrics, load_metrics_token
 from anex_agent.coordinator.settings import Settings
 from anex_agent.coordinator.versions import ConfigVersions
 
@@ -47,6 +47,7 @@ class Coordinator:
         signing_key: bytes,
         verify_key: str,
         clock: Callable[[], float],
+        metrics_token: str | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -55,8 +56,9 @@ class Coordinator:
         self.admin_token_source = admin_token_source
         self.signing_key = signing_key
         self.verify_key = verify_key
-        self.feed = changes.ChangeFeed(db, poll_interval=settings.poll_interval)
-        self.auth = Authenticator(db, admin_token)
+        self.feed = changes.ChangeFeed(db, poll_interval=settings.poll_interval, queue_size=settings.limits.watch_queue)
+        self.auth = Authenticator(db, admin_token, metrics_token=metrics_token)
+        self.failed_auths = limits.FailedAuths(settings.limits, clock)
         self.heartbeats = HeartbeatBuffer(db)
         self.metrics = Metrics()
         self.versions = ConfigVersions(db)
@@ -82,6 +84,7 @@ class Coordinator:
         signing_key_file: Path | None = None,
     ) -> Coordinator:
         admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
+        metrics_token = load_metrics_token(settings.metrics_token_file, environ)
         key_path = signing_key_file or settings.state_dir / "access-token-signing-key"
         signing_key = signing.load_or_create(key_path)
         if extra_migrations is None:  # those of the default route modules (app.ROUTE_MODULES)
@@ -103,6 +106,7 @@ class Coordinator:
             signing_key=signing_key,
             verify_key=verify_key,
             clock=clock,
+            metrics_token=metrics_token,
         )
 
     def _forget_deleted_node(self, change: changes.Change) -> None:

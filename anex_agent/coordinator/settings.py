@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from anex_agent.coordinator.ipam import Pool
+from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.states import Timings
 
 DEFAULT_LISTEN = "127.0.0.1:8700"
@@ -37,6 +38,8 @@ class Settings:
     sweep_interval: float = 1.0
     change_retention: int = 100_000
     persistent_keepalive: int = 25
+    limits: Limits = field(default_factory=Limits)
+    metrics_token_file: Path | None = None  # else $ANEX_METRICS_TOKEN; none: /metrics needs the admin token
 
     @classmethod
     def for_tests(cls, state_dir: Path, database_url: str | None = None, **overrides) -> Settings:

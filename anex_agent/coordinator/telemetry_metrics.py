@@ -8,9 +8,16 @@ fleet by adding ``node`` to its queries. Added here:
 ``anex_fleet_node_telemetry_age_seconds{node,node_id}`` (now minus the sample time) and
 ``anex_fleet_nodes_with_telemetry``.
 
+Served only to a scrape presenting the admin or metrics token (see :mod:`.metrics`).
+
 Contract:
-* A background task (``gpu-fleet-metrics``) reads the table every ``REFRESH_INTERVAL``
-  seconds into memory; ``collect()`` renders that cache (no database call on a scrape).
+* A background task (``gpu-fleet-metrics``) looks at the table every ``REFRESH_INTERVAL``
+  seconds: one cheap query of ``(id, name, last_heartbeat_at)``, then the telemetry of
+  only the nodes whose heartbeat time or name changed since the last look. The cache keeps
+  each node's telemetry as the compact JSON text the node sent (bounded by
+  :mod:`anex_agent.telemetry_bounds`), not as parsed objects: memory is about the sum of
+  the nodes' telemetry sizes and does not grow with the number of heartbeats.
+  ``collect()`` parses and renders that cache (no database call on a scrape).
   Expired nodes are left out. A failed refresh keeps the previous cache and is logged once
   per distinct error; it never ends the coordinator's TaskGroup.
 * Telemetry that is not the agent's shape is skipped field by field (it is opaque JSON
@@ -37,32 +44,59 @@ log = logging.getLogger(__name__)
 
 REFRESH_INTERVAL = 5.0  # seconds; Prometheus scrapes every 15 s by default
 
-_SELECT = "SELECT id, name, telemetry FROM nodes WHERE telemetry IS NOT NULL AND state <> 'expired' ORDER BY name, id"
+_INDEX = ("SELECT id, name, last_heartbeat_at FROM nodes WHERE telemetry IS NOT NULL AND state <> 'expired'"
+          " ORDER BY name, id")
+_BATCH = 500  # node ids per telemetry query
+
+
+def _telemetry_query(count: int) -> str:
+    return f"SELECT id, telemetry FROM nodes WHERE id IN ({', '.join(f'${i}' for i in range(1, count + 1))})"
 
 
 class FleetTelemetry:
-    """The cache: node id -> (name, telemetry dict). Refreshed from the database."""
+    """The cache: node id -> (name, heartbeat time, telemetry JSON text). Refreshed from the database."""
 
     def __init__(self, db: Any, clock: Callable[[], float]) -> None:
         self._db = db
         self._clock = clock
-        self.nodes: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.nodes: dict[str, tuple[str, Any, str]] = {}
+        self.fetched_total = 0  # telemetry rows read so far (unchanged nodes are not re-read)
         self._errors_logged: set[str] = set()
 
     async def refresh(self) -> int:
-        """Reload every node's latest telemetry; returns how many nodes have some."""
-        rows = await self._db.fetch(_SELECT)
-        nodes: dict[str, tuple[str, dict[str, Any]]] = {}
+        """Bring the cache up to date; returns how many nodes have telemetry."""
+        rows = await self._db.fetch(_INDEX)
+        old = self.nodes
+        changed = [str(r["id"]) for r in rows
+                   if (entry := old.get(str(r["id"]))) is None or entry[:2] != (str(r["name"]), r["last_heartbeat_at"])]
+        fresh: dict[str, str] = {}
+        for start in range(0, len(changed), _BATCH):
+            batch = changed[start:start + _BATCH]
+            for row in await self._db.fetch(_telemetry_query(len(batch)), *batch):
+                raw = row["telemetry"]
+                if raw is not None:
+                    fresh[str(row["id"])] = raw if isinstance(raw, str) else json.dumps(raw)
+        self.fetched_total += len(fresh)
+        nodes: dict[str, tuple[str, Any, str]] = {}
         for row in rows:
-            raw = row["telemetry"]
+            node_id = str(row["id"])
+            raw = fresh.get(node_id)
+            if raw is not None:
+                nodes[node_id] = (str(row["name"]), row["last_heartbeat_at"], raw)
+            elif node_id in old and node_id not in changed:
+                nodes[node_id] = old[node_id]
+        self.nodes = nodes
+        return len(nodes)
+
+    def parsed(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """``(node id, name, telemetry)`` for every cached node whose telemetry is a JSON object."""
+        for node_id, (name, _stamp, raw) in self.nodes.items():
             try:
-                telemetry = json.loads(raw) if isinstance(raw, str) else raw
+                telemetry = json.loads(raw)
             except ValueError:
                 continue
             if isinstance(telemetry, dict):
-                nodes[str(row["id"])] = (str(row["name"]), telemetry)
-        self.nodes = nodes
-        return len(nodes)
+                yield node_id, name, telemetry
 
     async def run(self, interval: float | None = None) -> None:
         while True:
@@ -84,9 +118,14 @@ class FleetGpuCollector(Collector):
         return iter(())  # series depend on the fleet; skip the registry's duplicate-name check
 
     def collect(self) -> Iterator[Metric]:
-        nodes = self.fleet.nodes
         merged: dict[str, Metric] = {}
-        for node_id, (name, telemetry) in nodes.items():
+        ages: list[tuple[str, str, float]] = []
+        count = 0
+        for node_id, name, telemetry in self.fleet.parsed():  # one node parsed at a time
+            count += 1
+            taken = telemetry.get("taken_at")
+            if isinstance(taken, (int, float)):
+                ages.append((name, node_id, float(taken)))
             try:  # one node at a time: a block that does not render drops that node only
                 families = metric_families([({"node": name, "node_id": node_id}, telemetry)])
             except Exception:
@@ -99,13 +138,11 @@ class FleetGpuCollector(Collector):
         age = GaugeMetricFamily("anex_fleet_node_telemetry_age_seconds", "Seconds since the node's latest telemetry sample",
                                 labels=["node", "node_id"])
         now = self.fleet._clock()
-        for node_id, (name, telemetry) in nodes.items():
-            taken = telemetry.get("taken_at")
-            if isinstance(taken, (int, float)):
-                age.add_metric([name, node_id], max(0.0, now - float(taken)))
-        count = GaugeMetricFamily("anex_fleet_nodes_with_telemetry", "Nodes (not expired) that sent telemetry",
-                                  value=len(nodes))
-        return iter([*merged.values(), age, count])
+        for name, node_id, taken in ages:
+            age.add_metric([name, node_id], max(0.0, now - taken))
+        total = GaugeMetricFamily("anex_fleet_nodes_with_telemetry", "Nodes (not expired) that sent telemetry",
+                                  value=count)
+        return iter([*merged.values(), age, total])
 
 
 def setup(registry: Any, ctx: Any) -> None:
