@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -84,7 +85,7 @@ def _fleet_exposition(nodes: dict[str, tuple[str, dict]]) -> str:
     from anex_agent.coordinator.telemetry_metrics import FleetGpuCollector, FleetTelemetry
 
     fleet = FleetTelemetry(db=None, clock=time.time)
-    fleet.nodes = nodes
+    fleet.nodes = {node_id: (name, 0.0, json.dumps(block)) for node_id, (name, block) in nodes.items()}
     registry = CollectorRegistry()
     registry.register(FleetGpuCollector(fleet))
     return generate_latest(registry).decode()

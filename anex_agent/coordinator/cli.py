@@ -3,7 +3,7 @@
 Who may connect: the default listen address is loopback (127.0.0.1:8700). Admin routes
 need the admin token, node routes a node credential, gateway routes a gateway
 credential, join routes a join token in the body; /healthz, /readyz, /metrics and
-/v1/openapi.json need nothing. Listen on a wider address only behind TLS (a reverse
+/v1/openapi.json need nothing (/metrics adds the fleet's series for the admin or metrics token). Listen on a wider address only behind TLS (a reverse
 proxy or your ingress): bearer secrets travel in headers.
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from anex_agent.coordinator import app as app_module
+from anex_agent.coordinator import limits
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT_NETWORK, Settings, default_state_dir
@@ -58,6 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-flush-interval", type=float, default=0.1, metavar="SECONDS",
                         help="heartbeats are written in one batch this often (default 0.1; 0 writes each "
                              "heartbeat before answering it, slower)")
+    parser.add_argument("--metrics-token-file", type=Path, metavar="FILE",
+                        help="token (mode 0600) that Prometheus presents as bearer to see the fleet's series on "
+                             "/metrics; also $ANEX_METRICS_TOKEN; the admin token always works")
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
@@ -108,6 +112,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         address_quarantine=args.address_quarantine,
         access_token_ttl=args.access_token_ttl,
         heartbeat_flush_interval=args.heartbeat_flush_interval,
+        metrics_token_file=args.metrics_token_file,
     )
 
 
@@ -120,7 +125,7 @@ async def serve(settings: Settings, host: str, port: int, signing_key_file: Path
     log.info("admin token: %s", ctx.admin_token_source)
     log.info("database: %s (%s)", _redacted(settings.database_url), ctx.db.dialect)
     application = app_module.build_app(ctx, modules)
-    runner = web.AppRunner(application, access_log=None, shutdown_timeout=5)
+    runner = limits.make_runner(application, settings.limits, access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True)
