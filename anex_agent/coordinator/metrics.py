@@ -9,12 +9,15 @@
 
 Extension point: other parts add a collector with ``ctx.metrics.add_collector(collector)``
 (fleet side); ``collector.collect()`` is called on each authorised scrape of ``/metrics``
-(keep it cheap: read cached values, no database calls).
+(keep it cheap: read cached values, no database calls). A part that renders its series
+itself adds ``ctx.metrics.add_text_source(render)``: ``render()`` returns exposition-format
+bytes, appended as they are (fleet side too).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -28,6 +31,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.fleet = CollectorRegistry(auto_describe=True)
+        self._text_sources: list[Callable[[], bytes]] = []
         ProcessCollector(registry=self.registry)
         self.requests = Counter(
             "anex_coordinator_http_requests", "HTTP requests by route and status", ["route", "status"],
@@ -55,12 +59,16 @@ class Metrics:
         """A fleet collector (served only to the admin or metrics token)."""
         self.fleet.register(collector)
 
+    def add_text_source(self, render: Callable[[], bytes]) -> None:
+        """Fleet series ``render()`` returns already in the text format (admin or metrics token only)."""
+        self._text_sources.append(render)
+
     def exposition(self, *, fleet: bool) -> bytes:
         """The ``/metrics`` body: process metrics, plus the fleet's when ``fleet``."""
         body = generate_latest(self.registry)
         if not fleet:
             return body
-        return body + generate_latest(self.fleet)
+        return b"".join([body, generate_latest(self.fleet), *(render() for render in self._text_sources)])
 
 
 def load_metrics_token(path: Path | None, environ: dict[str, str] | None = None) -> str | None:

@@ -17,7 +17,8 @@ Contract:
   each node's telemetry as the compact JSON text the node sent (bounded by
   :mod:`anex_agent.telemetry_bounds`), not as parsed objects: memory is about the sum of
   the nodes' telemetry sizes and does not grow with the number of heartbeats.
-  ``collect()`` parses and renders that cache (no database call on a scrape).
+  :func:`exposition` parses and renders that cache on a scrape, one node at a time (no
+  database call on a scrape).
   Expired nodes are left out. A failed refresh keeps the previous cache and is logged once
   per distinct error; it never ends the coordinator's TaskGroup.
 * Telemetry that is not the agent's shape is skipped field by field (it is opaque JSON
@@ -25,7 +26,7 @@ Contract:
 
 Hooked in through the coordinator's documented extension point: this module is listed in
 ``anex_agent.coordinator.app.ROUTE_MODULES``; its :func:`setup` declares no routes, adds the
-collector with ``ctx.metrics.add_collector`` and the refresh task with ``ctx.add_background``.
+renderer with ``ctx.metrics.add_text_source`` and the refresh task with ``ctx.add_background``.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ import json
 import logging
 from typing import Any, Callable, Iterator
 
+from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from anex_agent.gpu.exposition import metric_families
 
@@ -110,43 +111,50 @@ class FleetTelemetry:
             await asyncio.sleep(REFRESH_INTERVAL if interval is None else interval)
 
 
-class FleetGpuCollector(Collector):
-    def __init__(self, fleet: FleetTelemetry) -> None:
-        self.fleet = fleet
+class _One:
+    """A collector of one family (what ``generate_latest`` needs)."""
 
-    def describe(self) -> Iterator[Metric]:
-        return iter(())  # series depend on the fleet; skip the registry's duplicate-name check
+    def __init__(self, *families: Metric) -> None:
+        self.families = families
 
     def collect(self) -> Iterator[Metric]:
-        merged: dict[str, Metric] = {}
-        ages: list[tuple[str, str, float]] = []
-        count = 0
-        for node_id, name, telemetry in self.fleet.parsed():  # one node parsed at a time
-            count += 1
-            taken = telemetry.get("taken_at")
-            if isinstance(taken, (int, float)):
-                ages.append((name, node_id, float(taken)))
-            try:  # one node at a time: a block that does not render drops that node only
-                families = metric_families([({"node": name, "node_id": node_id}, telemetry)])
-            except Exception:
-                continue
-            for family in families:
-                if family.name in merged:
-                    merged[family.name].samples.extend(family.samples)
-                else:
-                    merged[family.name] = family
-        age = GaugeMetricFamily("anex_fleet_node_telemetry_age_seconds", "Seconds since the node's latest telemetry sample",
-                                labels=["node", "node_id"])
-        now = self.fleet._clock()
-        for name, node_id, taken in ages:
-            age.add_metric([name, node_id], max(0.0, now - taken))
-        total = GaugeMetricFamily("anex_fleet_nodes_with_telemetry", "Nodes (not expired) that sent telemetry",
-                                  value=count)
-        return iter([*merged.values(), age, total])
+        return iter(self.families)
+
+
+def exposition(fleet: FleetTelemetry) -> bytes:
+    """The fleet's series in the Prometheus text format.
+
+    Rendered one node at a time straight to text, each family's lines gathered under one
+    ``# HELP``/``# TYPE`` header: the scrape holds the output and one node's objects, never
+    every node's sample objects at once."""
+    headers: dict[str, bytes] = {}
+    lines: dict[str, list[bytes]] = {}
+    age = GaugeMetricFamily("anex_fleet_node_telemetry_age_seconds", "Seconds since the node's latest telemetry sample",
+                            labels=["node", "node_id"])
+    now = fleet._clock()
+    count = 0
+    for node_id, name, telemetry in fleet.parsed():
+        count += 1
+        taken = telemetry.get("taken_at")
+        if isinstance(taken, (int, float)):
+            age.add_metric([name, node_id], max(0.0, now - float(taken)))
+        try:  # one node at a time: a block that does not render drops that node only
+            families = metric_families([({"node": name, "node_id": node_id}, telemetry)])
+        except Exception:
+            continue
+        for family in families:
+            text = generate_latest(_One(family))
+            help_line, type_line, body = text.split(b"\n", 2)
+            if family.name not in headers:
+                headers[family.name] = help_line + b"\n" + type_line + b"\n"
+                lines[family.name] = []
+            lines[family.name].append(body)
+    total = GaugeMetricFamily("anex_fleet_nodes_with_telemetry", "Nodes (not expired) that sent telemetry", value=count)
+    return b"".join([chunk for name in headers for chunk in (headers[name], *lines[name])]) + generate_latest(_One(age, total))
 
 
 def setup(registry: Any, ctx: Any) -> None:
-    """Coordinator extension hook: collector on ``ctx.metrics``, refresh task on ``ctx``'s TaskGroup."""
+    """Coordinator extension hook: fleet text on ``ctx.metrics``, refresh task on ``ctx``'s TaskGroup."""
     fleet = FleetTelemetry(ctx.db, ctx.clock)
-    ctx.metrics.add_collector(FleetGpuCollector(fleet))
+    ctx.metrics.add_text_source(lambda: exposition(fleet))
     ctx.add_background("gpu-fleet-metrics", fleet.run)

@@ -124,5 +124,5 @@ async def test_refresh_failure_keeps_the_cache_and_logs_once(caplog):
     assert FailingDb.calls >= 5
     assert "n1" in fleet.nodes
     assert sum("database away" in r.getMessage() for r in caplog.records) == 1
-    names = {f.name for f in telemetry_metrics.FleetGpuCollector(fleet).collect()}
+    names = {f.name for f in text_string_to_metric_families(telemetry_metrics.exposition(fleet).decode())}
     assert {"anex_nvml_up", "anex_fleet_nodes_with_telemetry"} <= names
