@@ -132,8 +132,9 @@ def measure(root: Path, nodes: int, extra_heartbeats: int) -> dict:
             errors += asyncio.run(heartbeats(url, creds, extra_heartbeats, bodies))
             rate = extra_heartbeats / (time.perf_counter() - started)
             time.sleep(REFRESH_WAIT)
-            scrape(url)
             after = rss_mib(proc.pid)
+            scrape(url)
+            after_scrape = rss_mib(proc.pid)
         finally:
             stop(proc)
     return {
@@ -148,6 +149,7 @@ def measure(root: Path, nodes: int, extra_heartbeats: int) -> dict:
         "heartbeats_per_s": round(rate),
         "rss_after_extra_heartbeats_mib": after,
         "rss_growth_over_extra_heartbeats_mib": round(after - with_nodes, 1),
+        "rss_after_second_scrape_mib": after_scrape,
         "metrics_bytes": size,
         "errors": errors,
     }

@@ -19,7 +19,7 @@ Contract:
   the nodes' telemetry sizes and does not grow with the number of heartbeats.
   :func:`exposition` parses and renders that cache on a scrape, one node at a time (no
   database call on a scrape).
-  Expired nodes are left out. A failed refresh keeps the previous cache and is logged once
+  Expired nodes are left out. A failed refresh keeps what the cache has and is logged once
   per distinct error; it never ends the coordinator's TaskGroup.
 * Telemetry that is not the agent's shape is skipped field by field (it is opaque JSON
   from nodes): a broken node cannot break the scrape of the others.
@@ -65,28 +65,25 @@ class FleetTelemetry:
         self._errors_logged: set[str] = set()
 
     async def refresh(self) -> int:
-        """Bring the cache up to date; returns how many nodes have telemetry."""
+        """Bring the cache up to date; returns how many nodes have telemetry.
+
+        Updated in place, batch by batch: a node's old text is released as its new one
+        arrives, so a refresh never holds two copies of the fleet's telemetry."""
         rows = await self._db.fetch(_INDEX)
-        old = self.nodes
-        changed = [str(r["id"]) for r in rows
-                   if (entry := old.get(str(r["id"]))) is None or entry[:2] != (str(r["name"]), r["last_heartbeat_at"])]
-        fresh: dict[str, str] = {}
+        index = {str(r["id"]): (str(r["name"]), r["last_heartbeat_at"]) for r in rows}
+        nodes = self.nodes
+        for gone in [node_id for node_id in nodes if node_id not in index]:
+            del nodes[gone]
+        changed = [node_id for node_id, key in index.items() if (entry := nodes.get(node_id)) is None or entry[:2] != key]
         for start in range(0, len(changed), _BATCH):
             batch = changed[start:start + _BATCH]
             for row in await self._db.fetch(_telemetry_query(len(batch)), *batch):
-                raw = row["telemetry"]
-                if raw is not None:
-                    fresh[str(row["id"])] = raw if isinstance(raw, str) else json.dumps(raw)
-        self.fetched_total += len(fresh)
-        nodes: dict[str, tuple[str, Any, str]] = {}
-        for row in rows:
-            node_id = str(row["id"])
-            raw = fresh.get(node_id)
-            if raw is not None:
-                nodes[node_id] = (str(row["name"]), row["last_heartbeat_at"], raw)
-            elif node_id in old and node_id not in changed:
-                nodes[node_id] = old[node_id]
-        self.nodes = nodes
+                node_id, raw = str(row["id"]), row["telemetry"]
+                if raw is None:
+                    nodes.pop(node_id, None)
+                    continue
+                nodes[node_id] = (*index[node_id], raw if isinstance(raw, str) else json.dumps(raw))
+                self.fetched_total += 1
         return len(nodes)
 
     def parsed(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
