@@ -27,9 +27,31 @@ MAX_DEPTH = 8
 
 def check(telemetry: dict[str, Any] | None) -> dict[str, Any] | None:
     """Return ``telemetry`` unchanged, or raise ``ValueError`` naming what is over a bound."""
-    if telemetry is not None:
-        _walk(telemetry, "telemetry", "", 0)
+    if telemetry is not None and not _within(telemetry, "", 0):
+        _walk(telemetry, "telemetry", "", 0)  # again, naming the path (only for a refused block)
     return telemetry
+
+
+def _within(value: Any, key: str, depth: int) -> bool:
+    """The fast pass (no path strings): whether ``value`` is within every bound."""
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(value, str):
+        return len(value) <= MAX_STRING
+    if isinstance(value, dict):
+        if len(value) > MAX_KEYS:
+            return False
+        for name, item in value.items():
+            if len(name) > MAX_STRING:
+                return False
+            if isinstance(item, (dict, list, str)) and not _within(item, name, depth + 1):
+                return False
+        return True
+    if isinstance(value, list):
+        if len(value) > (MAX_GPUS if key == "gpus" else MAX_LIST):
+            return False
+        return all(_within(item, "", depth + 1) for item in value if isinstance(item, (dict, list, str)))
+    return True
 
 
 def _walk(value: Any, path: str, key: str, depth: int) -> None:
