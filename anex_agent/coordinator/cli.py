@@ -21,6 +21,7 @@ from aiohttp import web
 
 from anex_agent.coordinator import app as app_module
 from anex_agent.coordinator import limits
+from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT_NETWORK, Settings, default_state_dir
@@ -62,6 +63,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-token-file", type=Path, metavar="FILE",
                         help="token (mode 0600) that Prometheus presents as bearer to see the fleet's series on "
                              "/metrics; also $ANEX_METRICS_TOKEN; the admin token always works")
+    parser.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
+                        help="reverse proxy whose X-Forwarded-For names the client for the failed-authentication "
+                             "limit (repeatable; default: none, the TCP peer is the client)")
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
@@ -99,6 +103,10 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise ConfigError("--address-quarantine", "must be 0 or more seconds")
     if not 0 <= args.heartbeat_flush_interval <= 5:
         raise ConfigError("--heartbeat-flush-interval", "must be 0..5 seconds")
+    try:
+        proxies = frozenset(str(ipaddress.ip_address(ip)) for ip in args.trusted_proxy)
+    except ValueError:
+        raise ConfigError("--trusted-proxy", "must be an IP address") from None
     if not 1 <= args.access_token_ttl <= 86400:
         raise ConfigError("--access-token-ttl", "must be 1..86400 seconds")
     return Settings(
@@ -113,6 +121,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         access_token_ttl=args.access_token_ttl,
         heartbeat_flush_interval=args.heartbeat_flush_interval,
         metrics_token_file=args.metrics_token_file,
+        limits=Limits(trusted_proxies=proxies),
     )
 
 

@@ -11,9 +11,11 @@ Contract:
 * :class:`FailedAuths` counts failed authentications per source address in a fixed
   window; a source with ``failed_auth_max`` failures is answered 429 with
   ``Retry-After`` until its window ends. Memory is bounded: at most ``failed_auth_sources``
-  sources are remembered (least recently failed forgotten first). Behind a reverse proxy
-  every request comes from the proxy's address, so one flood blocks everybody's failing
-  requests; a request whose credential is already known to this process is never blocked.
+  sources are remembered (least recently failed forgotten first). The source is the TCP
+  peer; behind a reverse proxy that is the proxy, so one flood blocks every caller not yet
+  verified, unless the proxy is named in ``trusted_proxies``: then the source is the last
+  ``X-Forwarded-For`` address that is not a trusted proxy. A request whose credential is
+  already known to this process is never blocked.
 * :func:`concurrency_middleware` answers 503 (``Retry-After``, ``Connection: close``) to a
   request arriving while ``max_concurrent`` requests (open watch streams included) are in
   progress.
@@ -25,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import math
 from collections import OrderedDict
 from collections.abc import Callable
@@ -52,6 +55,7 @@ class Limits:
     failed_auth_sources: int = 10_000  # sources remembered at most (bounded memory)
     watch_queue: int = 1024  # changes queued for one watch stream before it is sent to resync
     watch_send_timeout: float = 10.0  # seconds one event may take to reach a watcher's socket
+    trusted_proxies: frozenset[str] = frozenset()  # peers whose X-Forwarded-For names the source
 
 
 def too_large(limit: int, route: str) -> problems.Problem:
@@ -93,9 +97,21 @@ def too_many(retry_after: float) -> problems.Problem:
     )
 
 
-def source_of(request: web.Request) -> str:
-    """The address failed authentications are counted against (the TCP peer)."""
-    return request.remote or "unknown"
+def source_of(request: web.Request, trusted_proxies: frozenset[str] = frozenset()) -> str:
+    """The address failed authentications are counted against: the TCP peer, or behind a
+    trusted proxy the last ``X-Forwarded-For`` hop that is not itself a trusted proxy."""
+    peer = request.remote or "unknown"
+    if peer not in trusted_proxies:
+        return peer
+    hops = [hop.strip() for value in request.headers.getall("X-Forwarded-For", []) for hop in value.split(",")]
+    for hop in reversed(hops):
+        if hop in trusted_proxies:
+            continue
+        try:
+            return str(ipaddress.ip_address(hop))
+        except ValueError:
+            return peer  # a hop we cannot read: count against the proxy
+    return peer
 
 
 class FailedAuths:

@@ -109,7 +109,7 @@ class RouteRegistry:
         async def endpoint(request: web.Request) -> web.StreamResponse:
             started = time.perf_counter()
             status = 500
-            source = limits.source_of(request)
+            source = limits.source_of(request, ctx.settings.limits.trusted_proxies)
             presented = bearer(request)
             try:
                 if route.auth is not Auth.public or presented is not None:

@@ -220,6 +220,24 @@ async def test_repeated_failed_auths_get_429_with_retry_after(harness_with, cloc
     assert status == 401
 
 
+def test_source_behind_a_trusted_proxy_is_the_forwarded_client():
+    from aiohttp.test_utils import make_mocked_request
+
+    def source(remote: str, forwarded: str | None, trusted: frozenset[str]) -> str:
+        headers = {"X-Forwarded-For": forwarded} if forwarded else {}
+        request = make_mocked_request("GET", "/", headers=headers)
+        request = request.clone(remote=remote)
+        return limits.source_of(request, trusted)
+
+    proxy = frozenset({"10.0.0.5"})
+    assert source("10.0.0.5", "203.0.113.9", frozenset()) == "10.0.0.5"  # untrusted proxy: the peer
+    assert source("198.51.100.1", "203.0.113.9", proxy) == "198.51.100.1"  # not the proxy: header ignored
+    assert source("10.0.0.5", "192.0.2.1, 203.0.113.9", proxy) == "203.0.113.9"  # the hop the proxy saw
+    assert source("10.0.0.5", "203.0.113.9, 10.0.0.5", proxy) == "203.0.113.9"  # chained trusted proxies
+    assert source("10.0.0.5", "not-an-ip", proxy) == "10.0.0.5"
+    assert source("10.0.0.5", None, proxy) == "10.0.0.5"
+
+
 def test_failed_auths_remember_a_bounded_number_of_sources():
     now = [0.0]
     failed = limits.FailedAuths(Limits(failed_auth_max=1, failed_auth_sources=100), lambda: now[0])
