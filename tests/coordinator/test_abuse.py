@@ -170,6 +170,11 @@ async def test_oversized_join_body_is_413_before_the_token_is_looked_up(harness_
     status, _, payload = await request(coord, "POST", "/v1/gateways", data=chunks())
     assert status == 413 and json.loads(payload)["limit"] == limits.JOIN_BODY_LIMIT
     assert lookups == []
+    # a secret that is no join token at all is refused without a lookup
+    status, _, _ = await request(coord, "POST", "/v1/nodes", body=join_body("anexadm_" + "x" * 43))
+    assert status == 401 and lookups == []
+    status, _, _ = await request(coord, "POST", "/v1/nodes", body=join_body(BAD_TOKEN))
+    assert status == 401 and len(lookups) == 1
 
 
 async def test_join_token_in_the_header_is_checked_before_the_body_is_read(harness_with):
