@@ -3,9 +3,9 @@
 One coordinator process on loopback (SQLite), nodes preloaded straight into the database,
 heartbeats from a raw keep-alive HTTP client in this process. For each fleet size in
 ``--nodes``: RSS of the idle coordinator, after one heartbeat per node carrying an 8-GPU
-telemetry block (plus a scrape of the fleet ``/metrics``), and after ``--heartbeats`` more
-heartbeats (plus another scrape). Reported: RSS per node and RSS growth over the extra
-heartbeats (flat is the goal). The fleet scrape's text is about 55 KB per 8-GPU node
+telemetry block, after ``--heartbeats`` more heartbeats, and after one scrape of the fleet
+``/metrics``. Reported: RSS per node and RSS growth over the extra
+heartbeats (flat is the goal), and the time of ``GET /v1/nodes`` (best of 3). The fleet scrape's text is about 55 KB per 8-GPU node
 (DCGM-style labels on every series); a scrape holds it (and one node's objects) while it is
 built, so RSS after a scrape also shows what the allocator kept of that.
 
@@ -82,6 +82,17 @@ def start(root: Path, database: str, state_dir: Path) -> tuple[subprocess.Popen,
     raise RuntimeError(f"coordinator did not start: {proc.stderr.read().decode()[-2000:]}")
 
 
+def list_nodes_ms(url: str) -> float:
+    request = urllib.request.Request(url + "/v1/nodes", headers={"Authorization": f"Bearer {ADMIN}"})
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            resp.read()
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
+
+
 def scrape(url: str) -> int:
     request = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
     with urllib.request.urlopen(request, timeout=60) as resp:
@@ -125,15 +136,14 @@ def measure(root: Path, nodes: int, extra_heartbeats: int) -> dict:
             time.sleep(REFRESH_WAIT)
             cached = rss_mib(proc.pid)
             started = time.perf_counter()
-            size = scrape(url)
-            scrape_s = time.perf_counter() - started
-            with_nodes = rss_mib(proc.pid)
-            started = time.perf_counter()
             errors += asyncio.run(heartbeats(url, creds, extra_heartbeats, bodies))
             rate = extra_heartbeats / (time.perf_counter() - started)
             time.sleep(REFRESH_WAIT)
             after = rss_mib(proc.pid)
-            scrape(url)
+            listing = list_nodes_ms(url)
+            started = time.perf_counter()
+            size = scrape(url)
+            scrape_s = time.perf_counter() - started
             after_scrape = rss_mib(proc.pid)
         finally:
             stop(proc)
@@ -143,14 +153,14 @@ def measure(root: Path, nodes: int, extra_heartbeats: int) -> dict:
         "rss_idle_mib": idle,
         "rss_after_one_heartbeat_per_node_mib": cached,
         "rss_per_node_kib": round((cached - idle) * 1024 / nodes, 1),
-        "rss_after_fleet_scrape_mib": with_nodes,
-        "scrape_s": round(scrape_s, 2),
         "extra_heartbeats": extra_heartbeats,
         "heartbeats_per_s": round(rate),
         "rss_after_extra_heartbeats_mib": after,
-        "rss_growth_over_extra_heartbeats_mib": round(after - with_nodes, 1),
-        "rss_after_second_scrape_mib": after_scrape,
-        "metrics_bytes": size,
+        "rss_growth_over_extra_heartbeats_mib": round(after - cached, 1),
+        "list_nodes_ms": listing,
+        "fleet_scrape_s": round(scrape_s, 2),
+        "fleet_scrape_bytes": size,
+        "rss_after_fleet_scrape_mib": after_scrape,
         "errors": errors,
     }
 
