@@ -45,7 +45,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from anex_agent import parse
+from anex_agent import parse, telemetry_bounds
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
 
 
@@ -375,11 +375,14 @@ class TransportStatus(Model):
 class Heartbeat(Model):
     status: TransportStatus = Field(default_factory=TransportStatus)
     config_version: Version = 0
-    telemetry: Annotated[dict[str, Any] | None, AfterValidator(check_telemetry)] = Field(
+    telemetry: Annotated[
+        dict[str, Any] | None, AfterValidator(check_telemetry), AfterValidator(telemetry_bounds.check)
+    ] = Field(
         None,
         description=(
             "opaque to the coordinator except telemetry['health'] = {'verdict': healthy|degraded|unhealthy, "
-            "'reasons': [...]}; see anex_agent.gpu for the shape. Numbers are finite; counters and "
+            "'reasons': [...]}; see anex_agent.gpu for the shape; bounded by anex_agent.telemetry_bounds. "
+            "Numbers are finite; counters and "
             "measures (keys ending in _bytes, _count, _errors, _pct, _mhz, _w, _seconds, _bits, _gbps, and "
             "the values of xid_counts) are not negative; strings hold at most 4096 characters and no NUL"
         ),

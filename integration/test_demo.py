@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -79,15 +80,11 @@ def telemetry_here(tmp_path_factory) -> dict:
 
 def _fleet_exposition(nodes: dict[str, tuple[str, dict]]) -> str:
     """What the coordinator's ``/metrics`` serves for ``nodes`` (id -> (name, telemetry))."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from anex_agent.coordinator.telemetry_metrics import FleetGpuCollector, FleetTelemetry
+    from anex_agent.coordinator.telemetry_metrics import FleetTelemetry, exposition
 
     fleet = FleetTelemetry(db=None, clock=time.time)
-    fleet.nodes = nodes
-    registry = CollectorRegistry()
-    registry.register(FleetGpuCollector(fleet))
-    return generate_latest(registry).decode()
+    fleet.nodes = {node_id: (name, 0.0, json.dumps(block)) for node_id, (name, block) in nodes.items()}
+    return exposition(fleet).decode()
 
 
 def _view(name: str) -> dict:

@@ -23,7 +23,7 @@ from types import ModuleType
 
 from aiohttp import WSCloseCode, web
 
-from anex_agent.coordinator import problems
+from anex_agent.coordinator import limits, problems
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.migrations import Migration
 from anex_agent.coordinator.registry import RouteRegistry
@@ -102,7 +102,10 @@ def build_app(ctx: Coordinator, modules: Iterable[ModuleType] | None = None, *, 
     With ``manage_ctx`` the app starts ``ctx``'s background work on startup and closes
     ``ctx`` (flushing heartbeats, closing the database) on cleanup.
     """
-    app = web.Application(middlewares=[problem_middleware], client_max_size=4 * 1024 * 1024)
+    app = web.Application(
+        middlewares=[problem_middleware, limits.concurrency_middleware(ctx.settings.limits)],
+        client_max_size=limits.MAX_BODY_LIMIT,  # routes read their bodies with their own, smaller limit
+    )
     registry = RouteRegistry(app, ctx)
     app[CTX_KEY] = ctx
     app[REGISTRY_KEY] = registry

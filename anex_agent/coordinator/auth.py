@@ -6,6 +6,11 @@ Contract:
   touches no database), then in the database.
 * Every failure is the same 401 problem (:func:`problems.unauthenticated`), whatever
   went wrong. Authorisation (a node asking for another node: 403) is the handler's job.
+* The metrics token (optional) is stored only hashed and identifies the ``metrics``
+  principal, which no route but ``/metrics`` accepts.
+* :func:`precheck_join` refuses a join token that does not exist, is of another kind or is
+  expired on a plain read (no lock, no transaction), before a join or registration takes
+  the write lock; the join transaction checks the token again.
 * The cache forgets a node's or gateway's credentials when the change feed reports
   it ``deleted`` (also on expiry) or ``rejoined``, or a ``credentials`` change (rotation),
   in every process.
@@ -24,7 +29,8 @@ from enum import Enum
 
 from aiohttp import web
 
-from anex_agent.coordinator import changes, credentials, problems
+from anex_agent import wire
+from anex_agent.coordinator import changes, credentials, problems, tokens
 from anex_agent.coordinator.db import Database
 
 
@@ -42,7 +48,7 @@ class Auth(str, Enum):
 
 @dataclass(frozen=True)
 class Principal:
-    kind: str  # "admin" | "node" | "gateway" | "anonymous"
+    kind: str  # "admin" | "node" | "gateway" | "metrics" | "anonymous"
     id: str = ""
     issued_at: float = 0.0  # when the node's or gateway's current credential was issued
     current: bool = True  # False: the caller used its previous credential, within the grace
@@ -56,6 +62,7 @@ class Principal:
 
 ANONYMOUS = Principal("anonymous")
 ADMIN = Principal("admin", "admin")
+METRICS = Principal("metrics", "metrics")
 
 _ALLOWED: dict[Auth, frozenset[str]] = {
     Auth.admin: frozenset({"admin"}),
@@ -79,9 +86,12 @@ def bearer(request: web.Request) -> str | None:
 
 
 class Authenticator:
-    def __init__(self, db: Database, admin_token: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, db: Database, admin_token: str, *, metrics_token: str | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self._db = db
         self._admin_token = admin_token
+        self._metrics_hash = credentials.hash_secret(metrics_token) if metrics_token else None
         self._clock = clock
         self._by_hash: dict[str, tuple[Principal, float | None]] = {}  # digest -> (principal, valid until)
         self._by_id: dict[str, set[str]] = {}
@@ -99,10 +109,19 @@ class Authenticator:
             raise problems.unauthenticated()
         return principal
 
+    def known(self, secret: str | None) -> bool:
+        """Whether ``secret`` is the admin token or a credential this process has already
+        verified (no database access)."""
+        if not secret:
+            return False
+        return credentials.same_secret(secret, self._admin_token) or credentials.hash_secret(secret) in self._by_hash
+
     async def identify(self, secret: str) -> Principal | None:
         if credentials.same_secret(secret, self._admin_token):
             return ADMIN
         digest = credentials.hash_secret(secret)
+        if self._metrics_hash is not None and credentials.same_secret(digest, self._metrics_hash):
+            return METRICS
         now = self._clock()
         cached = self._by_hash.get(digest)
         if cached is not None:
@@ -148,3 +167,14 @@ class Authenticator:
             self._by_id.clear()
         elif change.target and (change.type in ("deleted", "rejoined") or change.scope == changes.CREDENTIALS):
             self.forget(change.target)
+
+
+async def precheck_join(db: Database, secret: str, kind: str, *, now: float) -> None:
+    """Raise the one 401 unless ``secret`` is an unexpired join token of ``kind``.
+
+    A secret without the join-token prefix is refused without any database access; else a
+    plain read: SQLite's read-only connection, a pooled PostgreSQL connection; no lock and
+    no transaction is held, so a flood of bad tokens never delays a writer."""
+    if not credentials.has_prefix(secret, credentials.JOIN_TOKEN):
+        raise problems.unauthenticated()
+    await tokens.lookup(db, secret, wire.TokenKind(kind), now=now)

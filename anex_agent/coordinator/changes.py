@@ -98,18 +98,35 @@ async def prune(db: Database, *, keep: int) -> int:
 
 @dataclass(eq=False)
 class Subscription:
-    """A watcher's queue. ``kind`` is ``node`` or ``gateway``; ``ident`` its id."""
+    """A watcher's queue. ``kind`` is ``node`` or ``gateway``; ``ident`` its id.
+
+    The queue is bounded: when it is full (the watcher does not keep up), it is emptied
+    and holds one ``resync`` change from then on; the watcher starts over from a snapshot.
+    """
 
     kind: str
     ident: str
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    overflowed: bool = False
+
+    def offer(self, change: Change) -> None:
+        if self.overflowed:
+            return
+        try:
+            self.queue.put_nowait(change)
+        except asyncio.QueueFull:
+            self.overflowed = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(Change(change.version, RESYNC, None, RESYNC, {}))
 
 
 class ChangeFeed:
     """Tails ``changes`` and fans each change out, in order, within this process."""
 
-    def __init__(self, db: Database, *, poll_interval: float = 0.5) -> None:
+    def __init__(self, db: Database, *, poll_interval: float = 0.5, queue_size: int = 0) -> None:
         self._db = db
+        self._queue_size = queue_size  # per subscriber; 0: unbounded
         self._poll_interval = poll_interval
         self._wake = asyncio.Event()
         self._subscriptions: set[Subscription] = set()
@@ -146,7 +163,7 @@ class ChangeFeed:
         self._listeners.append(callback)
 
     def subscribe(self, kind: str, ident: str) -> Subscription:
-        sub = Subscription(kind, ident)
+        sub = Subscription(kind, ident, asyncio.Queue(self._queue_size))
         self._subscriptions.add(sub)
         return sub
 
@@ -202,10 +219,10 @@ class ChangeFeed:
                 log.exception("change feed listener failed on version %d", change.version)
         for sub in list(self._subscriptions):
             if change.scope == RESYNC:
-                sub.queue.put_nowait(change)
+                sub.offer(change)
             elif sub.kind == "gateway" and (
                 change.scope == GATEWAYS or (change.scope == GATEWAY and change.target == sub.ident)
             ):
-                sub.queue.put_nowait(change)
+                sub.offer(change)
             elif sub.kind == "node" and (change.scope == NODES or (change.scope == NODE and change.target == sub.ident)):
-                sub.queue.put_nowait(change)
+                sub.offer(change)

@@ -3,7 +3,8 @@
 Who may connect: the default listen address is loopback (127.0.0.1:8700). Admin routes
 need the admin token, node routes a node credential, gateway routes a gateway
 credential, join routes a join token in the body; /healthz, /readyz, /metrics and
-/v1/openapi.json need nothing. Listen on a wider address only with TLS: ``--tls-cert``/``--tls-key`` (the
+/v1/openapi.json need nothing (/metrics adds the fleet's series for the admin or metrics token).
+Listen on a wider address only with TLS: ``--tls-cert``/``--tls-key`` (the
 coordinator serves HTTPS itself) or a reverse proxy / ingress in front: bearer secrets
 travel in headers.
 
@@ -29,8 +30,8 @@ from aiohttp import web
 from anex_agent import access_token
 from anex_agent.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
-from anex_agent.coordinator import gateway_routes, tls
-from anex_agent.coordinator import server as http_server
+from anex_agent.coordinator import gateway_routes, limits, tls
+from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import split_password
 from anex_agent.coordinator.ipam import Pool
@@ -82,6 +83,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coordinator-key-file", type=Path, metavar="FILE",
                         help="X25519 key that join proofs are made against (default <state-dir>/coordinator-key; "
                              "every coordinator on one database needs the same file)")
+    parser.add_argument("--metrics-token-file", type=Path, metavar="FILE",
+                        help="token (mode 0600) that Prometheus presents as bearer to see the fleet's series on "
+                             "/metrics; also $ANEX_METRICS_TOKEN; the admin token always works")
+    parser.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
+                        help="reverse proxy whose X-Forwarded-For names the client for the failed-authentication "
+                             "limit (repeatable; default: none, the TCP peer is the client)")
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
@@ -114,7 +121,8 @@ def _secrets_and_tls(args: argparse.Namespace, env) -> dict:
     tls.check_pair(cert, key)
     if cert is not None:
         tls.server_ssl_context(cert, key)  # fail now, naming the flag, rather than after the database opened
-    return {"database_password": password, "admin_token": admin_token, "tls_cert": cert, "tls_key": key}
+    return {"database_password": password, "admin_token": admin_token, "tls_cert": cert, "tls_key": key,
+            "metrics_token": env.get("ANEX_METRICS_TOKEN") or None}
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -157,6 +165,10 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise ConfigError("--access-token-ttl", f"{args.access_token_ttl} is out of range; "
                           f"use 1..{access_token.MAX_TTL} seconds (an hour at most)")
     routes = gateway_routes.from_flags(args.gateway_route)
+    try:
+        proxies = frozenset(str(ipaddress.ip_address(ip)) for ip in args.trusted_proxy)
+    except ValueError:
+        raise ConfigError("--trusted-proxy", "must be an IP address") from None
     return Settings(
         state_dir=state_dir,
         database_url=database,
@@ -170,6 +182,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         heartbeat_flush_interval=args.heartbeat_flush_interval,
         gateway_routes=routes,
         **secret_fields,
+        metrics_token_file=args.metrics_token_file,
+        limits=Limits(trusted_proxies=proxies),
     )
 
 
@@ -182,13 +196,14 @@ async def serve(
     scheme = "https" if ssl_context else "http"
     ctx = await Coordinator.open(
         settings, extra_migrations=app_module.module_migrations(modules), signing_key_file=signing_key_file,
-        environ={"ANEX_ADMIN_TOKEN": settings.admin_token} if settings.admin_token else {},
+        environ={name: value for name, value in (("ANEX_ADMIN_TOKEN", settings.admin_token),
+                                                 ("ANEX_METRICS_TOKEN", settings.metrics_token)) if value},
         coordinator_key_file=coordinator_key_file,
     )
     log.info("admin token: %s", ctx.admin_token_source)
     log.info("database: %s (%s)", _redacted(settings.database_url), ctx.db.dialect)
     application = app_module.build_app(ctx, modules)
-    runner = http_server.AppRunner(application, access_log=None, shutdown_timeout=5)
+    runner = limits.make_runner(application, settings.limits, access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)

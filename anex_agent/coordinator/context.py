@@ -22,12 +22,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
-from anex_agent.coordinator import changes, coordinator_key, credentials, migrations, signing
+from anex_agent.coordinator import changes, coordinator_key, credentials, limits, migrations, signing
 from anex_agent.coordinator.auth import Authenticator
 from anex_agent.coordinator.db import Database, open_database
 from anex_agent.coordinator.gatewayset import GatewaySetCache
 from anex_agent.coordinator.heartbeats import HeartbeatBuffer
-from anex_agent.coordinator.metrics import Metrics
+from anex_agent.coordinator.metrics import Metrics, load_metrics_token
 from anex_agent.coordinator.settings import Settings
 from anex_agent.coordinator.versions import ConfigVersions
 
@@ -49,6 +49,7 @@ class Coordinator:
         clock: Callable[[], float],
         coordinator_private: bytes = b"",
         coordinator_public: str = "",
+        metrics_token: str | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -59,8 +60,9 @@ class Coordinator:
         self.verify_key = verify_key
         self.coordinator_private = coordinator_private  # X25519: join proofs (coordinator_key.py)
         self.coordinator_public = coordinator_public
-        self.feed = changes.ChangeFeed(db, poll_interval=settings.poll_interval)
-        self.auth = Authenticator(db, admin_token, clock=clock)
+        self.feed = changes.ChangeFeed(db, poll_interval=settings.poll_interval, queue_size=settings.limits.watch_queue)
+        self.auth = Authenticator(db, admin_token, metrics_token=metrics_token, clock=clock)
+        self.failed_auths = limits.FailedAuths(settings.limits, clock)
         self.heartbeats = HeartbeatBuffer(db)
         self.metrics = Metrics()
         self.versions = ConfigVersions(db)
@@ -87,6 +89,7 @@ class Coordinator:
         coordinator_key_file: Path | None = None,
     ) -> Coordinator:
         admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
+        metrics_token = load_metrics_token(settings.metrics_token_file, environ)
         key_path = signing_key_file or settings.state_dir / "access-token-signing-key"
         signing_key = signing.load_or_create(key_path)
         coord_key_path = coordinator_key_file or settings.state_dir / coordinator_key.FILE_NAME
@@ -113,6 +116,7 @@ class Coordinator:
             clock=clock,
             coordinator_private=coordinator_private,
             coordinator_public=coordinator_public,
+            metrics_token=metrics_token,
         )
 
     def _forget_deleted_node(self, change: changes.Change) -> None:

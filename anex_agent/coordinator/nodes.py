@@ -217,6 +217,10 @@ async def with_gateways_at(ctx: Coordinator, config: wire.NodeConfig, version: i
     })
 
 
+VIEW_COLUMNS = ("id, name, provider, public_key, address, health, health_reasons, labels, facts, status, created_at,"
+                " last_heartbeat_at, tunnels")  # what view_of reads
+
+
 def view_of(ctx: Coordinator, row: dict) -> wire.NodeView:
     last = row["last_heartbeat_at"]
     buffered = ctx.heartbeats.latest.get(row["id"])
@@ -254,7 +258,7 @@ async def view(ctx: Coordinator, node_id: str) -> wire.NodeView:
 
 async def list_views(ctx: Coordinator) -> wire.NodeList:
     await flush_for_read(ctx)
-    rows = await ctx.db.fetch("SELECT * FROM nodes ORDER BY created_at, id")
+    rows = await ctx.db.fetch(f"SELECT {VIEW_COLUMNS} FROM nodes ORDER BY created_at, id")  # not the telemetry
     return wire.NodeList(nodes=[view_of(ctx, row) for row in rows])
 
 

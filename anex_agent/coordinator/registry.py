@@ -2,7 +2,10 @@
 
 A route module provides ``setup(registry, ctx)`` and calls :meth:`RouteRegistry.add`.
 The registry wires the aiohttp route, and does the common work for every route:
-authenticate (:mod:`.auth`), parse and validate the JSON body into ``request_model``
+refuse a source with too many failed authentications (429, :mod:`.limits`),
+authenticate (:mod:`.auth`; join routes: a join token in an ``Authorization: Bearer``
+header is checked before the body is read, the body's token before the handler runs),
+read the body within the route's ``body_limit`` (413), parse and validate the JSON body into ``request_model``
 (422 problem naming each field), call the handler, serialise a returned pydantic model
 (``status`` on success), count and time the request. ``/v1/openapi.json`` is generated
 from the same declarations, so a route added by another module is documented
@@ -38,8 +41,8 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from anex_agent import parse
-from anex_agent.coordinator import problems
-from anex_agent.coordinator.auth import Auth, Principal
+from anex_agent.coordinator import credentials, limits, problems
+from anex_agent.coordinator.auth import Auth, Principal, bearer, precheck_join
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,14 @@ class Route:
     content_type: str = "application/json"  # of the success response when not a model
     problems: tuple[int, ...] = ()  # further problem statuses the route may answer (for OpenAPI)
     name: str = field(default="")
+    body_limit: int | None = None  # bytes; None: limits.JOIN_BODY_LIMIT for join routes, else DEFAULT_BODY_LIMIT
+    token_kind: str | None = None  # join routes: the join token kind ("node" | "gateway") the body carries
+
+    @property
+    def max_body(self) -> int:
+        if self.body_limit is not None:
+            return self.body_limit
+        return limits.JOIN_BODY_LIMIT if self.auth is Auth.join else limits.DEFAULT_BODY_LIMIT
 
 
 class RouteRegistry:
@@ -119,6 +130,8 @@ class RouteRegistry:
     def add(self, route: Route) -> None:
         if any(r.method == route.method and r.path == route.path for r in self.routes):
             raise ValueError(f"route {route.method} {route.path} is declared twice")
+        if route.auth is Auth.join and route.token_kind is None:
+            raise ValueError(f"join route {route.method} {route.path} must name its token_kind")
         self.routes.append(route)
         self._app.router.add_route(route.method, route.path, self._wrap(route), name=route.name or None)
 
@@ -137,17 +150,29 @@ class RouteRegistry:
         async def endpoint(request: web.Request) -> web.StreamResponse:
             started = time.perf_counter()
             status = 500
+            source = limits.source_of(request, ctx.settings.limits.trusted_proxies)
+            presented = bearer(request)
             try:
+                if route.auth is not Auth.public or presented is not None:
+                    left = ctx.failed_auths.retry_after(source)
+                    if left > 0 and not ctx.auth.known(presented):
+                        raise limits.too_many(left)
                 principal = await ctx.auth.authenticate(request, route.auth)
                 _check_path(request)
                 query = _parse_query(request, route.query)
-                body = await _parse_body(request, route.request_model) if route.request_model else None
+                if route.auth is Auth.join and presented is not None:  # before a byte of the body is read
+                    await precheck_join(ctx.db, presented, route.token_kind, now=ctx.clock())
+                body = await _parse_body(request, route, ctx.settings.limits.body_timeout) if route.request_model else None
+                if route.auth is Auth.join:
+                    await _precheck_body_token(ctx, route, body, presented)
                 result = await route.handler(Call(request, ctx, principal, body, query))
                 response = _to_response(result, route.status)
                 status = response.status
                 return response
             except problems.Problem as problem:
                 status = problem.status
+                if status == 401:
+                    ctx.failed_auths.failed(source)
                 raise
             except ClientClosed:
                 # nothing to answer (aiohttp drops a response to a closed connection quietly),
@@ -192,7 +217,22 @@ def _parse_query(request: web.Request, declared: tuple[QueryParam, ...]) -> dict
     return out
 
 
-async def _parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
+async def _precheck_body_token(ctx: Any, route: Route, body: BaseModel | None, presented: str | None) -> None:
+    """Join routes: the body's token must be a live join token of the route's kind (checked
+    without a lock) and, when a bearer token was sent too, the same one."""
+    secret = getattr(body, "token", None)
+    if not isinstance(secret, str):
+        raise problems.unauthenticated()
+    if presented is not None:
+        if not credentials.same_secret(secret, presented):
+            raise problems.unauthenticated()
+        return  # checked before the body was read
+    await precheck_join(ctx.db, secret, route.token_kind, now=ctx.clock())
+
+
+async def _parse_body(request: web.Request, route: Route, timeout: float) -> BaseModel:
+    model = route.request_model
+    assert model is not None
     if not request.body_exists:
         raise problems.bad_request(f"a JSON body ({model.__name__}) is required")
     charset = (request.charset or "utf-8").lower()
@@ -200,7 +240,7 @@ async def _parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel
         got = request.headers.get("Content-Type", "")
         raise problems.unsupported_media_type(JSON, got[:100], f"UTF-8, a {model.__name__} object")
     try:
-        raw = await request.read()
+        raw = await limits.read_body(request, route.max_body, timeout=timeout, route=f"{route.method} {route.path}")
     except ConnectionResetError:
         raise ClientClosed() from None
     if not raw:
@@ -305,11 +345,15 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
             op["responses"]["415"] = {"description": _PROBLEM_TEXT[415], **problem_response}
             op["responses"]["422"] = {"description": "invalid field(s), named in errors[] (strict types: no "
                                       "coercion)", **problem_response}
+            op["responses"]["413"] = {"description": f"body larger than {r.max_body} bytes", **problem_response}
+            op["x-anex-body-limit"] = r.max_body
         elif params:
             op["responses"]["400"] = {"description": "invalid path or query parameter, named in errors[]",
                                       **problem_response}
         if r.auth not in (Auth.public,):
             op["responses"]["401"] = {"description": "missing or invalid credential/token", **problem_response}
+            op["responses"]["429"] = {"description": "too many failed authentications from this address; "
+                                      "see Retry-After", **problem_response}
         if r.auth not in (Auth.public, Auth.join):
             op["security"] = [{"bearer": []}]
             op["x-anex-auth"] = r.auth.value

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from anex_agent.coordinator.db import split_password
 from anex_agent.coordinator.ipam import Pool
-from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.states import Timings
+from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
 from anex_agent.errors import ConfigError
 
 DEFAULT_LISTEN = "127.0.0.1:8700"
@@ -45,11 +46,15 @@ class Settings:
     sweep_interval: float = 1.0
     change_retention: int = 100_000
     persistent_keepalive: int = 25
+    limits: Limits = field(default_factory=Limits)
+    metrics_token_file: Path | None = None  # else $ANEX_METRICS_TOKEN; none: /metrics needs the admin token
     gateway_routes: tuple[str, ...] = DEFAULT_GATEWAY_ROUTES  # networks gateways may offer (--gateway-route)
     #: PostgreSQL password (secret); None: the URL's, else $PGPASSWORD / $PGPASSFILE as asyncpg reads them
     database_password: str | None = field(default=None, repr=False)
     #: the admin token from ANEX_ADMIN_TOKEN(_FILE) (secret); None: <state_dir>/admin-token
     admin_token: str | None = field(default=None, repr=False)
+    #: the metrics token from ANEX_METRICS_TOKEN (secret); --metrics-token-file is read at start
+    metrics_token: str | None = field(default=None, repr=False)
     #: certificate chain and key (PEM) when the coordinator serves HTTPS itself
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -8,17 +8,25 @@ fleet by adding ``node`` to its queries. Added here:
 ``anex_fleet_node_telemetry_age_seconds{node,node_id}`` (now minus the sample time) and
 ``anex_fleet_nodes_with_telemetry``.
 
+Served only to a scrape presenting the admin or metrics token (see :mod:`.metrics`).
+
 Contract:
-* A background task (``gpu-fleet-metrics``) reads the table every ``REFRESH_INTERVAL``
-  seconds into memory; ``collect()`` renders that cache (no database call on a scrape).
-  Expired nodes are left out. A failed refresh keeps the previous cache and is logged once
+* A background task (``gpu-fleet-metrics``) looks at the table every ``REFRESH_INTERVAL``
+  seconds: one cheap query of ``(id, name, last_heartbeat_at)``, then the telemetry of
+  only the nodes whose heartbeat time or name changed since the last look. The cache keeps
+  each node's telemetry as the compact JSON text the node sent (bounded by
+  :mod:`anex_agent.telemetry_bounds`), not as parsed objects: memory is about the sum of
+  the nodes' telemetry sizes and does not grow with the number of heartbeats.
+  :func:`exposition` parses and renders that cache on a scrape, one node at a time (no
+  database call on a scrape).
+  Expired nodes are left out. A failed refresh keeps what the cache has and is logged once
   per distinct error; it never ends the coordinator's TaskGroup.
 * Telemetry that is not the agent's shape is skipped field by field (it is opaque JSON
   from nodes): a broken node cannot break the scrape of the others.
 
 Hooked in through the coordinator's documented extension point: this module is listed in
 ``anex_agent.coordinator.app.ROUTE_MODULES``; its :func:`setup` declares no routes, adds the
-collector with ``ctx.metrics.add_collector`` and the refresh task with ``ctx.add_background``.
+renderer with ``ctx.metrics.add_text_source`` and the refresh task with ``ctx.add_background``.
 """
 
 from __future__ import annotations
@@ -28,8 +36,8 @@ import json
 import logging
 from typing import Any, Callable, Iterator
 
+from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from anex_agent.gpu.exposition import metric_families
 
@@ -37,32 +45,56 @@ log = logging.getLogger(__name__)
 
 REFRESH_INTERVAL = 5.0  # seconds; Prometheus scrapes every 15 s by default
 
-_SELECT = "SELECT id, name, telemetry FROM nodes WHERE telemetry IS NOT NULL AND state <> 'expired' ORDER BY name, id"
+_INDEX = ("SELECT id, name, last_heartbeat_at FROM nodes WHERE telemetry IS NOT NULL AND state <> 'expired'"
+          " ORDER BY name, id")
+_BATCH = 500  # node ids per telemetry query
+
+
+def _telemetry_query(count: int) -> str:
+    return f"SELECT id, telemetry FROM nodes WHERE id IN ({', '.join(f'${i}' for i in range(1, count + 1))})"
 
 
 class FleetTelemetry:
-    """The cache: node id -> (name, telemetry dict). Refreshed from the database."""
+    """The cache: node id -> (name, heartbeat time, telemetry JSON text). Refreshed from the database."""
 
     def __init__(self, db: Any, clock: Callable[[], float]) -> None:
         self._db = db
         self._clock = clock
-        self.nodes: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.nodes: dict[str, tuple[str, Any, str]] = {}
+        self.fetched_total = 0  # telemetry rows read so far (unchanged nodes are not re-read)
         self._errors_logged: set[str] = set()
 
     async def refresh(self) -> int:
-        """Reload every node's latest telemetry; returns how many nodes have some."""
-        rows = await self._db.fetch(_SELECT)
-        nodes: dict[str, tuple[str, dict[str, Any]]] = {}
-        for row in rows:
-            raw = row["telemetry"]
+        """Bring the cache up to date; returns how many nodes have telemetry.
+
+        Updated in place, batch by batch: a node's old text is released as its new one
+        arrives, so a refresh never holds two copies of the fleet's telemetry."""
+        rows = await self._db.fetch(_INDEX)
+        index = {str(r["id"]): (str(r["name"]), r["last_heartbeat_at"]) for r in rows}
+        nodes = self.nodes
+        for gone in [node_id for node_id in nodes if node_id not in index]:
+            del nodes[gone]
+        changed = [node_id for node_id, key in index.items() if (entry := nodes.get(node_id)) is None or entry[:2] != key]
+        for start in range(0, len(changed), _BATCH):
+            batch = changed[start:start + _BATCH]
+            for row in await self._db.fetch(_telemetry_query(len(batch)), *batch):
+                node_id, raw = str(row["id"]), row["telemetry"]
+                if raw is None:
+                    nodes.pop(node_id, None)
+                    continue
+                nodes[node_id] = (*index[node_id], raw if isinstance(raw, str) else json.dumps(raw))
+                self.fetched_total += 1
+        return len(nodes)
+
+    def parsed(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """``(node id, name, telemetry)`` for every cached node whose telemetry is a JSON object."""
+        for node_id, (name, _stamp, raw) in self.nodes.items():
             try:
-                telemetry = json.loads(raw) if isinstance(raw, str) else raw
+                telemetry = json.loads(raw)
             except ValueError:
                 continue
             if isinstance(telemetry, dict):
-                nodes[str(row["id"])] = (str(row["name"]), telemetry)
-        self.nodes = nodes
-        return len(nodes)
+                yield node_id, name, telemetry
 
     async def run(self, interval: float | None = None) -> None:
         while True:
@@ -76,40 +108,50 @@ class FleetTelemetry:
             await asyncio.sleep(REFRESH_INTERVAL if interval is None else interval)
 
 
-class FleetGpuCollector(Collector):
-    def __init__(self, fleet: FleetTelemetry) -> None:
-        self.fleet = fleet
+class _One:
+    """A collector of one family (what ``generate_latest`` needs)."""
 
-    def describe(self) -> Iterator[Metric]:
-        return iter(())  # series depend on the fleet; skip the registry's duplicate-name check
+    def __init__(self, *families: Metric) -> None:
+        self.families = families
 
     def collect(self) -> Iterator[Metric]:
-        nodes = self.fleet.nodes
-        merged: dict[str, Metric] = {}
-        for node_id, (name, telemetry) in nodes.items():
-            try:  # one node at a time: a block that does not render drops that node only
-                families = metric_families([({"node": name, "node_id": node_id}, telemetry)])
-            except Exception:
-                continue
-            for family in families:
-                if family.name in merged:
-                    merged[family.name].samples.extend(family.samples)
-                else:
-                    merged[family.name] = family
-        age = GaugeMetricFamily("anex_fleet_node_telemetry_age_seconds", "Seconds since the node's latest telemetry sample",
-                                labels=["node", "node_id"])
-        now = self.fleet._clock()
-        for node_id, (name, telemetry) in nodes.items():
-            taken = telemetry.get("taken_at")
-            if isinstance(taken, (int, float)):
-                age.add_metric([name, node_id], max(0.0, now - float(taken)))
-        count = GaugeMetricFamily("anex_fleet_nodes_with_telemetry", "Nodes (not expired) that sent telemetry",
-                                  value=len(nodes))
-        return iter([*merged.values(), age, count])
+        return iter(self.families)
+
+
+def exposition(fleet: FleetTelemetry) -> bytes:
+    """The fleet's series in the Prometheus text format.
+
+    Rendered one node at a time straight to text, each family's lines gathered under one
+    ``# HELP``/``# TYPE`` header: the scrape holds the output and one node's objects, never
+    every node's sample objects at once."""
+    headers: dict[str, bytes] = {}
+    lines: dict[str, list[bytes]] = {}
+    age = GaugeMetricFamily("anex_fleet_node_telemetry_age_seconds", "Seconds since the node's latest telemetry sample",
+                            labels=["node", "node_id"])
+    now = fleet._clock()
+    count = 0
+    for node_id, name, telemetry in fleet.parsed():
+        count += 1
+        taken = telemetry.get("taken_at")
+        if isinstance(taken, (int, float)):
+            age.add_metric([name, node_id], max(0.0, now - float(taken)))
+        try:  # one node at a time: a block that does not render drops that node only
+            families = metric_families([({"node": name, "node_id": node_id}, telemetry)])
+        except Exception:
+            continue
+        for family in families:
+            text = generate_latest(_One(family))
+            help_line, type_line, body = text.split(b"\n", 2)
+            if family.name not in headers:
+                headers[family.name] = help_line + b"\n" + type_line + b"\n"
+                lines[family.name] = []
+            lines[family.name].append(body)
+    total = GaugeMetricFamily("anex_fleet_nodes_with_telemetry", "Nodes (not expired) that sent telemetry", value=count)
+    return b"".join([chunk for name in headers for chunk in (headers[name], *lines[name])]) + generate_latest(_One(age, total))
 
 
 def setup(registry: Any, ctx: Any) -> None:
-    """Coordinator extension hook: collector on ``ctx.metrics``, refresh task on ``ctx``'s TaskGroup."""
+    """Coordinator extension hook: fleet text on ``ctx.metrics``, refresh task on ``ctx``'s TaskGroup."""
     fleet = FleetTelemetry(ctx.db, ctx.clock)
-    ctx.metrics.add_collector(FleetGpuCollector(fleet))
+    ctx.metrics.add_text_source(lambda: exposition(fleet))
     ctx.add_background("gpu-fleet-metrics", fleet.run)

@@ -9,7 +9,7 @@ admin token in ``ANEX_ADMIN_TOKEN`` (never on the command line) and prints one J
 Per node it asks the coordinator, as the admin, through :class:`anex_agent.client.CoordinatorClient`:
 ``GET /v1/nodes/{id}`` (state, address, the status block of the last heartbeat) and
 ``GET /v1/nodes/{id}/telemetry`` (the latest block of :mod:`anex_agent.gpu.telemetry`), and
-reads ``GET /metrics`` (public) for the series that
+reads ``GET /metrics`` (with the admin token: the fleet series need it) for the series that
 :mod:`anex_agent.coordinator.telemetry_metrics` renders with a ``node="<name>"`` label.
 
 Contract:
@@ -112,7 +112,7 @@ async def observe_once(client: Any, session: Any, base_url: str, nodes: dict[str
     errors: dict[str, list[str]] = {node_id: [] for node_id in nodes}
     metrics_text = ""
     try:
-        async with session.get(f"{base_url}/metrics") as resp:
+        async with session.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {client.admin_token}"}) as resp:
             metrics_text = await resp.text()
             if resp.status != 200:
                 raise CoordinatorError(f"GET /metrics: {resp.status}", status=resp.status)

@@ -50,7 +50,8 @@ async def scrape(coord, predicate, timeout=10.0) -> dict:
     deadline = asyncio.get_running_loop().time() + timeout
     async with aiohttp.ClientSession() as session:
         while True:
-            async with session.get(coord.url + "/metrics") as response:
+            async with session.get(coord.url + "/metrics",
+                                   headers={"Authorization": f"Bearer {coord.ctx.admin_token}"}) as response:
                 text = await response.text()
             families = {f.name: f for f in text_string_to_metric_families(text)}
             if predicate(families) or asyncio.get_running_loop().time() > deadline:
@@ -111,7 +112,7 @@ async def test_refresh_failure_keeps_the_cache_and_logs_once(caplog):
             raise RuntimeError("database away")
 
     fleet = telemetry_metrics.FleetTelemetry(FailingDb(), lambda: 0.0)
-    fleet.nodes = {"n1": ("node-1", {"v": 1, "hostname": "h", "taken_at": 0.0, "gpus": []})}
+    fleet.nodes = {"n1": ("node-1", 0.0, '{"v": 1, "hostname": "h", "taken_at": 0.0, "gpus": []}')}
     task = asyncio.create_task(fleet.run(interval=0.01))
     for _ in range(200):
         await asyncio.sleep(0.01)
@@ -123,5 +124,5 @@ async def test_refresh_failure_keeps_the_cache_and_logs_once(caplog):
     assert FailingDb.calls >= 5
     assert "n1" in fleet.nodes
     assert sum("database away" in r.getMessage() for r in caplog.records) == 1
-    names = {f.name for f in telemetry_metrics.FleetGpuCollector(fleet).collect()}
+    names = {f.name for f in text_string_to_metric_families(telemetry_metrics.exposition(fleet).decode())}
     assert {"anex_nvml_up", "anex_fleet_nodes_with_telemetry"} <= names

@@ -41,7 +41,7 @@ def setup(registry: RouteRegistry, ctx) -> None:
     registry.add(Route("POST", "/v1/gateways", register, Auth.join,
                        "Register a gateway with a gateway join token and a proof of key possession (idempotent per public key)",
                        request_model=wire.GatewayRegisterRequest, response_model=wire.GatewayRegisterResponse,
-                       status=201, tags=tags, problems=(409, 503)))
+                       status=201, tags=tags, problems=(409, 503), token_kind="gateway"))
     registry.add(Route("GET", "/v1/gateways", list_gateways, Auth.admin, "List gateways",
                        response_model=wire.GatewayList, tags=tags))
     registry.add(Route("DELETE", "/v1/gateways/{gateway_id}", delete_gateway, Auth.admin,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from anex_agent import access_token, wire
-from anex_agent.coordinator import ipam, nodes, problems, tokens
+from anex_agent.coordinator import ipam, limits, nodes, problems, tokens
 from anex_agent.coordinator.auth import Auth, Principal
 from anex_agent.coordinator.registry import Call, Route, RouteRegistry
 
@@ -72,7 +72,7 @@ def setup(registry: RouteRegistry, ctx) -> None:
         Route("POST", "/v1/nodes", join, Auth.join,
               "Join the mesh with a node join token and a proof of key possession (idempotent per public key)",
               request_model=wire.NodeJoinRequest, response_model=wire.NodeJoinResponse, status=201, tags=tags,
-              problems=(409, 503)),
+              problems=(409, 503), token_kind="node"),
         Route("GET", "/v1/nodes", list_nodes, Auth.admin, "List nodes", response_model=wire.NodeList, tags=tags),
         Route("GET", "/v1/nodes/{node_id}", get_node, Auth.admin, "Get one node",
               response_model=wire.NodeView, tags=tags),
@@ -81,7 +81,8 @@ def setup(registry: RouteRegistry, ctx) -> None:
               status=204, tags=tags),
         Route("POST", "/v1/nodes/{node_id}/heartbeat", heartbeat, Auth.node,
               "Report status and telemetry (the node itself); the answer may carry a rotated credential",
-              request_model=wire.Heartbeat, response_model=wire.HeartbeatAck, tags=tags, problems=(403,)),
+              request_model=wire.Heartbeat, response_model=wire.HeartbeatAck, tags=tags, problems=(403,),
+              body_limit=limits.HEARTBEAT_BODY_LIMIT),
         Route("GET", "/v1/nodes/{node_id}/config", get_config, Auth.node_or_admin,
               "The node's current config (the node itself or the admin)", response_model=wire.NodeConfig, tags=tags,
               problems=(403,)),

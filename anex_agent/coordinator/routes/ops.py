@@ -1,14 +1,18 @@
 """Operations: /healthz, /readyz, /metrics, /v1/openapi.json (no authentication: keep the
-listen address private, or put these behind your ingress rules)."""
+listen address private, or put these behind your ingress rules).
+
+``/metrics`` without a bearer token serves the coordinator's own process metrics; with the
+admin token or the metrics token it adds the fleet's (node names, hostnames, GPU UUIDs);
+with any other bearer token it is the one 401."""
 
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from anex_agent import __version__, wire
 from anex_agent.coordinator import problems
-from anex_agent.coordinator.auth import Auth
+from anex_agent.coordinator.auth import Auth, bearer
 from anex_agent.coordinator.registry import Call, Route, RouteRegistry, openapi
 
 
@@ -25,7 +29,14 @@ async def readyz(call: Call) -> web.Response:
 
 
 async def metrics(call: Call) -> web.Response:
-    body = generate_latest(call.ctx.metrics.registry)
+    secret = bearer(call.request)
+    fleet = False
+    if secret is not None:
+        principal = await call.ctx.auth.identify(secret)
+        if principal is None or principal.kind not in ("admin", "metrics"):
+            raise problems.unauthenticated()
+        fleet = True
+    body = call.ctx.metrics.exposition(fleet=fleet)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -41,8 +52,9 @@ def setup(registry: RouteRegistry, ctx) -> None:
     registry.add(Route("GET", "/healthz", healthz, Auth.public, "Liveness: the process answers", tags=tags))
     registry.add(Route("GET", "/readyz", readyz, Auth.public, "Readiness: the database answers", tags=tags,
                        problems=(503,)))
-    registry.add(Route("GET", "/metrics", metrics, Auth.public, "Prometheus metrics", tags=tags,
-                       content_type="text/plain"))
+    registry.add(Route("GET", "/metrics", metrics, Auth.public,
+                       "Prometheus metrics: the coordinator's own; with the admin or metrics token as bearer, "
+                       "also the fleet's (per node and GPU)", tags=tags, content_type="text/plain", problems=(401, 429)))
     registry.add(Route("GET", "/v1/coordinator", coordinator_info, Auth.public,
                        "The coordinator's public key, against which joins prove key possession",
                        response_model=wire.CoordinatorInfo, tags=tags))

@@ -10,6 +10,11 @@ Protocol (JSON text frames, each a :class:`wire.WatchEvent`; see its docstring):
 * The server closes with code 4001 when the caller's credential is revoked (node or
   gateway deleted, or re-joined with a new credential), 1001 when it shuts down, 1012 when
   this process missed pruned changes (the client resumes with ``since`` and gets a snapshot).
+* A watcher that does not keep up is closed with 1012 too: when its queue of pending
+  changes is full (``Limits.watch_queue``) or one event does not reach its socket within
+  ``Limits.watch_send_timeout``. The coordinator holds at most that many changes per
+  watcher; a closing handshake the watcher does not read within ``CLOSE_TIMEOUT`` ends
+  with the connection being dropped.
 
 The caller subscribes to the in-process feed *before* reading its starting point, and
 skips queued changes at or below the version it already sent, so nothing falls
@@ -34,6 +39,7 @@ log = logging.getLogger(__name__)
 CLOSE_REVOKED = 4001
 CLOSE_RESYNC = 1012  # "service restart": the feed skipped pruned changes; reconnect with since for a snapshot
 WS_HEARTBEAT = 20.0  # seconds between pings; a dead client is dropped after a missed pong
+CLOSE_TIMEOUT = 2.0  # seconds a close frame may wait for a watcher that does not read
 
 
 def _since(request: web.Request) -> int:
@@ -100,6 +106,7 @@ async def _pump(
     last: int,
     credential_hash: str,
     config: wire.NodeConfig | None,
+    send_timeout: float,
 ) -> int:
     """Forward queued changes as events; return the close code when the stream must end
     (:data:`CLOSE_REVOKED`: the caller's credential is revoked; :data:`CLOSE_RESYNC`).
@@ -107,6 +114,18 @@ async def _pump(
     Nodes: a change of their own config is read from the database; a gateway-set change
     reuses the node's own part of the last config sent and the process-wide gateway memo.
     """
+    try:
+        return await _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout)
+    except TimeoutError:  # one event did not reach the socket in time: the watcher does not read
+        sub.overflowed = True  # it did not keep up; nothing more is queued for it
+        return CLOSE_RESYNC
+
+
+async def _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout) -> int:
+    async def send(event: wire.WatchEvent) -> None:
+        async with asyncio.timeout(send_timeout):
+            await _send(ws, event)
+
     while True:
         change: changes.Change = await sub.queue.get()
         if change.scope == changes.RESYNC:
@@ -120,7 +139,7 @@ async def _pump(
                 continue
             return CLOSE_REVOKED
         if sub.kind == "gateway":
-            await _send(ws, _gateway_event(change))
+            await send(_gateway_event(change))
             last = change.version
             continue
         if change.scope == changes.NODES and config is not None:
@@ -133,7 +152,7 @@ async def _pump(
                 continue
             kind = "gateway_changed" if change.scope == changes.NODES else "config"
         version = max(change.version, config.version)
-        await _send(ws, wire.WatchEvent(type=kind, version=version, config=config))
+        await send(wire.WatchEvent(type=kind, version=version, config=config))
         last = version
 
 
@@ -142,6 +161,16 @@ async def _drain(ws: web.WebSocketResponse) -> None:
     async for msg in ws:
         if msg.type == WSMsgType.ERROR:
             return
+
+
+async def _close(request: web.Request, ws: web.WebSocketResponse, code: int, message: bytes) -> None:
+    """Close with ``code``; drop the connection when the watcher does not take the close frame."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            await ws.close(code=code, message=message)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
 
 
 async def watch(call: Call) -> web.StreamResponse:
@@ -166,7 +195,10 @@ async def watch(call: Call) -> web.StreamResponse:
             await ws.close(code=CLOSE_REVOKED, message=b"credential revoked")
             return ws
         credential_hash = credentials.hash_secret(bearer(request) or "")
-        pump = asyncio.create_task(_pump(ctx, ws, sub, last, credential_hash, config), name=f"watch-pump-{principal.id}")
+        pump = asyncio.create_task(
+            _pump(ctx, ws, sub, last, credential_hash, config, ctx.settings.limits.watch_send_timeout),
+            name=f"watch-pump-{principal.id}",
+        )
         drain = asyncio.create_task(_drain(ws), name=f"watch-drain-{principal.id}")
         try:
             await asyncio.wait({pump, drain}, return_when=asyncio.FIRST_COMPLETED)
@@ -179,7 +211,9 @@ async def watch(call: Call) -> web.StreamResponse:
                     await drain
                 code = pump.result()
                 message = b"credential revoked" if code == CLOSE_REVOKED else b"changes were missed: resume for a snapshot"
-                await ws.close(code=code, message=message)
+                if sub.overflowed:
+                    ctx.metrics.watch_resyncs.inc()
+                await _close(request, ws, code, message)
         finally:
             for task in (pump, drain):
                 task.cancel()
