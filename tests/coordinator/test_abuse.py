@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from anex_agent import keys, wire
+from anex_agent.client import proven_body
 from anex_agent.coordinator import auth as auth_module
 from anex_agent.coordinator import changes, limits, metrics, telemetry_metrics
 from anex_agent.coordinator.app import build_app
@@ -44,6 +45,13 @@ async def harness_with(tmp_path, database_url, clock):
 def join_body(token: str, name: str = "n", **extra) -> dict:
     pair = keys.KeyPair(keys.generate_private_key())
     return {"token": token, "public_key": pair.public_b64, "name": name, "provider": "vastai", **extra}
+
+
+def proven_join_body(ctx, token: str, name: str = "n") -> dict:
+    """A join body with its proof of key possession, made against ``ctx``'s key and clock."""
+    body = {"token": token, "name": name, "provider": "vastai"}
+    return proven_body(wire.NodeJoinRequest, body, keys.KeyPair(keys.generate_private_key()),
+                       ctx.coordinator_public, now=ctx.clock())
 
 
 async def request(coord, method, path, *, token=None, body=None, data=None, headers=None):
@@ -167,7 +175,8 @@ async def test_oversized_join_body_is_413_before_the_token_is_looked_up(harness_
         for i in range(0, len(data), 4096):
             yield data[i:i + 4096]
 
-    status, _, payload = await request(coord, "POST", "/v1/gateways", data=chunks())
+    status, _, payload = await request(coord, "POST", "/v1/gateways", data=chunks(),
+                                       headers={"Content-Type": "application/json"})
     assert status == 413 and json.loads(payload)["limit"] == limits.JOIN_BODY_LIMIT
     assert lookups == []
     # a secret that is no join token at all is refused without a lookup
@@ -191,7 +200,7 @@ async def test_join_token_in_the_header_is_checked_before_the_body_is_read(harne
     other = (await coord.admin.create_join_token()).token
     status, _, _ = await request(coord, "POST", "/v1/nodes", token=token, body=join_body(other))
     assert status == 401
-    status, _, payload = await request(coord, "POST", "/v1/nodes", token=token, body=join_body(token))
+    status, _, payload = await request(coord, "POST", "/v1/nodes", token=token, body=proven_join_body(coord.ctx, token))
     assert status == 201 and json.loads(payload)["credential"].startswith("anexnc_")
     # a gateway join token is no node join token, also on the pre-check
     gw_token = (await coord.admin.create_join_token("gateway")).token
@@ -310,7 +319,7 @@ async def test_slow_request_head_is_closed_and_excess_requests_get_503(tmp_path,
 
         async with aiohttp.ClientSession() as session:
             # one request in progress (a watch stream) fills the cap
-            token = await _admin_token_join(session, port, ctx.admin_token)
+            token = await _admin_token_join(session, port, ctx)
             async with session.ws_connect(f"http://127.0.0.1:{port}/v1/watch",
                                           headers={"Authorization": f"Bearer {token}"}) as ws:
                 await ws.receive()  # the snapshot
@@ -326,12 +335,12 @@ async def test_slow_request_head_is_closed_and_excess_requests_get_503(tmp_path,
         await runner.cleanup()
 
 
-async def _admin_token_join(session, port, admin_token) -> str:
+async def _admin_token_join(session, port, ctx) -> str:
     base = f"http://127.0.0.1:{port}"
     async with session.post(base + "/v1/join-tokens", json={"kind": "node"},
-                            headers={"Authorization": f"Bearer {admin_token}"}) as resp:
+                            headers={"Authorization": f"Bearer {ctx.admin_token}"}) as resp:
         token = (await resp.json())["token"]
-    async with session.post(base + "/v1/nodes", json=join_body(token)) as resp:
+    async with session.post(base + "/v1/nodes", json=proven_join_body(ctx, token)) as resp:
         return (await resp.json())["credential"]
 
 

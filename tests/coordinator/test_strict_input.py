@@ -300,7 +300,7 @@ async def test_telemetry_of_the_agent_shape_is_accepted(coord):
 
 
 @pytest.mark.parametrize("where, body", [
-    ("facts.hostname", {"facts": {"hostname": "h" * 3_000_000}}),
+    ("facts.hostname", {"facts": {"hostname": "h" * 10_000}}),  # 3 MB is refused whole: 413 (test_abuse)
     ("facts.hostname", {"facts": {"hostname": "h" * 254}}),
     ("name", {"name": "n" * 254}),
     ("token", {"token": "t" * 513}),
@@ -315,7 +315,7 @@ async def test_long_strings_are_422(coord, where, body):
 async def test_long_ws_url_and_bad_endpoint_are_422(coord):
     token = await coord.admin.create_join_token("gateway")
     base = {"token": token.token, "public_key": keys.KeyPair(keys.generate_private_key()).public_b64, "name": "gw"}
-    for patch, field in (({"ws_url": "wss://" + "a" * 3_000_000}, "ws_url"), ({"ws_url": "http://x/"}, "ws_url"),
+    for patch, field in (({"ws_url": "wss://" + "a" * 10_000}, "ws_url"), ({"ws_url": "http://x/"}, "ws_url"),
                          ({"endpoint": "gw:٣"}, "endpoint"), ({"endpoint": "2001:db8::1:51820"}, "endpoint")):
         status, _, doc = await call(coord, "POST", "/v1/gateways", body={**base, **patch})
         assert status == 422 and [e["field"] for e in doc["errors"]] == [field], doc
