@@ -160,11 +160,14 @@ class RouteRegistry:
                 principal = await ctx.auth.authenticate(request, route.auth)
                 _check_path(request)
                 query = _parse_query(request, route.query)
-                if route.auth is Auth.join and presented is not None:  # before a byte of the body is read
-                    await precheck_join(ctx.db, presented, route.token_kind, now=ctx.clock())
+                # a join token sent as bearer too is checked before a byte of the body is read; another
+                # bearer (a client sending its admin token everywhere) is no join token and is ignored here
+                join_bearer = presented if route.auth is Auth.join and _is_join_token(presented) else None
+                if join_bearer is not None:
+                    await precheck_join(ctx.db, join_bearer, route.token_kind, now=ctx.clock())
                 body = await _parse_body(request, route, ctx.settings.limits.body_timeout) if route.request_model else None
                 if route.auth is Auth.join:
-                    await _precheck_body_token(ctx, route, body, presented)
+                    await _precheck_body_token(ctx, route, body, join_bearer)
                 result = await route.handler(Call(request, ctx, principal, body, query))
                 response = _to_response(result, route.status)
                 status = response.status
@@ -215,6 +218,10 @@ def _parse_query(request: web.Request, declared: tuple[QueryParam, ...]) -> dict
         except ValueError as err:
             raise problems.bad_request(f"query parameter {q.name} {err}", field=q.name) from None
     return out
+
+
+def _is_join_token(secret: str | None) -> bool:
+    return secret is not None and credentials.has_prefix(secret, credentials.JOIN_TOKEN)
 
 
 async def _precheck_body_token(ctx: Any, route: Route, body: BaseModel | None, presented: str | None) -> None:

@@ -202,6 +202,10 @@ async def test_join_token_in_the_header_is_checked_before_the_body_is_read(harne
     assert status == 401
     status, _, payload = await request(coord, "POST", "/v1/nodes", token=token, body=proven_join_body(coord.ctx, token))
     assert status == 201 and json.loads(payload)["credential"].startswith("anexnc_")
+    # another bearer (a client sending its admin token along) is no join token: the body's token counts
+    status, _, _ = await request(coord, "POST", "/v1/nodes", token=coord.ctx.admin_token,
+                                 body=proven_join_body(coord.ctx, other))
+    assert status == 201
     # a gateway join token is no node join token, also on the pre-check
     gw_token = (await coord.admin.create_join_token("gateway")).token
     status, _, _ = await request(coord, "POST", "/v1/nodes", body=join_body(gw_token))
