@@ -162,10 +162,10 @@ class Authenticator:
 
     def on_change(self, change: changes.Change) -> None:
         """Change-feed listener: drop revoked credentials (all of them when changes were missed)."""
-        if change.scope == changes.RESYNC:
+        if change.scope == changes.Scope.RESYNC:
             self._by_hash.clear()
             self._by_id.clear()
-        elif change.target and (change.type in ("deleted", "rejoined") or change.scope == changes.CREDENTIALS):
+        elif change.target and (change.type in changes.REVOKING or change.scope == changes.Scope.CREDENTIAL_CACHES):
             self.forget(change.target)
 
 
