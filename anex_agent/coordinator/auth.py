@@ -55,10 +55,6 @@ class Principal:
     credential_hash: str = ""
     grace_open: bool = False  # the current credential was used while the previous one still works
 
-    @property
-    def is_admin(self) -> bool:
-        return self.kind == "admin"
-
 
 ANONYMOUS = Principal("anonymous")
 ADMIN = Principal("admin", "admin")
