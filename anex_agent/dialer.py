@@ -1,4 +1,4 @@
-"""The Dialer seam: the ONLY place in anex-agent that opens outbound connections.
+"""The Dialer seam: how the workload's traffic opens connections into the mesh.
 
 Front-ends (the HTTP proxy, the ``GW_TUNNEL_<port>`` forwards) ask a :class:`Dialer`
 for a :class:`Connection` to ``host:port`` and never learn which WireGuard engine is
@@ -7,8 +7,17 @@ underneath, as with httpcore's network backends and tailscale's ``tsdial``:
 * kernel WireGuard and wireguard-go engines use :class:`OSDialer`: the kernel's
   routes send mesh destinations through the WireGuard interface, so a plain
   kernel socket is enough; names go through the :mod:`anex_agent.resolver`;
-* the built-in userspace engine (later) provides a dialer whose connections live in
-  its netstack; such connections are stream-only (``socket`` is ``None``).
+* an engine with a user-space TCP/IP stack provides a dialer whose connections live
+  in that stack; such connections are stream-only (``socket`` is ``None``). Engines
+  that serve the workload with front-ends of their own (wireproxy) give no dialer.
+
+Every connection made *for the workload* goes through a Dialer. The agent's own
+connections are system dials, made with the host's network stack and never through
+the mesh: the coordinator client (:mod:`anex_agent.client`, aiohttp), machine
+selection's provider API clients (:mod:`anex_agent.selection.providers.http`), the
+wireproxy supervisor's calls to its loopback health endpoint, and the UDP probe of
+``anex-agent detect``. Resolving a gateway's endpoint name (:mod:`.tunnels.endpoints`)
+uses the system resolver as well.
 
 Contract of :class:`Connection` (what a dialer returns and what listeners wrap):
 

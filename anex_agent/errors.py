@@ -1,7 +1,7 @@
 """The one error tree of anex-agent.
 
 Every exception the package raises on purpose derives from :class:`AnexError`.
-The tree separates three families, because callers handle them differently:
+The tree separates six families, because callers handle them differently:
 
 * :class:`ConfigError` -- bad local input (flags, environment, files). The message
   names the input and says what is accepted. Raised at the edge where config is
@@ -14,6 +14,13 @@ The tree separates three families, because callers handle them differently:
   says whether trying again later may succeed (network errors, 5xx, 429) or not
   (401/403/400: the request itself is wrong).
 * :class:`EngineError` -- a tunnel engine could not be brought up or changed.
+* :class:`NotSupported` -- a capability is not available on this machine; ``reason``
+  says why (engine and path probes, ``anex-agent detect``).
+* :class:`DialError` -- a connection for the workload could not be opened
+  (:class:`ResolveError`, :class:`DialRefused`, :class:`DialTimeout`,
+  :class:`DialUnreachable`); ``reason`` is fit to show the workload.
+
+:class:`PortInUseError` is a :class:`ConfigError` (a listen port that is taken).
 
 Exceptions from libraries (OSError, aiohttp errors, netlink errors) are translated
 into this tree only at I/O edges, never deep inside pure code.

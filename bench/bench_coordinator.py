@@ -14,7 +14,7 @@ separate process (``--role loadgen``), so client and server never share an event
 Watch fan-out: time from a join request to the ``peer_added`` event at each of 1 and 10
 connected gateways.
 
-Goal (issue 2): >= 2000 heartbeats/s with p99 < 50 ms on SQLite. Prints one JSON document.
+Goal: >= 2000 heartbeats/s with p99 < 50 ms on SQLite. Prints one JSON document.
 """
 
 from __future__ import annotations

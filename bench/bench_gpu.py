@@ -15,7 +15,7 @@ One run, same machine, prints one JSON document:
   /metrics scrape and the heartbeat blocks (every 10 s) per interval. Goal: below 0.1 %.
 * ``reference``: side by side, what the alternatives cost on this machine: spawning one
   process per sample (the floor of nvidia-smi based exporters, measured with ``true``), and
-  dcgm-exporter's 15-130 % of a core (cited from issue 5, not measurable without a GPU).
+  dcgm-exporter's 15-130 % of a core (a cited figure, not measurable without a GPU).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def main() -> None:
     spawn["pct_of_one_core_at_default_interval"] = round(spawn["cpu_s_per_sample"] / DEFAULT_INTERVAL * 100, 4)
     out["reference"] = {
         "spawn_per_sample": spawn,
-        "dcgm_exporter_pct_of_one_core": {"low": 15, "high": 130, "source": "issue 5 (cited, not measured here)"},
+        "dcgm_exporter_pct_of_one_core": {"low": 15, "high": 130, "source": "cited, not measured here"},
     }
     print(json.dumps(out, indent=2))
 

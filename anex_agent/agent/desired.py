@@ -110,7 +110,7 @@ def desired_from_config(config: NodeConfig, private_key: bytes, protected: Itera
     routes: dict[str, None] = {}
     for gw, allowed_ips in zip(config.gateways, admitted):
         if not gw.endpoint:
-            continue  # a WebSocket-only gateway needs the WebSocket path (a later issue)
+            continue  # a gateway reachable only over WebSocket: nodes have no WebSocket path yet, so it is skipped
         peers.append(
             PeerConfig(
                 public_key=gw.public_key,

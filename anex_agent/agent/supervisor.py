@@ -218,9 +218,6 @@ class Agent:
 
     # ---------------------------------------------------------------- main
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
     async def run(self, workload: Workload | None = None) -> int:
         """Bring everything up, run until the workload exits (or a stop signal), tear down."""
         check_ports_free(self.settings)

@@ -2,8 +2,8 @@
 
 Extension points (for other parts of anex-agent):
 * ``ROUTE_MODULES``: the modules whose ``setup(registry, ctx)`` declares routes.
-  Add a module name here (one-line additive edit), e.g. machine selection's
-  ``anex_agent.selection.routes``; its routes appear in ``/v1/openapi.json`` by themselves.
+  Add a module name here (one-line additive edit), as machine selection does with
+  ``anex_agent.coordinator.routes_selection``; its routes appear in ``/v1/openapi.json`` by themselves.
 * A route module may define ``MIGRATIONS = [Migration(100, "...", "CREATE TABLE ...")]``
   (number ranges in :mod:`.migrations`); :func:`module_migrations` collects them
   and :meth:`Coordinator.open` applies them with the core ones.

@@ -55,10 +55,6 @@ class Principal:
     credential_hash: str = ""
     grace_open: bool = False  # the current credential was used while the previous one still works
 
-    @property
-    def is_admin(self) -> bool:
-        return self.kind == "admin"
-
 
 ANONYMOUS = Principal("anonymous")
 ADMIN = Principal("admin", "admin")
@@ -162,10 +158,10 @@ class Authenticator:
 
     def on_change(self, change: changes.Change) -> None:
         """Change-feed listener: drop revoked credentials (all of them when changes were missed)."""
-        if change.scope == changes.RESYNC:
+        if change.scope == changes.Scope.RESYNC:
             self._by_hash.clear()
             self._by_id.clear()
-        elif change.target and (change.type in ("deleted", "rejoined") or change.scope == changes.CREDENTIALS):
+        elif change.target and (change.type in changes.REVOKING or change.scope == changes.Scope.CREDENTIAL_CACHES):
             self.forget(change.target)
 
 

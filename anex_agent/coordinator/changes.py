@@ -7,14 +7,23 @@ is held until commit, so versions become visible strictly in order, also with
 several coordinator processes on one PostgreSQL (a reader that has seen version N
 has seen every version below N).
 
-Scopes and types:
-* ``gateways``: ``peer_added`` / ``peer_removed``, payload a :class:`wire.MeshPeer`;
-* ``node`` (target = node id): ``config`` (its config changed), ``deleted`` or
-  ``rejoined`` (its credential was replaced: watchers with the old one are closed);
-* ``gateway`` (target = gateway id): ``deleted`` or ``rejoined``;
-* ``nodes``: ``gateway_changed`` (the gateway set changed: every node's config changed).
-* ``resync`` (never stored): the feed found changes pruned before it read them (a long
-  outage); listeners drop their caches and every watcher is sent back for a snapshot.
+A change's :class:`Scope` says who is told; its :class:`ChangeType` says what changed
+(:data:`KINDS` lists the types each scope carries; :func:`append` refuses any other):
+
+* :attr:`Scope.ALL_GATEWAYS` (every gateway is told): ``peer_added`` / ``peer_removed``,
+  payload a :class:`wire.MeshPeer`;
+* :attr:`Scope.ONE_NODE` (the node ``target`` is told): ``config`` (its config changed),
+  ``deleted`` or ``rejoined`` (its credential was replaced: watchers with the old one are closed);
+* :attr:`Scope.ONE_GATEWAY` (the gateway ``target`` is told): ``deleted`` or ``rejoined``;
+* :attr:`Scope.ALL_NODES` (every node is told): ``gateway_changed`` (the gateway set
+  changed: every node's config changed);
+* :attr:`Scope.CREDENTIAL_CACHES` (no watcher is told, only the credential caches):
+  ``rotated`` / ``grace_ended`` for the node or gateway ``target``;
+* :attr:`Scope.RESYNC` (never stored; everybody is told): the feed found changes pruned
+  before it read them (a long outage); listeners drop their caches and every watcher is
+  sent back for a snapshot.
+
+The stored values (``gateways``, ``node``, ...) are the database's and do not change.
 
 :class:`ChangeFeed` tails the log in each process: woken at once by local commits
 (:meth:`ChangeFeed.poke`) and by PostgreSQL ``NOTIFY anex_changes`` from other
@@ -29,6 +38,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from anex_agent.coordinator.db import Conn, Database
@@ -37,38 +47,88 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "anex_changes"
 RELISTEN_INTERVAL = 5.0  # seconds between attempts to re-open a lost NOTIFY connection
-GATEWAYS = "gateways"
-GATEWAY = "gateway"
-NODE = "node"
-NODES = "nodes"
-CREDENTIALS = "credentials"  # a node's or gateway's credential rotated (target: its id); no watcher gets it
-RESYNC = "resync"  # not in the log: the feed skipped pruned changes; caches and watchers start over
+
+
+class Scope(StrEnum):
+    """Who is told of a change (the value is what the ``changes.scope`` column stores)."""
+
+    ALL_GATEWAYS = "gateways"  # every gateway: the mesh's node peers changed
+    ONE_GATEWAY = "gateway"  # the gateway named by ``target``
+    ALL_NODES = "nodes"  # every node: the gateway set changed
+    ONE_NODE = "node"  # the node named by ``target``
+    CREDENTIAL_CACHES = "credentials"  # no watcher: a credential of ``target`` rotated
+    RESYNC = "resync"  # not in the log: the feed skipped pruned changes; caches and watchers start over
+
+
+class ChangeType(StrEnum):
+    """What changed (the value is what the ``changes.type`` column stores)."""
+
+    PEER_ADDED = "peer_added"
+    PEER_REMOVED = "peer_removed"
+    CONFIG = "config"
+    GATEWAY_CHANGED = "gateway_changed"
+    DELETED = "deleted"
+    REJOINED = "rejoined"
+    ROTATED = "rotated"
+    GRACE_ENDED = "grace_ended"
+    RESYNC = "resync"
+
+
+KINDS: dict[Scope, frozenset[ChangeType]] = {
+    Scope.ALL_GATEWAYS: frozenset({ChangeType.PEER_ADDED, ChangeType.PEER_REMOVED}),
+    Scope.ONE_GATEWAY: frozenset({ChangeType.DELETED, ChangeType.REJOINED}),
+    Scope.ALL_NODES: frozenset({ChangeType.GATEWAY_CHANGED}),
+    Scope.ONE_NODE: frozenset({ChangeType.CONFIG, ChangeType.DELETED, ChangeType.REJOINED}),
+    Scope.CREDENTIAL_CACHES: frozenset({ChangeType.ROTATED, ChangeType.GRACE_ENDED}),
+    Scope.RESYNC: frozenset({ChangeType.RESYNC}),
+}
+REVOKING = frozenset({ChangeType.DELETED, ChangeType.REJOINED})  # the target's credential is gone
+TARGETED = frozenset({Scope.ONE_GATEWAY, Scope.ONE_NODE, Scope.CREDENTIAL_CACHES})  # these name their ``target``
 
 
 @dataclass(frozen=True)
 class Change:
     version: int
-    scope: str
+    scope: Scope
     target: str | None
-    type: str
+    type: ChangeType
     payload: dict[str, Any]
 
     @classmethod
     def from_row(cls, row: dict) -> Change:
-        return cls(row["version"], row["scope"], row["target"], row["type"], json.loads(row["payload"]))
+        return cls(row["version"], Scope(row["scope"]), row["target"], ChangeType(row["type"]),
+                   json.loads(row["payload"]))
+
+    @classmethod
+    def resync(cls, version: int) -> Change:
+        return cls(version, Scope.RESYNC, None, ChangeType.RESYNC, {})
 
 
 async def append(
-    db: Database, tx: Conn, scope: str, type_: str, *, target: str | None = None, payload: dict | None = None, now: float
+    db: Database,
+    tx: Conn,
+    scope: Scope,
+    type_: ChangeType,
+    *,
+    target: str | None = None,
+    payload: dict | None = None,
+    now: float,
 ) -> int:
-    """Record a change inside ``tx``; return its version."""
+    """Record a change inside ``tx``; return its version.
+
+    Raises ``ValueError`` (a programming error) for a type its scope does not carry, a
+    targeted scope without ``target``, or :attr:`Scope.RESYNC` (never stored)."""
+    if scope is Scope.RESYNC or type_ not in KINDS[scope]:
+        raise ValueError(f"change log: a {scope.value!r} change cannot be {type_.value!r}")
+    if scope in TARGETED and not target:
+        raise ValueError(f"change log: a {scope.value!r} change names its target")
     version = await tx.fetchval("UPDATE counters SET value = value + 1 WHERE name = 'version' RETURNING value")
     await tx.execute(
         "INSERT INTO changes (version, scope, target, type, payload, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
         version,
-        scope,
+        scope.value,
         target,
-        type_,
+        type_.value,
         json.dumps(payload or {}),
         now,
     )
@@ -118,7 +178,7 @@ class Subscription:
             self.overflowed = True
             while not self.queue.empty():
                 self.queue.get_nowait()
-            self.queue.put_nowait(Change(change.version, RESYNC, None, RESYNC, {}))
+            self.queue.put_nowait(Change.resync(change.version))
 
 
 class ChangeFeed:
@@ -204,7 +264,7 @@ class ChangeFeed:
                 if pruned > self.version:  # pruned past us (long outage): jump; everyone resyncs
                     log.warning("change feed: versions %d..%d were pruned before this process read them; "
                                 "watchers resync", self.version + 1, pruned)
-                    self._deliver(Change(pruned, RESYNC, None, RESYNC, {}))
+                    self._deliver(Change.resync(pruned))
             if not rows:
                 return
             for row in rows:
@@ -218,11 +278,16 @@ class ChangeFeed:
             except Exception:
                 log.exception("change feed listener failed on version %d", change.version)
         for sub in list(self._subscriptions):
-            if change.scope == RESYNC:
+            if _tells(change, sub):
                 sub.offer(change)
-            elif sub.kind == "gateway" and (
-                change.scope == GATEWAYS or (change.scope == GATEWAY and change.target == sub.ident)
-            ):
-                sub.offer(change)
-            elif sub.kind == "node" and (change.scope == NODES or (change.scope == NODE and change.target == sub.ident)):
-                sub.offer(change)
+
+
+def _tells(change: Change, sub: Subscription) -> bool:
+    """Whether the watcher behind ``sub`` is told of ``change``."""
+    if change.scope == Scope.RESYNC:
+        return True
+    if sub.kind == "gateway":
+        return change.scope == Scope.ALL_GATEWAYS or (change.scope == Scope.ONE_GATEWAY and change.target == sub.ident)
+    if sub.kind == "node":
+        return change.scope == Scope.ALL_NODES or (change.scope == Scope.ONE_NODE and change.target == sub.ident)
+    return False

@@ -120,7 +120,7 @@ class Coordinator:
         )
 
     def _forget_deleted_node(self, change: changes.Change) -> None:
-        if change.scope == changes.NODE and change.type == "deleted" and change.target:
+        if change.scope == changes.Scope.ONE_NODE and change.type == changes.ChangeType.DELETED and change.target:
             self.heartbeats.forget(change.target)
 
     def add_background(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:

@@ -112,7 +112,7 @@ async def rotate(db, table: str, ident: str, used_hash: str, *, current: bool, n
             )
         if changed != 1:
             return None
-        await changes.append(db, tx, changes.CREDENTIALS, "rotated", target=ident, now=now)
+        await changes.append(db, tx, changes.Scope.CREDENTIAL_CACHES, changes.ChangeType.ROTATED, target=ident, now=now)
     log.info("rotated the credential of %s", ident)
     return secret
 
@@ -132,5 +132,5 @@ async def end_grace(db, table: str, ident: str, current_hash: str, *, now: float
         )
         if changed != 1:
             return False
-        await changes.append(db, tx, changes.CREDENTIALS, "grace_ended", target=ident, now=now)
+        await changes.append(db, tx, changes.Scope.CREDENTIAL_CACHES, changes.ChangeType.GRACE_ENDED, target=ident, now=now)
     return True

@@ -60,7 +60,7 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
                 credentials.hash_secret(credential),
                 *fields,
             )
-            await changes.append(ctx.db, tx, changes.GATEWAY, "rejoined", target=gateway_id, now=now)
+            await changes.append(ctx.db, tx, changes.Scope.ONE_GATEWAY, changes.ChangeType.REJOINED, target=gateway_id, now=now)
         else:
             gateway_id = credentials.new_id("g")
             address = await ipam.allocate(tx, ctx.settings.pool, f"gateway:{gateway_id}", now=now)
@@ -107,7 +107,7 @@ async def renew(ctx: Coordinator, principal: Principal) -> wire.CredentialRenewa
 
 
 async def _gateways_changed(ctx: Coordinator, tx: Conn, now: float) -> None:
-    version = await changes.append(ctx.db, tx, changes.NODES, "gateway_changed", now=now)
+    version = await changes.append(ctx.db, tx, changes.Scope.ALL_NODES, changes.ChangeType.GATEWAY_CHANGED, now=now)
     await tx.execute("UPDATE counters SET value = $1 WHERE name = 'gateways_version'", version)
 
 
@@ -119,7 +119,7 @@ async def delete(ctx: Coordinator, gateway_id: str) -> None:
             raise problems.not_found(f"gateway {gateway_id}")
         await tx.execute("DELETE FROM gateways WHERE id = $1", gateway_id)
         await ipam.release(tx, ctx.settings.pool, row["address"], now=now, quarantine=ctx.settings.address_quarantine)
-        await changes.append(ctx.db, tx, changes.GATEWAY, "deleted", target=gateway_id, now=now)
+        await changes.append(ctx.db, tx, changes.Scope.ONE_GATEWAY, changes.ChangeType.DELETED, target=gateway_id, now=now)
         await _gateways_changed(ctx, tx, now)
     ctx.auth.forget(gateway_id)
     ctx.committed()

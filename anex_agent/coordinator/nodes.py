@@ -101,7 +101,9 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
                 request.facts.model_dump_json(),
                 now,
             )
-            await changes.append(ctx.db, tx, changes.NODE, "rejoined", target=node_id, now=now)
+            await changes.append(
+                ctx.db, tx, changes.Scope.ONE_NODE, changes.ChangeType.REJOINED, target=node_id, now=now
+            )
         else:
             node_id = credentials.new_id("n")
             address = await ipam.allocate(tx, ctx.settings.pool, f"node:{node_id}", now=now)
@@ -122,7 +124,8 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
             )
             row = await row_of(tx, node_id)
             version = await changes.append(
-                ctx.db, tx, changes.GATEWAYS, "peer_added", target=node_id, payload=mesh_peer(row).model_dump(), now=now
+                ctx.db, tx, changes.Scope.ALL_GATEWAYS, changes.ChangeType.PEER_ADDED,
+                target=node_id, payload=mesh_peer(row).model_dump(), now=now,
             )
             await tx.execute("UPDATE nodes SET config_version = $2 WHERE id = $1", node_id, version)
         await tokens.redeem(tx, token, node_id, now=now)
@@ -140,9 +143,13 @@ async def _remove(ctx: Coordinator, tx: Conn, row: dict, *, reason: str, now: fl
     await tx.execute("DELETE FROM nodes WHERE id = $1", node_id)
     await ipam.release(tx, ctx.settings.pool, row["address"], now=now, quarantine=ctx.settings.address_quarantine)
     await changes.append(
-        ctx.db, tx, changes.GATEWAYS, "peer_removed", target=node_id, payload=mesh_peer(row).model_dump(), now=now
+        ctx.db, tx, changes.Scope.ALL_GATEWAYS, changes.ChangeType.PEER_REMOVED,
+        target=node_id, payload=mesh_peer(row).model_dump(), now=now,
     )
-    await changes.append(ctx.db, tx, changes.NODE, "deleted", target=node_id, payload={"reason": reason}, now=now)
+    await changes.append(
+        ctx.db, tx, changes.Scope.ONE_NODE, changes.ChangeType.DELETED,
+        target=node_id, payload={"reason": reason}, now=now,
+    )
 
 
 def _forget(ctx: Coordinator, node_id: str) -> None:
@@ -190,7 +197,9 @@ async def set_tunnels(ctx: Coordinator, node_id: str, update: wire.TunnelsUpdate
     now = ctx.clock()
     async with ctx.db.transaction() as tx:
         await row_of(tx, node_id)
-        version = await changes.append(ctx.db, tx, changes.NODE, "config", target=node_id, now=now)
+        version = await changes.append(
+            ctx.db, tx, changes.Scope.ONE_NODE, changes.ChangeType.CONFIG, target=node_id, now=now
+        )
         await tx.execute(
             "UPDATE nodes SET tunnels = $2, config_version = $3 WHERE id = $1",
             node_id,

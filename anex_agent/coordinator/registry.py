@@ -276,6 +276,7 @@ _PATH_PARAM = re.compile(r"\{(\w+)\}")
 _PROBLEM_TEXT = {
     400: "bad request",
     415: "the body is not application/json",
+    401: "missing or invalid credential/token",
     403: "the caller may not act on this object",
     409: "conflict with a concurrent change or another object; retry or fix the input",
     422: "invalid field(s), named in errors[]",
@@ -293,8 +294,57 @@ INPUT_RULES = (
 )
 
 
+@dataclass(frozen=True)
+class ResponseRule:
+    """One problem response a route documents when ``applies(route)``: what the registry
+    itself may answer for every route of that shape (the route's own ``problems`` come after
+    and win)."""
+
+    applies: Callable[[Route], bool]
+    status: int
+    description: str | Callable[[Route], str]
+
+    def describe(self, route: Route) -> str:
+        return self.description if isinstance(self.description, str) else self.description(route)
+
+
+def _has_body(route: Route) -> bool:
+    return route.request_model is not None
+
+
+def _has_params(route: Route) -> bool:
+    return bool(_PATH_PARAM.search(route.path) or route.query)
+
+
+def _bad_request(route: Route) -> str:
+    params = "invalid path or query parameter, named in errors[]"
+    if not _has_body(route):
+        return params
+    return f"malformed JSON, or an {params}" if _has_params(route) else "malformed JSON"
+
+
+def _authenticates(route: Route) -> bool:
+    return route.auth is not Auth.public
+
+
+def _names_an_object(route: Route) -> bool:
+    return "{" in route.path
+
+
+RESPONSE_RULES: tuple[ResponseRule, ...] = (
+    ResponseRule(lambda route: _has_body(route) or _has_params(route), 400, _bad_request),
+    ResponseRule(_has_body, 415, _PROBLEM_TEXT[415]),
+    ResponseRule(_has_body, 422, "invalid field(s), named in errors[] (strict types: no coercion)"),
+    ResponseRule(_has_body, 413, lambda route: f"body larger than {route.max_body} bytes"),
+    ResponseRule(_authenticates, 401, _PROBLEM_TEXT[401]),
+    ResponseRule(_authenticates, 429, "too many failed authentications from this address; see Retry-After"),
+    ResponseRule(_names_an_object, 404, "no such object"),
+)
+
+
 def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
-    """An OpenAPI 3.1 document describing ``routes``."""
+    """An OpenAPI 3.1 document describing ``routes``: each route's success response, then
+    the problem responses of :data:`RESPONSE_RULES` that apply to it, then its own ``problems``."""
     from pydantic.json_schema import models_json_schema
 
     from anex_agent.wire import Problem as ProblemModel
@@ -305,70 +355,11 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
             models.append((r.request_model, "validation"))
         if r.response_model:
             models.append((r.response_model, "serialization"))
-    keys, schema = models_json_schema(list(dict.fromkeys(models)), ref_template="#/components/schemas/{model}")
-    ref = {k: v for k, v in keys.items()}
-    problem_ref = ref[(ProblemModel, "serialization")]
-    problem_response = {"content": {problems.CONTENT_TYPE: {"schema": problem_ref}}}
+    ref, schema = models_json_schema(list(dict.fromkeys(models)), ref_template="#/components/schemas/{model}")
+    problem_content = {problems.CONTENT_TYPE: {"schema": ref[(ProblemModel, "serialization")]}}
     paths: dict[str, Any] = {}
     for r in routes:
-        op: dict[str, Any] = {"summary": r.summary, "operationId": _operation_id(r), "responses": {}}
-        if r.tags:
-            op["tags"] = list(r.tags)
-        params = [
-            {"name": name, "in": "path", "required": True,
-             "schema": {"type": "string", "minLength": 1, "maxLength": PATH_PARAM_MAX}}
-            for name in _PATH_PARAM.findall(r.path)
-        ]
-        params += [
-            {"name": q.name, "in": "query", "required": q.required, "description": q.description,
-             "schema": q.schema()}
-            for q in r.query
-        ]
-        if params:
-            op["parameters"] = params
-        if r.request_model:
-            op["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {"schema": ref[(r.request_model, "validation")]}},
-            }
-        if r.websocket:
-            op["description"] = "WebSocket (upgrade with GET); JSON text frames, each a " + (
-                r.response_model.__name__ if r.response_model else "message"
-            )
-            op["responses"]["101"] = {"description": "switching protocols to WebSocket"}
-        elif r.response_model:
-            op["responses"][str(r.status)] = {
-                "description": "success",
-                "content": {"application/json": {"schema": ref[(r.response_model, "serialization")]}},
-            }
-        else:
-            desc = "no content" if r.status == 204 else "success"
-            entry: dict[str, Any] = {"description": desc}
-            if r.status != 204:
-                entry["content"] = {r.content_type: {"schema": {}}}
-            op["responses"][str(r.status)] = entry
-        if r.request_model:
-            op["responses"]["400"] = {"description": "malformed JSON", **problem_response}
-            op["responses"]["415"] = {"description": _PROBLEM_TEXT[415], **problem_response}
-            op["responses"]["422"] = {"description": "invalid field(s), named in errors[] (strict types: no "
-                                      "coercion)", **problem_response}
-            op["responses"]["413"] = {"description": f"body larger than {r.max_body} bytes", **problem_response}
-            op["x-anex-body-limit"] = r.max_body
-        elif params:
-            op["responses"]["400"] = {"description": "invalid path or query parameter, named in errors[]",
-                                      **problem_response}
-        if r.auth not in (Auth.public,):
-            op["responses"]["401"] = {"description": "missing or invalid credential/token", **problem_response}
-            op["responses"]["429"] = {"description": "too many failed authentications from this address; "
-                                      "see Retry-After", **problem_response}
-        if r.auth not in (Auth.public, Auth.join):
-            op["security"] = [{"bearer": []}]
-            op["x-anex-auth"] = r.auth.value
-        if "{" in r.path:
-            op["responses"]["404"] = {"description": "no such object", **problem_response}
-        for status in r.problems:
-            op["responses"][str(status)] = {"description": _PROBLEM_TEXT.get(status, "problem"), **problem_response}
-        paths.setdefault(r.path, {})[r.method.lower()] = op
+        paths.setdefault(r.path, {})[r.method.lower()] = _operation(r, ref, problem_content)
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version, "description": INPUT_RULES},
@@ -384,6 +375,60 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
             },
         },
     }
+
+
+SchemaRefs = dict[tuple[type[BaseModel], str], dict[str, Any]]  # (model, mode) -> {"$ref": ...}
+
+
+def _operation(r: Route, ref: SchemaRefs, problem_content: dict[str, Any]) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": r.summary, "operationId": _operation_id(r)}
+    if r.tags:
+        op["tags"] = list(r.tags)
+    if params := _parameters(r):
+        op["parameters"] = params
+    if r.request_model:
+        op["requestBody"] = {"required": True, "content": {JSON: {"schema": ref[(r.request_model, "validation")]}}}
+        op["x-anex-body-limit"] = r.max_body
+    if r.websocket:
+        op["description"] = "WebSocket (upgrade with GET); JSON text frames, each a " + (
+            r.response_model.__name__ if r.response_model else "message"
+        )
+    responses = dict([_success(r, ref)])
+    for rule in RESPONSE_RULES:
+        if rule.applies(r):
+            responses[str(rule.status)] = {"description": rule.describe(r), "content": problem_content}
+    for status in r.problems:
+        responses[str(status)] = {"description": _PROBLEM_TEXT.get(status, "problem"), "content": problem_content}
+    op["responses"] = responses
+    if r.auth not in (Auth.public, Auth.join):
+        op["security"] = [{"bearer": []}]
+        op["x-anex-auth"] = r.auth.value
+    return op
+
+
+def _parameters(r: Route) -> list[dict[str, Any]]:
+    path = [
+        {"name": name, "in": "path", "required": True,
+         "schema": {"type": "string", "minLength": 1, "maxLength": PATH_PARAM_MAX}}
+        for name in _PATH_PARAM.findall(r.path)
+    ]
+    query = [
+        {"name": q.name, "in": "query", "required": q.required, "description": q.description, "schema": q.schema()}
+        for q in r.query
+    ]
+    return path + query
+
+
+def _success(r: Route, ref: SchemaRefs) -> tuple[str, dict[str, Any]]:
+    """The success response: a WebSocket upgrade, a model, no content, or ``content_type``."""
+    if r.websocket:
+        return "101", {"description": "switching protocols to WebSocket"}
+    if r.response_model:
+        return str(r.status), {"description": "success",
+                               "content": {JSON: {"schema": ref[(r.response_model, "serialization")]}}}
+    if r.status == 204:
+        return "204", {"description": "no content"}
+    return str(r.status), {"description": "success", "content": {r.content_type: {"schema": {}}}}
 
 
 def _operation_id(route: Route) -> str:

@@ -1,4 +1,4 @@
-"""Machine selection routes of the coordinator (issue 6).
+"""Machine selection routes of the coordinator.
 
     POST   /v1/selections               admin  SelectionRequest -> SelectionResponse
     GET    /v1/offers                   admin  ?provider=vastai,runpod,onprem&limit=N -> OfferList

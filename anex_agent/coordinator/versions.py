@@ -32,15 +32,15 @@ class ConfigVersions:
         self._nodes[node_id] = max(version, self._nodes.get(node_id, 0))
 
     def on_change(self, change: changes.Change) -> None:
-        if change.scope == changes.RESYNC:  # missed changes: reload node versions; the gateway set may have changed
+        if change.scope == changes.Scope.RESYNC:  # missed changes: reload node versions; the gateway set may have changed
             self._nodes.clear()
             self.gateways_version = max(self.gateways_version, change.version)
-        elif change.scope == changes.NODES:
+        elif change.scope == changes.Scope.ALL_NODES:
             self.gateways_version = max(self.gateways_version, change.version)
-        elif change.scope == changes.NODE and change.target:
-            if change.type == "deleted":
+        elif change.scope == changes.Scope.ONE_NODE and change.target:
+            if change.type == changes.ChangeType.DELETED:
                 self._nodes.pop(change.target, None)
-            elif change.type == "config":
+            elif change.type == changes.ChangeType.CONFIG:
                 self._nodes[change.target] = max(self._nodes.get(change.target, 0), change.version)
-        elif change.scope == changes.GATEWAYS and change.type == "peer_added" and change.target:
+        elif change.scope == changes.Scope.ALL_GATEWAYS and change.type == changes.ChangeType.PEER_ADDED and change.target:
             self._nodes[change.target] = max(self._nodes.get(change.target, 0), change.version)

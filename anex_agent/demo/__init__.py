@@ -43,9 +43,8 @@ TELEMETRY_WAIT = 20.0  # seconds for every node's telemetry and fleet series (re
 
 @dataclass(frozen=True)
 class NodeKind:
-    """One kind of node the demo runs. Later issues add the userspace and WebSocket kinds here:
-    ``NodeKind("userspace", {"ANEX_ENGINE": "userspace"})`` and
-    ``NodeKind("websocket", {"ANEX_ENGINE": "userspace", "ANEX_PATH": "websocket"})``."""
+    """One kind of node the demo runs. Another engine or path is one more entry of
+    :data:`NODE_KINDS`, for example ``NodeKind("userspace", {"ANEX_ENGINE": "userspace"})``."""
 
     label: str
     env: dict[str, str]

@@ -11,9 +11,9 @@ What it does (h11 on both sides; the pure decisions are in :mod:`.proxy_core`):
   answered by the proxy;
 * keep-alive: a client connection may carry many requests, each to any origin. Origin
   connections are reused only by the same client connection (never shared between
-  clients), only after a complete exchange that both sides left reusable; a request
-  without a body that fails on a reused connection before any response is retried
-  once on a fresh one;
+  clients), only after a complete exchange that both sides left reusable; an idempotent
+  request (RFC 9110 §9.2.2) without a body that fails on a reused connection before any
+  response byte is retried once on a fresh one; any other such failure is a ``502``;
 * errors: ``400`` (text) for a malformed request, one with ambiguous body framing
   (Content-Length and Transfer-Encoding together, RFC 9112 §6.3; never forwarded), or a
   target that is not absolute-form / authority-form, ``403`` when a client from beyond
@@ -487,10 +487,3 @@ class _ClientSession:
                     raise _OriginFailed(started)
             except OSError:
                 raise _ClientGone() from None
-
-
-async def serve_proxy(dialer: Dialer, listen: str = "127.0.0.1:3128", *, auth: core.ProxyAuth | None = None) -> None:
-    """Run a proxy until cancelled (standalone use: benchmarks, the agent's supervisor)."""
-    host, port = core.parse_listen(listen)
-    async with ProxyServer(dialer, host=host, port=port, auth=auth) as server:
-        await server.wait_closed()

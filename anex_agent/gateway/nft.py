@@ -157,7 +157,3 @@ def remove(table: str) -> bool:
     if "No such file or directory" in result.stderr:
         return False
     raise EngineError(f"nft could not delete table inet {table}: {result.stderr.strip()}")
-
-
-def table_exists(table: str) -> bool:
-    return _nft(["list", "table", "inet", table]).returncode == 0

@@ -58,13 +58,6 @@ def _ipr() -> Any:
     return IPRoute()
 
 
-def link_index(ifname: str) -> int | None:
-    """The interface index of ``ifname`` in the current namespace, or None."""
-    with _ipr() as ipr:
-        found = ipr.link_lookup(ifname=ifname)
-    return found[0] if found else None
-
-
 def list_links(prefix: str, kind: str | None = None) -> list[str]:
     """Names of interfaces whose name starts with ``prefix`` (and, if given, of link ``kind``)."""
     with _ipr() as ipr:
@@ -110,12 +103,6 @@ def delete_link(ifname: str) -> bool:
                 return False
             raise EngineError(f"cannot delete interface {ifname}: {err}") from None
     return True
-
-
-def current_addresses(ifname: str) -> list[str]:
-    with _ipr() as ipr:
-        index = _require(ipr, ifname)
-        return [f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}" for a in ipr.get_addr(index=index)]
 
 
 def current_routes(ifname: str) -> list[str]:

@@ -352,7 +352,7 @@ async def _admin_token_join(session, port, ctx) -> str:
 
 
 def _config_change(version: int, node_id: str) -> changes.Change:
-    return changes.Change(version, changes.NODE, node_id, "config", {})
+    return changes.Change(version, changes.Scope.ONE_NODE, node_id, changes.ChangeType.CONFIG, {})
 
 
 async def test_a_watcher_that_cannot_keep_up_is_closed_with_1012(harness_with):
@@ -405,7 +405,7 @@ async def test_a_watcher_that_never_reads_is_dropped_with_bounded_memory(harness
     base = coord.ctx.feed.version + 1000
     try:
         for i in range(3000):
-            coord.ctx.feed._deliver(changes.Change(base + i, changes.NODES, None, "gateway_changed", {}))
+            coord.ctx.feed._deliver(changes.Change(base + i, changes.Scope.ALL_NODES, None, changes.ChangeType.GATEWAY_CHANGED, {}))
             largest = max(largest, sub.queue.qsize())
             if i % 20 == 0:
                 await asyncio.sleep(0)

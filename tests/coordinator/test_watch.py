@@ -247,13 +247,13 @@ async def test_changes_pruned_before_this_process_read_them_make_watchers_resync
     async with db.transaction() as tx:  # what the other coordinator did, seen here all at once
         row = await tx.fetchrow("SELECT * FROM nodes WHERE id = $1", joined.node_id)
         await tx.execute("DELETE FROM nodes WHERE id = $1", joined.node_id)
-        await changes.append(db, tx, changes.GATEWAYS, "peer_removed", target=joined.node_id,
+        await changes.append(db, tx, changes.Scope.ALL_GATEWAYS, changes.ChangeType.PEER_REMOVED, target=joined.node_id,
                              payload={"node_id": row["id"], "name": row["name"], "public_key": row["public_key"],
                                       "allowed_ips": [f"{row['address']}/32"]}, now=1.0)
         pruned = await changes.current_version(tx)
         await tx.execute("DELETE FROM changes WHERE version <= $1", pruned)
         await tx.execute("UPDATE counters SET value = $1 WHERE name = 'pruned_through'", pruned)
-        await changes.append(db, tx, changes.NODES, "gateway_changed", now=1.0)
+        await changes.append(db, tx, changes.Scope.ALL_NODES, changes.ChangeType.GATEWAY_CHANGED, now=1.0)
     event = await next_event(stream, timeout=10)
     assert event.type == "snapshot", json.dumps(event.model_dump(mode="json"))
     assert event.peers == []

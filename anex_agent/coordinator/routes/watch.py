@@ -69,7 +69,7 @@ async def _gateway_start(ctx, ws: web.WebSocketResponse, gateway_id: str, since:
             rows = await tx.fetch(
                 "SELECT version, scope, target, type, payload FROM changes"
                 " WHERE scope = $1 AND version > $2 AND version <= $3 ORDER BY version",
-                changes.GATEWAYS, since, head,
+                changes.Scope.ALL_GATEWAYS.value, since, head,
             )
     if rows is None:
         await _send(ws, wire.WatchEvent(type="snapshot", version=snapshot.version, peers=snapshot.peers))
@@ -80,7 +80,7 @@ async def _gateway_start(ctx, ws: web.WebSocketResponse, gateway_id: str, since:
 
 
 def _gateway_event(change: changes.Change) -> wire.WatchEvent:
-    return wire.WatchEvent(type=change.type, version=change.version, peer=wire.MeshPeer.model_validate(change.payload))
+    return wire.WatchEvent(type=change.type.value, version=change.version, peer=wire.MeshPeer.model_validate(change.payload))
 
 
 async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) -> tuple[int, wire.NodeConfig]:
@@ -128,11 +128,11 @@ async def _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout
 
     while True:
         change: changes.Change = await sub.queue.get()
-        if change.scope == changes.RESYNC:
+        if change.scope == changes.Scope.RESYNC:
             return CLOSE_RESYNC
         if change.version <= last:
             continue
-        if change.type in ("deleted", "rejoined") and change.scope in (changes.NODE, changes.GATEWAY):
+        if change.type in changes.REVOKING and change.scope in (changes.Scope.ONE_NODE, changes.Scope.ONE_GATEWAY):
             # a re-join that happened before this stream opened (with the credential in use
             # here) may reach the feed after it: close only if our credential is really gone
             if await _still_valid(ctx, sub.kind, sub.ident, credential_hash):
@@ -142,7 +142,7 @@ async def _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout
             await send(_gateway_event(change))
             last = change.version
             continue
-        if change.scope == changes.NODES and config is not None:
+        if change.scope == changes.Scope.ALL_NODES and config is not None:
             config = await nodes.with_gateways_at(ctx, config, change.version)
             kind = "gateway_changed"
         else:
@@ -150,7 +150,7 @@ async def _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout
                 config = await nodes.config(ctx, sub.ident)
             except problems.Problem:  # deleted meanwhile: the 'deleted' change follows
                 continue
-            kind = "gateway_changed" if change.scope == changes.NODES else "config"
+            kind = "gateway_changed" if change.scope == changes.Scope.ALL_NODES else "config"
         version = max(change.version, config.version)
         await send(wire.WatchEvent(type=kind, version=version, config=config))
         last = version

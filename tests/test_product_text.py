@@ -1,0 +1,42 @@
+"""What users and maintainers read is true product text: no planning vocabulary
+(issue numbers, "a later issue"), and documented lists that match the code."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import anex_agent
+from anex_agent import errors
+
+ROOT = Path(anex_agent.__file__).resolve().parent.parent
+PLANNING = re.compile(r"(a|another|later|next|separate|future) issues?\b|issue #?[0-9]+", re.IGNORECASE)
+
+
+def _product_files():
+    for top in ("anex_agent", "docs", "systemd", "images"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                yield path
+    yield ROOT / "README.md"
+
+
+def test_no_text_refers_to_how_the_work_was_planned():
+    found = []
+    for path in _product_files():
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if PLANNING.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert found == []
+
+
+def test_the_error_tree_docstring_names_every_family():
+    families = [cls for cls in vars(errors).values()
+                if inspect.isclass(cls) and errors.AnexError in cls.__bases__]
+    doc = errors.__doc__ or ""
+    words = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
+    assert f"separates {words[len(families)]} families" in doc
+    for cls in families:
+        named = [cls, *cls.__subclasses__()] if cls is errors.ProtocolError else [cls]
+        assert any(f":class:`{c.__name__}`" in doc for c in named), cls.__name__
