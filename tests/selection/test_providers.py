@@ -8,8 +8,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from anex_agent.selection.annotations import parse_annotations
+from anex_agent.selection.filters import apply_filters
+from anex_agent.selection.offers import OfferTable
 from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError, retry_after_seconds
-from anex_agent.selection.providers.runpod import RunPodConfig, RunPodSource, country_of_datacenter
+from anex_agent.selection.providers.runpod import RunPodConfig, RunPodSource, country_of_datacenter, offers_from_answer
 from anex_agent.selection.providers.vastai import VastAIConfig, VastAISource, offer_from_api
 from anex_agent.selection.service import select
 from tests.selection.fake_providers import VAST_OFFERS, FakeProvider, runpod_data
@@ -247,10 +249,34 @@ async def test_one_provider_failing_does_not_stop_the_others(fake):
     assert [c["provider"] for c in s.candidates] == ["vastai"] * 3  # Vast.AI's offers are still ranked
 
 
-@pytest.mark.parametrize("dc,code", [("EU-RO-1", "RO"), ("US-CA-2", "US"), ("CA-MTL-1", "CA"), ("AP-JP-1", "JP"),
-                                     ("OC-AU-1", "AU"), ("X", None)])
+# Every shape of RunPod data center id: <region>-<country>-<n> (2, 3 or 4-letter region),
+# <country>-<state>-<n> (US), <country>-<city>-<n> (CA), and degenerate forms.
+RUNPOD_DATACENTER_SHAPES = [
+    ("EU-RO-1", "RO"), ("EU-SE-1", "SE"), ("EU-NL-1", "NL"), ("EU-CZ-1", "CZ"), ("EU-FR-1", "FR"),
+    ("EUR-IS-1", "IS"), ("EUR-IS-2", "IS"), ("EUR-IS-3", "IS"), ("EUR-NO-1", "NO"),
+    ("AP-JP-1", "JP"), ("OC-AU-1", "AU"), ("SEA-SG-1", "SG"), ("APAC-IN-1", "IN"),
+    ("US-CA-2", "US"), ("US-GA-1", "US"), ("US-KS-2", "US"), ("US-TX-3", "US"), ("US-IL-1", "US"),
+    ("US-WA-1", "US"), ("US-DE-1", "US"), ("US-NC-1", "US"), ("US-OR-1", "US"),
+    ("CA-MTL-1", "CA"), ("CA-MTL-3", "CA"), ("eur-no-1", "NO"), (" EU-RO-1 ", "RO"), ("EU-RO", "RO"),
+    ("JP-1", "JP"), ("X", None), ("", None), ("EUR-1", None), ("EUR-XX-1", None), ("ZZ-QQ-1", None), ("1", None),
+]
+
+
+@pytest.mark.parametrize("dc,code", RUNPOD_DATACENTER_SHAPES)
 def test_runpod_datacenter_country(dc, code):
     assert country_of_datacenter(dc) == code
+
+
+@pytest.mark.parametrize("dc,region", [("EUR-IS-1", "europe"), ("EUR-NO-1", "europe"), ("SEA-SG-1", "asia-pacific"),
+                                       ("US-DE-1", "north-america"), ("CA-MTL-1", "north-america")])
+def test_runpod_offers_of_every_datacenter_shape_match_their_region(dc, region):
+    data = runpod_data()
+    data["dataCenters"] = [{"id": dc, "name": dc, "location": "", "gpuAvailability": [
+        {"gpuTypeId": "NVIDIA GeForce RTX 4090", "stockStatus": "High", "available": True}]}]
+    table_ = OfferTable(offers_from_answer(data, 1))
+    assert len(apply_filters(table_, parse_annotations({"anex.sh/region": region})).rows) == 2  # both tiers
+    other = "oceania" if region != "oceania" else "europe"
+    assert apply_filters(table_, parse_annotations({"anex.sh/region": other})).rows == []
 
 
 async def test_waiters_recover_when_the_caller_making_the_request_is_cancelled(fake):
