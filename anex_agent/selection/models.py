@@ -47,6 +47,11 @@ class Blocking(Model):
     would_match_without: int = Field(description="offers that fail only this filter")
 
 
+class IgnoredAnnotation(Model):
+    annotation: str
+    because: str
+
+
 class Explanation(Model):
     offers_considered: int
     matched: int
@@ -55,6 +60,8 @@ class Explanation(Model):
     ordering: str
     emptied_by: str | None = Field(None, description="when nothing matched: the filter at which the count hit 0")
     blocking: list[Blocking] = Field(default_factory=list)
+    ignored: list[IgnoredAnnotation] = Field(default_factory=list, description="annotations that were set but "
+                                             "not applied: a -min/-max beside an exact value")
     providers: dict[str, dict[str, Any]] = Field(default_factory=dict,
                                                  description="per source: offers, or error and retryable")
 

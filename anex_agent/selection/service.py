@@ -98,6 +98,8 @@ def choose(table: OfferTable, filters: Filters, *, banned: frozenset[str] = froz
                      "remaining": s.remaining} for s in result.steps],
         "ordering": "price ascending; ties: onprem, vastai, runpod; then offer id",
     }
+    if filters.ignored:
+        explanation["ignored"] = [{"annotation": name, "because": why} for name, why in filters.ignored]
     if not ordered:
         explanation["emptied_by"] = result.emptied_by
         explanation["blocking"] = [{"filter": name, "would_match_without": n} for name, n in result.blocking]

@@ -266,3 +266,12 @@ async def test_openapi_documents_the_selection_routes(api):
     assert status == 200
     for path in ("/v1/selections", "/v1/offers", "/v1/bans", "/v1/bans/{machine_id}", "/v1/provisioning-failures"):
         assert path in doc["paths"], path
+
+
+async def test_an_unparsable_bound_beside_an_exact_value_is_ignored_and_explained(api):
+    pod = {**CURRENT_EXAMPLE_POD, "anex.sh/gpu-count-min": "plenty", "anex.sh/gpu-count-max": "0"}
+    status, _, body = await api.call("POST", "/v1/selections", {"annotations": pod})
+    assert status == 200, body
+    assert [c["offer_id"] for c in body["candidates"]] == ["1002", "1001"]
+    assert {i["annotation"] for i in body["explanation"]["ignored"]} == {"anex.sh/gpu-count-min",
+                                                                         "anex.sh/gpu-count-max"}
