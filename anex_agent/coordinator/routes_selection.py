@@ -105,7 +105,7 @@ class SelectionRoutes:
         sources, missing = self._sources(request.providers)
         table, report = await gather_offers(sources, filters)
         banned = await self.bans.banned_machines()
-        selection = choose(table, filters, banned=banned, limit=request.limit)
+        selection = choose(table, filters, banned=banned, limit=request.limit, default_ordering=self.config.ordering)
         attach_provider_report(selection, {**report, **missing})
         return models.SelectionResponse.model_validate(
             {"candidates": selection.candidates, "explanation": selection.explanation})

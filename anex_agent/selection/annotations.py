@@ -2,7 +2,7 @@
 
 Prefixes (Anex docs "Machine Selection"; legacy GLAMI "gpu-provider" docs):
 
-* ``anex.sh/``              shared filters;
+* ``anex.sh/``              shared filters, and ``ordering`` (``price`` / ``prefer-onprem``);
 * ``vastai.anex.sh/``       Vast.AI only: ``verified-only`` (default true), ``datacenter-only``, ``dlperf``;
 * ``runpod.anex.sh/``       RunPod only: ``cloud-type``, ``datacenter-ids``, ``keep-gpu-type-priority``;
 * ``gpu-provider.glami.cz/`` legacy names still carried by existing pods: the shared filters the
@@ -67,6 +67,7 @@ DLPERF = NumericSpec("dlperf", "dlperf", "score", "float")
 LEGACY_NUMERIC = tuple(s.name for s in SHARED_NUMERIC if s.name not in ("disk-space-gb", "disk-bw"))
 
 CLOUD_TYPES = ("SECURE", "COMMUNITY")
+ORDERINGS = ("price", "prefer-onprem")  # anex.sh/ordering; see rank.py
 BOOL_WORDS = {"true": True, "false": False}
 
 
@@ -106,6 +107,7 @@ class Filters:
     keep_gpu_type_priority: bool = False  # RunPod
     sources: tuple[tuple[str, tuple[str, ...]], ...] = ()
     ignored: tuple[tuple[str, str], ...] = ()  # (annotation, why): -min/-max beside an exact value
+    ordering: str | None = None  # anex.sh/ordering; None: the coordinator's default
 
     @property
     def gpu_keys(self) -> tuple[str, ...] | None:
@@ -160,7 +162,7 @@ def _shared_names() -> set[str]:
     return names
 
 
-_SHARED_NAMES = _shared_names()
+_SHARED_NAMES = _shared_names() | {"ordering"}
 _VAST_NAMES = {"verified-only", "datacenter-only", "dlperf", "dlperf-min", "dlperf-max"}
 _RUNPOD_NAMES = {"cloud-type", "datacenter-ids", "keep-gpu-type-priority"}
 _LEGACY_MAP: dict[str, str] = {"region": SHARED + "region", "gpu-names": SHARED + "gpu-names",
@@ -330,6 +332,14 @@ def _cloud_type(raw: str, key: str, out: _Collector) -> str | None:
     return value
 
 
+def _ordering(raw: str, key: str, out: _Collector) -> str | None:
+    value = raw.strip().lower()
+    if value not in ORDERINGS:
+        out.add(key, f"unknown ordering {raw!r}; accepted: {' or '.join(ORDERINGS)}")
+        return None
+    return value
+
+
 def _datacenter_ids(raw: str, key: str, out: _Collector) -> tuple[str, ...] | None:
     ids = _parse_list(raw)
     if not ids:
@@ -380,6 +390,7 @@ def parse_annotations(annotations: Mapping[str, str]) -> Filters:
     gpu_names = parse.value(SHARED, "gpu-names", _gpu_names)
     compute_caps = parse.value(SHARED, "compute-cap", _compute_caps)
     ranges = parse.ranges()
+    ordering = parse.value(SHARED, "ordering", _ordering)
     verified_only = parse.value(VASTAI, "verified-only", _bool)
     datacenter_only = parse.value(VASTAI, "datacenter-only", _bool)
     if verified_only is None:
@@ -405,4 +416,5 @@ def parse_annotations(annotations: Mapping[str, str]) -> Filters:
         keep_gpu_type_priority=bool(keep_gpu_type_priority),
         sources=tuple(parse.sources.items()),
         ignored=tuple(parse.ignored),
+        ordering=ordering,
     )

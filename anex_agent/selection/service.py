@@ -19,7 +19,7 @@ from anex_agent.selection.filters import FilterResult, apply_filters
 from anex_agent.selection.offers import OfferTable
 from anex_agent.selection.providers import OfferSource
 from anex_agent.selection.providers.http import ProviderError
-from anex_agent.selection.rank import rank
+from anex_agent.selection.rank import DESCRIPTIONS, PRICE, effective_ordering, rank
 from anex_agent.selection.units import compute_cap_text
 
 DEFAULT_LIMIT = 10
@@ -86,17 +86,19 @@ def candidate(table: OfferTable, row: int, filters: Filters, result: FilterResul
 
 
 def choose(table: OfferTable, filters: Filters, *, banned: frozenset[str] = frozenset(),
-           limit: int = DEFAULT_LIMIT) -> Selection:
-    """Filter, rank and explain (pure)."""
+           limit: int = DEFAULT_LIMIT, default_ordering: str = PRICE) -> Selection:
+    """Filter, rank and explain (pure). ``default_ordering``: the coordinator's, for pods without
+    ``anex.sh/ordering``."""
     result = apply_filters(table, filters, banned)
-    ordered = rank(table, result.rows, filters)
+    ordering = effective_ordering(filters, default_ordering)
+    ordered = rank(table, result.rows, filters, ordering)
     explanation: dict[str, Any] = {
         "offers_considered": result.total,
         "matched": len(ordered),
         "returned": min(limit, len(ordered)),
         "filters": [{"filter": s.name, "annotations": list(s.annotations), "removed": s.removed,
                      "remaining": s.remaining} for s in result.steps],
-        "ordering": "price ascending; ties: onprem, vastai, runpod; then offer id",
+        "ordering": f"{ordering}: {DESCRIPTIONS[ordering]}",
     }
     if filters.ignored:
         explanation["ignored"] = [{"annotation": name, "because": why} for name, why in filters.ignored]
@@ -139,11 +141,11 @@ async def gather_offers(sources: Sequence[OfferSource], filters: Filters) -> tup
 
 
 async def select(annotations: Mapping[str, str], sources: Sequence[OfferSource], *, limit: int = DEFAULT_LIMIT,
-                 banned: frozenset[str] = frozenset()) -> Selection:
+                 banned: frozenset[str] = frozenset(), default_ordering: str = PRICE) -> Selection:
     """Parse (raises AnnotationError), fetch, filter, rank; ``explanation['providers']`` says per source."""
     filters = parse_annotations(annotations)
     table, report = await gather_offers(sources, filters)
-    selection = choose(table, filters, banned=banned, limit=limit)
+    selection = choose(table, filters, banned=banned, limit=limit, default_ordering=default_ordering)
     attach_provider_report(selection, report)
     return selection
 

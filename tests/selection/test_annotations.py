@@ -158,3 +158,10 @@ def test_a_bad_exact_value_is_still_an_error_and_its_bounds_are_not_reported():
 
 def test_nothing_ignored_without_an_exact_value():
     assert parse_annotations({"anex.sh/gpu-count-min": "1", "anex.sh/gpu-count-max": "4"}).ignored == ()
+
+
+def test_ordering_annotation():
+    assert parse_annotations({}).ordering is None
+    assert parse_annotations({"anex.sh/ordering": " Prefer-OnPrem "}).ordering == "prefer-onprem"
+    [(name, message)] = problems({"anex.sh/ordering": "fastest"})
+    assert name == "anex.sh/ordering" and "price or prefer-onprem" in message

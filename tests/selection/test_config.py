@@ -24,8 +24,14 @@ def test_keys_enable_providers_and_never_show_in_repr():
 
 @pytest.mark.parametrize("name,value", [("ANEX_SELECTION_BAN_SECONDS", "0"), ("ANEX_SELECTION_TIMEOUT", "soon"),
                                         ("ANEX_SELECTION_ATTEMPTS", "1.5"), ("ANEX_VASTAI_URL", "ftp://x"),
-                                        ("ANEX_SELECTION_CACHE_TTL", "-1")])
+                                        ("ANEX_SELECTION_CACHE_TTL", "-1"),
+                                        ("ANEX_SELECTION_ORDERING", "fastest")])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(ConfigError) as info:
         SelectionConfig.from_env({name: value})
     assert info.value.source == name
+
+
+def test_ordering_setting():
+    assert SelectionConfig.from_env({}).ordering == "price"
+    assert SelectionConfig.from_env({"ANEX_SELECTION_ORDERING": "prefer-onprem"}).ordering == "prefer-onprem"
