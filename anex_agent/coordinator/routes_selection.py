@@ -63,7 +63,7 @@ class SelectionRoutes:
         self.ctx = ctx
         self.config = config
         self.bans = BanStore(ctx.db, clock=ctx.clock)
-        self.sources: dict[str, Any] = {"onprem": OnpremSource(self.onprem_nodes)}
+        self.sources: dict[str, Any] = {"onprem": OnpremSource(self.onprem_nodes, default_policy=config.qualification)}
         if config.vastai is not None:
             self.sources["vastai"] = VastAISource(config.vastai)
         if config.runpod is not None:

@@ -115,3 +115,22 @@ class ProvisioningFailureAck(Model):
     banned: bool
     ban: BanView | None = None
     detail: str
+
+
+class NodeLabelsUpdate(Model):
+    """``PATCH /v1/nodes/{node_id}/labels``: labels to set (added or replaced) and keys to remove.
+
+    Known labels (``busy``, ``maintenance``, ``price-per-hour``, ``country``, ``upload-mbps``,
+    ``download-mbps``, ``qualification``) are checked and normalized; others are free-form
+    (see :mod:`anex_agent.selection.labels`). A key may not be both set and removed.
+    """
+
+    set: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                description="labels to add or replace: key -> value")
+    remove: list[str] = Field(default_factory=list, max_length=64, description="label keys to remove (absent: ignored)")
+
+
+class NodeLabels(Model):
+    node_id: str
+    labels: dict[str, str]
+    version: int = Field(description="the change-log version of this update (watch streams carry it)")

@@ -207,7 +207,8 @@ async def test_cheaper_onprem_node_wins_and_unavailable_nodes_are_explained(api)
                                                        "download-mbps": "10000"}, telemetry=telemetry())
     await api.onprem_node("busy", labels={"price-per-hour": "0.10", "country": "CZ", "download-mbps": "10000"},
                           telemetry=telemetry(processes=True))
-    await api.onprem_node("unqualified", labels={"price-per-hour": "0.10", "country": "CZ"},
+    await api.onprem_node("unqualified", labels={"price-per-hour": "0.10", "country": "CZ",
+                                                  "qualification": "required"},  # per join token
                           telemetry=telemetry(passed=False))
     await api.onprem_node("unhealthy", labels={"price-per-hour": "0.10", "country": "CZ"},
                           telemetry=telemetry(verdict="unhealthy"))
