@@ -1,4 +1,4 @@
-"""Machine selection routes of the coordinator (issue 6).
+"""Machine selection routes of the coordinator.
 
     POST   /v1/selections               admin  SelectionRequest -> SelectionResponse
     GET    /v1/offers                   admin  ?provider=vastai,runpod,onprem&limit=N -> OfferList
@@ -18,7 +18,6 @@ accepted).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -27,7 +26,7 @@ from anex_agent.coordinator import nodes, problems
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.migrations import Migration
 from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
-from anex_agent.selection import models
+from anex_agent.selection import models, worker
 from anex_agent.selection.annotations import AnnotationError, Filters, parse_annotations
 from anex_agent.selection.bans import BANS_TABLE_SQL, Ban, BanStore
 from anex_agent.selection.config import SelectionConfig
@@ -78,7 +77,7 @@ class SelectionRoutes:
             view = nodes.view_of(self.ctx, row)
             out.append({"id": view.id, "name": view.name, "provider": "onprem", "state": view.state.value,
                         "health": view.health.value, "labels": dict(view.labels),
-                        "telemetry": json.loads(row["telemetry"]) if row["telemetry"] else {}})
+                        "telemetry": row["telemetry"] or {}})  # JSON text: decoded on the worker thread
         return out
 
     def _sources(self, wanted: list[str] | None) -> tuple[list[Any], dict[str, Any]]:
@@ -105,7 +104,8 @@ class SelectionRoutes:
         sources, missing = self._sources(request.providers)
         table, report = await gather_offers(sources, filters)
         banned = await self.bans.banned_machines()
-        selection = choose(table, filters, banned=banned, limit=request.limit, default_ordering=self.config.ordering)
+        selection = await worker.run(choose, table, filters, banned=banned, limit=request.limit,
+                                     default_ordering=self.config.ordering)
         attach_provider_report(selection, {**report, **missing})
         return models.SelectionResponse.model_validate(
             {"candidates": selection.candidates, "explanation": selection.explanation})
@@ -123,10 +123,9 @@ class SelectionRoutes:
         sources, missing = self._sources(wanted)
         everything = Filters(verified_only=False)  # inspection: ask for all offers, unverified included
         table, report = await gather_offers(sources, everything)
-        ordered = rank(table, list(range(table.size)), everything)[: int(raw_limit)]
+        views = await worker.run(_offer_views, table, everything, int(raw_limit))
         banned = sorted(await self.bans.banned_machines())
-        return models.OfferList(offers=[_offer_view(table, i) for i in ordered], providers={**report, **missing},
-                                banned=banned)
+        return models.OfferList(offers=views, providers={**report, **missing}, banned=banned)
 
     async def create_ban(self, call: Call) -> models.BanView:
         body: models.BanCreate = call.body  # type: ignore[assignment]
@@ -154,6 +153,11 @@ class SelectionRoutes:
         ban = await self.bans.ban(body.machine_id, reason, self.config.ban_seconds)
         return models.ProvisioningFailureAck(banned=True, ban=_ban_view(ban),
                                              detail=f"machine {body.machine_id} is skipped until {ban.expires_at:.0f}")
+
+
+def _offer_views(table: OfferTable, filters: Filters, limit: int) -> list[models.OfferView]:
+    """The cheapest ``limit`` offers as views (on the selection worker thread)."""
+    return [_offer_view(table, i) for i in rank(table, list(range(table.size)), filters)[:limit]]
 
 
 def _offer_view(table: OfferTable, row: int) -> models.OfferView:

@@ -3,7 +3,8 @@
 :func:`choose` is the pure part (a table in, a :class:`Selection` out); :func:`select`
 fetches offers from the sources concurrently (one named task per source in a TaskGroup),
 keeps going when a source fails (the failure is reported in the explanation), applies bans,
-filters and ranks.
+filters and ranks. Building, joining and choosing over tables run on the selection worker
+thread (:mod:`anex_agent.selection.worker`), never on the event loop.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from anex_agent.selection import versions
+from anex_agent.selection import versions, worker
 from anex_agent.selection.annotations import Filters, parse_annotations
 from anex_agent.selection.filters import FilterResult, apply_filters
 from anex_agent.selection.offers import OfferTable
@@ -123,7 +124,8 @@ async def gather_offers(sources: Sequence[OfferSource], filters: Filters) -> tup
     async with asyncio.TaskGroup() as group:
         for source in sources:
             group.create_task(fetch(source), name=f"selection-offers-{source.name}")
-    tables, report = [], {}
+    tables: list[OfferTable] = []
+    report: dict[str, Any] = {}
     for source in sources:
         got = results[source.name]
         if isinstance(got, OfferTable):
@@ -137,7 +139,7 @@ async def gather_offers(sources: Sequence[OfferSource], filters: Filters) -> tup
                 report[source.name]["skipped"] = dict(skipped)
         else:
             report[source.name] = {"offers": 0, "error": str(got), "retryable": getattr(got, "retryable", False)}
-    return OfferTable.concat(tables), report
+    return await worker.run(OfferTable.concat, tables), report
 
 
 async def select(annotations: Mapping[str, str], sources: Sequence[OfferSource], *, limit: int = DEFAULT_LIMIT,
@@ -145,7 +147,8 @@ async def select(annotations: Mapping[str, str], sources: Sequence[OfferSource],
     """Parse (raises AnnotationError), fetch, filter, rank; ``explanation['providers']`` says per source."""
     filters = parse_annotations(annotations)
     table, report = await gather_offers(sources, filters)
-    selection = choose(table, filters, banned=banned, limit=limit, default_ordering=default_ordering)
+    selection = await worker.run(choose, table, filters, banned=banned, limit=limit,
+                                 default_ordering=default_ordering)
     attach_provider_report(selection, report)
     return selection
 

@@ -295,3 +295,35 @@ async def test_waiters_recover_when_the_caller_making_the_request_is_cancelled(f
         assert len(table) > 0 and first.cancelled()
     finally:
         await source.aclose()
+
+
+async def test_tables_are_built_and_chosen_off_the_event_loop(fake, monkeypatch):
+    """Decoding answers, building tables, joining and choosing run on the selection thread only."""
+    import threading
+
+    from anex_agent.selection import jsonpieces, service
+    from anex_agent.selection.providers.onprem import OnpremSource
+    from tests.selection.test_onprem_bans_purity import node
+
+    threads: dict[str, set[str]] = {}
+
+    def spy(name, real):
+        def wrapper(*args, **kwargs):
+            threads.setdefault(name, set()).add(threading.current_thread().name)
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(OfferTable, "__init__", spy("table", OfferTable.__init__))
+    monkeypatch.setattr(OfferTable, "concat", classmethod(spy("concat", OfferTable.concat.__func__)))
+    monkeypatch.setattr(service, "choose", spy("choose", service.choose))
+    monkeypatch.setattr("anex_agent.selection.providers.http.loads_in_pieces",
+                        spy("decode", jsonpieces.loads_in_pieces))
+
+    async def lister():
+        return [node()]
+
+    sources = [vast(fake), runpod(fake), OnpremSource(lister)]
+    selection = await select(CURRENT_EXAMPLE_POD, sources)
+    assert selection.candidates
+    assert set(threads) == {"table", "concat", "choose", "decode"}
+    assert all(name.startswith("anex-selection") for names in threads.values() for name in names), threads

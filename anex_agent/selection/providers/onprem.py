@@ -33,9 +33,10 @@ the reason (naming the rule, for qualification), for the explanation.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from anex_agent.selection import labels as labels_, qualification, versions
+from anex_agent.selection import labels as labels_, qualification, versions, worker
 from anex_agent.selection.labels import is_true
 from anex_agent.selection.annotations import Filters
 from anex_agent.selection.offers import Offer, OfferTable
@@ -144,15 +145,29 @@ class OnpremSource:
         self.skipped: dict[str, str] = {}  # node id -> why it was not offered (last call)
 
     async def offers(self, filters: Filters) -> OfferTable:
-        out: list[Offer] = []
-        skipped: dict[str, str] = {}
-        for node in await self._list_nodes():
-            if node.get("provider") != "onprem":
+        nodes = list(await self._list_nodes())
+        table, self.skipped = await worker.run(table_of_nodes, nodes, self.default_policy)
+        return table
+
+
+def table_of_nodes(nodes: Iterable[Mapping[str, Any]], default_policy: str = qualification.DEFAULT_POLICY
+                   ) -> tuple[OfferTable, dict[str, str]]:
+    """The offers of the available on-prem nodes and, for the others, why not (pure; run on the
+    selection worker thread: telemetry given as JSON text is decoded here)."""
+    out: list[Offer] = []
+    skipped: dict[str, str] = {}
+    for node in nodes:
+        if node.get("provider") != "onprem":
+            continue
+        if isinstance(node.get("telemetry"), (str, bytes)):
+            try:
+                node = {**node, "telemetry": json.loads(node["telemetry"])}
+            except ValueError:
+                skipped[str(node.get("id"))] = "malformed telemetry (not JSON)"
                 continue
-            offer, reason = offer_from_node(node, self.default_policy)
-            if offer is None:
-                skipped[str(node.get("id"))] = reason
-            else:
-                out.append(offer)
-        self.skipped = skipped
-        return OfferTable(out)
+        offer, reason = offer_from_node(node, default_policy)
+        if offer is None:
+            skipped[str(node.get("id"))] = reason
+        else:
+            out.append(offer)
+    return OfferTable(out), skipped

@@ -19,6 +19,7 @@ Configuration: ``RunPodConfig`` (API key from ``ANEX_RUNPOD_API_KEY`` or ``--run
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from anex_agent.selection.annotations import Filters
@@ -147,14 +148,19 @@ class RunPodSource:
         headers = {"Content-Type": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
-        answer = await self.client.request("POST", self.config.url, headers=headers,
-                                           body={"query": QUERY, "variables": {"gpuCount": count}})
-        if not isinstance(answer, dict):
-            raise ProviderError("runpod", "GraphQL answer is not an object")
-        if answer.get("errors"):
-            messages = "; ".join(str(e.get("message", "?")) for e in answer["errors"] if isinstance(e, dict))
-            raise ProviderError("runpod", f"GraphQL errors: {messages or 'unspecified'}")
-        data = answer.get("data")
-        if not isinstance(data, dict):
-            raise ProviderError("runpod", "GraphQL answer has no 'data'")
-        return OfferTable(offers_from_answer(data, count))
+        return await self.client.request("POST", self.config.url, headers=headers,
+                                         body={"query": QUERY, "variables": {"gpuCount": count}},
+                                         build=functools.partial(table_from_answer, gpu_count=count))
+
+
+def table_from_answer(answer: object, gpu_count: int) -> OfferTable:
+    """The offer table of a GraphQL answer (runs on the selection worker thread); GraphQL errors raise."""
+    if not isinstance(answer, dict):
+        raise ProviderError("runpod", "GraphQL answer is not an object")
+    if answer.get("errors"):
+        messages = "; ".join(str(e.get("message", "?")) for e in answer["errors"] if isinstance(e, dict))
+        raise ProviderError("runpod", f"GraphQL errors: {messages or 'unspecified'}")
+    data = answer.get("data")
+    if not isinstance(data, dict):
+        raise ProviderError("runpod", "GraphQL answer has no 'data'")
+    return OfferTable(offers_from_answer(data, gpu_count))

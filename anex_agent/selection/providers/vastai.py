@@ -175,15 +175,17 @@ class VastAISource:
         headers = {"Accept": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
-        answer = await self.client.request("GET", f"{self.config.base_url.rstrip('/')}/bundles/",
-                                           params={"q": json.dumps(query, sort_keys=True)}, headers=headers)
-        if not isinstance(answer, dict) or not isinstance(answer.get("offers"), list):
-            raise ProviderError("vastai", "search answer has no 'offers' list")
-        out = []
-        for raw in answer["offers"]:
-            if isinstance(raw, dict) and raw.get("id") is not None:
-                out.append(offer_from_api(raw))
-        return OfferTable(out)
+        return await self.client.request("GET", f"{self.config.base_url.rstrip('/')}/bundles/",
+                                         params={"q": json.dumps(query, sort_keys=True)}, headers=headers,
+                                         build=table_from_answer)
+
+
+def table_from_answer(answer: object) -> OfferTable:
+    """The offer table of a bundles answer ``{"offers": [...]}`` (runs on the selection worker thread)."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("offers"), list):
+        raise ProviderError("vastai", "search answer has no 'offers' list")
+    return OfferTable(offer_from_api(raw) for raw in answer["offers"]  # a generator: no offer object outlives its row
+                      if isinstance(raw, dict) and raw.get("id") is not None)
 
 
 __all__ = ["VastAIConfig", "VastAISource", "build_query", "offer_from_api", "normalize_gpu_name"]
