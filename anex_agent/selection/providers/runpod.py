@@ -41,6 +41,22 @@ query AnexOffers($gpuCount: Int!) {
 """.strip()
 
 
+# What offers_from_answer reads from the answer to QUERY (docs/selection.md lists them too).
+FIELDS_READ: dict[str, str] = {
+    "gpuTypes[].id": "GPU type id, e.g. \"NVIDIA GeForce RTX 4090\" (gpuAvailability refers to it)",
+    "gpuTypes[].displayName": "e.g. \"RTX 4090\"",
+    "gpuTypes[].memoryInGb": "GB per GPU",
+    "gpuTypes[].secureCloud / communityCloud": "bool: offered in the tier",
+    "gpuTypes[].securePrice / communityPrice": "USD/hour per GPU",
+    "gpuTypes[].maxGpuCount": "most GPUs of the type in one pod",
+    "gpuTypes[].lowestPrice.stockStatus": "null when out of stock for gpuCount",
+    "gpuTypes[].lowestPrice.minVcpu": "vCPUs for gpuCount GPUs",
+    "gpuTypes[].lowestPrice.minMemory": "GB of RAM for gpuCount GPUs",
+    "dataCenters[].id": "e.g. EU-RO-1, EUR-IS-1, US-CA-2 (the country comes from it)",
+    "dataCenters[].gpuAvailability[].gpuTypeId / stockStatus / available": "what is in stock there",
+}
+
+
 @dataclass(frozen=True)
 class RunPodConfig:
     api_key: str = field(default="", repr=False)
