@@ -265,8 +265,11 @@ async def test_nothing_from_the_provider_names_the_filters_its_api_applied(api):
 async def test_openapi_documents_the_selection_routes(api):
     status, _, doc = await api.call("GET", "/v1/openapi.json", token=None)
     assert status == 200
-    for path in ("/v1/selections", "/v1/offers", "/v1/bans", "/v1/bans/{machine_id}", "/v1/provisioning-failures"):
+    for path in ("/v1/selections", "/v1/offers", "/v1/bans", "/v1/bans/{machine_id}", "/v1/provisioning-failures",
+                 "/v1/nodes/{node_id}/labels", "/v1/nodes/{node_id}/labels/{key}"):
         assert path in doc["paths"], path
+    labels = doc["paths"]["/v1/nodes/{node_id}/labels"]["patch"]
+    assert {"200", "401", "404", "422"} <= set(labels["responses"])
 
 
 async def test_an_unparsable_bound_beside_an_exact_value_is_ignored_and_explained(api):
