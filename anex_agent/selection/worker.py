@@ -71,3 +71,9 @@ async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if any, is raised here."""
     call = functools.partial(_without_collections, fn, *args, **kwargs)
     return await asyncio.get_running_loop().run_in_executor(executor(), call)
+
+
+def release(values: list[Any]) -> None:
+    """Free ``values`` (large tables no longer needed) on the selection thread: the caller hands
+    over its references; whatever nobody else holds is deallocated there, not on the loop."""
+    executor().submit(values.clear)

@@ -327,3 +327,23 @@ async def test_tables_are_built_and_chosen_off_the_event_loop(fake, monkeypatch)
     assert selection.candidates
     assert set(threads) == {"table", "concat", "choose", "decode"}
     assert all(name.startswith("anex-selection") for names in threads.values() for name in names), threads
+
+
+async def test_expired_answers_are_evicted_and_freed_on_the_selection_thread(fake, monkeypatch):
+    from anex_agent.selection import worker
+
+    released: list[list] = []
+    monkeypatch.setattr(worker, "release", lambda values: released.append(list(values)))
+    clock = Clock()
+    source = vast(fake, clock=clock)
+    try:
+        await source.offers(parse_annotations({"anex.sh/gpu-names": "RTX 4090"}))
+        await source.offers(parse_annotations({"anex.sh/gpu-names": "RTX 3090"}))
+        assert len(source.client._cache) == 2 and released == []
+        clock.now += FAST.cache_ttl + 1
+        await source.offers(parse_annotations({"anex.sh/gpu-names": "A100 SXM4"}))
+        assert len(source.client._cache) == 1
+    finally:
+        await source.aclose()
+    [dropped] = released
+    assert len(dropped) == 2 and all(isinstance(t, OfferTable) for t in dropped)

@@ -120,6 +120,7 @@ class JsonClient:
         ``build`` per request.
         """
         key = json.dumps([method, url, params, body], sort_keys=True, default=str)
+        self._evict_expired()
         hit = self._cache.get(key)
         if hit is not None and self._clock() - hit[0] < self.policy.cache_ttl:
             return hit[1]
@@ -130,7 +131,7 @@ class JsonClient:
             except asyncio.CancelledError:
                 if not pending.cancelled():
                     raise  # we were cancelled ourselves
-                return await self.request(method, url, params=params, body=body, headers=headers)
+                return await self.request(method, url, params=params, body=body, headers=headers, build=build)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
@@ -148,6 +149,14 @@ class JsonClient:
             return value
         finally:
             del self._inflight[key]
+
+    def _evict_expired(self) -> None:
+        """Drop expired answers (every distinct query has its own entry); their tables are freed
+        on the worker thread, not here on the loop."""
+        now = self._clock()
+        expired = [key for key, (stored, _value) in self._cache.items() if now - stored >= self.policy.cache_ttl]
+        if expired:
+            worker.release([self._cache.pop(key)[1] for key in expired])
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
