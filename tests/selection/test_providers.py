@@ -343,7 +343,8 @@ async def test_expired_answers_are_evicted_and_freed_on_the_selection_thread(fak
         clock.now += FAST.cache_ttl + 1
         await source.offers(parse_annotations({"anex.sh/gpu-names": "A100 SXM4"}))
         assert len(source.client._cache) == 1
+        [dropped] = released
+        assert len(dropped) == 2 and all(isinstance(t, OfferTable) for t in dropped)
     finally:
         await source.aclose()
-    [dropped] = released
-    assert len(dropped) == 2 and all(isinstance(t, OfferTable) for t in dropped)
+    assert len(released) == 2 and len(released[1]) == 1  # closing hands over the rest

@@ -105,8 +105,11 @@ class JsonClient:
         await self.close()
 
     async def close(self) -> None:
-        """Nothing to release (sessions live for one fetch); kept for symmetry with ``async with``."""
+        """Drop the cached answers (freed on the worker thread); sessions live for one fetch."""
+        values = [value for _stored, value in self._cache.values()]
         self._cache.clear()
+        if values:
+            worker.release(values)
 
     async def request(self, method: str, url: str, *, params: dict | None = None, body: Any = None,
                       headers: dict[str, str] | None = None, build: Callable[[Any], Any] | None = None) -> Any:
