@@ -12,7 +12,8 @@ from anex_agent.selection.bans import MemoryBans
 from anex_agent.selection.providers.onprem import OnpremSource, offer_from_node
 from tests.selection.test_api import telemetry
 
-PURE = ["annotations", "filters", "rank", "offers", "regions", "units", "versions"]
+PURE = ["annotations", "filters", "rank", "offers", "regions", "units", "versions", "labels", "qualification",
+        "jsonpieces"]
 
 
 @pytest.mark.parametrize("module", PURE)
