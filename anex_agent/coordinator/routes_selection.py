@@ -22,6 +22,8 @@ import math
 import os
 from typing import Any
 
+from aiohttp import web
+
 from anex_agent.coordinator import nodes, problems
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.migrations import Migration
@@ -95,7 +97,7 @@ class SelectionRoutes:
 
     # ------------------------------------------------------------ handlers
 
-    async def create_selection(self, call: Call) -> models.SelectionResponse:
+    async def create_selection(self, call: Call) -> web.Response:
         request: models.SelectionRequest = call.body  # type: ignore[assignment]
         try:
             filters = parse_annotations(request.annotations)
@@ -104,11 +106,9 @@ class SelectionRoutes:
         sources, missing = self._sources(request.providers)
         table, report = await gather_offers(sources, filters)
         banned = await self.bans.banned_machines()
-        selection = await worker.run(choose, table, filters, banned=banned, limit=request.limit,
-                                     default_ordering=self.config.ordering)
-        attach_provider_report(selection, {**report, **missing})
-        return models.SelectionResponse.model_validate(
-            {"candidates": selection.candidates, "explanation": selection.explanation})
+        body = await worker.run(_selection_body, table, filters, banned, request.limit, self.config.ordering,
+                                {**report, **missing})
+        return web.Response(body=body, content_type="application/json")
 
     async def list_offers(self, call: Call) -> models.OfferList:
         query = call.request.query
@@ -123,9 +123,9 @@ class SelectionRoutes:
         sources, missing = self._sources(wanted)
         everything = Filters(verified_only=False)  # inspection: ask for all offers, unverified included
         table, report = await gather_offers(sources, everything)
-        views = await worker.run(_offer_views, table, everything, int(raw_limit))
         banned = sorted(await self.bans.banned_machines())
-        return models.OfferList(offers=views, providers={**report, **missing}, banned=banned)
+        body = await worker.run(_offers_body, table, everything, int(raw_limit), {**report, **missing}, banned)
+        return web.Response(body=body, content_type="application/json")
 
     async def create_ban(self, call: Call) -> models.BanView:
         body: models.BanCreate = call.body  # type: ignore[assignment]
@@ -155,9 +155,21 @@ class SelectionRoutes:
                                              detail=f"machine {body.machine_id} is skipped until {ban.expires_at:.0f}")
 
 
-def _offer_views(table: OfferTable, filters: Filters, limit: int) -> list[models.OfferView]:
-    """The cheapest ``limit`` offers as views (on the selection worker thread)."""
-    return [_offer_view(table, i) for i in rank(table, list(range(table.size)), filters)[:limit]]
+def _selection_body(table: OfferTable, filters: Filters, banned: frozenset[str], limit: int, ordering: str,
+                    report: dict[str, Any]) -> bytes:
+    """The ``SelectionResponse`` JSON (on the selection worker thread: choosing, validating and
+    serializing up to 1,000 candidates is no work for the event loop)."""
+    selection = choose(table, filters, banned=banned, limit=limit, default_ordering=ordering)
+    attach_provider_report(selection, report)
+    return models.SelectionResponse.model_validate(
+        {"candidates": selection.candidates, "explanation": selection.explanation}).model_dump_json().encode()
+
+
+def _offers_body(table: OfferTable, filters: Filters, limit: int, report: dict[str, Any],
+                 banned: list[str]) -> bytes:
+    """The ``OfferList`` JSON of the cheapest ``limit`` offers (on the selection worker thread)."""
+    views = [_offer_view(table, i) for i in rank(table, list(range(table.size)), filters)[:limit]]
+    return models.OfferList(offers=views, providers=report, banned=banned).model_dump_json().encode()
 
 
 def _offer_view(table: OfferTable, row: int) -> models.OfferView:
