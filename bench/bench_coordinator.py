@@ -14,6 +14,11 @@ separate process (``--role loadgen``), so client and server never share an event
 Watch fan-out: time from a join request to the ``peer_added`` event at each of 1 and 10
 connected gateways.
 
+With ``--selection-offers N`` it measures instead the open-loop heartbeat latency of one
+coordinator without selection and while ``POST /v1/selections`` runs back to back against
+a fake Vast.AI answering N offers with the provider cache off (every selection fetches,
+decodes and rebuilds the table); ``--reference-root`` runs another checkout beside it.
+
 Goal: >= 2000 heartbeats/s with p99 < 50 ms on SQLite. Prints one JSON document.
 """
 
@@ -55,13 +60,14 @@ def percentile(values: list[float], q: float) -> float:
 # ------------------------------------------------------------------ server side
 
 
-def start_coordinator(database: str, state_dir: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_coordinator(database: str, state_dir: Path, extra: list[str], env_extra: dict[str, str] | None = None,
+                      root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "ANEX_ADMIN_TOKEN": ADMIN, "ANEX_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "ANEX_ADMIN_TOKEN": ADMIN, "ANEX_LOG_LEVEL": "WARNING", **(env_extra or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "anex_agent", "coordinator", "--listen", f"127.0.0.1:{port}",
          "--state-dir", str(state_dir), "--database", database, *extra],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 20
@@ -375,12 +381,114 @@ async def loadgen_fanout(args: argparse.Namespace) -> dict:
     return results
 
 
+# ------------------------------------------------------------------ selection beside heartbeats
+
+SELECTION_POD = {"anex.sh/region": "europe", "anex.sh/gpu-names": "RTX 4090,RTX 3090", "anex.sh/gpu-count": "2",
+                 "anex.sh/price-max": "1.50", "vastai.anex.sh/verified-only": "true"}
+
+
+def fake_vast_body(count: int) -> bytes:
+    """A Vast.AI bundles answer with ``count`` offers (field names and units of the API)."""
+    gpus = [("RTX 4090", 24564, 890), ("RTX 3090", 24576, 860), ("A100 SXM4", 81920, 800), ("RTX 3080", 10240, 860)]
+    places = ["Czechia, CZ", "Germany, DE", "United States, US", "Japan, JP", "Sweden, SE", "Brazil, BR"]
+    offers = []
+    for i in range(count):
+        name, ram, cap = gpus[i % len(gpus)]
+        n = 1 << (i % 4)
+        offers.append({"id": 10_000_000 + i, "machine_id": 100_000 + i // 3, "gpu_name": name, "num_gpus": n,
+                       "gpu_ram": ram, "gpu_totalram": ram * n, "gpu_mem_bw": 900.0 + i % 500,
+                       "total_flops": 20.0 * n, "compute_cap": cap, "cuda_max_good": 12.0 + (i % 5) / 10,
+                       "cpu_cores_effective": 4.0 * n, "cpu_ram": 32768 * n, "dph_total": 0.1 + (i % 400) / 100,
+                       "inet_up": 100.0 + i % 900, "inet_down": 200.0 + i % 1800, "disk_space": 100.0 + i % 400,
+                       "disk_bw": 500.0 + i % 3000, "dlperf": 10.0 + i % 100, "reliability": 0.99,
+                       "verified": i % 3 != 0, "hosting_type": i % 2, "geolocation": places[i % len(places)],
+                       "rentable": True, "rented": False})
+    return json.dumps({"offers": offers}).encode()
+
+
+async def serve_fake_vast(args: argparse.Namespace) -> None:
+    """Role ``fakevast``: answer every bundles search with the same ``--offers`` offers; print the port."""
+    from aiohttp import web
+
+    body = fake_vast_body(args.offers)
+
+    async def bundles(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/api/v0/bundles/", bundles)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print(port, flush=True)
+    await asyncio.Event().wait()
+
+
+async def run_selector(args: argparse.Namespace) -> None:
+    """Role ``selector``: one selection after another (Vast.AI only, cache TTL 0: every one
+    fetches and rebuilds the table); prints one line per selection: its latency in ms."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN}"}) as session:
+        while True:
+            t0 = time.perf_counter()
+            async with session.post(f"{args.url}/v1/selections",
+                                    json={"annotations": SELECTION_POD, "providers": ["vastai"]}) as resp:
+                body = await resp.json()
+            if resp.status != 200 or not body["explanation"]["providers"]["vastai"].get("offers"):
+                print(f"error {resp.status} {json.dumps(body)[:300]}", flush=True)
+                await asyncio.sleep(0.5)
+                continue
+            print(f"{(time.perf_counter() - t0) * 1000:.1f} {body['explanation']['offers_considered']}", flush=True)
+
+
+def bench_selection_stall(args: argparse.Namespace) -> dict:
+    """Open-loop heartbeat latency of one coordinator, without selection and while selections
+    rebuild Vast.AI tables of ``--selection-offers`` offers back to back (cache TTL 0)."""
+    fake = subprocess.Popen([sys.executable, __file__, "--role", "fakevast", "--offers", str(args.selection_offers)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(fake.stdout.readline())
+        env = {"ANEX_VASTAI_URL": f"http://127.0.0.1:{port}/api/v0", "ANEX_VASTAI_API_KEY": "bench",
+               "ANEX_SELECTION_CACHE_TTL": "0", "ANEX_SELECTION_TIMEOUT": "120"}
+        roots = [("ours", ROOT)]
+        if args.reference_root:
+            roots.append(("reference", Path(args.reference_root)))
+        result: dict = {"offers": args.selection_offers, "rate_per_s": args.rate}
+        for name, root in roots:
+            with tempfile.TemporaryDirectory() as tmp:
+                proc, url = start_coordinator(f"sqlite:///{Path(tmp) / 'bench.db'}", Path(tmp), [], env, root)
+                try:
+                    run: dict = {"without_selection": run_loadgen(url, args, "heartbeats")["open_loop"]}
+                    selector = subprocess.Popen([sys.executable, __file__, "--role", "selector", "--url", url],
+                                                cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                    try:
+                        first = selector.stdout.readline()  # the first table is built: selections are running
+                        beats = run_loadgen(url, args, "heartbeats")["open_loop"]
+                    finally:
+                        selector.terminate()
+                        rest = selector.communicate(timeout=30)[0]
+                    lines = [first, *rest.splitlines()]
+                    done = [float(line.split()[0]) for line in lines if line and not line.startswith("error")]
+                    run["with_selection"] = {**beats, "selections_done": len(done),
+                                             "selection_p50_ms": round(percentile(done, 0.5), 1),
+                                             "errors_seen": [line for line in lines if line.startswith("error")][:2]}
+                    result[name] = run
+                finally:
+                    stop(proc)
+        return result
+    finally:
+        fake.terminate()
+        fake.wait(10)
+
+
 # ------------------------------------------------------------------ main
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--role", default="main", choices=["main", "loadgen"])
+    parser.add_argument("--role", default="main", choices=["main", "loadgen", "fakevast", "selector"])
     parser.add_argument("--url")
     parser.add_argument("--mode", default="heartbeats", choices=["heartbeats", "fanout"])
     parser.add_argument("--postgres", default=os.environ.get("ANEX_TEST_POSTGRES_URL"),
@@ -393,8 +501,24 @@ def main() -> None:
     parser.add_argument("--fleet", type=int, default=60000,
                         help="also measure a cold start with this many nodes preloaded (SQLite; 0: skip)")
     parser.add_argument("--credentials", help=argparse.SUPPRESS)  # loadgen: preloaded fleet
+    parser.add_argument("--selection-offers", type=int, default=0,
+                        help="only measure heartbeats without and while selections rebuild tables of this many "
+                             "Vast.AI offers (SQLite)")
+    parser.add_argument("--reference-root", help="with --selection-offers: also run the coordinator from this "
+                                                 "checkout (e.g. a worktree of an earlier commit), side by side")
+    parser.add_argument("--offers", type=int, default=0, help=argparse.SUPPRESS)  # fakevast
     args = parser.parse_args()
 
+    if args.role == "fakevast":
+        asyncio.run(serve_fake_vast(args))
+        return
+    if args.role == "selector":
+        asyncio.run(run_selector(args))
+        return
+    if args.selection_offers:
+        print(json.dumps({"benchmark": "coordinator heartbeats beside machine selection", "machine":
+                          {"cpus": os.cpu_count()}, "sqlite": bench_selection_stall(args)}, indent=2))
+        return
     if args.role == "loadgen":
         coro = loadgen_heartbeats(args) if args.mode == "heartbeats" else loadgen_fanout(args)
         print(json.dumps(asyncio.run(coro)))

@@ -38,6 +38,7 @@ ROUTE_MODULES: list[str] = [
     "anex_agent.coordinator.routes.watch",
     "anex_agent.coordinator.telemetry_metrics",
     "anex_agent.coordinator.routes_selection",
+    "anex_agent.coordinator.routes.labels",
 ]
 
 CTX_KEY = web.AppKey("coordinator", Coordinator)

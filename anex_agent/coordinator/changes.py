@@ -13,6 +13,7 @@ A change's :class:`Scope` says who is told; its :class:`ChangeType` says what ch
 * :attr:`Scope.ALL_GATEWAYS` (every gateway is told): ``peer_added`` / ``peer_removed``,
   payload a :class:`wire.MeshPeer`;
 * :attr:`Scope.ONE_NODE` (the node ``target`` is told): ``config`` (its config changed),
+  ``labels`` (an admin changed its labels; the node gets its config again),
   ``deleted`` or ``rejoined`` (its credential was replaced: watchers with the old one are closed);
 * :attr:`Scope.ONE_GATEWAY` (the gateway ``target`` is told): ``deleted`` or ``rejoined``;
 * :attr:`Scope.ALL_NODES` (every node is told): ``gateway_changed`` (the gateway set
@@ -66,6 +67,7 @@ class ChangeType(StrEnum):
     PEER_ADDED = "peer_added"
     PEER_REMOVED = "peer_removed"
     CONFIG = "config"
+    LABELS = "labels"
     GATEWAY_CHANGED = "gateway_changed"
     DELETED = "deleted"
     REJOINED = "rejoined"
@@ -78,7 +80,7 @@ KINDS: dict[Scope, frozenset[ChangeType]] = {
     Scope.ALL_GATEWAYS: frozenset({ChangeType.PEER_ADDED, ChangeType.PEER_REMOVED}),
     Scope.ONE_GATEWAY: frozenset({ChangeType.DELETED, ChangeType.REJOINED}),
     Scope.ALL_NODES: frozenset({ChangeType.GATEWAY_CHANGED}),
-    Scope.ONE_NODE: frozenset({ChangeType.CONFIG, ChangeType.DELETED, ChangeType.REJOINED}),
+    Scope.ONE_NODE: frozenset({ChangeType.CONFIG, ChangeType.LABELS, ChangeType.DELETED, ChangeType.REJOINED}),
     Scope.CREDENTIAL_CACHES: frozenset({ChangeType.ROTATED, ChangeType.GRACE_ENDED}),
     Scope.RESYNC: frozenset({ChangeType.RESYNC}),
 }

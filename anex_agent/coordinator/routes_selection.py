@@ -18,16 +18,17 @@ accepted).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
+
+from aiohttp import web
 
 from anex_agent.coordinator import nodes, problems
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.migrations import Migration
 from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
-from anex_agent.selection import models
+from anex_agent.selection import models, worker
 from anex_agent.selection.annotations import AnnotationError, Filters, parse_annotations
 from anex_agent.selection.bans import BANS_TABLE_SQL, Ban, BanStore
 from anex_agent.selection.config import SelectionConfig
@@ -63,7 +64,7 @@ class SelectionRoutes:
         self.ctx = ctx
         self.config = config
         self.bans = BanStore(ctx.db, clock=ctx.clock)
-        self.sources: dict[str, Any] = {"onprem": OnpremSource(self.onprem_nodes)}
+        self.sources: dict[str, Any] = {"onprem": OnpremSource(self.onprem_nodes, default_policy=config.qualification)}
         if config.vastai is not None:
             self.sources["vastai"] = VastAISource(config.vastai)
         if config.runpod is not None:
@@ -78,7 +79,7 @@ class SelectionRoutes:
             view = nodes.view_of(self.ctx, row)
             out.append({"id": view.id, "name": view.name, "provider": "onprem", "state": view.state.value,
                         "health": view.health.value, "labels": dict(view.labels),
-                        "telemetry": json.loads(row["telemetry"]) if row["telemetry"] else {}})
+                        "telemetry": row["telemetry"] or {}})  # JSON text: decoded on the worker thread
         return out
 
     def _sources(self, wanted: list[str] | None) -> tuple[list[Any], dict[str, Any]]:
@@ -96,7 +97,7 @@ class SelectionRoutes:
 
     # ------------------------------------------------------------ handlers
 
-    async def create_selection(self, call: Call) -> models.SelectionResponse:
+    async def create_selection(self, call: Call) -> web.Response:
         request: models.SelectionRequest = call.body  # type: ignore[assignment]
         try:
             filters = parse_annotations(request.annotations)
@@ -105,10 +106,9 @@ class SelectionRoutes:
         sources, missing = self._sources(request.providers)
         table, report = await gather_offers(sources, filters)
         banned = await self.bans.banned_machines()
-        selection = choose(table, filters, banned=banned, limit=request.limit)
-        attach_provider_report(selection, {**report, **missing})
-        return models.SelectionResponse.model_validate(
-            {"candidates": selection.candidates, "explanation": selection.explanation})
+        body = await worker.run(_selection_body, table, filters, banned, request.limit, self.config.ordering,
+                                {**report, **missing})
+        return web.Response(body=body, content_type="application/json")
 
     async def list_offers(self, call: Call) -> models.OfferList:
         query = call.request.query
@@ -121,10 +121,9 @@ class SelectionRoutes:
         sources, missing = self._sources(wanted)
         everything = Filters(verified_only=False)  # inspection: ask for all offers, unverified included
         table, report = await gather_offers(sources, everything)
-        ordered = rank(table, list(range(table.size)), everything)[:limit]
         banned = sorted(await self.bans.banned_machines())
-        return models.OfferList(offers=[_offer_view(table, i) for i in ordered], providers={**report, **missing},
-                                banned=banned)
+        body = await worker.run(_offers_body, table, everything, limit, {**report, **missing}, banned)
+        return web.Response(body=body, content_type="application/json")
 
     async def create_ban(self, call: Call) -> models.BanView:
         body: models.BanCreate = call.body  # type: ignore[assignment]
@@ -152,6 +151,23 @@ class SelectionRoutes:
         ban = await self.bans.ban(body.machine_id, reason, self.config.ban_seconds)
         return models.ProvisioningFailureAck(banned=True, ban=_ban_view(ban),
                                              detail=f"machine {body.machine_id} is skipped until {ban.expires_at:.0f}")
+
+
+def _selection_body(table: OfferTable, filters: Filters, banned: frozenset[str], limit: int, ordering: str,
+                    report: dict[str, Any]) -> bytes:
+    """The ``SelectionResponse`` JSON (on the selection worker thread: choosing, validating and
+    serializing up to 1,000 candidates is no work for the event loop)."""
+    selection = choose(table, filters, banned=banned, limit=limit, default_ordering=ordering)
+    attach_provider_report(selection, report)
+    return models.SelectionResponse.model_validate(
+        {"candidates": selection.candidates, "explanation": selection.explanation}).model_dump_json().encode()
+
+
+def _offers_body(table: OfferTable, filters: Filters, limit: int, report: dict[str, Any],
+                 banned: list[str]) -> bytes:
+    """The ``OfferList`` JSON of the cheapest ``limit`` offers (on the selection worker thread)."""
+    views = [_offer_view(table, i) for i in rank(table, list(range(table.size)), filters)[:limit]]
+    return models.OfferList(offers=views, providers=report, banned=banned).model_dump_json().encode()
 
 
 def _offer_view(table: OfferTable, row: int) -> models.OfferView:

@@ -2,17 +2,18 @@
 
 Prefixes (Anex docs "Machine Selection"; legacy GLAMI "gpu-provider" docs):
 
-* ``anex.sh/``              shared filters;
+* ``anex.sh/``              shared filters, and ``ordering`` (``price`` / ``prefer-onprem``);
 * ``vastai.anex.sh/``       Vast.AI only: ``verified-only`` (default true), ``datacenter-only``, ``dlperf``;
 * ``runpod.anex.sh/``       RunPod only: ``cloud-type``, ``datacenter-ids``, ``keep-gpu-type-priority``;
 * ``gpu-provider.glami.cz/`` legacy names still carried by existing pods: the shared filters the
   legacy docs list, plus ``verified-only`` / ``datacenter-only`` / ``vastai-dlperf*`` (Vast.AI).
 
-Semantics: an exact value overrides its ``-min``/``-max`` (they are then ignored, not even
-compared); all filters must hold (AND); a list accepts any of its values (OR). Annotations
+Semantics: an exact value overrides its ``-min``/``-max``: they are then ignored entirely
+(not parsed, not compared, never an error; listed in ``Filters.ignored`` for the
+explanation); all filters must hold (AND); a list accepts any of its values (OR). Annotations
 under any other prefix are ignored. Every problem (unknown key under one of our prefixes,
 unparsable value, unknown region or cloud type, ``-min`` > ``-max``, the same filter set
-differently under the legacy and current names) is collected and raised together as one
+differently under the legacy and current names; none of them for an ignored ``-min``/``-max``) is collected and raised together as one
 :class:`AnnotationError`, each naming the annotation and saying what is accepted.
 """
 
@@ -66,6 +67,7 @@ DLPERF = NumericSpec("dlperf", "dlperf", "score", "float")
 LEGACY_NUMERIC = tuple(s.name for s in SHARED_NUMERIC if s.name not in ("disk-space-gb", "disk-bw"))
 
 CLOUD_TYPES = ("SECURE", "COMMUNITY")
+ORDERINGS = ("price", "prefer-onprem")  # anex.sh/ordering; see rank.py
 BOOL_WORDS = {"true": True, "false": False}
 
 
@@ -104,6 +106,8 @@ class Filters:
     datacenter_ids: tuple[str, ...] | None = None  # RunPod, priority order
     keep_gpu_type_priority: bool = False  # RunPod
     sources: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    ignored: tuple[tuple[str, str], ...] = ()  # (annotation, why): -min/-max beside an exact value
+    ordering: str | None = None  # anex.sh/ordering; None: the coordinator's default
 
     @property
     def gpu_keys(self) -> tuple[str, ...] | None:
@@ -158,7 +162,7 @@ def _shared_names() -> set[str]:
     return names
 
 
-_SHARED_NAMES = _shared_names()
+_SHARED_NAMES = _shared_names() | {"ordering"}
 _VAST_NAMES = {"verified-only", "datacenter-only", "dlperf", "dlperf-min", "dlperf-max"}
 _RUNPOD_NAMES = {"cloud-type", "datacenter-ids", "keep-gpu-type-priority"}
 _LEGACY_MAP: dict[str, str] = {"region": SHARED + "region", "gpu-names": SHARED + "gpu-names",
@@ -172,8 +176,14 @@ for _suffix in ("", "-min", "-max"):
     _LEGACY_MAP["vastai-dlperf" + _suffix] = VASTAI + "dlperf" + _suffix
 
 
-def _canonical(annotations: Mapping[str, str], out: _Collector) -> dict[str, tuple[str, str]]:
-    """Our annotations only, under current names: canonical name -> (value, annotation as written)."""
+def _canonical(annotations: Mapping[str, str], out: _Collector,
+               conflicts: dict[str, AnnotationProblem]) -> dict[str, tuple[str, str]]:
+    """Our annotations only, under current names: canonical name -> (value, annotation as written).
+
+    The same filter set differently under the legacy and the current name goes to ``conflicts``
+    (canonical name -> problem): it is an error unless the filter is ignored anyway (a
+    ``-min``/``-max`` beside an exact value).
+    """
     canon: dict[str, tuple[str, str]] = {}
     for key in sorted(annotations):
         value = annotations[key]
@@ -197,8 +207,9 @@ def _canonical(annotations: Mapping[str, str], out: _Collector) -> dict[str, tup
             continue
         if target in canon and canon[target][0].strip() != value.strip():
             other = canon[target][1]
-            out.add(key, f"conflicts with {other}={canon[target][0]!r}: set the filter once (legacy and current "
-                         f"names mean the same filter)")
+            conflicts.setdefault(target, AnnotationProblem(
+                key, f"conflicts with {other}={canon[target][0]!r}: set the filter once (legacy and current "
+                     f"names mean the same filter)"))
             continue
         canon.setdefault(target, (value, key))
     return canon
@@ -239,10 +250,28 @@ def _parse_number(key: str, raw: str, spec: NumericSpec, out: _Collector) -> flo
     return value
 
 
-def _parse_range(prefix: str, spec: NumericSpec, canon: dict, out: _Collector) -> Range | None:
+def _parse_range(prefix: str, spec: NumericSpec, canon: dict, out: _Collector,
+                 ignored: list[tuple[str, str]]) -> Range | None:
+    """The filter ``spec`` from its exact / ``-min`` / ``-max`` annotations.
+
+    With an exact value the matching ``-min``/``-max`` are ignored entirely (docs: "If an exact
+    value is set, the corresponding -min/-max are ignored"): not parsed, not compared, never an
+    error; each lands in ``ignored`` as (annotation, why) for the explanation.
+    """
+    exact_entry = canon.get(f"{prefix}{spec.name}")
+    if exact_entry is not None:
+        raw, written = exact_entry
+        for suffix in ("-min", "-max"):
+            bound = canon.get(f"{prefix}{spec.name}{suffix}")
+            if bound is not None:
+                ignored.append((bound[1], f"{written} (an exact value) is set: the matching -min/-max are ignored"))
+        exact = _parse_number(written, raw, spec, out)
+        if exact is None:
+            return None
+        return Range(spec.name, spec.column, spec.unit, exact, None, None, (written,))
     parsed: dict[str, float | None] = {}
     sources: list[str] = []
-    for suffix in ("", "-min", "-max"):
+    for suffix in ("-min", "-max"):
         entry = canon.get(f"{prefix}{spec.name}{suffix}")
         if entry is None:
             parsed[suffix] = None
@@ -252,17 +281,14 @@ def _parse_range(prefix: str, spec: NumericSpec, canon: dict, out: _Collector) -
         parsed[suffix] = _parse_number(written, raw, spec, out)
     if not sources or all(v is None for v in parsed.values()):
         return None
-    exact, lo, hi = parsed[""], parsed["-min"], parsed["-max"]
-    if exact is None and lo is not None and hi is not None and lo > hi:
+    lo, hi = parsed["-min"], parsed["-max"]
+    if lo is not None and hi is not None and lo > hi:
         lo_name = canon[f"{prefix}{spec.name}-min"][1]
         hi_name = canon[f"{prefix}{spec.name}-max"][1]
         out.add(lo_name, f"minimum {canon[f'{prefix}{spec.name}-min'][0]!r} is greater than {hi_name}="
                          f"{canon[f'{prefix}{spec.name}-max'][0]!r}; accepted: -min <= -max")
         return None
-    if exact is not None:
-        sources = [s for s in sources if not s.endswith(("-min", "-max"))]
-    return Range(spec.name, spec.column, spec.unit, exact, None if exact is not None else lo,
-                 None if exact is not None else hi, tuple(sources))
+    return Range(spec.name, spec.column, spec.unit, None, lo, hi, tuple(sources))
 
 
 def _regions(raw: str, key: str, out: _Collector) -> tuple[str, ...] | None:
@@ -306,6 +332,14 @@ def _cloud_type(raw: str, key: str, out: _Collector) -> str | None:
     return value
 
 
+def _ordering(raw: str, key: str, out: _Collector) -> str | None:
+    value = raw.strip().lower()
+    if value not in ORDERINGS:
+        out.add(key, f"unknown ordering {raw!r}; accepted: {' or '.join(ORDERINGS)}")
+        return None
+    return value
+
+
 def _datacenter_ids(raw: str, key: str, out: _Collector) -> tuple[str, ...] | None:
     ids = _parse_list(raw)
     if not ids:
@@ -325,6 +359,7 @@ class _Parse:
     canon: dict[str, tuple[str, str]]
     out: _Collector
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    ignored: list[tuple[str, str]] = field(default_factory=list)
 
     def value(self, prefix: str, name: str, parse: Callable[[str, str, _Collector], T | None]) -> T | None:
         """The parsed value of annotation ``prefix + name`` (None when absent or bad: bad ones are collected)."""
@@ -339,7 +374,7 @@ class _Parse:
 
     def ranges(self) -> tuple[Range, ...]:
         """Every numeric filter that is set (shared ones, then Vast.AI's dlperf), in the documented order."""
-        found = [_parse_range(prefix, spec, self.canon, self.out)
+        found = [_parse_range(prefix, spec, self.canon, self.out, self.ignored)
                  for prefix, spec in [*((SHARED, s) for s in SHARED_NUMERIC), (VASTAI, DLPERF)]]
         ranges = tuple(r for r in found if r is not None)
         self.sources.update((r.name, r.sources) for r in ranges)
@@ -349,11 +384,13 @@ class _Parse:
 def parse_annotations(annotations: Mapping[str, str]) -> Filters:
     """Parse pod annotations into :class:`Filters`; raise :class:`AnnotationError` on any problem."""
     out = _Collector()
-    parse = _Parse(_canonical(annotations, out), out)
+    conflicts: dict[str, AnnotationProblem] = {}
+    parse = _Parse(_canonical(annotations, out, conflicts), out)
     regions = parse.value(SHARED, "region", _regions)
     gpu_names = parse.value(SHARED, "gpu-names", _gpu_names)
     compute_caps = parse.value(SHARED, "compute-cap", _compute_caps)
     ranges = parse.ranges()
+    ordering = parse.value(SHARED, "ordering", _ordering)
     verified_only = parse.value(VASTAI, "verified-only", _bool)
     datacenter_only = parse.value(VASTAI, "datacenter-only", _bool)
     if verified_only is None:
@@ -361,6 +398,9 @@ def parse_annotations(annotations: Mapping[str, str]) -> Filters:
     cloud_type = parse.value(RUNPOD, "cloud-type", _cloud_type)
     datacenter_ids = parse.value(RUNPOD, "datacenter-ids", _datacenter_ids)
     keep_gpu_type_priority = parse.value(RUNPOD, "keep-gpu-type-priority", _bool)
+    for target, problem in conflicts.items():
+        if not (target.endswith(("-min", "-max")) and target[:-4] in parse.canon):  # ignored beside an exact value
+            out.add(problem.annotation, problem.message)
     if out.problems:
         raise AnnotationError(out.problems)
     return Filters(
@@ -375,4 +415,6 @@ def parse_annotations(annotations: Mapping[str, str]) -> Filters:
         datacenter_ids=datacenter_ids,
         keep_gpu_type_priority=bool(keep_gpu_type_priority),
         sources=tuple(parse.sources.items()),
+        ignored=tuple(parse.ignored),
+        ordering=ordering,
     )

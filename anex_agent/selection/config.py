@@ -12,6 +12,8 @@
 | ``ANEX_SELECTION_CACHE_TTL`` | 30 | seconds a provider answer is reused |
 | ``ANEX_SELECTION_TIMEOUT`` | 15 | seconds per provider request |
 | ``ANEX_SELECTION_ATTEMPTS`` | 4 | tries per provider request (429/5xx/timeouts retried) |
+| ``ANEX_SELECTION_ORDERING`` | ``price`` | ``price`` or ``prefer-onprem`` (pods override with ``anex.sh/ordering``) |
+| ``ANEX_SELECTION_QUALIFICATION`` | ``runnable`` | qualification policy of on-prem nodes without a ``qualification`` label (see :mod:`.qualification`) |
 
 On-prem nodes are always a source. Keys are never logged and never shown by ``repr``.
 """
@@ -26,6 +28,8 @@ from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError
 from anex_agent.selection.bans import DEFAULT_BAN_SECONDS
 from anex_agent.selection.providers.http import HttpPolicy
+from anex_agent.selection.qualification import DEFAULT_POLICY, parse_policy
+from anex_agent.selection.rank import ORDERINGS, PRICE
 from anex_agent.selection.providers.runpod import DEFAULT_URL as RUNPOD_URL, RunPodConfig
 from anex_agent.selection.providers.vastai import DEFAULT_URL as VASTAI_URL, VastAIConfig
 
@@ -36,6 +40,8 @@ class SelectionConfig:
     runpod: RunPodConfig | None = None
     ban_seconds: float = DEFAULT_BAN_SECONDS
     policy: HttpPolicy = field(default_factory=HttpPolicy)
+    ordering: str = PRICE  # for pods without anex.sh/ordering
+    qualification: str = DEFAULT_POLICY  # for on-prem nodes without a qualification label
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "SelectionConfig":
@@ -61,6 +67,15 @@ class SelectionConfig:
         for name, url in (("ANEX_VASTAI_URL", vast_url), ("ANEX_RUNPOD_URL", runpod_url)):
             if url and not url.startswith(("http://", "https://")):
                 raise ConfigError(name, f"{url!r} is not an http(s) URL")
+        ordering = (environ.get("ANEX_SELECTION_ORDERING") or PRICE).strip().lower()
+        if ordering not in ORDERINGS:
+            raise ConfigError("ANEX_SELECTION_ORDERING", f"{ordering!r} is not valid; accepted: "
+                                                         f"{' or '.join(ORDERINGS)}")
+        policy_text = (environ.get("ANEX_SELECTION_QUALIFICATION") or DEFAULT_POLICY).strip().lower()
+        try:
+            parse_policy(policy_text)
+        except ValueError as err:
+            raise ConfigError("ANEX_SELECTION_QUALIFICATION", str(err)) from None
         return cls(
             vastai=VastAIConfig(api_key=vast_key, base_url=vast_url or VASTAI_URL, policy=policy)
             if (vast_key or vast_url) else None,
@@ -68,4 +83,6 @@ class SelectionConfig:
             if (runpod_key or runpod_url) else None,
             ban_seconds=number("ANEX_SELECTION_BAN_SECONDS", DEFAULT_BAN_SECONDS, minimum=1),
             policy=policy,
+            ordering=ordering,
+            qualification=policy_text,
         )

@@ -48,6 +48,11 @@ class Blocking(Model):
     would_match_without: int = Field(description="offers that fail only this filter")
 
 
+class IgnoredAnnotation(Model):
+    annotation: str
+    because: str
+
+
 class Explanation(Model):
     offers_considered: int
     matched: int
@@ -56,6 +61,8 @@ class Explanation(Model):
     ordering: str
     emptied_by: str | None = Field(None, description="when nothing matched: the filter at which the count hit 0")
     blocking: list[Blocking] = Field(default_factory=list)
+    ignored: list[IgnoredAnnotation] = Field(default_factory=list, description="annotations that were set but "
+                                             "not applied: a -min/-max beside an exact value")
     providers: dict[str, dict[str, Any]] = Field(default_factory=dict,
                                                  description="per source: offers, or error and retryable")
 
@@ -109,3 +116,22 @@ class ProvisioningFailureAck(Model):
     banned: bool
     ban: BanView | None = None
     detail: str
+
+
+class NodeLabelsUpdate(Model):
+    """``PATCH /v1/nodes/{node_id}/labels``: labels to set (added or replaced) and keys to remove.
+
+    Known labels (``busy``, ``maintenance``, ``price-per-hour``, ``country``, ``upload-mbps``,
+    ``download-mbps``, ``qualification``) are checked and normalized; others are free-form
+    (see :mod:`anex_agent.selection.labels`). A key may not be both set and removed.
+    """
+
+    set: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                description="labels to add or replace: key -> value")
+    remove: list[str] = Field(default_factory=list, max_length=64, description="label keys to remove (absent: ignored)")
+
+
+class NodeLabels(Model):
+    node_id: str
+    labels: dict[str, str]
+    version: int = Field(description="the change-log version of this update (watch streams carry it)")

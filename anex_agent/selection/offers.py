@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import re
 from array import array
+from collections.abc import Iterable, Sequence as SequenceABC
+from operator import attrgetter
 from typing import Sequence
+
+from anex_agent.selection.jsonpieces import dismantle
 from itertools import chain
 from dataclasses import dataclass, field, fields
 
@@ -83,18 +87,28 @@ class OfferTable:
     Built once per fetch (providers cache it), read by any number of selections. Derived
     columns: ``gpu_key`` (normalized GPU name) and ``provider`` stays a column like the rest.
     Rows are never mutated after construction.
+
+    The table keeps columns only: no object per offer survives the build (``offers[i]``
+    rebuilds row ``i`` as an :class:`Offer` on demand). Numbers live in arrays and text in
+    lists of shared strings, none of which the cyclic garbage collector has to walk one by
+    one, so a cached table of 100,000 offers does not lengthen the process's full
+    collections (100,000 live ``Offer`` objects made each one last 100-200 ms, a stall of
+    every thread). Pass a generator of offers so that each one is dropped once read.
     """
 
-    __slots__ = ("offers", "col", "size", "_index")
+    __slots__ = ("col", "size", "_index")
 
     INDEXED = ("country", "gpu_key", "compute_cap")
 
-    def __init__(self, offers: list[Offer] | tuple[Offer, ...]) -> None:
-        self.offers: tuple[Offer, ...] = tuple(offers)
-        self.size = len(self.offers)
+    def __init__(self, offers: Iterable[Offer]) -> None:
+        row_of = attrgetter(*COLUMNS)
+        rows = [row_of(o) for o in offers]  # plain tuples: the collector untracks them
+        self.size = len(rows)
         self.col: dict[str, Sequence] = {}
-        for name in COLUMNS:
-            values = [getattr(o, name) for o in self.offers]
+        for k, name in enumerate(COLUMNS):
+            # one comprehension per column, not zip(*rows): that single C call would hold the
+            # GIL for ~100 ms at 100,000 offers
+            values = [row[k] for row in rows]
             if name in NUMERIC_COLUMNS:
                 self.col[name] = array("d", values)  # contiguous: no pointer chasing when filtering
             elif name != "details":
@@ -102,10 +116,16 @@ class OfferTable:
                 self.col[name] = [shared.setdefault(v, v) for v in values]  # equal values share one object
             else:
                 self.col[name] = values
+        dismantle(rows)  # their floats were copied into arrays: free them a piece at a time
         keys: dict[str, str] = {}
         self.col["gpu_key"] = [keys.setdefault(n, normalize_gpu_name(n)) if n not in keys else keys[n]
                                for n in self.col["gpu_name"]]
         self._index = {name: self._build_index(name) for name in self.INDEXED}
+
+    @property
+    def offers(self) -> "Rows":
+        """The rows as :class:`Offer` values, made on demand (``offers[i]``, ``len``, iteration)."""
+        return Rows(self)
 
     def _build_index(self, column: str) -> dict:
         index: dict = {}
@@ -132,8 +152,7 @@ class OfferTable:
     @classmethod
     def concat(cls, tables: list["OfferTable"]) -> "OfferTable":
         out = cls.__new__(cls)
-        out.offers = tuple(o for t in tables for o in t.offers)
-        out.size = len(out.offers)
+        out.size = sum(t.size for t in tables)
         if len(tables) == 1:
             out.col, out._index = tables[0].col, tables[0]._index  # never mutated: share them
             return out
@@ -153,3 +172,23 @@ class OfferTable:
 
     def __len__(self) -> int:
         return self.size
+
+
+class Rows(SequenceABC):
+    """The rows of an :class:`OfferTable` as :class:`Offer` values, each made when asked for."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: OfferTable) -> None:
+        self._table = table
+
+    def __len__(self) -> int:
+        return self._table.size
+
+    def __getitem__(self, row):  # type: ignore[override]
+        if isinstance(row, slice):
+            return [self[i] for i in range(*row.indices(self._table.size))]
+        if not -self._table.size <= row < self._table.size:
+            raise IndexError(row)
+        col = self._table.col
+        return Offer(*(col[name][row] for name in COLUMNS))

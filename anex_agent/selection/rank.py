@@ -1,6 +1,14 @@
 """Ranking of filtered offers (pure).
 
-Order (docs: "candidates are sorted by price ascending"), with deterministic tie-breaks:
+Two orderings (:data:`ORDERINGS`), chosen by the pod's ``anex.sh/ordering`` annotation, else
+the coordinator's ``ANEX_SELECTION_ORDERING`` setting (default ``price``):
+
+* ``price`` (docs: "candidates are sorted by price ascending"), with deterministic tie-breaks:
+  the key below;
+* ``prefer-onprem`` ("own the base, rent the burst": jobs always prefer your own nodes):
+  every matching on-prem node before any rented offer, each group in the ``price`` order.
+
+The ``price`` key:
 
 1. price per hour ascending (an unknown price sorts last);
 2. provider: onprem, then vastai, then runpod ("own the base, rent the burst": at an equal
@@ -19,20 +27,33 @@ from __future__ import annotations
 
 import math
 
-from anex_agent.selection.annotations import Filters
+from anex_agent.selection.annotations import ORDERINGS, Filters
 from anex_agent.selection.offers import OfferTable
 
 PROVIDER_ORDER = {"onprem": 0, "vastai": 1, "runpod": 2}
+PRICE, PREFER_ONPREM = ORDERINGS
+DESCRIPTIONS = {
+    PRICE: "price ascending; ties: onprem, vastai, runpod; then offer id",
+    PREFER_ONPREM: "on-prem nodes first, then rented offers; each by price ascending; ties: onprem, vastai, runpod; "
+                   "then offer id",
+}
 
 
-def rank(table: OfferTable, rows: list[int], filters: Filters) -> list[int]:
+def effective_ordering(filters: Filters, default: str = PRICE) -> str:
+    """The pod's ``anex.sh/ordering`` when set, else the coordinator's ``default``."""
+    return filters.ordering or default
+
+
+def rank(table: OfferTable, rows: list[int], filters: Filters, default_ordering: str = PRICE) -> list[int]:
     """``rows`` sorted as described in the module docstring."""
     col = table.col
     price, provider, offer_id, machine_id = col["price"], col["provider"], col["offer_id"], col["machine_id"]
+    onprem_first = effective_ordering(filters, default_ordering) == PREFER_ONPREM
 
     def key(i: int) -> tuple:
         p = price[i]
-        return (math.inf if p != p else p, PROVIDER_ORDER.get(provider[i], 9), offer_id[i], machine_id[i] or "")
+        by_price = (math.inf if p != p else p, PROVIDER_ORDER.get(provider[i], 9), offer_id[i], machine_id[i] or "")
+        return ((provider[i] != "onprem",) + by_price) if onprem_first else by_price
 
     ordered = sorted(rows, key=key)
     gpu_priority = filters.keep_gpu_type_priority and filters.gpu_keys is not None

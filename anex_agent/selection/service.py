@@ -3,7 +3,8 @@
 :func:`choose` is the pure part (a table in, a :class:`Selection` out); :func:`select`
 fetches offers from the sources concurrently (one named task per source in a TaskGroup),
 keeps going when a source fails (the failure is reported in the explanation), applies bans,
-filters and ranks.
+filters and ranks. Building, joining and choosing over tables run on the selection worker
+thread (:mod:`anex_agent.selection.worker`), never on the event loop.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from anex_agent.selection import versions
+from anex_agent.selection import versions, worker
 from anex_agent.selection.annotations import Filters, parse_annotations
 from anex_agent.selection.filters import FilterResult, apply_filters
 from anex_agent.selection.offers import OfferTable
 from anex_agent.selection.providers import OfferSource
 from anex_agent.selection.providers.http import ProviderError
-from anex_agent.selection.rank import rank
+from anex_agent.selection.rank import DESCRIPTIONS, PRICE, effective_ordering, rank
 from anex_agent.selection.units import compute_cap_text
 
 DEFAULT_LIMIT = 10
@@ -86,18 +87,22 @@ def candidate(table: OfferTable, row: int, filters: Filters, result: FilterResul
 
 
 def choose(table: OfferTable, filters: Filters, *, banned: frozenset[str] = frozenset(),
-           limit: int = DEFAULT_LIMIT) -> Selection:
-    """Filter, rank and explain (pure)."""
+           limit: int = DEFAULT_LIMIT, default_ordering: str = PRICE) -> Selection:
+    """Filter, rank and explain (pure). ``default_ordering``: the coordinator's, for pods without
+    ``anex.sh/ordering``."""
     result = apply_filters(table, filters, banned)
-    ordered = rank(table, result.rows, filters)
+    ordering = effective_ordering(filters, default_ordering)
+    ordered = rank(table, result.rows, filters, ordering)
     explanation: dict[str, Any] = {
         "offers_considered": result.total,
         "matched": len(ordered),
         "returned": min(limit, len(ordered)),
         "filters": [{"filter": s.name, "annotations": list(s.annotations), "removed": s.removed,
                      "remaining": s.remaining} for s in result.steps],
-        "ordering": "price ascending; ties: onprem, vastai, runpod; then offer id",
+        "ordering": f"{ordering}: {DESCRIPTIONS[ordering]}",
     }
+    if filters.ignored:
+        explanation["ignored"] = [{"annotation": name, "because": why} for name, why in filters.ignored]
     if not ordered:
         explanation["emptied_by"] = result.emptied_by
         explanation["blocking"] = [{"filter": name, "would_match_without": n} for name, n in result.blocking]
@@ -119,7 +124,8 @@ async def gather_offers(sources: Sequence[OfferSource], filters: Filters) -> tup
     async with asyncio.TaskGroup() as group:
         for source in sources:
             group.create_task(fetch(source), name=f"selection-offers-{source.name}")
-    tables, report = [], {}
+    tables: list[OfferTable] = []
+    report: dict[str, Any] = {}
     for source in sources:
         got = results[source.name]
         if isinstance(got, OfferTable):
@@ -133,15 +139,16 @@ async def gather_offers(sources: Sequence[OfferSource], filters: Filters) -> tup
                 report[source.name]["skipped"] = dict(skipped)
         else:
             report[source.name] = {"offers": 0, "error": str(got), "retryable": getattr(got, "retryable", False)}
-    return OfferTable.concat(tables), report
+    return await worker.run(OfferTable.concat, tables), report
 
 
 async def select(annotations: Mapping[str, str], sources: Sequence[OfferSource], *, limit: int = DEFAULT_LIMIT,
-                 banned: frozenset[str] = frozenset()) -> Selection:
+                 banned: frozenset[str] = frozenset(), default_ordering: str = PRICE) -> Selection:
     """Parse (raises AnnotationError), fetch, filter, rank; ``explanation['providers']`` says per source."""
     filters = parse_annotations(annotations)
     table, report = await gather_offers(sources, filters)
-    selection = choose(table, filters, banned=banned, limit=limit)
+    selection = await worker.run(choose, table, filters, banned=banned, limit=limit,
+                                 default_ordering=default_ordering)
     attach_provider_report(selection, report)
     return selection
 

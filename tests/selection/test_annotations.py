@@ -127,3 +127,41 @@ def test_filters_are_frozen():
     f = parse_annotations({"anex.sh/gpu-count": "2"})
     with pytest.raises(Exception):
         f.verified_only = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("bounds", [
+    {"anex.sh/gpu-count-min": "lots"},
+    {"anex.sh/gpu-count-max": "-3"},
+    {"anex.sh/gpu-count-min": "8", "anex.sh/gpu-count-max": "1"},
+    {"anex.sh/gpu-count-min": "2.5", "anex.sh/gpu-count-max": "x"},
+])
+def test_bounds_beside_an_exact_value_are_ignored_entirely(bounds):
+    """Docs: with an exact value the matching -min/-max are ignored -- even when they would not parse."""
+    f = parse_annotations({"anex.sh/gpu-count": "2", **bounds})
+    r = f.range("gpu-count")
+    assert (r.exact, r.lo, r.hi, r.sources) == (2.0, None, None, ("anex.sh/gpu-count",))
+    assert {name for name, _ in f.ignored} == set(bounds)
+    assert all("anex.sh/gpu-count (an exact value) is set" in why for _, why in f.ignored)
+
+
+def test_legacy_conflict_on_an_ignored_bound_is_no_error():
+    f = parse_annotations({"anex.sh/vram": "24576", "anex.sh/vram-min": "1", "gpu-provider.glami.cz/vram-min": "2"})
+    assert f.range("vram").exact == 24576 and {n for n, _ in f.ignored} >= {"anex.sh/vram-min"}
+    [(name, message)] = problems({"anex.sh/vram-min": "1", "gpu-provider.glami.cz/vram-min": "2"})
+    assert "conflicts" in message
+
+
+def test_a_bad_exact_value_is_still_an_error_and_its_bounds_are_not_reported():
+    [(name, message)] = problems({"anex.sh/gpu-count": "two", "anex.sh/gpu-count-min": "x"})
+    assert name == "anex.sh/gpu-count" and "non-negative" in message
+
+
+def test_nothing_ignored_without_an_exact_value():
+    assert parse_annotations({"anex.sh/gpu-count-min": "1", "anex.sh/gpu-count-max": "4"}).ignored == ()
+
+
+def test_ordering_annotation():
+    assert parse_annotations({}).ordering is None
+    assert parse_annotations({"anex.sh/ordering": " Prefer-OnPrem "}).ordering == "prefer-onprem"
+    [(name, message)] = problems({"anex.sh/ordering": "fastest"})
+    assert name == "anex.sh/ordering" and "price or prefer-onprem" in message

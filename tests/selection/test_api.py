@@ -61,7 +61,7 @@ class Api:
 
 
 @pytest.fixture
-async def api(tmp_path, database_url):
+async def api(tmp_path, database_url, request):
     fake = FakeProvider()
     fake.runpod_data = runpod_data()
     fake_server = TestServer(fake.app(), host="127.0.0.1")
@@ -69,7 +69,7 @@ async def api(tmp_path, database_url):
     config = SelectionConfig(
         vastai=VastAIConfig(api_key=fake.api_key, base_url=str(fake_server.make_url("/api/v0")), policy=POLICY),
         runpod=RunPodConfig(api_key=fake.api_key, url=str(fake_server.make_url("/graphql")), policy=POLICY),
-        ban_seconds=BAN_SECONDS, policy=POLICY)
+        ban_seconds=BAN_SECONDS, policy=POLICY, ordering=getattr(request, "param", "price"))
     clock = FakeClock()
     settings = Settings.for_tests(tmp_path, database_url, poll_interval=0.2, sweep_interval=3600)
     ctx = await Coordinator.open(settings, clock=clock, environ={}, extra_migrations=routes_selection.MIGRATIONS)
@@ -207,7 +207,8 @@ async def test_cheaper_onprem_node_wins_and_unavailable_nodes_are_explained(api)
                                                        "download-mbps": "10000"}, telemetry=telemetry())
     await api.onprem_node("busy", labels={"price-per-hour": "0.10", "country": "CZ", "download-mbps": "10000"},
                           telemetry=telemetry(processes=True))
-    await api.onprem_node("unqualified", labels={"price-per-hour": "0.10", "country": "CZ"},
+    await api.onprem_node("unqualified", labels={"price-per-hour": "0.10", "country": "CZ",
+                                                  "qualification": "required"},  # per join token
                           telemetry=telemetry(passed=False))
     await api.onprem_node("unhealthy", labels={"price-per-hour": "0.10", "country": "CZ"},
                           telemetry=telemetry(verdict="unhealthy"))
@@ -264,5 +265,42 @@ async def test_nothing_from_the_provider_names_the_filters_its_api_applied(api):
 async def test_openapi_documents_the_selection_routes(api):
     status, _, doc = await api.call("GET", "/v1/openapi.json", token=None)
     assert status == 200
-    for path in ("/v1/selections", "/v1/offers", "/v1/bans", "/v1/bans/{machine_id}", "/v1/provisioning-failures"):
+    for path in ("/v1/selections", "/v1/offers", "/v1/bans", "/v1/bans/{machine_id}", "/v1/provisioning-failures",
+                 "/v1/nodes/{node_id}/labels", "/v1/nodes/{node_id}/labels/{key}"):
         assert path in doc["paths"], path
+    labels = doc["paths"]["/v1/nodes/{node_id}/labels"]["patch"]
+    assert {"200", "401", "404", "422"} <= set(labels["responses"])
+
+
+async def test_an_unparsable_bound_beside_an_exact_value_is_ignored_and_explained(api):
+    pod = {**CURRENT_EXAMPLE_POD, "anex.sh/gpu-count-min": "plenty", "anex.sh/gpu-count-max": "0"}
+    status, _, body = await api.call("POST", "/v1/selections", {"annotations": pod})
+    assert status == 200, body
+    assert [c["offer_id"] for c in body["candidates"]] == ["1002", "1001"]
+    assert {i["annotation"] for i in body["explanation"]["ignored"]} == {"anex.sh/gpu-count-min",
+                                                                         "anex.sh/gpu-count-max"}
+
+
+async def _pricey_onprem_node(api):
+    return await api.onprem_node("dgx-pricey", labels={"price-per-hour": "1.20", "country": "CZ",
+                                                       "download-mbps": "10000"}, telemetry=telemetry())
+
+
+async def test_price_ordering_puts_a_pricier_onprem_node_after_cheaper_offers(api):
+    node = await _pricey_onprem_node(api)
+    _, _, body = await api.call("POST", "/v1/selections", {"annotations": CURRENT_EXAMPLE_POD})
+    assert [c["offer_id"] for c in body["candidates"]] == ["1002", "1001", node]
+    _, _, body = await api.call("POST", "/v1/selections",
+                                {"annotations": {**CURRENT_EXAMPLE_POD, "anex.sh/ordering": "prefer-onprem"}})
+    assert [c["offer_id"] for c in body["candidates"]] == [node, "1002", "1001"]
+    assert body["explanation"]["ordering"].startswith("prefer-onprem:")
+
+
+@pytest.mark.parametrize("api", ["prefer-onprem"], indirect=True)  # the coordinator's ANEX_SELECTION_ORDERING
+async def test_coordinator_setting_prefer_onprem(api):
+    node = await _pricey_onprem_node(api)
+    _, _, body = await api.call("POST", "/v1/selections", {"annotations": CURRENT_EXAMPLE_POD})
+    assert [c["offer_id"] for c in body["candidates"]] == [node, "1002", "1001"]
+    _, _, body = await api.call("POST", "/v1/selections",
+                                {"annotations": {**CURRENT_EXAMPLE_POD, "anex.sh/ordering": "price"}})
+    assert [c["offer_id"] for c in body["candidates"]] == ["1002", "1001", node]

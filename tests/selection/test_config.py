@@ -24,7 +24,9 @@ def test_keys_enable_providers_and_never_show_in_repr():
 
 @pytest.mark.parametrize("name,value", [("ANEX_SELECTION_BAN_SECONDS", "0"), ("ANEX_SELECTION_TIMEOUT", "soon"),
                                         ("ANEX_SELECTION_ATTEMPTS", "1.5"), ("ANEX_VASTAI_URL", "ftp://x"),
-                                        ("ANEX_SELECTION_CACHE_TTL", "-1")])
+                                        ("ANEX_SELECTION_CACHE_TTL", "-1"),
+                                        ("ANEX_SELECTION_ORDERING", "fastest"),
+                                        ("ANEX_SELECTION_QUALIFICATION", "strict")])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(ConfigError) as info:
         SelectionConfig.from_env({name: value})
@@ -41,3 +43,15 @@ def test_keys_from_file_twins(tmp_path):
     with pytest.raises(ConfigError) as info:
         SelectionConfig.from_env({"ANEX_RUNPOD_API_KEY_FILE": str(tmp_path / "empty")})
     assert info.value.source == "ANEX_RUNPOD_API_KEY_FILE"
+
+
+def test_ordering_setting():
+    assert SelectionConfig.from_env({}).ordering == "price"
+    assert SelectionConfig.from_env({"ANEX_SELECTION_ORDERING": "prefer-onprem"}).ordering == "prefer-onprem"
+
+
+def test_qualification_setting():
+    assert SelectionConfig.from_env({}).qualification == "runnable"
+    assert SelectionConfig.from_env({"ANEX_SELECTION_QUALIFICATION": "Full"}).qualification == "full"
+    assert SelectionConfig.from_env({"ANEX_SELECTION_QUALIFICATION": "required,memory"}).qualification == \
+        "required,memory"

@@ -106,9 +106,9 @@ def test_compute_cap_example_is_an_or_list(prefix):
 
 
 @pytest.mark.parametrize("region,inside,outside", [
-    ("europe", ["DE", "CZ", "GB", "CY"], ["US", "JP"]),
+    ("europe", ["DE", "CZ", "GB", "CY", "TR", "XK", "UA"], ["US", "JP", "RU"]),
     ("north-america", ["US", "CA", "MX", "PR"], ["BR", "DE"]),
-    ("asia-pacific", ["JP", "SG", "IN", "KR", "TR"], ["AU", "DE"]),
+    ("asia-pacific", ["JP", "SG", "IN", "KR", "RU", "IL"], ["AU", "DE", "TR"]),
     ("africa", ["ZA", "NG", "EG"], ["ES"]),
     ("south-america", ["BR", "AR", "CL"], ["MX"]),
     ("oceania", ["AU", "NZ", "FJ"], ["JP"]),

@@ -12,7 +12,8 @@ from anex_agent.selection.bans import MemoryBans
 from anex_agent.selection.providers.onprem import OnpremSource, offer_from_node
 from tests.selection.test_api import telemetry
 
-PURE = ["annotations", "filters", "rank", "offers", "regions", "units", "versions"]
+PURE = ["annotations", "filters", "rank", "offers", "regions", "units", "versions", "labels", "qualification",
+        "jsonpieces"]
 
 
 @pytest.mark.parametrize("module", PURE)
@@ -25,6 +26,9 @@ def test_cores_import_no_asyncio_socket_or_time(module):
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & {"asyncio", "socket", "time", "aiohttp"}
+
+
+REQUIRED = {"qualification": "required"}  # the rules required of all systems (CloudBender's list)
 
 
 def node(**changes):
@@ -50,8 +54,12 @@ def test_node_to_offer_units():
     ({"labels": {"price-per-hour": "cheap"}}, "price-per-hour"),
     ({"labels": {"price-per-hour": "0.5", "busy": "true"}}, "busy"),
     ({"telemetry": telemetry(processes=True)}, "busy"),
-    ({"telemetry": telemetry(passed=False)}, "qualification"),
-    ({"telemetry": {**telemetry(), "qualification": None}}, "qualification"),
+    ({"telemetry": telemetry(passed=False), "labels": {**REQUIRED, "price-per-hour": "0.5"}}, "qualification"),
+    ({"telemetry": {**telemetry(), "qualification": None}, "labels": {**REQUIRED, "price-per-hour": "0.5"}},
+     "qualification"),
+    ({"labels": {"price-per-hour": "0.5", "maintenance": "TRUE"}}, "in maintenance"),
+    ({"telemetry": {**telemetry(), "nvml": {"state": "driver_not_loaded"}}}, "rule driver_loaded failed"),
+    ({"labels": {"price-per-hour": "0.5", "qualification": "strictest"}}, "label qualification='strictest'"),
     ({"telemetry": telemetry(verdict="degraded")}, "not healthy"),
     ({"telemetry": telemetry(count=0)}, "no GPUs"),
     ({"provider": "vastai"}, "not an on-prem node"),
@@ -113,8 +121,17 @@ def test_adapter_reads_the_telemetry_the_gpu_module_builds():
                                                                                    81920.0, 800)
     assert (offer.cuda, offer.cpu_cores, offer.ram_mb, offer.vram_bw_gbps) == (12004000.0, 64.0, 1048576.0, 2039.0)
     failed = Qualification((Check("tpm", "required", "fail", "none", "2.0"),)).to_dict()
-    offer, why = offer_from_node(node(telemetry=build_telemetry(snapshot, qualification=failed)))
-    assert offer is None and "qualification" in why
+    failing = node(telemetry=build_telemetry(snapshot, qualification=failed))
+    offer, why = offer_from_node(failing)  # default policy: runnable; the TPM does not decide whether a job runs
+    assert why == "" and offer is not None
+    offer, why = offer_from_node(failing, "required")  # the coordinator's default
+    assert offer is None and why == "qualification policy 'required': rule tpm failed (measured none, required 2.0)"
+    offer, why = offer_from_node({**failing, "labels": {**failing["labels"], **REQUIRED}})  # per node / per token
+    assert offer is None and "rule tpm failed" in why
+    offer, why = offer_from_node(node(telemetry=block), "full")  # memory is a marketplace rule
+    assert offer is None and why.startswith("qualification policy 'full': rule memory failed")
+    offer, why = offer_from_node(node(telemetry=block), "gpu_model")  # a policy of rule ids
+    assert why == ""
 
 
 def _malformed_telemetries():
@@ -140,3 +157,27 @@ async def test_a_node_with_malformed_telemetry_is_skipped_not_a_crash(bad):
     assert "n1" in offered
     if "n2" not in offered:
         assert "telemetry" in source.skipped["n2"]
+
+
+def test_default_policy_offers_a_server_without_tpm_or_nvme():
+    """Most servers have no TPM 2.0 or second NVMe drive: by default they are still offered."""
+    t = telemetry(passed=False)
+    t["qualification"]["checks"] = [
+        {"id": "gpu_model", "scope": "required", "status": "pass", "measured": "2 x RTX 4090", "required": "1 model"},
+        {"id": "nvme_drives", "scope": "required", "status": "fail", "measured": "1", "required": ">= 2"},
+        {"id": "tpm", "scope": "required", "status": "not_checked", "measured": "-", "required": "TPM 2.0",
+         "detail": "not checked: no access"}]
+    offer, why = offer_from_node(node(telemetry=t))
+    assert why == "" and offer.offer_id == "n1"
+    offer, why = offer_from_node(node(telemetry=t, labels={**REQUIRED, "price-per-hour": "0.5"}))
+    assert offer is None and why == ("qualification policy 'required': rule nvme_drives failed "
+                                     "(measured 1, required >= 2)")
+    offer, why = offer_from_node(node(telemetry=t, labels={"qualification": "tpm", "price-per-hour": "0.5"}))
+    assert offer is None and "rule tpm not checked" in why and "no access" in why
+
+
+def test_maintenance_wins_over_everything():
+    offer, why = offer_from_node(node(state="not_ready", labels={"maintenance": "true", "price-per-hour": "0.1"}))
+    assert offer is None and why == "in maintenance (label maintenance=true)"
+    offer, why = offer_from_node(node(labels={"maintenance": "false", "price-per-hour": "0.1"}))
+    assert why == "" and offer is not None

@@ -143,3 +143,51 @@ def test_ordering_is_stable_and_by_price(offer_list, annotations, rnd):
     prices = [by_id[i].price for i in first]
     known = [p for p in prices if p == p]
     assert known == sorted(known) and prices[:len(known)] == known  # unknown prices last
+
+
+def ranked(offer_list, annotations, default="price") -> list[Offer]:
+    t = OfferTable(offer_list)
+    f = parse_annotations(annotations)
+    return [t.offers[i] for i in rank(t, apply_filters(t, f).rows, f, default)]
+
+
+def price_key(o: Offer) -> tuple:
+    return (o.price if o.price == o.price else float("inf"), {"onprem": 0, "vastai": 1, "runpod": 2}[o.provider],
+            o.offer_id, o.machine_id or "")
+
+
+@SETTINGS
+@given(offers(), annotation_sets())
+def test_price_ordering_cheapest_first_onprem_wins_ties(offer_list, annotations):
+    got = ranked(offer_list, {**annotations, "anex.sh/ordering": "price"})
+    assert [price_key(o) for o in got] == sorted(price_key(o) for o in got)
+    assert [o.offer_id for o in ranked(offer_list, annotations)] == [o.offer_id for o in got]  # default: price
+
+
+@SETTINGS
+@given(offers(), annotation_sets(), st.sampled_from(["pod", "coordinator"]))
+def test_prefer_onprem_puts_every_onprem_node_before_any_rented_offer(offer_list, annotations, where):
+    if where == "pod":
+        got = ranked(offer_list, {**annotations, "anex.sh/ordering": "prefer-onprem"})
+    else:
+        got = ranked(offer_list, annotations, default="prefer-onprem")
+    by_price = ranked(offer_list, annotations)
+    assert set(o.offer_id for o in got) == set(o.offer_id for o in by_price)  # same candidates, other order
+    kinds = [o.provider == "onprem" for o in got]
+    assert kinds == sorted(kinds, reverse=True)  # all on-prem first
+    onprem = [o for o in got if o.provider == "onprem"]
+    rented = [o for o in got if o.provider != "onprem"]
+    assert [price_key(o) for o in onprem] == sorted(price_key(o) for o in onprem)
+    if not annotations.get("runpod.anex.sh/datacenter-ids"):
+        assert [price_key(o) for o in rented] == sorted(price_key(o) for o in rented)
+
+
+def test_prefer_onprem_beats_a_cheaper_rented_offer_and_the_pod_overrides_the_coordinator():
+    cheap_rented = Offer(provider="vastai", offer_id="v", machine_id="m", gpu_name="RTX 4090", price=0.2,
+                         verified=True)
+    onprem = Offer(provider="onprem", offer_id="n", machine_id="n", gpu_name="RTX 4090", price=0.9)
+    assert [o.offer_id for o in ranked([cheap_rented, onprem], {})] == ["v", "n"]
+    assert [o.offer_id for o in ranked([cheap_rented, onprem], {}, "prefer-onprem")] == ["n", "v"]
+    assert [o.offer_id for o in ranked([cheap_rented, onprem], {"anex.sh/ordering": "prefer-onprem"})] == ["n", "v"]
+    assert [o.offer_id for o in ranked([cheap_rented, onprem], {"anex.sh/ordering": "price"},
+                                       "prefer-onprem")] == ["v", "n"]

@@ -8,8 +8,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from anex_agent.selection.annotations import parse_annotations
+from anex_agent.selection.filters import apply_filters
+from anex_agent.selection.offers import OfferTable
 from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError, retry_after_seconds
-from anex_agent.selection.providers.runpod import RunPodConfig, RunPodSource, country_of_datacenter
+from anex_agent.selection.providers.runpod import RunPodConfig, RunPodSource, country_of_datacenter, offers_from_answer
 from anex_agent.selection.providers.vastai import VastAIConfig, VastAISource, offer_from_api
 from anex_agent.selection.service import select
 from tests.selection.fake_providers import VAST_OFFERS, FakeProvider, runpod_data
@@ -247,10 +249,34 @@ async def test_one_provider_failing_does_not_stop_the_others(fake):
     assert [c["provider"] for c in s.candidates] == ["vastai"] * 3  # Vast.AI's offers are still ranked
 
 
-@pytest.mark.parametrize("dc,code", [("EU-RO-1", "RO"), ("US-CA-2", "US"), ("CA-MTL-1", "CA"), ("AP-JP-1", "JP"),
-                                     ("OC-AU-1", "AU"), ("X", None)])
+# Every shape of RunPod data center id: <region>-<country>-<n> (2, 3 or 4-letter region),
+# <country>-<state>-<n> (US), <country>-<city>-<n> (CA), and degenerate forms.
+RUNPOD_DATACENTER_SHAPES = [
+    ("EU-RO-1", "RO"), ("EU-SE-1", "SE"), ("EU-NL-1", "NL"), ("EU-CZ-1", "CZ"), ("EU-FR-1", "FR"),
+    ("EUR-IS-1", "IS"), ("EUR-IS-2", "IS"), ("EUR-IS-3", "IS"), ("EUR-NO-1", "NO"),
+    ("AP-JP-1", "JP"), ("OC-AU-1", "AU"), ("SEA-SG-1", "SG"), ("APAC-IN-1", "IN"),
+    ("US-CA-2", "US"), ("US-GA-1", "US"), ("US-KS-2", "US"), ("US-TX-3", "US"), ("US-IL-1", "US"),
+    ("US-WA-1", "US"), ("US-DE-1", "US"), ("US-NC-1", "US"), ("US-OR-1", "US"),
+    ("CA-MTL-1", "CA"), ("CA-MTL-3", "CA"), ("eur-no-1", "NO"), (" EU-RO-1 ", "RO"), ("EU-RO", "RO"),
+    ("JP-1", "JP"), ("X", None), ("", None), ("EUR-1", None), ("EUR-XX-1", None), ("ZZ-QQ-1", None), ("1", None),
+]
+
+
+@pytest.mark.parametrize("dc,code", RUNPOD_DATACENTER_SHAPES)
 def test_runpod_datacenter_country(dc, code):
     assert country_of_datacenter(dc) == code
+
+
+@pytest.mark.parametrize("dc,region", [("EUR-IS-1", "europe"), ("EUR-NO-1", "europe"), ("SEA-SG-1", "asia-pacific"),
+                                       ("US-DE-1", "north-america"), ("CA-MTL-1", "north-america")])
+def test_runpod_offers_of_every_datacenter_shape_match_their_region(dc, region):
+    data = runpod_data()
+    data["dataCenters"] = [{"id": dc, "name": dc, "location": "", "gpuAvailability": [
+        {"gpuTypeId": "NVIDIA GeForce RTX 4090", "stockStatus": "High", "available": True}]}]
+    table_ = OfferTable(offers_from_answer(data, 1))
+    assert len(apply_filters(table_, parse_annotations({"anex.sh/region": region})).rows) == 2  # both tiers
+    other = "oceania" if region != "oceania" else "europe"
+    assert apply_filters(table_, parse_annotations({"anex.sh/region": other})).rows == []
 
 
 async def test_waiters_recover_when_the_caller_making_the_request_is_cancelled(fake):
@@ -269,3 +295,56 @@ async def test_waiters_recover_when_the_caller_making_the_request_is_cancelled(f
         assert len(table) > 0 and first.cancelled()
     finally:
         await source.aclose()
+
+
+async def test_tables_are_built_and_chosen_off_the_event_loop(fake, monkeypatch):
+    """Decoding answers, building tables, joining and choosing run on the selection thread only."""
+    import threading
+
+    from anex_agent.selection import jsonpieces, service
+    from anex_agent.selection.providers.onprem import OnpremSource
+    from tests.selection.test_onprem_bans_purity import node
+
+    threads: dict[str, set[str]] = {}
+
+    def spy(name, real):
+        def wrapper(*args, **kwargs):
+            threads.setdefault(name, set()).add(threading.current_thread().name)
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(OfferTable, "__init__", spy("table", OfferTable.__init__))
+    monkeypatch.setattr(OfferTable, "concat", classmethod(spy("concat", OfferTable.concat.__func__)))
+    monkeypatch.setattr(service, "choose", spy("choose", service.choose))
+    monkeypatch.setattr("anex_agent.selection.providers.http.loads_in_pieces",
+                        spy("decode", jsonpieces.loads_in_pieces))
+
+    async def lister():
+        return [node()]
+
+    sources = [vast(fake), runpod(fake), OnpremSource(lister)]
+    selection = await select(CURRENT_EXAMPLE_POD, sources)
+    assert selection.candidates
+    assert set(threads) == {"table", "concat", "choose", "decode"}
+    assert all(name.startswith("anex-selection") for names in threads.values() for name in names), threads
+
+
+async def test_expired_answers_are_evicted_and_freed_on_the_selection_thread(fake, monkeypatch):
+    from anex_agent.selection import worker
+
+    released: list[list] = []
+    monkeypatch.setattr(worker, "release", lambda values: released.append(list(values)))
+    clock = Clock()
+    source = vast(fake, clock=clock)
+    try:
+        await source.offers(parse_annotations({"anex.sh/gpu-names": "RTX 4090"}))
+        await source.offers(parse_annotations({"anex.sh/gpu-names": "RTX 3090"}))
+        assert len(source.client._cache) == 2 and released == []
+        clock.now += FAST.cache_ttl + 1
+        await source.offers(parse_annotations({"anex.sh/gpu-names": "A100 SXM4"}))
+        assert len(source.client._cache) == 1
+        [dropped] = released
+        assert len(dropped) == 2 and all(isinstance(t, OfferTable) for t in dropped)
+    finally:
+        await source.aclose()
+    assert len(released) == 2 and len(released[1]) == 1  # closing hands over the rest

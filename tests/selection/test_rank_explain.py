@@ -97,3 +97,15 @@ def test_candidate_reports_matched_specs_in_annotation_units():
 def test_unknown_values_never_match():
     t = table(offer(offer_id="unknown", download_mbps=float("nan")), offer(offer_id="known"))
     assert ids(choose(t, parse_annotations({"anex.sh/download-speed-max": "100000"}))) == ["known"]
+
+
+def test_explanation_lists_the_bounds_ignored_beside_an_exact_value():
+    from anex_agent.selection.annotations import parse_annotations
+    from anex_agent.selection.service import choose
+    from tests.selection.helpers import offer, table
+
+    filters = parse_annotations({"anex.sh/gpu-count": "2", "anex.sh/gpu-count-min": "not-a-number"})
+    selection = choose(table(offer(offer_id="a", gpu_count=2.0), offer(offer_id="b", gpu_count=3.0)), filters)
+    assert [c["offer_id"] for c in selection.candidates] == ["a"]
+    [ignored] = selection.explanation["ignored"]
+    assert ignored["annotation"] == "anex.sh/gpu-count-min" and "ignored" in ignored["because"]

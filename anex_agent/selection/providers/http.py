@@ -5,9 +5,11 @@
   a ``Retry-After`` header (RFC 9110 §10.2.3: delay-seconds or an HTTP-date) is honoured,
   capped at ``max_retry_after``;
 * a per-attempt timeout (``timeout`` seconds for the whole request);
-* a short TTL cache of successful JSON answers keyed by method, URL, query and body, so a
+* a short TTL cache of successful answers keyed by method, URL, query and body, so a
   burst of pods asking for the same offers makes one provider call (concurrent identical
-  calls share one in-flight request);
+  calls share one in-flight request); the answer is decoded, and turned into what the
+  caller's ``build`` makes of it (an offer table), on the selection worker thread
+  (:mod:`anex_agent.selection.worker`), and that result is what is cached;
 * one short-lived ``aiohttp.ClientSession`` per fetch (a fetch happens at most once per TTL
   per query), so nothing stays open between selections and nothing needs closing at
   shutdown;
@@ -31,6 +33,8 @@ from typing import Any, Callable
 import aiohttp
 
 from anex_agent.errors import AnexError
+from anex_agent.selection import worker
+from anex_agent.selection.jsonpieces import dismantle, loads_in_pieces
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +105,25 @@ class JsonClient:
         await self.close()
 
     async def close(self) -> None:
-        """Nothing to release (sessions live for one fetch); kept for symmetry with ``async with``."""
+        """Drop the cached answers (freed on the worker thread); sessions live for one fetch."""
+        values = [value for _stored, value in self._cache.values()]
         self._cache.clear()
+        if values:
+            worker.release(values)
 
     async def request(self, method: str, url: str, *, params: dict | None = None, body: Any = None,
-                      headers: dict[str, str] | None = None) -> Any:
-        """The decoded JSON answer, from the cache when a fresh one is there."""
+                      headers: dict[str, str] | None = None, build: Callable[[Any], Any] | None = None) -> Any:
+        """The decoded JSON answer, or ``build(answer)`` when ``build`` is given, from the cache when
+        a fresh one is there.
+
+        Decoding (in pieces, :mod:`~anex_agent.selection.jsonpieces`) and ``build`` run on the
+        selection worker thread, never on the event loop; what is cached is their result (for
+        a provider source: its offer table), so a table is built once per fetch. ``build`` may
+        raise :class:`ProviderError` (not cached, not retried). Callers of one client use one
+        ``build`` per request.
+        """
         key = json.dumps([method, url, params, body], sort_keys=True, default=str)
+        self._evict_expired()
         hit = self._cache.get(key)
         if hit is not None and self._clock() - hit[0] < self.policy.cache_ttl:
             return hit[1]
@@ -118,11 +134,11 @@ class JsonClient:
             except asyncio.CancelledError:
                 if not pending.cancelled():
                     raise  # we were cancelled ourselves
-                return await self.request(method, url, params=params, body=body, headers=headers)
+                return await self.request(method, url, params=params, body=body, headers=headers, build=build)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            value = await self._fetch(method, url, params, body, headers or {})
+            value = await self._fetch(method, url, params, body, headers or {}, build)
         except asyncio.CancelledError:
             future.cancel()  # waiters make the call themselves
             raise
@@ -137,18 +153,42 @@ class JsonClient:
         finally:
             del self._inflight[key]
 
+    def _evict_expired(self) -> None:
+        """Drop expired answers (every distinct query has its own entry); their tables are freed
+        on the worker thread, not here on the loop."""
+        now = self._clock()
+        expired = [key for key, (stored, _value) in self._cache.items() if now - stored >= self.policy.cache_ttl]
+        if expired:
+            worker.release([self._cache.pop(key)[1] for key in expired])
+
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, self.policy.max_retry_after)
         ceiling = min(self.policy.max_backoff, self.policy.backoff * (2 ** attempt))
         return self._rng.uniform(0, ceiling)
 
-    async def _fetch(self, method: str, url: str, params: dict | None, body: Any, headers: dict[str, str]) -> Any:
+    async def _fetch(self, method: str, url: str, params: dict | None, body: Any, headers: dict[str, str],
+                     build: Callable[[Any], Any] | None) -> Any:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.policy.timeout)) as session:
-            return await self._attempts(session, method, url, params, body, headers)
+            raw = await self._attempts(session, method, url, params, body, headers)
+        return await worker.run(self._decode, raw, f"{method} {url}", build)
+
+    def _decode(self, raw: list[bytes], what: str, build: Callable[[Any], Any] | None) -> Any:
+        """On the worker thread: the JSON answer, and what ``build`` makes of it."""
+        try:
+            answer = loads_in_pieces(raw)
+        except ValueError:
+            raise ProviderError(self.provider, f"{what} answered with something that is not JSON") from None
+        if build is None:
+            return answer
+        try:
+            return build(answer)
+        finally:
+            dismantle(answer)  # freed here, in pieces: not in one long call
 
     async def _attempts(self, session: aiohttp.ClientSession, method: str, url: str, params: dict | None, body: Any,
-                        headers: dict[str, str]) -> Any:
+                        headers: dict[str, str]) -> list[bytes]:
+        """The body of the first successful answer, in the parts received (decoded off the loop)."""
         last: ProviderError | None = None
         for attempt in range(self.policy.attempts):
             self.calls += 1
@@ -163,12 +203,8 @@ class JsonClient:
                     elif resp.status >= 400:
                         raise ProviderError(self.provider, f"HTTP {resp.status} from {method} {url}: the request was "
                                             "refused (check the API key and the query)", status=resp.status)
-                    else:
-                        try:
-                            return await resp.json(content_type=None)
-                        except (ValueError, aiohttp.ContentTypeError):
-                            raise ProviderError(self.provider, f"{method} {url} answered with something that is "
-                                                "not JSON", status=resp.status) from None
+                    else:  # the parts as received: never joined into one buffer on the loop
+                        return [part async for part in resp.content.iter_any()]
             except asyncio.TimeoutError:
                 last = ProviderError(self.provider, f"{method} {url} timed out after {self.policy.timeout:g} s",
                                      retryable=True)

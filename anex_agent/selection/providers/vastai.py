@@ -117,6 +117,44 @@ def remote_filters(filters: Filters) -> list[str]:
     return [_QUERY_FILTER_NAMES[k] for k in query if k in _QUERY_FILTER_NAMES]
 
 
+# The offer fields offer_from_api reads, with their units (docs/selection.md lists them too).
+FIELDS_READ: dict[str, str] = {
+    "id": "offer id (rent it with PUT /asks/{id}/)",
+    "machine_id": "stable machine id: bans key on it",
+    "gpu_name": "display name, e.g. \"RTX 4090\"",
+    "num_gpus": "count",
+    "gpu_ram": "MB per GPU",
+    "gpu_totalram": "MB, all GPUs (else gpu_ram x num_gpus)",
+    "gpu_mem_bw": "GB/s",
+    "total_flops": "TFLOPS, all GPUs",
+    "compute_cap": "capability x 100 (8.6 -> 860)",
+    "cuda_max_good": "highest CUDA version the driver supports, a float (12.4)",
+    "cpu_cores_effective": "cores the offer gets (else cpu_cores)",
+    "cpu_cores": "cores of the machine",
+    "cpu_ram": "MB",
+    "dph_total": "USD/hour, the whole offer",
+    "inet_up": "Mb/s",
+    "inet_down": "Mb/s",
+    "disk_space": "GB",
+    "disk_bw": "MB/s",
+    "dlperf": "DLPerf score",
+    "verified": "bool (else verification == \"verified\")",
+    "verification": "\"verified\" / \"unverified\" / \"deverified\"",
+    "datacenter": "bool, when present (else hosting_type)",
+    "hosting_type": "1 = datacenter, 0 = consumer",
+    "geolocation": "\"<country name>, <ISO code>\"",
+    "reliability": "0..1 (kept as a detail)",
+}
+
+
+def _verified(raw: dict) -> bool | None:
+    if raw.get("verified") is not None:
+        return bool(raw.get("verified"))
+    if isinstance(raw.get("verification"), str):
+        return raw.get("verification") == "verified"
+    return None
+
+
 def offer_from_api(raw: dict) -> Offer:
     """One Vast.AI bundle -> :class:`Offer` in annotation units."""
     num_gpus = num(raw.get("num_gpus"))
@@ -148,7 +186,7 @@ def offer_from_api(raw: dict) -> Offer:
         disk_gb=num(raw.get("disk_space")),
         disk_bw_mbps=num(raw.get("disk_bw")),
         dlperf=num(raw.get("dlperf")),
-        verified=bool(raw.get("verified")) if raw.get("verified") is not None else None,
+        verified=_verified(raw),
         datacenter=bool(hosting) if hosting is not None else None,
         country=country_from_location(raw.get("geolocation")),
         details={"reliability": raw.get("reliability"), "geolocation": raw.get("geolocation")},
@@ -175,15 +213,17 @@ class VastAISource:
         headers = {"Accept": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
-        answer = await self.client.request("GET", f"{self.config.base_url.rstrip('/')}/bundles/",
-                                           params={"q": json.dumps(query, sort_keys=True)}, headers=headers)
-        if not isinstance(answer, dict) or not isinstance(answer.get("offers"), list):
-            raise ProviderError("vastai", "search answer has no 'offers' list")
-        out = []
-        for raw in answer["offers"]:
-            if isinstance(raw, dict) and raw.get("id") is not None:
-                out.append(offer_from_api(raw))
-        return OfferTable(out)
+        return await self.client.request("GET", f"{self.config.base_url.rstrip('/')}/bundles/",
+                                         params={"q": json.dumps(query, sort_keys=True)}, headers=headers,
+                                         build=table_from_answer)
+
+
+def table_from_answer(answer: object) -> OfferTable:
+    """The offer table of a bundles answer ``{"offers": [...]}`` (runs on the selection worker thread)."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("offers"), list):
+        raise ProviderError("vastai", "search answer has no 'offers' list")
+    return OfferTable(offer_from_api(raw) for raw in answer["offers"]  # a generator: no offer object outlives its row
+                      if isinstance(raw, dict) and raw.get("id") is not None)
 
 
 __all__ = ["VastAIConfig", "VastAISource", "build_query", "offer_from_api", "normalize_gpu_name"]
