@@ -123,6 +123,17 @@ async def test_bad_join_token_flood_neither_takes_the_lock_nor_delays_config_rea
     coord = await harness_with(limits=Limits(failed_auth_max=10**9))
     client, joined, _ = await coord.join("victim")
     lock = coord.ctx.join_lock = CountingLock()
+
+    async def config_read_p99() -> float:
+        latencies = []
+        for _ in range(200):
+            started = time.perf_counter()
+            config = await client.get_config(joined.node_id)
+            latencies.append(time.perf_counter() - started)
+            assert config.node_id == joined.node_id
+        return sorted(latencies)[197]
+
+    quiet = await config_read_p99()  # the same reads without the flood, on this machine, now
     flood = await asyncio.create_subprocess_exec(
         sys.executable, "-c", FLOOD, coord.url, "16", json.dumps(join_body(BAD_TOKEN)),
         stdout=asyncio.subprocess.PIPE,
@@ -130,23 +141,20 @@ async def test_bad_join_token_flood_neither_takes_the_lock_nor_delays_config_rea
     try:
         async with asyncio.timeout(20):
             assert await flood.stdout.readline() == b"flooding\n"
-        latencies = []
-        for _ in range(200):
-            started = time.perf_counter()
-            config = await client.get_config(joined.node_id)
-            latencies.append(time.perf_counter() - started)
-            assert config.node_id == joined.node_id
+        p99 = await config_read_p99()
         assert flood.returncode is None, "the flood stopped early"
     finally:
         if flood.returncode is None:
             flood.kill()
         await flood.wait()
-    latencies.sort()
-    p99 = latencies[197]
     refused = coord.ctx.metrics.requests.labels(route="POST /v1/nodes", status="401")._value.get()
     assert refused > 200
     assert lock.acquired == 0  # no unauthenticated join took the lock (nor its transaction)
-    assert p99 < 0.1, f"config read p99 {p99 * 1000:.1f} ms during a flood of bad join tokens"
+    # 100 ms p99 on a machine doing nothing else (measured 35 ms on 2 cores); a machine busy with
+    # other work slows every read alike, so the bound never sits below 3x the quiet reads' p99
+    bound = max(0.1, 3 * quiet)
+    assert p99 < bound, (f"config read p99 {p99 * 1000:.1f} ms during a flood of bad join tokens "
+                         f"(quiet: {quiet * 1000:.1f} ms)")
     # a good token still joins (and takes the lock)
     await coord.join("after")
     assert lock.acquired == 1

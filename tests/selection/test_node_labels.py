@@ -19,7 +19,7 @@ async def joined_node(api, name="dgx", labels=LABELS, tele=None):
     """(node id, a client holding its credential)."""
     token = await api.admin.create_join_token(labels=labels)
     client = CoordinatorClient(str(api.server.make_url("")).rstrip("/"))
-    joined = await client.join(token.token, keys.KeyPair(keys.generate_private_key()).public_b64, name, "onprem")
+    joined = await client.join(token.token, keys.KeyPair(keys.generate_private_key()), name, "onprem")
     client.credential = joined.credential
     await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry=tele or telemetry()))
     return joined, client
