@@ -43,8 +43,9 @@ import socket
 
 import h11
 
+from anex_agent import parse
 from anex_agent.dialer import Connection, Dialer, SocketConnection
-from anex_agent.errors import DialError, PortInUseError
+from anex_agent.errors import DialError, PortInUseError, config_value
 from anex_agent.frontends import proxy_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.forward import bind_listener
@@ -491,6 +492,6 @@ class _ClientSession:
 
 async def serve_proxy(dialer: Dialer, listen: str = "127.0.0.1:3128", *, auth: core.ProxyAuth | None = None) -> None:
     """Run a proxy until cancelled (standalone use: benchmarks, the agent's supervisor)."""
-    host, port = core.parse_listen(listen)
+    host, port = config_value("listen", parse.listen, listen, empty_host=core.DEFAULT_LISTEN[0])
     async with ProxyServer(dialer, host=host, port=port, auth=auth) as server:
         await server.wait_closed()
