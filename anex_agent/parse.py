@@ -18,7 +18,9 @@ or raises :class:`ValueError` whose message says what is accepted (``"must be ..
 without naming the input: the caller knows whether it is a query parameter, a JSON
 field, a command-line option or an environment variable, and names it (the wire
 models put the field in the 422 problem; the coordinator's registry names the query
-parameter; a CLI would say ``--listen: must be ...``).
+parameter; flags and variables go through :func:`anex_agent.errors.config_value`, which
+raises ``ConfigError("--listen", "'127.0.0.1:²' must be ...")``: exit status 2, one line;
+argparse-only tools use :func:`arg_type`).
 
 Digits are ASCII digits only. ``str.isdigit`` and ``int()`` also accept other scripts'
 digits (``"٣"``, ``"３"``) and ``isdigit`` even superscripts (``"²"``) that ``int()``
