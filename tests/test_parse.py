@@ -170,3 +170,30 @@ def test_listen_and_ip_port_messages_do_not_echo_the_input():
         with pytest.raises(ValueError) as two:
             fn(b)
         assert str(one.value) == str(two.value)
+
+
+# Files whose isdigit() reads something other than an address, a port or a network (a
+# database's row-count tag, a uid, /proc entries, offer fields); everything else parses through
+# this module.
+ISDIGIT_ELSEWHERE = {
+    "coordinator/db.py", "agent/workload.py", "tunnels/cleanup.py", "demo/netlab.py",
+    "selection/providers/http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
+}
+
+
+def test_no_module_splits_host_port_or_reads_ports_by_hand():
+    import re
+    from pathlib import Path
+
+    package = Path(parse.__file__).parent
+    split, digits = [], []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        if name == "parse.py":
+            continue
+        text = path.read_text()
+        if re.search(r"""rpartition\(["']:["']\)|rsplit\(["']:["']""", text):  # USER:PASSWORD splits on the left
+            split.append(name)
+        if ".isdigit()" in text and name not in ISDIGIT_ELSEWHERE:
+            digits.append(name)
+    assert split == [] and digits == [], (split, digits)
