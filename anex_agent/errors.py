@@ -28,6 +28,10 @@ into this tree only at I/O edges, never deep inside pure code.
 
 from __future__ import annotations
 
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
 
 class AnexError(Exception):
     """Base of every error anex-agent raises on purpose."""
@@ -40,6 +44,16 @@ class ConfigError(AnexError, ValueError):
         self.source = source
         self.message = message
         super().__init__(f"{source}: {message}")
+
+
+def config_value(source: str, parser: Callable[..., T], text: str, **options: Any) -> T:
+    """``parser(text, **options)`` (a function of :mod:`anex_agent.parse`), its ValueError
+    turned into a :class:`ConfigError` naming ``source`` and the input:
+    ``--listen: '127.0.0.1:²' must be IP:PORT with ...``."""
+    try:
+        return parser(text, **options)
+    except ValueError as err:
+        raise ConfigError(source, f"{text!r} {err}") from None
 
 
 class ProtocolError(AnexError):

@@ -1,11 +1,26 @@
 """Parsing of small textual values, once for the whole product: integers, ports, HOST:PORT, CIDRs.
 
+Which function for which value:
+
+* :func:`port` -- a port number alone (``GW_TUNNEL_<port>``, ``ANEX_INBOUND_PORTS``).
+* :func:`host_port` -- where to connect: a host name or IP address and a port (tunnel
+  targets, WireGuard endpoints, wireproxy targets).
+* :func:`ip_port` -- an IP address and a port, no names (DNS servers, UAPI endpoints);
+  with ``default_port`` the port may be left out.
+* :func:`listen` -- where to listen: an IP address or ``localhost`` and a port; port 0
+  ("any free port") only where the caller says so.
+* :func:`cidr` -- a network.
+
+Every form writes an IPv6 address in brackets when a port follows it (``[fd00::1]:53``).
+
 Contract: every function takes the text as received and either returns the parsed value
 or raises :class:`ValueError` whose message says what is accepted (``"must be ..."``),
 without naming the input: the caller knows whether it is a query parameter, a JSON
 field, a command-line option or an environment variable, and names it (the wire
 models put the field in the 422 problem; the coordinator's registry names the query
-parameter; a CLI would say ``--listen: must be ...``).
+parameter; flags and variables go through :func:`anex_agent.errors.config_value`, which
+raises ``ConfigError("--listen", "'127.0.0.1:²' must be ...")``: exit status 2, one line;
+argparse-only tools use :func:`arg_type`).
 
 Digits are ASCII digits only. ``str.isdigit`` and ``int()`` also accept other scripts'
 digits (``"٣"``, ``"３"``) and ``isdigit`` even superscripts (``"²"``) that ``int()``
@@ -19,6 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 
 MAX_INT_DIGITS = 19  # enough for any signed 64-bit value; longer input is refused before int()
 
@@ -109,6 +125,84 @@ def host_port(text: str) -> tuple[str, int]:
         raise ValueError(_HOST_PORT_TEXT) from None
 
 
+_IP_PORT_TEXT = ("must be an IP address and a port from 1 to 65535, in ASCII digits "
+                 "(IPv6 in brackets: [fd00::a]:53)")
+_IP_PORT_OPTIONAL_TEXT = ("must be an IP address, optionally with a port from 1 to 65535 in ASCII digits "
+                          "(IP, IP:PORT, IPv6 or [IPv6]:PORT, for example 10.96.0.10:53)")
+
+
+def ip_port(text: str, *, default_port: int | None = None) -> tuple[str, int]:
+    """``IP:PORT`` / ``[IPv6]:PORT`` -> ``(ip, port)``; no host names.
+
+    With ``default_port``, a bare IP address (IPv4, or IPv6 without brackets) is accepted
+    too and stands for that port.
+    """
+    accepted = _IP_PORT_TEXT if default_port is None else _IP_PORT_OPTIONAL_TEXT
+    if not isinstance(text, str) or len(text) > HOST_PORT_MAX or not text.isascii():
+        raise ValueError(accepted)
+    if default_port is not None and not text.startswith("["):
+        try:
+            ipaddress.ip_address(text)
+            return text, default_port
+        except ValueError:
+            pass
+    name, sep, port_text = text.rpartition(":")
+    bracketed = name.startswith("[") and name.endswith("]")
+    inner = name[1:-1] if bracketed else name
+    try:
+        address = ipaddress.ip_address(inner)
+    except ValueError:
+        raise ValueError(accepted) from None
+    if not sep or (address.version == 6) != bracketed:  # IPv6 needs brackets, IPv4 has none
+        raise ValueError(accepted)
+    try:
+        return inner, port(port_text)
+    except ValueError:
+        raise ValueError(accepted) from None
+
+
+LOCALHOST = "127.0.0.1"  # what ``localhost`` means in a listen address
+
+
+def listen(text: str, *, empty_host: str | None = None, any_port: bool = False) -> tuple[str, int]:
+    """An address to listen on: ``IP:PORT``, ``[IPv6]:PORT`` or ``localhost:PORT`` -> ``(ip, port)``.
+
+    ``localhost`` is read as 127.0.0.1, so what is bound is what the log says.
+    ``:PORT`` is accepted only with ``empty_host``, returned in place of the missing host
+    (``"127.0.0.1"``: loopback; ``""``: every address). Port 0 ("any free port: the
+    system picks one") only with ``any_port``, for a listener that tells its bound port.
+    """
+    low = 0 if any_port else PORT_MIN
+    accepted = (f"must be HOST:PORT with HOST an IP address or localhost (IPv6 in brackets: [::1]:3128"
+                + (", no HOST: every address" if empty_host == "" else f", no HOST: {empty_host}" if empty_host else "")
+                + f") and a port from {low} to {PORT_MAX} in ASCII digits"
+                + (" (0: any free port)" if any_port else "") + ", for example 127.0.0.1:3128")
+    if not isinstance(text, str) or len(text) > HOST_PORT_MAX or not text.isascii():
+        raise ValueError(accepted)
+    name, sep, port_text = text.rpartition(":")
+    try:
+        number = integer(port_text, minimum=low, maximum=PORT_MAX)
+    except ValueError:
+        raise ValueError(accepted) from None
+    if not sep:
+        raise ValueError(accepted)
+    if name == "":
+        if empty_host is None:
+            raise ValueError(accepted)
+        return empty_host, number
+    if name == "localhost":
+        return LOCALHOST, number
+    bracketed = name.startswith("[") and name.endswith("]")
+    inner = name[1:-1] if bracketed else name
+    try:
+        address = ipaddress.ip_address(inner)
+    except ValueError:
+        raise ValueError(accepted) from None
+    if (address.version == 6) != bracketed:
+        raise ValueError(accepted)
+    return inner, number
+
+
 def cidr(text: str, *, strict: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """A network in CIDR form (``10.96.0.0/12``); host bits are cleared unless ``strict``."""
     if not isinstance(text, str) or len(text) > CIDR_MAX or not text.isascii():
@@ -121,3 +215,20 @@ def cidr(text: str, *, strict: bool = False) -> ipaddress.IPv4Network | ipaddres
     except ValueError:
         raise ValueError("must be a network in CIDR form, for example 10.96.0.0/12"
                          + (" with no host bits set" if strict else "")) from None
+
+
+def arg_type(parser: Callable[..., object], **options: object) -> Callable[[str], str]:
+    """An argparse ``type=`` that checks the text with ``parser`` (a function of this module)
+    and keeps the text as given; a refusal becomes argparse's one-line error naming the
+    option (``argument --listen: '127.0.0.1:0' must be ...``) and exit status 2."""
+    import argparse
+
+    def check(text: str) -> str:
+        try:
+            parser(text, **options)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{text!r} {err}") from None
+        return text
+
+    check.__name__ = getattr(parser, "__name__", "value")
+    return check

@@ -32,7 +32,8 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
-from anex_agent.errors import ConfigError, ResolveError
+from anex_agent import parse
+from anex_agent.errors import ResolveError, config_value
 
 log = logging.getLogger(__name__)
 
@@ -54,29 +55,8 @@ class DnsServer:
 
 
 def parse_dns_server(value: str, *, source: str = "dns") -> DnsServer:
-    """Parse ``IP``, ``IP:PORT``, ``IPv6`` or ``[IPv6]:PORT`` into a :class:`DnsServer`."""
-    text = value.strip()
-    host, port = text, DNS_PORT
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise ConfigError(source, f"{value!r}: expected IP, IP:PORT or [IPv6]:PORT")
-        if rest:
-            port = _port(rest[1:], value, source)
-    elif text.count(":") == 1:
-        host, _, rest = text.partition(":")
-        port = _port(rest, value, source)
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ConfigError(source, f"{value!r}: a DNS server must be an IP address (optionally with :PORT)") from None
-    return DnsServer(host, port)
-
-
-def _port(text: str, value: str, source: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise ConfigError(source, f"{value!r}: port must be from 1 to 65535")
-    return int(text)
+    """Parse ``IP``, ``IP:PORT``, ``IPv6`` or ``[IPv6]:PORT`` into a :class:`DnsServer`; ConfigError naming ``source``."""
+    return DnsServer(*config_value(source, parse.ip_port, value.strip(), default_port=DNS_PORT))
 
 
 def _normalise(name: str) -> str:

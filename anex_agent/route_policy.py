@@ -23,6 +23,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from anex_agent.parse import cidr as parse_cidr
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_GATEWAY_ROUTES: tuple[str, ...] = (
@@ -36,7 +38,7 @@ DEFAULT_GATEWAY_ROUTES: tuple[str, ...] = (
 
 def parse(cidr: str) -> Network:
     """A network in CIDR form (host bits allowed: ``10.96.0.1/12`` is ``10.96.0.0/12``). ValueError otherwise."""
-    return ipaddress.ip_network(cidr.strip(), strict=False)
+    return parse_cidr(cidr.strip())
 
 
 def inside(network: Network, allowed: Iterable[Network]) -> bool:

@@ -87,6 +87,11 @@ def _check_host_port(value: str) -> str:
     return value
 
 
+def _check_dns_server(value: str) -> str:
+    parse.ip_port(value, default_port=53)
+    return value
+
+
 def _free_value(value: Any, path: str) -> None:
     """Refuse what no field of the REST contract may hold, at any depth of ``value``:
     NUL characters (PostgreSQL text cannot store them), strings longer than
@@ -152,6 +157,12 @@ HostPort = Annotated[
     Field(max_length=parse.HOST_PORT_MAX, pattern=parse.HOST_PORT_PATTERN,
           description="HOST:PORT, port 1..65535 in ASCII digits; IPv6 hosts in brackets"),
     AfterValidator(_check_host_port),
+]
+DnsServerAddress = Annotated[
+    str,
+    Field(max_length=parse.HOST_PORT_MAX,
+          description="a DNS server: IP, IP:PORT, IPv6 or [IPv6]:PORT (port 53 when none), port in ASCII digits"),
+    AfterValidator(_check_dns_server),
 ]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX)]
@@ -341,7 +352,7 @@ class NodeConfig(Model):
     address: str
     network: Cidr
     mtu: int = Field(ge=1280, le=9000)
-    dns: list[str]
+    dns: list[DnsServerAddress]
     search_domains: list[str] = Field(default_factory=list)
     gateways: list[GatewayPeer]
     tunnels: list[TunnelSpec] = Field(default_factory=list)

@@ -79,3 +79,121 @@ def test_messages_do_not_echo_the_input():
         with pytest.raises(ValueError) as two:
             fn(b)
         assert str(one.value) == str(two.value)
+
+
+@pytest.mark.parametrize("text, options, expected", [
+    ("127.0.0.1:3128", {}, ("127.0.0.1", 3128)),
+    ("[::1]:3128", {}, ("::1", 3128)),
+    ("0.0.0.0:1", {}, ("0.0.0.0", 1)),
+    ("localhost:3129", {}, ("127.0.0.1", 3129)),
+    (":8080", {"empty_host": "127.0.0.1"}, ("127.0.0.1", 8080)),
+    (":51820", {"empty_host": ""}, ("", 51820)),
+    ("127.0.0.1:0", {"any_port": True}, ("127.0.0.1", 0)),
+    ("[fe80::1%eth0]:80", {}, ("fe80::1%eth0", 80)),
+])
+def test_listen_accepts(text, options, expected):
+    assert parse.listen(text, **options) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "3128", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:²", "127.0.0.1:①", "127.0.0.1:٣", "127.0.0.1:３",
+    ":8080", "::1:3128", "[127.0.0.1]:3128", "[::1]3128", "host.example:3128", "LOCALHOST:80", " 127.0.0.1:80",
+    "127.0.0.1:80 ", "", "1" * 300 + ":80", "[::1]:",
+])
+def test_listen_refuses(text):
+    with pytest.raises(ValueError, match="must be HOST:PORT with HOST an IP address or localhost"):
+        parse.listen(text)
+
+
+def test_listen_port_zero_only_when_asked_and_said_so():
+    with pytest.raises(ValueError, match="port from 1 to 65535") as info:
+        parse.listen("127.0.0.1:0")
+    assert "any free port" not in str(info.value)
+    with pytest.raises(ValueError, match=r"port from 0 to 65535 in ASCII digits \(0: any free port\)"):
+        parse.listen("127.0.0.1:٠", any_port=True)  # an Arabic-Indic zero is not 0
+    with pytest.raises(ValueError, match="no HOST: every address"):
+        parse.listen("::1:80", empty_host="")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("10.96.0.10", ("10.96.0.10", 53)), ("10.96.0.10:5353", ("10.96.0.10", 5353)), ("fd00::a", ("fd00::a", 53)),
+    ("[fd00::a]:54", ("fd00::a", 54)),
+])
+def test_ip_port_with_a_default(text, expected):
+    assert parse.ip_port(text, default_port=53) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "10.96.0.10:0", "10.96.0.10:65536", "10.96.0.10:²", "10.96.0.10:①", "10.96.0.10:٣", "10.96.0.10:３", ":53",
+    "kube-dns", "kube-dns:53", "[10.96.0.10]:53", "[fd00::a]", "[fd00::a]x", "[fd00::a", "10.96.0.10:", "",
+    "١٠.96.0.10", "x" * 300,
+])
+def test_ip_port_refuses(text):
+    with pytest.raises(ValueError, match="must be an IP address"):
+        parse.ip_port(text, default_port=53)
+
+
+def test_ip_port_without_a_default_needs_the_port():
+    assert parse.ip_port("[fd00::1]:51820") == ("fd00::1", 51820)
+    for text in ("10.0.0.1", "fd00::1", "fd00::1:51820", "gw.example.com:51820"):
+        with pytest.raises(ValueError, match="IPv6 in brackets"):
+            parse.ip_port(text)
+
+
+def test_arg_type_keeps_the_text_and_names_the_option_through_argparse(capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="demo")
+    parser.add_argument("--listen", type=parse.arg_type(parse.listen))
+    assert parser.parse_args(["--listen", "[::1]:80"]).listen == "[::1]:80"
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--listen", "127.0.0.1:３"])
+    assert info.value.code == 2
+    assert "argument --listen: '127.0.0.1:３' must be HOST:PORT" in capsys.readouterr().err
+
+
+def test_module_is_pure():
+    """Cores (the proxy's request handling, the WireGuard core) use it: no I/O, nothing of anex-agent."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(parse))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= {"__future__", "ipaddress", "re", "collections", "argparse"}, imported
+
+
+def test_listen_and_ip_port_messages_do_not_echo_the_input():
+    for fn, a, b in ((parse.listen, "²", "x:0"), (parse.ip_port, "a", "b:0")):
+        with pytest.raises(ValueError) as one:
+            fn(a)
+        with pytest.raises(ValueError) as two:
+            fn(b)
+        assert str(one.value) == str(two.value)
+
+
+# Files whose isdigit() reads something other than an address, a port or a network (a
+# database's row-count tag, a uid, /proc entries, offer fields); everything else parses through
+# this module.
+ISDIGIT_ELSEWHERE = {
+    "coordinator/db.py", "agent/workload.py", "tunnels/cleanup.py", "demo/netlab.py",
+    "selection/providers/http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
+}
+
+
+def test_no_module_splits_host_port_or_reads_ports_by_hand():
+    import re
+    from pathlib import Path
+
+    package = Path(parse.__file__).parent
+    split, digits = [], []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        if name == "parse.py":
+            continue
+        text = path.read_text()
+        if re.search(r"""rpartition\(["']:["']\)|rsplit\(["']:["']""", text):  # USER:PASSWORD splits on the left
+            split.append(name)
+        if ".isdigit()" in text and name not in ISDIGIT_ELSEWHERE:
+            digits.append(name)
+    assert split == [] and digits == [], (split, digits)

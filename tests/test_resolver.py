@@ -116,8 +116,28 @@ def test_parse_dns_server(text, expected):
     assert parse_dns_server(text) == expected
 
 
-@pytest.mark.parametrize("text", ["dns.example", "10.0.0.1:0", "10.0.0.1:x", "[fd00::1", ""])
+@pytest.mark.parametrize("text", ["dns.example", "10.0.0.1:0", "10.0.0.1:x", "[fd00::1", "",
+                                  "10.0.0.1:²", "10.0.0.1:①", "10.0.0.1:٣", "10.0.0.1:３", "10.0.0.1:65536",
+                                  "[10.0.0.1]:53", ":53"])
 def test_parse_dns_server_rejects_with_a_clear_message(text):
     with pytest.raises(ConfigError) as info:
         parse_dns_server(text, source="NodeConfig.dns")
     assert "NodeConfig.dns" in str(info.value)
+    assert str(info.value).startswith(f"NodeConfig.dns: {text!r} must be an IP address")
+
+
+def test_resolver_refuses_an_odd_port_with_a_config_error_not_a_crash():
+    with pytest.raises(ConfigError, match="dns: '10.0.0.1:²'"):
+        Resolver(["10.0.0.1:²"])
+
+
+@pytest.mark.parametrize("server", ["10.0.0.1:²", "10.0.0.1:٣", "10.0.0.1:0", "dns.example", "[10.0.0.1]:53"])
+def test_node_config_refuses_a_dns_server_the_resolver_could_not_use(server):
+    """Checked where the node config is read, before it reaches the data plane."""
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="must be an IP address"):
+        NodeConfig(node_id="n", version=1, address="10.254.0.7", network="10.254.0.0/16", mtu=1380, dns=[server],
+                   gateways=[])
+    assert NodeConfig(node_id="n", version=1, address="10.254.0.7", network="10.254.0.0/16", mtu=1380,
+                      dns=["10.0.0.1", "[fd00::1]:5353"], gateways=[]).dns == ["10.0.0.1", "[fd00::1]:5353"]

@@ -28,7 +28,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from anex_agent import route_policy
+from anex_agent import parse, route_policy
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 from anex_agent.wire import NodeConfig, TunnelSpec
 
@@ -48,9 +48,8 @@ class RefusedRoute:
 def _endpoint_ip(endpoint: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not endpoint:
         return None
-    host = endpoint.rpartition(":")[0].strip("[]")
     try:
-        return ipaddress.ip_address(host)
+        return ipaddress.ip_address(parse.host_port(endpoint)[0])
     except ValueError:
         return None  # a name: resolved by the engine, not checked here
 

@@ -20,8 +20,8 @@ ANEX_ALLOW_INSECURE    --allow-insecure                 1: accept plain http:// 
 ANEX_STATE_DIR         --state-dir                      directory; default see :func:`default_state_dir`
 ANEX_ENGINE            --engine                         auto|kernel|wireguard-go|userspace|wireproxy
 ANEX_PATH              --path                           auto|udp|websocket
-ANEX_PROXY_LISTEN      --proxy-listen                   HOST:PORT, default 127.0.0.1:3128
-ANEX_API_LISTEN        --api-listen                     HOST:PORT, default 127.0.0.1:9555
+ANEX_PROXY_LISTEN      --proxy-listen                   IP:PORT, [IPv6]:PORT or localhost:PORT, default 127.0.0.1:3128
+ANEX_API_LISTEN        --api-listen                     IP:PORT (as above), default 127.0.0.1:9555
 ANEX_PROXY_AUTH        --proxy-auth                     USER:PASSWORD the proxy requires (optional)
 ANEX_PROXY_AUTH_FILE   --proxy-auth-file                a file holding USER:PASSWORD
 ANEX_PROVIDER          --provider                       vastai|runpod|onprem|other, default other
@@ -42,11 +42,9 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from anex_agent import transport
+from anex_agent import parse, transport
 from anex_agent.config_secrets import SecretSpec, pick_secret
-from anex_agent.errors import ConfigError
-from anex_agent.frontends.proxy_core import is_port
-from anex_agent.frontends.proxy_core import parse_listen as parse_host_port
+from anex_agent.errors import ConfigError, config_value
 from anex_agent.wire import Provider, TunnelSpec
 
 ENGINES = ("auto", "kernel", "wireguard-go", "userspace", "wireproxy")
@@ -112,19 +110,22 @@ def default_state_dir(environ: Mapping[str, str], euid: int | None = None) -> Pa
 
 def parse_listen(value: str, source: str) -> ListenAddress:
     """Parse ``HOST:PORT`` (IPv6 in brackets, ``localhost`` = 127.0.0.1) into a :class:`ListenAddress`."""
-    return ListenAddress(*parse_host_port(value, source=source, empty_host_is_loopback=False))
+    return ListenAddress(*config_value(source, parse.listen, value.strip()))
 
 
 def parse_tunnel(source: str, port_text: str, target: str) -> TunnelSetting:
     """One forward: ``port_text`` is the local port (from the variable name), ``target`` HOST:PORT."""
-    accepted = "GW_TUNNEL_<port>=<host>:<port> with both ports from 1 to 65535, e.g. GW_TUNNEL_5432=db.default.svc.cluster.local:5432"
-    if not is_port(port_text):
-        raise ConfigError(source, f"local port {port_text!r} is not a port from 1 to 65535; expected {accepted}")
-    host, sep, port = target.strip().rpartition(":")
-    bare = host.strip("[]")
-    if not sep or not bare or not is_port(port) or any(c.isspace() for c in bare):
-        raise ConfigError(source, f"value {target!r} is not <host>:<port>; expected {accepted}")
-    return TunnelSetting(source, TunnelSpec(listen_port=int(port_text), target=target.strip()))
+    accepted = ("GW_TUNNEL_<port>=<host>:<port> with both ports from 1 to 65535 in ASCII digits (IPv6 hosts "
+                "in brackets), e.g. GW_TUNNEL_5432=db.default.svc.cluster.local:5432")
+    try:
+        local = parse.port(port_text)
+    except ValueError:
+        raise ConfigError(source, f"local port {port_text!r} is not a port from 1 to 65535; expected {accepted}") from None
+    try:
+        parse.host_port(target.strip())
+    except ValueError:
+        raise ConfigError(source, f"value {target!r} is not <host>:<port>; expected {accepted}") from None
+    return TunnelSetting(source, TunnelSpec(listen_port=local, target=target.strip()))
 
 
 def parse_tunnels(environ: Mapping[str, str], flags: list[str] | None = None) -> tuple[TunnelSetting, ...]:
@@ -153,9 +154,10 @@ def parse_ports(value: str, source: str) -> tuple[int, ...]:
         item = item.strip()
         if not item:
             continue
-        if not is_port(item):
-            raise ConfigError(source, f"{item!r} in {value!r} is not a port; {accepted}")
-        ports.add(int(item))
+        try:
+            ports.add(parse.port(item))
+        except ValueError:
+            raise ConfigError(source, f"{item!r} in {value!r} is not a port; {accepted}") from None
     return tuple(sorted(ports))
 
 

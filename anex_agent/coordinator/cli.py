@@ -27,7 +27,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from anex_agent import access_token
+from anex_agent import access_token, parse
 from anex_agent.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
 from anex_agent.coordinator import gateway_routes, limits, tls
@@ -37,7 +37,7 @@ from anex_agent.coordinator.db import split_password
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT_NETWORK, Settings, default_state_dir
 from anex_agent.coordinator.states import Timings
-from anex_agent.errors import ConfigError
+from anex_agent.errors import ConfigError, config_value
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
 
 log = logging.getLogger("anex_agent.coordinator")
@@ -45,7 +45,8 @@ log = logging.getLogger("anex_agent.coordinator")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
-                        help=f"address to serve on (default {DEFAULT_LISTEN}: this machine only)")
+                        help=f"address to serve on: IP:PORT, [IPv6]:PORT or localhost:PORT; port 0 picks a free port "
+                             f"and the address served is printed (default {DEFAULT_LISTEN}: this machine only)")
     parser.add_argument("--database", metavar="URL",
                         help="sqlite:///PATH or postgresql://USER:PASS@HOST/DB (default: SQLite in the state dir); "
                              "also $ANEX_DATABASE_URL")
@@ -126,16 +127,8 @@ def _secrets_and_tls(args: argparse.Namespace, env) -> dict:
 
 
 def _listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError("--listen", f"{value!r} must be HOST:PORT, e.g. 127.0.0.1:8700 or [::1]:8700")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if host != "localhost":
-            raise ConfigError("--listen", f"{host!r} must be an IP address (or localhost)") from None
-    return host, int(port)
+    """--listen: port 0 is allowed and means any free port (the bound address is printed)."""
+    return config_value("--listen", parse.listen, value, any_port=True)
 
 
 def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:

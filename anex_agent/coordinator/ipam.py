@@ -23,7 +23,8 @@ import ipaddress
 from dataclasses import dataclass
 
 from anex_agent.coordinator.db import Conn
-from anex_agent.errors import ConfigError
+from anex_agent import parse
+from anex_agent.errors import ConfigError, config_value
 
 _MAX_ATTEMPTS = 1000
 
@@ -40,10 +41,7 @@ class Pool:
 
     @classmethod
     def parse(cls, cidr: str, *, source: str = "--network") -> Pool:
-        try:
-            net = ipaddress.ip_network(cidr, strict=False)
-        except ValueError:
-            raise ConfigError(source, f"{cidr!r} is not a network in CIDR form, e.g. 10.254.0.0/16") from None
+        net = config_value(source, parse.cidr, cidr)
         if not isinstance(net, ipaddress.IPv4Network):
             raise ConfigError(source, "must be an IPv4 network (the mesh is IPv4), e.g. 10.254.0.0/16")
         if net.prefixlen > 30:

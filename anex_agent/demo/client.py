@@ -12,7 +12,9 @@ body of ``--body-size`` bytes for POST, and prints ``{"status", "headers", "body
 ``bulk`` moves N bytes from (down) or to (up) the bulk ``source``/``sink`` service of
 :mod:`anex_agent.demo.services`, optionally through a CONNECT tunnel, and prints
 ``{"bytes", "seconds", "mbit_s"}``.
-Failures print ``{"error": "..."}`` and exit 1. Standard library only, on purpose.
+Failures print ``{"error": "..."}`` and exit 1; a malformed HOST:PORT is argparse's error
+(exit 2). Standard library only, on purpose, besides :mod:`anex_agent.parse` (itself
+standard library only).
 """
 
 from __future__ import annotations
@@ -26,12 +28,10 @@ import struct
 import sys
 import time
 
+from anex_agent import parse
+
 CHUNK = 256 * 1024
-
-
-def _split(hostport: str) -> tuple[str, int]:
-    host, _, port = hostport.rpartition(":")
-    return host.strip("[]"), int(port)
+HOST_PORT = parse.arg_type(parse.host_port)
 
 
 def _body(size: int) -> bytes:
@@ -54,7 +54,7 @@ def do_get(args) -> dict:
     body = _body(args.body_size) if args.body_size else None
     method = args.method or ("POST" if body is not None else "GET")
     if args.proxy:
-        host, port = _split(args.proxy)
+        host, port = parse.host_port(args.proxy)
         conn = http.client.HTTPConnection(host, port, timeout=args.timeout)
         target = args.url
     else:
@@ -71,7 +71,7 @@ def do_get(args) -> dict:
 
 
 def _tunnel(proxy: str, dest: str, timeout: float) -> socket.socket:
-    host, port = _split(proxy)
+    host, port = parse.host_port(proxy)
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.sendall(f"CONNECT {dest} HTTP/1.1\r\nHost: {dest}\r\n\r\n".encode())
     head = b""
@@ -89,7 +89,7 @@ def _tunnel(proxy: str, dest: str, timeout: float) -> socket.socket:
 
 def do_connect(args) -> dict:
     sock = _tunnel(args.proxy, args.dest, args.timeout)
-    host = args.dest.rpartition(":")[0]
+    host, _ = parse.host_port(args.dest)
     conn = http.client.HTTPConnection(host, timeout=args.timeout)
     conn.sock = sock
     conn.request("GET", args.path)
@@ -100,7 +100,7 @@ def do_bulk(args) -> dict:
     if args.proxy:
         sock = _tunnel(args.proxy, args.dest, args.timeout)
     else:
-        sock = socket.create_connection(_split(args.dest), timeout=args.timeout)
+        sock = socket.create_connection(parse.host_port(args.dest), timeout=args.timeout)
     sock.settimeout(args.timeout)
     buf = bytearray(CHUNK)
     started = time.perf_counter()
@@ -143,7 +143,7 @@ def do_latency(args) -> dict:
     for _ in range(args.count):
         started = time.perf_counter()
         if args.proxy:
-            host, port = _split(args.proxy)
+            host, port = parse.host_port(args.proxy)
             conn = http.client.HTTPConnection(host, port, timeout=args.timeout)
             conn.request("GET", args.url)
         else:
@@ -165,21 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     get = sub.add_parser("get")
     get.add_argument("url")
-    get.add_argument("--proxy")
+    get.add_argument("--proxy", type=HOST_PORT)
     get.add_argument("--method")
     get.add_argument("--body-size", type=int, default=0)
     con = sub.add_parser("connect")
-    con.add_argument("dest")
-    con.add_argument("--proxy", required=True)
+    con.add_argument("dest", type=HOST_PORT)
+    con.add_argument("--proxy", required=True, type=HOST_PORT)
     con.add_argument("--path", default="/")
     bulk = sub.add_parser("bulk")
-    bulk.add_argument("dest")
+    bulk.add_argument("dest", type=HOST_PORT)
     bulk.add_argument("--bytes", type=int, required=True)
-    bulk.add_argument("--proxy")
+    bulk.add_argument("--proxy", type=HOST_PORT)
     bulk.add_argument("--direction", choices=["down", "up"], default="down")
     lat = sub.add_parser("latency")
     lat.add_argument("url")
-    lat.add_argument("--proxy")
+    lat.add_argument("--proxy", type=HOST_PORT)
     lat.add_argument("--count", type=int, default=200)
     for p in (get, con, bulk, lat):
         p.add_argument("--timeout", type=float, default=15.0)

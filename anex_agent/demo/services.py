@@ -34,12 +34,9 @@ import dns.rdatatype
 import dns.rrset
 from aiohttp import web
 
+from anex_agent import parse
+
 CHUNK = 256 * 1024
-
-
-def _split(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 # ---------------------------------------------------------------- HTTP echo
@@ -61,7 +58,7 @@ def make_http_app(name: str) -> web.Application:
 
 
 async def serve_http(listen: str, name: str) -> None:
-    host, port = _split(listen)
+    host, port = parse.listen(listen)
     runner = web.AppRunner(make_http_app(name), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port, reuse_address=True).start()
@@ -107,7 +104,7 @@ class _DnsUdp(asyncio.DatagramProtocol):
 
 
 async def serve_dns(listen: str, records: dict[str, str]) -> None:
-    host, port = _split(listen)
+    host, port = parse.listen(listen)
     loop = asyncio.get_running_loop()
     await loop.create_datagram_endpoint(lambda: _DnsUdp(records), local_addr=(host, port))
 
@@ -134,7 +131,7 @@ async def serve_dns(listen: str, records: dict[str, str]) -> None:
 
 
 async def serve_bulk(listen: str, mode: str) -> None:
-    host, port = _split(listen)
+    host, port = parse.listen(listen)
     payload = bytes(CHUNK)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -164,7 +161,7 @@ async def serve_bulk(listen: str, mode: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m anex_agent.demo.services")
     parser.add_argument("kind", choices=["http", "dns", "sink", "source"])
-    parser.add_argument("--listen", required=True, metavar="HOST:PORT")
+    parser.add_argument("--listen", required=True, metavar="IP:PORT", type=parse.arg_type(parse.listen))
     parser.add_argument("--name", default="echo")
     parser.add_argument("--record", action="append", default=[], metavar="NAME=IPV4")
     args = parser.parse_args(argv)

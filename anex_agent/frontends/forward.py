@@ -32,6 +32,7 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from anex_agent import parse
 from anex_agent.dialer import Dialer, SocketConnection
 from anex_agent.errors import AnexError, DialError, PortInUseError
 from anex_agent.frontends.relay import relay, tune_socket
@@ -40,14 +41,6 @@ from anex_agent.wire import TunnelSpec
 log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 128
-
-
-def split_host_port(target: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port); the wire model already validated it."""
-    host, _, port = target.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -194,7 +187,7 @@ class ForwardManager:
         target = lst.target
         upstream = None
         try:
-            host, port = split_host_port(target)
+            host, port = parse.host_port(target)  # the wire model already validated it
             try:
                 upstream = await self.dialer.open_connection(host, port)
             except DialError as err:

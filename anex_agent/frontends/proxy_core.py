@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import urlsplit
 
+from anex_agent import parse
 from anex_agent.errors import ConfigError
 
 Headers = list[tuple[bytes, bytes]]
@@ -67,38 +68,6 @@ class Destination:
         return (self.host.lower(), self.port)
 
 
-def is_port(text: str) -> bool:
-    """True for ASCII decimal digits naming a port from 1 to 65535 (``str.isdigit`` alone also
-    accepts '²', which ``int`` refuses, and '٣', which it reads as 3)."""
-    return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
-
-
-def parse_listen(value: str, *, source: str = "ANEX_PROXY_LISTEN", empty_host_is_loopback: bool = True) -> tuple[str, int]:
-    """``HOST:PORT`` / ``[IPv6]:PORT`` / ``:PORT`` (loopback) -> (host, port); ConfigError otherwise.
-
-    HOST is an IP address or ``localhost`` (read as 127.0.0.1). With
-    ``empty_host_is_loopback=False`` (the agent's settings) ``:PORT`` is refused too.
-    """
-    text = value.strip()
-    accepted = "expected HOST:PORT with an IP address and a port from 1 to 65535, e.g. 127.0.0.1:3128"
-    host, sep, port = text.rpartition(":")
-    if not sep or not is_port(port):
-        raise ConfigError(source, f"{value!r}: {accepted}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if host == "":
-        if not empty_host_is_loopback:
-            raise ConfigError(source, f"{value!r}: {accepted}")
-        host = DEFAULT_LISTEN[0]
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if host != "localhost":
-            raise ConfigError(source, f"{value!r}: {accepted}") from None
-        host = "127.0.0.1"
-    return host, int(port)
-
-
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -124,9 +93,10 @@ def _split_authority(authority: str, default_port: int | None) -> tuple[str, int
         if default_port is None:
             raise BadRequest(f"{authority!r} has no port; CONNECT needs HOST:PORT")
         return host, default_port
-    if not is_port(port_text):
-        raise BadRequest(f"bad port in {authority!r} (1-65535)")
-    return host, int(port_text)
+    try:
+        return host, parse.port(port_text)
+    except ValueError:
+        raise BadRequest(f"bad port in {authority!r} (1-65535)") from None
 
 
 def parse_target(method: bytes, target: bytes) -> Destination:

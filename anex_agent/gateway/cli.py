@@ -8,7 +8,7 @@ Flags (environment fallback in brackets):
     --token-file FILE       file holding the gateway join token [ANEX_GATEWAY_TOKEN_FILE]
     --ca-file FILE          PEM CA certificates trusted for an https:// coordinator [ANEX_CA_FILE]
     --allow-insecure        accept plain http:// to a public coordinator address [ANEX_ALLOW_INSECURE=1]
-    --listen-udp ADDR       WireGuard UDP HOST:PORT (default 0.0.0.0:51820; the engine binds the port on all addresses)
+    --listen-udp ADDR       WireGuard UDP IP:PORT or :PORT (default 0.0.0.0:51820; the engine binds the port on all addresses)
     --endpoint HOST:PORT    what nodes dial (default: --listen-udp when it names an address)
     --ws-url URL            WebSocket relay URL advertised to UDP-blocked nodes
     --route CIDR            a cluster network nodes may reach (repeat)
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "[ANEX_CA_FILE]")
     parser.add_argument("--allow-insecure", action="store_true",
                         help="accept a plain http:// coordinator URL to a public address [ANEX_ALLOW_INSECURE=1]")
-    parser.add_argument("--listen-udp", default=DEFAULT_LISTEN_UDP, help="WireGuard UDP HOST:PORT")
+    parser.add_argument("--listen-udp", default=DEFAULT_LISTEN_UDP, help="WireGuard UDP IP:PORT, [IPv6]:PORT or :PORT, port 1..65535")
     parser.add_argument("--endpoint", default=None, help="UDP HOST:PORT nodes dial (default: --listen-udp)")
     parser.add_argument("--ws-url", default=None, help="WebSocket relay URL to advertise")
     parser.add_argument("--route", action="append", default=[], metavar="CIDR", help="cluster network to route (repeat)")

@@ -28,7 +28,8 @@ import dns.exception
 import dns.message
 import dns.rcode
 
-from anex_agent.errors import ConfigError
+from anex_agent import parse
+from anex_agent.errors import config_value
 
 log = logging.getLogger(__name__)
 
@@ -40,28 +41,7 @@ TCP_IDLE_TIMEOUT = 30.0
 
 def parse_upstream(text: str) -> tuple[str, int]:
     """``IP`` or ``IP:PORT`` / ``[IPv6]:PORT`` -> (ip, port). ConfigError naming --dns-upstream otherwise."""
-    import ipaddress
-
-    value = text.strip()
-    host, port = value, DNS_PORT
-    if value.startswith("["):
-        host, _, rest = value[1:].partition("]")
-        if rest:
-            if not rest.startswith(":") or not rest[1:].isdigit():
-                raise ConfigError("--dns-upstream", f"{text!r} is not IP[:PORT]")
-            port = int(rest[1:])
-    elif value.count(":") == 1:
-        host, _, port_text = value.partition(":")
-        if not port_text.isdigit():
-            raise ConfigError("--dns-upstream", f"{text!r}: the port must be a number")
-        port = int(port_text)
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ConfigError("--dns-upstream", f"{text!r} is not an IP address (IP or IP:PORT, e.g. 10.96.0.10:53)") from None
-    if not 1 <= port <= 65535:
-        raise ConfigError("--dns-upstream", f"port {port} is outside 1..65535")
-    return host, port
+    return config_value("--dns-upstream", parse.ip_port, text.strip(), default_port=DNS_PORT)
 
 
 def error_reply(query_wire: bytes, rcode: int) -> bytes | None:

@@ -6,15 +6,14 @@ Every bad value raises ConfigError naming the flag and saying what is accepted.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from anex_agent import transport
+from anex_agent import parse, transport
 from anex_agent.config_secrets import SecretSpec, pick_secret
-from anex_agent.errors import ConfigError
+from anex_agent.errors import ConfigError, config_value
 from anex_agent.gateway.dns import parse_upstream
 from anex_agent.tunnels.base import IFNAME_PREFIX, check_ifname
 
@@ -40,23 +39,12 @@ class GatewaySettings:
 
 
 def parse_listen_udp(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError("--listen-udp", f"{text!r} is not HOST:PORT or :PORT with a port from 1 to 65535")
-    host = host.strip("[]")
-    if host:
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise ConfigError("--listen-udp", f"{host!r} is not an IP address") from None
-    return host, int(port)
+    """--listen-udp: ``IP:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every address; host "")."""
+    return config_value("--listen-udp", parse.listen, text, empty_host="")
 
 
 def parse_route(text: str) -> str:
-    try:
-        return str(ipaddress.ip_network(text, strict=False))
-    except ValueError:
-        raise ConfigError("--route", f"{text!r} is not a network in CIDR form (e.g. 10.96.0.0/12)") from None
+    return str(config_value("--route", parse.cidr, text))
 
 
 def build_settings(
@@ -78,9 +66,7 @@ def build_settings(
     if endpoint is None and host and host not in ("0.0.0.0", "::"):
         endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if endpoint is not None:
-        ep_host, sep, ep_port = endpoint.rpartition(":")
-        if not sep or not ep_host or not ep_port.isdigit() or not 1 <= int(ep_port) <= 65535:
-            raise ConfigError("--endpoint", f"{endpoint!r} is not HOST:PORT (the UDP address nodes dial)")
+        config_value("--endpoint", parse.host_port, endpoint)  # the UDP address nodes dial
     if engine not in GATEWAY_ENGINES:
         raise ConfigError("--engine", f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} (a hub needs an OS interface)")
     if interface is not None:

@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from anex_agent.dialer import Dialer, NameResolver
-from anex_agent.errors import ConfigError, EngineError
+from anex_agent import parse
+from anex_agent.errors import ConfigError, EngineError, config_value
 
 if TYPE_CHECKING:
     from anex_agent.tasks import Tasks
@@ -104,10 +105,7 @@ class PeerConfig:
         if not 0 <= self.persistent_keepalive <= 65535:
             raise ConfigError("persistent_keepalive", f"{self.persistent_keepalive} is outside 0..65535")
         for cidr in self.allowed_ips:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ConfigError("allowed_ips", f"{cidr!r} is not a network in CIDR form (e.g. 10.254.0.0/16)") from None
+            config_value("allowed_ips", parse.cidr, cidr)
 
     def allowed_set(self) -> frozenset[str]:
         """Allowed IPs normalised (host bits cleared) as a set, for comparisons."""
@@ -147,10 +145,7 @@ class DesiredConfig:
         if len(keys) != len(set(keys)):
             raise ConfigError("peers", "the same public key appears twice")
         for cidr in self.routes:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ConfigError("routes", f"{cidr!r} is not a network in CIDR form") from None
+            config_value("routes", parse.cidr, cidr)
 
 
 @dataclass(frozen=True)

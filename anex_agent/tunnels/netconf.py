@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from anex_agent import parse
 from anex_agent.errors import EngineError
 
 #: Routing protocol id marking our routes (rtnetlink.h: values above RTPROT_STATIC (4)
@@ -190,13 +191,12 @@ def set_routes(ifname: str, routes: Iterable[str]) -> SetPlan:
 
 
 def split_host_port(endpoint: str) -> tuple[str, int]:
-    """``HOST:PORT`` / ``[V6]:PORT`` -> (host, port). ValueError when malformed. Pure."""
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"endpoint {endpoint!r} is not HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
+    """``HOST:PORT`` / ``[V6]:PORT`` -> (host, port): :func:`anex_agent.parse.host_port` with the
+    endpoint named in its ValueError. Pure."""
+    try:
+        return parse.host_port(endpoint)
+    except ValueError as err:
+        raise ValueError(f"endpoint {endpoint!r} {err}") from None
 
 
 def join_host_port(host: str, port: int) -> str:

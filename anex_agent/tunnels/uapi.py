@@ -20,11 +20,11 @@ This module has a pure core (:func:`encode_get`, :func:`encode_set`,
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from anex_agent import parse
 from anex_agent.errors import EngineError, LocalProtocolError, RemoteProtocolError
 
 #: Directory of UAPI sockets on Linux (xplatform: "/var/run/wireguard/wg0.sock").
@@ -107,16 +107,15 @@ def _hex_key(key: bytes, what: str) -> str:
 
 
 def _check_endpoint(endpoint: str) -> str:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise LocalProtocolError(f"endpoint {endpoint!r} is not HOST:PORT")
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    """An ``IP:PORT`` / ``[IPv6]:PORT`` endpoint as UAPI takes it (no names); LocalProtocolError otherwise."""
     try:
-        addr = ipaddress.ip_address(bare)
+        parse.host_port(endpoint)
+    except ValueError as err:
+        raise LocalProtocolError(f"endpoint {endpoint!r} {err}") from None
+    try:
+        parse.ip_port(endpoint)
     except ValueError:
         raise LocalProtocolError(f"endpoint {endpoint!r}: UAPI needs an IP address, resolve names first") from None
-    if addr.version == 6 and not host.startswith("["):
-        raise LocalProtocolError(f"endpoint {endpoint!r}: IPv6 addresses go in brackets")
     return endpoint
 
 
@@ -162,7 +161,7 @@ def encode_set(
             lines.append("replace_allowed_ips=true")
         for cidr in peer.allowed_ips:
             try:
-                net = ipaddress.ip_network(cidr, strict=False)
+                net = parse.cidr(cidr)
             except ValueError:
                 raise LocalProtocolError(f"allowed_ip {cidr!r} is not a CIDR network") from None
             lines.append(f"allowed_ip={net}")

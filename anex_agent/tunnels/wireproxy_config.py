@@ -13,35 +13,23 @@ reference to the file. No I/O here.
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
-from anex_agent.errors import ConfigError
+from anex_agent import parse
+from anex_agent.errors import ConfigError, config_value
 from anex_agent.keys import decode_key, encode_key
 from anex_agent.tunnels.base import DesiredConfig, WorkloadConfig
 
 #: wireproxy's default CheckAliveInterval (seconds); /readyz says 503 once the last pong is older than this + 2 s.
 CHECK_ALIVE_INTERVAL = 5
 
-_HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 
 
 # ---------------------------------------------------------------- options and validation
 
 
 def _check_host_port(value: str, what: str, *, literal: bool = False) -> str:
-    """``HOST:PORT`` (``[v6]:PORT``) with a valid host name or IP literal; ConfigError naming ``what`` otherwise."""
-    accepted = "HOST:PORT with a host name or IP address and a port from 1 to 65535"
-    host, sep, port = str(value).rpartition(":")
-    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError(what, f"{value!r} is not {accepted}")
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        ip = ipaddress.ip_address(bare)
-        if ip.version == 6 and not host.startswith("["):
-            raise ConfigError(what, f"{value!r}: put an IPv6 address in brackets, e.g. [fd00::1]:{port}")
-    except ValueError:
-        if literal or not _HOST_RE.match(bare):
-            raise ConfigError(what, f"{value!r} is not {accepted}" + (" (an IP address here)" if literal else "")) from None
+    """``HOST:PORT`` (``[v6]:PORT``; with ``literal`` an IP address, no name); ConfigError naming ``what`` otherwise."""
+    config_value(what, parse.ip_port if literal else parse.host_port, value)
     return value
 
 
@@ -91,7 +79,7 @@ class WireproxyOptions:
     def __post_init__(self) -> None:
         _check_host_port(self.proxy_address, "proxy_address", literal=True)
         _check_host_port(self.health_address, "health_address", literal=True)
-        host = self.health_address.rpartition(":")[0].strip("[]")
+        host, _ = parse.ip_port(self.health_address)
         if not ipaddress.ip_address(host).is_loopback:
             raise ConfigError("health_address", f"{self.health_address!r}: must be a loopback address "
                               "(wireproxy's /metrics lists peers and endpoints to whoever connects)")

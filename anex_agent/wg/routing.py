@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Hashable, Iterable
 
+from anex_agent import parse
 from anex_agent.errors import LocalProtocolError
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -22,7 +23,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 def parse_prefix(text: str | Network) -> Network:
     """Parse ``"10.0.0.0/24"`` / ``"fd00::1/128"`` / a bare address (host prefix); host bits are cleared."""
     try:
-        return ipaddress.ip_network(text, strict=False)
+        return parse.cidr(text) if isinstance(text, str) else ipaddress.ip_network(text, strict=False)
     except ValueError as exc:
         raise LocalProtocolError(f"allowed IP {text!r} is not an IP prefix: {exc}") from None
 

@@ -153,6 +153,43 @@ def test_localhost_listen_is_loopback():
     assert s.parse_listen("[::1]:3128", "X") == s.ListenAddress("::1", 3128)
 
 
+@pytest.mark.parametrize(
+    "value, expected",
+    [("127.0.0.1:3128", ("127.0.0.1", 3128)), ("[::1]:3128", ("::1", 3128)), (" 0.0.0.0:3128 ", ("0.0.0.0", 3128)),
+     ("localhost:3129", ("127.0.0.1", 3129))],
+)
+def test_parse_listen(value, expected):
+    assert s.parse_listen(value, "ANEX_PROXY_LISTEN") == s.ListenAddress(*expected)
+
+
+@pytest.mark.parametrize("value", ["3128", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "host.example:3128", "",
+                                   ":8080", "::1:3128", "[127.0.0.1]:3128", "127.0.0.1:31²", "127.0.0.1:٣١٢٨",
+                                   "127.0.0.1:３１２８", "127.0.0.1:①"])
+def test_parse_listen_rejects_with_a_message_naming_the_variable(value):
+    with pytest.raises(ConfigError) as info:
+        s.parse_listen(value, "ANEX_PROXY_LISTEN")
+    assert str(info.value).startswith(f"ANEX_PROXY_LISTEN: {value.strip()!r} must be HOST:PORT")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("source, value", [
+    ("GW_TUNNEL_²", "db:5432"), ("GW_TUNNEL_٣", "db:5432"), ("GW_TUNNEL_３", "db:5432"),
+    ("GW_TUNNEL_5432", "db:５４３２"), ("GW_TUNNEL_5432", "db:①"), ("GW_TUNNEL_5432", "fd00::1:5432"),
+    ("GW_TUNNEL_5432", "d b:5432"),
+])
+def test_tunnel_ports_take_ascii_digits_and_ipv6_in_brackets(source, value):
+    with pytest.raises(ConfigError) as info:
+        parse({**BASE, source: value})
+    assert info.value.source == source
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "３", "①", "0", "65536", "80,²"])
+def test_inbound_ports_take_ascii_digits(value):
+    with pytest.raises(ConfigError) as info:
+        parse({**BASE, "ANEX_INBOUND_PORTS": value})
+    assert info.value.source == "ANEX_INBOUND_PORTS" and "is not a port" in str(info.value)
+
+
 def test_proxy_auth_optional_and_secret():
     assert parse(BASE).proxy_auth is None
     cfg = parse({**BASE, "ANEX_PROXY_AUTH": "user:s3cret"})

@@ -157,23 +157,6 @@ def test_proxy_auth_parse_errors_name_the_input():
     assert "ANEX_PROXY_AUTH" in str(info.value) and "USER:PASSWORD" in str(info.value)
 
 
-@pytest.mark.parametrize(
-    "value, expected",
-    [("127.0.0.1:3128", ("127.0.0.1", 3128)), (":8080", ("127.0.0.1", 8080)), ("[::1]:3128", ("::1", 3128)),
-     ("0.0.0.0:3128", ("0.0.0.0", 3128)), ("localhost:3129", ("127.0.0.1", 3129))],
-)
-def test_parse_listen(value, expected):
-    assert core.parse_listen(value) == expected
-
-
-@pytest.mark.parametrize("value", ["3128", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "host.example:3128", ""])
-def test_parse_listen_rejects_with_a_message_naming_the_variable(value):
-    with pytest.raises(ConfigError) as info:
-        core.parse_listen(value)
-    assert str(info.value).startswith("ANEX_PROXY_LISTEN: ")
-    assert "HOST:PORT" in str(info.value)
-
-
 def test_error_response_is_plain_text_and_closes():
     status, reason, headers, body = core.error_response(
         502, core.unreachable_text("web.default.svc.cluster.local", 80, "connection refused")
@@ -192,9 +175,3 @@ def test_error_response_is_plain_text_and_closes():
 )
 def test_only_local_clients_may_reach_loopback_destinations(client, destination, allowed):
     assert this_host.may_reach(client, destination) is allowed
-
-
-@pytest.mark.parametrize("value", ["127.0.0.1:31²", "127.0.0.1:٣١٢٨"])
-def test_parse_listen_refuses_non_ascii_digits(value):
-    with pytest.raises(ConfigError):
-        core.parse_listen(value)

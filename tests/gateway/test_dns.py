@@ -177,7 +177,8 @@ def test_parse_upstream(text, expected):
     assert parse_upstream(text) == expected
 
 
-@pytest.mark.parametrize("text", ["kube-dns", "10.96.0.10:x", "10.96.0.10:70000", "[fd00::a]x"])
+@pytest.mark.parametrize("text", ["kube-dns", "10.96.0.10:x", "10.96.0.10:70000", "[fd00::a]x", "10.96.0.10:²",
+                                  "10.96.0.10:٣", "10.96.0.10:３", "10.96.0.10:①", "10.96.0.10:0", ":53"])
 def test_parse_upstream_rejects(text):
     with pytest.raises(ConfigError, match="--dns-upstream"):
         parse_upstream(text)

@@ -96,5 +96,8 @@ def test_endpoint_helpers():
     assert netconf.join_host_port("fd00::1", 1) == "[fd00::1]:1"
     with pytest.raises(ValueError):
         netconf.split_host_port("host")
+    for odd in ("gw:²", "gw:٥١٨٢٠", "gw:５", "gw:0", "fd00::1:51820"):
+        with pytest.raises(ValueError, match=f"endpoint {odd!r} must be HOST:PORT"):
+            netconf.split_host_port(odd)
     assert asyncio.run(netconf.resolve_endpoint("localhost:51820")) in ("127.0.0.1:51820", "[::1]:51820")
     assert asyncio.run(netconf.resolve_endpoint("192.0.2.1:5")) == "192.0.2.1:5"

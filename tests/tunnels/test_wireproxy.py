@@ -129,6 +129,12 @@ BindAddress = 127.0.0.1:3128
     (lambda: WireproxyOptions(server_tunnels=(ServerTunnel(80, "a:1"), ServerTunnel(80, "b:1"))), "server_tunnels"),
     (lambda: render_config(DesiredConfig(private_key=PRIV, listen_port=None, address="10.0.0.1/24", mtu=1420), OPTIONS), "peers"),
     (lambda: render_config(desired(endpoint="gw example:51820"), OPTIONS), "endpoint"),
+    # other scripts' digits ('²' passes str.isdigit, '٣' and '５' pass int)
+    (lambda: ClientTunnel("127.0.0.1:5432", "db:²"), "target"),
+    (lambda: ClientTunnel("127.0.0.1:５４３２", "db:5432"), "bind_address"),
+    (lambda: ServerTunnel(80, "127.0.0.1:٣"), "target"),
+    (lambda: WireproxyOptions(health_address="127.0.0.1:①"), "health_address"),
+    (lambda: render_config(desired(endpoint="gw.example.com:٥١٨٢٠"), OPTIONS), "endpoint"),
 ])
 def test_validation_names_the_field(make, field):
     with pytest.raises(ConfigError) as info:

@@ -29,7 +29,7 @@ import logging
 
 from aiohttp import WSMsgType, web
 
-from anex_agent import wire
+from anex_agent import parse, wire
 from anex_agent.coordinator import changes, credentials, gateways, nodes, problems
 from anex_agent.coordinator.auth import Auth, bearer
 from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
@@ -44,12 +44,13 @@ CLOSE_TIMEOUT = 2.0  # seconds a close frame may wait for a watcher that does no
 
 def _since(request: web.Request) -> int:
     raw = request.query.get("since", "0")
-    if not raw.isdigit():
+    try:
+        return parse.integer(raw)
+    except ValueError:
         raise problems.Problem(
             422, "Unprocessable Content", "since must be a non-negative integer version", slug="validation",
             errors=[{"field": "since", "message": "must be a non-negative integer (0 for a snapshot)"}],
-        )
-    return int(raw)
+        ) from None
 
 
 async def _send(ws: web.WebSocketResponse, event: wire.WatchEvent) -> None:
