@@ -20,6 +20,7 @@ Configuration: ``RunPodConfig`` (API key from ``ANEX_RUNPOD_API_KEY`` or ``--run
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 
 from anex_agent.selection.annotations import Filters
@@ -77,6 +78,9 @@ def requested_gpu_count(filters: Filters) -> int:
 _TWO_LETTER_REGION_PREFIXES = frozenset({"EU", "AP", "OC", "AF", "SA", "ME", "AS", "NA", "AN"})
 
 
+_SERIAL = re.compile(r"[0-9]+")
+
+
 def country_of_datacenter(dc_id: str) -> str | None:
     """The ISO country code of a RunPod data center id, or None when it names none.
 
@@ -92,7 +96,7 @@ def country_of_datacenter(dc_id: str) -> str | None:
     the two-letter region codes above followed by a country code.
     """
     parts = [p for p in str(dc_id).strip().upper().split("-") if p]
-    while parts and parts[-1].isdigit():
+    while parts and _SERIAL.fullmatch(parts[-1]):  # the trailing serial number(s)
         parts.pop()
     if not parts:
         return None
