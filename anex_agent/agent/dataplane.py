@@ -50,6 +50,8 @@ RESET_RETRY = 1.0
 #: At start-up, how long the workload waits for the first gateway handshake before it starts anyway.
 FIRST_HANDSHAKE_WAIT = 20.0
 RESET_WINDOW = 10.0
+#: RFC 863's discard port: where the path watch sends its nudge.
+DISCARD_PORT = 9
 
 
 class DataPlane:
@@ -111,7 +113,8 @@ class DataPlane:
             self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
         self.config = config
         tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
-        tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions))
+        tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions,
+                                                            self._nudge))
 
     async def apply(self, config: NodeConfig) -> bool:
         """Re-apply a newer config: engine (gateways, address, routes, workload), DNS, forwards.
@@ -149,6 +152,22 @@ class DataPlane:
     async def _counters(self) -> Counters:
         transport = await self.transport_status()
         return Counters(transport.rx_bytes, transport.tx_bytes, transport.last_handshake_age)
+
+    def _nudge(self) -> None:
+        """Make the engine send to each gateway now: one datagram to its mesh address (discard port).
+
+        Only where the mesh address is routed by this host (an OS interface); the gateway
+        drops the datagram after WireGuard took it, which is all that is needed."""
+        if not self.host_address or self.config is None:
+            return
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for gw in self.config.gateways:
+                try:
+                    sock.sendto(b"", (gw.mesh_address, DISCARD_PORT))
+                except OSError:
+                    pass
 
     async def _reapply(self) -> None:
         """Apply the current config again (an endpoint name moved: the policy resolves it anew)."""

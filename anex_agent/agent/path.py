@@ -7,11 +7,14 @@
 * ``auto`` (default) -- UDP first: before the engine is configured, a WireGuard handshake
   with the gateways over UDP must complete within :data:`PROBE_TIMEOUT` s
   (:func:`anex_agent.tunnels.udp_probe.probe_gateway`), else the WebSocket path. Then it
-  keeps watching, every :data:`CHECK_EVERY` s:
+  keeps watching, every :data:`CHECK_EVERY` s (probes then wait :data:`WATCH_PROBE_TIMEOUT` s):
 
-  - on UDP: when the engine keeps sending but nothing came back from the gateways for
-    :data:`STALL_AFTER` s, or the last handshake is older than :data:`HANDSHAKE_STALE` s, it
-    probes UDP again; if that handshake fails, it moves to WebSocket;
+  - on UDP: when nothing came from the gateways for :data:`STALL_AFTER` s, or the last
+    handshake is older than :data:`HANDSHAKE_STALE` s, it probes UDP again; if that handshake
+    fails, it moves to WebSocket. (The engine's send counter cannot tell: a local firewall
+    refuses the send, and the engine counts nothing.) While the node stays quiet and the
+    probes succeed, the next one waits twice as long, up to :data:`QUIET_PROBE_MAX` s: an idle
+    node costs the gateway one handshake every half minute;
   - on WebSocket: every ``path_probe_interval`` s (``ANEX_PATH_PROBE_INTERVAL``, default
     :data:`PROBE_INTERVAL`) it probes UDP and returns when a handshake completes.
 
@@ -54,31 +57,40 @@ PATHS = ("auto", "udp", "websocket")
 #: Seconds between UDP probes while on the WebSocket path (documented default; ANEX_PATH_PROBE_INTERVAL).
 PROBE_INTERVAL = 120.0
 #: Seconds between looks at the engine's counters.
-CHECK_EVERY = 1.0
-#: Seconds of sending with nothing received from the gateways before UDP is probed.
-STALL_AFTER = 3.0
-#: More bytes than two keepalives (32 bytes each, whitepaper §5.4.6): real traffic, which gets answers.
-STALL_BYTES = 96
+CHECK_EVERY = 0.5
+#: Seconds with nothing received from the gateways before UDP is probed.
+STALL_AFTER = 2.0
+#: How long a probe may take once running (UDP was working; a healthy gateway answers in well under a second).
+WATCH_PROBE_TIMEOUT = 2.0
+#: Longest wait between probes while the node stays quiet and UDP keeps answering.
+QUIET_PROBE_MAX = 30.0
 #: A handshake older than this means handshakes stopped (REJECT_AFTER_TIME, whitepaper §6.1).
 HANDSHAKE_STALE = 180.0
 SWITCHES_KEPT = 20
 
 
 @dataclass
-class StallWatch:
-    """Pure: says when the engine sent real traffic but heard nothing back for ``after`` seconds."""
+class SilenceWatch:
+    """Pure: says when nothing arrived from the gateways for long enough that UDP should be probed.
+
+    The first wait is ``after`` s from the last datagram received; each probe that finds UDP
+    working (:meth:`probed_ok`) doubles the wait, up to ``cap``; anything received resets it.
+    """
 
     after: float = STALL_AFTER
-    min_bytes: int = STALL_BYTES
+    cap: float = QUIET_PROBE_MAX
     rx: int = -1
-    tx_at_rx: int = 0
-    rx_at: float = 0.0
+    since: float = 0.0
+    wait: float = STALL_AFTER
 
-    def observe(self, rx: int, tx: int, now: float) -> bool:
-        if rx != self.rx or tx < self.tx_at_rx:  # something arrived (or the counters restarted)
-            self.rx, self.tx_at_rx, self.rx_at = rx, tx, now
+    def observe(self, rx: int, now: float) -> bool:
+        if rx != self.rx:  # something arrived (or the counters restarted)
+            self.rx, self.since, self.wait = rx, now, self.after
             return False
-        return now - self.rx_at >= self.after and tx - self.tx_at_rx > self.min_bytes
+        return now - self.since >= self.wait
+
+    def probed_ok(self, now: float) -> None:
+        self.since, self.wait = now, min(self.wait * 2, self.cap)
 
     def reset(self) -> None:
         self.rx = -1
@@ -88,7 +100,8 @@ class StallWatch:
 class PathSettings:
     mode: str = "auto"
     probe_interval: float = PROBE_INTERVAL
-    probe_timeout: float = PROBE_TIMEOUT
+    probe_timeout: float = PROBE_TIMEOUT            # the first choice
+    watch_probe_timeout: float = WATCH_PROBE_TIMEOUT  # later probes (the workload waits meanwhile)
     stall_after: float = STALL_AFTER
     check_every: float = CHECK_EVERY
     proxy_env: tuple[tuple[str, str], ...] = ()      # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, read at the edge
@@ -126,7 +139,7 @@ class PathManager:
         self._tasks: Tasks | None = None
         self._udp_endpoints: dict[str, tuple[str, int]] = {}  # gateway public key -> resolved UDP endpoint
         self._ws_urls: dict[str, str] = {}  # gateway public key -> relay URL
-        self._stall = StallWatch(after=settings.stall_after)
+        self._stall = SilenceWatch(after=settings.stall_after, wait=settings.stall_after)
 
     # ---------------------------------------------------------------- the engine's config
 
@@ -182,7 +195,7 @@ class PathManager:
     def can_switch(self) -> bool:
         return self.settings.mode == "auto" and bool(self._ws_urls)
 
-    async def probe_udp(self) -> ProbeResult:
+    async def probe_udp(self, timeout: float | None = None) -> ProbeResult:
         """A WireGuard handshake over UDP with each gateway that has a relay (in parallel); ok when one completes."""
         targets = [(k, ep) for k, ep in self._udp_endpoints.items() if k in self._ws_urls] or list(
             self._udp_endpoints.items())
@@ -190,7 +203,7 @@ class PathManager:
             return ProbeResult(False, "no gateway has a UDP endpoint")
         results = await asyncio.gather(*(
             probe_gateway(self.keypair.private, decode_key(k, what="gateway public_key"), ep,
-                          timeout=self.settings.probe_timeout) for k, ep in targets))
+                          timeout=timeout or self.settings.probe_timeout) for k, ep in targets))
         self.last_probe = next((r for r in results if r.ok), results[0])
         return self.last_probe
 
@@ -221,8 +234,11 @@ class PathManager:
         return changed
 
     async def watch(self, counters: Callable[[], Awaitable[Counters]], reapply: Callable[[], Awaitable[None]],
-                    reset: Callable[[], Awaitable[bool]]) -> None:
-        """Watch the current path (auto only) and switch when it stops working; runs until cancelled."""
+                    reset: Callable[[], Awaitable[bool]], nudge: Callable[[], None] = lambda: None) -> None:
+        """Watch the current path (auto only) and switch when it stops working; runs until cancelled.
+
+        ``nudge()`` makes the engine send something to the gateways now: after a probe that
+        succeeded, the gateway answers the probe's socket until the engine's next datagram."""
         next_probe = time.monotonic() + self.settings.probe_interval
         while True:
             await asyncio.sleep(self.settings.check_every)
@@ -230,17 +246,20 @@ class PathManager:
                 continue
             if self.path == "udp":
                 seen = await counters()
-                stalled = self._stall.observe(seen.rx, seen.tx, time.monotonic())
+                quiet = time.monotonic() - self._stall.since
+                stalled = self._stall.observe(seen.rx, time.monotonic())
                 stale = seen.handshake_age is not None and seen.handshake_age > HANDSHAKE_STALE
                 if not (stalled or stale):
                     continue
-                why = (f"nothing received from the gateways for {self.settings.stall_after:g} s while sending"
+                why = (f"nothing received from the gateways for {quiet:.0f} s"
                        if stalled else f"last handshake {seen.handshake_age:.0f} s ago")
-                result = await self.probe_udp()
-                self._stall.reset()
+                result = await self.probe_udp(self.settings.watch_probe_timeout)
                 if result.ok:
-                    log.info("path: UDP looked stalled (%s), but %s; staying on UDP", why, result.reason)
+                    nudge()
+                    self._stall.probed_ok(time.monotonic())
+                    log.debug("path: %s, but %s; staying on UDP", why, result.reason)
                     continue
+                self._stall.reset()
                 await self.switch("websocket", f"{why}; {result.reason}", reapply, reset)
                 next_probe = time.monotonic() + self.settings.probe_interval
             elif time.monotonic() >= next_probe:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from anex_agent import keys
-from anex_agent.agent.path import Counters, PathManager, PathSettings, StallWatch
+from anex_agent.agent.path import Counters, PathManager, PathSettings, SilenceWatch
 from anex_agent.gateway.relay import Relay
 from anex_agent.keys import KeyPair
 from anex_agent.tasks import Tasks
@@ -48,15 +48,18 @@ class Blocker(asyncio.DatagramProtocol):
             self.transport.sendto(data, self.hub)
 
 
-def test_stall_watch_ignores_keepalives_and_sees_unanswered_traffic():
-    watch = StallWatch(after=3, min_bytes=96)
-    assert not watch.observe(100, 1000, 0.0)
-    assert not watch.observe(100, 1032, 5.0)          # one keepalive, nothing back: not a stall
-    assert not watch.observe(100, 1064, 10.0)
-    assert watch.observe(100, 1200, 10.5)             # real traffic unanswered for 10 s
-    assert not watch.observe(180, 1300, 11.0)         # an answer came
-    assert not watch.observe(180, 1500, 13.0)         # 2 s only
-    assert watch.observe(180, 1500, 14.0)
+def test_silence_watch_probes_after_quiet_and_backs_off_while_udp_answers():
+    watch = SilenceWatch(after=3, cap=30, wait=3)
+    assert not watch.observe(100, 0.0)
+    assert not watch.observe(100, 2.9)
+    assert watch.observe(100, 3.0)                    # 3 s with nothing from the gateways: probe
+    watch.probed_ok(3.0)                              # UDP answered: next probe in 6 s
+    assert not watch.observe(100, 8.9) and watch.observe(100, 9.0)
+    for now in (9.0, 21.0, 45.0, 93.0):
+        watch.probed_ok(now)
+    assert watch.wait == 30                           # a quiet node: one probe per half minute at most
+    assert not watch.observe(180, 94.0)               # something arrived: back to 3 s
+    assert not watch.observe(180, 96.9) and watch.observe(180, 97.0)
 
 
 @pytest.fixture
@@ -155,7 +158,7 @@ async def test_auto_picks_websocket_when_udp_is_blocked_from_the_start(world):
 
 
 async def test_blocked_mid_session_moves_to_websocket_and_returns_when_unblocked(world):
-    manager = PathManager(PathSettings(probe_timeout=1, probe_interval=2, stall_after=1, check_every=0.2),
+    manager = PathManager(PathSettings(probe_timeout=1, watch_probe_timeout=1, probe_interval=2, stall_after=1, check_every=0.2),
                           world.keypair)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     reapply, counters, reset = wire(world, manager)
