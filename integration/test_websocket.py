@@ -106,6 +106,19 @@ def test_a_connection_without_a_node_key_is_refused(blocked, mesh):
     assert "relay: refused a connection" in log
 
 
+def detect_gateways(node) -> dict:
+    from anex_agent.demo.mesh import anex_argv
+
+    out = node.ns.run([*anex_argv(), "detect", "--json", "--state-dir", str(node.state_dir)], timeout=60)
+    return json.loads(out.stdout)["gateways"]
+
+
+def test_detect_tests_udp_and_the_relay_for_real(blocked):
+    (gateway,) = detect_gateways(blocked).values()
+    assert gateway["udp"]["supported"] is False and "no WireGuard handshake" in gateway["udp"]["reason"]
+    assert gateway["websocket"]["supported"] is True and "accepted this node" in gateway["websocket"]["reason"]
+
+
 def test_gateway_restart_is_survived_without_restarting_the_agent(mesh, blocked):
     pid = blocked.proc.pid
     assert get_ok(blocked.ns, "/before")
@@ -123,6 +136,8 @@ def test_udp_blocked_mid_session_then_unblocked(mesh):
     mesh.start_agent(n, mesh.agent_env(n, ANEX_PATH="auto", ANEX_PATH_PROBE_INTERVAL="5"))
     try:
         assert n.status()["path"] == "udp"
+        (gateway,) = detect_gateways(n).values()
+        assert gateway["udp"]["supported"] is True and gateway["udp"]["rtt_ms"] is not None
         assert get_ok(n.ns, "/udp")
         mesh.block_udp(n)
         blocked_at = time.monotonic()

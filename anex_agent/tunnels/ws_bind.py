@@ -221,6 +221,25 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+async def check_relay(target: RelayTarget, *, private_key: bytes, public_key: str, timeout: float = CONNECT_TIMEOUT) -> tuple[bool, str]:
+    """Connect once, authenticate, close: ``(True, how)`` when the relay accepted this node, else ``(False, why)``."""
+    client = RelayClient(target, private_key=private_key, public_key=public_key, on_datagram=lambda _: None,
+                         connect_timeout=timeout)
+    started = time.monotonic()
+    task = asyncio.get_running_loop().create_task(client.run(), name="relay-check")
+    try:
+        while time.monotonic() - started < timeout and not client.connected and client.last_error is None:
+            await asyncio.sleep(0.02)
+    finally:
+        connected, error = client.connected, client.last_error
+        client.close()
+        await asyncio.gather(task, return_exceptions=True)
+    if connected:
+        via = f" through proxy {target.proxy}" if target.proxy else ""
+        return True, f"the relay accepted this node{via} in {(time.monotonic() - started) * 1000:.0f} ms"
+    return False, error or f"no answer within {timeout:g} s"
+
+
 class WebSocketBind:
     """A Bind over relay clients, one per gateway endpoint: the userspace engine's transport, no UDP hop.
 
