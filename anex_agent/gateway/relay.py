@@ -15,10 +15,10 @@ advertised ``--ws-url`` is the ingress URL). Per connection (protocol:
    the hub one binary message back.
 
 Ping/pong keepalive every :attr:`RelayLimits.ping_interval` s (a peer silent for
-``ping_timeout`` more is closed). Datagrams from the hub wait in a per-connection queue of
-:attr:`RelayLimits.queue_datagrams`; when the node does not keep up they are dropped, as a
-full socket buffer would (WireGuard's timers recover). The WebSocket write buffer is bounded
-by ``write_limit`` bytes.
+``ping_timeout`` more is closed). A datagram from the hub is framed and written at once
+(no queue, no task switch); when more than :attr:`RelayLimits.write_limit` bytes already
+wait for a slow node, it is dropped, as a full socket buffer would drop it (WireGuard's
+timers and TCP inside the tunnel recover).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from websockets.exceptions import ConnectionClosed
 
 from anex_agent import relay_protocol as rp
 from anex_agent.keys import public_key as derive_public
+from anex_agent.tunnels.ws_bind import send_now
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +45,22 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RelayLimits:
     max_connections: int = 1024
-    queue_datagrams: int = 1024          # hub -> node datagrams waiting per connection
-    write_limit: int = 1 << 20           # bytes buffered per connection before we wait (then drop)
+    write_limit: int = 1 << 20           # bytes waiting to be written per connection before datagrams are dropped
     ping_interval: float = 20.0
     ping_timeout: float = 20.0
     auth_timeout: float = 10.0
 
 
 class _HubSocket(asyncio.DatagramProtocol):
-    def __init__(self, queue: asyncio.Queue[bytes], counters: collections.Counter[str]) -> None:
-        self.queue = queue
+    def __init__(self, ws: ServerConnection, limit: int, counters: collections.Counter[str]) -> None:
+        self.ws = ws
+        self.limit = limit
         self.counters = counters
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        try:
-            self.queue.put_nowait(data)
-        except asyncio.QueueFull:
+        if send_now(self.ws, data, self.limit):
+            self.counters["to_node"] += 1
+        else:
             self.counters["dropped_to_node"] += 1
 
     def error_received(self, exc: Exception) -> None:
@@ -146,14 +147,12 @@ class Relay:
 
     async def _relay(self, ws: ServerConnection, public_key: str) -> None:
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[bytes] = asyncio.Queue(self.limits.queue_datagrams)
-        transport, _ = await loop.create_datagram_endpoint(lambda: _HubSocket(queue, self.counters),
-                                                           remote_addr=self.hub)
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _HubSocket(ws, self.limits.write_limit, self.counters), remote_addr=self.hub)
         self.connections[public_key] = self.connections.get(public_key, 0) + 1
         self.counters["accepted"] += 1
         log.info("relay: node %s connected from %s (hub endpoint %s)", public_key[:8], _peer_name(ws),
                  transport.get_extra_info("sockname"))
-        sender = asyncio.create_task(self._to_node(ws, queue), name=f"relay-to-node-{public_key[:8]}")
         try:
             sendto = transport.sendto
             async for message in ws:
@@ -164,7 +163,6 @@ class Relay:
                     await ws.close(rp.CLOSE_PROTOCOL, "binary messages only")
                     break
         finally:
-            sender.cancel()
             transport.close()
             left = self.connections.get(public_key, 1) - 1
             if left:
@@ -172,15 +170,6 @@ class Relay:
             else:
                 self.connections.pop(public_key, None)
             log.info("relay: node %s disconnected", public_key[:8])
-
-    async def _to_node(self, ws: ServerConnection, queue: asyncio.Queue[bytes]) -> None:
-        send, get = ws.send, queue.get
-        try:
-            while True:
-                await send(await get())
-                self.counters["to_node"] += 1
-        except ConnectionClosed:
-            pass
 
     def report(self) -> dict[str, Any]:
         return {"live": self._live, "nodes": len(self.connections), **self.counters}

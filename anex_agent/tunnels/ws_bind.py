@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.protocol import State
 
 from anex_agent import relay_protocol as rp
 from anex_agent.agent.backoff import Backoff
@@ -43,14 +45,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Datagrams waiting for the WebSocket writer before we drop (like a full socket buffer).
-SEND_QUEUE = 1024
+#: Bytes waiting to be written on a relay connection before datagrams are dropped (a full socket buffer).
+WRITE_LIMIT = 1 << 20
 RECEIVE_QUEUE = 4096
 #: Datagrams kept while the connection is (re)opening, sent once it is up.
 BACKLOG_DISCONNECTED = 16
 CONNECT_TIMEOUT = 10.0
 PING_INTERVAL = 15.0
 PING_TIMEOUT = 15.0
+
+
+def send_now(ws: Connection, datagram: bytes, limit: int = WRITE_LIMIT) -> bool:
+    """Write one datagram as one binary message at once, from a callback: no task switch, no wait.
+
+    False (the datagram is dropped, as UDP would) when the connection is not open or more
+    than ``limit`` bytes already wait to be written. The relay's hot path on both ends:
+    going through ``await ws.send()`` costs a queue and a task switch per datagram."""
+    transport = ws.transport
+    if ws.protocol.state is not State.OPEN or transport.get_write_buffer_size() > limit:
+        return False
+    ws.protocol.send_binary(datagram)
+    ws.send_data()
+    return True
 
 
 def proxy_for(url: str, environ: Mapping[str, str]) -> str | None:
@@ -109,7 +125,7 @@ class RelayClient:
         self.counters: collections.Counter[str] = collections.Counter()
         self.last_error: str | None = None
         self.connected_since: float | None = None
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue(SEND_QUEUE)
+        self._backlog: collections.deque[bytes] = collections.deque(maxlen=BACKLOG_DISCONNECTED)
         self._ws: ClientConnection | None = None
         self._closed = asyncio.Event()
 
@@ -118,14 +134,17 @@ class RelayClient:
         return self._ws is not None
 
     def send(self, datagram: bytes) -> None:
-        """Queue one datagram for the relay; dropped when the queue is full. While (re)connecting
-        only :data:`BACKLOG_DISCONNECTED` wait (the handshake initiation that opened the path)."""
-        if self._ws is None and (self._closed.is_set() or self._queue.qsize() >= BACKLOG_DISCONNECTED):
-            self.counters["dropped_disconnected"] += 1
+        """Send one datagram to the relay now; dropped when the write buffer is full. While
+        (re)connecting the last :data:`BACKLOG_DISCONNECTED` wait (the handshake initiation
+        that opened the path) and go out once connected."""
+        ws = self._ws
+        if ws is None:
+            if not self._closed.is_set():
+                self._backlog.append(datagram)
             return
-        try:
-            self._queue.put_nowait(datagram)
-        except asyncio.QueueFull:
+        if send_now(ws, datagram):
+            self.counters["sent"] += 1
+        else:
             self.counters["dropped_full"] += 1
 
     def close(self) -> None:
@@ -176,13 +195,9 @@ class RelayClient:
             self.counters["connects"] += 1
             self.backoff.reset()
             log.info("WebSocket relay %s: connected%s", target.url, f" through proxy {target.proxy}" if target.proxy else "")
-            # the writer belongs to this connection: it ends with it (cancelled below), never outlives it
-            writer = asyncio.get_running_loop().create_task(self._writer(ws), name="ws-relay-writer")
-            try:
-                await self._reader(ws)
-            finally:
-                writer.cancel()
-                await asyncio.gather(writer, return_exceptions=True)
+            while self._backlog:
+                self.send(self._backlog.popleft())
+            await self._reader(ws)
         finally:
             self._ws = None
             ws.transport.abort()
@@ -195,15 +210,6 @@ class RelayClient:
                 deliver(message)
             else:
                 raise rp.RelayProtocolError("a text message after authentication")
-
-    async def _writer(self, ws: ClientConnection) -> None:
-        get, send = self._queue.get, ws.send
-        try:
-            while True:
-                await send(await get())
-                self.counters["sent"] += 1
-        except ConnectionClosed:
-            pass  # the reader sees it too and ends the session
 
     def report(self) -> dict[str, Any]:
         return {"url": self.target.url, "connected": self.connected, "proxy": self.target.proxy,
