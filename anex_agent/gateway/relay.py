@@ -5,14 +5,15 @@
 advertised ``--ws-url`` is the ingress URL). Per connection (protocol:
 :mod:`anex_agent.relay_protocol`):
 
-1. the upgrade must offer the ``anex-wg.v1`` subprotocol; beyond :attr:`RelayLimits.max_connections`
+1. the upgrade must offer the ``anex-wg.v2`` (batched) or ``anex-wg.v1`` subprotocol; beyond :attr:`RelayLimits.max_connections`
    live connections the upgrade is answered 503;
 2. the relay sends a fresh challenge; the node answers with a proof made with its WireGuard
    key; the key must be a peer of the hub (``is_peer``: the coordinator's peer set), else
    the connection is closed (4003) -- no UDP socket exists yet, nothing reaches the hub;
 3. only then a UDP socket of its own is connected to the hub, so WireGuard sees a distinct
-   endpoint per node; each binary message is one datagram to the hub, each datagram from
-   the hub one binary message back.
+   endpoint per node; each datagram of a binary message goes to the hub, and what the hub
+   sends comes back framed the same way (v1: one datagram per message; v2: the datagrams
+   read from the hub's socket in one go, in one message).
 
 Ping/pong keepalive every :attr:`RelayLimits.ping_interval` s (a peer silent for
 ``ping_timeout`` more is closed). A datagram from the hub is framed and written at once
@@ -37,7 +38,11 @@ from websockets.exceptions import ConnectionClosed
 
 from anex_agent import relay_protocol as rp
 from anex_agent.keys import public_key as derive_public
-from anex_agent.tunnels.ws_bind import send_now
+from anex_agent.tunnels.ws_bind import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
+
+
+class RelayServerConnection(DirectBinary, ServerConnection):
+    """A relay connection: binary messages go to the hub straight from the protocol's event."""
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +54,6 @@ class RelayLimits:
     ping_interval: float = 20.0
     ping_timeout: float = 20.0
     auth_timeout: float = 10.0
-
-
-class _HubSocket(asyncio.DatagramProtocol):
-    def __init__(self, ws: ServerConnection, limit: int, counters: collections.Counter[str]) -> None:
-        self.ws = ws
-        self.limit = limit
-        self.counters = counters
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        if send_now(self.ws, data, self.limit):
-            self.counters["to_node"] += 1
-        else:
-            self.counters["dropped_to_node"] += 1
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("relay: hub socket: %s", exc)
 
 
 class Relay:
@@ -92,10 +81,11 @@ class Relay:
 
     async def start(self) -> None:
         self._server = await serve(
-            self._handle, self.host, self.port, ssl=self.ssl_context, subprotocols=[rp.SUBPROTOCOL],
+            self._handle, self.host, self.port, ssl=self.ssl_context, subprotocols=list(rp.SUBPROTOCOLS),
             process_request=self._admit, ping_interval=self.limits.ping_interval,
-            ping_timeout=self.limits.ping_timeout, max_size=rp.MAX_DATAGRAM, max_queue=64,
+            ping_timeout=self.limits.ping_timeout, max_size=rp.MAX_MESSAGE, max_queue=64,
             write_limit=self.limits.write_limit, compression=None, server_header=None,
+            create_connection=RelayServerConnection,
         )
         log.info("WebSocket relay listening on %s:%d (%s), relaying to the hub at %s:%d", self.host, self.bound_port,
                  "TLS" if self.ssl_context else "plain; put TLS in front of it", *self.hub)
@@ -113,9 +103,9 @@ class Relay:
         return None
 
     async def _handle(self, ws: ServerConnection) -> None:
-        if ws.subprotocol != rp.SUBPROTOCOL:
+        if ws.subprotocol not in rp.SUBPROTOCOLS:
             self.counters["refused_protocol"] += 1
-            await ws.close(rp.CLOSE_PROTOCOL, "subprotocol anex-wg.v1 required")
+            await ws.close(rp.CLOSE_PROTOCOL, "subprotocol anex-wg.v2 or anex-wg.v1 required")
             return
         self._live += 1
         try:
@@ -146,24 +136,38 @@ class Relay:
         return answer.public_key
 
     async def _relay(self, ws: ServerConnection, public_key: str) -> None:
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _HubSocket(ws, self.limits.write_limit, self.counters), remote_addr=self.hub)
+        counters, limit = self.counters, self.limits.write_limit
+
+        def to_node(batch: list[tuple[bytes, Any]]) -> None:
+            if send_batch(ws, [data for data, _ in batch], limit):
+                counters["to_node"] += len(batch)
+            else:
+                counters["dropped_to_node"] += len(batch)
+
+        hub = UdpReader(udp_socket(remote=self.hub), to_node)
         self.connections[public_key] = self.connections.get(public_key, 0) + 1
         self.counters["accepted"] += 1
         log.info("relay: node %s connected from %s (hub endpoint %s)", public_key[:8], _peer_name(ws),
-                 transport.get_extra_info("sockname"))
+                 hub.sock.getsockname())
+        send = hub.send
+
+        def one_to_hub(datagram: bytes) -> None:
+            send(datagram)
+            counters["to_hub"] += 1
+
+        to_hub = datagram_sink(ws, one_to_hub, counters)
+
         try:
-            sendto = transport.sendto
-            async for message in ws:
+            if isinstance(ws, DirectBinary):
+                ws.on_datagram = to_hub  # whole binary messages from now on skip recv()
+            async for message in ws:  # fragmented binary messages, text, and the end of the connection
                 if isinstance(message, bytes):
-                    sendto(message)
-                    self.counters["to_hub"] += 1
+                    to_hub(message)
                 else:  # control messages end with authentication
                     await ws.close(rp.CLOSE_PROTOCOL, "binary messages only")
                     break
         finally:
-            transport.close()
+            hub.close()
             left = self.connections.get(public_key, 1) - 1
             if left:
                 self.connections[public_key] = left

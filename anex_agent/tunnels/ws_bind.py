@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.frames import Opcode
 from websockets.protocol import State
 
 from anex_agent import relay_protocol as rp
@@ -55,18 +57,130 @@ PING_INTERVAL = 15.0
 PING_TIMEOUT = 15.0
 
 
-def send_now(ws: Connection, datagram: bytes, limit: int = WRITE_LIMIT) -> bool:
-    """Write one datagram as one binary message at once, from a callback: no task switch, no wait.
+#: Datagrams read from a UDP socket per wake-up of the event loop (then framed and written in one go).
+READ_BATCH = 64
 
-    False (the datagram is dropped, as UDP would) when the connection is not open or more
-    than ``limit`` bytes already wait to be written. The relay's hot path on both ends:
-    going through ``await ws.send()`` costs a queue and a task switch per datagram."""
+
+def send_batch(ws: Connection, datagrams: list[bytes], limit: int = WRITE_LIMIT) -> bool:
+    """Frame ``datagrams`` and write them with one call, at once: one binary message each
+    (``anex-wg.v1``), or as few as :func:`anex_agent.relay_protocol.pack` makes (``anex-wg.v2``).
+
+    False (all dropped, as UDP would) when the connection is not open or more than ``limit``
+    bytes already wait to be written."""
     transport = ws.transport
-    if ws.protocol.state is not State.OPEN or transport.get_write_buffer_size() > limit:
+    protocol = ws.protocol
+    if protocol.state is not State.OPEN or transport.get_write_buffer_size() > limit:
         return False
-    ws.protocol.send_binary(datagram)
-    ws.send_data()
+    for message in (rp.pack(datagrams) if ws.subprotocol == rp.SUBPROTOCOL_BATCH else datagrams):
+        protocol.send_binary(message)
+    chunks = protocol.data_to_send()
+    if all(chunks):
+        transport.writelines(chunks)
+    else:  # an end-of-stream marker among them (the protocol is closing): the library's own path
+        for chunk in chunks:
+            if chunk:
+                transport.write(chunk)
     return True
+
+
+class UdpReader:
+    """A non-blocking UDP socket read in batches: each wake-up reads up to :data:`READ_BATCH`
+    datagrams and gives them to ``on_batch(list of (data, address))``. asyncio's datagram
+    transport reads one datagram per turn of the event loop; this costs one turn per batch.
+    Sending (:meth:`send`, :meth:`sendto`) never blocks: a full socket buffer drops, as UDP does."""
+
+    def __init__(self, sock: socket.socket, on_batch: Callable[[list[tuple[bytes, Any]]], None]) -> None:
+        self.sock = sock
+        self.on_batch = on_batch
+        self.dropped = 0
+        sock.setblocking(False)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._ready)
+
+    def _ready(self) -> None:
+        batch = []
+        recvfrom = self.sock.recvfrom
+        for _ in range(READ_BATCH):
+            try:
+                batch.append(recvfrom(65535))
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as err:  # ICMP errors on a connected socket (port unreachable): UDP semantics
+                log.debug("udp reader: %s", err)
+                break
+        if batch:
+            self.on_batch(batch)
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.send(data)
+        except OSError:
+            self.dropped += 1
+
+    def sendto(self, data: bytes, address: Any) -> None:
+        try:
+            self.sock.sendto(data, address)
+        except OSError:
+            self.dropped += 1
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self._loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+
+def udp_socket(local: tuple[str, int] | None = None, remote: tuple[str, int] | None = None) -> socket.socket:
+    """A UDP socket with large buffers, bound to ``local`` and/or connected to ``remote``."""
+    host = (remote or local or ("127.0.0.1", 0))[0]
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        except OSError:
+            pass
+    if local is not None:
+        sock.bind(local)
+    if remote is not None:
+        sock.connect(remote)
+    return sock
+
+
+def datagram_sink(ws: Connection, deliver: Callable[[bytes], None], dropped: collections.Counter[str]) -> Callable[[bytes], None]:
+    """What to call with each binary message of ``ws``: ``deliver`` itself (``anex-wg.v1``), or
+    a function that gives ``deliver`` each datagram of a batched message (``anex-wg.v2``; a
+    malformed message is dropped and counted as ``dropped["malformed"]``)."""
+    if ws.subprotocol != rp.SUBPROTOCOL_BATCH:
+        return deliver
+    unpack = rp.unpack
+
+    def each(message: bytes) -> None:
+        try:
+            datagrams = unpack(message)
+        except rp.RelayProtocolError:
+            dropped["malformed"] += 1
+            return
+        for datagram in datagrams:
+            deliver(datagram)
+    return each
+
+
+class DirectBinary:
+    """Connection mixin: once ``on_datagram`` is set, each complete binary message goes to it
+    straight from the protocol's event, without the message queue and the ``recv()`` wake-up
+    per datagram. Everything else (text, fragmented messages, close) still reaches ``recv()``."""
+
+    on_datagram: Callable[[bytes], None] | None = None
+
+    def process_event(self, event: Any) -> None:
+        deliver = self.on_datagram
+        if deliver is not None and event.opcode is Opcode.BINARY and event.fin:
+            deliver(bytes(event.data))
+            return
+        super().process_event(event)  # type: ignore[misc]
+
+
+class RelayClientConnection(DirectBinary, ClientConnection):
+    """The client connection of the relay: binary messages delivered directly (:class:`DirectBinary`)."""
 
 
 def proxy_for(url: str, environ: Mapping[str, str]) -> str | None:
@@ -125,6 +239,7 @@ class RelayClient:
         self.counters: collections.Counter[str] = collections.Counter()
         self.last_error: str | None = None
         self.connected_since: float | None = None
+        self.subprotocol: str | None = None  # what the relay chose at the last connect
         self._backlog: collections.deque[bytes] = collections.deque(maxlen=BACKLOG_DISCONNECTED)
         self._ws: ClientConnection | None = None
         self._closed = asyncio.Event()
@@ -132,6 +247,18 @@ class RelayClient:
     @property
     def connected(self) -> bool:
         return self._ws is not None
+
+    def send_many(self, datagrams: list[bytes]) -> None:
+        """Send several datagrams to the relay now, framed and written in one go (see :meth:`send`)."""
+        ws = self._ws
+        if ws is None:
+            if not self._closed.is_set():
+                self._backlog.extend(datagrams)
+            return
+        if send_batch(ws, datagrams):
+            self.counters["sent"] += len(datagrams)
+        else:
+            self.counters["dropped_full"] += len(datagrams)
 
     def send(self, datagram: bytes) -> None:
         """Send one datagram to the relay now; dropped when the write buffer is full. While
@@ -142,7 +269,7 @@ class RelayClient:
             if not self._closed.is_set():
                 self._backlog.append(datagram)
             return
-        if send_now(ws, datagram):
+        if send_batch(ws, [datagram]):
             self.counters["sent"] += 1
         else:
             self.counters["dropped_full"] += 1
@@ -180,10 +307,11 @@ class RelayClient:
         if target.url.startswith("wss://"):
             kwargs["ssl"] = target.ssl_context or ssl.create_default_context()
         async with asyncio.timeout(self.connect_timeout):
-            ws = await connect(target.url, subprotocols=[rp.SUBPROTOCOL], proxy=target.proxy,
+            ws = await connect(target.url, subprotocols=list(rp.SUBPROTOCOLS), proxy=target.proxy,
                                open_timeout=self.connect_timeout, ping_interval=self.ping_interval,
-                               ping_timeout=self.ping_timeout, max_size=rp.MAX_DATAGRAM, max_queue=64,
-                               compression=None, user_agent_header="anex-agent", close_timeout=2, **kwargs)
+                               ping_timeout=self.ping_timeout, max_size=rp.MAX_MESSAGE, max_queue=64,
+                               compression=None, user_agent_header="anex-agent", close_timeout=2,
+                               create_connection=RelayClientConnection, **kwargs)
         try:
             async with asyncio.timeout(self.connect_timeout):
                 challenge = rp.parse_challenge(await ws.recv())
@@ -191,10 +319,12 @@ class RelayClient:
                                                 gateway_public=target.gateway_public_key, challenge=challenge))
                 rp.parse_ok(await ws.recv())
             self._ws = ws
+            self.subprotocol = ws.subprotocol
             self.connected_since = time.time()
             self.counters["connects"] += 1
             self.backoff.reset()
-            log.info("WebSocket relay %s: connected%s", target.url, f" through proxy {target.proxy}" if target.proxy else "")
+            log.info("WebSocket relay %s: connected (%s)%s", target.url, ws.subprotocol,
+                     f" through proxy {target.proxy}" if target.proxy else "")
             while self._backlog:
                 self.send(self._backlog.popleft())
             await self._reader(ws)
@@ -203,16 +333,18 @@ class RelayClient:
             ws.transport.abort()
 
     async def _reader(self, ws: ClientConnection) -> None:
-        deliver = self.on_datagram
-        async for message in ws:
+        deliver = datagram_sink(ws, self.on_datagram, self.counters)
+        if isinstance(ws, DirectBinary):
+            ws.on_datagram = deliver  # whole binary messages from now on skip recv()
+        async for message in ws:  # fragmented binary messages, text, and the end of the connection
             if isinstance(message, bytes):
-                self.counters["received"] += 1
                 deliver(message)
             else:
                 raise rp.RelayProtocolError("a text message after authentication")
 
     def report(self) -> dict[str, Any]:
         return {"url": self.target.url, "connected": self.connected, "proxy": self.target.proxy,
+                "subprotocol": self.subprotocol,
                 "last_error": self.last_error, **self.counters}
 
 
@@ -306,17 +438,6 @@ class WebSocketBind:
             pass
 
 
-class _LocalSocket(asyncio.DatagramProtocol):
-    def __init__(self, relay: LocalRelay) -> None:
-        self.relay = relay
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self.relay._from_engine(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("local relay socket: %s", exc)
-
-
 class LocalRelay:
     """A UDP socket on 127.0.0.1 in front of a :class:`RelayClient`, for engines that own their UDP socket.
 
@@ -328,36 +449,35 @@ class LocalRelay:
 
     def __init__(self, target: RelayTarget, *, private_key: bytes, public_key: str) -> None:
         self.client = RelayClient(target, private_key=private_key, public_key=public_key, on_datagram=self._to_engine)
-        self._transport: asyncio.DatagramTransport | None = None
+        self._reader: UdpReader | None = None
         self._engine_addr: Any = None
         self.port = 0
 
     @classmethod
     async def open(cls, target: RelayTarget, *, private_key: bytes, public_key: str) -> LocalRelay:
         relay = cls(target, private_key=private_key, public_key=public_key)
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: _LocalSocket(relay), local_addr=("127.0.0.1", 0))
-        relay._transport = transport
-        relay.port = transport.get_extra_info("sockname")[1]
+        sock = udp_socket(local=("127.0.0.1", 0))
+        relay._reader = UdpReader(sock, relay._from_engine)
+        relay.port = sock.getsockname()[1]
         return relay
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _from_engine(self, data: bytes, addr: Any) -> None:
-        self._engine_addr = addr
-        self.client.send(data)
+    def _from_engine(self, batch: list[tuple[bytes, Any]]) -> None:
+        self._engine_addr = batch[-1][1]
+        self.client.send_many([data for data, _ in batch])
 
     def _to_engine(self, data: bytes) -> None:
-        if self._engine_addr is not None and self._transport is not None:
-            self._transport.sendto(data, self._engine_addr)
+        if self._engine_addr is not None and self._reader is not None:
+            self._reader.sendto(data, self._engine_addr)
 
     async def run(self) -> None:
         await self.client.run()
 
     def close(self) -> None:
         self.client.close()
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

@@ -124,6 +124,7 @@ async def test_userspace_engine_runs_over_the_relay_with_no_udp_hop(mesh):
         assert mesh.relay.report()["accepted"] == 1 and mesh.relay.connections == {mesh.node_pub: 1}
         client = next(iter(bind.clients.values()))
         assert client.connected and client.counters["connects"] == 1
+        assert client.subprotocol == rp.SUBPROTOCOL_BATCH  # both sides offer batching: it is chosen
     finally:
         await node.stop()
 
@@ -249,3 +250,35 @@ def test_the_proof_is_bound_to_the_challenge_and_the_gateway():
     with pytest.raises(rp.RelayProtocolError):
         rp.verify_answer(answer, gateway_private=other_gw, gateway_public=keys.public_key(other_gw),
                          challenge="c" * 32)
+
+
+async def test_the_one_datagram_per_message_baseline_still_relays(mesh):
+    """A client that offers only anex-wg.v1 is served: each binary message is one datagram to the hub."""
+    hub = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    hub.bind(("127.0.0.1", 0))
+    hub.settimeout(2)
+    mesh.relay.hub = hub.getsockname()
+    async with connect(mesh.target().url, subprotocols=[rp.SUBPROTOCOL]) as ws:
+        assert ws.subprotocol == rp.SUBPROTOCOL
+        challenge = rp.parse_challenge(await ws.recv())
+        await ws.send(rp.answer_message(private_key=mesh.k_node, public_key=mesh.node_pub,
+                                        gateway_public=keys.public_key(mesh.k_hub), challenge=challenge))
+        rp.parse_ok(await ws.recv())
+        await ws.send(b"first")
+        await ws.send(b"second")
+        got = [await asyncio.to_thread(hub.recvfrom, 2048) for _ in range(2)]
+        assert [data for data, _ in got] == [b"first", b"second"]
+        hub.sendto(b"back", got[0][1])
+        assert await asyncio.wait_for(ws.recv(), 2) == b"back"
+    hub.close()
+
+
+def test_batched_framing_round_trips_and_refuses_a_truncated_message():
+    datagrams = [b"a" * 1400, b"", b"b" * 40000, b"c" * 30000, b"d"]
+    messages = rp.pack(datagrams)
+    assert len(messages) == 2 and all(len(m) <= rp.MAX_BATCH for m in messages)
+    assert [d for m in messages for d in rp.unpack(m)] == datagrams
+    with pytest.raises(rp.RelayProtocolError):
+        rp.unpack(messages[0][:-1])
+    with pytest.raises(rp.RelayProtocolError):
+        rp.unpack(b"\x05")
