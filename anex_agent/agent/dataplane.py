@@ -99,7 +99,10 @@ class DataPlane:
     async def start(self, config: NodeConfig, tasks: Tasks) -> None:
         """Engine up with ``config``, then the front-ends it asks for; the endpoint follower in ``tasks``."""
         assert self.engine_cls is not None, "choose_engine() first"
-        self.engine = self.engine_cls(ifname=new_ifname("n"), state_dir=self.settings.state_dir)
+        # an engine that takes a Bind gets the path's (UDP and the relays, switched inside); the
+        # others own their UDP socket and are steered through their peer endpoints
+        extra = {"bind_factory": self.paths.bind_factory(tasks)} if self.engine_cls.takes_bind else {}
+        self.engine = self.engine_cls(ifname=new_ifname("n"), state_dir=self.settings.state_dir, **extra)
         self._stack.push_async_callback(self.engine.stop)
         await self.engine.start(tasks)
         self._stack.push_async_callback(self.paths.close)

@@ -24,7 +24,11 @@ the heartbeat's transport status, the coordinator's node view).
 How the engine is put on the WebSocket path: the native engines own their UDP socket, so
 each gateway gets a :class:`~anex_agent.tunnels.ws_bind.LocalRelay` (a UDP socket on
 127.0.0.1 connected to the gateway's relay) and :meth:`PathManager.route` points that
-gateway peer's endpoint at it. The relay connections reconnect by themselves; a switch
+gateway peer's endpoint at it. An engine that takes a Bind (``Engine.takes_bind``: the
+userspace engine) is built with :meth:`PathManager.bind_factory`: its datagram transport is
+a :class:`~anex_agent.tunnels.ws_bind.SwitchBind`, and :meth:`PathManager.route` moves each
+gateway endpoint between UDP and the relay inside it, with no local UDP hop and no endpoint
+change. The relay connections reconnect by themselves; a switch
 re-applies the engine's config and asks for fresh handshakes, never restarting the engine or
 the workload.
 """
@@ -45,7 +49,7 @@ from anex_agent.keys import KeyPair, decode_key
 from anex_agent.tunnels.base import DesiredConfig
 from anex_agent.tunnels.netconf import split_host_port
 from anex_agent.tunnels.udp_probe import PROBE_TIMEOUT, ProbeResult, probe_gateway
-from anex_agent.tunnels.ws_bind import LocalRelay, RelayTarget, proxy_for
+from anex_agent.tunnels.ws_bind import LocalRelay, RelayTarget, SwitchBind, proxy_for
 from anex_agent.wire import NodeConfig
 
 if TYPE_CHECKING:
@@ -140,6 +144,8 @@ class PathManager:
         self._udp_endpoints: dict[str, tuple[str, int]] = {}  # gateway public key -> resolved UDP endpoint
         self._ws_urls: dict[str, str] = {}  # gateway public key -> relay URL
         self._stall = SilenceWatch(after=settings.stall_after, wait=settings.stall_after)
+        self._switch: SwitchBind | None = None  # the engine's Bind, when it takes one
+        self._takes_bind = False
 
     # ---------------------------------------------------------------- the engine's config
 
@@ -156,9 +162,41 @@ class PathManager:
                 except ValueError:
                     pass
 
+    def bind_factory(self, tasks: Tasks, host: str = "0.0.0.0"):
+        """For an engine that takes a Bind: ``async (listen_port) -> SwitchBind`` (UDP, and the relays on demand)."""
+        self._tasks = tasks
+        self._takes_bind = True
+
+        async def factory(port: int | None) -> SwitchBind:
+            self._switch = await SwitchBind.open(port, host, tasks, private_key=self.keypair.private,
+                                                 public_key=self.keypair.public_b64)
+            self._steer()
+            return self._switch
+        return factory
+
+    def _steer(self) -> None:
+        """Move each gateway endpoint of the engine's SwitchBind to the current path."""
+        switch = self._switch
+        if switch is None:
+            return
+        for key, endpoint in self._udp_endpoints.items():
+            url = self._ws_urls.get(key)
+            if self.path == "websocket" and url:
+                switch.use_websocket(endpoint, self._target(key, url))
+            else:
+                switch.use_udp(endpoint)
+
+    def _target(self, key: str, url: str) -> RelayTarget:
+        return RelayTarget(url=url, gateway_public_key=decode_key(key, what="gateway public_key"),
+                           proxy=proxy_for(url, dict(self.settings.proxy_env)), ssl_context=self.settings.ssl_context)
+
     async def route(self, desired: DesiredConfig, config: NodeConfig) -> DesiredConfig:
-        """``desired`` for the current path: on WebSocket, gateway peers point at their local relays."""
+        """``desired`` for the current path: on WebSocket, gateway peers point at their local relays
+        (an engine that takes a Bind keeps its endpoints; its SwitchBind is steered instead)."""
         self.learn(desired, config)
+        if self._takes_bind:
+            self._steer()  # the engine's SwitchBind, once it made one (its first apply), follows the path
+            return desired
         if self.path != "websocket":
             return desired
         await self._ensure_relays()
@@ -174,10 +212,7 @@ class PathManager:
         for key, url in self._ws_urls.items():
             if key in self.relays:
                 continue
-            target = RelayTarget(url=url, gateway_public_key=decode_key(key, what="gateway public_key"),
-                                 proxy=proxy_for(url, dict(self.settings.proxy_env)),
-                                 ssl_context=self.settings.ssl_context)
-            relay = await LocalRelay.open(target, private_key=self.keypair.private, public_key=self.keypair.public_b64)
+            relay = await LocalRelay.open(self._target(key, url), private_key=self.keypair.private, public_key=self.keypair.public_b64)
             self.relays[key] = relay
             if self._tasks is not None:
                 self._tasks.spawn(f"ws-relay-{key[:8]}", relay.run)
@@ -290,5 +325,6 @@ class PathManager:
             "probe_interval": self.settings.probe_interval,
             "last_udp_probe": self.last_probe.to_dict() if self.last_probe else None,
             "switches": list(self.switches),
-            "relays": {key[:8]: relay.client.report() for key, relay in self.relays.items()},
+            "relays": (self._switch.report() if self._switch is not None
+                       else {key[:8]: relay.client.report() for key, relay in self.relays.items()}),
         }

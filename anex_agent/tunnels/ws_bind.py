@@ -481,3 +481,98 @@ class LocalRelay:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+
+class SwitchBind:
+    """UDP and the WebSocket relays side by side: the datagram transport of an engine that takes a
+    Bind (the userspace engine), with no local UDP hop on either path.
+
+    Every endpoint goes over UDP until :meth:`use_websocket` moves it to a relay (and
+    :meth:`use_udp` back); what arrives from a relay is reported as coming from that endpoint,
+    so the WireGuard core sees the same peer endpoint on both paths. Create with
+    ``await SwitchBind.open(port, host, tasks, ...)``; its tasks end with :meth:`close`.
+    """
+
+    def __init__(self, udp: Any, tasks: Tasks, *, private_key: bytes, public_key: str) -> None:
+        self.udp = udp
+        self.tasks = tasks
+        self._private, self._public = private_key, public_key
+        self.clients: dict[Hashable, RelayClient] = {}
+        self._queue: asyncio.Queue[tuple[bytes, Hashable] | None] = asyncio.Queue(RECEIVE_QUEUE)
+        self._closed = False
+        self.dropped = 0
+
+    @classmethod
+    async def open(cls, port: int | None, host: str, tasks: Tasks, *, private_key: bytes, public_key: str) -> SwitchBind:
+        from anex_agent.tunnels.udp_bind import UdpBind
+
+        bind = cls(await UdpBind.open(port or 0, host), tasks, private_key=private_key, public_key=public_key)
+        tasks.spawn("switch-bind-udp", bind._pump_udp)
+        return bind
+
+    @property
+    def local_port(self) -> int:
+        return self.udp.local_port
+
+    async def _pump_udp(self) -> None:
+        try:
+            while True:
+                self._put(await self.udp.receive())
+        except BindClosed:
+            return
+
+    def _put(self, item: tuple[bytes, Hashable]) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    def use_websocket(self, endpoint: Hashable, target: RelayTarget) -> None:
+        """Send to (and hear) ``endpoint`` through the relay ``target`` from now on."""
+        current = self.clients.get(endpoint)
+        if current is not None and current.target == target:
+            return
+        if current is not None:
+            current.close()
+        client = RelayClient(target, private_key=self._private, public_key=self._public,
+                             on_datagram=lambda data, ep=endpoint: self._put((data, ep)))
+        self.clients[endpoint] = client
+        self.tasks.spawn(f"switch-bind-ws-{len(self.clients)}", client.run)
+
+    def use_udp(self, endpoint: Hashable) -> None:
+        client = self.clients.pop(endpoint, None)
+        if client is not None:
+            client.close()
+
+    def send(self, datagram: bytes, endpoint: Hashable) -> None:
+        if self._closed:
+            return
+        client = self.clients.get(endpoint)
+        if client is not None:
+            client.send(datagram)
+        else:
+            self.udp.send(datagram, endpoint)
+
+    async def receive(self) -> tuple[bytes, Hashable]:
+        if self._closed and self._queue.empty():
+            raise BindClosed()
+        item = await self._queue.get()
+        if item is None:
+            raise BindClosed()
+        return item
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()
+        self.udp.close()
+        try:
+            self._queue.put_nowait(None)
+        except asyncio.QueueFull:
+            pass
+
+    def report(self) -> dict[str, Any]:
+        return {f"{ep[0]}:{ep[1]}" if isinstance(ep, tuple) else str(ep): c.report() for ep, c in self.clients.items()}

@@ -190,3 +190,32 @@ async def test_udp_mode_never_switches_and_websocket_mode_never_probes(world):
     ws = PathManager(PathSettings(mode="websocket", probe_timeout=0.3), world.keypair)
     assert await ws.choose_initial(world.desired, world.config, world.tasks) == "websocket" and ws.last_probe is None
     await ws.close()
+
+
+async def test_an_engine_that_takes_a_bind_switches_inside_it_with_no_local_hop(world, tasks):
+    """The userspace engine gets the path's SwitchBind: same peer endpoint on both paths, no LocalRelay."""
+    world.blocker.blocked = True
+    manager = PathManager(PathSettings(probe_timeout=0.5), world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, tasks) == "websocket"
+    node = UserspaceEngine(ifname=None, listen_host="127.0.0.1", bind_factory=manager.bind_factory(tasks, "127.0.0.1"))
+    assert node.takes_bind and not UserspaceEngine.host_address
+    await node.start(tasks)
+    world.node = node
+    try:
+        reapply, counters, reset = wire(world, manager)
+        routed = await manager.route(world.desired, world.config)
+        assert routed == world.desired  # endpoints untouched: the Bind carries the switch
+        await reapply()
+        await traffic_flows(world, b"websocket inside the bind", 5)
+        assert not manager.relays and (await node.status()).listen_port > 0
+        (relay,) = manager.report()["relays"].values()
+        assert relay["connected"]
+        assert (await node.status()).peers[0].endpoint == world.udp_endpoint
+
+        world.blocker.blocked = False
+        await manager.switch("udp", "test: back to UDP", reapply, reset)
+        await traffic_flows(world, b"udp again inside the bind", 5)
+        assert manager.report()["relays"] == {}
+    finally:
+        await node.stop()
+        await manager.close()
