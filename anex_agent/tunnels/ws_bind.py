@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.frames import Opcode
 from websockets.protocol import State
 
@@ -186,8 +186,8 @@ class RelayClientConnection(DirectBinary, ClientConnection):
 def proxy_for(url: str, environ: Mapping[str, str]) -> str | None:
     """The HTTP proxy for ``url`` per ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` (either case), or None.
 
-    ``wss://`` uses ``HTTPS_PROXY``, ``ws://`` ``HTTP_PROXY`` (each falling back to the other
-    as curl does not; we do not: a proxy for one scheme is not assumed for the other).
+    ``wss://`` uses ``HTTPS_PROXY``, ``ws://`` ``HTTP_PROXY``, with no fallback from one to
+    the other (a proxy for one scheme is not assumed to serve the other).
     ``NO_PROXY``: comma-separated host names, domain suffixes (``.corp`` or ``corp``), IP
     literals, or ``*``.
     """
@@ -286,8 +286,7 @@ class RelayClient:
             try:
                 await self._session()
                 reason = "closed by the relay"
-            except (OSError, ConnectionClosed, InvalidHandshake, InvalidURI, rp.RelayProtocolError,
-                    asyncio.TimeoutError, ssl.SSLError) as err:
+            except (OSError, WebSocketException, rp.RelayProtocolError, asyncio.TimeoutError, ssl.SSLError) as err:
                 reason = _describe(err)
             self._ws = None
             self.connected_since = None
