@@ -1,8 +1,8 @@
 """The WebSocket relay through real outside parts, from Debian's packages (scripts/install-deps):
 
-* tinyproxy as a corporate CONNECT proxy: a node that can send no UDP and reach no TCP port
-  but the proxy's (and the coordinator's) joins over the relay through the proxy
-  (``HTTP_PROXY``); without the variable it stays off the mesh;
+* tinyproxy as a corporate proxy: a node that can send no UDP and reach no TCP port but the
+  proxy's joins the coordinator and reaches the relay (HTTP ``CONNECT``) through it
+  (``HTTP_PROXY``);
 * nginx terminating TLS in front of the relay with a certificate from a CA this test
   creates: the gateway advertises the ``wss://`` URL of nginx, the agent verifies the
   certificate against ``ANEX_CA_FILE``; without that CA it refuses the relay.
@@ -59,7 +59,7 @@ def tinyproxy(mesh):
         pytest.skip("tinyproxy is not installed (scripts/install-deps installs it)")
     conf = mesh.workdir / "tinyproxy.conf"
     conf.write_text(f"Port {PROXY_PORT}\nListen {UNDERLAY_GW}\nTimeout 600\nAllow 192.168.100.0/24\n"
-                    f"ConnectPort {WS_PORT}\nConnectPort 443\nMaxClients 100\nLogLevel Connect\n")
+                    f"ConnectPort {WS_PORT}\nConnectPort {COORDINATOR_PORT}\nConnectPort 443\nMaxClients 100\nLogLevel Connect\n")
     proc = start_in(mesh.gateway, ["tinyproxy", "-d", "-c", str(conf)], open(mesh.workdir / "tinyproxy.log", "ab"))
     wait_until(lambda: port_open(mesh.gateway, UNDERLAY_GW, PROXY_PORT), 10, "tinyproxy listening")
     yield proc
@@ -68,9 +68,9 @@ def tinyproxy(mesh):
 
 def test_a_node_whose_only_way_out_is_a_connect_proxy_joins_through_it(mesh, tinyproxy):
     n = mesh.add_node_namespace()
-    allowed = (f"{UNDERLAY_GW}:{PROXY_PORT}", f"{UNDERLAY_GW}:{COORDINATOR_PORT}")
-    mesh.block_udp(n, except_tcp_to=allowed)
+    mesh.block_udp(n, except_tcp_to=(f"{UNDERLAY_GW}:{PROXY_PORT}",))
     assert not port_open(n.ns, UNDERLAY_GW, WS_PORT)  # the relay itself is out of reach
+    assert not port_open(n.ns, UNDERLAY_GW, COORDINATOR_PORT)  # and so is the coordinator
     env = mesh.agent_env(n, ANEX_PATH="auto", HTTP_PROXY=f"http://{UNDERLAY_GW}:{PROXY_PORT}",
                          NO_PROXY="localhost,127.0.0.1")
     mesh.start_agent(n, env)
@@ -80,6 +80,7 @@ def test_a_node_whose_only_way_out_is_a_connect_proxy_joins_through_it(mesh, tin
         (relay,) = status["path_choice"]["relays"].values()
         assert relay["connected"] and relay["proxy"] == f"http://{UNDERLAY_GW}:{PROXY_PORT}"
         assert get_ok(n.ns, "/through-the-proxy")
+        assert status["coordinator"]["reachable"] is True  # joined and heartbeating through the proxy too
         log = (mesh.workdir / "tinyproxy.log").read_text(errors="replace")
         assert f"CONNECT {UNDERLAY_GW}:{WS_PORT}" in log or "Established connection" in log, log[-2000:]
     finally:

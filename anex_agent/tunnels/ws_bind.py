@@ -186,8 +186,9 @@ class RelayClientConnection(DirectBinary, ClientConnection):
 def proxy_for(url: str, environ: Mapping[str, str]) -> str | None:
     """The HTTP proxy for ``url`` per ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` (either case), or None.
 
-    ``wss://`` uses ``HTTPS_PROXY``, ``ws://`` ``HTTP_PROXY``, with no fallback from one to
-    the other (a proxy for one scheme is not assumed to serve the other).
+    ``wss://`` and ``https://`` use ``HTTPS_PROXY``, ``ws://`` and ``http://`` ``HTTP_PROXY``,
+    with no fallback from one to the other (a proxy for one scheme is not assumed to serve the
+    other). The agent uses it for the relay and for the coordinator.
     ``NO_PROXY``: comma-separated host names, domain suffixes (``.corp`` or ``corp``), IP
     literals, or ``*``.
     """
@@ -197,7 +198,7 @@ def proxy_for(url: str, environ: Mapping[str, str]) -> str | None:
     def get(name: str) -> str:
         return environ.get(name.lower()) or environ.get(name.upper()) or ""
 
-    proxy = get("https_proxy" if parts.scheme == "wss" else "http_proxy").strip()
+    proxy = get("https_proxy" if parts.scheme in ("wss", "https") else "http_proxy").strip()
     if not proxy:
         return None
     for entry in (e.strip().lower() for e in get("no_proxy").split(",")):

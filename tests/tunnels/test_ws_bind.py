@@ -234,6 +234,8 @@ async def test_local_relay_carries_an_engine_that_owns_its_udp_socket(mesh):
     ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "ample.com,10.0.0.1"}, "http://p:1"),
     ("wss://10.0.0.1:443/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.0.0.1"}, None),
     ("wss://gw.example.com/r", {}, None),
+    ("https://coordinator.example.com", {"HTTPS_PROXY": "http://p:1"}, "http://p:1"),   # the coordinator too
+    ("http://10.0.0.1:8700", {"HTTP_PROXY": "http://p:2", "HTTPS_PROXY": "http://p:1"}, "http://p:2"),
 ])
 def test_proxy_choice_follows_the_environment(url, env, expected):
     assert proxy_for(url, env) == expected
