@@ -66,9 +66,11 @@ class CoordinatorClient:
         session: aiohttp.ClientSession | None = None,
         ca_file: Path | None = None,
         clock: Callable[[], float] = time.time,
+        proxy: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.ca_file = ca_file
+        self.proxy = proxy  # http://HOST:PORT of an egress proxy (CONNECT for https), or None
         self.credential = credential
         self.admin_token = admin_token
         self.coordinator_key: bytes | None = None  # X25519 public key, from GET /v1/coordinator
@@ -97,7 +99,7 @@ class CoordinatorClient:
 
             https = self.base_url.startswith("https://")
             connector = aiohttp.TCPConnector(ssl=client_ssl_context(self.ca_file)) if https else None
-            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector, proxy=self.proxy)
             self._own_session = True
         return self._session
 

@@ -40,7 +40,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 NODE_JOIN = "anex node join v1"
 GATEWAY_REGISTRATION = "anex gateway registration v1"
-PURPOSES = (NODE_JOIN, GATEWAY_REGISTRATION)
+#: A node opening a WebSocket relay connection to a gateway (the gateway's key instead of the
+#: coordinator's; see :mod:`anex_agent.relay_protocol`).
+RELAY_CONNECT = "anex relay connect v1"
+PURPOSES = (NODE_JOIN, GATEWAY_REGISTRATION, RELAY_CONNECT)
 
 #: Seconds a proof's timestamp may lie before or after the coordinator's clock.
 WINDOW = 120

@@ -54,6 +54,7 @@ from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
 NAME_MAX = 253  # node and gateway names, host names (a DNS name)
 SECRET_MAX = 512  # join tokens and credentials as sent
 SHORT_TEXT_MAX = 128  # engine, path, agent version, capability names
+PATH_REASON_MAX = 512  # TransportStatus.path_reason
 URL_MAX = 2048
 LABEL_KEY_MAX = 253
 LABEL_VALUE_MAX = 253
@@ -378,6 +379,7 @@ class NodeJoinResponse(Model):
 class TransportStatus(Model):
     engine: ShortText = ""
     path: ShortText = ""
+    path_reason: str = Field("", max_length=PATH_REASON_MAX, description="why the node is on this path (udp|websocket)")
     last_handshake_age: float | None = Field(None, ge=0, description="seconds since the last handshake, None if never")
     rx_bytes: Counter = 0
     tx_bytes: Counter = 0

@@ -25,17 +25,19 @@ from anex_agent.demo.observe import REQUIRED_SERIES, complete, node_series, summ
 from integration.conftest import mesh_skip_reason
 
 NODE = "native-1"
-PATH_CHECKS = ("proxy", "post", "connect", "tunnel", "inbound")
+#: node label -> (path, node name) of each node the demo runs
+NODES = {"native-1": ("udp", "demo-node-1"), "udp-blocked-2": ("websocket", "demo-node-2")}
+PATH_CHECKS = ("path", "proxy", "post", "connect", "tunnel", "inbound")
 COORDINATOR_CHECKS = ("heartbeat", "telemetry", "metrics")
 VERDICT = r"(healthy|degraded|unhealthy)"
 
 
-def _row(text: str, check: str) -> str:
-    """The check table's line for ``NODE`` and ``check``."""
+def _row(text: str, check: str, node: str = NODE) -> str:
+    """The check table's line for ``node`` and ``check``."""
     for line in text.splitlines():
-        if re.match(rf"{NODE}\s+\S+\s+\S+\s+(never|\d+ s ago)\s+{check}\s", line):
+        if re.match(rf"{node}\s+\S+\s+\S+\s+(never|\d+ s ago)\s+{check}\s", line):
             return line
-    raise AssertionError(f"no {check!r} row for {NODE} in:\n{text}")
+    raise AssertionError(f"no {check!r} row for {node} in:\n{text}")
 
 
 def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path):
@@ -47,17 +49,21 @@ def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     assert "Traceback" not in text, text
-    for check in PATH_CHECKS + COORDINATOR_CHECKS:
-        assert re.search(r"\sok\s", _row(text, check)), _row(text, check)
-    assert re.search(rf"ready at the coordinator, 10\.254\.\d+\.\d+, wireguard-go/udp", _row(text, "heartbeat"))
-    assert re.search(rf"ok  {VERDICT}, nvml \w+, \d+ GPUs, sampled [\d.]+ s ago", _row(text, "telemetry"))
-    assert re.search(r'ok  \d+ series with node="demo-node-1" on /metrics', _row(text, "metrics"))
-    # the coordinator's view table: state, address, engine, path, NVML, GPUs, ..., health verdict and reason
-    view = [line for line in text.split("the coordinator's view of each node:", 1)[-1].splitlines() if line.startswith(NODE)]
-    assert len(view) == 1, text
-    assert re.match(rf"{NODE}\s+ready\s+10\.254\.\d+\.\d+\s+wireguard-go\s+udp\s+\w+\s+\d+\s+[\d.]+ %\s+[\d.]+ GiB / [\d.]+ GiB\s+[\d.]+ s ago\s+{VERDICT}", view[0]), view[0]
+    for node, (path, name) in NODES.items():  # a native node, and one whose UDP is blocked (on the relay)
+        for check in PATH_CHECKS + COORDINATOR_CHECKS:
+            assert re.search(r"\sok\s", _row(text, check, node)), _row(text, check, node)
+            assert re.match(rf"{node}\s+wireguard-go\s+{path}\s", _row(text, check, node))
+        assert re.search(rf"ok  {path}: ", _row(text, "path", node))
+        assert re.search(rf"ready at the coordinator, 10\.254\.\d+\.\d+, wireguard-go/{path}", _row(text, "heartbeat", node))
+        assert re.search(rf"ok  {VERDICT}, nvml \w+, \d+ GPUs, sampled [\d.]+ s ago", _row(text, "telemetry", node))
+        assert re.search(rf'ok  \d+ series with node="{name}" on /metrics', _row(text, "metrics", node))
+        # the coordinator's view table: state, address, engine, path, NVML, GPUs, ..., health verdict and reason
+        view = [line for line in text.split("the coordinator's view of each node:", 1)[-1].splitlines() if line.startswith(node)]
+        assert len(view) == 1, text
+        assert re.match(rf"{node}\s+ready\s+10\.254\.\d+\.\d+\s+wireguard-go\s+{path}\s+\w+\s+\d+\s+[\d.]+ %\s+[\d.]+ GiB / [\d.]+ GiB\s+[\d.]+ s ago\s+{VERDICT}", view[0]), view[0]
+    assert "no WireGuard handshake" in _row(text, "path", "udp-blocked-2")
     summary = re.search(r"(\d+)/(\d+) checks passed", text)
-    assert summary and summary.group(1) == summary.group(2) == str(len(PATH_CHECKS + COORDINATOR_CHECKS)), text
+    assert summary and summary.group(1) == summary.group(2) == str(len(NODES) * len(PATH_CHECKS + COORDINATOR_CHECKS)), text
 
 
 # ---------------------------------------------------------------- readers, against the real producers

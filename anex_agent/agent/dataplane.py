@@ -29,16 +29,17 @@ from typing import Any
 
 from anex_agent.agent import engine_frontends
 from anex_agent.agent.desired import merge_tunnels
+from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.dialer import Dialer
-from anex_agent.errors import ConfigError, EngineError
+from anex_agent.errors import EngineError
 from anex_agent.keys import KeyPair
 from anex_agent.resolver import Resolver, ResolverSlot
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, WorkloadConfig, choose_engine, new_ifname
 from anex_agent.tunnels.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
-from anex_agent.wire import NodeConfig, TransportStatus
+from anex_agent.wire import PATH_REASON_MAX, NodeConfig, TransportStatus
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ RESET_RETRY = 1.0
 #: At start-up, how long the workload waits for the first gateway handshake before it starts anyway.
 FIRST_HANDSHAKE_WAIT = 20.0
 RESET_WINDOW = 10.0
+#: RFC 863's discard port: where the path watch sends its nudge.
+DISCARD_PORT = 9
 
 
 class DataPlane:
@@ -60,7 +63,7 @@ class DataPlane:
         self.engine_cls: type[Engine] | None = None
         self.engine: Engine | None = None
         self.config: NodeConfig | None = None
-        self.path = "udp"
+        self.paths = PathManager(path_settings(settings), keypair)
         self.endpoints = EndpointPolicy(endpoint_resolve)
         self.resolve_interval = resolve_interval
         self.resolver = ResolverSlot()
@@ -73,10 +76,12 @@ class DataPlane:
         self._stack = contextlib.AsyncExitStack()
         self.route_guard = RouteGuard(settings.coordinator_url)  # gateway routes never cover the coordinator
 
+    @property
+    def path(self) -> str:
+        """The datagram path in use: ``udp`` or ``websocket`` (see :mod:`anex_agent.agent.path`)."""
+        return self.paths.path
+
     def choose_engine(self) -> type[Engine]:
-        if self.settings.path == "websocket":
-            raise ConfigError("ANEX_PATH", "the websocket path is not supported yet; use auto or udp "
-                                           "(a gateway reachable over UDP)")
         cls, tried = choose_engine(self.settings.engine, for_workload=True, source=self.settings.engine_source)
         self.detect_report.setdefault("engines", {n: s.to_dict() for n, s in tried.items()})
         engine_frontends.check_settings(self.settings, cls)
@@ -94,10 +99,15 @@ class DataPlane:
     async def start(self, config: NodeConfig, tasks: Tasks) -> None:
         """Engine up with ``config``, then the front-ends it asks for; the endpoint follower in ``tasks``."""
         assert self.engine_cls is not None, "choose_engine() first"
-        self.engine = self.engine_cls(ifname=new_ifname("n"), state_dir=self.settings.state_dir)
+        # an engine that takes a Bind gets the path's (UDP and the relays, switched inside); the
+        # others own their UDP socket and are steered through their peer endpoints
+        extra = {"bind_factory": self.paths.bind_factory(tasks)} if self.engine_cls.takes_bind else {}
+        self.engine = self.engine_cls(ifname=new_ifname("n"), state_dir=self.settings.state_dir, **extra)
         self._stack.push_async_callback(self.engine.stop)
         await self.engine.start(tasks)
+        self._stack.push_async_callback(self.paths.close)
         self.resolver.use(Resolver.from_node_config(config))
+        await self.paths.choose_initial(await self._resolved(config), config, tasks)
         await self._apply_engine(config)
         self.dialer = self.engine.dialer(self.resolver)
         if self.dialer is not None:  # the engine gives a dialer: our proxy and forwards serve the workload
@@ -106,6 +116,8 @@ class DataPlane:
             self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
         self.config = config
         tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
+        tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions,
+                                                            self._nudge))
 
     async def apply(self, config: NodeConfig) -> bool:
         """Re-apply a newer config: engine (gateways, address, routes, workload), DNS, forwards.
@@ -130,11 +142,35 @@ class DataPlane:
         """The engine's part of ``config``: the tunnel with endpoint names resolved, and the workload."""
         assert self.engine is not None
         async with self._lock:
-            desired = await self.endpoints.resolve(await self.route_guard.desired(config, self.keypair.private))
+            desired = await self.paths.route(await self._resolved(config), config)
             workload = engine_frontends.workload_config(config, self.settings)
             changed = await self.engine.apply(desired, workload)
             self._desired, self._workload = desired, workload
             return changed
+
+    async def _resolved(self, config: NodeConfig) -> DesiredConfig:
+        """The tunnel of ``config``: refused routes left out, endpoint names resolved (UDP endpoints)."""
+        return await self.endpoints.resolve(await self.route_guard.desired(config, self.keypair.private))
+
+    async def _counters(self) -> Counters:
+        transport = await self.transport_status()
+        return Counters(transport.rx_bytes, transport.tx_bytes, transport.last_handshake_age)
+
+    def _nudge(self) -> None:
+        """Make the engine send to each gateway now: one datagram to its mesh address (discard port).
+
+        Only where the mesh address is routed by this host (an OS interface); the gateway
+        drops the datagram after WireGuard took it, which is all that is needed."""
+        if not self.host_address or self.config is None:
+            return
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for gw in self.config.gateways:
+                try:
+                    sock.sendto(b"", (gw.mesh_address, DISCARD_PORT))
+                except OSError:
+                    pass
 
     async def _reapply(self) -> None:
         """Apply the current config again (an endpoint name moved: the policy resolves it anew)."""
@@ -189,6 +225,7 @@ class DataPlane:
         return TransportStatus(
             engine=self.engine_cls.name if self.engine_cls else "",
             path=self.path,
+            path_reason=self.paths.reason[:PATH_REASON_MAX],
             last_handshake_age=max(0.0, round(min(ages), 3)) if ages else None,  # never negative (clock steps)
             rx_bytes=sum(p.rx_bytes for p in status.peers) if status else 0,
             tx_bytes=sum(p.tx_bytes for p in status.peers) if status else 0,
@@ -214,6 +251,7 @@ class DataPlane:
         return {
             "engine": transport.engine,
             "path": transport.path,
+            "path_choice": self.paths.report(),
             "interface": status.interface if status else None,
             "detect": self.detect_report,
             "address": config.address if config else None,

@@ -24,8 +24,8 @@ from anex_agent.wire import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest
 class LinkBase:
     """What the agent's and the gateway's links share: the client, its credential, the watch stream."""
 
-    def __init__(self, base_url: str, *, ca_file: Path | None = None) -> None:
-        self.client = CoordinatorClient(base_url, ca_file=ca_file)
+    def __init__(self, base_url: str, *, ca_file: Path | None = None, proxy: str | None = None) -> None:
+        self.client = CoordinatorClient(base_url, ca_file=ca_file, proxy=proxy)
 
     def set_credential(self, credential: str) -> None:
         self.client.set_credential(credential)

@@ -19,7 +19,10 @@ ANEX_ALLOW_INSECURE    --allow-insecure                 1: accept plain http:// 
                                                         (refused by default; see :mod:`anex_agent.transport`)
 ANEX_STATE_DIR         --state-dir                      directory; default see :func:`default_state_dir`
 ANEX_ENGINE            --engine                         auto|kernel|wireguard-go|userspace|wireproxy
-ANEX_PATH              --path                           auto|udp|websocket
+ANEX_PATH              --path                           auto|udp|websocket (see anex_agent.agent.path)
+ANEX_PATH_PROBE_INTERVAL --path-probe-interval          seconds between UDP probes while on the
+                                                        WebSocket path (auto), default 120
+HTTPS_PROXY, HTTP_PROXY, NO_PROXY                       egress proxy (CONNECT) for the WebSocket relay
 ANEX_PROXY_LISTEN      --proxy-listen                   IP:PORT, [IPv6]:PORT or localhost:PORT, default 127.0.0.1:3128
 ANEX_API_LISTEN        --api-listen                     IP:PORT (as above), default 127.0.0.1:9555
 ANEX_PROXY_AUTH        --proxy-auth                     USER:PASSWORD the proxy requires (optional)
@@ -91,8 +94,12 @@ class AgentSettings:
     inbound_ports: tuple[int, ...] = ()
     #: the flag or variable ``engine`` came from (for error messages)
     engine_source: str = "ANEX_ENGINE"
-    #: PEM CA certificates trusted for an https:// coordinator besides the system store
+    #: PEM CA certificates trusted for an https:// coordinator (and a wss:// relay) besides the system store
     ca_file: Path | None = None
+    #: seconds between UDP probes while on the WebSocket path (ANEX_PATH_PROBE_INTERVAL)
+    path_probe_interval: float = 120.0
+    #: HTTPS_PROXY / HTTP_PROXY / NO_PROXY (either case) as found, for the WebSocket relay connection
+    proxy_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def tunnel_specs(self) -> list[TunnelSpec]:
@@ -243,6 +250,8 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     state, _ = _pick(getattr(args, "state_dir", None), "--state-dir", environ, "ANEX_STATE_DIR", None)
     engine, src_e = _pick(getattr(args, "engine", None), "--engine", environ, "ANEX_ENGINE", "auto")
     path, src_p = _pick(getattr(args, "path", None), "--path", environ, "ANEX_PATH", "auto")
+    probe, src_pi = _pick(getattr(args, "path_probe_interval", None), "--path-probe-interval", environ,
+                          "ANEX_PATH_PROBE_INTERVAL", "120")
     proxy, src_x = _pick(getattr(args, "proxy_listen", None), "--proxy-listen", environ, "ANEX_PROXY_LISTEN", DEFAULT_PROXY_LISTEN)
     api, src_a = _pick(getattr(args, "api_listen", None), "--api-listen", environ, "ANEX_API_LISTEN", DEFAULT_API_LISTEN)
     provider, src_v = _pick(getattr(args, "provider", None), "--provider", environ, "ANEX_PROVIDER", "other")
@@ -287,7 +296,18 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         proxy_auth=proxy_auth,
         inbound_ports=inbound_ports,
         ca_file=ca_file,
+        path_probe_interval=_seconds(probe, src_pi),
+        proxy_env=tuple((k, v) for k, v in sorted(environ.items())
+                        if k.lower() in ("https_proxy", "http_proxy", "no_proxy") and v),
     )
+
+
+def _seconds(text: str, source: str) -> float:
+    """Whole seconds from 1 to 86400."""
+    try:
+        return float(parse.integer(str(text).strip(), minimum=1, maximum=86400))
+    except ValueError as err:
+        raise ConfigError(source, f"{text!r}: {err} (seconds)") from None
 
 
 def add_arguments(parser) -> None:
@@ -300,6 +320,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--state-dir", metavar="DIR", help="key, credential, last good config [ANEX_STATE_DIR]")
     g.add_argument("--engine", metavar="|".join(ENGINES), help="WireGuard engine, default auto [ANEX_ENGINE]")
     g.add_argument("--path", metavar="|".join(PATHS), help="datagram path, default auto [ANEX_PATH]")
+    g.add_argument("--path-probe-interval", metavar="SECONDS",
+                   help="while on the WebSocket path, probe UDP this often, default 120 [ANEX_PATH_PROBE_INTERVAL]")
     g.add_argument("--proxy-listen", metavar="HOST:PORT", help=f"HTTP proxy, default {DEFAULT_PROXY_LISTEN} [ANEX_PROXY_LISTEN]")
     g.add_argument("--api-listen", metavar="HOST:PORT", help=f"agent API, default {DEFAULT_API_LISTEN} [ANEX_API_LISTEN]")
     g.add_argument("--proxy-auth", metavar="USER:PASSWORD",

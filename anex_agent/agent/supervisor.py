@@ -42,6 +42,7 @@ from anex_agent.agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.agent.link import CoordinatorLink
+from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.metrics import AgentCollector
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
@@ -62,7 +63,8 @@ class Agent:
     def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None) -> None:
         self.settings = settings
         self.state = StateDir(settings.state_dir)
-        self.link = CoordinatorLink(settings.coordinator_url, ca_file=settings.ca_file)
+        self.link = CoordinatorLink(settings.coordinator_url, ca_file=settings.ca_file,
+                                    proxy=proxy_for(settings.coordinator_url, dict(settings.proxy_env)))
         self.dataplane: DataPlane | None = None
         self.identity: NodeIdentity | None = None
         self.coordinator_reachable: bool | None = None

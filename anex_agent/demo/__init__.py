@@ -2,8 +2,13 @@
 
 Builds (root; network namespaces, see :mod:`anex_agent.demo.mesh`): a cluster namespace
 with an HTTP service and a DNS server that knows ``echo.default.svc.cluster.local``, the
-coordinator and the gateway (``anex-agent coordinator|gateway``), and one node per entry of
-:data:`NODE_KINDS` (``anex-agent daemon`` with a ``GW_TUNNEL_18080``). Then, per node:
+coordinator and the gateway (``anex-agent coordinator|gateway``, with its WebSocket relay), and
+one node per entry of :data:`NODE_KINDS` (``anex-agent daemon`` with a ``GW_TUNNEL_18080``): a
+native node, and a native node whose namespace drops every outgoing UDP datagram (as RunPod
+and many corporate networks do), which must find the WebSocket path by itself
+(``ANEX_PATH=auto``). Then, per node:
+
+* ``path``    the agent is on the path its kind expects (``udp``, or ``websocket`` for the UDP-blocked node)
 
 * ``proxy``   GET http://echo.default.svc.cluster.local:8080/ through 127.0.0.1:3128 (name resolved over the mesh)
 * ``post``    POST 1 MiB through the proxy, echoed back intact
@@ -43,14 +48,19 @@ TELEMETRY_WAIT = 20.0  # seconds for every node's telemetry and fleet series (re
 
 @dataclass(frozen=True)
 class NodeKind:
-    """One kind of node the demo runs. Another engine or path is one more entry of
-    :data:`NODE_KINDS`, for example ``NodeKind("userspace", {"ANEX_ENGINE": "userspace"})``."""
+    """One kind of node the demo runs: its agent's environment, whether its namespace drops
+    outgoing UDP, and the path its agent must end up on."""
 
     label: str
     env: dict[str, str]
+    block_udp: bool = False
+    path: str = "udp"
 
 
-NODE_KINDS: tuple[NodeKind, ...] = (NodeKind("native", {"ANEX_ENGINE": "wireguard-go"}),)
+NODE_KINDS: tuple[NodeKind, ...] = (
+    NodeKind("native", {"ANEX_ENGINE": "wireguard-go"}),
+    NodeKind("udp-blocked", {"ANEX_ENGINE": "wireguard-go", "ANEX_PATH": "auto"}, block_udp=True, path="websocket"),
+)
 
 
 @dataclass
@@ -92,12 +102,24 @@ def _verdict(result: dict, expect_service: str = "echo") -> tuple[bool, str]:
     return body.get("service") == expect_service, f"{body.get('service')} answered {body.get('path')}"
 
 
-def run_checks(mesh, node) -> list[tuple[str, bool, str]]:
+def path_check(node, expected: str) -> tuple[bool, str]:
+    """Whether the agent is on the ``expected`` path, with the reason it gives."""
+    try:
+        status = node.status()
+    except Exception as err:  # report, do not crash the table
+        return False, str(err)
+    path = status.get("path")
+    reason = (status.get("path_choice") or {}).get("reason", "")
+    return path == expected, f"{path}: {reason}"[:160]
+
+
+def run_checks(mesh, node, expected_path: str = "udp") -> list[tuple[str, bool, str]]:
     from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME
 
     url = f"http://{SERVICE_NAME}:{HTTP_PORT}"
     proxy = "127.0.0.1:3128"
     checks = [
+        ("path", path_check(node, expected_path)),
         ("proxy", _verdict(_client(node.ns, "get", f"{url}/demo", "--proxy", proxy))),
         ("post", _verdict(_client(node.ns, "get", f"{url}/upload", "--proxy", proxy, "--body-size", str(1 << 20)))),
         ("connect", _verdict(_client(node.ns, "connect", f"{SERVICE_NAME}:{HTTP_PORT}", "--proxy", proxy, "--path", "/connect"))),
@@ -240,13 +262,15 @@ def main(args: argparse.Namespace) -> int:
             label = f"{kind.label}-{node.index}"
             env = mesh.agent_env(node, **kind.env, **{f"GW_TUNNEL_{TUNNEL_PORT}": f"{SERVICE_NAME}:{HTTP_PORT}"})
             try:
+                if kind.block_udp:
+                    mesh.block_udp(node)
                 mesh.start_agent(node, env)
                 status = node.status()
             except Exception as err:
                 rows.append(Row(label, kind.env.get("ANEX_ENGINE", "?"), kind.env.get("ANEX_PATH", "udp"), "-", "start", False, str(err).splitlines()[0][:200]))
                 continue
             started_nodes.append((label, node, status))
-            for name, ok, detail in run_checks(mesh, node):
+            for name, ok, detail in run_checks(mesh, node, kind.path):
                 rows.append(_status_row(label, node, name, ok, detail))
         if started_nodes:
             print("anex-agent demo: paths checked; asking the coordinator for heartbeats and telemetry", flush=True)

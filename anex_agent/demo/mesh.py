@@ -43,6 +43,8 @@ SOURCE_PORT = 9001
 DNS_PORT = 53
 COORDINATOR_PORT = 8700
 WG_PORT = 51820
+WS_PORT = 8443  # the gateway's WebSocket relay (plain: the demo has no TLS ingress)
+WS_URL = f"ws://{UNDERLAY_GW}:{WS_PORT}/relay"
 
 
 def anex_argv() -> list[str]:
@@ -227,7 +229,9 @@ class Mesh:
 
     # ---------------------------------------------------------------- gateway
 
-    def start_gateway(self) -> None:
+    def start_gateway(self, ws_url: str = WS_URL) -> None:
+        """``anex-agent gateway`` with its WebSocket relay on ``WS_PORT``; ``ws_url`` is what it
+        advertises (a TLS-terminating proxy in front of the relay: that proxy's URL)."""
         if self.gateway_token is None:
             self.gateway_token = self.join_token("gateway", reusable=True)
         state = self.workdir / "gateway"
@@ -240,6 +244,7 @@ class Mesh:
             "--endpoint", f"{UNDERLAY_GW}:{WG_PORT}",
             "--route", CLUSTER_NET,
             "--dns-upstream", f"{CLUSTER_IP}:{DNS_PORT}",
+            "--ws-listen", f"0.0.0.0:{WS_PORT}", "--ws-url", ws_url,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}  # only what we pass below
         env["ANEX_GATEWAY_TOKEN"] = self.gateway_token  # not --token: ps shows argv to every local user
@@ -279,6 +284,24 @@ class Mesh:
         node = Node(index, ns, node_addr, UNDERLAY_GW, self.workdir / f"node{index}-state", self.workdir / f"node{index}.log")
         self.nodes.append(node)
         return node
+
+    def block_udp(self, node: Node, *, except_tcp_to: tuple[str, ...] = ()) -> None:
+        """Drop every UDP datagram the node sends out of its namespace (the mesh interface and
+        loopback excepted), as providers that block UDP do. ``except_tcp_to`` (``HOST:PORT``):
+        when given, TCP is dropped too, except to these (a node whose only way out is a proxy)."""
+        rules = ['oifname != "lo" oifname != "anxn*" meta l4proto udp drop']
+        for target in except_tcp_to:
+            host, port = target.rsplit(":", 1)
+            rules.append(f'oifname != "lo" oifname != "anxn*" ip daddr {host} tcp dport {port} accept')
+        if except_tcp_to:
+            rules.append('oifname != "lo" oifname != "anxn*" meta l4proto tcp drop')
+        ruleset = ("table inet demo_block_udp {\n chain out {\n  type filter hook output priority 0; policy accept;\n"
+                   + "".join(f"  {r}\n" for r in rules) + " }\n}\n")
+        self.unblock_udp(node)
+        node.ns.run(["nft", "-f", "-"], input=ruleset)
+
+    def unblock_udp(self, node: Node) -> None:
+        node.ns.run(["nft", "delete", "table", "inet", "demo_block_udp"], check=False)
 
     def agent_env(self, node: Node, token: str | None = None, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ANEX_", "GW_TUNNEL_"))}

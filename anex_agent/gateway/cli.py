@@ -10,7 +10,10 @@ Flags (environment fallback in brackets):
     --allow-insecure        accept plain http:// to a public coordinator address [ANEX_ALLOW_INSECURE=1]
     --listen-udp ADDR       WireGuard UDP IP:PORT or :PORT (default 0.0.0.0:51820; the engine binds the port on all addresses)
     --endpoint HOST:PORT    what nodes dial (default: --listen-udp when it names an address)
-    --ws-url URL            WebSocket relay URL advertised to UDP-blocked nodes
+    --ws-url URL            WebSocket relay URL advertised to UDP-blocked nodes (ws:// or wss://)
+    --ws-listen HOST:PORT   serve the WebSocket relay there (plain, or TLS with --tls-cert/--tls-key)
+    --tls-cert FILE         PEM certificate (chain) of the relay
+    --tls-key FILE          PEM private key of the relay
     --route CIDR            a cluster network nodes may reach (repeat)
     --dns-upstream IP[:PORT] cluster DNS to forward mesh queries to
     --state-dir DIR         key pair and last registration   [ANEX_STATE_DIR] (default /var/lib/anex-gateway)
@@ -40,7 +43,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="accept a plain http:// coordinator URL to a public address [ANEX_ALLOW_INSECURE=1]")
     parser.add_argument("--listen-udp", default=DEFAULT_LISTEN_UDP, help="WireGuard UDP IP:PORT, [IPv6]:PORT or :PORT, port 1..65535")
     parser.add_argument("--endpoint", default=None, help="UDP HOST:PORT nodes dial (default: --listen-udp)")
-    parser.add_argument("--ws-url", default=None, help="WebSocket relay URL to advertise")
+    parser.add_argument("--ws-url", default=None,
+                        help="WebSocket relay URL advertised to UDP-blocked nodes (ws:// or wss://; behind a "
+                             "TLS-terminating proxy or ingress: its public URL)")
+    parser.add_argument("--ws-listen", default=None, metavar="HOST:PORT",
+                        help="serve the WebSocket relay for UDP-blocked nodes on HOST:PORT")
+    parser.add_argument("--tls-cert", default=None, metavar="FILE", help="PEM certificate chain of the relay (TLS)")
+    parser.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of the relay (TLS)")
     parser.add_argument("--route", action="append", default=[], metavar="CIDR", help="cluster network to route (repeat)")
     parser.add_argument("--dns-upstream", default=None, metavar="IP[:PORT]", help="cluster DNS server")
     parser.add_argument("--state-dir", default=None, help="state directory [ANEX_STATE_DIR]")

@@ -33,7 +33,7 @@ from pathlib import Path
 from anex_agent import keys
 from anex_agent.agent.backoff import Backoff
 from anex_agent.agent.state import write_private
-from anex_agent.errors import AnexError, CoordinatorError, EngineError
+from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineError
 from anex_agent.gateway import forwarding, nft
 from anex_agent.gateway.dns import DnsForwarder
 from anex_agent.gateway.link import GatewayLink
@@ -130,6 +130,7 @@ class Gateway:
         self._apply_lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.rotate_in = 3600.0  # seconds between credential renewals (the coordinator says)
+        self.relay = None  # the WebSocket relay, when --ws-listen is set
 
     def stop(self) -> None:
         self._stop.set()
@@ -338,10 +339,37 @@ class Gateway:
                 raise _first_anex_error(group) or group from None
         return 0
 
+    def is_peer(self, public_key: str) -> bool:
+        """Whether ``public_key`` is a node of the hub's current peer set (the relay admits only those)."""
+        return any(p.public_key == public_key for p in self.book.peers.values())
+
+    async def _start_relay(self, stack: AsyncExitStack) -> None:
+        """The WebSocket relay (``--ws-listen``), towards the hub's UDP port on loopback."""
+        if self.settings.ws_listen is None:
+            return
+        from anex_agent.gateway.relay import Relay, tls_context
+
+        assert self.keypair is not None
+        context = None
+        if self.settings.tls_cert is not None and self.settings.tls_key is not None:
+            try:
+                context = tls_context(str(self.settings.tls_cert), str(self.settings.tls_key))
+            except (OSError, ValueError) as err:
+                raise ConfigError("--tls-cert", f"cannot load the relay's certificate and key: {err}") from None
+        host, port = self.settings.ws_listen
+        self.relay = Relay(host=host, port=port, hub=("127.0.0.1", self.settings.listen_port),
+                           private_key=self.keypair.private, is_peer=self.is_peer, ssl_context=context)
+        try:
+            await self.relay.start()
+        except OSError as err:
+            raise EngineError(f"cannot serve the WebSocket relay on {host}:{port}: {err.strerror or err}") from None
+        stack.push_async_callback(self.relay.close)
+
     async def _serve(self, stack: AsyncExitStack, registered: bool) -> None:
         """The long-running part: DNS, watch, background registration, until asked to stop."""
         assert self.registration is not None
         dns: DnsForwarder | None = None
+        await self._start_relay(stack)
         try:
             async with asyncio.TaskGroup() as tg:
                 if self.settings.dns_upstream is not None:

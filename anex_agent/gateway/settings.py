@@ -36,6 +36,9 @@ class GatewaySettings:
     name: str = ""
     interface: str | None = None         # None: derived from the public key (stable across restarts)
     ca_file: Path | None = None          # PEM CA certificates trusted for an https:// coordinator
+    ws_listen: tuple[str, int] | None = None   # the WebSocket relay's HOST:PORT; None: no relay
+    tls_cert: Path | None = None         # the relay serves TLS with these (PEM); None: plain
+    tls_key: Path | None = None
 
 
 def parse_listen_udp(text: str) -> tuple[str, int]:
@@ -52,7 +55,8 @@ def build_settings(
     endpoint: str | None = None, ws_url: str | None = None, routes: list[str] | None = None,
     dns_upstream: str | None = None, state_dir: str | None = None, engine: str = "auto",
     name: str | None = None, interface: str | None = None, ca_file: str | None = None,
-    allow_insecure: bool = False,
+    allow_insecure: bool = False, ws_listen: str | None = None, tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> GatewaySettings:
     """Check every value (ConfigError naming its flag) and build the settings; see :func:`from_args` for the CLI."""
     if not coordinator_url:
@@ -71,6 +75,7 @@ def build_settings(
         raise ConfigError("--engine", f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} (a hub needs an OS interface)")
     if interface is not None:
         check_ifname(interface)
+    relay = _relay_settings(ws_listen, tls_cert, tls_key, ws_url)
     return GatewaySettings(
         coordinator_url=coordinator_url.rstrip("/"),
         token=token or "",
@@ -84,7 +89,29 @@ def build_settings(
         name=name or socket.gethostname(),
         interface=interface,
         ca_file=ca_path,
+        **relay,
     )
+
+
+def _relay_settings(ws_listen: str | None, tls_cert: str | None, tls_key: str | None, ws_url: str | None) -> dict:
+    """``--ws-listen``, ``--tls-cert``, ``--tls-key`` (and ``--ws-url``'s scheme) checked together."""
+    if ws_url is not None and not ws_url.startswith(("ws://", "wss://")):
+        raise ConfigError("--ws-url", f"{ws_url!r} must start with ws:// or wss://")
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("--tls-key" if tls_key is None else "--tls-cert", "--tls-cert and --tls-key go together")
+    if ws_listen is None:
+        if tls_cert is not None:
+            raise ConfigError("--tls-cert", "serves the WebSocket relay: give --ws-listen HOST:PORT too")
+        return {}
+    try:
+        listen = parse.host_port(ws_listen)
+    except ValueError as err:
+        raise ConfigError("--ws-listen", f"{ws_listen!r}: {err}") from None
+    for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(flag, f"{path!r} is not a readable file (PEM)")
+    return {"ws_listen": listen, "tls_cert": Path(tls_cert) if tls_cert else None,
+            "tls_key": Path(tls_key) if tls_key else None}
 
 
 def from_args(args, environ: Mapping[str, str]) -> GatewaySettings:
@@ -97,6 +124,8 @@ def from_args(args, environ: Mapping[str, str]) -> GatewaySettings:
         engine=args.engine or environ.get("ANEX_ENGINE") or "auto", name=args.name, interface=args.interface,
         ca_file=args.ca_file or environ.get(transport.CA_FILE_VAR),
         allow_insecure=args.allow_insecure or transport.allow_insecure_from(environ),
+        ws_listen=getattr(args, "ws_listen", None), tls_cert=getattr(args, "tls_cert", None),
+        tls_key=getattr(args, "tls_key", None),
     )
 
 

@@ -238,6 +238,11 @@ class Engine(abc.ABC):
     #: Whether the mesh address becomes an address of this host (an OS interface), so that
     #: local sockets (the agent API, the workload's ports) can listen on it.
     host_address: ClassVar[bool] = True
+    #: Whether the constructor takes ``bind_factory`` (an async ``(listen_port) -> Bind``,
+    #: :mod:`anex_agent.tunnels.bind`): the engine then sends its datagrams through the Bind it
+    #: is given (the agent's WebSocket path plugs in there, no local UDP hop). False: the engine
+    #: owns its UDP socket, and the WebSocket path is a local relay its peer endpoint points at.
+    takes_bind: ClassVar[bool] = False
 
     @classmethod
     def workload_support(cls) -> Support:

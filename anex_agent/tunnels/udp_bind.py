@@ -1,17 +1,9 @@
-"""Bind: the datagram path under the WireGuard core (seam 2; wireguard-go's ``conn.Bind``).
+"""The UDP Bind: a UDP socket as the datagram path under the WireGuard core.
 
-A Bind moves whole datagrams to and from *endpoints*. The interface is deliberately
-small so a WebSocket relay can implement it too::
-
-    class Bind(Protocol):
-        def send(self, datagram: bytes, endpoint: Hashable) -> None   # fire and forget, never blocks
-        async def receive(self) -> tuple[bytes, Hashable]               # next datagram and its sender
-        def close(self) -> None                                         # idempotent; receive() then raises BindClosed
-        local_port: int                                                 # 0 where ports make no sense
-
-Endpoints are opaque to the core; for :class:`UdpBind` they are ``(ip, port)`` tuples
-with an IP literal (resolve names before handing them in). A datagram that cannot be
-sent (unreachable, buffer full) is dropped, as UDP would; WireGuard's timers recover.
+The Bind contract (and :class:`BindClosed`) lives in :mod:`anex_agent.tunnels.bind`;
+both are re-exported here. Endpoints of :class:`UdpBind` are ``(ip, port)`` tuples with an
+IP literal (resolve names before handing them in). A datagram that cannot be sent
+(unreachable, buffer full) is dropped, as UDP would; WireGuard's timers recover.
 """
 
 from __future__ import annotations
@@ -20,29 +12,16 @@ import asyncio
 import logging
 import socket
 from collections.abc import Hashable
-from typing import Protocol, runtime_checkable
 
 from anex_agent.errors import EngineError
+from anex_agent.tunnels.bind import Bind, BindClosed
+
+__all__ = ["Bind", "BindClosed", "UdpBind", "RECEIVE_QUEUE"]
 
 log = logging.getLogger(__name__)
 
 #: Datagrams queued between the socket and the driver before we drop (like a full socket buffer).
 RECEIVE_QUEUE = 4096
-
-
-class BindClosed(Exception):
-    """receive() on a closed Bind. Internal to drivers: never escapes an engine."""
-
-
-@runtime_checkable
-class Bind(Protocol):
-    local_port: int
-
-    def send(self, datagram: bytes, endpoint: Hashable) -> None: ...
-
-    async def receive(self) -> tuple[bytes, Hashable]: ...
-
-    def close(self) -> None: ...
 
 
 class _Protocol(asyncio.DatagramProtocol):

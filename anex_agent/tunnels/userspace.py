@@ -168,6 +168,7 @@ class UserspaceEngine(Engine):
 
     name = "userspace"
     host_address = False  # no OS interface: the mesh address is not an address of this host
+    takes_bind = True  # bind_factory: the agent's path (UDP or WebSocket) is its datagram transport
 
     def __init__(self, *, ifname: str | None = None, state_dir: Path | None = None, listen_host: str = "0.0.0.0",
                  on_packet: PacketHandler | None = None,

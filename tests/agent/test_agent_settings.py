@@ -277,3 +277,16 @@ def test_listen_needs_the_address_spelled_out(value):
     with pytest.raises(ConfigError) as err:
         parse({**BASE, "ANEX_API_LISTEN": value})
     assert err.value.source == "ANEX_API_LISTEN"
+
+
+def test_path_settings_probe_interval_and_egress_proxy_variables():
+    cfg = parse({**BASE, "ANEX_PATH": "websocket", "ANEX_PATH_PROBE_INTERVAL": "30",
+                 "HTTPS_PROXY": "http://proxy:3128", "no_proxy": ".corp", "HTTP_PROXY": "", "OTHER": "x"})
+    assert cfg.path == "websocket" and cfg.path_probe_interval == 30.0
+    assert cfg.proxy_env == (("HTTPS_PROXY", "http://proxy:3128"), ("no_proxy", ".corp"))
+    assert parse(BASE).path_probe_interval == 120.0  # the documented default
+    assert parse(BASE, ["--path-probe-interval", "7"]).path_probe_interval == 7.0
+    for bad in ("0", "1.5", "abc", "86401"):
+        with pytest.raises(ConfigError) as err:
+            parse({**BASE, "ANEX_PATH_PROBE_INTERVAL": bad})
+        assert err.value.source == "ANEX_PATH_PROBE_INTERVAL"

@@ -1,0 +1,221 @@
+"""Path choice in this process: a real engine, a real hub and relay, UDP between them through a switchable blocker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from anex_agent import keys
+from anex_agent.agent.path import Counters, PathManager, PathSettings, SilenceWatch
+from anex_agent.gateway.relay import Relay
+from anex_agent.keys import KeyPair
+from anex_agent.tasks import Tasks
+from anex_agent.tunnels.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.udp_probe import probe_gateway
+from anex_agent.tunnels.userspace import UserspaceEngine
+
+IP_NODE, IP_HUB = "10.45.0.2", "10.45.0.1"
+
+
+def ipv4(src: str, dst: str, payload: bytes) -> bytes:
+    import ipaddress
+    import struct
+
+    return struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 0, 0, 64, 17, 0,
+                       ipaddress.ip_address(src).packed, ipaddress.ip_address(dst).packed) + payload
+
+
+class Blocker(asyncio.DatagramProtocol):
+    """A UDP forwarder standing in for the network: ``blocked`` drops everything, both ways."""
+
+    def __init__(self, hub: tuple[str, int]) -> None:
+        self.hub = hub
+        self.blocked = False
+        self.client = None
+        self.transport = None
+
+    def datagram_received(self, data, addr):
+        if self.blocked:
+            return
+        if addr == self.hub:
+            if self.client is not None:
+                self.transport.sendto(data, self.client)
+        else:
+            self.client = addr
+            self.transport.sendto(data, self.hub)
+
+
+def test_silence_watch_probes_after_quiet_and_backs_off_while_udp_answers():
+    watch = SilenceWatch(after=3, cap=30, wait=3)
+    assert not watch.observe(100, 0.0)
+    assert not watch.observe(100, 2.9)
+    assert watch.observe(100, 3.0)                    # 3 s with nothing from the gateways: probe
+    watch.probed_ok(3.0)                              # UDP answered: next probe in 6 s
+    assert not watch.observe(100, 8.9) and watch.observe(100, 9.0)
+    for now in (9.0, 21.0, 45.0, 93.0):
+        watch.probed_ok(now)
+    assert watch.wait == 30                           # a quiet node: one probe per half minute at most
+    assert not watch.observe(180, 94.0)               # something arrived: back to 3 s
+    assert not watch.observe(180, 96.9) and watch.observe(180, 97.0)
+
+
+@pytest.fixture
+async def tasks():
+    async with asyncio.TaskGroup() as group:
+        yield Tasks(group, role="test", base=0.05, cap=0.2)
+        for task in list(group._tasks):
+            task.cancel()
+
+
+@pytest.fixture
+async def world(tasks):
+    k_hub, k_node = keys.generate_private_key(), keys.generate_private_key()
+    hub_pub, node_pub = (keys.encode_key(keys.public_key(k)) for k in (k_hub, k_node))
+    hub = UserspaceEngine(ifname=None, listen_host="127.0.0.1")
+    await hub.start(tasks)
+    await hub.apply(DesiredConfig(private_key=k_hub, listen_port=None, address=f"{IP_HUB}/24", mtu=1420, peers=(
+        PeerConfig(public_key=node_pub, endpoint=None, allowed_ips=(f"{IP_NODE}/32",)),)))
+    hub_port = (await hub.status()).listen_port
+    loop = asyncio.get_running_loop()
+    blocker = Blocker(("127.0.0.1", hub_port))
+    transport, _ = await loop.create_datagram_endpoint(lambda: blocker, local_addr=("127.0.0.1", 0))
+    blocker.transport = transport
+    udp_endpoint = f"127.0.0.1:{transport.get_extra_info('sockname')[1]}"
+    relay = Relay(host="127.0.0.1", port=0, hub=("127.0.0.1", hub_port), private_key=k_hub,
+                  is_peer=lambda pub: pub == node_pub)
+    await relay.start()
+    node = UserspaceEngine(ifname=None, listen_host="127.0.0.1")  # owns its UDP socket, like the native engines
+    await node.start(tasks)
+    desired = DesiredConfig(private_key=k_node, listen_port=None, address=f"{IP_NODE}/24", mtu=1420, peers=(
+        PeerConfig(public_key=hub_pub, endpoint=udp_endpoint, allowed_ips=(f"{IP_HUB}/32",), persistent_keepalive=25),))
+    config = SimpleNamespace(gateways=[SimpleNamespace(public_key=hub_pub, ws_url=f"ws://127.0.0.1:{relay.bound_port}/")])
+    world = SimpleNamespace(hub=hub, node=node, blocker=blocker, relay=relay, desired=desired, config=config,
+                            keypair=KeyPair(k_node), tasks=tasks, k_hub=k_hub, udp_endpoint=udp_endpoint)
+    try:
+        yield world
+    finally:
+        await node.stop()
+        await relay.close()
+        transport.close()
+        await hub.stop()
+
+
+def wire(world, manager: PathManager):
+    async def reapply():
+        await world.node.apply(await manager.route(world.desired, world.config))
+
+    async def counters():
+        status = await world.node.status()
+        peer = status.peers[0]
+        return Counters(peer.rx_bytes, peer.tx_bytes,
+                        None if peer.last_handshake is None else time.time() - peer.last_handshake)
+
+    async def reset():
+        return await world.node.reset_sessions(await manager.route(world.desired, world.config), within=3, every=0.5)
+
+    return reapply, counters, reset
+
+
+async def traffic_flows(world, label: bytes, timeout: float) -> float:
+    """Send packets node -> hub until one arrives; return how long it took."""
+    started = time.monotonic()
+
+    async def attempt():
+        while True:
+            world.node.tunnel.send_packet(ipv4(IP_NODE, IP_HUB, label))
+            try:
+                if (await asyncio.wait_for(world.hub.tunnel.receive_packet(), 0.25)).endswith(label):
+                    return
+            except asyncio.TimeoutError:
+                pass
+    await asyncio.wait_for(attempt(), timeout)
+    return time.monotonic() - started
+
+
+async def test_probe_proves_udp_both_ways(world):
+    hub_key = keys.public_key(world.k_hub)
+    host, port = world.udp_endpoint.split(":")
+    ok = await probe_gateway(world.keypair.private, hub_key, (host, int(port)), timeout=2)
+    assert ok.ok and ok.rtt is not None
+    world.blocker.blocked = True
+    blocked = await probe_gateway(world.keypair.private, hub_key, (host, int(port)), timeout=0.5)
+    assert not blocked.ok and "within 0.5 s" in blocked.reason
+
+
+async def test_auto_picks_websocket_when_udp_is_blocked_from_the_start(world):
+    world.blocker.blocked = True
+    manager = PathManager(PathSettings(probe_timeout=0.5), world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "websocket"
+    routed = await manager.route(world.desired, world.config)
+    assert routed.peers[0].endpoint.startswith("127.0.0.1:") and routed.peers[0].endpoint != world.udp_endpoint
+    await world.node.apply(routed)
+    await traffic_flows(world, b"over the relay", 5)
+    assert manager.report()["current"] == "websocket" and "within 0.5 s" in manager.reason
+    await manager.close()
+
+
+async def test_blocked_mid_session_moves_to_websocket_and_returns_when_unblocked(world):
+    manager = PathManager(PathSettings(probe_timeout=1, watch_probe_timeout=1, probe_interval=2, stall_after=1, check_every=0.2),
+                          world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
+    reapply, counters, reset = wire(world, manager)
+    await reapply()
+    await traffic_flows(world, b"udp", 5)
+    world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset))
+
+    world.blocker.blocked = True
+    took = await traffic_flows(world, b"after the block", 10)
+    assert manager.path == "websocket" and took < 10
+    assert manager.switches[-1]["to"] == "websocket" and "nothing received" in manager.switches[-1]["reason"]
+
+    world.blocker.blocked = False
+    deadline = time.monotonic() + 10
+    while manager.path != "udp" and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert manager.path == "udp" and "UDP works again" in manager.reason
+    await traffic_flows(world, b"udp again", 5)
+    assert not manager.relays  # the relay connection is closed on return
+    blocker_port = world.blocker.transport.get_extra_info("sockname")[1]
+    assert (await world.hub.status()).peers[0].endpoint == f"127.0.0.1:{blocker_port}"  # the hub hears UDP again
+    await manager.close()
+
+
+async def test_udp_mode_never_switches_and_websocket_mode_never_probes(world):
+    world.blocker.blocked = True
+    udp = PathManager(PathSettings(mode="udp", probe_timeout=0.3), world.keypair)
+    assert await udp.choose_initial(world.desired, world.config, world.tasks) == "udp" and udp.last_probe is None
+    ws = PathManager(PathSettings(mode="websocket", probe_timeout=0.3), world.keypair)
+    assert await ws.choose_initial(world.desired, world.config, world.tasks) == "websocket" and ws.last_probe is None
+    await ws.close()
+
+
+async def test_an_engine_that_takes_a_bind_switches_inside_it_with_no_local_hop(world, tasks):
+    """The userspace engine gets the path's SwitchBind: same peer endpoint on both paths, no LocalRelay."""
+    world.blocker.blocked = True
+    manager = PathManager(PathSettings(probe_timeout=0.5), world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, tasks) == "websocket"
+    node = UserspaceEngine(ifname=None, listen_host="127.0.0.1", bind_factory=manager.bind_factory(tasks, "127.0.0.1"))
+    assert node.takes_bind and not UserspaceEngine.host_address
+    await node.start(tasks)
+    world.node = node
+    try:
+        reapply, counters, reset = wire(world, manager)
+        routed = await manager.route(world.desired, world.config)
+        assert routed == world.desired  # endpoints untouched: the Bind carries the switch
+        await reapply()
+        await traffic_flows(world, b"websocket inside the bind", 5)
+        assert not manager.relays and (await node.status()).listen_port > 0
+        (relay,) = manager.report()["relays"].values()
+        assert relay["connected"]
+        assert (await node.status()).peers[0].endpoint == world.udp_endpoint
+
+        world.blocker.blocked = False
+        await manager.switch("udp", "test: back to UDP", reapply, reset)
+        await traffic_flows(world, b"udp again inside the bind", 5)
+        assert manager.report()["relays"] == {}
+    finally:
+        await node.stop()
+        await manager.close()

@@ -1,0 +1,39 @@
+"""The gateway's relay flags: --ws-listen, --tls-cert, --tls-key, --ws-url checked together."""
+
+from __future__ import annotations
+
+import pytest
+
+from anex_agent.errors import ConfigError
+from anex_agent.gateway.settings import build_settings
+
+BASE = {"coordinator_url": "http://127.0.0.1:8700", "token": "t"}
+
+
+def test_no_relay_by_default():
+    s = build_settings(**BASE)
+    assert s.ws_listen is None and s.tls_cert is None
+
+
+def test_plain_and_tls_relay(tmp_path):
+    s = build_settings(**BASE, ws_listen="0.0.0.0:8443", ws_url="wss://relay.example.com/relay")
+    assert s.ws_listen == ("0.0.0.0", 8443) and s.tls_cert is None
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("y")
+    s = build_settings(**BASE, ws_listen="[::]:443", tls_cert=str(cert), tls_key=str(key))
+    assert s.ws_listen == ("::", 443) and s.tls_cert == cert and s.tls_key == key
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    ({"ws_listen": "8443"}, "--ws-listen"),
+    ({"ws_listen": "0.0.0.0:99999"}, "--ws-listen"),
+    ({"ws_url": "http://relay/"}, "--ws-url"),
+    ({"ws_listen": "0.0.0.0:8443", "tls_cert": "/nonexistent.pem", "tls_key": "/nonexistent.key"}, "--tls-cert"),
+    ({"ws_listen": "0.0.0.0:8443", "tls_cert": "/etc/hostname"}, "--tls-key"),
+    ({"tls_cert": "/etc/hostname", "tls_key": "/etc/hostname"}, "--tls-cert"),
+])
+def test_bad_relay_flags_name_the_flag(kwargs, flag):
+    with pytest.raises(ConfigError) as err:
+        build_settings(**BASE, **kwargs)
+    assert err.value.source == flag
