@@ -19,6 +19,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from anex_agent import parse
+
 
 def detect_report() -> dict[str, Any]:
     """``{"engines": {name: {"supported", "reason", "serves_workload", "workload_reason"}}, "auto",
@@ -51,10 +53,10 @@ async def gateway_report(state_dir: Path, environ: dict[str, str]) -> dict[str, 
         gateway_key = keys.decode_key(gw.public_key, what="gateway public_key")
         item: dict[str, Any] = {}
         if gw.endpoint:
-            host, _, port = gw.endpoint.rpartition(":")
             try:
-                infos = await loop.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_DGRAM)
-                address = (infos[0][4][0], int(port))
+                host, port = parse.host_port(gw.endpoint)
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+                address = (infos[0][4][0], port)
             except (OSError, ValueError) as err:
                 item["udp"] = {"supported": False, "reason": f"cannot resolve {gw.endpoint}: {err}"}
             else:

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from anex_agent import parse
 from anex_agent.demo.netlab import Namespace, bridge, link, stop_processes
 
 CLUSTER_NET = "10.77.0.0/24"
@@ -291,7 +292,7 @@ class Mesh:
         when given, TCP is dropped too, except to these (a node whose only way out is a proxy)."""
         rules = ['oifname != "lo" oifname != "anxn*" meta l4proto udp drop']
         for target in except_tcp_to:
-            host, port = target.rsplit(":", 1)
+            host, port = parse.ip_port(target)
             rules.append(f'oifname != "lo" oifname != "anxn*" ip daddr {host} tcp dport {port} accept')
         if except_tcp_to:
             rules.append('oifname != "lo" oifname != "anxn*" meta l4proto tcp drop')
