@@ -26,17 +26,35 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from anex_agent.agent.backoff import Backoff
-from anex_agent.agent.state import NodeIdentity
+from anex_agent.agent.settings import AgentSettings
+from anex_agent.agent.state import NodeIdentity, StateDir
+from anex_agent.backoff import Backoff
+from anex_agent.client_link import CoordinatorLink
 from anex_agent.errors import AnexError, CoordinatorError
-from anex_agent.wire import Heartbeat, NodeFacts, NodeJoinRequest, check_telemetry
-
-if TYPE_CHECKING:
-    from anex_agent.agent.supervisor import Agent
+from anex_agent.wire import Heartbeat, NodeConfig, NodeFacts, NodeJoinRequest, TransportStatus, check_telemetry
 
 log = logging.getLogger(__name__)
+
+
+class Agent(Protocol):
+    """What the loops use of the agent that runs them (:class:`anex_agent.agent.supervisor.Agent`)."""
+
+    settings: AgentSettings
+    state: StateDir
+    link: CoordinatorLink
+    identity: NodeIdentity | None
+    facts: NodeFacts | None
+    dataplane: Any  # anex_agent.agent.dataplane.DataPlane once started
+    telemetry: Any  # anex_agent.gpu.monitor.TelemetryMonitor, or None
+    last_transport: TransportStatus | None
+    coordinator_reachable: bool | None
+    credential_revoked: str | None
+
+    def note_reachable(self, ok: bool, error: str | None = None) -> None: ...
+
+    async def apply_config(self, config: NodeConfig, *, gateways_changed: bool = False) -> None: ...
 
 DEFAULT_INTERVAL = 10.0  # seconds, until the coordinator says otherwise
 MIN_INTERVAL = 1.0
@@ -124,7 +142,7 @@ async def rejoin(agent: Agent, refused: CoordinatorError) -> bool | None:
 
 def _revoked(agent: Agent, why: str) -> bool:
     agent.credential_revoked = why
-    agent._reachable(False, why)
+    agent.note_reachable(False, why)
     log.error("%s; heartbeats and config updates stop (the data plane keeps its last config)", why)
     return False
 
@@ -146,7 +164,7 @@ async def heartbeat_loop(agent: Agent) -> None:
                 adopt_credential(agent, ack.credential)
             if not agent.coordinator_reachable:
                 log.info("coordinator reachable again")
-            agent._reachable(True)
+            agent.note_reachable(True)
             backoff.reset()
             interval = max(MIN_INTERVAL, ack.next_heartbeat_in)
             if ack.config_version > version:
@@ -161,7 +179,7 @@ async def heartbeat_loop(agent: Agent) -> None:
                 if joined:
                     backoff.reset()
                     continue
-            agent._reachable(False, str(err))
+            agent.note_reachable(False, str(err))
             delay = min(backoff.next_delay(), max(interval, MAX_BACKOFF))
             log.warning("heartbeat failed (%s); keeping the last good config, next try in %.1f s", err, delay)
             await asyncio.sleep(delay)
@@ -178,7 +196,7 @@ async def watch_loop(agent: Agent) -> None:
         try:
             async for event in agent.link.watch(since):
                 backoff.reset()
-                agent._reachable(True)
+                agent.note_reachable(True)
                 if event.config is not None and event.type in ("snapshot", "config", "gateway_changed"):
                     log.info("watch: %s event, config version %d", event.type, event.version)
                     await agent.apply_config(event.config, gateways_changed=event.type == "gateway_changed")
@@ -192,7 +210,7 @@ async def watch_loop(agent: Agent) -> None:
             if err.status == 401:  # the heartbeat loop joins again (or gives up); then we follow
                 log.info("watch stream: credential refused; reconnecting in %.1f s", delay)
             else:
-                agent._reachable(False, str(err))
+                agent.note_reachable(False, str(err))
                 log.warning("watch stream failed (%s); reconnecting in %.1f s", err, delay)
         except AnexError as err:
             delay = backoff.next_delay()
