@@ -20,8 +20,8 @@ importing the agent's GPU code. Shape, version 1 (docs/telemetry.md)::
 Contract:
 
 * Every field is optional: what a GPU or host does not support is absent, not null. A
-  block serialises to exactly the fields it was given (``model_dump`` leaves out what was
-  not set), so the coordinator stores and serves what the node sent.
+  block serialises to exactly the fields it was given (:meth:`Block.as_sent`; ``Heartbeat``
+  serialises its block so), so the coordinator stores and serves what the node sent.
 * Bounds are model constraints (they show in the OpenAPI document): at most
   :data:`~anex_agent.telemetry_bounds.MAX_GPUS` GPUs in ``gpus`` and ``inventory.gpus``,
   :data:`~anex_agent.telemetry_bounds.MAX_LIST` items in any other list, strings of at most
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from anex_agent.telemetry_bounds import MAX_GPUS, MAX_KEYS, MAX_LIST, MAX_STRING
 
@@ -62,15 +62,20 @@ def classify_xid(xid: int) -> str:
 
 
 class Block(BaseModel):
-    """Base of every telemetry model: unknown keys kept, frozen, finite numbers, sent as given."""
+    """Base of every telemetry model: unknown keys kept, frozen, finite numbers.
+
+    Serialise with :meth:`as_sent` (``model_dump(exclude_unset=True)``): the fields given and
+    the unknown keys, nothing invented (a plain ``model_dump`` would add ``null`` for every
+    field not sent)."""
 
     model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
-    @model_serializer(mode="wrap")
-    def _as_sent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        given = self.model_fields_set
-        return {k: v for k, v in data.items() if k in given or k not in type(self).model_fields}
+    def as_sent(self) -> dict[str, Any]:
+        """The block as it was given: set fields and unknown keys, JSON types."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def as_sent_json(self) -> str:
+        return self.model_dump_json(exclude_unset=True)
 
 
 class Health(Block):

@@ -15,7 +15,7 @@ value dcgm-exporter's NVML path reports. The fields the CSV types as counters ar
 exposed as ``untyped``: prometheus_client would rename a counter to ``<name>_total``
 and break the dashboards' queries; PromQL does not check types, so ``rate()`` works.
 
-Input: a block's JSON form (``Telemetry.model_dump()``, which is what the coordinator
+Input: a block's JSON form (``Telemetry.as_sent()``, which is what the coordinator
 stores) or a :class:`~anex_agent.telemetry.Telemetry`. The coordinator renders the JSON it
 cached without validating it again; a value not of the documented shape (a block stored by
 an older coordinator) is skipped, not an error.
@@ -89,7 +89,7 @@ def metric_families(blocks: Iterable[tuple[Mapping[str, str], Mapping[str, Any] 
 
     All blocks must carry the same extra label names.
     """
-    blocks = [(extra, t.model_dump() if isinstance(t, Telemetry) else t) for extra, t in blocks]
+    blocks = [(extra, t.as_sent() if isinstance(t, Telemetry) else t) for extra, t in blocks]
     extra_names = list(blocks[0][0]) if blocks else []
     out = _Families()
 

@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
+)
 
 from anex_agent import parse, telemetry_bounds
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
@@ -128,17 +131,18 @@ def _raw_telemetry(value: Any) -> Any:
     (they also hold for keys the model does not know): :func:`check_telemetry`, then
     :func:`anex_agent.telemetry_bounds.check`. A built :class:`Telemetry` is checked as its dict."""
     if isinstance(value, Telemetry):
-        value = value.model_dump()
+        value = value.as_sent()
     if isinstance(value, dict):
         telemetry_bounds.check(check_telemetry(value))
     return value
 
 
 def parse_telemetry(value: dict[str, Any] | Telemetry | None) -> Telemetry | None:
-    """A telemetry block as ``Heartbeat.telemetry`` takes it, or ``ValueError`` saying what is wrong."""
+    """A telemetry block as the coordinator reads ``Heartbeat.telemetry`` (through JSON, in
+    strict mode), or ``ValueError`` (``TypeError`` for a value JSON cannot hold) saying what is wrong."""
     if value is None:
         return None
-    return Telemetry.model_validate(_raw_telemetry(value))
+    return Telemetry.model_validate_json(json.dumps(_raw_telemetry(value)), strict=True)
 
 
 def _check_non_negative(value: Any, path: str) -> None:
@@ -405,6 +409,10 @@ class Heartbeat(Model):
             "the values of xid_counts) are not negative; strings hold at most 4096 characters and no NUL"
         ),
     )
+
+    @field_serializer("telemetry")
+    def _telemetry_as_sent(self, value: Telemetry | None) -> dict[str, Any] | None:
+        return None if value is None else value.as_sent()
 
 
 class HeartbeatAck(Model):

@@ -50,7 +50,7 @@ class HeartbeatBuffer:
             node_id,
             now,
             heartbeat.status.model_dump_json(),
-            heartbeat.telemetry.model_dump_json() if heartbeat.telemetry is not None else None,
+            heartbeat.telemetry.as_sent_json() if heartbeat.telemetry is not None else None,
             verdict,
             json.dumps(reasons) if reasons is not None else None,
         )

@@ -36,8 +36,8 @@ def test_refusable_telemetry_is_left_out_with_a_warning(block, caplog):
 
 def test_good_telemetry_passes_unchanged():
     block = {"v": 1, "gpus": [{"power_w": 10.5, "xid_counts": {"79": 2}}], "host": {"rx_bytes": 0}}
-    assert telemetry_block(FakeMonitor(block)).model_dump() == block
-    assert Heartbeat(telemetry=block).telemetry.model_dump() == block
+    assert telemetry_block(FakeMonitor(block)).as_sent() == block
+    assert Heartbeat(telemetry=block).telemetry.as_sent() == block
     assert json.loads(Heartbeat(telemetry=block).model_dump_json())["telemetry"] == block  # as sent, no nulls added
 
 
