@@ -34,8 +34,8 @@ SHARED = ("anex_agent.wire", "anex_agent.client", "anex_agent.client_link", "ane
 ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -46,9 +46,9 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, root: Path = PACKAGE) -> set[str]:
     """Every module ``path`` imports at run time (``from a import b`` counts as ``a`` and ``a.b``)."""
-    name = module_name(path)
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
@@ -97,12 +97,7 @@ def test_the_parser_sees_imports_and_skips_type_checking_ones(tmp_path):
         "def late():\n"
         "    from anex_agent.gpu.exposition import metric_families\n"
     )
-    global PACKAGE
-    saved, PACKAGE = PACKAGE, tmp_path / "anex_agent"
-    try:
-        found = imports_of(source)
-    finally:
-        PACKAGE = saved
+    found = imports_of(source, tmp_path / "anex_agent")
     assert "anex_agent.gateway.link" in found
     assert "anex_agent.agent.state" in found
     assert "anex_agent.coordinator.app" in found
