@@ -58,6 +58,7 @@ class Agent(Protocol):
 
     async def apply_config(self, config: NodeConfig, *, gateways_changed: bool = False) -> None: ...
 
+
 DEFAULT_INTERVAL = 10.0  # seconds, until the coordinator says otherwise
 MIN_INTERVAL = 1.0
 FIRST_SAMPLE_WAIT = 5.0  # seconds the first heartbeat waits for the first telemetry sample
