@@ -6,16 +6,19 @@ sending; the coordinator validates it again on intake (422 naming the field) and
 (the health verdict, the fleet ``/metrics``, machine selection's on-prem offers) without
 importing the agent's GPU code. Shape, version 1 (docs/telemetry.md)::
 
-    Telemetry      v, taken_at, hostname, health, nvml, inventory, gpus[], xids[], host,
-                   sample_seconds, qualification
-    Health         verdict ("healthy" | "degraded" | "unhealthy"), reasons[]
-    NvmlStatus     state, reason, code
-    Inventory      driver_version, cuda_version, nvml_version, gpu_count, gpus[] (GpuInfo)
-    GpuTelemetry   index, uuid, state, last_xid, xid_counts, processes[], and the samples
-                   of anex_agent.gpu.sampler (units in the names: _pct, _mib, _c, _w, _mhz, ...)
-    XidRecord      gpu, uuid, xid, kind ("application" | "hardware"), at
-    HostTelemetry  cpu, load, memory, disk (DiskTelemetry), net (NetTelemetry)
-    Qualification  v, status, required_ok, marketplace_ok, checked_at, summary, checks[]
+    Telemetry                   v, taken_at, hostname, health, nvml, inventory, gpus[], xids[],
+                                host, sample_seconds, qualification
+    TelemetryHealth             verdict ("healthy" | "degraded" | "unhealthy"), reasons[]
+    TelemetryNvml               state, reason, code
+    TelemetryInventory          driver_version, cuda_version, nvml_version, gpu_count,
+                                gpus[] (TelemetryInventoryGpu)
+    TelemetryGpu                index, uuid, state, last_xid, xid_counts, processes[], and the
+                                samples of anex_agent.gpu.sampler (units in the names: _pct,
+                                _mib, _c, _w, _mhz, ...)
+    TelemetryXid                gpu, uuid, xid, kind ("application" | "hardware"), at
+    TelemetryHost               cpu, load, memory, disk (TelemetryDisk), net (TelemetryNet)
+    TelemetryQualification      v, status, required_ok, marketplace_ok, checked_at, summary,
+                                checks[] (TelemetryQualificationCheck)
 
 Contract:
 
@@ -78,12 +81,12 @@ class Block(BaseModel):
         return self.model_dump_json(exclude_unset=True)
 
 
-class Health(Block):
+class TelemetryHealth(Block):
     verdict: Annotated[str, Field(max_length=32, description="healthy | degraded | unhealthy")] = "healthy"
     reasons: TextList = Field(default_factory=list)
 
 
-class NvmlStatus(Block):
+class TelemetryNvml(Block):
     state: Annotated[str, Field(max_length=32, description=(
         "ok | no_driver | driver_not_loaded | version_mismatch | gpu_lost | reset_required | "
         "no_permission | error | not_started"))] = "not_started"
@@ -91,7 +94,7 @@ class NvmlStatus(Block):
     code: int | None = Field(None, description="the NVML error code, when there is one")
 
 
-class GpuInfo(Block):
+class TelemetryInventoryGpu(Block):
     """One GPU of the inventory (what does not change while the agent runs)."""
 
     index: Count | None = None
@@ -112,21 +115,21 @@ class GpuInfo(Block):
     form_factor: Text | None = None
 
 
-class Inventory(Block):
+class TelemetryInventory(Block):
     driver_version: Text | None = None
     cuda_version: Text | None = None
     nvml_version: Text | None = None
     gpu_count: Count | None = None
-    gpus: list[GpuInfo] = Field(default_factory=list, max_length=MAX_GPUS)
+    gpus: list[TelemetryInventoryGpu] = Field(default_factory=list, max_length=MAX_GPUS)
 
 
-class GpuProcess(Block):
+class TelemetryGpuProcess(Block):
     pid: Count | None = None
     used_mib: Measure | None = None
     type: Text | None = None
 
 
-class GpuTelemetry(Block):
+class TelemetryGpu(Block):
     """One GPU's latest sample (units in the names; see :mod:`anex_agent.gpu.sampler`)."""
 
     index: Count | None = None
@@ -162,10 +165,10 @@ class GpuTelemetry(Block):
     remap_failure: Measure | None = None
     throttle_mask: Count | None = None
     throttle: TextList | None = None
-    processes: list[GpuProcess] | None = Field(None, max_length=MAX_LIST)
+    processes: list[TelemetryGpuProcess] | None = Field(None, max_length=MAX_LIST)
 
 
-class XidRecord(Block):
+class TelemetryXid(Block):
     gpu: Count | None = None
     uuid: Text | None = None
     xid: Count | None = None
@@ -173,7 +176,7 @@ class XidRecord(Block):
     at: Measure | None = None
 
 
-class DiskTelemetry(Block):
+class TelemetryDisk(Block):
     path: Text | None = None
     device: Text | None = None
     total_bytes: Measure | None = None
@@ -184,7 +187,7 @@ class DiskTelemetry(Block):
     write_bps: Measure | None = None
 
 
-class NetTelemetry(Block):
+class TelemetryNet(Block):
     rx_bytes: Measure | None = None
     tx_bytes: Measure | None = None
     rx_errors: Measure | None = None
@@ -195,7 +198,7 @@ class NetTelemetry(Block):
     tx_bps: Measure | None = None
 
 
-class HostTelemetry(Block):
+class TelemetryHost(Block):
     cpu_count: Count | None = None
     cpu_physical: Count | None = None
     cpu_util_pct: Measure | None = None
@@ -204,11 +207,11 @@ class HostTelemetry(Block):
     load15: Measure | None = None
     mem_total_bytes: Measure | None = None
     mem_available_bytes: Measure | None = None
-    disk: DiskTelemetry | None = None
-    net: NetTelemetry | None = None
+    disk: TelemetryDisk | None = None
+    net: TelemetryNet | None = None
 
 
-class QualificationCheck(Block):
+class TelemetryQualificationCheck(Block):
     id: Text | None = None
     scope: Text | None = None
     status: Text | None = None
@@ -217,7 +220,7 @@ class QualificationCheck(Block):
     detail: Text | None = None
 
 
-class Qualification(Block):
+class TelemetryQualification(Block):
     """An on-prem node's ``anex-agent qualify`` result (``anex_agent.gpu.qualify.Qualification.to_dict()``)."""
 
     v: int | None = None
@@ -226,7 +229,7 @@ class Qualification(Block):
     marketplace_ok: bool | None = None
     checked_at: Measure | None = None
     summary: dict[Text, Any] | None = Field(None, max_length=MAX_KEYS)
-    checks: list[QualificationCheck] | None = Field(None, max_length=MAX_LIST)
+    checks: list[TelemetryQualificationCheck] | None = Field(None, max_length=MAX_LIST)
 
 
 class Telemetry(Block):
@@ -235,14 +238,14 @@ class Telemetry(Block):
     v: int | None = None
     taken_at: Measure | None = Field(None, description="Unix seconds of the sample")
     hostname: Text | None = None
-    health: Health | None = None
-    nvml: NvmlStatus | None = None
-    inventory: Inventory | None = None
-    gpus: list[GpuTelemetry] | None = Field(None, max_length=MAX_GPUS)
-    xids: list[XidRecord] | None = Field(None, max_length=MAX_LIST, description="the latest XID events")
-    host: HostTelemetry | None = None
+    health: TelemetryHealth | None = None
+    nvml: TelemetryNvml | None = None
+    inventory: TelemetryInventory | None = None
+    gpus: list[TelemetryGpu] | None = Field(None, max_length=MAX_GPUS)
+    xids: list[TelemetryXid] | None = Field(None, max_length=MAX_LIST, description="the latest XID events")
+    host: TelemetryHost | None = None
     sample_seconds: Measure | None = Field(None, description="wall time the last sample cost")
-    qualification: Qualification | None = Field(None, description="on-prem nodes only")
+    qualification: TelemetryQualification | None = Field(None, description="on-prem nodes only")
 
     def verdict(self) -> tuple[str | None, list[str] | None]:
         """``(verdict, reasons)`` of ``health``; ``(None, None)`` when it carries no verdict this version knows."""
