@@ -53,8 +53,9 @@ KNOWN_VERDICTS = (*VERDICTS, "unknown")  # what the coordinator takes over as th
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})  # caused by the workload; the GPU stays usable
 
 Text = Annotated[str, Field(max_length=MAX_STRING)]
-Measure = Annotated[float, Field(ge=0)]  # a counter or a measure: finite (allow_inf_nan=False), not negative
-Reading = float  # a value that may be negative (a temperature)
+# a counter or a measure: finite (allow_inf_nan=False), not negative; an integer stays an integer
+Measure = Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0)]
+Reading = int | float  # a value that may be negative (a temperature)
 Count = Annotated[int, Field(ge=0)]
 TextList = Annotated[list[Text], Field(max_length=MAX_LIST)]
 

@@ -35,10 +35,13 @@ def test_refusable_telemetry_is_left_out_with_a_warning(block, caplog):
 
 
 def test_good_telemetry_passes_unchanged():
-    block = {"v": 1, "gpus": [{"power_w": 10.5, "xid_counts": {"79": 2}}], "host": {"rx_bytes": 0}}
+    block = {"v": 1, "gpus": [{"power_w": 10.5, "gpu_temp_c": 40, "xid_counts": {"79": 2}}],
+             "host": {"rx_bytes": 0, "mem_total_bytes": 540000000000, "load1": 0.5}}
     assert telemetry_block(FakeMonitor(block)).as_sent() == block
     assert Heartbeat(telemetry=block).telemetry.as_sent() == block
-    assert json.loads(Heartbeat(telemetry=block).model_dump_json())["telemetry"] == block  # as sent, no nulls added
+    sent = Heartbeat(telemetry=block).model_dump_json()
+    assert json.loads(sent)["telemetry"] == block  # as sent, no nulls added
+    assert '"gpu_temp_c":40,' in sent and '"mem_total_bytes":540000000000,' in sent  # integers stay integers
 
 
 @pytest.mark.parametrize("block", [
