@@ -1,8 +1,9 @@
 """Bounds on the telemetry block a heartbeat carries (``wire.Heartbeat.telemetry``).
 
-The block is opaque JSON to the coordinator, which keeps the latest one per node, so its
-shape is bounded here once, for both sides (the agent's block, see
-:mod:`anex_agent.gpu.telemetry`, stays far inside them):
+The coordinator keeps the latest block per node, so its size is bounded here once, for
+both sides, at any depth: the typed fields of :class:`anex_agent.telemetry.Telemetry` carry
+the same bounds as model constraints, and this walk also bounds the keys that model does not
+know (a newer agent's). The agent's block (:mod:`anex_agent.gpu.telemetry`) stays far inside:
 
 * at most :data:`MAX_GPUS` entries in a ``gpus`` list (``gpus``, ``inventory.gpus``);
 * at most :data:`MAX_LIST` items in any other list and :data:`MAX_KEYS` keys in an object;

@@ -38,15 +38,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
+)
 
 from anex_agent import parse, telemetry_bounds
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.telemetry import Telemetry
 
 
 # ---------------------------------------------------------------- limits (documented in the OpenAPI schema)
@@ -126,6 +130,25 @@ def check_telemetry(value: dict[str, Any] | None) -> dict[str, Any] | None:
         _free_value(value, "")
         _check_non_negative(value, "")
     return value
+
+
+def _raw_telemetry(value: Any) -> Any:
+    """The generic rules on the block as received, before it is read as :class:`Telemetry`
+    (they also hold for keys the model does not know): :func:`check_telemetry`, then
+    :func:`anex_agent.telemetry_bounds.check`. A built :class:`Telemetry` is checked as its dict."""
+    if isinstance(value, Telemetry):
+        value = value.as_sent()
+    if isinstance(value, dict):
+        telemetry_bounds.check(check_telemetry(value))
+    return value
+
+
+def parse_telemetry(value: dict[str, Any] | Telemetry | None) -> Telemetry | None:
+    """A telemetry block as the coordinator reads ``Heartbeat.telemetry`` (through JSON, in
+    strict mode), or ``ValueError`` (``TypeError`` for a value JSON cannot hold) saying what is wrong."""
+    if value is None:
+        return None
+    return Telemetry.model_validate_json(json.dumps(_raw_telemetry(value)), strict=True)
 
 
 def _check_non_negative(value: Any, path: str) -> None:
@@ -388,18 +411,21 @@ class TransportStatus(Model):
 class Heartbeat(Model):
     status: TransportStatus = Field(default_factory=TransportStatus)
     config_version: Version = 0
-    telemetry: Annotated[
-        dict[str, Any] | None, AfterValidator(check_telemetry), AfterValidator(telemetry_bounds.check)
-    ] = Field(
+    telemetry: Annotated[Telemetry | None, BeforeValidator(_raw_telemetry)] = Field(
         None,
         description=(
-            "opaque to the coordinator except telemetry['health'] = {'verdict': healthy|degraded|unhealthy, "
-            "'reasons': [...]}; see anex_agent.gpu for the shape; bounded by anex_agent.telemetry_bounds. "
-            "Numbers are finite; counters and "
+            "the node's GPU and host telemetry (anex_agent.telemetry, docs/telemetry.md); the coordinator "
+            "takes the node's health from telemetry['health'] and stores the block as sent. Keys this "
+            "version does not know are kept. Bounded by anex_agent.telemetry_bounds (64 GPUs, 256 list "
+            "items and keys, nesting 8). Numbers are finite; counters and "
             "measures (keys ending in _bytes, _count, _errors, _pct, _mhz, _w, _seconds, _bits, _gbps, and "
             "the values of xid_counts) are not negative; strings hold at most 4096 characters and no NUL"
         ),
     )
+
+    @field_serializer("telemetry")
+    def _telemetry_as_sent(self, value: Telemetry | None) -> dict[str, Any] | None:
+        return None if value is None else value.as_sent()
 
 
 class HeartbeatAck(Model):
@@ -436,7 +462,10 @@ class NodeList(Model):
 
 
 class NodeTelemetry(Model):
-    """``GET /v1/nodes/{id}/telemetry``: the latest telemetry payload the node sent, as it sent it."""
+    """``GET /v1/nodes/{id}/telemetry``: the latest telemetry payload the node sent, as it sent it.
+
+    The JSON form of :class:`anex_agent.telemetry.Telemetry` (validated when it arrived); served
+    as an object so that a block stored by an older coordinator is still served as it is."""
 
     node_id: str
     received_at: datetime | None = None

@@ -5,7 +5,8 @@ Both are fail static: a failure only marks the coordinator unreachable and backs
 last good config. Neither ever raises out of its loop except on cancellation.
 
 * :func:`heartbeat_loop` sends status (engine, path, handshake age, byte counters) and
-  the telemetry block of :mod:`anex_agent.gpu` (``TelemetryMonitor.telemetry()``);
+  the telemetry block of :mod:`anex_agent.gpu` (``TelemetryMonitor.telemetry()``, sent as
+  the wire model :class:`anex_agent.telemetry.Telemetry`);
   it waits ``next_heartbeat_in`` from the ack. When the ack says the coordinator holds
   a newer config than ours, it fetches and applies it (a watch event may have been lost).
 * :func:`watch_loop` follows ``GET /v1/watch?since=<version>`` and applies every
@@ -26,17 +27,37 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from anex_agent.agent.backoff import Backoff
-from anex_agent.agent.state import NodeIdentity
+from anex_agent.agent.settings import AgentSettings
+from anex_agent.agent.state import NodeIdentity, StateDir
+from anex_agent.backoff import Backoff
+from anex_agent.client_link import CoordinatorLink
 from anex_agent.errors import AnexError, CoordinatorError
-from anex_agent.wire import Heartbeat, NodeFacts, NodeJoinRequest, check_telemetry
-
-if TYPE_CHECKING:
-    from anex_agent.agent.supervisor import Agent
+from anex_agent.telemetry import Telemetry
+from anex_agent.wire import Heartbeat, NodeConfig, NodeFacts, NodeJoinRequest, TransportStatus, parse_telemetry
 
 log = logging.getLogger(__name__)
+
+
+class Agent(Protocol):
+    """What the loops use of the agent that runs them (:class:`anex_agent.agent.supervisor.Agent`)."""
+
+    settings: AgentSettings
+    state: StateDir
+    link: CoordinatorLink
+    identity: NodeIdentity | None
+    facts: NodeFacts | None
+    dataplane: Any  # anex_agent.agent.dataplane.DataPlane once started
+    telemetry: Any  # anex_agent.gpu.monitor.TelemetryMonitor, or None
+    last_transport: TransportStatus | None
+    coordinator_reachable: bool | None
+    credential_revoked: str | None
+
+    def note_reachable(self, ok: bool, error: str | None = None) -> None: ...
+
+    async def apply_config(self, config: NodeConfig, *, gateways_changed: bool = False) -> None: ...
+
 
 DEFAULT_INTERVAL = 10.0  # seconds, until the coordinator says otherwise
 MIN_INTERVAL = 1.0
@@ -61,16 +82,17 @@ def start_telemetry(state_dir: str, registry) -> Any | None:
     return monitor
 
 
-def telemetry_block(monitor: Any | None) -> dict[str, Any] | None:
+def telemetry_block(monitor: Any | None) -> Telemetry | None:
     """The heartbeat's telemetry block (cached by the monitor; never calls NVML), or None.
 
-    A block the coordinator would refuse (NaN, a negative counter, a NUL or an over-long
-    string: :func:`anex_agent.wire.check_telemetry`) is left out with a warning, so that the
-    heartbeat itself still goes through."""
+    Read as the wire model :class:`anex_agent.telemetry.Telemetry`, with the coordinator's
+    rules (:func:`anex_agent.wire.parse_telemetry`): a block the coordinator would refuse
+    (NaN, a negative counter, a NUL or an over-long string, more than 64 GPUs, a value of
+    the wrong type) is left out with a warning, so that the heartbeat itself still goes through."""
     if monitor is None:
         return None
     try:
-        return check_telemetry(monitor.telemetry())
+        return parse_telemetry(monitor.telemetry())
     except Exception as err:  # telemetry must never stop heartbeats
         log.warning("GPU telemetry failed: %s", err)
         return None
@@ -124,7 +146,7 @@ async def rejoin(agent: Agent, refused: CoordinatorError) -> bool | None:
 
 def _revoked(agent: Agent, why: str) -> bool:
     agent.credential_revoked = why
-    agent._reachable(False, why)
+    agent.note_reachable(False, why)
     log.error("%s; heartbeats and config updates stop (the data plane keeps its last config)", why)
     return False
 
@@ -146,7 +168,7 @@ async def heartbeat_loop(agent: Agent) -> None:
                 adopt_credential(agent, ack.credential)
             if not agent.coordinator_reachable:
                 log.info("coordinator reachable again")
-            agent._reachable(True)
+            agent.note_reachable(True)
             backoff.reset()
             interval = max(MIN_INTERVAL, ack.next_heartbeat_in)
             if ack.config_version > version:
@@ -161,7 +183,7 @@ async def heartbeat_loop(agent: Agent) -> None:
                 if joined:
                     backoff.reset()
                     continue
-            agent._reachable(False, str(err))
+            agent.note_reachable(False, str(err))
             delay = min(backoff.next_delay(), max(interval, MAX_BACKOFF))
             log.warning("heartbeat failed (%s); keeping the last good config, next try in %.1f s", err, delay)
             await asyncio.sleep(delay)
@@ -178,7 +200,7 @@ async def watch_loop(agent: Agent) -> None:
         try:
             async for event in agent.link.watch(since):
                 backoff.reset()
-                agent._reachable(True)
+                agent.note_reachable(True)
                 if event.config is not None and event.type in ("snapshot", "config", "gateway_changed"):
                     log.info("watch: %s event, config version %d", event.type, event.version)
                     await agent.apply_config(event.config, gateways_changed=event.type == "gateway_changed")
@@ -192,7 +214,7 @@ async def watch_loop(agent: Agent) -> None:
             if err.status == 401:  # the heartbeat loop joins again (or gives up); then we follow
                 log.info("watch stream: credential refused; reconnecting in %.1f s", delay)
             else:
-                agent._reachable(False, str(err))
+                agent.note_reachable(False, str(err))
                 log.warning("watch stream failed (%s); reconnecting in %.1f s", err, delay)
         except AnexError as err:
             delay = backoff.next_delay()

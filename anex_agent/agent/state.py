@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from anex_agent import keys
 from anex_agent.errors import ConfigError
+from anex_agent.private_file import write_private
 from anex_agent.wire import NodeConfig
 
 KEY_FILE = "private.key"
@@ -50,22 +51,6 @@ class NodeIdentity:
 
     def __repr__(self) -> str:  # never print the credential
         return f"NodeIdentity(coordinator_url={self.coordinator_url!r}, node_id={self.node_id!r})"
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically with mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class StateDir:

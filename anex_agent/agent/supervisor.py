@@ -38,10 +38,10 @@ from typing import Any
 
 from anex_agent import __version__
 from anex_agent.agent.api import AgentApi
-from anex_agent.agent.backoff import Backoff
+from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
-from anex_agent.agent.link import CoordinatorLink
+from anex_agent.client_link import CoordinatorLink
 from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.metrics import AgentCollector
 from anex_agent.agent.settings import AgentSettings, check_ports_free
@@ -99,7 +99,7 @@ class Agent:
                     self.link.set_credential(self.identity.credential)
                     async with asyncio.timeout(STARTUP_TIMEOUT):
                         config = await self.link.get_config(self.identity.node_id)
-                    self._reachable(True)
+                    self.note_reachable(True)
                     log.info("re-using node identity %s (config version %d)", self.identity.node_id, config.version)
                     return config
                 if not self.settings.join_token:
@@ -116,7 +116,7 @@ class Agent:
                 self.identity = NodeIdentity(url, joined.node_id, joined.credential)
                 self.state.save_identity(self.identity)
                 self.link.set_credential(joined.credential)
-                self._reachable(True)
+                self.note_reachable(True)
                 log.info("joined %s as node %s, mesh address %s", url, joined.node_id, joined.config.address)
                 return joined.config
             except (CoordinatorError, TimeoutError) as err:
@@ -129,7 +129,7 @@ class Agent:
                     continue
                 if not err.retryable:
                     raise
-                self._reachable(False, str(err))
+                self.note_reachable(False, str(err))
                 if saved_config is not None and self.identity is not None:
                     log.warning("coordinator unreachable (%s); starting fail-static on the last good config (version %d)", err, saved_config.version)
                     return saved_config
@@ -137,7 +137,8 @@ class Agent:
                 log.warning("coordinator %s unreachable (%s); retrying in %.1f s", url, err, delay)
                 await asyncio.sleep(delay)
 
-    def _reachable(self, ok: bool, error: str | None = None) -> None:
+    def note_reachable(self, ok: bool, error: str | None = None) -> None:
+        """Record whether the last coordinator call worked (``/status``, ``/metrics``); ``error`` says why not."""
         self.coordinator_reachable = ok
         self.last_coordinator_error = None if ok else error
 

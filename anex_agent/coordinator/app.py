@@ -1,12 +1,9 @@
 """Builds the coordinator's aiohttp application from route modules.
 
 Extension points (for other parts of anex-agent):
-* ``ROUTE_MODULES``: the modules whose ``setup(registry, ctx)`` declares routes.
-  Add a module name here (one-line additive edit), as machine selection does with
-  ``anex_agent.coordinator.routes_selection``; its routes appear in ``/v1/openapi.json`` by themselves.
-* A route module may define ``MIGRATIONS = [Migration(100, "...", "CREATE TABLE ...")]``
-  (number ranges in :mod:`.migrations`); :func:`module_migrations` collects them
-  and :meth:`Coordinator.open` applies them with the core ones.
+* ``ROUTE_MODULES`` (:mod:`.modules`, re-exported here): the modules whose
+  ``setup(registry, ctx)`` declares routes, and whose ``MIGRATIONS``
+  :meth:`Coordinator.open` applies with the core ones.
 * ``setup`` may also call ``ctx.metrics.add_collector(...)``, ``ctx.feed.add_listener(...)``
   and ``ctx.add_background(name, factory)``.
 
@@ -16,7 +13,6 @@ unexpected exceptions, which log a traceback and tell the caller nothing more th
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Iterable
 from types import ModuleType
@@ -25,32 +21,13 @@ from aiohttp import WSCloseCode, web
 
 from anex_agent.coordinator import limits, problems
 from anex_agent.coordinator.context import Coordinator
-from anex_agent.coordinator.migrations import Migration
+from anex_agent.coordinator.modules import ROUTE_MODULES, load_modules, module_migrations
 from anex_agent.coordinator.registry import RouteRegistry
 
 log = logging.getLogger(__name__)
 
-ROUTE_MODULES: list[str] = [
-    "anex_agent.coordinator.routes.ops",
-    "anex_agent.coordinator.routes.tokens",
-    "anex_agent.coordinator.routes.nodes",
-    "anex_agent.coordinator.routes.gateways",
-    "anex_agent.coordinator.routes.watch",
-    "anex_agent.coordinator.telemetry_metrics",
-    "anex_agent.coordinator.routes_selection",
-    "anex_agent.coordinator.routes.labels",
-]
-
 CTX_KEY = web.AppKey("coordinator", Coordinator)
 REGISTRY_KEY = web.AppKey("registry", RouteRegistry)
-
-
-def load_modules(names: Iterable[str] | None = None) -> list[ModuleType]:
-    return [importlib.import_module(name) for name in (ROUTE_MODULES if names is None else names)]
-
-
-def module_migrations(modules: Iterable[ModuleType]) -> list[Migration]:
-    return [m for module in modules for m in getattr(module, "MIGRATIONS", [])]
 
 
 @web.middleware

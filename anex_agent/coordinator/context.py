@@ -2,7 +2,7 @@
 
 Contract:
 * :meth:`Coordinator.open` connects the database, applies migrations (core ones plus
-  those of the route modules, by default ``app.ROUTE_MODULES``), loads the admin token
+  those of the route modules, by default ``modules.ROUTE_MODULES``), loads the admin token
   the signing key and the coordinator key (join proofs).
 * :meth:`Coordinator.start` starts the background work, all named tasks in one
   ``TaskGroup`` owned by a single runner task: the change feed, the heartbeat flusher,
@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
-from anex_agent.coordinator import changes, coordinator_key, credentials, limits, migrations, signing
+from anex_agent.coordinator import changes, coordinator_key, credentials, limits, migrations, modules, signing, sweeper
 from anex_agent.coordinator.auth import Authenticator
 from anex_agent.coordinator.db import Database, open_database
 from anex_agent.coordinator.gatewayset import GatewaySetCache
@@ -94,10 +94,8 @@ class Coordinator:
         signing_key = signing.load_or_create(key_path)
         coord_key_path = coordinator_key_file or settings.state_dir / coordinator_key.FILE_NAME
         coordinator_private = coordinator_key.load_or_create(coord_key_path)
-        if extra_migrations is None:  # those of the default route modules (app.ROUTE_MODULES)
-            from anex_agent.coordinator import app
-
-            extra_migrations = app.module_migrations(app.load_modules())
+        if extra_migrations is None:  # those of the default route modules (modules.ROUTE_MODULES)
+            extra_migrations = modules.module_migrations(modules.load_modules())
         db = await open_database(settings.database_url, password=settings.database_password)
         try:
             await migrations.apply(db, [*migrations.CORE, *extra_migrations], clock=clock)
@@ -128,8 +126,6 @@ class Coordinator:
         self._background.append((name, factory))
 
     async def start(self) -> None:
-        from anex_agent.coordinator import sweeper  # late: sweeper imports services that import us
-
         await self.feed.start()
         await self.versions.load()
         tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = [

@@ -17,13 +17,16 @@ Contract:
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from anex_agent import wire
 from anex_agent.coordinator import changes, credentials, gateway_routes, ipam, problems, registration, tokens
 from anex_agent.coordinator.auth import Principal
-from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import Conn
 from anex_agent.coordinator.nodes import mesh_peer
+
+if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which imports the services
+    from anex_agent.coordinator.context import Coordinator
 
 
 async def peer_set(tx: Conn) -> wire.PeerSet:

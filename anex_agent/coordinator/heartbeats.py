@@ -7,8 +7,9 @@ Contract:
   :meth:`run` flushes every ``interval`` seconds and the coordinator flushes once more on
   clean shutdown, so an acknowledged heartbeat is lost only if the process is killed
   within ``interval`` of it. A failed flush puts its batch back (newer heartbeats win).
-* Telemetry is stored opaque (latest JSON per node); the node's health is taken from
-  ``telemetry['health']['verdict']`` (and ``['reasons']``) when present, else left as is.
+* Telemetry arrives validated as :class:`anex_agent.telemetry.Telemetry` and is stored as
+  the node sent it (latest JSON per node); the node's health is taken from
+  ``telemetry.health.verdict`` (and ``.reasons``) when it is one this version knows, else left as is.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 from anex_agent.coordinator.db import Database
-from anex_agent.wire import Health, Heartbeat
+from anex_agent.telemetry import Telemetry
+from anex_agent.wire import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +31,9 @@ UPDATE nodes SET last_heartbeat_at = $2, status = $3, telemetry = COALESCE($4, t
 """
 
 
-def health_of(telemetry: dict[str, Any] | None) -> tuple[str | None, list[str] | None]:
+def health_of(telemetry: Telemetry | None) -> tuple[str | None, list[str] | None]:
     """``(verdict, reasons)`` from telemetry, ``(None, None)`` when it carries no valid verdict."""
-    if not isinstance(telemetry, dict):
-        return None, None
-    health = telemetry.get("health")
-    if not isinstance(health, dict):
-        return None, None
-    verdict = health.get("verdict")
-    if verdict not in {h.value for h in Health}:
-        return None, None
-    reasons = health.get("reasons")
-    reasons = [str(r) for r in reasons] if isinstance(reasons, list) else []
-    return verdict, reasons
+    return (None, None) if telemetry is None else telemetry.verdict()
 
 
 class HeartbeatBuffer:
@@ -59,7 +50,7 @@ class HeartbeatBuffer:
             node_id,
             now,
             heartbeat.status.model_dump_json(),
-            json.dumps(heartbeat.telemetry) if heartbeat.telemetry is not None else None,
+            heartbeat.telemetry.as_sent_json() if heartbeat.telemetry is not None else None,
             verdict,
             json.dumps(reasons) if reasons is not None else None,
         )

@@ -19,12 +19,15 @@ Contract:
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from anex_agent import wire
 from anex_agent.coordinator import changes, credentials, ipam, problems, registration, states, tokens
 from anex_agent.coordinator.auth import Principal
-from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import Conn
+
+if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which imports the services
+    from anex_agent.coordinator.context import Coordinator
 
 
 def mesh_peer(row: dict) -> wire.MeshPeer:

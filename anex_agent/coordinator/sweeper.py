@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from anex_agent.coordinator import changes, nodes, registration, states
-from anex_agent.coordinator.context import Coordinator
 from anex_agent.wire import NodeState
+
+if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which imports the services
+    from anex_agent.coordinator.context import Coordinator
 
 log = logging.getLogger(__name__)
 

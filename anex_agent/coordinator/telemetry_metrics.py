@@ -1,8 +1,8 @@
 """Fleet GPU metrics on the coordinator's ``/metrics``: every node's latest telemetry, DCGM names.
 
-Each node's latest heartbeat telemetry (``nodes.telemetry``, the block of
-:mod:`anex_agent.gpu.telemetry`) is rendered by the agent's own renderer
-(:func:`anex_agent.gpu.exposition.metric_families`) with two more labels, ``node`` (the
+Each node's latest heartbeat telemetry (``nodes.telemetry``, the JSON form of
+:class:`anex_agent.telemetry.Telemetry`) is rendered by the renderer the agent uses too
+(:func:`anex_agent.telemetry_exposition.metric_families`) with two more labels, ``node`` (the
 node's name) and ``node_id``, so a dashboard built for dcgm-exporter works on the whole
 fleet by adding ``node`` to its queries. Added here:
 ``anex_fleet_node_telemetry_age_seconds{node,node_id}`` (now minus the sample time) and
@@ -21,8 +21,9 @@ Contract:
   database call on a scrape).
   Expired nodes are left out. A failed refresh keeps what the cache has and is logged once
   per distinct error; it never ends the coordinator's TaskGroup.
-* Telemetry that is not the agent's shape is skipped field by field (it is opaque JSON
-  from nodes): a broken node cannot break the scrape of the others.
+* Telemetry is validated when it arrives; a stored block that is not of the model's shape
+  anyway (stored by an older coordinator) is skipped field by field: a broken node cannot
+  break the scrape of the others.
 
 Hooked in through the coordinator's documented extension point: this module is listed in
 ``anex_agent.coordinator.app.ROUTE_MODULES``; its :func:`setup` declares no routes, adds the
@@ -39,7 +40,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from anex_agent.gpu.exposition import metric_families
+from anex_agent.telemetry_exposition import metric_families
 
 log = logging.getLogger(__name__)
 

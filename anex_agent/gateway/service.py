@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anex_agent import keys
-from anex_agent.agent.backoff import Backoff
-from anex_agent.agent.state import write_private
+from anex_agent.backoff import Backoff
+from anex_agent.private_file import write_private
 from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineError
 from anex_agent.gateway import forwarding, nft
 from anex_agent.gateway.dns import DnsForwarder

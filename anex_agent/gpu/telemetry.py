@@ -28,20 +28,22 @@ JSON-serialisable dict (plain str/int/float/bool/None/list/dict). Shape, version
       "qualification": {...}                    # on-prem nodes only: anex_agent.gpu.qualify.Qualification.to_dict()
     }
 
-Fields a GPU does not support are absent, not null. The coordinator reads only
-``health``; everything else is stored and served as is (``GET /v1/nodes/{id}/telemetry``)
-and rendered by :mod:`anex_agent.coordinator.telemetry_metrics`. At most
-``MAX_XIDS`` recent XIDs and ``MAX_PROCESSES`` processes per GPU are sent.
+Fields a GPU does not support are absent, not null. On the wire the block is the model
+:class:`anex_agent.telemetry.Telemetry` (the agent validates it before sending, the
+coordinator on intake); keep this builder and that model in step (a test checks that
+every key built here is a field the model knows). At most ``MAX_XIDS`` recent XIDs and
+``MAX_PROCESSES`` processes per GPU are sent.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from anex_agent.telemetry import TELEMETRY_VERSION
+
 if TYPE_CHECKING:
     from anex_agent.gpu.monitor import Snapshot
 
-TELEMETRY_VERSION = 1
 MAX_XIDS = 8
 MAX_PROCESSES = 16
 

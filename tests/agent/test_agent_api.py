@@ -7,7 +7,7 @@ from prometheus_client import Counter
 from anex_agent import access_token
 from anex_agent.access_token import Claims
 from anex_agent.agent.api import AgentApi
-from anex_agent.agent.backoff import Backoff
+from anex_agent.backoff import Backoff
 
 SIGNING_KEY = access_token.generate_signing_key()
 VERIFY_KEY = access_token.verify_key_of(SIGNING_KEY)

@@ -299,6 +299,50 @@ async def test_telemetry_of_the_agent_shape_is_accepted(coord):
     assert ack.state.value == "ready"
 
 
+@pytest.mark.parametrize("telemetry, field", [
+    ({"gpus": "not a list"}, "telemetry.gpus"),
+    ({"inventory": 3}, "telemetry.inventory"),
+    ({"gpus": [{"index": 1.5}]}, "telemetry.gpus.0.index"),
+    ({"gpus": [{"processes": [{"pid": "1"}]}]}, "telemetry.gpus.0.processes.0.pid"),
+    ({"health": {"verdict": "x" * 33}}, "telemetry.health.verdict"),
+    ({"qualification": {"required_ok": "yes"}}, "telemetry.qualification.required_ok"),
+    ({"gpus": [{}] * 65}, "telemetry"),  # the bound is named with its path in the message
+])
+async def test_telemetry_not_of_the_model_is_422_naming_the_field(coord, telemetry, field):
+    client, joined, _ = await coord.join()
+    status, ctype, doc = await call(coord, "POST", f"/v1/nodes/{joined.node_id}/heartbeat",
+                                    token=client.credential, body={"telemetry": telemetry})
+    assert (status, ctype) == (422, PROBLEM), doc
+    assert [e["field"] for e in doc["errors"]] == [field], doc
+    assert (await coord.admin.get_node(joined.node_id)).last_heartbeat_at is None
+
+
+async def test_telemetry_keeps_unknown_keys_and_is_served_as_sent(coord):
+    """A newer agent's keys are stored and served; fields not sent are not invented (no nulls)."""
+    client, joined, _ = await coord.join()
+    telemetry = {"v": 2, "health": {"verdict": "degraded", "reasons": ["hot"], "since": 5},
+                 "gpus": [{"index": 0, "gpu_temp_c": -3, "new_counter": 4, "processes": [{"pid": 7, "used_mib": None}]}],
+                 "accelerators": [{"kind": "tpu"}]}
+    status, _, _ = await call(coord, "POST", f"/v1/nodes/{joined.node_id}/heartbeat",
+                              token=client.credential, body={"telemetry": telemetry})
+    assert status == 200
+    await coord.ctx.heartbeats.flush()
+    stored = await coord.admin.get_telemetry(joined.node_id)
+    assert stored.telemetry == telemetry
+    node = await coord.admin.get_node(joined.node_id)
+    assert (node.health, node.health_reasons) == (wire.Health.degraded, ["hot"])
+
+
+async def test_a_verdict_this_version_does_not_know_is_stored_but_leaves_health_alone(coord):
+    client, joined, _ = await coord.join()
+    status, _, _ = await call(coord, "POST", f"/v1/nodes/{joined.node_id}/heartbeat", token=client.credential,
+                              body={"telemetry": {"health": {"verdict": "draining", "reasons": []}}})
+    assert status == 200
+    await coord.ctx.heartbeats.flush()
+    assert (await coord.admin.get_node(joined.node_id)).health == wire.Health.unknown
+    assert (await coord.admin.get_telemetry(joined.node_id)).telemetry["health"]["verdict"] == "draining"
+
+
 @pytest.mark.parametrize("where, body", [
     ("facts.hostname", {"facts": {"hostname": "h" * 10_000}}),  # 3 MB is refused whole: 413 (test_abuse)
     ("facts.hostname", {"facts": {"hostname": "h" * 254}}),

@@ -5,6 +5,7 @@ with DCGM names, GPU labels and a node label."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 
 import aiohttp
@@ -72,8 +73,13 @@ async def test_fleet_metrics_carry_dcgm_names_gpu_labels_and_node(fast_coord, mo
     c, joined_c, _ = await fast_coord.join("odd-c")
     await a.heartbeat(joined_a.node_id, wire.Heartbeat(telemetry=gpu_block))
     await b.heartbeat(joined_b.node_id, wire.Heartbeat(telemetry=cpu_block))
-    await c.heartbeat(joined_c.node_id, wire.Heartbeat(telemetry={"gpus": "not a list", "inventory": 3,
-                                                                  "health": {"verdict": "healthy", "reasons": []}}))
+    # a block not of the model's shape is refused on intake (422, test_strict_input); one stored
+    # by an older coordinator may still be in the table: it must not break the scrape of the others
+    odd = {"gpus": "not a list", "inventory": 3, "health": {"verdict": "healthy", "reasons": []}}
+    with pytest.raises(ValueError):
+        wire.Heartbeat(telemetry=odd)
+    await fast_coord.ctx.db.execute("UPDATE nodes SET telemetry = $2, last_heartbeat_at = $3 WHERE id = $1",
+                                    joined_c.node_id, json.dumps(odd), fast_coord.ctx.clock())
 
     families = await scrape(fast_coord, lambda f: f.get("anex_fleet_nodes_with_telemetry") is not None
                             and f["anex_fleet_nodes_with_telemetry"].samples[0].value == 3)

@@ -19,7 +19,7 @@ async def test_agent_registry_serves_dcgm_metrics_and_heartbeat_block(fake, tmp_
     finally:
         monitor.close()
     assert len(families["DCGM_FI_DEV_GPU_UTIL"].samples) == 2
-    assert block["health"]["verdict"] == "healthy" and block["inventory"]["gpu_count"] == 2
+    assert block.health.verdict == "healthy" and block.inventory.gpu_count == 2
 
 
 async def test_first_heartbeat_carries_telemetry(fake, tmp_path):
@@ -48,7 +48,7 @@ async def test_first_heartbeat_carries_telemetry(fake, tmp_path):
         link=SimpleNamespace(heartbeat=heartbeat),
         telemetry=monitor,
         coordinator_reachable=True,
-        _reachable=lambda ok, why=None: None,
+        note_reachable=lambda ok, why=None: None,
     )
     try:
         async with asyncio.TaskGroup() as tg:
@@ -59,4 +59,4 @@ async def test_first_heartbeat_carries_telemetry(fake, tmp_path):
             sampling.cancel()
     finally:
         monitor.close()
-    assert beats[0].telemetry is not None and beats[0].telemetry["health"]["verdict"] == "healthy"
+    assert beats[0].telemetry is not None and beats[0].telemetry.health.verdict == "healthy"

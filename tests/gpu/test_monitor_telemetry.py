@@ -152,3 +152,45 @@ def test_onprem_monitor_sends_its_qualification(fake, tmp_path):
     assert checks["gpu_model"]["status"] == "pass" and checks["gpu_model"]["measured"] == "2 x NVIDIA A100-SXM4-40GB"
     assert qualification["summary"]["gpu_count"] == 2
     assert fake.init_calls == 1  # qualification reuses the monitor's NVML
+
+
+def _typed(value):
+    """``value`` with every leaf paired with its type (``1 == 1.0`` but ``(int, 1) != (float, 1.0)``)."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+def _unknown_keys(model, path="telemetry"):
+    """Every key of ``model`` (at any depth) that the Telemetry model does not declare."""
+    from pydantic import BaseModel
+
+    found = [f"{path}.{key}" for key in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list) else [value]
+        for index, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                found += _unknown_keys(item, f"{path}.{name}" + (f".{index}" if isinstance(value, list) else ""))
+    return found
+
+
+def test_the_built_block_is_the_wire_model_field_for_field(fake, monitor, tmp_path):
+    """What gpu/telemetry.py builds and what anex_agent.telemetry.Telemetry declares stay in step."""
+    from anex_agent.gpu.qualify import Check, Qualification
+    from anex_agent.wire import parse_telemetry
+
+    monitor.qualification = Qualification((Check("tpm", "required", "pass", "2.0", "2.0"),), summary={"nvme_count": 2}).to_dict()
+    monitor.collect()
+    fake.push_xid(1, 79)
+    assert wait_for(lambda: len(monitor.xid_log.recent()) == 1)
+    monitor.collect()
+    monitor.collect()  # a second sample: host rates (…_bps) appear
+    block = json.loads(json.dumps(monitor.telemetry()))
+    telemetry = parse_telemetry(block)
+    assert _unknown_keys(telemetry) == []
+    assert _typed(telemetry.as_sent()) == _typed(block)  # as sent: an integer stays an integer
+    assert telemetry.gpus[1].xid_counts == {"79": 1} and telemetry.xids[0].kind == "hardware"
+    assert telemetry.qualification.status == "pass" and telemetry.verdict()[0] == "unhealthy"

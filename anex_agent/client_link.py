@@ -1,4 +1,8 @@
-"""The agent's view of the coordinator: the few calls it makes, over :class:`anex_agent.client.CoordinatorClient`.
+"""The links of the agent and the gateway to the coordinator, over :class:`anex_agent.client.CoordinatorClient`.
+
+:class:`LinkBase` is what both links share (the client, its credential, the watch stream);
+:class:`anex_agent.gateway.link.GatewayLink` adds the gateway's calls. :class:`CoordinatorLink`
+is the node agent's link:
 
     join(NodeJoinRequest) -> NodeJoinResponse   (proves possession of ``keypair``, set before joining)
     get_config(node_id) -> NodeConfig

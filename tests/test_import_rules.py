@@ -1,0 +1,190 @@
+"""The three roles do not import each other, and the coordinator's and agent's modules form no import cycle.
+
+Read from the source with :mod:`ast` (nothing is imported): every ``import`` and
+``from ... import`` of every module under ``anex_agent/``, at any depth (a function-level
+import is an import too). Imports under ``if TYPE_CHECKING:`` are left out: they never
+run, so they tie no module to another at run time.
+
+What the roles share (the wire models, the coordinator client and its plumbing, the
+telemetry model and its rendering) lives in top-level modules beside :mod:`anex_agent.wire`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "anex_agent"
+
+# role -> packages it must not import. Machine selection runs inside the coordinator (its
+# routes and providers), so it counts as the coordinator's: it reads the telemetry model,
+# never the agent's GPU package.
+FORBIDDEN = {
+    "anex_agent.agent": ("anex_agent.gateway", "anex_agent.coordinator"),
+    "anex_agent.gateway": ("anex_agent.agent", "anex_agent.coordinator", "anex_agent.gpu"),
+    "anex_agent.coordinator": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu"),
+    "anex_agent.selection": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu"),
+}
+# the shared modules every role may import must not pull a role in behind its back
+SHARED = ("anex_agent.wire", "anex_agent.client", "anex_agent.client_link", "anex_agent.backoff",
+          "anex_agent.private_file", "anex_agent.telemetry", "anex_agent.telemetry_bounds",
+          "anex_agent.telemetry_exposition")
+ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu")
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(path: Path, root: Path = PACKAGE) -> set[str]:
+    """Every module ``path`` imports at run time (``from a import b`` counts as ``a`` and ``a.b``)."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return found
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+IMPORTS = {name: imports_of(path) for name, path in MODULES.items()}
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_the_parser_sees_imports_and_skips_type_checking_ones(tmp_path):
+    pkg = tmp_path / "anex_agent" / "agent"
+    pkg.mkdir(parents=True)
+    source = pkg / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import anex_agent.gateway.link\n"
+        "from . import state\n"
+        "from ..coordinator import app\n"
+        "if TYPE_CHECKING:\n"
+        "    from anex_agent.gpu import monitor\n"
+        "def late():\n"
+        "    from anex_agent.gpu.exposition import metric_families\n"
+    )
+    found = imports_of(source, tmp_path / "anex_agent")
+    assert "anex_agent.gateway.link" in found
+    assert "anex_agent.agent.state" in found
+    assert "anex_agent.coordinator.app" in found
+    assert "anex_agent.gpu.exposition" in found
+    assert "anex_agent.gpu.monitor" not in found
+
+
+@pytest.mark.parametrize("role", sorted(FORBIDDEN))
+def test_roles_do_not_import_each_other(role):
+    offences = sorted(
+        f"{name} imports {target}"
+        for name, targets in IMPORTS.items() if _within(name, role)
+        for target in targets for other in FORBIDDEN[role] if _within(target, other)
+    )
+    assert offences == []
+
+
+def test_shared_modules_import_no_role():
+    offences = sorted(
+        f"{name} imports {target}"
+        for name in SHARED
+        for target in IMPORTS[name] for role in ROLES if _within(target, role)
+    )
+    assert offences == []
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    """Edges between the modules of ``package`` (an import of a name resolves to its module)."""
+    graph: dict[str, set[str]] = {}
+    for name, targets in IMPORTS.items():
+        if not _within(name, package):
+            continue
+        edges = set()
+        for target in targets:
+            if target in MODULES and _within(target, package) and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted.
+
+    A package's ``__init__`` is left out: importing ``pkg.mod`` runs it first, but it
+    only re-exports or is empty here, and counting it would tie every module to every other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strongconnect(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                strongconnect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            strongconnect(node)
+    return out
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("package", ["anex_agent.coordinator", "anex_agent.agent"])
+def test_no_import_cycles(package):
+    graph = {name: {t for t in edges if not t.endswith("__init__") and t != package}
+             for name, edges in _graph(package).items() if name != package}
+    assert _cycles(graph) == []
