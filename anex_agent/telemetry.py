@@ -50,6 +50,12 @@ from anex_agent.telemetry_bounds import MAX_GPUS, MAX_KEYS, MAX_LIST, MAX_STRING
 TELEMETRY_VERSION = 1
 VERDICTS = ("healthy", "degraded", "unhealthy")  # what the agent sends
 KNOWN_VERDICTS = (*VERDICTS, "unknown")  # what the coordinator takes over as the node's health
+#: the on-prem hardware rules ``telemetry["qualification"]["checks"]`` reports, as (id, scope),
+#: in the order anex_agent.gpu.qualify.RULES applies them (a test keeps the two equal)
+QUALIFICATION_RULES: tuple[tuple[str, str], ...] = (
+    ("gpu_model", "required"), ("nvme_drives", "required"), ("nvme_capacity", "required"), ("tpm", "required"),
+    ("memory", "marketplace"), ("pcie_lanes", "marketplace"), ("cpu_cores", "marketplace"),
+)
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})  # caused by the workload; the GPU stays usable
 
 Text = Annotated[str, Field(max_length=MAX_STRING)]

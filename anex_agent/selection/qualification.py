@@ -12,7 +12,7 @@ Two kinds of rules:
   Enough memory and disk for what the pod asks is the pod's own ``ram`` / ``disk-space-gb``
   filters, checked against the node's telemetry like any other offer.
 
-* **hardware** rules are the on-prem hardware rules of :data:`anex_agent.gpu.qualify.RULES`
+* **hardware** rules are the on-prem hardware rules of :data:`anex_agent.telemetry.QUALIFICATION_RULES` (the ids and scopes of :data:`anex_agent.gpu.qualify.RULES`)
   (the agent evaluates them and sends ``telemetry["qualification"]``). A policy says which of
   them a node must pass:
 
@@ -34,14 +34,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from anex_agent.gpu.qualify import RULES
+from anex_agent.telemetry import QUALIFICATION_RULES
 
 RUNNABLE_RULES = ("driver_loaded", "gpu_present", "gpu_healthy")
-HARDWARE_RULES: tuple[str, ...] = tuple(rule.id for rule in RULES)
-_SCOPE = {rule.id: rule.scope for rule in RULES}
+HARDWARE_RULES: tuple[str, ...] = tuple(rule for rule, _ in QUALIFICATION_RULES)
+_SCOPE = dict(QUALIFICATION_RULES)
 POLICIES: dict[str, frozenset[str]] = {
     "runnable": frozenset(),
-    "required": frozenset(rule.id for rule in RULES if rule.scope == "required"),
+    "required": frozenset(rule for rule, scope in QUALIFICATION_RULES if scope == "required"),
     "full": frozenset(HARDWARE_RULES),
 }
 DEFAULT_POLICY = "runnable"

@@ -39,7 +39,7 @@ from websockets.frames import Opcode
 from websockets.protocol import State
 
 from anex_agent import relay_protocol as rp
-from anex_agent.agent.backoff import Backoff
+from anex_agent.backoff import Backoff
 from anex_agent.tunnels.bind import BindClosed
 
 if TYPE_CHECKING:

@@ -138,3 +138,12 @@ def test_real_cli_table_and_bad_flag():
     assert proc.returncode in (0, 1, 3)
     assert "rule" in proc.stdout and "gpu_model" in proc.stdout
     assert run_cli("--form-factor", "oval").returncode == 2
+
+
+def test_the_rules_telemetry_names_are_the_rules_applied():
+    """Selection (on the coordinator, which imports nothing of anex_agent.gpu) reads the rule ids
+    and scopes from anex_agent.telemetry: they must be the ones evaluate() applies, in order."""
+    from anex_agent.gpu.qualify import RULES
+    from anex_agent.telemetry import QUALIFICATION_RULES
+
+    assert tuple((rule.id, rule.scope) for rule in RULES) == QUALIFICATION_RULES
