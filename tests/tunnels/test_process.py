@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from anex_agent.tunnels import process
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_WIREPROXY = Path(__file__).with_name("fake_wireproxy.py")
@@ -39,16 +40,6 @@ def gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "Z"
     except OSError:
         return True
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run_parent(tmp_path: Path, body: str, env: dict[str, str]) -> subprocess.Popen:
