@@ -21,7 +21,7 @@ from anex_agent.coordinator import cli
 from anex_agent.coordinator.settings import Settings
 from anex_agent.errors import ConfigError, CoordinatorError
 from tests.coordinator.coordinator_process import CoordinatorProcess
-from tests.coordinator.tls_certs import make_certs
+from tests.tls_certs import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "anexadm_h7_admin_token_0123456789"
