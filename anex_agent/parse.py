@@ -125,6 +125,20 @@ def host_port(text: str) -> tuple[str, int]:
         raise ValueError(_HOST_PORT_TEXT) from None
 
 
+def _ip_host(name: str, accepted: str) -> str:
+    """The IP address written as the HOST of ``HOST:PORT``: IPv4 bare, IPv6 in brackets (returned
+    without them). Anything else raises ValueError(``accepted``)."""
+    bracketed = name.startswith("[") and name.endswith("]")
+    inner = name[1:-1] if bracketed else name
+    try:
+        address = ipaddress.ip_address(inner)
+    except ValueError:
+        raise ValueError(accepted) from None
+    if (address.version == 6) != bracketed:  # IPv6 needs brackets, IPv4 has none
+        raise ValueError(accepted)
+    return inner
+
+
 _IP_PORT_TEXT = ("must be an IP address and a port from 1 to 65535, in ASCII digits "
                  "(IPv6 in brackets: [fd00::a]:53)")
 _IP_PORT_OPTIONAL_TEXT = ("must be an IP address, optionally with a port from 1 to 65535 in ASCII digits "
@@ -147,13 +161,8 @@ def ip_port(text: str, *, default_port: int | None = None) -> tuple[str, int]:
         except ValueError:
             pass
     name, sep, port_text = text.rpartition(":")
-    bracketed = name.startswith("[") and name.endswith("]")
-    inner = name[1:-1] if bracketed else name
-    try:
-        address = ipaddress.ip_address(inner)
-    except ValueError:
-        raise ValueError(accepted) from None
-    if not sep or (address.version == 6) != bracketed:  # IPv6 needs brackets, IPv4 has none
+    inner = _ip_host(name, accepted)
+    if not sep:
         raise ValueError(accepted)
     try:
         return inner, port(port_text)
@@ -192,15 +201,7 @@ def listen(text: str, *, empty_host: str | None = None, any_port: bool = False) 
         return empty_host, number
     if name == "localhost":
         return LOCALHOST, number
-    bracketed = name.startswith("[") and name.endswith("]")
-    inner = name[1:-1] if bracketed else name
-    try:
-        address = ipaddress.ip_address(inner)
-    except ValueError:
-        raise ValueError(accepted) from None
-    if (address.version == 6) != bracketed:
-        raise ValueError(accepted)
-    return inner, number
+    return _ip_host(name, accepted), number
 
 
 def cidr(text: str, *, strict: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:

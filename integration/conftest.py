@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import Mesh, SERVICE2_NAME, SERVICE_NAME, HTTP2_PORT, HTTP_PORT
+from anex_agent.demo.mesh import Mesh, SERVICE2_NAME, SERVICE_NAME, HTTP2_PORT, HTTP_PORT, anex_argv
 from anex_agent.demo.netlab import missing_prerequisites
 
 TUNNEL_1 = 18080
@@ -144,6 +144,25 @@ def finish(ns, proc: subprocess.Popen, timeout: float = 30) -> tuple[int, str]:
                 pass
         out, _ = proc.communicate(timeout=10)
     return proc.returncode, out or ""
+
+
+@pytest.fixture
+def fresh_node(mesh):
+    """A node namespace of the session mesh for one test alone; its agent is stopped afterwards."""
+    n = mesh.add_node_namespace()
+    yield n
+    mesh.stop_agent(n)
+
+
+def run_agent(node, env, args, timeout=60) -> subprocess.CompletedProcess:
+    """``anex-agent run ARGS`` in the node's namespace, bounded by ``timeout`` (stdout and stderr apart)."""
+    proc = node.ns.popen([*anex_argv(), "run", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        finish(node.ns, proc, 0.1)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def ns_state(ns) -> dict:

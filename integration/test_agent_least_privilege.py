@@ -6,15 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-
-from anex_agent.demo.mesh import anex_argv
-from integration.conftest import finish, ns_state
+from integration.conftest import ns_state, run_agent
 
 # the workload (root): its own environment, and that of every wireguard-go the agent (its parent) started
 INSPECT = (
@@ -31,23 +27,6 @@ INSPECT = (
     "        pass\n"
     "print('INSPECT', json.dumps({'env': dict(os.environ), 'engines': engines}), flush=True)\n"
 )
-
-
-@pytest.fixture
-def fresh_node(mesh):
-    n = mesh.add_node_namespace()
-    yield n
-    mesh.stop_agent(n)
-
-
-def run_agent(node, env, args, timeout=60) -> subprocess.CompletedProcess:
-    proc = node.ns.popen([*anex_argv(), "run", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        finish(node.ns, proc, 0.1)
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_workload_and_engine_get_no_anex_secret(mesh, fresh_node):

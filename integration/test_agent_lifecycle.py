@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, anex_argv, wait_until
-from integration.conftest import finish, ns_state, read_until
+from integration.conftest import finish, ns_state, read_until, run_agent
 from integration.netns import read_line
 
 FETCH = (
@@ -24,27 +24,9 @@ FETCH = (
 )
 
 
-@pytest.fixture
-def fresh_node(mesh):
-    n = mesh.add_node_namespace()
-    yield n
-    mesh.stop_agent(n)
-
-
-def run_agent(mesh, node, env, command, timeout=60) -> subprocess.CompletedProcess:
-    """``anex-agent run -- command`` in the node's namespace, bounded by ``timeout`` (stdout and stderr apart)."""
-    proc = node.ns.popen([*anex_argv(), "run", "--", *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        finish(node.ns, proc, 0.1)
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 def test_run_starts_the_workload_after_the_mesh_exits_with_its_status_and_leaves_nothing(mesh, fresh_node):
     env = mesh.agent_env(fresh_node)
-    out = run_agent(mesh, fresh_node, env, [sys.executable, "-c", FETCH, "7"])
+    out = run_agent(fresh_node, env, ["--", sys.executable, "-c", FETCH, "7"])
     text = out.stdout + out.stderr
     assert out.returncode == 7, text
     assert "WORKLOAD-GOT echo /from-workload" in text
@@ -92,7 +74,7 @@ def test_restart_reuses_the_identity_without_the_join_token(mesh, fresh_node):
 def test_bad_gw_tunnel_stops_before_the_workload(mesh, fresh_node, tmp_path, name, value, needle):
     marker = tmp_path / "workload-ran"
     env = mesh.agent_env(fresh_node, token="unused", **{name: value})
-    out = run_agent(mesh, fresh_node, env, ["touch", str(marker)], timeout=30)
+    out = run_agent(fresh_node, env, ["--", "touch", str(marker)], timeout=30)
     assert out.returncode == 2
     assert needle in out.stderr and "<host>:<port>" in out.stderr
     assert "Traceback" not in out.stderr
@@ -104,7 +86,7 @@ def test_gw_tunnel_port_in_use_stops_before_the_workload(mesh, fresh_node, tmp_p
     holder = fresh_node.ns.popen([sys.executable, "-c", "import socket,time;s=socket.socket();s.bind(('127.0.0.1',15432));s.listen();print('ready',flush=True);time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     assert read_line(holder, 30, "port holder ready").strip() == "ready"
     env = mesh.agent_env(fresh_node, token="unused", GW_TUNNEL_15432="db.default.svc.cluster.local:5432")
-    out = run_agent(mesh, fresh_node, env, ["touch", str(marker)], timeout=30)
+    out = run_agent(fresh_node, env, ["--", "touch", str(marker)], timeout=30)
     holder.kill()
     assert out.returncode == 2
     assert "GW_TUNNEL_15432" in out.stderr and "already in use" in out.stderr
@@ -135,6 +117,6 @@ def test_proxy_authorization_when_configured(mesh, fresh_node):
         "print('STATUSES', get(''), get('u:wrong'), get('u:pw'), flush=True)\n"
     )
     env = mesh.agent_env(fresh_node, ANEX_PROXY_AUTH="u:pw")
-    out = run_agent(mesh, fresh_node, env, [sys.executable, "-c", script])
+    out = run_agent(fresh_node, env, ["--", sys.executable, "-c", script])
     assert out.returncode == 0, out.stdout + out.stderr
     assert "STATUSES 407 407 200" in out.stdout

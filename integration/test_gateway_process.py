@@ -23,6 +23,7 @@ from anex_agent.client import proven_body
 from anex_agent.keys import KeyPair, encode_key, generate_private_key, public_key
 from anex_agent.wire import NodeJoinRequest
 from integration.netns import Netns, missing_prerequisites, unique
+from tests.polling import wait_for
 
 REASON = missing_prerequisites("wireguard-go", "nft", "wg")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -35,16 +36,6 @@ ADMIN = "admin-" + unique("") + unique("") + unique("")
 def _argv(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("anex-agent")
     return [str(script), *args] if script.exists() else [sys.executable, "-m", "anex_agent", *args]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
 
 
 class Rig:

@@ -12,8 +12,6 @@ Skipped, with the reason, where nginx or tinyproxy is not installed.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import shutil
 import subprocess
 import time
@@ -22,6 +20,7 @@ import pytest
 
 from anex_agent.demo.mesh import COORDINATOR_PORT, HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
 from integration.conftest import client
+from tests.tls_certs import make_certs
 
 PROXY_PORT = 8888
 TLS_PORT = 8444
@@ -88,41 +87,6 @@ def test_a_node_whose_only_way_out_is_a_connect_proxy_joins_through_it(mesh, tin
         mesh.unblock_udp(n)
 
 
-def make_ca_and_server_cert(directory, ip: str):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "anex test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                       key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                       encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ip)]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    (directory / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (directory / "relay.pem").write_bytes(cert.public_bytes(pem))
-    (directory / "relay.key").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                            serialization.NoEncryption()))
-    (directory / "relay.key").chmod(0o600)
-    return directory / "ca.pem"
-
-
 @pytest.fixture(scope="module")
 def nginx_tls(mesh):
     """nginx in the gateway namespace terminating TLS on TLS_PORT in front of the relay; the gateway
@@ -131,7 +95,7 @@ def nginx_tls(mesh):
         pytest.skip("nginx is not installed (scripts/install-deps installs it)")
     work = mesh.workdir / "nginx"
     work.mkdir(exist_ok=True)
-    ca = make_ca_and_server_cert(work, UNDERLAY_GW)
+    certs = make_certs(work, ip=UNDERLAY_GW, dns_names=())
     conf = work / "nginx.conf"
     conf.write_text(f"""
 worker_processes 1;
@@ -144,8 +108,8 @@ http {{
   uwsgi_temp_path {work}/uwsgi; scgi_temp_path {work}/scgi;
   server {{
     listen {UNDERLAY_GW}:{TLS_PORT} ssl;
-    ssl_certificate {work}/relay.pem;
-    ssl_certificate_key {work}/relay.key;
+    ssl_certificate {certs.cert};
+    ssl_certificate_key {certs.key};
     location /relay {{
       proxy_pass http://127.0.0.1:{WS_PORT};
       proxy_http_version 1.1;
@@ -164,7 +128,7 @@ http {{
     mesh.stop_gateway()
     mesh.start_gateway(ws_url=f"wss://{UNDERLAY_GW}:{TLS_PORT}/relay")
     try:
-        yield ca
+        yield certs.ca
     finally:
         mesh.stop_gateway()
         mesh.start_gateway()

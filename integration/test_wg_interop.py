@@ -20,6 +20,7 @@ import pytest
 
 from anex_agent import keys
 from integration.netns import Netns, missing_prerequisites, read_line, unique, veth
+from tests.polling import wait_for
 
 REASON = missing_prerequisites("wireguard-go", "wg", "ping")
 if REASON is None and not os.path.exists("/dev/net/tun"):
@@ -29,16 +30,6 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 REPO = Path(__file__).resolve().parents[1]
 GO_TUN, OUR_TUN = "10.99.0.1", "10.99.0.2"
 GO_UDP, OUR_UDP = ("192.168.77.1", 51820), ("192.168.77.2", 51821)
-
-
-def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class OurPeer:

@@ -90,7 +90,7 @@ class Coordinator:
     ) -> Coordinator:
         admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
         metrics_token = load_metrics_token(settings.metrics_token_file, environ)
-        key_path = signing_key_file or settings.state_dir / "access-token-signing-key"
+        key_path = signing_key_file or settings.state_dir / signing.FILE_NAME
         signing_key = signing.load_or_create(key_path)
         coord_key_path = coordinator_key_file or settings.state_dir / coordinator_key.FILE_NAME
         coordinator_private = coordinator_key.load_or_create(coord_key_path)

@@ -10,38 +10,28 @@ not match, so a proof made for one coordinator is good at all of them.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import os
 from pathlib import Path
 
 from anex_agent import keys
+from anex_agent.coordinator import registered_key
 from anex_agent.coordinator.db import Database
-from anex_agent.errors import ConfigError
 
 SETTING = "coordinator_public_key"
 FILE_NAME = "coordinator-key"
 
+KIND = registered_key.RegisteredKey(
+    label="coordinator key",
+    algorithm="X25519",
+    setting=SETTING,
+    file_name=FILE_NAME,
+    generate=keys.generate_private_key,
+    public_of=lambda private: keys.encode_key(keys.public_key(private)),
+)
+
 
 def load_or_create(path: Path) -> bytes:
     """Return the private key at ``path``, creating it (0600) on first use."""
-    if path.exists():
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            raise ConfigError(str(path), f"coordinator key file has mode {mode:o}; it must be 0600 (chmod 600 {path})")
-        try:
-            raw = base64.b64decode(path.read_text().strip(), validate=True)
-        except (binascii.Error, ValueError):
-            raw = b""
-        if len(raw) != keys.KEY_LEN:
-            raise ConfigError(str(path), "is not a base64 X25519 private key (32 bytes)")
-        return raw
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    raw = keys.generate_private_key()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(base64.b64encode(raw).decode() + "\n")
-    return raw
+    return registered_key.load_or_create(KIND, path)
 
 
 async def register(db: Database, private: bytes, *, key_path: Path) -> str:
@@ -49,14 +39,4 @@ async def register(db: Database, private: bytes, *, key_path: Path) -> str:
 
     Raises ConfigError when another coordinator registered a different key.
     """
-    mine = keys.encode_key(keys.public_key(private))
-    async with db.transaction() as tx:
-        await tx.execute("INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING", SETTING, mine)
-        registered = await tx.fetchval("SELECT value FROM settings WHERE name = $1", SETTING)
-    if registered != mine:
-        raise ConfigError(
-            str(key_path),
-            "this coordinator key differs from the one the other coordinators on this database use "
-            f"(public key {registered}); copy their {FILE_NAME} file here",
-        )
-    return mine
+    return await registered_key.register(KIND, db, private, key_path=key_path)

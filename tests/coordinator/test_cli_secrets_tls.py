@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +20,8 @@ from anex_agent.client import CoordinatorClient
 from anex_agent.coordinator import cli
 from anex_agent.coordinator.settings import Settings
 from anex_agent.errors import ConfigError, CoordinatorError
-from tests.coordinator.tls_certs import make_certs
+from tests.coordinator.coordinator_process import CoordinatorProcess
+from tests.tls_certs import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "anexadm_h7_admin_token_0123456789"
@@ -142,32 +141,8 @@ def test_tls_flag_errors_exit_2_naming_the_flag(tmp_path, certs):
     assert out.returncode == 2 and "--tls-key" in out.stderr and "does not match" in out.stderr
 
 
-class Coordinator:
-    def __init__(self, args, env=None):
-        self.popen = subprocess.Popen([sys.executable, "-m", "anex_agent", "coordinator", *args], cwd=ROOT,
-                                      env={**CLEAN_ENV, "PYTHONPATH": str(ROOT), **(env or {})},
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def wait_listening(self, timeout=60) -> str:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            line = self.popen.stdout.readline()
-            if not line:
-                break
-            match = re.search(r"listening on (https?://\S+)", line)
-            if match:
-                return match.group(1)
-        raise AssertionError(f"coordinator did not start: {self.stop()}")
-
-    def stop(self) -> str:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.stderr.read()
+def Coordinator(args, env=None) -> CoordinatorProcess:
+    return CoordinatorProcess(args, env={**CLEAN_ENV, **(env or {})})
 
 
 async def test_serves_https_verified_with_the_ca_file(tmp_path, certs):

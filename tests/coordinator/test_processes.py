@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -24,45 +22,15 @@ import pytest
 from anex_agent import keys
 from anex_agent.client import CoordinatorClient
 from tests.coordinator.conftest import POSTGRES_URL, backend_url
+from tests.coordinator.coordinator_process import CoordinatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "anexadm_test_admin_token_for_process_tests"
 needs_postgres = pytest.mark.skipif(not POSTGRES_URL, reason="ANEX_TEST_POSTGRES_URL is not set (needs PostgreSQL)")
 
 
-class Proc:
-    def __init__(self, args: list[str], cwd: Path, env: dict | None = None) -> None:
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "anex_agent", "coordinator", *args],
-            cwd=cwd,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "ANEX_ADMIN_TOKEN": ADMIN, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.url = None
-
-    def wait_listening(self, timeout: float = 30) -> str:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            line = self.popen.stdout.readline()
-            if not line:
-                break
-            match = re.search(r"listening on (http://\S+)", line)
-            if match:
-                self.url = match.group(1)
-                return self.url
-        raise AssertionError(f"coordinator did not start: {self.stop()}")
-
-    def stop(self) -> str:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.stderr.read()
+def Proc(args: list[str], cwd: Path, env: dict | None = None) -> CoordinatorProcess:
+    return CoordinatorProcess(args, cwd=cwd, env={**os.environ, "ANEX_ADMIN_TOKEN": ADMIN, **(env or {})})
 
 
 def get_json(url: str) -> dict:

@@ -14,11 +14,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from anex_agent.tunnels import process
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_WIREPROXY = Path(__file__).with_name("fake_wireproxy.py")
@@ -41,16 +43,6 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def run_parent(tmp_path: Path, body: str, env: dict[str, str]) -> subprocess.Popen:
     """A parent process running ``body`` (async, with ``tasks`` in scope) forever, like the agent."""
     script = tmp_path / "parent.py"
@@ -63,11 +55,18 @@ def run_parent(tmp_path: Path, body: str, env: dict[str, str]) -> subprocess.Pop
                             stderr=open(tmp_path / "parent.log", "wb"))
 
 
-def kill_parent_and_check_child(parent: subprocess.Popen, child: int) -> None:
-    assert not gone(child)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait(10)
-    wait_for(lambda: gone(child), 10, f"child {child} to die with its parent")
+def assert_child_dies_with_parent(parent: subprocess.Popen, child_pid: Callable[[], int | None], what: str) -> None:
+    """Wait (15 s) for ``child_pid()`` to name the child ``parent`` started (``what``), check it runs,
+    SIGKILL the parent and wait (10 s) for the child to be gone. The parent never outlives the call."""
+    try:
+        child = wait_for(child_pid, 15, what)
+        assert not gone(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        wait_for(lambda: gone(child), 10, f"child {child} to die with its parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
 
 
 def test_spawn_sets_pdeathsig_and_the_child_dies_with_its_parent(tmp_path):
@@ -77,12 +76,7 @@ def test_spawn_sets_pdeathsig_and_the_child_dies_with_its_parent(tmp_path):
         child = await spawn("sleep", "600")
         open({str(pidfile)!r}, "w").write(str(child.pid))
     """, {})
-    try:
-        child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 15, "the child"))
-        kill_parent_and_check_child(parent, child)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
+    assert_child_dies_with_parent(parent, lambda: pidfile.exists() and int(pidfile.read_text() or 0), "the child")
 
 
 def test_without_pdeathsig_the_child_would_outlive_its_parent(tmp_path):
@@ -112,12 +106,8 @@ def test_wireguard_go_child_dies_with_the_agent(tmp_path):
         engine = WireguardGoEngine(ifname="anxpdtest", binary={str(fake)!r}, socket_dir={str(tmp_path)!r})
         tasks.spawn("start", lambda: engine.start(tasks))
     """, {})
-    try:
-        child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 15, "wireguard-go started"))
-        kill_parent_and_check_child(parent, child)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
+    assert_child_dies_with_parent(parent, lambda: pidfile.exists() and int(pidfile.read_text().strip() or 0),
+                                  "wireguard-go started")
 
 
 def test_wireproxy_child_dies_with_the_agent(tmp_path):
@@ -136,12 +126,9 @@ def test_wireproxy_child_dies_with_the_agent(tmp_path):
                                                                      allowed_ips=("10.254.0.0/16",)),)))
     """, {})
     starts = control / "starts.jsonl"
-    try:
-        line = wait_for(lambda: starts.exists() and starts.read_text().strip(), 15, "wireproxy started")
-        kill_parent_and_check_child(parent, json.loads(line.splitlines()[0])["pid"])
-    finally:
-        if parent.poll() is None:
-            parent.kill()
+    assert_child_dies_with_parent(
+        parent, lambda: starts.exists() and (line := starts.read_text().strip()) and json.loads(line.splitlines()[0])["pid"],
+        "wireproxy started")
 
 
 def test_every_engine_starts_its_children_through_spawn():

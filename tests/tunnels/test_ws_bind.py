@@ -288,39 +288,22 @@ def test_batched_framing_round_trips_and_refuses_a_truncated_message():
 
 async def test_the_relay_serves_tls_itself_and_the_client_verifies_it(mesh, tmp_path):
     """--tls-cert/--tls-key: the relay terminates TLS; a client trusting the CA connects, one that does not is refused."""
-    import datetime
-    import ipaddress
     import ssl
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
     from anex_agent.gateway.relay import tls_context
     from anex_agent.transport import client_ssl_context
     from anex_agent.tunnels.ws_bind import check_relay
+    from tests.tls_certs import make_certs
 
-    now = datetime.datetime.now(datetime.timezone.utc)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "k.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+    certs = make_certs(tmp_path, dns_names=())
     await mesh.relay.close()
     mesh.relay = Relay(host="127.0.0.1", port=mesh.ws_port, hub=("127.0.0.1", mesh.hub_port), private_key=mesh.k_hub,
                        is_peer=lambda pub: pub in mesh.peers,
-                       ssl_context=tls_context(str(tmp_path / "c.pem"), str(tmp_path / "k.pem")))
+                       ssl_context=tls_context(str(certs.cert), str(certs.key)))
     await mesh.relay.start()
     url = f"wss://127.0.0.1:{mesh.ws_port}/relay"
     trusted = RelayTarget(url=url, gateway_public_key=keys.public_key(mesh.k_hub),
-                          ssl_context=client_ssl_context(tmp_path / "c.pem"))
+                          ssl_context=client_ssl_context(certs.ca))
     ok, why = await check_relay(trusted, private_key=mesh.k_node, public_key=mesh.node_pub, timeout=5)
     assert ok, why
     untrusted = RelayTarget(url=url, gateway_public_key=keys.public_key(mesh.k_hub), ssl_context=ssl.create_default_context())

@@ -1,4 +1,11 @@
-"""A throwaway CA and a server certificate for 127.0.0.1/localhost, for the HTTPS tests."""
+"""A throwaway CA and a server certificate, for the tests of HTTPS and TLS-terminating front ends.
+
+Contract: :func:`make_certs` writes into ``directory`` a CA certificate (``ca.pem``) and a
+server certificate (``cert.pem``, for the IP address ``ip`` and the DNS names ``dns_names``,
+valid for a day) signed by it, with its key (``key.pem``), a key that does not match it
+(``other-key.pem``) and its key under the passphrase ``passphrase`` (``encrypted-key.pem``);
+the key files are 0600. A client trusting ``ca.pem`` verifies the server certificate.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ def _pem_key(key, password: bytes | None = None) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
 
 
-def make_certs(directory: Path) -> Certs:
+def make_certs(directory: Path, *, ip: str = "127.0.0.1", dns_names: tuple[str, ...] = ("localhost",)) -> Certs:
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "anex test CA")])
@@ -42,11 +49,11 @@ def make_certs(directory: Path) -> Certs:
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "coordinator")]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ip)]))
             .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([*(x509.DNSName(name) for name in dns_names),
+                                                        x509.IPAddress(ipaddress.ip_address(ip))]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
