@@ -68,9 +68,11 @@ IFNAME_MAX = 15
 
 #: Order in which ``--engine auto`` tries engines: the first supported one wins. For the
 #: agent (``choose_engine(..., for_workload=True)``) an engine must also be able to serve
-#: the workload (:meth:`Engine.workload_support`): userspace is skipped until it has a
-#: TCP/IP stack, so a node without TUN/NET_ADMIN gets wireproxy when its binary is on PATH.
-AUTO_ORDER: tuple[str, ...] = ("kernel", "wireguard-go", "wireproxy", "userspace")
+#: the workload (:meth:`Engine.workload_support`). The built-in userspace engine (WireGuard
+#: and a TCP/IP stack in this process) needs no capability, TUN device or binary, so a node
+#: where kernel WireGuard and wireguard-go cannot run gets it; wireproxy, an external binary,
+#: is taken by auto only where userspace cannot serve.
+AUTO_ORDER: tuple[str, ...] = ("kernel", "wireguard-go", "userspace", "wireproxy")
 
 
 @dataclass(frozen=True)
