@@ -312,13 +312,17 @@ class Connection:
             else:
                 self._send_ack()
             return
-        # 4. SYN (RFC 5961 §4): a retransmitted SYN in SYN-RECEIVED gets our SYN-ACK again, others a challenge ACK
+        # 4. SYN (RFC 5961 §4): a retransmitted SYN in SYN-RECEIVED gets our SYN-ACK again, others a challenge ACK;
+        #    a SYN-ACK in SYN-RECEIVED (simultaneous open, §3.5 figure 7) acknowledges our SYN: go on with its ACK
         if flags & SYN:
             if self.state == SYN_RECEIVED and seg.seq == self.irs:
-                self._resend_synack()
+                if not flags & ACK:
+                    self._resend_synack()
+                    return
+                seq = self.rcv_nxt
             else:
                 self._send_ack()
-            return
+                return
         # 5. ACK
         if not flags & ACK:
             return
