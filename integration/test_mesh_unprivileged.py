@@ -1,0 +1,175 @@
+"""The native mesh's scenarios on a node whose agent runs unprivileged: a non-root user, no
+capabilities (so no TUN device and no NET_ADMIN), no wireguard-go. ``auto`` picks the built-in
+userspace engine, whose user-space TCP/IP stack talks to the Linux TCP stack of the cluster
+namespace through the real gateway (wireguard-go)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from anex_agent.demo.mesh import (CLUSTER_IP, HTTP_PORT, SERVICE2_NAME, SERVICE_NAME, SINK_PORT, SOURCE_PORT,
+                                  anex_argv, wait_until)
+from integration.conftest import TUNNEL_1, TUNNEL_2, client
+from integration.netns import read_line
+
+PROXY = "127.0.0.1:3128"
+URL = f"http://{SERVICE_NAME}:{HTTP_PORT}"
+INBOUND = 8090
+BULK_DOWN, BULK_UP = 18090, 18091
+NOBODY = 65534
+UNPRIVILEGED = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
+                "--bounding-set=-all", "--"]
+
+
+@pytest.fixture(scope="module")
+def unode(mesh):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    n = mesh.add_node_namespace()
+    n.state_dir = Path(tempfile.mkdtemp(prefix="anex-unpriv-"))
+    os.chown(n.state_dir, NOBODY, NOBODY)
+    env = mesh.agent_env(n, **{
+        "ANEX_ENGINE": "auto",
+        "ANEX_STATE_DIR": str(n.state_dir),
+        "ANEX_INBOUND_PORTS": str(INBOUND),
+        f"GW_TUNNEL_{TUNNEL_1}": f"{SERVICE_NAME}:{HTTP_PORT}",
+        f"GW_TUNNEL_{TUNNEL_2}": f"{SERVICE2_NAME}:8081",
+        f"GW_TUNNEL_{BULK_DOWN}": f"{CLUSTER_IP}:{SOURCE_PORT}",
+        f"GW_TUNNEL_{BULK_UP}": f"{CLUSTER_IP}:{SINK_PORT}",
+    })
+    env["PATH"] = "/usr/bin:/bin"  # no wireguard-go reachable either way: it could not run without caps
+    n.env = env
+    n.proc = n.ns.popen([*UNPRIVILEGED, *anex_argv(), "daemon"], stdout=open(n.log_path, "ab", buffering=0),
+                        stderr=subprocess.STDOUT, env=env)
+    mesh.wait_agent_ready(n)
+    yield n
+    mesh.stop_agent(n)
+    shutil.rmtree(n.state_dir, ignore_errors=True)
+
+
+def test_agent_is_unprivileged_and_auto_picked_userspace(unode):
+    status = unode.status()
+    assert status["engine"] == "userspace"
+    uid_line = [l for l in Path(f"/proc/{_agent_pid(unode)}/status").read_text().splitlines() if l.startswith(("Uid", "CapEff", "CapBnd"))]
+    assert uid_line[0].split()[1:] == [str(NOBODY)] * 4
+    assert all(l.split()[1] == "0000000000000000" for l in uid_line[1:])
+    assert status["detect"]["engines"]["wireguard-go"]["supported"] is False
+    assert status["detect"]["engines"]["kernel"]["supported"] is False
+
+
+def _agent_pid(node) -> int:
+    for pid in node.ns.pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if b"daemon" in cmd and not any(c.endswith(b"setpriv") for c in cmd[:1]):
+            return pid
+    raise AssertionError("no agent process")
+
+
+def test_proxy_get_by_cluster_name(unode):
+    result = client(unode.ns, "get", f"{URL}/hello?x=1", "--proxy", PROXY)
+    assert result.get("status") == 200, result
+    body = json.loads(result["body"])
+    assert body["service"] == "echo" and body["path"] == "/hello?x=1" and body["peer"] == "10.77.0.1"
+
+
+def test_proxy_post_streams_a_body_both_ways(unode):
+    result = client(unode.ns, "get", f"{URL}/upload", "--proxy", PROXY, "--body-size", str(3 * 1024 * 1024 + 17))
+    assert result.get("status") == 200, result
+    assert result["length"] == 3 * 1024 * 1024 + 17 and result["sha256"] == result["sent_sha256"]
+
+
+def test_connect_through_the_proxy(unode):
+    result = client(unode.ns, "connect", f"{SERVICE_NAME}:{HTTP_PORT}", "--proxy", PROXY, "--path", "/tunnelled")
+    assert result.get("status") == 200, result
+    assert json.loads(result["body"])["path"] == "/tunnelled"
+
+
+def test_gw_tunnels_and_bulk_both_ways(unode):
+    first = client(unode.ns, "get", f"http://127.0.0.1:{TUNNEL_1}/a")
+    second = client(unode.ns, "get", f"http://127.0.0.1:{TUNNEL_2}/b")
+    assert json.loads(first["body"])["service"] == "echo" and json.loads(second["body"])["service"] == "echo2"
+    down = client(unode.ns, "bulk", f"127.0.0.1:{BULK_DOWN}", "--bytes", str(20_000_000), timeout=120)
+    up = client(unode.ns, "bulk", f"127.0.0.1:{BULK_UP}", "--bytes", str(20_000_000), "--direction", "up", timeout=120)
+    assert down.get("bytes") == 20_000_000 and up.get("bytes") == 20_000_000, (down, up)
+    print(f"unprivileged bulk: down {down['mbit_s']:.0f} Mbit/s, up {up['mbit_s']:.0f} Mbit/s")
+
+
+def test_proxy_502_names_a_host_that_does_not_resolve(unode):
+    result = client(unode.ns, "get", "http://nosuch.default.svc.cluster.local:8080/", "--proxy", PROXY)
+    assert result.get("status") == 502, result
+    assert "nosuch.default.svc.cluster.local" in result["body"]
+
+
+def test_tunnel_pushed_from_the_coordinator_goes_live(mesh, unode):
+    node_id = unode.status()["node_id"]
+    port = 19091
+    mesh.admin("PUT", f"/v1/nodes/{node_id}/tunnels", {"tunnels": [{"listen_port": port, "target": f"{SERVICE_NAME}:{HTTP_PORT}"}]})
+    try:
+        result = wait_until(
+            lambda: (r := client(unode.ns, "get", f"http://127.0.0.1:{port}/pushed", timeout=10)).get("status") == 200 and r,
+            15, "the pushed tunnel answering",
+        )
+        assert json.loads(result["body"])["path"] == "/pushed"
+    finally:
+        mesh.admin("PUT", f"/v1/nodes/{node_id}/tunnels", {"tunnels": []})
+
+
+def test_cluster_reaches_a_workload_port_at_the_mesh_address(mesh, unode):
+    address = unode.status()["address"]
+    server = unode.ns.popen(
+        [*UNPRIVILEGED, sys.executable, "-m", "anex_agent.demo.services", "http", "--listen", f"127.0.0.1:{INBOUND}",
+         "--name", "workload"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert read_line(server, 30, "workload server ready").strip() == "ready"
+        result = client(mesh.cluster, "get", f"http://{address}:{INBOUND}/inbound")
+        assert result.get("status") == 200, result
+        body = json.loads(result["body"])
+        assert body["service"] == "workload" and body["peer"] == "127.0.0.1"  # relayed from the mesh address
+        closed = client(mesh.cluster, "get", f"http://{address}:{INBOUND + 1}/", "--timeout", "5")
+        assert "error" in closed  # not an inbound port: refused
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_ping_the_mesh_address(mesh, unode):
+    address = unode.status()["address"]
+    out = mesh.cluster.run(["ping", "-c", "2", "-W", "3", address], check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _works(node) -> bool:
+    by_proxy = client(node.ns, "get", f"{URL}/x", "--proxy", PROXY, timeout=8)
+    by_tunnel = client(node.ns, "get", f"http://127.0.0.1:{TUNNEL_1}/y", timeout=8)
+    return by_proxy.get("status") == 200 and by_tunnel.get("status") == 200
+
+
+def test_gateway_restart_and_fail_static(mesh, unode):
+    assert _works(unode)
+    mesh.kill_gateway()
+    mesh.start_gateway()
+    restarted = time.monotonic()
+    wait_until(lambda: _works(unode), 20, "traffic through the restarted gateway", interval=0.2)
+    print(f"unprivileged node: traffic resumed {time.monotonic() - restarted:.1f} s after the gateway was back")
+    mesh.stop_coordinator()
+    try:
+        wait_until(lambda: unode.status()["coordinator"]["reachable"] is False, 60, "the coordinator seen down", interval=0.5)
+        assert _works(unode)  # fail static: the data plane keeps its last good config
+    finally:
+        mesh.start_coordinator()
+    wait_until(lambda: unode.status()["coordinator"]["reachable"] is True, 90, "the coordinator back", interval=0.5)
+    mesh.stop_gateway()
+    mesh.start_gateway()
+    wait_until(lambda: _works(unode), 20, "traffic after restoring the gateway", interval=0.3)
