@@ -1,0 +1,237 @@
+"""The built-in userspace engine (WireGuard + our TCP/IP stack, unprivileged) vs wireguard-go with the kernel's TCP.
+
+Needs root, wireguard-go, nftables and setpriv. Builds the demo mesh (:mod:`anex_agent.demo.mesh`)
+with two nodes behind the same gateway (wireguard-go) on the same bridge: node ``native`` runs
+``anex-agent daemon`` as root on wireguard-go (kernel TCP end to end), node ``userspace`` runs it
+as ``nobody`` with no capabilities (``auto`` picks the built-in engine). In one run, for each node,
+interleaved round by round: bulk TCP through a ``GW_TUNNEL`` forward to the cluster's bulk source
+(down) and sink (up). Reported: the medians, the ratio userspace/native per direction
+(goal >= 0.5), packets/s and the in-process cost per segment of our stack, p50/p99 of a small
+request through the proxy (new connection each), the userspace agent's RSS under many concurrent
+proxy connections, and the same ratio with 2 % loss (netem on the nodes' links, both directions,
+if the kernel has it). Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh, anex_argv  # noqa: E402
+from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
+
+TUNNEL_DOWN = 18090
+TUNNEL_UP = 18091
+PROXY = "127.0.0.1:3128"
+NOBODY = 65534
+UNPRIVILEGED = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
+                "--bounding-set=-all", "--"]
+
+
+def client(ns, *args: str, timeout: float = 300) -> dict:
+    out = ns.run([sys.executable, "-m", "anex_agent.demo.client", *args], check=False, timeout=timeout)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if "error" in result:
+        raise RuntimeError(f"client {' '.join(args)}: {result['error']}")
+    return result
+
+
+def start_nodes(mesh: Mesh):
+    forwards = {f"GW_TUNNEL_{TUNNEL_DOWN}": f"{CLUSTER_IP}:{SOURCE_PORT}", f"GW_TUNNEL_{TUNNEL_UP}": f"{CLUSTER_IP}:{SINK_PORT}"}
+    native = mesh.add_node_namespace()
+    mesh.start_agent(native, mesh.agent_env(native, **forwards))
+    user = mesh.add_node_namespace()
+    user.state_dir = Path(tempfile.mkdtemp(prefix="anex-bench-us-"))
+    os.chown(user.state_dir, NOBODY, NOBODY)
+    env = mesh.agent_env(user, ANEX_ENGINE="auto", ANEX_STATE_DIR=str(user.state_dir), **forwards)
+    env["PATH"] = "/usr/bin:/bin"
+    user.env = env
+    user.proc = user.ns.popen([*UNPRIVILEGED, *anex_argv(), "daemon"], stdout=open(user.log_path, "ab", buffering=0),
+                              stderr=subprocess.STDOUT, env=env)
+    mesh.wait_agent_ready(user)
+    return native, user
+
+
+def agent_pid(node) -> int:
+    for pid in node.ns.pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if any(c.endswith(b"daemon") for c in cmd) and not cmd[0].endswith(b"setpriv"):
+            return pid
+    raise RuntimeError("agent not found")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bulk_round(nodes: dict, nbytes: int) -> dict:
+    out: dict = {"down": {}, "up": {}}
+    for direction, port in (("down", TUNNEL_DOWN), ("up", TUNNEL_UP)):
+        for name, node in nodes.items():
+            result = client(node.ns, "bulk", f"127.0.0.1:{port}", "--bytes", str(nbytes), "--direction", direction)
+            out[direction][name] = result["mbit_s"]
+    return out
+
+
+def segment_cost(mbytes: int = 20) -> dict:
+    """In-process: our stack to our stack over a fake link; CPU µs per data segment (both ends)."""
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    sys.path.insert(0, str(tests.parent))
+    from tests.netstack.link import B, Link
+
+    link = Link(delay=0.0005)
+    link.b.tcp_listen(80)
+    client_conn = link.a.tcp_connect(B, 80, 0.0)
+    acc = []
+    link.run_until(lambda: (acc.extend(link.b.take_accepted()) or bool(acc)) and client_conn.established)
+    server = acc[0][1]
+    data = os.urandom(mbytes << 20)
+    sent = 0
+    buf = bytearray(1 << 20)
+    got = 0
+
+    def done():
+        nonlocal sent, got
+        if sent < len(data):
+            sent += client_conn.write(memoryview(data)[sent:sent + (1 << 20)])
+        while n := server.readinto(buf):
+            got += n
+        return got == len(data)
+
+    cpu = time.process_time()
+    link.run_until(done)
+    cpu = time.process_time() - cpu
+    segments = client_conn.stats["segments_out"]
+    return {"segments": segments, "us_per_segment_both_ends": round(cpu / segments * 1e6, 2),
+            "mbyte_s_in_process": round(len(data) / cpu / 1e6, 1)}
+
+
+def many_connections(mesh: Mesh, node, count: int, each: int) -> dict:
+    """``count`` concurrent CONNECTs through the proxy, each downloading ``each`` bytes; RSS sampled."""
+    code = (
+        "import asyncio,sys,struct\n"
+        "async def one(i,n):\n"
+        "    r,w=await asyncio.open_connection('127.0.0.1',3128)\n"
+        f"    w.write(b'CONNECT {CLUSTER_IP}:{SOURCE_PORT} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n"
+        "    await r.readuntil(b'\\r\\n\\r\\n')\n"
+        "    w.write(struct.pack('!Q',n)); got=0\n"
+        "    while got<n:\n"
+        "        d=await r.read(1<<16)\n"
+        "        if not d: break\n"
+        "        got+=len(d)\n"
+        "    w.close(); return got\n"
+        "async def main(c,n):\n"
+        "    res=await asyncio.gather(*(one(i,n) for i in range(c)),return_exceptions=True)\n"
+        "    print(sum(1 for x in res if x==n))\n"
+        "asyncio.run(main(int(sys.argv[1]),int(sys.argv[2])))\n"
+    )
+    pid = agent_pid(node)
+    before = rss_mib(pid)
+    proc = node.ns.popen([sys.executable, "-c", code, str(count), str(each)], stdout=subprocess.PIPE, text=True)
+    peak = before
+    started = time.monotonic()
+    while proc.poll() is None:
+        peak = max(peak, rss_mib(pid))
+        time.sleep(0.2)
+        if time.monotonic() - started > 500:
+            proc.kill()
+    out = proc.stdout.read().strip()
+    return {"connections": count, "bytes_each": each, "completed": int(out or 0),
+            "seconds": round(time.monotonic() - started, 1), "rss_mib_before": round(before, 1),
+            "rss_mib_peak": round(peak, 1), "rss_mib_after": round(rss_mib(pid), 1)}
+
+
+def set_loss(mesh: Mesh, nodes, percent: float) -> bool:
+    ok = True
+    for node in nodes:
+        iface = [l.split(": ")[1].split("@")[0] for l in node.ns.run(["ip", "-o", "link"]).stdout.splitlines()
+                 if not l.split(": ")[1].startswith("lo")][0]
+        cmd = ["tc", "qdisc", "replace", "dev", iface, "root", "netem", "loss", f"{percent}%"] if percent else \
+              ["tc", "qdisc", "del", "dev", iface, "root"]
+        ok &= node.ns.run(cmd, check=False).returncode == 0
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=32, help="MiB per transfer (default 32)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--connections", type=int, default=500)
+    parser.add_argument("--connection-mb", type=float, default=1.0)
+    parser.add_argument("--skip", default="", help="comma list of: loss,many,latency,segment")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    reason = missing_prerequisites("wireguard-go", "nft") or (None if shutil.which("setpriv") else "setpriv is missing")
+    if reason:
+        print(json.dumps({"benchmark": "userspace", "skipped": reason}))
+        return 0
+    started = time.monotonic()
+    nbytes = args.mb << 20
+    doc: dict = {"benchmark": "userspace"}
+    workdir = Path(tempfile.mkdtemp(prefix="anex-bench-us-"))
+    with Mesh(workdir) as mesh:
+        mesh.build_network()
+        mesh.start_coordinator()
+        mesh.start_gateway()
+        native, user = start_nodes(mesh)
+        nodes = {"native": native, "userspace": user}
+        for node in nodes.values():  # warm-up
+            client(node.ns, "bulk", f"127.0.0.1:{TUNNEL_DOWN}", "--bytes", str(2 << 20))
+        rounds = [bulk_round(nodes, nbytes) for _ in range(args.rounds)]
+        throughput = {}
+        for direction in ("down", "up"):
+            med = {n: statistics.median(r[direction][n] for r in rounds) for n in nodes}
+            throughput[direction] = {"mbit_s": {n: round(v, 1) for n, v in med.items()},
+                                     "samples_mbit_s": {n: [round(r[direction][n], 1) for r in rounds] for n in nodes},
+                                     "ratio_userspace_vs_native": round(med["userspace"] / med["native"], 3),
+                                     "packets_s_userspace": round(med["userspace"] * 1e6 / 8 / 1380)}
+        doc["throughput"] = throughput
+        doc["goal"] = "ratio_userspace_vs_native >= 0.5 (under 0.2: a defect, profile attached)"
+        if "latency" not in skip:
+            url = f"http://{CLUSTER_IP}:{HTTP_PORT}/latency"
+            lat = {n: client(node.ns, "latency", url, "--proxy", PROXY, "--count", str(args.requests)) for n, node in nodes.items()}
+            doc["latency_proxy_new_connection_ms"] = {
+                n: {k: round(v, 3) for k, v in r.items() if k != "count"} for n, r in lat.items()}
+            doc["latency_proxy_new_connection_ms"]["added_p50_ms"] = round(lat["userspace"]["p50_ms"] - lat["native"]["p50_ms"], 3)
+            doc["latency_proxy_new_connection_ms"]["added_p99_ms"] = round(lat["userspace"]["p99_ms"] - lat["native"]["p99_ms"], 3)
+        if "many" not in skip:
+            doc["many_connections_userspace"] = many_connections(mesh, user, args.connections, int(args.connection_mb * 1e6))
+        if "loss" not in skip:
+            if set_loss(mesh, nodes.values(), 2):
+                lossy = bulk_round(nodes, max(nbytes // 4, 1 << 20))
+                set_loss(mesh, nodes.values(), 0)
+                doc["loss_2_percent"] = {d: {"mbit_s": {n: round(v, 1) for n, v in lossy[d].items()},
+                                             "ratio_userspace_vs_native": round(lossy[d]["userspace"] / lossy[d]["native"], 3)}
+                                         for d in lossy}
+            else:
+                doc["loss_2_percent"] = {"skipped": "tc netem is not available here"}
+        doc["userspace_status_netstack"] = user.status().get("userspace", {})
+    if "segment" not in skip:
+        doc["stack_in_process"] = segment_cost()
+    doc["setup"] = {"link": "veth through a bridge, network namespaces", "gateway": "wireguard-go",
+                    "mb_per_transfer": args.mb, "rounds": args.rounds, "cpus": os.cpu_count(),
+                    "userspace_agent": "uid 65534, no capabilities, ANEX_ENGINE=auto"}
+    doc["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
