@@ -538,8 +538,9 @@ class Connection:
                 self._fin_arrived(now)
                 return
             self._unacked_segs += 1
-            if self._unacked_segs >= 2:  # every second segment (RFC 9293 §3.8.6.3)
-                self._send_ack()
+            if self._unacked_segs >= 2:  # every second segment (RFC 9293 §3.8.6.3), at the flush: one
+                self.delack_at = -1.0    # ACK for a whole burst, or none when data goes back anyway
+                self.stack.pending[self] = None
             elif self.delack_at is None:
                 self.delack_at = now + self.params.delayed_ack
         else:  # out of order: hold it, and send a duplicate ACK at once (RFC 5681 §4.2)
@@ -611,11 +612,8 @@ class Connection:
 
     def output(self, now: float) -> None:
         """Send what the windows allow, a due ACK, a FIN (the stack calls this on flush)."""
-        if self.delack_at is not None and self.delack_at < 0:
-            self.delack_at = None
-            if self.state in _RECEIVE_STATES or self.state == CLOSE_WAIT:
-                self._send_ack()
         if self.state not in _SEND_STATES:
+            self._ack_if_due()
             return
         if self._fin_queued and self._fin_seq is None:
             self._fin_seq = self._buf_seq + len(self._sbuf) - self._soff
@@ -659,11 +657,18 @@ class Connection:
         self.snd_nxt = s
         if s > self.snd_max:
             self.snd_max = s
+        self._ack_if_due()  # nothing carried it
         if sent:
             if self.rto_at is None:
                 self.rto_at = now + self.rtt.rto
         elif self.snd_wnd == 0 and data_end > self.snd_una and self.snd_max == self.snd_una and self.persist_at is None:
             self.persist_at = now + self._persist_backoff  # zero window: probe it (§3.8.6.1)
+
+    def _ack_if_due(self) -> None:
+        if self.delack_at is not None and self.delack_at < 0:
+            self.delack_at = None
+            if self.state in _RECEIVE_STATES or self.state == CLOSE_WAIT:
+                self._send_ack()
 
     # ------------------------------------------------------------------ timers
 
