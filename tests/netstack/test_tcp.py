@@ -78,7 +78,9 @@ def test_syn_carries_mss_clamped_to_the_mtu_and_window_scale():
     syn = tcp_fields(link.tap[0][1])
     assert syn["flags"] == C.SYN
     assert syn["options"][:4] == bytes((2, 4)) + (1280 - 40).to_bytes(2, "big")
-    assert syn["options"][4:] == bytes((1, 3, 3, C.OUR_WSCALE))
+    assert syn["options"][4:8] == bytes((1, 3, 3, C.OUR_WSCALE))
+    assert syn["options"][8:] == bytes((1, 1, 4, 2))  # SACK-permitted
+    assert client.sack_ok and server.sack_ok
     assert client.mss == server.mss == 1240
     assert client.snd_wscale == server.rcv_wscale == C.OUR_WSCALE
     data = os.urandom(400_000)
@@ -271,3 +273,39 @@ def test_pairs_over_a_lossy_duplicating_reordering_link(loss, dup, reorder, size
     assert transfer(link, server, client, back, limit=3000) == back  # the other way, after a half-close
     link.run_until(lambda: not link.a.conns and not link.b.conns, limit=link.now + 3000)
     assert client.error is None and server.error is None
+
+
+def test_sack_blocks_name_the_holes_and_the_sender_repairs_exactly_them():
+    link = Link(delay=0.005)
+    client, server = connect(link)
+    count = 0
+    lost = (20, 24, 28, 33, 40)
+
+    def drop_some(sender, packet):
+        nonlocal count
+        if sender == "a" and tcp_fields(packet)["len"]:
+            count += 1
+            return count in lost
+        return False
+
+    link.filter = drop_some
+    link.tapping = True
+    data = os.urandom(400_000)
+    assert transfer(link, client, server, data) == data
+    sack_acks = [p for n, p in link.tap if n == "b" and bytes((1, 1, 5)) in tcp_fields(p)["options"]]
+    assert sack_acks  # the receiver reported what it holds
+    assert client.stats["retransmits"] == len(lost)  # each hole once, nothing SACKed was sent again
+    assert client.stats["fast_retransmits"] >= 1 and client.stats["timeouts"] == 0
+
+
+def test_no_sack_when_the_peer_does_not_offer_it():
+    link = Link()
+    link.b.tcp_listen(80)
+    client = link.a.tcp_connect(B, 80, 0.0)
+    syn = link.a.out[0]
+    # rewrite our SYN without SACK-permitted (as a peer without SACK would send it)
+    link.a.out[0] = client._build(client.iss, 0, C.SYN, 65535, b"", C.wire.syn_options(1380, 7, False))
+    assert syn != link.a.out[0]
+    acc = []
+    link.run_until(lambda: (acc.extend(link.b.take_accepted()) or bool(acc)) and client.established)
+    assert not acc[0][1].sack_ok

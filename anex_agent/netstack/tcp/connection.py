@@ -19,8 +19,10 @@ challenge ACKs for in-window RSTs and SYNs, ACK range check), MSS clamped to the
 MTU, window scaling (RFC 7323 §2), RFC 6298 retransmission timer with Karn's rule,
 slow start and congestion avoidance (RFC 5681), fast retransmit and NewReno recovery
 (RFC 6582), out-of-order reassembly, zero-window probes, keepalive, delayed ACKs
-(every second full segment or after :attr:`TcpParams.delayed_ack`). Not implemented:
-SACK (RFC 2018; SACK-permitted is ignored), timestamps (RFC 7323 §3; RTT is measured
+(every second full segment or after :attr:`TcpParams.delayed_ack`), SACK (RFC 2018: we send
+blocks for held out-of-order data; as a sender we keep a scoreboard and, in recovery,
+retransmit the holes below the highest SACKed byte one per arriving ACK instead of only the
+head, a simplified RFC 6675). Not implemented: timestamps (RFC 7323 §3; RTT is measured
 one segment per round trip), urgent data (the URG flag is ignored), Nagle (writes are
 coalesced by the adapter instead, like TCP_NODELAY with corking).
 """
@@ -84,6 +86,7 @@ class Connection:
         "rtt", "_rtt_seq", "_rtt_time", "_retries", "rto_at", "delack_at", "persist_at", "_persist_backoff",
         "tw_at", "_last_rx", "_ka_probes", "_unacked_segs",
         "connected", "cwnd", "ssthresh", "dupacks", "in_recovery", "recover", "_sched", "stats",
+        "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi",
     )
 
     def __init__(self, stack: Stack, key: tuple, builder: wire.Builder, params: TcpParams, local_mss: int,
@@ -138,6 +141,10 @@ class Connection:
         self.in_recovery = False
         self.recover = iss
         self._sched: float | None = None  # the stack's timer-heap bookkeeping
+        self.sack_ok = False  # both sides sent SACK-permitted
+        self._last_ooo = 0  # start of the most recent out-of-order segment (its block goes first)
+        self._sacked: list[list[int]] = []  # sender's scoreboard: merged [start, end) above SND.UNA
+        self._rexmit_hi = 0  # in recovery: retransmitted up to here
         self.stats = {"retransmits": 0, "fast_retransmits": 0, "timeouts": 0, "segments_out": 0, "segments_in": 0}
 
     def __repr__(self) -> str:
@@ -257,6 +264,7 @@ class Connection:
             self.rcv_wscale = OUR_WSCALE
         else:
             self.snd_wscale = self.rcv_wscale = 0
+        self.sack_ok = seg.sack_ok
         self.snd_wnd = seg.wnd  # the window in a SYN is never scaled (RFC 7323 §2.2)
         self.snd_wl1 = seg.seq
         self.cwnd = self.params.initial_window * self.mss
@@ -264,7 +272,7 @@ class Connection:
     def _send_syn(self, now: float) -> None:
         active = self.state == SYN_SENT
         wscale = OUR_WSCALE if active or self.rcv_wscale else None
-        opts = wire.syn_options(self.local_mss, wscale)
+        opts = wire.syn_options(self.local_mss, wscale, active or self.sack_ok)
         wnd = min(self.params.receive_buffer, 65535)
         if active:
             self.out.append(self._build(self.iss, 0, SYN, wnd, b"", opts))
@@ -349,6 +357,8 @@ class Connection:
             self._send_ack()
             return
         new_wnd = seg.wnd << self.snd_wscale
+        if seg.sack is not None and self.sack_ok:
+            self._take_sack(seg.sack)
         if ack > self.snd_una:
             self._on_ack(ack, now)
         elif (ack == self.snd_una and plen == 0 and not flags & FIN and self.snd_max > self.snd_una
@@ -419,7 +429,8 @@ class Connection:
     def _resend_synack(self) -> None:
         wscale = OUR_WSCALE if self.rcv_wscale else None
         wnd = min(self.params.receive_buffer, 65535)
-        self.out.append(self._build(self.iss, self.rcv_nxt, SYN | ACK, wnd, b"", wire.syn_options(self.local_mss, wscale)))
+        self.out.append(self._build(self.iss, self.rcv_nxt, SYN | ACK, wnd, b"",
+                                    wire.syn_options(self.local_mss, wscale, self.sack_ok)))
         self.rcv_adv = max(self.rcv_adv, self.rcv_nxt + wnd)
 
     def _established(self, now: float) -> None:
@@ -450,16 +461,22 @@ class Connection:
         self.snd_una = ack
         if self.snd_nxt < ack:
             self.snd_nxt = ack
+        sacked = self._sacked
+        while sacked and sacked[0][1] <= ack:
+            sacked.pop(0)
+        if sacked and sacked[0][0] < ack:
+            sacked[0][0] = ack
         self._sample_rtt(ack, now)
         self._retries = 0
         mss = self.mss
         if self.in_recovery:
-            if ack >= self.recover:  # full acknowledgement: leave recovery (RFC 6582 §3.2 step 3)
-                self.cwnd = min(self.ssthresh, max(self.snd_max - ack, 0) + mss)
+            if ack >= self.recover:  # full acknowledgement: leave recovery (RFC 6582 §3.2 step 3, option 2:
+                self.cwnd = self.ssthresh  # a flight that drained in recovery must not collapse cwnd to 2 segments)
                 self.in_recovery = False
                 self.dupacks = 0
             else:  # partial acknowledgement: the next hole was lost too
-                self._retransmit_head(now)
+                if not self._retransmit_hole(now) and ack >= self._rexmit_hi:
+                    self._retransmit_head(now)
                 self.cwnd = max(self.cwnd - acked + mss, mss)
                 self.rto_at = now + self.rtt.rto
         else:
@@ -481,12 +498,63 @@ class Connection:
                 self.recover = self.snd_max
                 self.in_recovery = True
                 self.stats["fast_retransmits"] += 1
-                self._retransmit_head(now)
+                self._rexmit_hi = 0
+                if not self._retransmit_hole(now):
+                    self._retransmit_head(now)
                 self.cwnd = self.ssthresh + 3 * mss
                 self.rto_at = now + self.rtt.rto
         elif self.in_recovery:
             self.cwnd += mss  # inflate for each segment that left the network
+            self._retransmit_hole(now)  # with SACK: the next known hole, one per arriving ACK
             self.stack.pending[self] = None
+
+    def _take_sack(self, blocks) -> None:
+        """Merge the peer's SACK blocks (wire edges) into the scoreboard; bogus ones are ignored."""
+        una, top = self.snd_una, self.snd_max
+        sacked = self._sacked
+        for start, end in blocks:
+            start = una + ((start - una + HALF) & M32) - HALF
+            end = una + ((end - una + HALF) & M32) - HALF
+            if not una < end <= top or start >= end:
+                continue
+            start = max(start, una)
+            i = 0
+            while i < len(sacked) and sacked[i][1] < start:
+                i += 1
+            while i < len(sacked) and sacked[i][0] <= end:  # overlapping or touching: merge
+                start = min(start, sacked[i][0])
+                end = max(end, sacked[i][1])
+                del sacked[i]
+            sacked.insert(i, [start, end])
+
+    def _retransmit_hole(self, now: float) -> bool:
+        """Retransmit up to one MSS of the first hole at or after the last retransmission that lies
+        below the highest SACKed byte (RFC 6675's NextSeg, simplified). False when there is none."""
+        sacked = self._sacked
+        if not sacked:
+            return False
+        seq = max(self.snd_una, self._rexmit_hi)
+        for start, end in sacked:
+            if seq < start:
+                break
+            if seq < end:
+                seq = end
+        else:
+            return False  # no SACKed data above: not a known hole
+        hole_end = next((start for start, _ in sacked if start > seq), None)
+        if hole_end is None:
+            return False
+        data_end = self._buf_seq + len(self._sbuf) - self._soff
+        n = min(self.mss, hole_end - seq, data_end - seq)
+        if n <= 0:
+            return False
+        off = self._soff + seq - self._buf_seq
+        self._rtt_seq = None  # Karn
+        self.stats["retransmits"] += 1
+        self._emit(seq, ACK, bytes(self._sbuf[off:off + n]))
+        self._rexmit_hi = seq + n
+        self.rto_at = now + self.rtt.rto
+        return True
 
     def _retransmit_head(self, now: float) -> None:
         """Send the segment at SND.UNA again (fast retransmit, partial ACK)."""
@@ -546,6 +614,7 @@ class Connection:
         else:  # out of order: hold it, and send a duplicate ACK at once (RFC 5681 §4.2)
             if plen:
                 self._ooo.add(seq, bytes(payload))
+                self._last_ooo = seq
             if fin:
                 self._ooo.fin_at = seq + plen
             self._send_ack()
@@ -602,10 +671,21 @@ class Connection:
         return wnd
 
     def _emit(self, seq: int, flags: int, payload) -> None:
-        self.out.append(self._build(seq, self.rcv_nxt, flags, self._window(), payload))
+        if not payload and self.sack_ok and self._ooo.size:
+            self.out.append(self._build(seq, self.rcv_nxt, flags, self._window(), payload,
+                                        wire.sack_option(self._sack_blocks())))
+        else:
+            self.out.append(self._build(seq, self.rcv_nxt, flags, self._window(), payload))
         self.stats["segments_out"] += 1
         self._unacked_segs = 0
         self.delack_at = None
+
+    def _sack_blocks(self) -> list[tuple[int, int]]:
+        """Held blocks, the one with the most recent segment first (RFC 2018 §4)."""
+        blocks = self._ooo.blocks()
+        last = self._last_ooo
+        first = [b for b in blocks if b[0] <= last < b[1]]
+        return first + [b for b in blocks if b not in first]
 
     def _send_ack(self) -> None:
         self._emit(self.snd_nxt, ACK, b"")
@@ -725,7 +805,7 @@ class Connection:
                 return
             if self.state == SYN_SENT:
                 self.out.append(self._build(self.iss, 0, SYN, min(self.params.receive_buffer, 65535), b"",
-                                            wire.syn_options(self.local_mss, OUR_WSCALE)))
+                                            wire.syn_options(self.local_mss, OUR_WSCALE, True)))
             else:
                 self._resend_synack()
             self.rto_at = now + self.rtt.rto
@@ -736,6 +816,7 @@ class Connection:
         if self.snd_max > self.snd_una:  # RFC 5681 §3.1 eq. 4, then go back to SND.UNA in slow start
             self.ssthresh = max((self.snd_max - self.snd_una) // 2, 2 * self.mss)
             self.cwnd = self.mss
+            self._sacked.clear()  # RFC 2018 §8: after a timeout, SACKed data may be gone at the receiver
             self.in_recovery = False
             self.recover = self.snd_max
             self.dupacks = 0
