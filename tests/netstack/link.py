@@ -27,6 +27,7 @@ class Link:
         self.tap: list[tuple[str, bytes]] = []  # (sender name, packet) when tapping
         self.tapping = False
         self.filter = None  # callable(sender, packet) -> bool (True: drop)
+        self.hold = None  # callable(sender, packet) -> extra delay in seconds
 
     def pump_out(self) -> None:
         for src, dst, name in ((self.a, self.b, "a"), (self.b, self.a, "b")):
@@ -43,7 +44,7 @@ class Link:
                     continue
                 copies = 2 if self.rng.random() < self.dup else 1
                 for _ in range(copies):
-                    at = self.now + self.delay
+                    at = self.now + self.delay + (self.hold(name, packet) if self.hold is not None else 0.0)
                     if self.rng.random() < self.reorder:
                         at += self.rng.random() * 4 * self.delay
                     self._n += 1

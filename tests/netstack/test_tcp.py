@@ -309,3 +309,23 @@ def test_no_sack_when_the_peer_does_not_offer_it():
     acc = []
     link.run_until(lambda: (acc.extend(link.b.take_accepted()) or bool(acc)) and client.established)
     assert not acc[0][1].sack_ok
+
+
+def test_a_recovery_caused_by_reordering_is_undone_by_dsack_and_the_threshold_rises():
+    link = Link(delay=0.005)
+    client, server = connect(link)
+    count = 0
+
+    def late_tenth(sender, packet):  # overtaken by the next ones: duplicate ACKs, no loss
+        nonlocal count
+        if sender == "a" and tcp_fields(packet)["len"]:
+            count += 1
+            return 0.02 if count == 10 else 0.0
+        return 0.0
+
+    link.hold = late_tenth
+    data = os.urandom(300_000)
+    assert transfer(link, client, server, data) == data
+    assert client.stats["fast_retransmits"] == 1  # spurious: the original arrived after all
+    assert client.stats.get("undone") == 1 and client.dupthresh == 2 * C.DUPTHRESH
+    assert client.ssthresh > 1 << 20  # restored (it was never set from a real loss)

@@ -48,6 +48,8 @@ FIN, SYN, RST, PSH, ACK = wire.FIN, wire.SYN, wire.RST, wire.PSH, wire.ACK
 M32 = 0xFFFFFFFF
 HALF = 1 << 31
 OUR_WSCALE = 7  # 128-byte units: windows up to 8 MiB
+DUPTHRESH = 3  # RFC 5681 §3.2
+MAX_DUPTHRESH = 32
 COMPACT_AT = 64 * 1024  # acknowledged bytes kept at the send buffer's head before it is compacted
 
 # Errors a connection ends with (``Connection.error``); the adapter maps them to exceptions.
@@ -86,7 +88,7 @@ class Connection:
         "rtt", "_rtt_seq", "_rtt_time", "_retries", "rto_at", "delack_at", "persist_at", "_persist_backoff",
         "tw_at", "_last_rx", "_ka_probes", "_unacked_segs",
         "connected", "cwnd", "ssthresh", "dupacks", "in_recovery", "recover", "_sched", "stats",
-        "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi",
+        "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi", "dupthresh", "_undo_cwnd", "_undo_ssthresh", "_undo_retrans",
     )
 
     def __init__(self, stack: Stack, key: tuple, builder: wire.Builder, params: TcpParams, local_mss: int,
@@ -145,6 +147,10 @@ class Connection:
         self._last_ooo = 0  # start of the most recent out-of-order segment (its block goes first)
         self._sacked: list[list[int]] = []  # sender's scoreboard: merged [start, end) above SND.UNA
         self._rexmit_hi = 0  # in recovery: retransmitted up to here
+        self.dupthresh = DUPTHRESH  # raised when D-SACKs show that reordering, not loss, caused a recovery
+        self._undo_cwnd = 0  # cwnd/ssthresh before the last fast recovery, and its retransmissions not yet
+        self._undo_ssthresh = 0  # reported as duplicates (RFC 2883 D-SACK); at 0 the recovery was spurious
+        self._undo_retrans = 0
         self.stats = {"retransmits": 0, "fast_retransmits": 0, "timeouts": 0, "segments_out": 0, "segments_in": 0}
 
     def __repr__(self) -> str:
@@ -310,7 +316,14 @@ class Connection:
             if not flags & RST:
                 if self.state == TIME_WAIT and flags & FIN:
                     self.tw_at = now + self.params.time_wait
-                self._send_ack()
+                if plen and self.sack_ok and seq + plen <= self.rcv_nxt:  # a duplicate: say so (RFC 2883 D-SACK)
+                    blocks = [(seq, seq + plen)] + (self._sack_blocks()[:3] if self._ooo.size else [])
+                    self.out.append(self._build(self.snd_nxt, self.rcv_nxt, ACK, self._window(), b"",
+                                                wire.sack_option(blocks)))
+                    self._unacked_segs = 0
+                    self.delack_at = None
+                else:
+                    self._send_ack()
             return
         # 2. RST (RFC 5961 §3.2): only at exactly RCV.NXT; elsewhere in the window, a challenge ACK
         if flags & RST:
@@ -358,7 +371,7 @@ class Connection:
             return
         new_wnd = seg.wnd << self.snd_wscale
         if seg.sack is not None and self.sack_ok:
-            self._take_sack(seg.sack)
+            self._take_sack(seg.sack, ack)
         if ack > self.snd_una:
             self._on_ack(ack, now)
         elif (ack == self.snd_una and plen == 0 and not flags & FIN and self.snd_max > self.snd_una
@@ -491,9 +504,10 @@ class Connection:
     def _on_dupack(self, now: float) -> None:
         self.dupacks += 1
         mss = self.mss
-        if self.dupacks == 3 and not self.in_recovery:
+        if self.dupacks == self.dupthresh and not self.in_recovery:
             if self.snd_una - 1 >= self.recover or self.recover == self.iss:  # RFC 6582 §3.2 step 2
                 flight = self.snd_max - self.snd_una
+                self._undo_cwnd, self._undo_ssthresh, self._undo_retrans = self.cwnd, self.ssthresh, 0
                 self.ssthresh = max(flight // 2, 2 * mss)
                 self.recover = self.snd_max
                 self.in_recovery = True
@@ -508,9 +522,24 @@ class Connection:
             self._retransmit_hole(now)  # with SACK: the next known hole, one per arriving ACK
             self.stack.pending[self] = None
 
-    def _take_sack(self, blocks) -> None:
-        """Merge the peer's SACK blocks (wire edges) into the scoreboard; bogus ones are ignored."""
+    def _take_sack(self, blocks, ack: int) -> None:
+        """Merge the peer's SACK blocks (wire edges) into the scoreboard; bogus ones are ignored.
+
+        A first block below the cumulative ACK is a D-SACK (RFC 2883): a segment arrived twice.
+        When every retransmission of the last fast recovery comes back as one, the recovery was
+        caused by reordering: cwnd and ssthresh are restored and the duplicate-ACK threshold
+        raised (as RFC 3708 and Linux's reordering metric do)."""
         una, top = self.snd_una, self.snd_max
+        first_end = una + ((blocks[0][1] - una + HALF) & M32) - HALF
+        if first_end <= ack and self._undo_retrans > 0:
+            self._undo_retrans -= 1
+            if self._undo_retrans == 0 and self._undo_cwnd:
+                self.cwnd = max(self.cwnd, self._undo_cwnd)
+                self.ssthresh = max(self.ssthresh, self._undo_ssthresh)
+                self.in_recovery = False
+                self.dupthresh = min(MAX_DUPTHRESH, self.dupthresh + DUPTHRESH)
+                self._undo_cwnd = 0
+                self.stats["undone"] = self.stats.get("undone", 0) + 1
         sacked = self._sacked
         for start, end in blocks:
             start = una + ((start - una + HALF) & M32) - HALF
@@ -553,6 +582,7 @@ class Connection:
         self.stats["retransmits"] += 1
         self._emit(seq, ACK, bytes(self._sbuf[off:off + n]))
         self._rexmit_hi = seq + n
+        self._undo_retrans += 1
         self.rto_at = now + self.rtt.rto
         return True
 
@@ -562,6 +592,7 @@ class Connection:
         data_end = self._buf_seq + len(self._sbuf) - self._soff
         self._rtt_seq = None  # Karn
         self.stats["retransmits"] += 1
+        self._undo_retrans += 1
         if seq < data_end:
             n = min(self.mss, data_end - seq, self.snd_max - seq)
             off = self._soff + seq - self._buf_seq
@@ -817,6 +848,7 @@ class Connection:
             self.ssthresh = max((self.snd_max - self.snd_una) // 2, 2 * self.mss)
             self.cwnd = self.mss
             self._sacked.clear()  # RFC 2018 §8: after a timeout, SACKed data may be gone at the receiver
+            self._undo_cwnd = 0
             self.in_recovery = False
             self.recover = self.snd_max
             self.dupacks = 0
