@@ -49,7 +49,7 @@ M32 = 0xFFFFFFFF
 HALF = 1 << 31
 OUR_WSCALE = 7  # 128-byte units: windows up to 8 MiB
 DUPTHRESH = 3  # RFC 5681 §3.2
-MAX_DUPTHRESH = 32
+MAX_DUPTHRESH = 9  # higher thresholds turn real losses into timeouts when windows are small
 COMPACT_AT = 64 * 1024  # acknowledged bytes kept at the send buffer's head before it is compacted
 
 # Errors a connection ends with (``Connection.error``); the adapter maps them to exceptions.
@@ -504,8 +504,13 @@ class Connection:
     def _on_dupack(self, now: float) -> None:
         self.dupacks += 1
         mss = self.mss
-        if self.dupacks == self.dupthresh and not self.in_recovery:
-            if self.snd_una - 1 >= self.recover or self.recover == self.iss:  # RFC 6582 §3.2 step 2
+        # the threshold, lowered when fewer segments are in flight than it needs (early retransmit, RFC 5827)
+        flight_segs = (self.snd_max - self.snd_una + mss - 1) // mss
+        unsent = self._buf_seq + len(self._sbuf) - self._soff > self.snd_max
+        thresh = self.dupthresh if unsent or flight_segs > self.dupthresh else max(1, min(self.dupthresh, flight_segs - 1))
+        sacked = sum(e - s for s, e in self._sacked)
+        if (self.dupacks >= thresh or sacked >= self.dupthresh * mss) and not self.in_recovery:
+            if self.snd_una >= self.recover or self.recover == self.iss:  # RFC 6582 §3.2 step 2
                 flight = self.snd_max - self.snd_una
                 self._undo_cwnd, self._undo_ssthresh, self._undo_retrans = self.cwnd, self.ssthresh, 0
                 self.ssthresh = max(flight // 2, 2 * mss)
@@ -515,12 +520,15 @@ class Connection:
                 self._rexmit_hi = 0
                 if not self._retransmit_hole(now):
                     self._retransmit_head(now)
-                self.cwnd = self.ssthresh + 3 * mss
+                # SACKed bytes count as gone from the network in output() (RFC 6675's pipe); without
+                # SACK, NewReno inflates cwnd by the three segments the duplicate ACKs stand for
+                self.cwnd = self.ssthresh if self._sacked else self.ssthresh + 3 * mss
                 self.rto_at = now + self.rtt.rto
         elif self.in_recovery:
-            self.cwnd += mss  # inflate for each segment that left the network
+            if not self._sacked:
+                self.cwnd += mss  # NewReno: inflate for each segment that left the network
             self._retransmit_hole(now)  # with SACK: the next known hole, one per arriving ACK
-            self.stack.pending[self] = None
+        self.stack.pending[self] = None  # SACKed data left the network: new data may go (RFC 3042, 6675)
 
     def _take_sack(self, blocks, ack: int) -> None:
         """Merge the peer's SACK blocks (wire edges) into the scoreboard; bogus ones are ignored.
@@ -730,13 +738,25 @@ class Connection:
             self._fin_seq = self._buf_seq + len(self._sbuf) - self._soff
         mss = self.mss
         data_end = self._buf_seq + len(self._sbuf) - self._soff
-        wnd = self.snd_wnd if self.snd_wnd < self.cwnd else self.cwnd
+        cwnd = self.cwnd
+        if self._sacked:  # what the receiver holds above a hole is no longer in flight
+            for start, end in self._sacked:
+                cwnd += end - start
+        wnd = self.snd_wnd if self.snd_wnd < cwnd else cwnd
         edge = self.snd_una + wnd
         fin_seq = self._fin_seq
         sbuf, soff, buf_seq = self._sbuf, self._soff, self._buf_seq
         sent = False
         s = self.snd_nxt
+        sacked = self._sacked if s < self.snd_max else None
         while s < data_end:
+            if sacked:  # going back after a timeout: skip what the receiver holds
+                for start, end in sacked:
+                    if start <= s < end:
+                        s = end
+                        break
+                if s >= data_end:
+                    break
             room = edge - s
             if room <= 0:
                 break
@@ -747,6 +767,12 @@ class Connection:
                 if s > self.snd_una and room < mss:  # sender SWS avoidance (§3.8.6.2.1): wait for a fuller window
                     break
                 n = room
+            if sacked:
+                for start, _ in sacked:
+                    if start > s:
+                        if start - s < n:
+                            n = start - s
+                        break
             off = soff + s - buf_seq
             flags = ACK
             end = s + n
@@ -847,7 +873,8 @@ class Connection:
         if self.snd_max > self.snd_una:  # RFC 5681 §3.1 eq. 4, then go back to SND.UNA in slow start
             self.ssthresh = max((self.snd_max - self.snd_una) // 2, 2 * self.mss)
             self.cwnd = self.mss
-            self._sacked.clear()  # RFC 2018 §8: after a timeout, SACKed data may be gone at the receiver
+            if self._retries > 1:  # RFC 2018 §8: the receiver may have dropped what it SACKed; a second
+                self._sacked.clear()  # timeout in a row stops trusting the scoreboard
             self._undo_cwnd = 0
             self.in_recovery = False
             self.recover = self.snd_max
