@@ -124,26 +124,11 @@ def segment_cost(mbytes: int = 20) -> dict:
 
 def many_connections(mesh: Mesh, node, count: int, each: int) -> dict:
     """``count`` concurrent CONNECTs through the proxy, each downloading ``each`` bytes; RSS sampled."""
-    code = (
-        "import asyncio,sys,struct\n"
-        "async def one(i,n):\n"
-        "    r,w=await asyncio.open_connection('127.0.0.1',3128)\n"
-        f"    w.write(b'CONNECT {CLUSTER_IP}:{SOURCE_PORT} HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n"
-        "    await r.readuntil(b'\\r\\n\\r\\n')\n"
-        "    w.write(struct.pack('!Q',n)); got=0\n"
-        "    while got<n:\n"
-        "        d=await r.read(1<<16)\n"
-        "        if not d: break\n"
-        "        got+=len(d)\n"
-        "    w.close(); return got\n"
-        "async def main(c,n):\n"
-        "    res=await asyncio.gather(*(one(i,n) for i in range(c)),return_exceptions=True)\n"
-        "    print(sum(1 for x in res if x==n))\n"
-        "asyncio.run(main(int(sys.argv[1]),int(sys.argv[2])))\n"
-    )
+    script = Path(__file__).resolve().parent.parent / "integration" / "many_connect.py"
     pid = agent_pid(node)
     before = rss_mib(pid)
-    proc = node.ns.popen([sys.executable, "-c", code, str(count), str(each)], stdout=subprocess.PIPE, text=True)
+    proc = node.ns.popen([sys.executable, str(script), str(count), str(each), f"{CLUSTER_IP}:{SOURCE_PORT}"],
+                         stdout=subprocess.PIPE, text=True)
     peak = before
     started = time.monotonic()
     while proc.poll() is None:

@@ -173,3 +173,29 @@ def test_gateway_restart_and_fail_static(mesh, unode):
     mesh.stop_gateway()
     mesh.start_gateway()
     wait_until(lambda: _works(unode), 20, "traffic after restoring the gateway", interval=0.3)
+
+
+def test_many_concurrent_proxy_connections_complete_with_bounded_memory(unode):
+    """``ANEX_MANY_CONNECTIONS`` (default 500) CONNECTs at once, 1 MB each; the agent's memory stays
+    within its per-connection buffer bounds."""
+    count = int(os.environ.get("ANEX_MANY_CONNECTIONS", "500"))
+    pid = _agent_pid(unode)
+    rss = lambda: int(next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines()  # noqa: E731
+                          if l.startswith("VmRSS:")).split()[1]) / 1024
+    before = peak = rss()
+    script = Path(__file__).resolve().parent / "many_connect.py"
+    proc = unode.ns.popen([sys.executable, str(script), str(count), "1000000", f"{CLUSTER_IP}:{SOURCE_PORT}"],
+                          stdout=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    while proc.poll() is None and time.monotonic() - started < 400:
+        peak = max(peak, rss())
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    completed = int(proc.stdout.read().strip() or 0)
+    print(f"{count} connections x 1 MB: {completed} complete in {time.monotonic() - started:.0f} s, "
+          f"agent RSS {before:.0f} -> peak {peak:.0f} MiB")
+    assert completed == count
+    # each connection may hold at most its netstack send + receive buffers and the relay's copy buffers
+    assert peak - before < count * 1.6
+    assert unode.status()["userspace"]["netstack"]["connections"] < count  # they went away again
