@@ -27,15 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh, anex_argv  # noqa: E402
+from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
 from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
 
 TUNNEL_DOWN = 18090
 TUNNEL_UP = 18091
 PROXY = "127.0.0.1:3128"
-NOBODY = 65534
-UNPRIVILEGED = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all", "--"]
 
 
 def client(ns, *args: str, timeout: float = 300) -> dict:
@@ -51,14 +48,7 @@ def start_nodes(mesh: Mesh):
     native = mesh.add_node_namespace()
     mesh.start_agent(native, mesh.agent_env(native, **forwards))
     user = mesh.add_node_namespace()
-    user.state_dir = Path(tempfile.mkdtemp(prefix="anex-bench-us-"))
-    os.chown(user.state_dir, NOBODY, NOBODY)
-    env = mesh.agent_env(user, ANEX_ENGINE="auto", ANEX_STATE_DIR=str(user.state_dir), **forwards)
-    env["PATH"] = "/usr/bin:/bin"
-    user.env = env
-    user.proc = user.ns.popen([*UNPRIVILEGED, *anex_argv(), "daemon"], stdout=open(user.log_path, "ab", buffering=0),
-                              stderr=subprocess.STDOUT, env=env)
-    mesh.wait_agent_ready(user)
+    mesh.start_agent(user, mesh.agent_env(user, ANEX_ENGINE="auto", **forwards), unprivileged=True)
     return native, user
 
 

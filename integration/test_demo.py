@@ -24,17 +24,18 @@ from anex_agent.demo.observe import REQUIRED_SERIES, complete, node_series, summ
 from integration.conftest import mesh_skip_reason
 
 NODE = "native-1"
+UNPRIVILEGED_NODE = "unprivileged-2"
 PATH_CHECKS = ("proxy", "post", "connect", "tunnel", "inbound")
 COORDINATOR_CHECKS = ("heartbeat", "telemetry", "metrics")
 VERDICT = r"(healthy|degraded|unhealthy)"
 
 
-def _row(text: str, check: str) -> str:
-    """The check table's line for ``NODE`` and ``check``."""
+def _row(text: str, check: str, node: str = NODE) -> str:
+    """The check table's line for ``node`` and ``check``."""
     for line in text.splitlines():
-        if re.match(rf"{NODE}\s+\S+\s+\S+\s+(never|\d+ s ago)\s+{check}\s", line):
+        if re.match(rf"{node}\s+\S+\s+\S+\s+(never|\d+ s ago)\s+{check}\s", line):
             return line
-    raise AssertionError(f"no {check!r} row for {NODE} in:\n{text}")
+    raise AssertionError(f"no {check!r} row for {node} in:\n{text}")
 
 
 def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path):
@@ -55,8 +56,13 @@ def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path
     view = [line for line in text.split("the coordinator's view of each node:", 1)[-1].splitlines() if line.startswith(NODE)]
     assert len(view) == 1, text
     assert re.match(rf"{NODE}\s+ready\s+10\.254\.\d+\.\d+\s+wireguard-go\s+udp\s+\w+\s+\d+\s+[\d.]+ %\s+[\d.]+ GiB / [\d.]+ GiB\s+[\d.]+ s ago\s+{VERDICT}", view[0]), view[0]
+    # the unprivileged node (nobody, no capabilities): auto took the built-in engine and every path works
+    for check in PATH_CHECKS + COORDINATOR_CHECKS:
+        row = _row(text, check, UNPRIVILEGED_NODE)
+        assert re.search(r"\sok\s", row) and re.match(rf"{UNPRIVILEGED_NODE}\s+userspace\s+udp\s", row), row
+    assert re.search(r"ready at the coordinator, 10\.254\.\d+\.\d+, userspace/udp", _row(text, "heartbeat", UNPRIVILEGED_NODE))
     summary = re.search(r"(\d+)/(\d+) checks passed", text)
-    assert summary and summary.group(1) == summary.group(2) == str(len(PATH_CHECKS + COORDINATOR_CHECKS)), text
+    assert summary and summary.group(1) == summary.group(2) == str(2 * len(PATH_CHECKS + COORDINATOR_CHECKS)), text
 
 
 # ---------------------------------------------------------------- readers, against the real producers

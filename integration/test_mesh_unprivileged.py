@@ -10,14 +10,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from anex_agent.demo.mesh import (CLUSTER_IP, HTTP_PORT, SERVICE2_NAME, SERVICE_NAME, SINK_PORT, SOURCE_PORT,
-                                  anex_argv, wait_until)
+                                  UNPRIVILEGED, UNPRIVILEGED_UID, wait_until)
 from integration.conftest import TUNNEL_1, TUNNEL_2, client
 from integration.netns import read_line
 
@@ -25,9 +24,7 @@ PROXY = "127.0.0.1:3128"
 URL = f"http://{SERVICE_NAME}:{HTTP_PORT}"
 INBOUND = 8090
 BULK_DOWN, BULK_UP = 18090, 18091
-NOBODY = 65534
-UNPRIVILEGED = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all", "--"]
+NOBODY = UNPRIVILEGED_UID
 
 
 @pytest.fixture(scope="module")
@@ -35,25 +32,17 @@ def unode(mesh):
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
     n = mesh.add_node_namespace()
-    n.state_dir = Path(tempfile.mkdtemp(prefix="anex-unpriv-"))
-    os.chown(n.state_dir, NOBODY, NOBODY)
     env = mesh.agent_env(n, **{
         "ANEX_ENGINE": "auto",
-        "ANEX_STATE_DIR": str(n.state_dir),
         "ANEX_INBOUND_PORTS": str(INBOUND),
         f"GW_TUNNEL_{TUNNEL_1}": f"{SERVICE_NAME}:{HTTP_PORT}",
         f"GW_TUNNEL_{TUNNEL_2}": f"{SERVICE2_NAME}:8081",
         f"GW_TUNNEL_{BULK_DOWN}": f"{CLUSTER_IP}:{SOURCE_PORT}",
         f"GW_TUNNEL_{BULK_UP}": f"{CLUSTER_IP}:{SINK_PORT}",
     })
-    env["PATH"] = "/usr/bin:/bin"  # no wireguard-go reachable either way: it could not run without caps
-    n.env = env
-    n.proc = n.ns.popen([*UNPRIVILEGED, *anex_argv(), "daemon"], stdout=open(n.log_path, "ab", buffering=0),
-                        stderr=subprocess.STDOUT, env=env)
-    mesh.wait_agent_ready(n)
+    mesh.start_agent(n, env, unprivileged=True)  # wireguard-go is on PATH: without capabilities it cannot run
     yield n
     mesh.stop_agent(n)
-    shutil.rmtree(n.state_dir, ignore_errors=True)
 
 
 def test_agent_is_unprivileged_and_auto_picked_userspace(unode):

@@ -12,15 +12,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import CLUSTER_IP, UNDERLAY_GW, WG_PORT, anex_argv
+from anex_agent.demo.mesh import CLUSTER_IP, UNDERLAY_GW, UNPRIVILEGED_UID, WG_PORT
 from integration.netns import read_line
-from integration.test_mesh_unprivileged import NOBODY, UNPRIVILEGED
 
 HERE = Path(__file__).resolve().parent
 SHA_PORT = 9100
@@ -74,20 +72,14 @@ def lossy_node(mesh):
     # the agent's WireGuard datagrams to the gateway go to the relay instead (nobody's only: not the relay's own)
     n.ns.run(["nft", "add table ip anex_losstest"])
     n.ns.run(["nft", "add chain ip anex_losstest out { type nat hook output priority -100; }"])
-    n.ns.run(["nft", f"add rule ip anex_losstest out meta skuid {NOBODY} ip daddr {UNDERLAY_GW} udp dport {WG_PORT} "
+    n.ns.run(["nft", f"add rule ip anex_losstest out meta skuid {UNPRIVILEGED_UID} ip daddr {UNDERLAY_GW} udp dport {WG_PORT} "
                      f"dnat to {n.underlay}:{RELAY_PORT}"])
-    n.state_dir = Path(tempfile.mkdtemp(prefix="anex-lossy-"))
-    os.chown(n.state_dir, NOBODY, NOBODY)
-    env = mesh.agent_env(n, ANEX_ENGINE="auto", ANEX_STATE_DIR=str(n.state_dir),
-                         **{f"GW_TUNNEL_{TUNNEL}": f"{CLUSTER_IP}:{SHA_PORT}"})
-    env["PATH"] = "/usr/bin:/bin"
-    n.proc = n.ns.popen([*UNPRIVILEGED, *anex_argv(), "daemon"], stdout=open(n.log_path, "ab", buffering=0),
-                        stderr=subprocess.STDOUT, env=env)
+    env = mesh.agent_env(n, ANEX_ENGINE="auto", **{f"GW_TUNNEL_{TUNNEL}": f"{CLUSTER_IP}:{SHA_PORT}"})
+    mesh.start_agent(n, env, unprivileged=True, wait_ready=False)
     mesh.wait_agent_ready(n, timeout=90)
     yield n, relay
     mesh.stop_agent(n)
     service.terminate()
-    shutil.rmtree(n.state_dir, ignore_errors=True)
 
 
 def test_transfers_survive_2_percent_loss_and_reordering_both_ways(lossy_node):

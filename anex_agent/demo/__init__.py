@@ -3,7 +3,9 @@
 Builds (root; network namespaces, see :mod:`anex_agent.demo.mesh`): a cluster namespace
 with an HTTP service and a DNS server that knows ``echo.default.svc.cluster.local``, the
 coordinator and the gateway (``anex-agent coordinator|gateway``), and one node per entry of
-:data:`NODE_KINDS` (``anex-agent daemon`` with a ``GW_TUNNEL_18080``). Then, per node:
+:data:`NODE_KINDS` (``anex-agent daemon`` with a ``GW_TUNNEL_18080``): a native node on
+wireguard-go, and an unprivileged one (nobody, no capabilities: the built-in userspace engine
+with its own TCP/IP stack). Then, per node:
 
 * ``proxy``   GET http://echo.default.svc.cluster.local:8080/ through 127.0.0.1:3128 (name resolved over the mesh)
 * ``post``    POST 1 MiB through the proxy, echoed back intact
@@ -43,15 +45,20 @@ TELEMETRY_WAIT = 20.0  # seconds for every node's telemetry and fleet series (re
 
 @dataclass(frozen=True)
 class NodeKind:
-    """One kind of node the demo runs. Later issues add the userspace and WebSocket kinds here:
-    ``NodeKind("userspace", {"ANEX_ENGINE": "userspace"})`` and
-    ``NodeKind("websocket", {"ANEX_ENGINE": "userspace", "ANEX_PATH": "websocket"})``."""
+    """One kind of node the demo runs. ``unprivileged``: the agent runs as nobody with no
+    capabilities (no TUN device, no NET_ADMIN), as in a rented container; ``auto`` then picks
+    the built-in userspace engine, whose own TCP/IP stack serves the proxy, the forwards and
+    the inbound port."""
 
     label: str
     env: dict[str, str]
+    unprivileged: bool = False
 
 
-NODE_KINDS: tuple[NodeKind, ...] = (NodeKind("native", {"ANEX_ENGINE": "wireguard-go"}),)
+NODE_KINDS: tuple[NodeKind, ...] = (
+    NodeKind("native", {"ANEX_ENGINE": "wireguard-go"}),
+    NodeKind("unprivileged", {"ANEX_ENGINE": "auto", "ANEX_INBOUND_PORTS": str(INBOUND_PORT)}, unprivileged=True),
+)
 
 
 @dataclass
@@ -241,7 +248,7 @@ def main(args: argparse.Namespace) -> int:
             label = f"{kind.label}-{node.index}"
             env = mesh.agent_env(node, **kind.env, **{f"GW_TUNNEL_{TUNNEL_PORT}": f"{SERVICE_NAME}:{HTTP_PORT}"})
             try:
-                mesh.start_agent(node, env)
+                mesh.start_agent(node, env, unprivileged=kind.unprivileged)
                 status = node.status()
             except Exception as err:
                 rows.append(Row(label, kind.env.get("ANEX_ENGINE", "?"), kind.env.get("ANEX_PATH", "udp"), "-", "start", False, str(err).splitlines()[0][:200]))
