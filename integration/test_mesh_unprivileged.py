@@ -188,3 +188,24 @@ def test_many_concurrent_proxy_connections_complete_with_bounded_memory(unode):
     # each connection may hold at most its netstack send + receive buffers and the relay's copy buffers
     assert peak - before < count * 1.6
     assert unode.status()["userspace"]["netstack"]["connections"] < count  # they went away again
+
+
+def test_agent_api_on_the_mesh_needs_the_cluster_token(mesh, unode):
+    """Served by the engine's stack at the mesh address: the caller is the cluster, not loopback."""
+    status = unode.status()
+    url = f"http://{status['address']}:9555/status"
+    code = (
+        "import sys,urllib.request,urllib.error\n"
+        "req=urllib.request.Request(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]} if sys.argv[2] else {})\n"
+        "try: print(urllib.request.urlopen(req,timeout=5).status)\n"
+        "except urllib.error.HTTPError as e: print(e.code)\n"
+    )
+
+    def call(token: str) -> int:
+        return int(mesh.cluster.run([sys.executable, "-c", code, url, token]).stdout.strip())
+
+    assert call("") == 401
+    assert call("anexat.forged.token") == 403
+    issued = mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")
+    assert call(issued["token"]) == 200
+    assert call(issued["token"]) == 401  # one token, one call

@@ -328,3 +328,99 @@ def udp_socket(runtime: NetstackRuntime):
         yield sock
     finally:
         sock.close()
+
+
+class StreamTransport(asyncio.Transport):
+    """An asyncio transport over a :class:`TcpStream`, for protocol-based servers (the agent API's
+    aiohttp server on the mesh side). ``peername`` is the mesh peer, so a server that trusts
+    loopback callers does not trust these. Run :meth:`pump` in a task: it feeds the protocol
+    and returns when the connection is done. Writes go into the connection's send buffer; what
+    does not fit waits for :meth:`pump`'s writer (small answers, no flow control needed)."""
+
+    def __init__(self, stream: TcpStream, protocol: asyncio.Protocol, peername: tuple[str, int],
+                 sockname: tuple[str, int]) -> None:
+        super().__init__({"peername": peername, "sockname": sockname, "socket": None})
+        self._stream = stream
+        self._protocol = protocol
+        self._pending = bytearray()
+        self._more = asyncio.Event()
+        self._closing = False
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def write(self, data) -> None:
+        if self._closing:
+            return
+        if not self._pending:
+            n = self._stream.conn.write(data)
+            if n:
+                self._stream._rt.kick()
+            data = memoryview(data)[n:]
+        if data:
+            self._pending += data
+            self._more.set()
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self._closing = True
+        self._more.set()
+
+    def close(self) -> None:
+        self._closing = True
+        self._more.set()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._stream.abort()
+        self._more.set()
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._pending)
+
+    def pause_reading(self) -> None:  # the stack's receive window is the flow control
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._more.wait()
+            self._more.clear()
+            if self._pending:
+                data, self._pending = bytes(self._pending), bytearray()
+                await self._stream.sendall(data)
+            if self._closing and not self._pending:
+                await self._stream.aclose()
+                return
+
+    async def _read_loop(self) -> None:
+        buf = bytearray(65536)
+        while not self._closing:
+            n = await self._stream.recv_into(buf)
+            if not n:
+                if not self._protocol.eof_received():
+                    self.close()
+                return
+            self._protocol.data_received(bytes(buf[:n]))
+
+    async def pump(self) -> None:
+        """Connect the protocol, feed it until EOF, and return once the answers were sent."""
+        self._protocol.connection_made(self)
+        error: Exception | None = None
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._write_loop(), name="stream-transport-write")
+                await self._read_loop()
+        except* OSError as failed:
+            error = failed.exceptions[0]
+            self._stream.abort()
+        finally:
+            self._closing = True
+            self._protocol.connection_lost(error)

@@ -296,6 +296,14 @@ class Engine(abc.ABC):
         answers later (see :class:`anex_agent.resolver.ResolverSlot`), the dialer keeps it.
         """
 
+    async def serve_on_mesh(self, port: int, protocol_factory) -> bool:
+        """Serve ``port`` of the mesh address with an asyncio protocol per connection
+        (``protocol_factory()``), where the engine itself holds the mesh address (no OS
+        interface: :attr:`host_address` False). The protocol's transport reports the mesh
+        peer as ``peername``. False (the default): the engine cannot; an engine with an OS
+        interface never needs to (listen on the address with a socket)."""
+        return False
+
     async def readiness(self) -> tuple[bool, str] | None:
         """The engine's own readiness verdict, or None to judge by the last handshake (default)."""
         return None

@@ -278,6 +278,20 @@ class UserspaceEngine(Engine):
             return False
         return self.tunnel.device.peer_for(packed) is not None
 
+    async def serve_on_mesh(self, port: int, protocol_factory) -> bool:
+        """Serve ``port`` at the mesh address from the stack (the agent API's mesh side)."""
+        from anex_agent.tunnels.inbound import InboundServer
+
+        if self._tasks is None:
+            return False
+        if self._inbound is None:
+            self._inbound = InboundServer()
+            self._inbound_task = self._tasks.spawn("userspace-inbound", self._inbound.run)
+        self._inbound.serve_protocol(port, protocol_factory)
+        self._netstack_wanted = True
+        self._ensure_runtime()
+        return True
+
     def _sync_inbound(self) -> None:
         from anex_agent.tunnels.inbound import InboundServer
 

@@ -123,3 +123,29 @@ async def test_cluster_dns_goes_over_the_stack(pair):
         assert answered and answered[0] == IP_A
     finally:
         server.cancel()
+
+
+async def test_a_protocol_served_on_the_mesh_sees_the_mesh_peer(pair):
+    """The agent API's mesh side: an asyncio protocol on the stack's connection, peer = the caller."""
+    a, b, port = pair
+    seen = []
+
+    class Answer(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+            seen.append(transport.get_extra_info("peername"))
+
+        def data_received(self, data):
+            self.transport.write(b"got " + data)
+            self.transport.close()
+
+    assert await b.serve_on_mesh(9555, Answer)
+    conn = await asyncio.wait_for(a.dialer(ResolverSlot()).open_connection(IP_B, 9555), 10)
+    await conn.sendall(b"hello")
+    buf = bytearray(100)
+    answer = b""
+    while n := await asyncio.wait_for(conn.recv_into(buf), 10):
+        answer += bytes(buf[:n])
+    await conn.aclose()
+    assert answer == b"got hello"
+    assert seen and seen[0][0] == IP_A  # not loopback: a server trusting local callers does not trust this one
