@@ -8,8 +8,9 @@ interleaved round by round: bulk TCP through a ``GW_TUNNEL`` forward to the clus
 (down) and sink (up). Reported: the medians, the ratio userspace/native per direction
 (goal >= 0.5), packets/s and the in-process cost per segment of our stack, p50/p99 of a small
 request through the proxy (new connection each), the userspace agent's RSS under many concurrent
-proxy connections, and the same ratio with 2 % loss (netem on the nodes' links, both directions,
-if the kernel has it). Prints one JSON document.
+proxy connections, and, last, the same ratio with 2 % loss: each node's WireGuard datagrams go
+through a user-space relay (``integration/lossy_relay.py``, redirected with an nftables DNAT in
+the node's namespace) that drops 2 % each way and reorders 5 %. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -132,15 +133,31 @@ def many_connections(mesh: Mesh, node, count: int, each: int) -> dict:
             "rss_mib_peak": round(peak, 1), "rss_mib_after": round(rss_mib(pid), 1)}
 
 
-def set_loss(mesh: Mesh, nodes, percent: float) -> bool:
-    ok = True
+RELAY_UID = 65533  # the relay's own datagrams must not be redirected to itself
+RELAY_PORT = 40000
+
+
+def add_lossy_relays(nodes, loss: float = 0.02, reorder: float = 0.05) -> list[subprocess.Popen]:
+    """A lossy relay per node between its WireGuard and the gateway's (the last thing the bench does:
+    conntrack keeps redirecting the flows afterwards)."""
+    from anex_agent.demo.mesh import UNDERLAY_GW, WG_PORT
+
+    script = Path(__file__).resolve().parent.parent / "integration" / "lossy_relay.py"
+    relays = []
     for node in nodes:
-        iface = [l.split(": ")[1].split("@")[0] for l in node.ns.run(["ip", "-o", "link"]).stdout.splitlines()
-                 if not l.split(": ")[1].startswith("lo")][0]
-        cmd = ["tc", "qdisc", "replace", "dev", iface, "root", "netem", "loss", f"{percent}%"] if percent else \
-              ["tc", "qdisc", "del", "dev", iface, "root"]
-        ok &= node.ns.run(cmd, check=False).returncode == 0
-    return ok
+        relay = node.ns.popen(["setpriv", f"--reuid={RELAY_UID}", f"--regid={RELAY_UID}", "--clear-groups", "--",
+                               sys.executable, str(script), f"{node.underlay}:{RELAY_PORT}", f"{UNDERLAY_GW}:{WG_PORT}",
+                               str(loss), str(reorder)], stdout=subprocess.PIPE, text=True)
+        if relay.stdout.readline().strip() != "ready":
+            raise RuntimeError("the lossy relay did not start")
+        node.ns.run(["nft", "add table ip anex_benchloss"])
+        node.ns.run(["nft", "add chain ip anex_benchloss out { type nat hook output priority -100; }"])
+        node.ns.run(["nft", f"add rule ip anex_benchloss out meta skuid != {RELAY_UID} ip daddr {UNDERLAY_GW} "
+                            f"udp dport {WG_PORT} dnat to {node.underlay}:{RELAY_PORT}"])
+        # flows already tracked would bypass the new rule: forget them (this node's namespace only)
+        node.ns.run([sys.executable, "-c", "from pyroute2 import Conntrack; Conntrack().flush()"])
+        relays.append(relay)
+    return relays
 
 
 def main() -> int:
@@ -188,16 +205,17 @@ def main() -> int:
             doc["latency_proxy_new_connection_ms"]["added_p99_ms"] = round(lat["userspace"]["p99_ms"] - lat["native"]["p99_ms"], 3)
         if "many" not in skip:
             doc["many_connections_userspace"] = many_connections(mesh, user, args.connections, int(args.connection_mb * 1e6))
-        if "loss" not in skip:
-            if set_loss(mesh, nodes.values(), 2):
-                lossy = bulk_round(nodes, max(nbytes // 4, 1 << 20))
-                set_loss(mesh, nodes.values(), 0)
-                doc["loss_2_percent"] = {d: {"mbit_s": {n: round(v, 1) for n, v in lossy[d].items()},
-                                             "ratio_userspace_vs_native": round(lossy[d]["userspace"] / lossy[d]["native"], 3)}
-                                         for d in lossy}
-            else:
-                doc["loss_2_percent"] = {"skipped": "tc netem is not available here"}
         doc["userspace_status_netstack"] = user.status().get("userspace", {})
+        if "loss" not in skip:
+            relays = add_lossy_relays(nodes.values())
+            time.sleep(1)
+            lossy = bulk_round(nodes, max(nbytes // 4, 1 << 20))
+            for relay in relays:
+                relay.terminate()
+            doc["loss_2_percent"] = {d: {"mbit_s": {n: round(v, 1) for n, v in lossy[d].items()},
+                                         "ratio_userspace_vs_native": round(lossy[d]["userspace"] / lossy[d]["native"], 3)}
+                                     for d in lossy}
+            doc["loss_2_percent"]["relay"] = "user-space relay per node: 2 % dropped each way, 5 % reordered by 1-4 ms"
     if "segment" not in skip:
         doc["stack_in_process"] = segment_cost()
     doc["setup"] = {"link": "veth through a bridge, network namespaces", "gateway": "wireguard-go",
