@@ -231,7 +231,10 @@ class Resolver:
                     data = await self.dns_transport.exchange(query.to_wire(), server.address, server.port,
                                                              min(attempt, max(0.05, deadline - time.monotonic())))
                     response = dns.message.from_wire(data)
-                except (TimeoutError, OSError, dns.exception.DNSException):
+                except OSError:  # failed at once (the tunnel is not up): do not spin, try again shortly
+                    await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                    continue
+                except (TimeoutError, dns.exception.DNSException):
                     continue
                 if not query.is_response(response):
                     continue
