@@ -40,8 +40,9 @@ class Packet:
     payload: memoryview
 
 
-def parse(data: bytes) -> Packet:
-    """Validate version, header length, total length, header checksum and fragments."""
+def parse(data: bytes, *, verify: bool = True) -> Packet:
+    """Validate version, header length, total length, header checksum (unless ``verify`` is
+    False: a link that authenticates every packet) and fragments."""
     if len(data) < HEADER_LEN:
         raise PacketError("shorter than an IPv4 header")
     vihl, _tos, total, _ident, frag, ttl, proto, _csum, src, dst = HEADER.unpack_from(data)
@@ -50,7 +51,7 @@ def parse(data: bytes) -> Packet:
     ihl = (vihl & 0xF) * 4
     if ihl < HEADER_LEN or total < ihl or total > len(data):
         raise PacketError("bad header or total length")
-    if partial(memoryview(data)[:ihl]) != 0:
+    if verify and partial(memoryview(data)[:ihl]) != 0:
         raise PacketError("bad header checksum")
     if frag & (MF | OFFSET_MASK):
         raise PacketError("fragment (fragments are not reassembled)")

@@ -129,3 +129,15 @@ def test_reassembly_equals_a_byte_map(runs):
     if first is not None:
         data = r.pop_ready(1000 + first)
         assert data == truth[first:first + len(data)]
+
+
+def test_checksums_are_not_checked_again_on_an_authenticated_link():
+    them = bytes([10, 254, 0, 1])
+    packet = bytearray(udp.build(them, 40000, bytes([10, 254, 0, 5]), 5353, b"query"))
+    packet[-1] ^= 0xFF  # as if corrupted: a link that authenticates packets cannot deliver this
+    trusting, checking = Stack(US, verify_checksums=False), Stack(US)
+    for stack in (trusting, checking):
+        stack.udp_bind(5353)
+        stack.receive(bytes(packet), 0.0)
+    assert len(trusting.udp_ports[5353].queue) == 1
+    assert not checking.udp_ports[5353].queue and checking.drops["bad UDP checksum"] == 1
