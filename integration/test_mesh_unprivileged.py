@@ -24,6 +24,7 @@ PROXY = "127.0.0.1:3128"
 URL = f"http://{SERVICE_NAME}:{HTTP_PORT}"
 INBOUND = 8090
 BULK_DOWN, BULK_UP = 18090, 18091
+PG_PORT, PG_TUNNEL = 5433, 15433
 NOBODY = UNPRIVILEGED_UID
 
 
@@ -39,6 +40,7 @@ def unode(mesh):
         f"GW_TUNNEL_{TUNNEL_2}": f"{SERVICE2_NAME}:8081",
         f"GW_TUNNEL_{BULK_DOWN}": f"{CLUSTER_IP}:{SOURCE_PORT}",
         f"GW_TUNNEL_{BULK_UP}": f"{CLUSTER_IP}:{SINK_PORT}",
+        f"GW_TUNNEL_{PG_TUNNEL}": f"{CLUSTER_IP}:{PG_PORT}",
     })
     mesh.start_agent(n, env, unprivileged=True)  # wireguard-go is on PATH: without capabilities it cannot run
     yield n
@@ -209,3 +211,53 @@ def test_agent_api_on_the_mesh_needs_the_cluster_token(mesh, unode):
     issued = mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")
     assert call(issued["token"]) == 200
     assert call(issued["token"]) == 401  # one token, one call
+
+
+@pytest.fixture(scope="module")
+def cluster_postgres(mesh):
+    """A PostgreSQL server of its own in the cluster namespace (trust authentication, test only)."""
+    import glob
+    import pwd
+    import tempfile
+
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not bins or shutil.which("psql") is None:
+        pytest.skip("PostgreSQL server binaries or psql are not installed")
+    bindir = Path(bins[-1]).parent
+    try:
+        pg = pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("no postgres user")
+    data = Path(tempfile.mkdtemp(prefix="anex-it-pg-"))
+    os.chown(data, pg.pw_uid, pg.pw_gid)
+    as_pg = ["setpriv", f"--reuid={pg.pw_uid}", f"--regid={pg.pw_gid}", "--clear-groups", "--"]
+    subprocess.run([*as_pg, str(bindir / "initdb"), "-D", str(data / "db"), "-U", "postgres", "--auth=trust"],
+                   check=True, capture_output=True, timeout=120)
+    with open(data / "db" / "pg_hba.conf", "a") as hba:
+        hba.write(f"host all all {CLUSTER_IP.rsplit('.', 1)[0]}.0/24 trust\n")  # the gateway masquerades the mesh
+    server = mesh.cluster.popen([*as_pg, str(bindir / "postgres"), "-D", str(data / "db"), "-p", str(PG_PORT),
+                                 "-c", f"listen_addresses={CLUSTER_IP}", "-k", str(data)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: mesh.cluster.run([str(bindir / "pg_isready"), "-q", "-h", CLUSTER_IP, "-p", str(PG_PORT)],
+                                        check=False).returncode == 0, 60, "PostgreSQL in the cluster namespace")
+    yield
+    server.terminate()
+    server.wait(timeout=20)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def test_psql_to_postgresql_in_the_cluster_through_a_gw_tunnel(unode, cluster_postgres):
+    """A real protocol through the forward: our TCP on the node, Linux's and PostgreSQL's in the cluster."""
+    import hashlib
+
+    query = "SELECT md5(string_agg(i::text, ',' ORDER BY i)) FROM generate_series(1, 300000) AS i"
+    out = unode.ns.run(["psql", "-h", "127.0.0.1", "-p", str(PG_TUNNEL), "-U", "postgres", "-At", "-c", query],
+                       check=False, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == hashlib.md5(",".join(str(i) for i in range(1, 300001)).encode()).hexdigest()
+    rows = unode.ns.run(["psql", "-h", "127.0.0.1", "-p", str(PG_TUNNEL), "-U", "postgres", "-At", "-c",
+                         "COPY (SELECT i, repeat('x', 200) FROM generate_series(1, 20000) AS i) TO STDOUT"],
+                        check=False, timeout=60)
+    assert rows.returncode == 0, rows.stderr
+    lines = rows.stdout.splitlines()
+    assert len(lines) == 20000 and lines[-1] == "20000\t" + "x" * 200
