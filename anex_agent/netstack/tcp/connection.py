@@ -88,7 +88,7 @@ class Connection:
         "rtt", "_rtt_seq", "_rtt_time", "_retries", "rto_at", "delack_at", "persist_at", "_persist_backoff",
         "tw_at", "_last_rx", "_ka_probes", "_unacked_segs",
         "connected", "cwnd", "ssthresh", "dupacks", "in_recovery", "recover", "_sched", "stats",
-        "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi", "dupthresh", "_undo_cwnd", "_undo_ssthresh", "_undo_retrans",
+        "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi", "tlp_at", "_tlp_high", "dupthresh", "_undo_cwnd", "_undo_ssthresh", "_undo_retrans",
     )
 
     def __init__(self, stack: Stack, key: tuple, builder: wire.Builder, params: TcpParams, local_mss: int,
@@ -147,6 +147,8 @@ class Connection:
         self._last_ooo = 0  # start of the most recent out-of-order segment (its block goes first)
         self._sacked: list[list[int]] = []  # sender's scoreboard: merged [start, end) above SND.UNA
         self._rexmit_hi = 0  # in recovery: retransmitted up to here
+        self.tlp_at: float | None = None  # tail loss probe (RFC 8985 §7): a lost tail costs ~2 RTT, not an RTO
+        self._tlp_high: int | None = None  # SND.MAX when the probe went out, until it is acknowledged
         self.dupthresh = DUPTHRESH  # raised when D-SACKs show that reordering, not loss, caused a recovery
         self._undo_cwnd = 0  # cwnd/ssthresh before the last fast recovery, and its retransmissions not yet
         self._undo_ssthresh = 0  # reported as duplicates (RFC 2883 D-SACK); at 0 the recovery was spurious
@@ -374,8 +376,9 @@ class Connection:
             self._take_sack(seg.sack, ack)
         if ack > self.snd_una:
             self._on_ack(ack, now)
-        elif (ack == self.snd_una and plen == 0 and not flags & FIN and self.snd_max > self.snd_una
-              and new_wnd == self.snd_wnd):
+        elif ack == self.snd_una and self.snd_max > self.snd_una and (
+                (seg.sack is not None and self.sack_ok)  # SACK information counts whatever the window did
+                or (plen == 0 and not flags & FIN and new_wnd == self.snd_wnd)):
             self._on_dupack(now)
         if self.snd_wl1 < seq or (self.snd_wl1 == seq and self.snd_wl2 <= ack):
             opened = new_wnd > self.snd_wnd
@@ -499,6 +502,9 @@ class Connection:
             else:
                 self.cwnd += max(1, mss * mss // self.cwnd) * max(1, acked // mss)
         self.rto_at = None if self.snd_una >= self.snd_max else now + self.rtt.rto
+        if self._tlp_high is not None and ack >= self._tlp_high:
+            self._tlp_high = None  # the probe (or what it stood for) arrived
+        self._arm_tlp(now)
         self.stack.pending[self] = None
 
     def _on_dupack(self, now: float) -> None:
@@ -509,8 +515,11 @@ class Connection:
         unsent = self._buf_seq + len(self._sbuf) - self._soff > self.snd_max
         thresh = self.dupthresh if unsent or flight_segs > self.dupthresh else max(1, min(self.dupthresh, flight_segs - 1))
         sacked = sum(e - s for s, e in self._sacked)
-        if (self.dupacks >= thresh or sacked >= self.dupthresh * mss) and not self.in_recovery:
-            if self.snd_una >= self.recover or self.recover == self.iss:  # RFC 6582 §3.2 step 2
+        # the probe of a lost tail came back SACKed: everything below it that is not SACKed is lost
+        tail_lost = self._tlp_high is not None and bool(self._sacked) and self._sacked[-1][1] >= self._tlp_high
+        if (self.dupacks >= thresh or sacked >= self.dupthresh * mss or tail_lost) and not self.in_recovery:
+            if self.snd_una >= self.recover or self.recover == self.iss or tail_lost:  # RFC 6582 §3.2 step 2
+                self._tlp_high = None
                 flight = self.snd_max - self.snd_una
                 self._undo_cwnd, self._undo_ssthresh, self._undo_retrans = self.cwnd, self.ssthresh, 0
                 self.ssthresh = max(flight // 2, 2 * mss)
@@ -680,7 +689,7 @@ class Connection:
 
     def _enter_time_wait(self, now: float) -> None:
         self.state = TIME_WAIT
-        self.rto_at = self.delack_at = self.persist_at = None
+        self.rto_at = self.delack_at = self.persist_at = self.tlp_at = None
         self.tw_at = now + self.params.time_wait
         self.stack.dirty[self] = None
 
@@ -690,7 +699,7 @@ class Connection:
             self.error = error
         if error is not None:
             self._eof = True
-        self.rto_at = self.delack_at = self.persist_at = self.tw_at = None
+        self.rto_at = self.delack_at = self.persist_at = self.tw_at = self.tlp_at = None
         self.stack.closed(self)
 
     # ------------------------------------------------------------------ output
@@ -798,8 +807,37 @@ class Connection:
         if sent:
             if self.rto_at is None:
                 self.rto_at = now + self.rtt.rto
+            self._arm_tlp(now)
         elif self.snd_wnd == 0 and data_end > self.snd_una and self.snd_max == self.snd_una and self.persist_at is None:
             self.persist_at = now + self._persist_backoff  # zero window: probe it (§3.8.6.1)
+
+    def _arm_tlp(self, now: float) -> None:
+        """PTO = 2 SRTT, plus a delayed ACK's worth when one segment is in flight (RFC 8985 §7.2)."""
+        srtt = self.rtt.srtt
+        if srtt is None or self.in_recovery or self._tlp_high is not None or self.snd_max <= self.snd_una:
+            self.tlp_at = None
+            return
+        pto = max(2 * srtt, 0.01)
+        if self.snd_max - self.snd_una <= self.mss:
+            pto += self.params.delayed_ack
+        self.tlp_at = now + pto if self.rto_at is None or now + pto < self.rto_at else None
+
+    def _send_tlp(self, now: float) -> None:
+        """Send the last segment again, so that its ACK (with SACK) reveals what the tail lost."""
+        end = self.snd_max
+        data_end = self._buf_seq + len(self._sbuf) - self._soff
+        self.stats["tlp"] = self.stats.get("tlp", 0) + 1
+        self._tlp_high = end
+        self._rtt_seq = None
+        if self._fin_seq is not None and end > self._fin_seq and data_end <= self._fin_seq + 1:
+            start = max(self.snd_una, self._fin_seq - self.mss)
+            off = self._soff + start - self._buf_seq
+            self._emit(start, ACK | FIN, bytes(self._sbuf[off:off + self._fin_seq - start]))
+        else:
+            start = max(self.snd_una, end - self.mss)
+            off = self._soff + start - self._buf_seq
+            self._emit(start, ACK | PSH, bytes(self._sbuf[off:off + end - start]))
+        self.rto_at = now + self.rtt.rto
 
     def _ack_if_due(self) -> None:
         if self.delack_at is not None and self.delack_at < 0:
@@ -812,7 +850,7 @@ class Connection:
     def deadline(self) -> float | None:
         """The earliest time :meth:`on_timer` has something to do (None: nothing scheduled)."""
         best = None
-        for t in (self.rto_at, self.delack_at, self.persist_at, self.tw_at):
+        for t in (self.rto_at, self.delack_at, self.persist_at, self.tw_at, self.tlp_at):
             if t is not None and (best is None or t < best):
                 best = t
         ka = self.params.keepalive_idle
@@ -831,6 +869,10 @@ class Connection:
             self._on_rto(now)
             if self.state == CLOSED:
                 return
+        if self.tlp_at is not None and now >= self.tlp_at:
+            self.tlp_at = None
+            if self.state in _SEND_STATES and self.snd_max > self.snd_una and not self.in_recovery:
+                self._send_tlp(now)
         if self.delack_at is not None and now >= self.delack_at:
             self._send_ack()
         if self.persist_at is not None and now >= self.persist_at:
@@ -854,6 +896,7 @@ class Connection:
     def _on_rto(self, now: float) -> None:
         self._retries += 1
         self.stats["timeouts"] += 1
+        self.tlp_at = self._tlp_high = None
         self.rtt.backoff()
         self._rtt_seq = None
         if self.state in (SYN_SENT, SYN_RECEIVED):
