@@ -22,7 +22,9 @@ slow start and congestion avoidance (RFC 5681), fast retransmit and NewReno reco
 (every second full segment or after :attr:`TcpParams.delayed_ack`), SACK (RFC 2018: we send
 blocks for held out-of-order data; as a sender we keep a scoreboard and, in recovery,
 retransmit the holes below the highest SACKed byte one per arriving ACK instead of only the
-head, a simplified RFC 6675). Not implemented: timestamps (RFC 7323 §3; RTT is measured
+head, a simplified RFC 6675), D-SACK undo of recoveries caused by reordering (RFC 2883/3708),
+early retransmit (RFC 5827), a tail loss probe (RFC 8985 §7). Not implemented: RACK,
+timestamps (RFC 7323 §3; RTT is measured
 one segment per round trip), urgent data (the URG flag is ignored), Nagle (writes are
 coalesced by the adapter instead, like TCP_NODELAY with corking).
 """
