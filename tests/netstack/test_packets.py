@@ -141,3 +141,21 @@ def test_checksums_are_not_checked_again_on_an_authenticated_link():
         stack.receive(bytes(packet), 0.0)
     assert len(trusting.udp_ports[5353].queue) == 1
     assert not checking.udp_ports[5353].queue and checking.drops["bad UDP checksum"] == 1
+
+
+def test_scoreboard_merges_prunes_and_finds_holes():
+    from anex_agent.netstack.tcp.scoreboard import Scoreboard
+
+    board = Scoreboard()
+    board.add(120, 130, una=100, top=200)
+    board.add(140, 150, una=100, top=200)
+    board.add(130, 135, una=100, top=200)   # touches the first: merged
+    board.add(90, 99, una=100, top=200)     # below SND.UNA (a D-SACK): not kept
+    board.add(150, 260, una=100, top=200)   # beyond what was sent: bogus
+    assert board.blocks == [[120, 135], [140, 150]] and board.total == 25 and board.highest == 150
+    assert board.next_hole(100) == (100, 120) and board.next_hole(125) == (135, 140) and board.next_hole(150) is None
+    assert board.skip(125) == 135 and board.skip(136) == 136 and board.limit(100, 50) == 20
+    board.acked(125)
+    assert board.blocks == [[125, 135], [140, 150]]
+    board.acked(150)
+    assert not board

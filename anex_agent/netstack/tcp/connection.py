@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from anex_agent.netstack.tcp import segment as wire
 from anex_agent.netstack.tcp.reassembly import Reassembly
 from anex_agent.netstack.tcp.rtt import RttEstimator
+from anex_agent.netstack.tcp.scoreboard import Scoreboard
 
 if TYPE_CHECKING:
     from anex_agent.netstack.stack import Stack
@@ -147,7 +148,7 @@ class Connection:
         self._sched: float | None = None  # the stack's timer-heap bookkeeping
         self.sack_ok = False  # both sides sent SACK-permitted
         self._last_ooo = 0  # start of the most recent out-of-order segment (its block goes first)
-        self._sacked: list[list[int]] = []  # sender's scoreboard: merged [start, end) above SND.UNA
+        self._sacked = Scoreboard()  # what the receiver SACKed above SND.UNA
         self._rexmit_hi = 0  # in recovery: retransmitted up to here
         self.tlp_at: float | None = None  # tail loss probe (RFC 8985 §7): a lost tail costs ~2 RTT, not an RTO
         self._tlp_high: int | None = None  # SND.MAX when the probe went out, until it is acknowledged
@@ -479,11 +480,8 @@ class Connection:
         self.snd_una = ack
         if self.snd_nxt < ack:
             self.snd_nxt = ack
-        sacked = self._sacked
-        while sacked and sacked[0][1] <= ack:
-            sacked.pop(0)
-        if sacked and sacked[0][0] < ack:
-            sacked[0][0] = ack
+        if self._sacked:
+            self._sacked.acked(ack)
         self._sample_rtt(ack, now)
         self._retries = 0
         mss = self.mss
@@ -516,9 +514,9 @@ class Connection:
         flight_segs = (self.snd_max - self.snd_una + mss - 1) // mss
         unsent = self._buf_seq + len(self._sbuf) - self._soff > self.snd_max
         thresh = self.dupthresh if unsent or flight_segs > self.dupthresh else max(1, min(self.dupthresh, flight_segs - 1))
-        sacked = sum(e - s for s, e in self._sacked)
+        sacked = self._sacked.total
         # the probe of a lost tail came back SACKed: everything below it that is not SACKed is lost
-        tail_lost = self._tlp_high is not None and bool(self._sacked) and self._sacked[-1][1] >= self._tlp_high
+        tail_lost = self._tlp_high is not None and bool(self._sacked) and self._sacked.highest >= self._tlp_high
         if (self.dupacks >= thresh or sacked >= self.dupthresh * mss or tail_lost) and not self.in_recovery:
             if self.snd_una >= self.recover or self.recover == self.iss or tail_lost:  # RFC 6582 §3.2 step 2
                 self._tlp_high = None
@@ -559,39 +557,17 @@ class Connection:
                 self.dupthresh = min(MAX_DUPTHRESH, self.dupthresh + DUPTHRESH)
                 self._undo_cwnd = 0
                 self.stats["undone"] = self.stats.get("undone", 0) + 1
-        sacked = self._sacked
+        add = self._sacked.add
         for start, end in blocks:
-            start = una + ((start - una + HALF) & M32) - HALF
-            end = una + ((end - una + HALF) & M32) - HALF
-            if not una < end <= top or start >= end:
-                continue
-            start = max(start, una)
-            i = 0
-            while i < len(sacked) and sacked[i][1] < start:
-                i += 1
-            while i < len(sacked) and sacked[i][0] <= end:  # overlapping or touching: merge
-                start = min(start, sacked[i][0])
-                end = max(end, sacked[i][1])
-                del sacked[i]
-            sacked.insert(i, [start, end])
+            add(una + ((start - una + HALF) & M32) - HALF, una + ((end - una + HALF) & M32) - HALF, una, top)
 
     def _retransmit_hole(self, now: float) -> bool:
         """Retransmit up to one MSS of the first hole at or after the last retransmission that lies
         below the highest SACKed byte (RFC 6675's NextSeg, simplified). False when there is none."""
-        sacked = self._sacked
-        if not sacked:
+        hole = self._sacked.next_hole(max(self.snd_una, self._rexmit_hi))
+        if hole is None:
             return False
-        seq = max(self.snd_una, self._rexmit_hi)
-        for start, end in sacked:
-            if seq < start:
-                break
-            if seq < end:
-                seq = end
-        else:
-            return False  # no SACKed data above: not a known hole
-        hole_end = next((start for start, _ in sacked if start > seq), None)
-        if hole_end is None:
-            return False
+        seq, hole_end = hole
         data_end = self._buf_seq + len(self._sbuf) - self._soff
         n = min(self.mss, hole_end - seq, data_end - seq)
         if n <= 0:
@@ -751,8 +727,7 @@ class Connection:
         data_end = self._buf_seq + len(self._sbuf) - self._soff
         cwnd = self.cwnd
         if self._sacked:  # what the receiver holds above a hole is no longer in flight
-            for start, end in self._sacked:
-                cwnd += end - start
+            cwnd += self._sacked.total
         wnd = self.snd_wnd if self.snd_wnd < cwnd else cwnd
         edge = self.snd_una + wnd
         fin_seq = self._fin_seq
@@ -762,10 +737,7 @@ class Connection:
         sacked = self._sacked if s < self.snd_max else None
         while s < data_end:
             if sacked:  # going back after a timeout: skip what the receiver holds
-                for start, end in sacked:
-                    if start <= s < end:
-                        s = end
-                        break
+                s = sacked.skip(s)
                 if s >= data_end:
                     break
             room = edge - s
@@ -779,11 +751,7 @@ class Connection:
                     break
                 n = room
             if sacked:
-                for start, _ in sacked:
-                    if start > s:
-                        if start - s < n:
-                            n = start - s
-                        break
+                n = sacked.limit(s, n)
             off = soff + s - buf_seq
             flags = ACK
             end = s + n
