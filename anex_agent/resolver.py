@@ -25,10 +25,13 @@ import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import dns.asyncresolver
 import dns.exception
+import dns.message
 import dns.nameserver
+import dns.rcode
 import dns.rdatatype
 import dns.resolver
 
@@ -42,6 +45,14 @@ DNS_PORT = 53  # RFC 1035 §4.2
 DEFAULT_TIMEOUT = 5.0  # seconds for one cluster lookup (all servers, retries included)
 NEGATIVE_TTL = 5.0  # seconds an NXDOMAIN/NODATA answer is remembered (RFC 2308 §5 allows caching it)
 MAX_CACHE_ENTRIES = 4096
+
+
+class DnsTransport(Protocol):
+    """Carries DNS queries where the OS cannot (the built-in engine's user-space stack)."""
+
+    async def exchange(self, wire: bytes, address: str, port: int, timeout: float) -> bytes:
+        """Send one query over UDP to ``address:port`` and return the answer; raise TimeoutError or OSError."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,8 @@ class Resolver:
         self.timeout = timeout
         self._cache: dict[tuple[str, int], tuple[float, list[str]]] = {}
         self._dns: dns.asyncresolver.Resolver | None = None
+        #: When set, cluster queries go through it instead of OS sockets (see :meth:`ResolverSlot.use_transport`).
+        self.dns_transport: DnsTransport | None = None
         if self.cluster_dns:
             res = dns.asyncresolver.Resolver(configure=False)
             res.nameservers = [dns.nameserver.Do53Nameserver(s.address, s.port) for s in self.cluster_dns]
@@ -170,6 +183,8 @@ class Resolver:
         if hit is not None and hit[0] > now:
             return list(hit[1])
         assert self._dns is not None
+        if self.dns_transport is not None:
+            return await self._query_transport(host, name, rdtype, key)
         try:
             answer = await self._dns.resolve(name, rdtype, search=False, raise_on_no_answer=False)
         except dns.resolver.NXDOMAIN:
@@ -183,6 +198,40 @@ class Resolver:
         ttl = float(answer.rrset.ttl) if answer.rrset is not None else NEGATIVE_TTL
         self._store(key, ttl, addresses)
         return addresses
+
+    async def _query_transport(self, host: str, name: str, rdtype: int, key: tuple[str, int]) -> list[str] | ResolveError:
+        """One lookup through :attr:`dns_transport`: each server in turn, until ``timeout`` is spent."""
+        assert self.dns_transport is not None
+        deadline = time.monotonic() + self.timeout
+        attempt = max(self.timeout / 3, 0.5)
+        while time.monotonic() < deadline:
+            for server in self.cluster_dns:
+                query = dns.message.make_query(name, rdtype)
+                try:
+                    data = await self.dns_transport.exchange(query.to_wire(), server.address, server.port,
+                                                             min(attempt, max(0.05, deadline - time.monotonic())))
+                    response = dns.message.from_wire(data)
+                except OSError:  # failed at once (the tunnel is not up): do not spin, try again shortly
+                    await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                    continue
+                except (TimeoutError, dns.exception.DNSException):
+                    continue
+                if not query.is_response(response):
+                    continue
+                if response.rcode() == dns.rcode.NXDOMAIN:
+                    self._store(key, NEGATIVE_TTL, [])
+                    return ResolveError(host, 0, f"name does not resolve (NXDOMAIN from cluster DNS {self._servers_text()})")
+                if response.rcode() != dns.rcode.NOERROR:
+                    return ResolveError(host, 0, f"cluster DNS {self._servers_text()} gave an unusable answer")
+                try:
+                    chain = response.resolve_chaining()
+                except dns.exception.DNSException:
+                    return ResolveError(host, 0, f"cluster DNS {self._servers_text()} gave an unusable answer")
+                rrset = chain.answer
+                addresses = [rr.address for rr in rrset] if rrset is not None else []
+                self._store(key, float(chain.minimum_ttl) if rrset is not None else NEGATIVE_TTL, addresses)
+                return addresses
+        return ResolveError(host, 0, f"cluster DNS {self._servers_text()} did not answer (is the mesh up?)")
 
     def _store(self, key: tuple[str, int], ttl: float, addresses: list[str]) -> None:
         if ttl <= 0:
@@ -205,10 +254,19 @@ class ResolverSlot:
 
     def __init__(self, resolver: Resolver | None = None) -> None:
         self.current = resolver or Resolver()
+        self._transport: DnsTransport | None = None
 
     def use(self, resolver: Resolver) -> None:
         """Answer with ``resolver`` from now on."""
+        if self._transport is not None:
+            resolver.dns_transport = self._transport
         self.current = resolver
+
+    def use_transport(self, transport: DnsTransport | None) -> None:
+        """Send cluster DNS queries through ``transport`` (the built-in engine's stack), now and for
+        every resolver put in later; None: OS sockets again."""
+        self._transport = transport
+        self.current.dns_transport = transport
 
     async def resolve(self, host: str) -> list[str]:
         return await self.current.resolve(host)

@@ -3,8 +3,8 @@
 Pure functions (no I/O): :func:`handle` takes a packet delivered by the tunnel and
 returns the reply packet (ICMP echo reply) or records a UDP datagram; :func:`udp_packet`
 builds an IPv4/UDP packet with correct header and UDP checksums (RFC 791 §3.1,
-RFC 768, RFC 1071 for the one's-complement sum). Test and benchmark helper: the user-space
-engine has no TCP/IP stack of its own yet.
+RFC 768, RFC 1071 for the one's-complement sum). Test and benchmark helper for driving the
+WireGuard core at the packet level (the engine's own stack is :mod:`anex_agent.netstack`).
 """
 
 from __future__ import annotations

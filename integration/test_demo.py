@@ -25,8 +25,9 @@ from anex_agent.demo.observe import REQUIRED_SERIES, complete, node_series, summ
 from integration.conftest import mesh_skip_reason
 
 NODE = "native-1"
-#: node label -> (path, node name) of each node the demo runs
-NODES = {"native-1": ("udp", "demo-node-1"), "udp-blocked-2": ("websocket", "demo-node-2")}
+#: node label -> (engine, path, node name) of each node the demo runs
+NODES = {"native-1": ("wireguard-go", "udp", "demo-node-1"), "udp-blocked-2": ("wireguard-go", "websocket", "demo-node-2"),
+         "unprivileged-3": ("userspace", "udp", "demo-node-3")}
 PATH_CHECKS = ("path", "proxy", "post", "connect", "tunnel", "inbound")
 COORDINATOR_CHECKS = ("heartbeat", "telemetry", "metrics")
 VERDICT = r"(healthy|degraded|unhealthy)"
@@ -49,18 +50,18 @@ def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     assert "Traceback" not in text, text
-    for node, (path, name) in NODES.items():  # a native node, and one whose UDP is blocked (on the relay)
+    for node, (engine, path, name) in NODES.items():  # native; UDP blocked (on the relay); unprivileged (userspace)
         for check in PATH_CHECKS + COORDINATOR_CHECKS:
             assert re.search(r"\sok\s", _row(text, check, node)), _row(text, check, node)
-            assert re.match(rf"{node}\s+wireguard-go\s+{path}\s", _row(text, check, node))
+            assert re.match(rf"{node}\s+{engine}\s+{path}\s", _row(text, check, node))
         assert re.search(rf"ok  {path}: ", _row(text, "path", node))
-        assert re.search(rf"ready at the coordinator, 10\.254\.\d+\.\d+, wireguard-go/{path}", _row(text, "heartbeat", node))
+        assert re.search(rf"ready at the coordinator, 10\.254\.\d+\.\d+, {engine}/{path}", _row(text, "heartbeat", node))
         assert re.search(rf"ok  {VERDICT}, nvml \w+, \d+ GPUs, sampled [\d.]+ s ago", _row(text, "telemetry", node))
         assert re.search(rf'ok  \d+ series with node="{name}" on /metrics', _row(text, "metrics", node))
         # the coordinator's view table: state, address, engine, path, NVML, GPUs, ..., health verdict and reason
         view = [line for line in text.split("the coordinator's view of each node:", 1)[-1].splitlines() if line.startswith(node)]
         assert len(view) == 1, text
-        assert re.match(rf"{node}\s+ready\s+10\.254\.\d+\.\d+\s+wireguard-go\s+{path}\s+\w+\s+\d+\s+[\d.]+ %\s+[\d.]+ GiB / [\d.]+ GiB\s+[\d.]+ s ago\s+{VERDICT}", view[0]), view[0]
+        assert re.match(rf"{node}\s+ready\s+10\.254\.\d+\.\d+\s+{engine}\s+{path}\s+\w+\s+\d+\s+[\d.]+ %\s+[\d.]+ GiB / [\d.]+ GiB\s+[\d.]+ s ago\s+{VERDICT}", view[0]), view[0]
     assert "no WireGuard handshake" in _row(text, "path", "udp-blocked-2")
     summary = re.search(r"(\d+)/(\d+) checks passed", text)
     assert summary and summary.group(1) == summary.group(2) == str(len(NODES) * len(PATH_CHECKS + COORDINATOR_CHECKS)), text

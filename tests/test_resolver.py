@@ -141,3 +141,48 @@ def test_node_config_refuses_a_dns_server_the_resolver_could_not_use(server):
                    gateways=[])
     assert NodeConfig(node_id="n", version=1, address="10.254.0.7", network="10.254.0.0/16", mtu=1380,
                       dns=["10.0.0.1", "[fd00::1]:5353"], gateways=[]).dns == ["10.0.0.1", "[fd00::1]:5353"]
+
+
+class _Transport:
+    """A DNS transport answering from a table (as the built-in engine's stack would carry them)."""
+
+    def __init__(self, records: dict[str, str], *, silent: bool = False) -> None:
+        self.records, self.silent, self.asked = records, silent, []
+
+    async def exchange(self, wire: bytes, address: str, port: int, timeout: float) -> bytes:
+        import dns.message
+        import dns.rcode
+        import dns.rrset
+
+        self.asked.append((address, port))
+        if self.silent:
+            raise OSError("the mesh is not up yet")  # at once, as the stack's transport without a tunnel
+        query = dns.message.from_wire(wire)
+        reply = dns.message.make_response(query)
+        name = str(query.question[0].name).rstrip(".")
+        if name not in self.records:
+            reply.set_rcode(dns.rcode.NXDOMAIN)
+        elif query.question[0].rdtype == 1:  # A
+            reply.answer.append(dns.rrset.from_text(query.question[0].name, 30, "IN", "A", self.records[name]))
+        return reply.to_wire()
+
+
+async def test_cluster_queries_go_through_a_transport_given_to_the_slot():
+    from anex_agent.resolver import ResolverSlot
+
+    transport = _Transport({"db.default.svc.cluster.local": "10.96.0.9"})
+    slot = ResolverSlot()
+    slot.use_transport(transport)
+    slot.use(Resolver(["10.254.0.1"], timeout=1))  # a resolver put in later uses it too
+    assert await slot.resolve("db.default.svc.cluster.local") == ["10.96.0.9"]
+    assert transport.asked and transport.asked[0] == ("10.254.0.1", 53)
+    with pytest.raises(ResolveError, match="NXDOMAIN"):
+        await slot.resolve("nosuch.default.svc.cluster.local")
+
+
+async def test_a_silent_transport_is_reported_as_not_answering():
+    resolver = Resolver(["10.254.0.1"], timeout=0.6)
+    transport = resolver.dns_transport = _Transport({}, silent=True)
+    with pytest.raises(ResolveError, match="did not answer"):
+        await resolver.resolve("x.default.svc.cluster.local")
+    assert len(transport.asked) < 20  # retried a few times, not spun on the event loop

@@ -172,6 +172,14 @@ class AgentApi:
         self._sites[(host, port)] = site
         log.info("agent API listening on %s:%d%s", host, port, "" if ipaddress.ip_address(host).is_loopback else " (bearer token required)")
 
+    async def protocol_factory(self):
+        """The server's asyncio protocol factory, for an engine that serves the mesh side itself
+        (its transport's ``peername`` is the mesh caller: the token is required)."""
+        if self._runner is None:
+            self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+            await self._runner.setup()
+        return self._runner.server
+
     async def stop_site(self, host: str, port: int) -> None:
         site = self._sites.pop((host, port), None)
         if site is not None:

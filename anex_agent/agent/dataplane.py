@@ -177,6 +177,10 @@ class DataPlane:
         if self.config is not None:
             await self._apply_engine(self.config)
 
+    async def serve_on_mesh(self, port: int, protocol_factory) -> bool:
+        """Have the engine serve ``port`` of the mesh address (see :meth:`Engine.serve_on_mesh`)."""
+        return self.engine is not None and await self.engine.serve_on_mesh(port, protocol_factory)
+
     async def reset_gateway_sessions(self, *, within: float = RESET_WINDOW, every: float = RESET_RETRY) -> bool:
         """Fresh handshakes with the gateways now (see :meth:`Engine.reset_sessions`).
 

@@ -163,8 +163,13 @@ class Agent:
     async def _serve_api_on_mesh(self, config: NodeConfig) -> None:
         assert self.api is not None and self.dataplane is not None
         if not self.dataplane.host_address:
-            if not self._mesh_api_skipped:
-                log.info("agent API: not served on the mesh address (engine %s has no OS interface)", self.dataplane.engine_cls.name)
+            if not self._mesh_api_skipped:  # the engine holds the address: it serves the port (once, it follows moves)
+                port = self.settings.api_listen.port
+                if await self.dataplane.serve_on_mesh(port, await self.api.protocol_factory()):
+                    log.info("agent API listening on the mesh address, port %d, through the %s engine (bearer token required)",
+                             port, self.dataplane.engine_cls.name)
+                else:
+                    log.info("agent API: not served on the mesh address (engine %s has no OS interface)", self.dataplane.engine_cls.name)
                 self._mesh_api_skipped = True
             return
         where = (config.address, self.settings.api_listen.port)

@@ -4,9 +4,10 @@ Builds (root; network namespaces, see :mod:`anex_agent.demo.mesh`): a cluster na
 with an HTTP service and a DNS server that knows ``echo.default.svc.cluster.local``, the
 coordinator and the gateway (``anex-agent coordinator|gateway``, with its WebSocket relay), and
 one node per entry of :data:`NODE_KINDS` (``anex-agent daemon`` with a ``GW_TUNNEL_18080``): a
-native node, and a native node whose namespace drops every outgoing UDP datagram (as RunPod
-and many corporate networks do), which must find the WebSocket path by itself
-(``ANEX_PATH=auto``). Then, per node:
+native node on wireguard-go; a native node whose namespace drops every outgoing UDP datagram
+(as RunPod and many corporate networks do), which must find the WebSocket path by itself
+(``ANEX_PATH=auto``); and an unprivileged one (nobody, no capabilities: the built-in userspace
+engine with its own TCP/IP stack). Then, per node:
 
 * ``path``    the agent is on the path its kind expects (``udp``, or ``websocket`` for the UDP-blocked node)
 
@@ -49,17 +50,22 @@ TELEMETRY_WAIT = 20.0  # seconds for every node's telemetry and fleet series (re
 @dataclass(frozen=True)
 class NodeKind:
     """One kind of node the demo runs: its agent's environment, whether its namespace drops
-    outgoing UDP, and the path its agent must end up on."""
+    outgoing UDP, the path its agent must end up on, and whether it is ``unprivileged``: the
+    agent runs as nobody with no capabilities (no TUN device, no NET_ADMIN), as in a rented
+    container; ``auto`` then picks the built-in userspace engine, whose own TCP/IP stack serves
+    the proxy, the forwards and the inbound port."""
 
     label: str
     env: dict[str, str]
     block_udp: bool = False
     path: str = "udp"
+    unprivileged: bool = False
 
 
 NODE_KINDS: tuple[NodeKind, ...] = (
     NodeKind("native", {"ANEX_ENGINE": "wireguard-go"}),
     NodeKind("udp-blocked", {"ANEX_ENGINE": "wireguard-go", "ANEX_PATH": "auto"}, block_udp=True, path="websocket"),
+    NodeKind("unprivileged", {"ANEX_ENGINE": "auto", "ANEX_INBOUND_PORTS": str(INBOUND_PORT)}, unprivileged=True),
 )
 
 
@@ -264,7 +270,7 @@ def main(args: argparse.Namespace) -> int:
             try:
                 if kind.block_udp:
                     mesh.block_udp(node)
-                mesh.start_agent(node, env)
+                mesh.start_agent(node, env, unprivileged=kind.unprivileged)
                 status = node.status()
             except Exception as err:
                 rows.append(Row(label, kind.env.get("ANEX_ENGINE", "?"), kind.env.get("ANEX_PATH", "udp"), "-", "start", False, str(err).splitlines()[0][:200]))

@@ -10,7 +10,9 @@ Topology (every namespace and link name carries a random suffix)::
 
 The coordinator, the gateway and the agents are real processes started with the CLI users
 run (``anex-agent coordinator|gateway|run|daemon``), each inside its namespace through
-``ip netns exec``; their output goes to ``<workdir>/<name>.log``. :meth:`Mesh.close`
+``ip netns exec``; their output goes to ``<workdir>/<name>.log``. An agent started with
+``unprivileged=True`` runs as ``nobody`` with no capabilities at all (``setpriv``), as in a
+rented container without NET_ADMIN or a TUN device: ``auto`` gives it the built-in engine. :meth:`Mesh.close`
 stops every process and deletes every namespace (and with it every link), also after a
 failure.
 """
@@ -29,6 +31,12 @@ from pathlib import Path
 
 from anex_agent import parse
 from anex_agent.demo.netlab import Namespace, bridge, link, stop_processes
+
+#: An unprivileged agent: user and group nobody, no supplementary groups, no capabilities (none
+#: inheritable, none in the bounding set), so it can neither open /dev/net/tun nor configure links.
+UNPRIVILEGED_UID = 65534
+UNPRIVILEGED = ("setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--")
 
 CLUSTER_NET = "10.77.0.0/24"
 CLUSTER_GW = "10.77.0.1"
@@ -128,6 +136,7 @@ class Mesh:
         self.gateway_proc: subprocess.Popen | None = None
         self.gateway_token: str | None = None
         self._service_procs: list[subprocess.Popen] = []
+        self._private_dirs: list[Path] = []  # state directories of unprivileged agents (outside workdir)
         self._next_node = 1
 
     # ---------------------------------------------------------------- network
@@ -319,9 +328,21 @@ class Mesh:
         env.update(extra)
         return env
 
-    def start_agent(self, node: Node, env: dict[str, str], command: list[str] | None = None, *, wait_ready: bool = True) -> subprocess.Popen:
-        """``anex-agent run -- command`` (or ``daemon`` when no command) in the node's namespace."""
+    def start_agent(self, node: Node, env: dict[str, str], command: list[str] | None = None, *, wait_ready: bool = True,
+                    unprivileged: bool = False) -> subprocess.Popen:
+        """``anex-agent run -- command`` (or ``daemon`` when no command) in the node's namespace.
+
+        ``unprivileged``: as :data:`UNPRIVILEGED` (nobody, no capabilities), with a state
+        directory of its own that nobody owns (``ANEX_STATE_DIR`` in ``env`` is replaced)."""
         argv = [*anex_argv(), "run", "--", *command] if command else [*anex_argv(), "daemon"]
+        if unprivileged:
+            import tempfile
+
+            node.state_dir = Path(tempfile.mkdtemp(prefix="anex-unpriv-"))
+            os.chown(node.state_dir, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+            self._private_dirs.append(node.state_dir)
+            env = {**env, "ANEX_STATE_DIR": str(node.state_dir)}
+            argv = [*UNPRIVILEGED, *argv]
         node.env = env
         node.proc = node.ns.popen(argv, stdout=open(node.log_path, "ab", buffering=0), stderr=subprocess.STDOUT, env=env)
         if wait_ready:
@@ -364,6 +385,8 @@ class Mesh:
         stop_processes(self._service_procs)
         for ns in reversed(self.namespaces):
             ns.close()
+        for path in self._private_dirs:
+            shutil.rmtree(path, ignore_errors=True)
 
     def __enter__(self) -> Mesh:
         return self

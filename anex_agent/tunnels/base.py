@@ -69,9 +69,11 @@ IFNAME_MAX = 15
 
 #: Order in which ``--engine auto`` tries engines: the first supported one wins. For the
 #: agent (``choose_engine(..., for_workload=True)``) an engine must also be able to serve
-#: the workload (:meth:`Engine.workload_support`): userspace is skipped until it has a
-#: TCP/IP stack, so a node without TUN/NET_ADMIN gets wireproxy when its binary is on PATH.
-AUTO_ORDER: tuple[str, ...] = ("kernel", "wireguard-go", "wireproxy", "userspace")
+#: the workload (:meth:`Engine.workload_support`). The built-in userspace engine (WireGuard
+#: and a TCP/IP stack in this process) needs no capability, TUN device or binary, so a node
+#: where kernel WireGuard and wireguard-go cannot run gets it; wireproxy, an external binary,
+#: is taken by auto only where userspace cannot serve.
+AUTO_ORDER: tuple[str, ...] = ("kernel", "wireguard-go", "userspace", "wireproxy")
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,14 @@ class Engine(abc.ABC):
         the work. ``resolver`` resolves mesh/cluster names; the caller may change what it
         answers later (see :class:`anex_agent.resolver.ResolverSlot`), the dialer keeps it.
         """
+
+    async def serve_on_mesh(self, port: int, protocol_factory) -> bool:
+        """Serve ``port`` of the mesh address with an asyncio protocol per connection
+        (``protocol_factory()``), where the engine itself holds the mesh address (no OS
+        interface: :attr:`host_address` False). The protocol's transport reports the mesh
+        peer as ``peername``. False (the default): the engine cannot; an engine with an OS
+        interface never needs to (listen on the address with a socket)."""
+        return False
 
     async def readiness(self) -> tuple[bool, str] | None:
         """The engine's own readiness verdict, or None to judge by the last handshake (default)."""

@@ -7,14 +7,14 @@
                             "serves_workload": true, "workload_reason": "..."}, ...},
      "auto": "wireguard-go",     # what the agent's auto picks: first supported engine in AUTO_ORDER
                                  # that can also serve the workload, or null
-     "auto_skipped": {"userspace": "runs here but cannot serve the workload: ..."},
+     "auto_skipped": {},          # engines that run here but cannot serve the workload, with why
      "udp": {"supported": true, "reason": "..."},
      "capabilities": ["wireguard-go", "userspace", "udp"]}   # what NodeFacts.capabilities carries
 
 ``supported`` says whether the engine can run here; ``serves_workload`` whether it can
 serve a node's proxy, forwards and inbound ports (class-level, see
 ``Engine.workload_support``). ``auto_skipped`` names the engines that run here but were
-passed over, and why (e.g. userspace until it has a TCP/IP stack).
+passed over, and why.
 
 Probes never raise; a probe that blows up is reported as unsupported with the error.
 """

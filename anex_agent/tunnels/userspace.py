@@ -11,10 +11,14 @@ Two layers:
 * :class:`UserspaceEngine` -- the :class:`anex_agent.tunnels.base.Engine` contract
   around it: ``apply(desired)`` creates the device and a :class:`UdpBind` on the desired
   port and diffs peers into the device. It creates no OS interface and needs no
-  privileges. Its receive loop is a task of the owning role (``start(tasks)``). It
-  carries IP packets only: there is no TCP/IP stack in it yet, so it has no dialer and
-  cannot serve a workload's proxy, forwards or inbound ports; use the kernel,
-  wireguard-go or wireproxy engine for that.
+  privileges. Its receive loop is a task of the owning role (``start(tasks)``).
+  The user-space TCP/IP stack (:mod:`anex_agent.netstack`) sits on the tunnel's packets
+  once the workload needs it: :meth:`UserspaceEngine.dialer` gives a
+  :class:`~anex_agent.netstack.dialer.NetstackDialer` (the proxy and the ``GW_TUNNEL``
+  forwards), cluster DNS goes over the stack's UDP, and ``apply(desired, workload)``
+  listens on the workload's inbound ports at the mesh address and relays each connection
+  to ``127.0.0.1:<port>`` (:mod:`anex_agent.tunnels.inbound`). Until then (a bare
+  tunnel) packets go to ``on_packet`` or :meth:`UserspaceTunnel.receive_packet`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anex_agent.errors import EngineError, LocalProtocolError, NotSupported
+from anex_agent.errors import EngineError, LocalProtocolError
 from anex_agent.keys import decode_key, encode_key
 from anex_agent.tunnels import netconf
 from anex_agent.tunnels.base import (
@@ -48,6 +52,7 @@ from anex_agent.wg.peer import PeerConfig as WgPeerConfig
 
 if TYPE_CHECKING:
     from anex_agent.dialer import NameResolver
+    from anex_agent.netstack.aio import NetstackRuntime
     from anex_agent.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -187,6 +192,12 @@ class UserspaceEngine(Engine):
         self._listen_port: int | None = None
         self._peers: tuple[PeerConfig, ...] = ()  # as applied (endpoints resolved)
         self._mtu = 1420
+        self._netstack_wanted = False  # a dialer was asked for, or inbound ports: run the TCP/IP stack
+        self.runtime: NetstackRuntime | None = None
+        self._runtime_for: tuple[str, int] | None = None  # (address, mtu) the stack was built for
+        self._inbound = None  # anex_agent.tunnels.inbound.InboundServer
+        self._inbound_task: asyncio.Task | None = None
+        self._inbound_ports: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return f"UserspaceEngine(running={self.tunnel is not None})"
@@ -197,9 +208,9 @@ class UserspaceEngine(Engine):
 
     @classmethod
     def workload_support(cls) -> Support:
-        """No: it has no TCP/IP stack yet, so there is no dialer for the proxy and forwards."""
-        return Support(False, "no TCP/IP stack yet: it carries IP packets only, so it cannot serve the proxy, "
-                              "GW_TUNNEL forwards or inbound ports; use the kernel, wireguard-go or wireproxy engine")
+        """Yes: its user-space TCP/IP stack serves the proxy, forwards and inbound ports."""
+        return Support(True, "the built-in user-space TCP/IP stack serves the proxy, GW_TUNNEL forwards and "
+                             "inbound ports (no capability, TUN device or binary needed)")
 
     async def start(self, tasks: Tasks) -> None:
         """Remember the role's ``tasks`` (the receive loop runs there); the device comes with the first apply()."""
@@ -222,7 +233,75 @@ class UserspaceEngine(Engine):
             changed |= self._apply_peers(resolved)
         except LocalProtocolError as err:
             raise EngineError(f"userspace engine refused the config: {err}") from None
+        if workload is not None and tuple(workload.inbound_ports) != self._inbound_ports:
+            self._inbound_ports = tuple(workload.inbound_ports)
+            self._netstack_wanted |= bool(self._inbound_ports)
+            changed = True
+        if self._netstack_wanted:
+            self._ensure_runtime()
         return changed
+
+    # ---------------------------------------------------------------- the TCP/IP stack
+
+    def _ensure_runtime(self) -> None:
+        """Build the stack for the current address and MTU (again when they changed), listen on the inbound ports."""
+        from anex_agent.netstack.aio import NetstackRuntime
+        from anex_agent.netstack.stack import Stack
+
+        if self.tunnel is None or self.address is None:
+            return
+        want = (self.address.split("/")[0], self._mtu)
+        if self.runtime is None or self._runtime_for != want:
+            if self.runtime is not None:
+                self.runtime.close()  # the address moved: connections of the old address cannot live on
+            # WireGuard authenticated every packet the stack gets: no second checksum check
+            self.runtime = NetstackRuntime(Stack(want[0], mtu=want[1], verify_checksums=False), self._send_packet)
+            self._runtime_for = want
+        self.tunnel.on_packet = self._deliver
+        self._sync_inbound()
+
+    def _deliver(self, packet: bytes, peer: bytes) -> None:
+        if self.runtime is not None:
+            self.runtime.deliver(packet)
+
+    def _send_packet(self, packet: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel.send_packet(packet)
+
+    def _covers(self, address: str) -> bool:
+        """Whether the tunnel carries ``address`` (some peer's allowed IPs hold it)."""
+        import ipaddress
+
+        if self.tunnel is None:
+            return False
+        try:
+            packed = ipaddress.ip_address(address).packed
+        except ValueError:
+            return False
+        return self.tunnel.device.peer_for(packed) is not None
+
+    async def serve_on_mesh(self, port: int, protocol_factory) -> bool:
+        """Serve ``port`` at the mesh address from the stack (the agent API's mesh side)."""
+        from anex_agent.tunnels.inbound import InboundServer
+
+        if self._tasks is None:
+            return False
+        if self._inbound is None:
+            self._inbound = InboundServer()
+            self._inbound_task = self._tasks.spawn("userspace-inbound", self._inbound.run)
+        self._inbound.serve_protocol(port, protocol_factory)
+        self._netstack_wanted = True
+        self._ensure_runtime()
+        return True
+
+    def _sync_inbound(self) -> None:
+        from anex_agent.tunnels.inbound import InboundServer
+
+        assert self.runtime is not None and self._tasks is not None
+        if self._inbound is None:
+            self._inbound = InboundServer()
+            self._inbound_task = self._tasks.spawn("userspace-inbound", self._inbound.run)
+        self._inbound.sync(self.runtime, self._inbound_ports)
 
     def _apply_peers(self, resolved: tuple[PeerConfig, ...]) -> bool:
         assert self.tunnel is not None
@@ -247,6 +326,8 @@ class UserspaceEngine(Engine):
         device = Device(desired.private_key, wall_time=time.time, mtu=desired.mtu)
         self.tunnel = tunnel = UserspaceTunnel(device, bind, on_packet=self.on_packet)
         self._task = self._tasks.spawn("userspace-wg-receive", tunnel.run)
+        if self._netstack_wanted:
+            tunnel.on_packet = self._deliver
         self._private_key, self._listen_port, self._mtu = desired.private_key, desired.listen_port, desired.mtu
         self._peers = ()
 
@@ -270,10 +351,39 @@ class UserspaceEngine(Engine):
                             tuple(peers))
 
     def dialer(self, resolver: NameResolver | None = None):
-        raise NotSupported("the userspace engine has no TCP/IP stack yet; it carries IP packets only "
-                           "(UserspaceEngine.tunnel.send_packet / receive_packet)")
+        """A :class:`~anex_agent.netstack.dialer.NetstackDialer`; cluster DNS goes over the stack too
+        (when ``resolver`` takes a DNS transport: :class:`anex_agent.resolver.ResolverSlot`)."""
+        from anex_agent.netstack.dialer import NetstackDialer, NetstackDnsTransport
+        from anex_agent.resolver import Resolver
+
+        self._netstack_wanted = True
+        self._ensure_runtime()
+        if resolver is None:
+            resolver = Resolver()
+        use_transport = getattr(resolver, "use_transport", None)
+        if use_transport is not None:
+            use_transport(NetstackDnsTransport(lambda: self.runtime))
+        return NetstackDialer(lambda: self.runtime, self._covers, resolver)
+
+    def report(self) -> dict:
+        return {"netstack": self.runtime.report()} if self.runtime is not None else {}
 
     async def stop(self) -> None:
+        """The stack (every connection reset), the inbound server, then the tunnel."""
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+            self._runtime_for = None
+        inbound, task = self._inbound, self._inbound_task
+        self._inbound = self._inbound_task = None
+        if inbound is not None:
+            inbound.stop()
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
         await self._close()
 
     async def _close(self) -> None:

@@ -153,6 +153,10 @@ class Device:
 
     # -- the three entry points --------------------------------------------------
 
+    def peer_for(self, address: bytes) -> bytes | None:
+        """The public key of the peer whose allowed IPs hold ``address`` (4 or 16 packed bytes), or None."""
+        return self._allowed.lookup(address)
+
     def send_packet(self, packet: bytes, now: float) -> Output:
         """Route ``packet`` by its destination (cryptokey routing) and encrypt it, or stage it and handshake."""
         addrs = packet_addresses(packet)

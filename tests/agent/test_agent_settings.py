@@ -200,15 +200,9 @@ def test_proxy_auth_optional_and_secret():
     assert info.value.source == "ANEX_PROXY_AUTH"
 
 
-def test_userspace_engine_is_refused_early_naming_the_variable():
-    with pytest.raises(ConfigError) as err:
-        parse({**BASE, "ANEX_ENGINE": "userspace"})
-    assert err.value.source == "ANEX_ENGINE"
-    assert "'userspace' cannot serve the workload yet" in str(err.value) and "TCP/IP stack" in str(err.value)
-    assert "accepted: auto, kernel, wireguard-go, wireproxy" in str(err.value)
-    with pytest.raises(ConfigError) as err:
-        parse(BASE, ["--engine", "userspace"])
-    assert err.value.source == "--engine"
+def test_userspace_engine_is_accepted_now_that_it_has_a_stack():
+    assert parse({**BASE, "ANEX_ENGINE": "userspace"}).engine == "userspace"
+    assert parse(BASE, ["--engine", "userspace"]).engine == "userspace"
 
 
 def test_engine_source_is_remembered():
@@ -239,7 +233,7 @@ def test_inbound_ports_never_include_the_api_or_proxy_port(extra, port):
     assert f"port {port} is" in str(err.value)
 
 
-def test_cli_userspace_engine_is_one_line_not_a_traceback(tmp_path):
+def test_cli_userspace_engine_is_taken_and_goes_on_to_the_join(tmp_path):
     import os
     import subprocess
     import sys
@@ -251,7 +245,8 @@ def test_cli_userspace_engine_is_one_line_not_a_traceback(tmp_path):
     assert out.returncode == 2, out
     assert "Traceback" not in out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "ANEX_ENGINE" in lines[0] and "userspace" in lines[0] and "accepted: auto" in lines[0], lines
+    assert any("engine: userspace" in line for line in lines), lines
+    assert "ANEX_JOIN_TOKEN" in lines[-1] and lines[-1].startswith("anex-agent run:"), lines
 
 
 @pytest.mark.parametrize("env", [

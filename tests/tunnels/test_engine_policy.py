@@ -40,8 +40,8 @@ def engines(monkeypatch):
     return install
 
 
-def test_auto_order_puts_wireproxy_before_userspace():
-    assert base.AUTO_ORDER == ("kernel", "wireguard-go", "wireproxy", "userspace")
+def test_auto_order_puts_userspace_before_wireproxy():
+    assert base.AUTO_ORDER == ("kernel", "wireguard-go", "userspace", "wireproxy")
 
 
 def test_real_classes_answer_workload_support():
@@ -49,7 +49,7 @@ def test_real_classes_answer_workload_support():
     assert classes["kernel"].workload_support().ok and classes["wireguard-go"].workload_support().ok
     assert classes["wireproxy"].workload_support().ok and classes["wireproxy"].frontends == "engine"
     userspace = classes["userspace"].workload_support()
-    assert not userspace.ok and "TCP/IP stack" in userspace.reason
+    assert userspace.ok and "TCP/IP stack" in userspace.reason
     assert classes["userspace"].host_address is False and classes["wireproxy"].host_address is False
 
 
@@ -64,7 +64,7 @@ def test_auto_for_workload_takes_wireproxy_when_it_runs(engines):
     classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (True, False)})
     cls, tried = base.choose_engine("auto", for_workload=True)
     assert cls is classes["wireproxy"]
-    assert list(tried) == ["kernel", "wireguard-go", "wireproxy"]
+    assert list(tried) == ["kernel", "wireguard-go", "userspace", "wireproxy"]
 
 
 def test_auto_for_workload_prefers_native_engines(engines):
@@ -72,9 +72,11 @@ def test_auto_for_workload_prefers_native_engines(engines):
     assert base.choose_engine("auto", for_workload=True)[0] is classes["wireguard-go"]
 
 
-def test_userspace_with_a_stack_would_be_picked_last(engines):
-    classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (False, True), "userspace": (True, True)})
-    assert base.choose_engine("auto", for_workload=True)[0] is classes["userspace"]
+def test_userspace_with_a_stack_is_picked_when_native_engines_cannot_run(engines):
+    classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (True, True)})
+    cls, tried = base.choose_engine("auto", for_workload=True)
+    assert cls is classes["userspace"]
+    assert list(tried) == ["kernel", "wireguard-go", "userspace"]  # wireproxy's binary is not even probed
 
 
 def test_tunnel_only_purpose_keeps_plain_support(engines):
@@ -83,11 +85,11 @@ def test_tunnel_only_purpose_keeps_plain_support(engines):
 
 
 def test_tunnel_only_auto_never_picks_an_engine_that_serves_a_workload_only(engines):
-    classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (True, False)})
+    classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (False, False)})
     classes["wireproxy"].frontends = "engine"
-    cls, tried = base.choose_engine("auto")  # e.g. the gateway's hub
-    assert cls is classes["userspace"]
-    assert tried["wireproxy"].ok is False and "workload only" in tried["wireproxy"].reason
+    with pytest.raises(EngineError) as err:  # e.g. the gateway's hub: wireproxy runs, but is never its tunnel
+        base.choose_engine("auto")
+    assert "wireproxy: serves a node's workload only" in str(err.value)
 
 
 def test_explicit_engine_that_cannot_serve_names_the_variable_and_the_choices(engines):
@@ -112,6 +114,11 @@ def test_detect_auto_follows_the_workload_policy(engines):
     assert "userspace" in doc["capabilities"]  # it can still run (e.g. for packet-level use)
 
 
-def test_detect_auto_picks_wireproxy_over_userspace(engines):
+def test_detect_auto_picks_userspace_over_wireproxy(engines):
+    engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (True, True)})
+    assert detect.detect().to_dict()["auto"] == "userspace"
+
+
+def test_detect_auto_picks_wireproxy_over_a_userspace_that_cannot_serve(engines):
     engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (True, False)})
     assert detect.detect().to_dict()["auto"] == "wireproxy"

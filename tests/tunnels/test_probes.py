@@ -41,15 +41,16 @@ def test_wireguard_go_unsupported_without_binary():
 def test_detect_report_shape():
     report = detect.detect()
     doc = json.loads(json.dumps(report.to_dict()))
-    assert list(doc["engines"]) == ["kernel", "wireguard-go", "wireproxy", "userspace"]
+    assert list(doc["engines"]) == ["kernel", "wireguard-go", "userspace", "wireproxy"]
     for entry in doc["engines"].values():
         assert set(entry) == {"supported", "reason", "serves_workload", "workload_reason"}
         assert isinstance(entry["reason"], str) and entry["reason"] and entry["workload_reason"]
     assert doc["auto"] in (None, *doc["engines"])
     if doc["auto"]:
         assert doc["engines"][doc["auto"]]["supported"] and doc["engines"][doc["auto"]]["serves_workload"]
-    assert doc["auto"] != "userspace"  # no TCP/IP stack yet: it cannot serve the workload
-    assert doc["auto_skipped"]["userspace"].startswith("runs here but cannot serve the workload: no TCP/IP stack")
+    assert doc["auto"] in ("kernel", "wireguard-go", "userspace")  # userspace always runs and serves
+    assert doc["engines"]["userspace"]["supported"] and doc["engines"]["userspace"]["serves_workload"]
+    assert "userspace" not in doc["auto_skipped"]
     assert set(doc["udp"]) == {"supported", "reason"}
     assert all(c in ("kernel-wireguard", "wireguard-go", "userspace", "wireproxy", "udp") for c in doc["capabilities"])
 

@@ -71,3 +71,29 @@ async def test_dual_stack_bind():
         assert data == b"v4"
     finally:
         bind.close()
+
+
+async def test_a_burst_is_read_in_few_readiness_events():
+    from anex_agent.tunnels import udp_bind
+
+    bind = await UdpBind.open(0, "127.0.0.1")
+    events = 0
+    original = udp_bind._Protocol.datagram_received
+
+    def counting(self, data, addr):
+        nonlocal events
+        events += 1
+        original(self, data, addr)
+
+    udp_bind._Protocol.datagram_received = counting
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for i in range(100):  # all queued in the socket before the loop looks at it
+            sender.sendto(i.to_bytes(2, "big"), ("127.0.0.1", bind.local_port))
+        got = [await asyncio.wait_for(bind.receive(), 5) for _ in range(100)]
+        assert [int.from_bytes(d, "big") for d, _ in got] == list(range(100))  # all, in order
+        assert events <= 100 // udp_bind.READ_BATCH + 2  # not one event per datagram
+    finally:
+        udp_bind._Protocol.datagram_received = original
+        sender.close()
+        bind.close()

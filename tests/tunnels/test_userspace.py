@@ -9,7 +9,7 @@ import time
 import pytest
 
 from anex_agent import keys
-from anex_agent.errors import EngineError, NotSupported
+from anex_agent.errors import EngineError
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig, engine_classes
 from anex_agent.tunnels.userspace import UserspaceEngine
 from anex_agent.wg.routing import packet_addresses
@@ -53,9 +53,10 @@ async def test_registered_and_always_supported():
     assert support.ok and "UDP" in support.reason
 
 
-async def test_dialer_says_it_has_no_stack_yet():
-    with pytest.raises(NotSupported, match="TCP/IP stack"):
-        UserspaceEngine(ifname=None).dialer()
+async def test_serves_the_workload_through_its_stack():
+    assert UserspaceEngine.workload_support().ok
+    dialer = UserspaceEngine(ifname=None).dialer()
+    assert hasattr(dialer, "open_connection")
 
 
 async def test_packets_flow_both_ways_and_status_reports_the_handshake(engines):

@@ -1,0 +1,127 @@
+"""TCP segments on the wire (RFC 9293 §3.1): parse with checksum check, build with precomputed headers.
+
+Options we read on SYNs: MSS (RFC 9293 §3.7.1), window scale (RFC 7323 §2), SACK-permitted
+(RFC 2018 §2); on other segments only SACK blocks (RFC 2018 §3), and only when the header has
+options at all. We send MSS, window scale and SACK-permitted on SYNs, SACK blocks on ACKs
+while out-of-order data is held, nothing else.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from anex_agent.netstack import ipv4
+from anex_agent.netstack.checksum import finish, partial, pseudo_header_sum
+
+HEADER = struct.Struct("!HHIIBBHHH")
+HEADER_LEN = 20
+FIN, SYN, RST, PSH, ACK, URG = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+OPT_END, OPT_NOP, OPT_MSS, OPT_WS, OPT_SACK_OK, OPT_SACK = 0, 1, 2, 3, 4, 5
+MAX_SACK_BLOCKS = 4  # 2 + 4*8 = 34 option bytes: fits the 40 (no timestamps)
+MAX_WSCALE = 14  # RFC 7323 §2.3
+DEFAULT_MSS = 536  # RFC 9293 §3.7.1 when the peer sends no MSS option
+
+
+class Segment:
+    """A received segment. ``payload`` is a memoryview into the packet; options are parsed on SYNs only."""
+
+    __slots__ = ("src", "sport", "dport", "seq", "ack", "flags", "wnd", "payload", "mss", "wscale", "sack_ok", "sack")
+
+    def __init__(self, src, sport, dport, seq, ack, flags, wnd, payload) -> None:
+        self.src, self.sport, self.dport, self.seq, self.ack = src, sport, dport, seq, ack
+        self.flags, self.wnd, self.payload = flags, wnd, payload
+        self.mss = None
+        self.wscale = None
+        self.sack_ok = False
+        self.sack: list[tuple[int, int]] | None = None  # SACK blocks, 32-bit edges as on the wire
+
+    def __repr__(self) -> str:
+        names = "".join(n for bit, n in ((SYN, "S"), (ACK, "."), (FIN, "F"), (RST, "R"), (PSH, "P")) if self.flags & bit)
+        return f"<Segment {self.sport}->{self.dport} [{names}] seq={self.seq} ack={self.ack} wnd={self.wnd} len={len(self.payload)}>"
+
+
+def parse(packet: ipv4.Packet, *, verify: bool = True) -> Segment:
+    """Parse the TCP segment in ``packet``; raise :class:`ipv4.PacketError` when it is malformed."""
+    msg = packet.payload
+    n = len(msg)
+    if n < HEADER_LEN:
+        raise ipv4.PacketError("shorter than a TCP header")
+    sport, dport, seq, ack, off, flags, wnd, _csum, _urg = HEADER.unpack_from(msg)
+    hlen = (off >> 4) * 4
+    if hlen < HEADER_LEN or hlen > n:
+        raise ipv4.PacketError("bad TCP data offset")
+    if verify and (pseudo_header_sum(packet.src, packet.dst, ipv4.PROTO_TCP) + n + partial(msg)) % 0xFFFF:
+        raise ipv4.PacketError("bad TCP checksum")
+    seg = Segment(packet.src, sport, dport, seq, ack, flags & 0x3F, wnd, msg[hlen:])
+    if hlen > HEADER_LEN:
+        _options(seg, msg[HEADER_LEN:hlen], flags & SYN)
+    return seg
+
+
+def _options(seg: Segment, opts: memoryview, syn: int) -> None:
+    i, n = 0, len(opts)
+    while i < n:
+        kind = opts[i]
+        if kind == OPT_END:
+            return
+        if kind == OPT_NOP:
+            i += 1
+            continue
+        if i + 1 >= n or opts[i + 1] < 2 or i + opts[i + 1] > n:
+            return  # malformed: ignore the rest (RFC 9293 §3.1 asks for robustness)
+        length = opts[i + 1]
+        if kind == OPT_SACK and not syn and length >= 10 and (length - 2) % 8 == 0:
+            edges = struct.unpack_from(f"!{(length - 2) // 4}I", opts, i + 2)
+            seg.sack = list(zip(edges[::2], edges[1::2], strict=True))
+        elif not syn:
+            pass
+        elif kind == OPT_MSS and length == 4:
+            seg.mss = int.from_bytes(opts[i + 2:i + 4], "big")
+        elif kind == OPT_WS and length == 3:
+            seg.wscale = min(opts[i + 2], MAX_WSCALE)
+        elif kind == OPT_SACK_OK and length == 2:
+            seg.sack_ok = True
+        i += length
+
+
+def syn_options(mss: int, wscale: int | None, sack_ok: bool = False) -> bytes:
+    """MSS, window scale when ``wscale`` is not None, SACK-permitted (padded to a multiple of 4)."""
+    out = bytes((OPT_MSS, 4)) + mss.to_bytes(2, "big")
+    if wscale is not None:
+        out += bytes((OPT_NOP, OPT_WS, 3, wscale))
+    if sack_ok:
+        out += bytes((OPT_NOP, OPT_NOP, OPT_SACK_OK, 2))
+    return out
+
+
+def sack_option(blocks) -> bytes:
+    """A SACK option (RFC 2018 §3) for absolute ``(start, end)`` blocks, first block first, padded."""
+    blocks = blocks[:MAX_SACK_BLOCKS]
+    out = bytes((OPT_NOP, OPT_NOP, OPT_SACK, 2 + 8 * len(blocks)))
+    return out + struct.pack(f"!{2 * len(blocks)}I", *(e & 0xFFFFFFFF for b in blocks for e in b))
+
+
+class Builder:
+    """Builds whole IPv4+TCP packets for one connection (addresses and ports fixed).
+
+    Per segment: one ``struct.pack`` for each header, one big-integer checksum over the
+    payload, one concatenation."""
+
+    __slots__ = ("sport", "dport", "_ip", "_pseudo")
+
+    def __init__(self, src: bytes, sport: int, dst: bytes, dport: int) -> None:
+        self.sport, self.dport = sport, dport
+        self._ip = ipv4.HeaderTemplate(src, dst, ipv4.PROTO_TCP)
+        self._pseudo = pseudo_header_sum(src, dst, ipv4.PROTO_TCP)
+
+    def build(self, seq: int, ack: int, flags: int, wnd: int, payload=b"", options: bytes = b"") -> bytes:
+        hlen = HEADER_LEN + len(options)
+        tcp_len = hlen + len(payload)
+        header = HEADER.pack(self.sport, self.dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, hlen << 2, flags, wnd, 0, 0)
+        if options:
+            header += options
+        total = self._pseudo + tcp_len + partial(header)
+        if payload:
+            total += partial(payload)
+        csum = finish(total)
+        return self._ip.build(tcp_len) + header[:16] + csum.to_bytes(2, "big") + header[18:] + payload

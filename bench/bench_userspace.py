@@ -1,0 +1,230 @@
+"""The built-in userspace engine (WireGuard + our TCP/IP stack, unprivileged) vs wireguard-go with the kernel's TCP.
+
+Needs root, wireguard-go, nftables and setpriv. Builds the demo mesh (:mod:`anex_agent.demo.mesh`)
+with two nodes behind the same gateway (wireguard-go) on the same bridge: node ``native`` runs
+``anex-agent daemon`` as root on wireguard-go (kernel TCP end to end), node ``userspace`` runs it
+as ``nobody`` with no capabilities (``auto`` picks the built-in engine). In one run, for each node,
+interleaved round by round: bulk TCP through a ``GW_TUNNEL`` forward to the cluster's bulk source
+(down) and sink (up). Reported: the medians, the ratio userspace/native per direction
+(goal >= 0.5), packets/s and the in-process cost per segment of our stack, p50/p99 of a small
+request through the proxy (new connection each), the userspace agent's RSS under many concurrent
+proxy connections, and, last, the same ratio with 2 % loss: each node's WireGuard datagrams go
+through a user-space relay (``integration/lossy_relay.py``, redirected with an nftables DNAT in
+the node's namespace) that drops 2 % each way and reorders 5 %. Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
+from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
+
+TUNNEL_DOWN = 18090
+TUNNEL_UP = 18091
+PROXY = "127.0.0.1:3128"
+
+
+def client(ns, *args: str, timeout: float = 300) -> dict:
+    out = ns.run([sys.executable, "-m", "anex_agent.demo.client", *args], check=False, timeout=timeout)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if "error" in result:
+        raise RuntimeError(f"client {' '.join(args)}: {result['error']}")
+    return result
+
+
+def start_nodes(mesh: Mesh):
+    forwards = {f"GW_TUNNEL_{TUNNEL_DOWN}": f"{CLUSTER_IP}:{SOURCE_PORT}", f"GW_TUNNEL_{TUNNEL_UP}": f"{CLUSTER_IP}:{SINK_PORT}"}
+    native = mesh.add_node_namespace()
+    mesh.start_agent(native, mesh.agent_env(native, **forwards))
+    user = mesh.add_node_namespace()
+    mesh.start_agent(user, mesh.agent_env(user, ANEX_ENGINE="auto", **forwards), unprivileged=True)
+    return native, user
+
+
+def agent_pid(node) -> int:
+    for pid in node.ns.pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if any(c.endswith(b"daemon") for c in cmd) and not cmd[0].endswith(b"setpriv"):
+            return pid
+    raise RuntimeError("agent not found")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bulk_round(nodes: dict, nbytes: int) -> dict:
+    out: dict = {"down": {}, "up": {}}
+    for direction, port in (("down", TUNNEL_DOWN), ("up", TUNNEL_UP)):
+        for name, node in nodes.items():
+            result = client(node.ns, "bulk", f"127.0.0.1:{port}", "--bytes", str(nbytes), "--direction", direction)
+            out[direction][name] = result["mbit_s"]
+    return out
+
+
+def segment_cost(mbytes: int = 20) -> dict:
+    """In-process: our stack to our stack over a fake link; CPU µs per data segment (both ends)."""
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    sys.path.insert(0, str(tests.parent))
+    from tests.netstack.link import B, Link
+
+    link = Link(delay=0.0005)
+    link.b.tcp_listen(80)
+    client_conn = link.a.tcp_connect(B, 80, 0.0)
+    acc = []
+    link.run_until(lambda: (acc.extend(link.b.take_accepted()) or bool(acc)) and client_conn.established)
+    server = acc[0][1]
+    data = os.urandom(mbytes << 20)
+    sent = 0
+    buf = bytearray(1 << 20)
+    got = 0
+
+    def done():
+        nonlocal sent, got
+        if sent < len(data):
+            sent += client_conn.write(memoryview(data)[sent:sent + (1 << 20)])
+        while n := server.readinto(buf):
+            got += n
+        return got == len(data)
+
+    cpu = time.process_time()
+    link.run_until(done)
+    cpu = time.process_time() - cpu
+    segments = client_conn.stats["segments_out"]
+    return {"segments": segments, "us_per_segment_both_ends": round(cpu / segments * 1e6, 2),
+            "mbyte_s_in_process": round(len(data) / cpu / 1e6, 1)}
+
+
+def many_connections(mesh: Mesh, node, count: int, each: int) -> dict:
+    """``count`` concurrent CONNECTs through the proxy, each downloading ``each`` bytes; RSS sampled."""
+    script = Path(__file__).resolve().parent.parent / "integration" / "many_connect.py"
+    pid = agent_pid(node)
+    before = rss_mib(pid)
+    proc = node.ns.popen([sys.executable, str(script), str(count), str(each), f"{CLUSTER_IP}:{SOURCE_PORT}"],
+                         stdout=subprocess.PIPE, text=True)
+    peak = before
+    started = time.monotonic()
+    while proc.poll() is None:
+        peak = max(peak, rss_mib(pid))
+        time.sleep(0.2)
+        if time.monotonic() - started > 500:
+            proc.kill()
+    out = proc.stdout.read().strip()
+    return {"connections": count, "bytes_each": each, "completed": int(out or 0),
+            "seconds": round(time.monotonic() - started, 1), "rss_mib_before": round(before, 1),
+            "rss_mib_peak": round(peak, 1), "rss_mib_after": round(rss_mib(pid), 1)}
+
+
+RELAY_UID = 65533  # the relay's own datagrams must not be redirected to itself
+RELAY_PORT = 40000
+
+
+def add_lossy_relays(nodes, loss: float = 0.02, reorder: float = 0.05) -> list[subprocess.Popen]:
+    """A lossy relay per node between its WireGuard and the gateway's (the last thing the bench does:
+    conntrack keeps redirecting the flows afterwards)."""
+    from anex_agent.demo.mesh import UNDERLAY_GW, WG_PORT
+
+    script = Path(__file__).resolve().parent.parent / "integration" / "lossy_relay.py"
+    relays = []
+    for node in nodes:
+        relay = node.ns.popen(["setpriv", f"--reuid={RELAY_UID}", f"--regid={RELAY_UID}", "--clear-groups", "--",
+                               sys.executable, str(script), f"{node.underlay}:{RELAY_PORT}", f"{UNDERLAY_GW}:{WG_PORT}",
+                               str(loss), str(reorder)], stdout=subprocess.PIPE, text=True)
+        if relay.stdout.readline().strip() != "ready":
+            raise RuntimeError("the lossy relay did not start")
+        node.ns.run(["nft", "add table ip anex_benchloss"])
+        node.ns.run(["nft", "add chain ip anex_benchloss out { type nat hook output priority -100; }"])
+        node.ns.run(["nft", f"add rule ip anex_benchloss out meta skuid != {RELAY_UID} ip daddr {UNDERLAY_GW} "
+                            f"udp dport {WG_PORT} dnat to {node.underlay}:{RELAY_PORT}"])
+        # flows already tracked would bypass the new rule: forget them (this node's namespace only)
+        node.ns.run([sys.executable, "-c", "from pyroute2 import Conntrack; Conntrack().flush()"])
+        relays.append(relay)
+    return relays
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=32, help="MiB per transfer (default 32)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--connections", type=int, default=500)
+    parser.add_argument("--connection-mb", type=float, default=1.0)
+    parser.add_argument("--skip", default="", help="comma list of: loss,many,latency,segment")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    reason = missing_prerequisites("wireguard-go", "nft") or (None if shutil.which("setpriv") else "setpriv is missing")
+    if reason:
+        print(json.dumps({"benchmark": "userspace", "skipped": reason}))
+        return 0
+    started = time.monotonic()
+    nbytes = args.mb << 20
+    doc: dict = {"benchmark": "userspace"}
+    workdir = Path(tempfile.mkdtemp(prefix="anex-bench-us-"))
+    with Mesh(workdir) as mesh:
+        mesh.build_network()
+        mesh.start_coordinator()
+        mesh.start_gateway()
+        native, user = start_nodes(mesh)
+        nodes = {"native": native, "userspace": user}
+        for node in nodes.values():  # warm-up
+            client(node.ns, "bulk", f"127.0.0.1:{TUNNEL_DOWN}", "--bytes", str(2 << 20))
+        rounds = [bulk_round(nodes, nbytes) for _ in range(args.rounds)]
+        throughput = {}
+        for direction in ("down", "up"):
+            med = {n: statistics.median(r[direction][n] for r in rounds) for n in nodes}
+            throughput[direction] = {"mbit_s": {n: round(v, 1) for n, v in med.items()},
+                                     "samples_mbit_s": {n: [round(r[direction][n], 1) for r in rounds] for n in nodes},
+                                     "ratio_userspace_vs_native": round(med["userspace"] / med["native"], 3),
+                                     "packets_s_userspace": round(med["userspace"] * 1e6 / 8 / 1380)}
+        doc["throughput"] = throughput
+        doc["goal"] = "ratio_userspace_vs_native >= 0.5 (under 0.2: a defect, profile attached)"
+        if "latency" not in skip:
+            url = f"http://{CLUSTER_IP}:{HTTP_PORT}/latency"
+            lat = {n: client(node.ns, "latency", url, "--proxy", PROXY, "--count", str(args.requests)) for n, node in nodes.items()}
+            doc["latency_proxy_new_connection_ms"] = {
+                n: {k: round(v, 3) for k, v in r.items() if k != "count"} for n, r in lat.items()}
+            doc["latency_proxy_new_connection_ms"]["added_p50_ms"] = round(lat["userspace"]["p50_ms"] - lat["native"]["p50_ms"], 3)
+            doc["latency_proxy_new_connection_ms"]["added_p99_ms"] = round(lat["userspace"]["p99_ms"] - lat["native"]["p99_ms"], 3)
+        if "many" not in skip:
+            doc["many_connections_userspace"] = many_connections(mesh, user, args.connections, int(args.connection_mb * 1e6))
+        doc["userspace_status_netstack"] = user.status().get("userspace", {})
+        if "loss" not in skip:
+            relays = add_lossy_relays(nodes.values())
+            time.sleep(1)
+            lossy = bulk_round(nodes, max(nbytes // 4, 1 << 20))
+            for relay in relays:
+                relay.terminate()
+            doc["loss_2_percent"] = {d: {"mbit_s": {n: round(v, 1) for n, v in lossy[d].items()},
+                                         "ratio_userspace_vs_native": round(lossy[d]["userspace"] / lossy[d]["native"], 3)}
+                                     for d in lossy}
+            doc["loss_2_percent"]["relay"] = "user-space relay per node: 2 % dropped each way, 5 % reordered by 1-4 ms"
+    if "segment" not in skip:
+        doc["stack_in_process"] = segment_cost()
+    doc["setup"] = {"link": "veth through a bridge, network namespaces", "gateway": "wireguard-go",
+                    "mb_per_transfer": args.mb, "rounds": args.rounds, "cpus": os.cpu_count(),
+                    "userspace_agent": "uid 65534, no capabilities, ANEX_ENGINE=auto"}
+    doc["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The built-in engine with its TCP/IP stack, end to end in this process: two engines over real
+UDP, one dials the other's mesh address through its dialer, the other relays its inbound port
+to a loopback server; DNS over the stack; destinations outside the tunnel go through the OS."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+
+from anex_agent import keys
+from anex_agent.errors import DialRefused, DialTimeout
+from anex_agent.resolver import Resolver, ResolverSlot
+from anex_agent.tunnels.base import DesiredConfig, PeerConfig, WorkloadConfig
+from anex_agent.tunnels.userspace import UserspaceEngine
+
+IP_A, IP_B = "10.45.0.1", "10.45.0.2"
+
+
+def desired(key, peer_key, address, peer_ip, endpoint):
+    return DesiredConfig(private_key=key, listen_port=None, address=f"{address}/24", mtu=1420, peers=(
+        PeerConfig(public_key=keys.encode_key(keys.public_key(peer_key)), endpoint=endpoint,
+                   allowed_ips=(f"{peer_ip}/32",), persistent_keepalive=25 if endpoint else 0),))
+
+
+async def _echo_server():
+    async def handle(reader, writer):
+        h = hashlib.sha256()
+        n = 0
+        while data := await reader.read(65536):
+            h.update(data)
+            n += len(data)
+        writer.write(f"{n} {h.hexdigest()}".encode())
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+@pytest.fixture
+async def pair(tasks):
+    ka, kb = keys.generate_private_key(), keys.generate_private_key()
+    a, b = UserspaceEngine(ifname=None), UserspaceEngine(ifname=None)
+    await a.start(tasks)
+    await b.start(tasks)
+    server, port = await _echo_server()
+    await b.apply(desired(kb, ka, IP_B, IP_A, None), WorkloadConfig(inbound_ports=(port,)))
+    port_b = (await b.status()).listen_port
+    await a.apply(desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{port_b}"))
+    try:
+        yield a, b, port
+    finally:
+        server.close()
+        await a.stop()
+        await b.stop()
+
+
+async def test_dial_through_the_stack_to_an_inbound_port(pair):
+    a, b, port = pair
+    dialer = a.dialer(ResolverSlot())
+    conn = await asyncio.wait_for(dialer.open_connection(IP_B, port), 10)
+    data = os.urandom(3_000_000)
+    await conn.sendall(data)
+    await conn.shutdown_write()
+    buf = bytearray(65536)
+    answer = bytearray()
+    while n := await asyncio.wait_for(conn.recv_into(buf), 10):
+        answer += buf[:n]
+    await conn.aclose()
+    assert answer.decode() == f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+    assert conn.socket is None  # a stream of the stack, not a kernel socket
+
+
+async def test_a_port_nobody_serves_is_refused_and_an_unanswered_address_times_out(pair):
+    a, b, port = pair
+    dialer = a.dialer(ResolverSlot())
+    with pytest.raises(DialRefused):
+        await asyncio.wait_for(dialer.open_connection(IP_B, 1), 10)
+    dialer.connect_timeout = 0.5
+    b.runtime.close()  # the peer's stack is gone: SYNs go unanswered
+    with pytest.raises(DialTimeout):
+        await dialer.open_connection(IP_B, port)
+
+
+async def test_addresses_outside_the_tunnel_go_through_the_os(pair):
+    a, b, port = pair
+    dialer = a.dialer(ResolverSlot())
+    conn = await asyncio.wait_for(dialer.open_connection("127.0.0.1", port), 10)
+    assert conn.socket is not None  # a kernel socket: the OS dialer
+    await conn.aclose()
+
+
+async def test_cluster_dns_goes_over_the_stack(pair):
+    import dns.message
+    import dns.rrset
+
+    a, b, port = pair
+    answered = []
+
+    async def serve_dns():  # a DNS server on the peer's stack (UDP port 53 of its mesh address)
+        sock = b.runtime.udp_open()
+        b.runtime.stack.udp_unbind(sock.port)
+        sock.port.port = 53
+        b.runtime.stack.udp_ports[53] = sock.port
+        b.runtime._udp[sock.port] = sock
+        while True:
+            data, (host, sport) = await sock.recvfrom()
+            query = dns.message.from_wire(data)
+            reply = dns.message.make_response(query)
+            reply.answer.append(dns.rrset.from_text(query.question[0].name, 30, "IN", "A", "10.96.0.7"))
+            answered.append(host)
+            sock.sendto(reply.to_wire(), host, sport)
+
+    server = asyncio.create_task(serve_dns())
+    try:
+        slot = ResolverSlot()
+        a.dialer(slot)
+        slot.use(Resolver([IP_B], timeout=3))
+        assert await slot.resolve("web.default.svc.cluster.local") == ["10.96.0.7"]
+        assert answered and answered[0] == IP_A
+    finally:
+        server.cancel()
+
+
+async def test_a_protocol_served_on_the_mesh_sees_the_mesh_peer(pair):
+    """The agent API's mesh side: an asyncio protocol on the stack's connection, peer = the caller."""
+    a, b, port = pair
+    seen = []
+
+    class Answer(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+            seen.append(transport.get_extra_info("peername"))
+
+        def data_received(self, data):
+            self.transport.write(b"got " + data)
+            self.transport.close()
+
+    assert await b.serve_on_mesh(9555, Answer)
+    conn = await asyncio.wait_for(a.dialer(ResolverSlot()).open_connection(IP_B, 9555), 10)
+    await conn.sendall(b"hello")
+    buf = bytearray(100)
+    answer = b""
+    while n := await asyncio.wait_for(conn.recv_into(buf), 10):
+        answer += bytes(buf[:n])
+    await conn.aclose()
+    assert answer == b"got hello"
+    assert seen and seen[0][0] == IP_A  # not loopback: a server trusting local callers does not trust this one
