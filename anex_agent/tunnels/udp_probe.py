@@ -1,8 +1,11 @@
 """Does UDP really reach a gateway? A WireGuard handshake from a socket of its own says so.
 
-:func:`probe_gateway` sends one handshake initiation (whitepaper §5.4.2), made with the
+:func:`probe_gateway` sends a handshake initiation (whitepaper §5.4.2), made with the
 node's key by the built-in WireGuard core, from a fresh UDP socket to the gateway's
-endpoint and waits up to ``timeout`` seconds for the gateway's response. A response that
+endpoint and waits up to ``timeout`` seconds for the gateway's response, sending a fresh
+initiation every :data:`RETRY_INTERVAL` seconds meanwhile: one lost datagram, or a hub that
+learns this node's key a moment after the node joined (the coordinator's watch stream
+carries it there), must not make a working UDP path look blocked. A response that
 completes the handshake proves that datagrams get there and back; opening a socket proves
 nothing (a firewall that drops outgoing UDP lets the socket open and the send succeed).
 
@@ -21,6 +24,7 @@ a replay of the probe's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -30,6 +34,8 @@ from anex_agent.wg.peer import PeerConfig
 
 #: How long a handshake over UDP may take before the path is judged blocked.
 PROBE_TIMEOUT = 3.0
+#: A fresh initiation this often while no response came (each carries a newer timestamp).
+RETRY_INTERVAL = 0.5
 #: More than the 2^24 ns grain of initiation timestamps.
 TIMESTAMP_GRAIN = 0.02
 
@@ -54,21 +60,28 @@ async def probe_gateway(private_key: bytes, gateway_public_key: bytes, endpoint:
         return ProbeResult(False, f"cannot open a UDP socket: {err}")
     loop = asyncio.get_running_loop()
     try:
-        device = Device(private_key, wall_time=time.time)
-        device.set_peer(PeerConfig(public_key=gateway_public_key, allowed_ips=(), endpoint=endpoint))
-        started = loop.time()
-        for datagram, to in device.initiate_handshake(gateway_public_key, started).datagrams:
-            bind.send(datagram, to)
+        first = loop.time()
+        deadline = first + timeout
         try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    data, sender = await bind.receive()
-                    out = device.receive_datagram(data, sender, loop.time())
-                    if "handshake-complete" in out.kinds():
-                        rtt = loop.time() - started
-                        await asyncio.sleep(max(0.0, started + TIMESTAMP_GRAIN - loop.time()))
-                        return ProbeResult(True, f"a WireGuard handshake with {where} over UDP took "
-                                                 f"{rtt * 1000:.0f} ms", rtt)
+            while loop.time() < deadline:
+                sent = loop.time()
+                # a fresh handshake state per attempt (the core itself would wait REKEY_TIMEOUT before
+                # initiating again); a response to an older attempt no longer matches and is dropped
+                device = Device(private_key, wall_time=time.time)
+                device.set_peer(PeerConfig(public_key=gateway_public_key, allowed_ips=(), endpoint=endpoint))
+                for datagram, to in device.initiate_handshake(gateway_public_key, sent).datagrams:
+                    bind.send(datagram, to)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(RETRY_INTERVAL, deadline - sent)):
+                        while True:
+                            data, sender = await bind.receive()
+                            out = device.receive_datagram(data, sender, loop.time())
+                            if "handshake-complete" in out.kinds():
+                                rtt = loop.time() - sent
+                                await asyncio.sleep(max(0.0, sent + TIMESTAMP_GRAIN - loop.time()))
+                                return ProbeResult(True, f"a WireGuard handshake with {where} over UDP took "
+                                                         f"{rtt * 1000:.0f} ms", rtt)
+            raise TimeoutError
         except TimeoutError:
             return ProbeResult(False, f"no WireGuard handshake with {where} over UDP within {timeout:g} s "
                                       "(outgoing or incoming UDP is blocked on the way)")

@@ -145,6 +145,17 @@ async def test_probe_proves_udp_both_ways(world):
     assert not blocked.ok and "within 0.5 s" in blocked.reason
 
 
+async def test_probe_retries_until_the_hub_answers(world):
+    """A hub that answers only a moment after the node joined (it learns the node's key from the
+    coordinator's watch stream) or one lost initiation must not make UDP look blocked."""
+    hub_key = keys.public_key(world.k_hub)
+    host, port = world.udp_endpoint.split(":")
+    world.blocker.blocked = True
+    asyncio.get_running_loop().call_later(0.8, setattr, world.blocker, "blocked", False)
+    result = await probe_gateway(world.keypair.private, hub_key, (host, int(port)), timeout=3)
+    assert result.ok, result.reason
+
+
 async def test_auto_picks_websocket_when_udp_is_blocked_from_the_start(world):
     world.blocker.blocked = True
     manager = PathManager(PathSettings(probe_timeout=0.5), world.keypair)
