@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import os
 
-from anex_agent import childenv
+from anex_agent import childenv, statelock
 from anex_agent.agent import settings as agent_settings
 from anex_agent.agent.workload import Workload, check_command, resolve_account
 
@@ -43,6 +43,7 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     check_command(command)
     settings = agent_settings.from_args(args, os.environ)
+    lock = statelock.acquire(settings.state_dir, "run")  # noqa: F841 - held until exit; one instance per state dir
     account = None
     if args.user or os.environ.get(WORKLOAD_USER_VAR):
         source = "--user" if args.user else WORKLOAD_USER_VAR
