@@ -29,6 +29,7 @@ from typing import Any
 
 from anex_agent.agent import engine_frontends
 from anex_agent.agent.desired import merge_tunnels
+from anex_agent.agent.liveness import DeadPeerWatch
 from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
@@ -64,6 +65,7 @@ class DataPlane:
         self.engine: Engine | None = None
         self.config: NodeConfig | None = None
         self.paths = PathManager(path_settings(settings), keypair)
+        self.liveness = DeadPeerWatch(after=settings.dead_peer_after)
         self.endpoints = EndpointPolicy(endpoint_resolve)
         self.resolve_interval = resolve_interval
         self.resolver = ResolverSlot()
@@ -118,6 +120,8 @@ class DataPlane:
         tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
         tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions,
                                                             self._nudge))
+        tasks.spawn("dead-peer-watch", lambda: self.liveness.run(
+            self._counters, lambda within: self.reset_gateway_sessions(within=within, every=within)))
 
     async def apply(self, config: NodeConfig) -> bool:
         """Re-apply a newer config: engine (gateways, address, routes, workload), DNS, forwards.
@@ -229,6 +233,7 @@ class DataPlane:
             last_handshake_age=max(0.0, round(min(ages), 3)) if ages else None,  # never negative (clock steps)
             rx_bytes=sum(p.rx_bytes for p in status.peers) if status else 0,
             tx_bytes=sum(p.tx_bytes for p in status.peers) if status else 0,
+            dead_peer=self.liveness.last()[:PATH_REASON_MAX],
         )
 
     async def ready(self) -> tuple[bool, str]:
@@ -252,6 +257,7 @@ class DataPlane:
             "engine": transport.engine,
             "path": transport.path,
             "path_choice": self.paths.report(),
+            "dead_peer": self.liveness.report(),
             "interface": status.interface if status else None,
             "detect": self.detect_report,
             "address": config.address if config else None,
