@@ -93,7 +93,7 @@ def _restart_and_measure(mesh, node, *, coordinator_up: bool) -> dict:
         wait_until(lambda: workload.first_ok_after(time.time() - 1.0), 20, "the workload getting answers")
         killed = time.time()
         mesh.kill_gateway()
-        time.sleep(1.0)  # the workload notices: requests fail
+        time.sleep(0.5)  # the workload notices: requests fail
         assert workload.first_ok_after(time.time()) is None
         restarted = time.time()
         mesh.start_gateway(registered=coordinator_up)

@@ -5,7 +5,8 @@ the node is: nothing happens until the node's WireGuard timers give up on the ol
 (REKEY_TIMEOUT + KEEPALIVE_TIMEOUT, whitepaper §6.1/§6.5: about 15 s). The agent does not
 wait for them, nor for the coordinator: when it has **sent data** to the gateways and
 **received nothing** (no data, no keepalive, no handshake response) for ``after`` s
-(``ANEX_DEAD_PEER_AFTER``, default :data:`DEAD_AFTER`), it starts a new handshake at once
+(``ANEX_DEAD_PEER_AFTER``, default :data:`DEAD_AFTER`, the path watcher's stall time), it starts a
+new handshake at once
 (:meth:`anex_agent.tunnels.base.Engine.reset_sessions`, every engine) and repeats it every
 :data:`RETRY` s until a handshake completes (every :data:`RETRY_SLOW` s once the gateways
 have been silent for :data:`FAST_FOR` s), so traffic is back about a second after the
@@ -18,7 +19,9 @@ keepalive is 32 bytes (an empty transport message, whitepaper §5.4.6), so the n
 persistent keepalives on an idle tunnel (the gateway sends none back) never trigger a
 handshake; the smallest packet that expects an answer (a TCP SYN, a DNS query, a ping) is
 more. A healthy busy tunnel answers within a round trip; a one-way flow whose answers never
-come costs one handshake per ``after`` s of silence at most.
+come costs one handshake per ``after`` s of silence at most. The default is short enough
+that traffic is back within 3 s of a gateway that restarted at once (the silence began at
+the crash, the gateway is back half a second later).
 
 Each detection is logged with its reason and outcome and kept (:meth:`DeadPeerWatch.report`:
 ``/status`` ``dead_peer``, the heartbeat's ``status.dead_peer``).
@@ -34,12 +37,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from anex_agent.agent.path import CHECK_EVERY, Counters
+from anex_agent.agent.path import CHECK_EVERY, STALL_AFTER, Counters
 
 log = logging.getLogger(__name__)
 
 #: Seconds with data sent and nothing received before a fresh handshake (ANEX_DEAD_PEER_AFTER).
-DEAD_AFTER = 3.0
+DEAD_AFTER = STALL_AFTER
 #: Bytes sent between two looks that may be keepalives only (two 32-byte transport messages).
 KEEPALIVE_ONLY = 64
 #: Seconds between fresh handshakes while the gateways stay silent...

@@ -234,8 +234,8 @@ class Mesh:
         """``anex-agent gateway`` with its WebSocket relay on ``WS_PORT``; ``ws_url`` is what it
         advertises (a TLS-terminating proxy in front of the relay: that proxy's URL).
 
-        Returns once the coordinator lists it; with ``registered=False`` (the coordinator is
-        down: it starts from its saved registration) once its WireGuard interface is up."""
+        Returns once its WireGuard interface is up and (unless ``registered=False``: the
+        coordinator is down, it starts from its saved registration) the coordinator lists it."""
         if self.gateway_token is None:
             self.gateway_token = self.join_token("gateway", reusable=True)
         state = self.workdir / "gateway"
@@ -255,8 +255,7 @@ class Mesh:
         self.gateway_proc = self.gateway.popen(argv, stdout=self._logfile("gateway"), stderr=subprocess.STDOUT, env=env)
         if registered:
             wait_until(self._gateway_registered, 30, "the gateway registering with the coordinator")
-        else:
-            wait_until(self._gateway_up, 30, "the gateway's WireGuard interface")
+        wait_until(self._gateway_up, 30, "the gateway's WireGuard interface")
 
     def gateway_interfaces(self) -> list[str]:
         """Our WireGuard interfaces in the gateway namespace."""

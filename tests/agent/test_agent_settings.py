@@ -293,7 +293,7 @@ def test_path_settings_probe_interval_and_egress_proxy_variables():
 
 
 def test_dead_peer_after_is_tunable_and_checked():
-    assert parse(BASE).dead_peer_after == 3.0  # the documented default
+    assert parse(BASE).dead_peer_after == 2.0  # the documented default
     assert parse({**BASE, "ANEX_DEAD_PEER_AFTER": "5"}).dead_peer_after == 5.0
     assert parse({**BASE, "ANEX_DEAD_PEER_AFTER": "5"}, ["--dead-peer-after", "2"]).dead_peer_after == 2.0
     for bad in ("0", "-1", "x", "1.5"):
