@@ -168,3 +168,46 @@ async def test_an_engine_that_serves_the_workload_gets_it_with_every_apply(plane
     assert (await dp.status_doc())["contract-self"] == {"served_forwards": 2}
     await dp.reset_gateway_sessions()
     assert dp.engine.resets == 1  # the engine decides how to reset its sessions
+
+
+class SilentGatewayEngine(ContractEngine):
+    """Sends (tx grows at every look) and hears nothing until its sessions are reset."""
+
+    name = "contract-silent"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.rx, self.tx, self.handshake = 1000, 1000, None
+
+    async def status(self) -> EngineStatus:
+        from anex_agent.tunnels.base import PeerStatus
+
+        self.tx += 200
+        return EngineStatus(self.name, None, 0, True, (PeerStatus(GW, "192.0.2.1:51820", self.handshake, self.rx, self.tx),))
+
+    async def reset_sessions(self, desired, *, within=10.0, every=1.0) -> bool:
+        import time
+
+        self.resets += 1
+        self.rx += 92
+        self.handshake = time.time()
+        return True
+
+
+async def test_a_silent_gateway_gets_a_fresh_handshake_shown_in_status_and_heartbeat(plane, monkeypatch):
+    from anex_agent.agent import dataplane as dataplane_module
+    from anex_agent.agent.liveness import DeadPeerWatch
+
+    monkeypatch.setattr(dataplane_module, "DeadPeerWatch",
+                        lambda after: DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05))
+    make, _ = plane
+    dp, _ = await make(SilentGatewayEngine)
+    for _ in range(100):
+        if dp.engine.resets:
+            break
+        await asyncio.sleep(0.02)
+    assert dp.engine.resets >= 1  # no coordinator involved: the data plane did it by itself
+    doc = await dp.status_doc()
+    assert doc["dead_peer"]["detections"] >= 1 and doc["dead_peer"]["events"][0]["recovered_after"] is not None
+    transport = await dp.transport_status()  # what the heartbeat sends
+    assert "nothing received" in transport.dead_peer and "handshake again" in transport.dead_peer
