@@ -139,6 +139,46 @@ def test_gateway_killed_and_restarted_with_the_coordinator_up_heals_within_3_s(m
     assert figures["recovered_after_gateway_back_s"] <= GOAL, figures
 
 
+#: One HTTP/1.1 keep-alive connection held across a gateway restart: a request, a line on
+#: stdin, a second request on the same connection; prints each status line.
+IDLE_CONNECTION = r"""
+import socket, sys
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+def ask(path):
+    sock.sendall(("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(4096)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+    while len(body) < length:
+        body += sock.recv(4096)
+    print(head.split(b"\r\n")[0].decode(), flush=True)
+ask("/idle-1")
+sys.stdin.readline()
+ask("/idle-2")
+"""
+
+
+def test_an_idle_connection_survives_a_gateway_restart(mesh, node):
+    from anex_agent.demo.mesh import CLUSTER_IP
+
+    conn = node.ns.popen([sys.executable, "-c", IDLE_CONNECTION, CLUSTER_IP, str(HTTP_PORT)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert conn.stdout.readline().startswith("HTTP/1.1 200")
+        mesh.kill_gateway()
+        mesh.start_gateway()
+        conn.stdin.write("\n")
+        conn.stdin.flush()
+        out, err = conn.communicate(timeout=30)
+        assert out.startswith("HTTP/1.1 200"), (out, err)  # the same connection, through the restarted gateway
+    finally:
+        if conn.poll() is None:
+            conn.kill()
+            conn.wait()
+
+
 def _state_files(state_dir) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(state_dir.iterdir()) if p.is_file() and p.name != LOCK_NAME}
 
