@@ -40,9 +40,9 @@ class StateDirInUse(ConfigError):
                                       "(one instance per state directory)")
 
 
-@dataclass
+@dataclass(eq=False)
 class StateLock:
-    """A held lock; :meth:`release` (or process exit) gives it back."""
+    """A held lock; held while referenced: :meth:`release`, dropping it, or process exit gives it back."""
 
     state_dir: Path
     fd: int | None
@@ -51,6 +51,9 @@ class StateLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def acquire(state_dir: Path | str, role: str) -> StateLock:

@@ -16,7 +16,7 @@ from anex_agent.errors import ConfigError
 HOLD = (
     "import sys, time\n"
     "from anex_agent import statelock\n"
-    "statelock.acquire(sys.argv[1], 'gateway')\n"
+    "lock = statelock.acquire(sys.argv[1], 'gateway')\n"
     "print('held', flush=True)\n"
     "time.sleep(60)\n"
 )
@@ -76,3 +76,13 @@ def test_children_do_not_inherit_the_lock(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_dropped_lock_is_released(tmp_path):
+    """A role's entry that returns (in-process callers, tests) does not keep the state dir locked."""
+    def entry():
+        lock = statelock.acquire(tmp_path, "daemon")  # noqa: F841 - held until the function returns
+        with pytest.raises(statelock.StateDirInUse):
+            statelock.acquire(tmp_path, "daemon")
+    entry()
+    statelock.acquire(tmp_path, "daemon").release()
