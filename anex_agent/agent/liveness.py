@@ -9,8 +9,9 @@ wait for them, nor for the coordinator: when it has **sent data** to the gateway
 new handshake at once
 (:meth:`anex_agent.tunnels.base.Engine.reset_sessions`, every engine) and repeats it every
 :data:`RETRY` s until a handshake completes (every :data:`RETRY_SLOW` s once the gateways
-have been silent for :data:`FAST_FOR` s), so traffic is back about a second after the
-gateway is.
+have been silent for :data:`FAST_FOR` s, and always for an engine whose reset does not wait
+for the handshake: wireproxy restarts its process), so traffic is back about a second after
+the gateway is.
 
 The signal is the one the path watcher uses (:mod:`anex_agent.agent.path`): the engine's
 receive and send counters summed over the gateway peers, read every :data:`CHECK_EVERY` s.
@@ -138,8 +139,9 @@ class DeadPeerWatch:
             attempt = time.monotonic()
             event["attempts"] += 1
             healed = await reset(self.retry)
-            if not healed:  # an engine that does not wait for the handshake (it restarts): look for one
-                interval = self.retry if attempt - began < self.fast_for else self.retry_slow
+            if not healed:  # no handshake yet; an engine that did not wait (wireproxy restarts): look for one
+                waited = time.monotonic() - attempt >= self.retry / 2
+                interval = self.retry if waited and attempt - began < self.fast_for else self.retry_slow
                 await asyncio.sleep(max(0.0, attempt + interval - time.monotonic()))
                 age = (await counters()).handshake_age
                 healed = age is not None and age <= time.monotonic() - attempt
