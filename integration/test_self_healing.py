@@ -208,8 +208,7 @@ def test_a_second_gateway_on_the_running_ones_state_dir_is_refused_and_changes_n
 
 def test_a_second_agent_on_the_running_ones_state_dir_is_refused_and_changes_nothing(mesh, node):
     before = (ns_state(node.ns), _state_files(node.state_dir))
-    second = node.ns.run([*anex_argv(), "daemon"], check=False, timeout=30,
-                         env={**node.env, "ANEX_API_LISTEN": "127.0.0.1:9556", "ANEX_PROXY_LISTEN": "127.0.0.1:3129"})
+    second = node.ns.run([*anex_argv(), "daemon"], check=False, timeout=30, env=node.env)  # same ports too
     assert second.returncode == 2, second.stdout + second.stderr
     assert str(node.state_dir) in second.stderr and f"PID {node.proc.pid}" in second.stderr, second.stderr
     after = (ns_state(node.ns), _state_files(node.state_dir))

@@ -43,11 +43,11 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     check_command(command)
     settings = agent_settings.from_args(args, os.environ)
-    lock = statelock.acquire(settings.state_dir, "run")  # noqa: F841 - held until exit; one instance per state dir
     account = None
     if args.user or os.environ.get(WORKLOAD_USER_VAR):
         source = "--user" if args.user else WORKLOAD_USER_VAR
         account = resolve_account(args.user or os.environ[WORKLOAD_USER_VAR], source, euid=os.geteuid())
+    lock = statelock.acquire(settings.state_dir, "run")  # noqa: F841 - held until exit; one instance per state dir
     agent_settings.check_ports_free(settings)
     workload = Workload(command, env=childenv.workload_env(os.environ, account), account=account)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
