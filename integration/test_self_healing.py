@@ -137,6 +137,12 @@ def test_gateway_killed_and_restarted_with_the_coordinator_down_heals_within_3_s
 def test_gateway_killed_and_restarted_with_the_coordinator_up_heals_within_3_s(mesh, node):
     figures = _restart_and_measure(mesh, node, coordinator_up=True)
     assert figures["recovered_after_gateway_back_s"] <= GOAL, figures
+    # the heartbeat carries the last detection: the coordinator's node view shows it
+    node_id = node.status()["node_id"]
+    view = wait_until(lambda: (v := mesh.admin("GET", f"/v1/nodes/{node_id}")) and
+                      "nothing received" in ((v.get("status") or {}).get("dead_peer") or "") and v, 60,
+                      "a heartbeat with the dead-peer detection", interval=1.0)
+    assert "handshake again after" in view["status"]["dead_peer"]
 
 
 #: One HTTP/1.1 keep-alive connection held across a gateway restart: a request, a line on
