@@ -14,7 +14,8 @@ for the handshake: wireproxy restarts its process), so traffic is back about a s
 the gateway is.
 
 The signal is the one the path watcher uses (:mod:`anex_agent.agent.path`): the engine's
-receive and send counters summed over the gateway peers, read every :data:`CHECK_EVERY` s.
+receive and send counters of the gateway peers (the watcher sums them; here each gateway's
+own), read every :data:`CHECK_EVERY` s.
 "Sent data" means more than :data:`KEEPALIVE_ONLY` bytes went out between two looks: a
 keepalive is 32 bytes (an empty transport message, whitepaper §5.4.6), so the node's
 persistent keepalives on an idle tunnel (the gateway sends none back) never trigger a
@@ -24,6 +25,11 @@ come costs one handshake per ``after`` s of silence at most. The default is shor
 that traffic is back within 3 s of a gateway that restarted at once (the silence began at
 the crash, the gateway is back half a second later).
 
+Each gateway is judged by its own counters. With several gateways (all offer the mesh
+network; WireGuard gives a network to one peer only, so one carries the traffic) a silent one's
+traffic moves to another that handshook within :data:`FRESH_HANDSHAKE` s (:func:`demote`, then
+fresh handshakes with the peers re-added), and goes back once the silent one handshakes again.
+
 Each detection is logged with its reason and outcome and kept (:meth:`DeadPeerWatch.report`:
 ``/status`` ``dead_peer``, the heartbeat's ``status.dead_peer``).
 """
@@ -32,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anex_agent.agent.path import CHECK_EVERY, STALL_AFTER, Counters
+from anex_agent.tunnels.base import DesiredConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +61,29 @@ RETRY = 1.0
 FAST_FOR = 30.0
 RETRY_SLOW = 5.0
 EVENTS_KEPT = 20
+#: A gateway whose last handshake is at most this old may take the traffic of a silent one
+#: (an idle standby handshakes every two minutes, whitepaper §6.2: REKEY_AFTER_TIME).
+FRESH_HANDSHAKE = 180.0
+
+
+def demote(desired: DesiredConfig, demoted: frozenset[str]) -> DesiredConfig:
+    """Pure: ``desired`` with the networks the ``demoted`` gateways share with another gateway
+    taken from them, so the others carry that traffic. Unchanged when no other gateway is left.
+
+    Every gateway offers the mesh network (and often the same routes); WireGuard gives a network
+    to one peer only, so the demoted peer must not list it for another to get it."""
+    if not demoted:
+        return desired
+    keep = [p for p in desired.peers if p.public_key not in demoted]
+    if not keep:
+        return desired
+    offered = frozenset().union(*(p.allowed_set() for p in keep))
+    peers = tuple(
+        dataclasses.replace(p, allowed_ips=tuple(c for c in p.allowed_ips
+                                                 if str(ipaddress.ip_network(c, strict=False)) not in offered))
+        if p.public_key in demoted else p
+        for p in desired.peers)
+    return dataclasses.replace(desired, peers=peers)
 
 
 @dataclass
@@ -98,6 +130,7 @@ class DeadPeerWatch:
     fast_for: float = FAST_FOR
     retry_slow: float = RETRY_SLOW
     detections: int = 0
+    demoted: dict[str, float] = field(default_factory=dict)  # public key -> when its traffic was moved away
     events: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=EVENTS_KEPT))
 
     def last(self) -> str:
@@ -110,23 +143,68 @@ class DeadPeerWatch:
         return f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(e['at']))}: {e['reason']}; {outcome}"
 
     def report(self) -> dict[str, Any]:
-        return {"after": self.after, "detections": self.detections, "events": list(self.events)}
+        return {"after": self.after, "detections": self.detections, "events": list(self.events),
+                "demoted": sorted(self.demoted)}
 
-    async def run(self, counters: Callable[[], Awaitable[Counters]],
-                  reset: Callable[[float], Awaitable[bool]]) -> None:
-        """Until cancelled. ``reset(within)`` starts fresh handshakes and waits up to ``within``
-        s for one (True when it came)."""
-        silence = Silence(after=self.after)
+    async def run(self, counters: Callable[[], Awaitable[dict[str, Counters]]],
+                  reset: Callable[[float], Awaitable[bool]],
+                  steer: Callable[[frozenset[str]], Awaitable[bool]] | None = None) -> None:
+        """Until cancelled. ``counters()``: each gateway's counters by public key. ``reset(within)``
+        starts fresh handshakes and waits up to ``within`` s for one (True when it came).
+        ``steer(demoted)``: move the traffic of the ``demoted`` gateways to the others (None: one
+        gateway only, or an engine that cannot)."""
+        silences: dict[str, Silence] = {}
         while True:
             await asyncio.sleep(self.check_every)
             seen = await counters()
-            quiet = silence.observe(seen.rx, seen.tx, time.monotonic())
-            if quiet is None:
+            now = time.monotonic()
+            if steer is not None and self.demoted and await self._restore(seen, steer):
+                silences.clear()
                 continue
-            await self._revive(quiet, counters, reset)
-            silence.rebase()
+            dead = {}
+            for key, c in seen.items():
+                quiet = silences.setdefault(key, Silence(after=self.after)).observe(c.rx, c.tx, now)
+                if quiet is not None and key not in self.demoted:  # a demoted one gets no data, only retries
+                    dead[key] = quiet
+            if not dead:
+                continue
+            others = sorted(k for k, c in seen.items() if k not in dead and k not in self.demoted
+                            and c.handshake_age is not None and c.handshake_age <= FRESH_HANDSHAKE)
+            if steer is not None and others:
+                await self._fail_over(dead, others, steer)
+            else:
+                await self._revive(max(dead.values()), counters, reset)
+            silences.clear()
 
-    async def _revive(self, quiet: float, counters: Callable[[], Awaitable[Counters]],
+    async def _fail_over(self, dead: dict[str, float], others: list[str],
+                         steer: Callable[[frozenset[str]], Awaitable[bool]]) -> None:
+        names = ", ".join(k[:8] for k in sorted(dead))
+        reason = (f"data sent to gateway {names} and nothing received for {max(dead.values()):.1f} s; "
+                  f"traffic moved to gateway {', '.join(k[:8] for k in others)}")
+        log.warning("dead peer: %s", reason)
+        self.detections += 1
+        at = time.monotonic()
+        for key in dead:
+            self.demoted[key] = at
+        event: dict[str, Any] = {"at": round(time.time(), 3), "reason": reason, "attempts": 1, "recovered_after": None}
+        self.events.append(event)
+        if await steer(frozenset(self.demoted)):
+            event["recovered_after"] = round(time.monotonic() - at, 3)
+
+    async def _restore(self, seen: dict[str, Counters], steer: Callable[[frozenset[str]], Awaitable[bool]]) -> bool:
+        """A demoted gateway that handshook since it was demoted takes its traffic back."""
+        now = time.monotonic()
+        back = [k for k, at in self.demoted.items()
+                if k not in seen or (seen[k].handshake_age is not None and seen[k].handshake_age < now - at)]
+        if not back:
+            return False
+        for key in back:
+            del self.demoted[key]
+        log.warning("dead peer: gateway %s answers again; its traffic goes back to it", ", ".join(k[:8] for k in back))
+        await steer(frozenset(self.demoted))
+        return True
+
+    async def _revive(self, quiet: float, counters: Callable[[], Awaitable[dict[str, Counters]]],
                       reset: Callable[[float], Awaitable[bool]]) -> None:
         """Fresh handshakes every ``retry`` s until one completes (the gateway is back)."""
         reason = f"data sent to the gateways and nothing received for {quiet:.1f} s"
@@ -143,8 +221,8 @@ class DeadPeerWatch:
                 waited = time.monotonic() - attempt >= self.retry / 2
                 interval = self.retry if waited and attempt - began < self.fast_for else self.retry_slow
                 await asyncio.sleep(max(0.0, attempt + interval - time.monotonic()))
-                age = (await counters()).handshake_age
-                healed = age is not None and age <= time.monotonic() - attempt
+                ages = [c.handshake_age for c in (await counters()).values() if c.handshake_age is not None]
+                healed = bool(ages) and min(ages) <= time.monotonic() - attempt
             if healed:
                 event["recovered_after"] = round(time.monotonic() - began, 3)
                 log.warning("dead peer: a gateway answered again %.1f s after the detection (%d handshake(s) started)",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from anex_agent.agent.liveness import DeadPeerWatch, Silence
+from anex_agent.agent.liveness import DeadPeerWatch, Silence, demote
 from anex_agent.agent.path import Counters
+from anex_agent.keys import generate_private_key
+from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 
 
 def test_data_sent_and_nothing_received_is_dead_after_the_delay():
@@ -53,8 +55,8 @@ class Fake:
     def __init__(self, heal_on: int, wait: bool = True) -> None:
         self.rx, self.tx, self.resets, self.heal_on, self.wait, self.age = 0, 0, 0, heal_on, wait, None
 
-    async def counters(self) -> Counters:
-        return Counters(self.rx, self.tx, self.age)
+    async def counters(self) -> dict[str, Counters]:
+        return {"gw": Counters(self.rx, self.tx, self.age)}
 
     async def reset(self, within: float) -> bool:
         self.resets += 1
@@ -106,3 +108,71 @@ def test_an_idle_tunnel_is_left_alone():
     watch = DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05)
     asyncio.run(_run(watch, fake, sending=False, seconds=0.5))
     assert fake.resets == 0 and watch.detections == 0 and watch.last() == ""
+
+
+A, B = "A" * 43 + "=", "B" * 43 + "="
+
+
+def _desired(*peers: PeerConfig) -> DesiredConfig:
+    return DesiredConfig(private_key=generate_private_key(), listen_port=None, address="10.254.0.7/16", mtu=1380,
+                         peers=peers, routes=("10.77.0.0/24",))
+
+
+def test_demote_moves_the_shared_networks_to_the_other_gateways():
+    a = PeerConfig(A, "192.0.2.1:51820", ("10.254.0.0/16", "10.77.0.0/24", "10.88.0.0/24"), 25)
+    b = PeerConfig(B, "192.0.2.2:51820", ("10.254.0.0/16", "10.77.0.0/24"), 25)
+    desired = _desired(a, b)
+    moved = demote(desired, frozenset({B}))
+    assert moved.peers[0] == a
+    assert moved.peers[1].allowed_ips == ()  # everything it offered, A offers too
+    moved = demote(desired, frozenset({A}))
+    assert moved.peers[0].allowed_ips == ("10.88.0.0/24",)  # only A offers this one: it keeps it
+    assert moved.peers[1] == b
+    assert demote(desired, frozenset()) is desired
+    assert demote(desired, frozenset({A, B})) is desired  # nobody left to take the traffic
+
+
+class TwoGateways:
+    """A carries the traffic and goes silent; B is an idle standby that handshook recently."""
+
+    def __init__(self) -> None:
+        self.c = {A: [1000, 1000, 1.0], B: [500, 500, 30.0]}
+        self.steered: list[frozenset[str]] = []
+        self.resets = 0
+
+    async def counters(self) -> dict[str, Counters]:
+        return {k: Counters(rx, tx, age) for k, (rx, tx, age) in self.c.items()}
+
+    async def reset(self, within: float) -> bool:
+        self.resets += 1
+        return False
+
+    async def steer(self, demoted: frozenset[str]) -> bool:
+        self.steered.append(demoted)
+        return True
+
+
+def test_a_silent_gateway_s_traffic_moves_to_one_that_answers_and_back():
+    gws = TwoGateways()
+    watch = DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05)
+
+    async def scenario():
+        task = asyncio.create_task(watch.run(gws.counters, gws.reset, gws.steer))
+        for _ in range(30):                        # A gets data and never answers
+            gws.c[A][1] += 300
+            await asyncio.sleep(0.02)
+        assert gws.steered == [frozenset({A})] and gws.resets == 0
+        assert watch.demoted.keys() == {A} and "traffic moved to gateway BBBBBBBB" in watch.last()
+        for _ in range(10):                        # B carries it now; A is only retried
+            gws.c[B][0] += 200
+            gws.c[B][1] += 200
+            gws.c[A][1] += 148
+            await asyncio.sleep(0.02)
+        assert gws.steered == [frozenset({A})]     # no second failover for a demoted gateway
+        gws.c[A][2] = 0.0                          # A handshook again
+        await asyncio.sleep(0.1)
+        assert gws.steered[-1] == frozenset() and not watch.demoted
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
