@@ -265,3 +265,18 @@ def test_an_idle_tunnel_sends_no_extra_handshakes(mesh, node):
     print(f"handshake initiations from the idle node in 60 s: {sent}")
     assert after["dead_peer"]["detections"] == detections
     assert sent <= 1
+
+
+def test_a_second_coordinator_on_the_running_ones_state_dir_is_refused(mesh, node):
+    from anex_agent.demo.mesh import COORDINATOR_PORT
+
+    state_dir = mesh.workdir / "coordinator"
+    before = _state_files(state_dir)
+    second = mesh.gateway.run([*anex_argv(), "coordinator", "--listen", f"0.0.0.0:{COORDINATOR_PORT}",
+                               "--state-dir", str(state_dir)], check=False, timeout=30,
+                              env={**os.environ, "ANEX_ADMIN_TOKEN": mesh.admin_token})
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert str(state_dir) in second.stderr and f"PID {mesh.coordinator_proc.pid}" in second.stderr, second.stderr
+    assert mesh.coordinator_proc.poll() is None and mesh.admin("GET", "/v1/nodes") is not None
+    after = _state_files(state_dir)
+    assert after.keys() == before.keys() and all(after[k] == before[k] for k in after if not k.startswith("coordinator.db"))
