@@ -406,6 +406,8 @@ class TransportStatus(Model):
     last_handshake_age: float | None = Field(None, ge=0, description="seconds since the last handshake, None if never")
     rx_bytes: Counter = 0
     tx_bytes: Counter = 0
+    dead_peer: str = Field("", max_length=PATH_REASON_MAX,
+                           description="the last dead-peer detection: when, why a fresh handshake was started, outcome")
 
 
 class Heartbeat(Model):

@@ -9,7 +9,7 @@ import argparse
 import asyncio
 import os
 
-from anex_agent import childenv
+from anex_agent import childenv, statelock
 from anex_agent.agent import settings as agent_settings
 
 
@@ -22,6 +22,7 @@ def main(args: argparse.Namespace) -> int:
     from anex_agent.agent.supervisor import Agent
 
     settings = agent_settings.from_args(args, os.environ)
+    lock = statelock.acquire(settings.state_dir, "daemon")  # noqa: F841 - held until exit; one instance per state dir
     agent_settings.check_ports_free(settings)
     childenv.scrub_environ(os.environ)  # nothing the agent starts inherits a secret
     agent = Agent(settings, detect_report=detect_report)

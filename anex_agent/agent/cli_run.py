@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import os
 
-from anex_agent import childenv
+from anex_agent import childenv, statelock
 from anex_agent.agent import settings as agent_settings
 from anex_agent.agent.workload import Workload, check_command, resolve_account
 
@@ -47,6 +47,7 @@ def main(args: argparse.Namespace) -> int:
     if args.user or os.environ.get(WORKLOAD_USER_VAR):
         source = "--user" if args.user else WORKLOAD_USER_VAR
         account = resolve_account(args.user or os.environ[WORKLOAD_USER_VAR], source, euid=os.geteuid())
+    lock = statelock.acquire(settings.state_dir, "run")  # noqa: F841 - held until exit; one instance per state dir
     agent_settings.check_ports_free(settings)
     workload = Workload(command, env=childenv.workload_env(os.environ, account), account=account)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either

@@ -29,6 +29,7 @@ from typing import Any
 
 from anex_agent.agent import engine_frontends
 from anex_agent.agent.desired import merge_tunnels
+from anex_agent.agent.liveness import DeadPeerWatch, demote
 from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
@@ -64,6 +65,7 @@ class DataPlane:
         self.engine: Engine | None = None
         self.config: NodeConfig | None = None
         self.paths = PathManager(path_settings(settings), keypair)
+        self.liveness = DeadPeerWatch(after=settings.dead_peer_after)
         self.endpoints = EndpointPolicy(endpoint_resolve)
         self.resolve_interval = resolve_interval
         self.resolver = ResolverSlot()
@@ -72,6 +74,7 @@ class DataPlane:
         self.proxy = None
         self._desired: DesiredConfig | None = None  # as last applied (endpoints resolved)
         self._workload: WorkloadConfig | None = None
+        self._demoted: frozenset[str] = frozenset()  # gateways whose traffic the others carry (dead-peer watch)
         self._lock = asyncio.Lock()  # one engine apply at a time (config changes, endpoint moves, resets)
         self._stack = contextlib.AsyncExitStack()
         self.route_guard = RouteGuard(settings.coordinator_url)  # gateway routes never cover the coordinator
@@ -118,6 +121,9 @@ class DataPlane:
         tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
         tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions,
                                                             self._nudge))
+        tasks.spawn("dead-peer-watch", lambda: self.liveness.run(
+            self._gateway_counters, lambda within: self.reset_gateway_sessions(within=within, every=within),
+            self._steer))
 
     async def apply(self, config: NodeConfig) -> bool:
         """Re-apply a newer config: engine (gateways, address, routes, workload), DNS, forwards.
@@ -142,7 +148,7 @@ class DataPlane:
         """The engine's part of ``config``: the tunnel with endpoint names resolved, and the workload."""
         assert self.engine is not None
         async with self._lock:
-            desired = await self.paths.route(await self._resolved(config), config)
+            desired = demote(await self.paths.route(await self._resolved(config), config), self._demoted)
             workload = engine_frontends.workload_config(config, self.settings)
             changed = await self.engine.apply(desired, workload)
             self._desired, self._workload = desired, workload
@@ -155,6 +161,25 @@ class DataPlane:
     async def _counters(self) -> Counters:
         transport = await self.transport_status()
         return Counters(transport.rx_bytes, transport.tx_bytes, transport.last_handshake_age)
+
+    async def _gateway_counters(self) -> dict[str, Counters]:
+        """Each gateway peer's counters (the dead-peer watch's signal)."""
+        status = await self.engine_status()
+        now = time.time()
+        return {p.public_key: Counters(p.rx_bytes, p.tx_bytes,
+                                       None if not p.last_handshake else max(0.0, now - p.last_handshake))
+                for p in (status.peers if status else ())}
+
+    async def _steer(self, demoted: frozenset[str]) -> bool:
+        """Move the traffic of the ``demoted`` gateways to the others (see :func:`liveness.demote`):
+        the peers re-added with the shared networks on the others only; True once a handshake came."""
+        if self.engine is None or self.config is None:
+            return False
+        async with self._lock:
+            self._demoted = demoted
+            desired = demote(await self.paths.route(await self._resolved(self.config), self.config), demoted)
+            self._desired = desired
+            return await self.engine.reset_sessions(desired, within=RESET_RETRY, every=RESET_RETRY)
 
     def _nudge(self) -> None:
         """Make the engine send to each gateway now: one datagram to its mesh address (discard port).
@@ -233,6 +258,7 @@ class DataPlane:
             last_handshake_age=max(0.0, round(min(ages), 3)) if ages else None,  # never negative (clock steps)
             rx_bytes=sum(p.rx_bytes for p in status.peers) if status else 0,
             tx_bytes=sum(p.tx_bytes for p in status.peers) if status else 0,
+            dead_peer=self.liveness.last()[:PATH_REASON_MAX],
         )
 
     async def ready(self) -> tuple[bool, str]:
@@ -256,6 +282,7 @@ class DataPlane:
             "engine": transport.engine,
             "path": transport.path,
             "path_choice": self.paths.report(),
+            "dead_peer": self.liveness.report(),
             "interface": status.interface if status else None,
             "detect": self.detect_report,
             "address": config.address if config else None,

@@ -22,6 +22,8 @@ ANEX_ENGINE            --engine                         auto|kernel|wireguard-go
 ANEX_PATH              --path                           auto|udp|websocket (see anex_agent.agent.path)
 ANEX_PATH_PROBE_INTERVAL --path-probe-interval          seconds between UDP probes while on the
                                                         WebSocket path (auto), default 120
+ANEX_DEAD_PEER_AFTER   --dead-peer-after                seconds with data sent to the gateways and nothing
+                                                        received before a fresh handshake, default 2
 HTTPS_PROXY, HTTP_PROXY, NO_PROXY                       egress proxy (CONNECT) for the WebSocket relay
 ANEX_PROXY_LISTEN      --proxy-listen                   IP:PORT, [IPv6]:PORT or localhost:PORT, default 127.0.0.1:3128
 ANEX_API_LISTEN        --api-listen                     IP:PORT (as above), default 127.0.0.1:9555
@@ -98,6 +100,8 @@ class AgentSettings:
     ca_file: Path | None = None
     #: seconds between UDP probes while on the WebSocket path (ANEX_PATH_PROBE_INTERVAL)
     path_probe_interval: float = 120.0
+    #: seconds with data sent and nothing received before a fresh handshake (ANEX_DEAD_PEER_AFTER)
+    dead_peer_after: float = 2.0
     #: HTTPS_PROXY / HTTP_PROXY / NO_PROXY (either case) as found, for the WebSocket relay connection
     proxy_env: tuple[tuple[str, str], ...] = ()
 
@@ -252,6 +256,8 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     path, src_p = _pick(getattr(args, "path", None), "--path", environ, "ANEX_PATH", "auto")
     probe, src_pi = _pick(getattr(args, "path_probe_interval", None), "--path-probe-interval", environ,
                           "ANEX_PATH_PROBE_INTERVAL", "120")
+    dead, src_dp = _pick(getattr(args, "dead_peer_after", None), "--dead-peer-after", environ,
+                         "ANEX_DEAD_PEER_AFTER", "2")
     proxy, src_x = _pick(getattr(args, "proxy_listen", None), "--proxy-listen", environ, "ANEX_PROXY_LISTEN", DEFAULT_PROXY_LISTEN)
     api, src_a = _pick(getattr(args, "api_listen", None), "--api-listen", environ, "ANEX_API_LISTEN", DEFAULT_API_LISTEN)
     provider, src_v = _pick(getattr(args, "provider", None), "--provider", environ, "ANEX_PROVIDER", "other")
@@ -297,6 +303,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         inbound_ports=inbound_ports,
         ca_file=ca_file,
         path_probe_interval=_seconds(probe, src_pi),
+        dead_peer_after=_seconds(dead, src_dp),
         proxy_env=tuple((k, v) for k, v in sorted(environ.items())
                         if k.lower() in ("https_proxy", "http_proxy", "no_proxy") and v),
     )
@@ -322,6 +329,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--path", metavar="|".join(PATHS), help="datagram path, default auto [ANEX_PATH]")
     g.add_argument("--path-probe-interval", metavar="SECONDS",
                    help="while on the WebSocket path, probe UDP this often, default 120 [ANEX_PATH_PROBE_INTERVAL]")
+    g.add_argument("--dead-peer-after", metavar="SECONDS",
+                   help="data sent to the gateways and nothing received this long: start a fresh handshake, "
+                        "default 2 [ANEX_DEAD_PEER_AFTER]")
     g.add_argument("--proxy-listen", metavar="HOST:PORT", help=f"HTTP proxy, default {DEFAULT_PROXY_LISTEN} [ANEX_PROXY_LISTEN]")
     g.add_argument("--api-listen", metavar="HOST:PORT", help=f"agent API, default {DEFAULT_API_LISTEN} [ANEX_API_LISTEN]")
     g.add_argument("--proxy-auth", metavar="USER:PASSWORD",

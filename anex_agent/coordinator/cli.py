@@ -27,7 +27,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from anex_agent import access_token, parse
+from anex_agent import access_token, parse, statelock
 from anex_agent.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
 from anex_agent.coordinator import gateway_routes, limits, tls
@@ -226,5 +226,6 @@ def _redacted(url: str) -> str:
 def main(args: argparse.Namespace) -> int:
     host, port = _listen(args.listen)
     settings = settings_from(args)
+    lock = statelock.acquire(settings.state_dir, "coordinator")  # noqa: F841 - held until exit; one instance per state dir
     asyncio.run(serve(settings, host, port, args.signing_key_file, args.coordinator_key_file))
     return 0

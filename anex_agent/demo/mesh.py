@@ -239,9 +239,12 @@ class Mesh:
 
     # ---------------------------------------------------------------- gateway
 
-    def start_gateway(self, ws_url: str = WS_URL) -> None:
+    def start_gateway(self, ws_url: str = WS_URL, *, registered: bool = True) -> None:
         """``anex-agent gateway`` with its WebSocket relay on ``WS_PORT``; ``ws_url`` is what it
-        advertises (a TLS-terminating proxy in front of the relay: that proxy's URL)."""
+        advertises (a TLS-terminating proxy in front of the relay: that proxy's URL).
+
+        Returns once its WireGuard interface is up and (unless ``registered=False``: the
+        coordinator is down, it starts from its saved registration) the coordinator lists it."""
         if self.gateway_token is None:
             self.gateway_token = self.join_token("gateway", reusable=True)
         state = self.workdir / "gateway"
@@ -259,7 +262,19 @@ class Mesh:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}  # only what we pass below
         env["ANEX_GATEWAY_TOKEN"] = self.gateway_token  # not --token: ps shows argv to every local user
         self.gateway_proc = self.gateway.popen(argv, stdout=self._logfile("gateway"), stderr=subprocess.STDOUT, env=env)
-        wait_until(self._gateway_registered, 30, "the gateway registering with the coordinator")
+        if registered:
+            wait_until(self._gateway_registered, 30, "the gateway registering with the coordinator")
+        wait_until(self._gateway_up, 30, "the gateway's WireGuard interface")
+
+    def gateway_interfaces(self) -> list[str]:
+        """Our WireGuard interfaces in the gateway namespace."""
+        lines = self.gateway.run(["ip", "-o", "link"]).stdout.splitlines()
+        return [l.split(": ")[1].split("@")[0] for l in lines if ": anx" in l and "anxd" not in l]
+
+    def _gateway_up(self) -> bool:
+        if self.gateway_proc is not None and self.gateway_proc.poll() is not None:
+            raise ProcessDied(f"the gateway exited with status {self.gateway_proc.returncode}: {self._tail('gateway')}")
+        return bool(self.gateway_interfaces())
 
     def _gateway_registered(self) -> bool:
         if self.gateway_proc is not None and self.gateway_proc.poll() is not None:

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 
+from anex_agent import statelock
 from anex_agent.gateway.settings import DEFAULT_LISTEN_UDP, GATEWAY_ENGINES, from_args
 
 
@@ -60,6 +61,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = from_args(args, os.environ)
+    lock = statelock.acquire(settings.state_dir, "gateway")  # before anything else: one instance per state dir
     from anex_agent.gateway.service import Gateway
 
-    return asyncio.run(Gateway(settings).run())
+    try:
+        return asyncio.run(Gateway(settings).run())
+    finally:
+        lock.release()

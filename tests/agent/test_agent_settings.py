@@ -285,3 +285,13 @@ def test_path_settings_probe_interval_and_egress_proxy_variables():
         with pytest.raises(ConfigError) as err:
             parse({**BASE, "ANEX_PATH_PROBE_INTERVAL": bad})
         assert err.value.source == "ANEX_PATH_PROBE_INTERVAL"
+
+
+def test_dead_peer_after_is_tunable_and_checked():
+    assert parse(BASE).dead_peer_after == 2.0  # the documented default
+    assert parse({**BASE, "ANEX_DEAD_PEER_AFTER": "5"}).dead_peer_after == 5.0
+    assert parse({**BASE, "ANEX_DEAD_PEER_AFTER": "5"}, ["--dead-peer-after", "2"]).dead_peer_after == 2.0
+    for bad in ("0", "-1", "x", "1.5"):
+        with pytest.raises(ConfigError) as err:
+            parse({**BASE, "ANEX_DEAD_PEER_AFTER": bad})
+        assert err.value.source == "ANEX_DEAD_PEER_AFTER"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,99 @@ async def test_an_engine_that_serves_the_workload_gets_it_with_every_apply(plane
     assert (await dp.status_doc())["contract-self"] == {"served_forwards": 2}
     await dp.reset_gateway_sessions()
     assert dp.engine.resets == 1  # the engine decides how to reset its sessions
+
+
+class SilentGatewayEngine(ContractEngine):
+    """Sends (tx grows at every look) and hears nothing until its sessions are reset."""
+
+    name = "contract-silent"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.rx, self.tx, self.handshake = 1000, 1000, None
+
+    async def status(self) -> EngineStatus:
+        from anex_agent.tunnels.base import PeerStatus
+
+        self.tx += 200
+        return EngineStatus(self.name, None, 0, True, (PeerStatus(GW, "192.0.2.1:51820", self.handshake, self.rx, self.tx),))
+
+    async def reset_sessions(self, desired, *, within=10.0, every=1.0) -> bool:
+        import time
+
+        self.resets += 1
+        self.rx += 92
+        self.handshake = time.time()
+        return True
+
+
+async def test_a_silent_gateway_gets_a_fresh_handshake_shown_in_status_and_heartbeat(plane, monkeypatch):
+    from anex_agent.agent import dataplane as dataplane_module
+    from anex_agent.agent.liveness import DeadPeerWatch
+
+    monkeypatch.setattr(dataplane_module, "DeadPeerWatch",
+                        lambda after: DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05))
+    make, _ = plane
+    dp, _ = await make(SilentGatewayEngine)
+    for _ in range(100):
+        if dp.engine.resets:
+            break
+        await asyncio.sleep(0.02)
+    assert dp.engine.resets >= 1  # no coordinator involved: the data plane did it by itself
+    doc = await dp.status_doc()
+    assert doc["dead_peer"]["detections"] >= 1 and doc["dead_peer"]["events"][0]["recovered_after"] is not None
+    transport = await dp.transport_status()  # what the heartbeat sends
+    assert "nothing received" in transport.dead_peer and "handshake again" in transport.dead_peer
+
+
+GW2 = KeyPair(generate_private_key()).public_b64
+
+
+class OneSilentOfTwoEngine(ContractEngine):
+    """Two gateways: GW carries the traffic (tx grows) and never answers; GW2 is a standby that
+    handshook recently. Records the desired config of each session reset."""
+
+    name = "contract-two"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.tx = 1000
+        self.reset_with: list[DesiredConfig] = []
+
+    async def status(self) -> EngineStatus:
+        import time
+
+        from anex_agent.tunnels.base import PeerStatus
+
+        self.tx += 200
+        return EngineStatus(self.name, None, 0, True, (
+            PeerStatus(GW, "192.0.2.1:51820", time.time() - 5, 1000, self.tx),
+            PeerStatus(GW2, "192.0.2.2:51820", time.time() - 5, 700, 700)))
+
+    async def reset_sessions(self, desired, *, within=10.0, every=1.0) -> bool:
+        self.resets += 1
+        self.reset_with.append(desired)
+        return True
+
+
+async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(plane, monkeypatch):
+    from anex_agent.agent import dataplane as dataplane_module
+    from anex_agent.agent.liveness import DeadPeerWatch
+
+    monkeypatch.setattr(dataplane_module, "DeadPeerWatch",
+                        lambda after: DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05))
+    two = config()
+    two.gateways.append(GatewayPeer(id="g2", public_key=GW2, endpoint="192.0.2.2:51820",
+                                    allowed_ips=["10.254.0.0/16"], mesh_address="10.254.0.2"))
+    make, _ = plane
+    monkeypatch.setattr(sys.modules[__name__], "config", lambda *a, **k: two)
+    dp, _ = await make(OneSilentOfTwoEngine)
+    for _ in range(100):
+        if dp.engine.reset_with:
+            break
+        await asyncio.sleep(0.02)
+    steered = {p.public_key: p.allowed_ips for p in dp.engine.reset_with[0].peers}
+    assert steered[GW] == () and steered[GW2] == ("10.254.0.0/16",)  # the other gateway carries the mesh now
+    assert "traffic moved to gateway" in (await dp.status_doc())["dead_peer"]["events"][0]["reason"]
+    await dp.apply(config(version=2))  # a config push keeps the traffic on the gateway that answers
+    assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ()

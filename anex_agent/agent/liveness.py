@@ -1,0 +1,232 @@
+"""Dead-peer detection: the node sent to its gateways and heard nothing back; handshake again now.
+
+A gateway that restarted has no session and, the node being behind NAT, does not know where
+the node is: nothing happens until the node's WireGuard timers give up on the old session
+(REKEY_TIMEOUT + KEEPALIVE_TIMEOUT, whitepaper §6.1/§6.5: about 15 s). The agent does not
+wait for them, nor for the coordinator: when it has **sent data** to the gateways and
+**received nothing** (no data, no keepalive, no handshake response) for ``after`` s
+(``ANEX_DEAD_PEER_AFTER``, default :data:`DEAD_AFTER`, the path watcher's stall time), it starts a
+new handshake at once
+(:meth:`anex_agent.tunnels.base.Engine.reset_sessions`, every engine) and repeats it every
+:data:`RETRY` s until a handshake completes (every :data:`RETRY_SLOW` s once the gateways
+have been silent for :data:`FAST_FOR` s, and always for an engine whose reset does not wait
+for the handshake: wireproxy restarts its process), so traffic is back about a second after
+the gateway is.
+
+The signal is the one the path watcher uses (:mod:`anex_agent.agent.path`): the engine's
+receive and send counters of the gateway peers (the watcher sums them; here each gateway's
+own), read every :data:`CHECK_EVERY` s.
+"Sent data" means more than :data:`KEEPALIVE_ONLY` bytes went out between two looks: a
+keepalive is 32 bytes (an empty transport message, whitepaper §5.4.6), so the node's
+persistent keepalives on an idle tunnel (the gateway sends none back) never trigger a
+handshake; the smallest packet that expects an answer (a TCP SYN, a DNS query, a ping) is
+more. A healthy busy tunnel answers within a round trip; a one-way flow whose answers never
+come costs one handshake per ``after`` s of silence at most. The default is short enough
+that traffic is back within 3 s of a gateway that restarted at once (the silence began at
+the crash, the gateway is back half a second later).
+
+Each gateway is judged by its own counters. With several gateways (all offer the mesh
+network; WireGuard gives a network to one peer only, so one carries the traffic) a silent one's
+traffic moves to another that handshook within :data:`FRESH_HANDSHAKE` s (:func:`demote`, then
+fresh handshakes with the peers re-added), and goes back once the silent one handshakes again.
+
+Each detection is logged with its reason and outcome and kept (:meth:`DeadPeerWatch.report`:
+``/status`` ``dead_peer``, the heartbeat's ``status.dead_peer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import ipaddress
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from anex_agent.agent.path import CHECK_EVERY, STALL_AFTER, Counters
+from anex_agent.tunnels.base import DesiredConfig
+
+log = logging.getLogger(__name__)
+
+#: Seconds with data sent and nothing received before a fresh handshake (ANEX_DEAD_PEER_AFTER).
+DEAD_AFTER = STALL_AFTER
+#: Bytes sent between two looks that may be keepalives only (two 32-byte transport messages).
+KEEPALIVE_ONLY = 64
+#: Seconds between fresh handshakes while the gateways stay silent...
+RETRY = 1.0
+#: ...for this long; afterwards every RETRY_SLOW s (WireGuard's own REKEY_TIMEOUT).
+FAST_FOR = 30.0
+RETRY_SLOW = 5.0
+EVENTS_KEPT = 20
+#: A gateway whose last handshake is at most this old may take the traffic of a silent one
+#: (an idle standby handshakes every two minutes, whitepaper §6.2: REKEY_AFTER_TIME).
+FRESH_HANDSHAKE = 180.0
+
+
+def demote(desired: DesiredConfig, demoted: frozenset[str]) -> DesiredConfig:
+    """Pure: ``desired`` with the networks the ``demoted`` gateways share with another gateway
+    taken from them, so the others carry that traffic. Unchanged when no other gateway is left.
+
+    Every gateway offers the mesh network (and often the same routes); WireGuard gives a network
+    to one peer only, so the demoted peer must not list it for another to get it."""
+    if not demoted:
+        return desired
+    keep = [p for p in desired.peers if p.public_key not in demoted]
+    if not keep:
+        return desired
+    offered = frozenset().union(*(p.allowed_set() for p in keep))
+    peers = tuple(
+        dataclasses.replace(p, allowed_ips=tuple(c for c in p.allowed_ips
+                                                 if str(ipaddress.ip_network(c, strict=False)) not in offered))
+        if p.public_key in demoted else p
+        for p in desired.peers)
+    return dataclasses.replace(desired, peers=peers)
+
+
+@dataclass
+class Silence:
+    """Pure: says when data went out and nothing came back for ``after`` s.
+
+    ``observe(rx, tx, now)`` returns the seconds since the first unanswered send once they
+    reach ``after``, else None. Counters that went down (a peer re-added, an engine
+    restarted) move the baseline and forget a pending send.
+    """
+
+    after: float = DEAD_AFTER
+    keepalive_only: int = KEEPALIVE_ONLY
+    rx: int = -1
+    tx: int = -1
+    sent_at: float | None = None
+
+    def observe(self, rx: int, tx: int, now: float) -> float | None:
+        if self.rx < 0 or rx < self.rx or tx < self.tx:  # first look, or the counters restarted (a
+            self.rx, self.tx, self.sent_at = rx, tx, None  # re-added peer handshakes anew by itself)
+            return None
+        sent, self.tx = tx - self.tx, tx
+        if rx != self.rx:  # something arrived
+            self.rx, self.sent_at = rx, None
+            return None
+        if sent > self.keepalive_only and self.sent_at is None:
+            self.sent_at = now
+        if self.sent_at is not None and now - self.sent_at >= self.after:
+            return now - self.sent_at
+        return None
+
+    def rebase(self) -> None:
+        """Forget the baseline and any pending send (after a fresh handshake)."""
+        self.rx, self.tx, self.sent_at = -1, -1, None
+
+
+@dataclass
+class DeadPeerWatch:
+    """Watches the gateways' counters and starts fresh handshakes when they went silent; see the module."""
+
+    after: float = DEAD_AFTER
+    check_every: float = CHECK_EVERY
+    retry: float = RETRY
+    fast_for: float = FAST_FOR
+    retry_slow: float = RETRY_SLOW
+    detections: int = 0
+    demoted: dict[str, float] = field(default_factory=dict)  # public key -> when its traffic was moved away
+    events: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=EVENTS_KEPT))
+
+    def last(self) -> str:
+        """The last detection in one line (for the heartbeat), '' if none."""
+        if not self.events:
+            return ""
+        e = self.events[-1]
+        outcome = ("handshake again after %.1f s" % e["recovered_after"] if e.get("recovered_after") is not None
+                   else "no handshake yet")
+        return f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(e['at']))}: {e['reason']}; {outcome}"
+
+    def report(self) -> dict[str, Any]:
+        return {"after": self.after, "detections": self.detections, "events": list(self.events),
+                "demoted": sorted(self.demoted)}
+
+    async def run(self, counters: Callable[[], Awaitable[dict[str, Counters]]],
+                  reset: Callable[[float], Awaitable[bool]],
+                  steer: Callable[[frozenset[str]], Awaitable[bool]] | None = None) -> None:
+        """Until cancelled. ``counters()``: each gateway's counters by public key. ``reset(within)``
+        starts fresh handshakes and waits up to ``within`` s for one (True when it came).
+        ``steer(demoted)``: move the traffic of the ``demoted`` gateways to the others (None: one
+        gateway only, or an engine that cannot)."""
+        silences: dict[str, Silence] = {}
+        while True:
+            await asyncio.sleep(self.check_every)
+            seen = await counters()
+            now = time.monotonic()
+            if steer is not None and self.demoted and await self._restore(seen, steer):
+                silences.clear()
+                continue
+            dead = {}
+            for key, c in seen.items():
+                quiet = silences.setdefault(key, Silence(after=self.after)).observe(c.rx, c.tx, now)
+                if quiet is not None and key not in self.demoted:  # a demoted one gets no data, only retries
+                    dead[key] = quiet
+            if not dead:
+                continue
+            others = sorted(k for k, c in seen.items() if k not in dead and k not in self.demoted
+                            and c.handshake_age is not None and c.handshake_age <= FRESH_HANDSHAKE)
+            if steer is not None and others:
+                await self._fail_over(dead, others, steer)
+            else:
+                await self._revive(max(dead.values()), counters, reset)
+            silences.clear()
+
+    async def _fail_over(self, dead: dict[str, float], others: list[str],
+                         steer: Callable[[frozenset[str]], Awaitable[bool]]) -> None:
+        names = ", ".join(k[:8] for k in sorted(dead))
+        reason = (f"data sent to gateway {names} and nothing received for {max(dead.values()):.1f} s; "
+                  f"traffic moved to gateway {', '.join(k[:8] for k in others)}")
+        log.warning("dead peer: %s", reason)
+        self.detections += 1
+        at = time.monotonic()
+        for key in dead:
+            self.demoted[key] = at
+        event: dict[str, Any] = {"at": round(time.time(), 3), "reason": reason, "attempts": 1, "recovered_after": None}
+        self.events.append(event)
+        if await steer(frozenset(self.demoted)):
+            event["recovered_after"] = round(time.monotonic() - at, 3)
+
+    async def _restore(self, seen: dict[str, Counters], steer: Callable[[frozenset[str]], Awaitable[bool]]) -> bool:
+        """A demoted gateway that handshook since it was demoted takes its traffic back."""
+        now = time.monotonic()
+        back = [k for k, at in self.demoted.items()
+                if k not in seen or (seen[k].handshake_age is not None and seen[k].handshake_age < now - at)]
+        if not back:
+            return False
+        for key in back:
+            del self.demoted[key]
+        log.warning("dead peer: gateway %s answers again; its traffic goes back to it", ", ".join(k[:8] for k in back))
+        await steer(frozenset(self.demoted))
+        return True
+
+    async def _revive(self, quiet: float, counters: Callable[[], Awaitable[dict[str, Counters]]],
+                      reset: Callable[[float], Awaitable[bool]]) -> None:
+        """Fresh handshakes every ``retry`` s until one completes (the gateway is back)."""
+        reason = f"data sent to the gateways and nothing received for {quiet:.1f} s"
+        log.warning("dead peer: %s; starting a new handshake now", reason)
+        self.detections += 1
+        event: dict[str, Any] = {"at": round(time.time(), 3), "reason": reason, "attempts": 0, "recovered_after": None}
+        self.events.append(event)
+        began = time.monotonic()
+        while True:
+            attempt = time.monotonic()
+            event["attempts"] += 1
+            healed = await reset(self.retry)
+            if not healed:  # no handshake yet; an engine that did not wait (wireproxy restarts): look for one
+                waited = time.monotonic() - attempt >= self.retry / 2
+                interval = self.retry if waited and attempt - began < self.fast_for else self.retry_slow
+                await asyncio.sleep(max(0.0, attempt + interval - time.monotonic()))
+                ages = [c.handshake_age for c in (await counters()).values() if c.handshake_age is not None]
+                healed = bool(ages) and min(ages) <= time.monotonic() - attempt
+            if healed:
+                event["recovered_after"] = round(time.monotonic() - began, 3)
+                log.warning("dead peer: a gateway answered again %.1f s after the detection (%d handshake(s) started)",
+                            event["recovered_after"], event["attempts"])
+                return
+            if event["attempts"] == 1 or event["attempts"] % 10 == 0:
+                log.info("dead peer: no answer from the gateways yet (%d handshake(s) started)", event["attempts"])

@@ -1,0 +1,178 @@
+"""Dead-peer detection (anex_agent.agent.liveness): pure rules and the watch loop with fakes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from anex_agent.agent.liveness import DeadPeerWatch, Silence, demote
+from anex_agent.agent.path import Counters
+from anex_agent.keys import generate_private_key
+from anex_agent.tunnels.base import DesiredConfig, PeerConfig
+
+
+def test_data_sent_and_nothing_received_is_dead_after_the_delay():
+    s = Silence(after=3.0)
+    assert s.observe(1000, 1000, 0.0) is None      # baseline
+    assert s.observe(1000, 1200, 0.5) is None      # a request went out
+    assert s.observe(1000, 1400, 3.0) is None      # 2.5 s unanswered
+    assert s.observe(1000, 1400, 3.5) == 3.0       # 3 s unanswered: dead
+
+
+def test_an_answer_clears_the_pending_send():
+    s = Silence(after=3.0)
+    s.observe(1000, 1000, 0.0)
+    s.observe(1000, 1200, 0.5)
+    assert s.observe(1100, 1300, 1.0) is None      # answered
+    assert s.observe(1100, 1300, 10.0) is None     # nothing sent since: idle, not dead
+
+
+def test_keepalives_alone_never_make_a_peer_dead():
+    """An idle tunnel: the node's persistent keepalive (32 bytes) every 25 s, nothing back."""
+    s = Silence(after=3.0)
+    s.observe(500, 500, 0.0)
+    tx = 500
+    for i in range(1, 600):                        # five minutes of looks every 0.5 s
+        if i % 50 == 0:
+            tx += 32
+        if i % 240 == 0:                           # now and then a keepalive and a nudge in one look
+            tx += 64
+        assert s.observe(500, tx, i * 0.5) is None
+
+
+def test_counters_that_restart_only_move_the_baseline():
+    s = Silence(after=3.0)
+    s.observe(1000, 1000, 0.0)
+    s.observe(1000, 1200, 0.5)
+    assert s.observe(0, 148, 1.0) is None          # the peer was re-added: not an answer, not a send
+    assert s.observe(0, 148, 9.0) is None
+    assert s.observe(0, 400, 9.5) is None          # a new send after the restart
+    assert s.observe(0, 400, 12.5) == 3.0
+
+
+class Fake:
+    """Counters and a reset that heals on the ``heal_on``-th attempt."""
+
+    def __init__(self, heal_on: int, wait: bool = True) -> None:
+        self.rx, self.tx, self.resets, self.heal_on, self.wait, self.age = 0, 0, 0, heal_on, wait, None
+
+    async def counters(self) -> dict[str, Counters]:
+        return {"gw": Counters(self.rx, self.tx, self.age)}
+
+    async def reset(self, within: float) -> bool:
+        self.resets += 1
+        healed = self.resets >= self.heal_on
+        if healed:
+            self.rx += 92                              # the handshake response
+            self.age = 0.0
+        if self.wait and not healed:
+            await asyncio.sleep(within)
+        return healed and self.wait
+
+
+async def _run(watch: DeadPeerWatch, fake: Fake, sending: bool, seconds: float) -> None:
+    async def traffic():
+        while True:
+            await asyncio.sleep(0.01)
+            if sending:
+                fake.tx += 100
+    t = asyncio.create_task(traffic())
+    task = asyncio.create_task(watch.run(fake.counters, fake.reset))
+    await asyncio.sleep(seconds)
+    task.cancel()
+    t.cancel()
+    await asyncio.gather(task, t, return_exceptions=True)
+
+
+def test_a_silent_gateway_gets_fresh_handshakes_until_it_answers():
+    fake = Fake(heal_on=3)
+    watch = DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05)
+    asyncio.run(_run(watch, fake, sending=True, seconds=0.6))
+    assert watch.detections >= 1 and fake.resets >= 3
+    first = watch.events[0]
+    assert first["attempts"] == 3 and first["recovered_after"] is not None
+    assert "nothing received" in first["reason"]
+    assert "handshake again after" in watch.last()
+    assert watch.report()["detections"] == watch.detections
+
+
+def test_an_engine_that_does_not_wait_is_judged_by_its_next_handshake_and_reset_less_often():
+    fake = Fake(heal_on=3, wait=False)             # wireproxy: reset restarts the process, returns False
+    watch = DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05, retry_slow=0.3)
+    asyncio.run(_run(watch, fake, sending=True, seconds=1.2))
+    assert watch.events and watch.events[0]["recovered_after"] is not None and watch.events[0]["attempts"] == 3
+    assert watch.events[0]["recovered_after"] >= 0.6  # every retry_slow, not every retry: no restart storm
+
+
+def test_an_idle_tunnel_is_left_alone():
+    fake = Fake(heal_on=1)
+    watch = DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05)
+    asyncio.run(_run(watch, fake, sending=False, seconds=0.5))
+    assert fake.resets == 0 and watch.detections == 0 and watch.last() == ""
+
+
+A, B = "A" * 43 + "=", "B" * 43 + "="
+
+
+def _desired(*peers: PeerConfig) -> DesiredConfig:
+    return DesiredConfig(private_key=generate_private_key(), listen_port=None, address="10.254.0.7/16", mtu=1380,
+                         peers=peers, routes=("10.77.0.0/24",))
+
+
+def test_demote_moves_the_shared_networks_to_the_other_gateways():
+    a = PeerConfig(A, "192.0.2.1:51820", ("10.254.0.0/16", "10.77.0.0/24", "10.88.0.0/24"), 25)
+    b = PeerConfig(B, "192.0.2.2:51820", ("10.254.0.0/16", "10.77.0.0/24"), 25)
+    desired = _desired(a, b)
+    moved = demote(desired, frozenset({B}))
+    assert moved.peers[0] == a
+    assert moved.peers[1].allowed_ips == ()  # everything it offered, A offers too
+    moved = demote(desired, frozenset({A}))
+    assert moved.peers[0].allowed_ips == ("10.88.0.0/24",)  # only A offers this one: it keeps it
+    assert moved.peers[1] == b
+    assert demote(desired, frozenset()) is desired
+    assert demote(desired, frozenset({A, B})) is desired  # nobody left to take the traffic
+
+
+class TwoGateways:
+    """A carries the traffic and goes silent; B is an idle standby that handshook recently."""
+
+    def __init__(self) -> None:
+        self.c = {A: [1000, 1000, 1.0], B: [500, 500, 30.0]}
+        self.steered: list[frozenset[str]] = []
+        self.resets = 0
+
+    async def counters(self) -> dict[str, Counters]:
+        return {k: Counters(rx, tx, age) for k, (rx, tx, age) in self.c.items()}
+
+    async def reset(self, within: float) -> bool:
+        self.resets += 1
+        return False
+
+    async def steer(self, demoted: frozenset[str]) -> bool:
+        self.steered.append(demoted)
+        return True
+
+
+def test_a_silent_gateway_s_traffic_moves_to_one_that_answers_and_back():
+    gws = TwoGateways()
+    watch = DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05)
+
+    async def scenario():
+        task = asyncio.create_task(watch.run(gws.counters, gws.reset, gws.steer))
+        for _ in range(30):                        # A gets data and never answers
+            gws.c[A][1] += 300
+            await asyncio.sleep(0.02)
+        assert gws.steered == [frozenset({A})] and gws.resets == 0
+        assert watch.demoted.keys() == {A} and "traffic moved to gateway BBBBBBBB" in watch.last()
+        for _ in range(10):                        # B carries it now; A is only retried
+            gws.c[B][0] += 200
+            gws.c[B][1] += 200
+            gws.c[A][1] += 148
+            await asyncio.sleep(0.02)
+        assert gws.steered == [frozenset({A})]     # no second failover for a demoted gateway
+        gws.c[A][2] = 0.0                          # A handshook again
+        await asyncio.sleep(0.1)
+        assert gws.steered[-1] == frozenset() and not watch.demoted
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
