@@ -173,10 +173,10 @@ def test_listen_and_ip_port_messages_do_not_echo_the_input():
 
 
 # Files whose isdigit() reads something other than an address, a port or a network (a
-# database's row-count tag, a uid, /proc entries, offer fields); everything else parses through
+# database's row-count tag, a uid or PID, /proc entries, offer fields); everything else parses through
 # this module.
 ISDIGIT_ELSEWHERE = {
-    "coordinator/db.py", "agent/workload.py", "tunnels/cleanup.py", "demo/netlab.py",
+    "coordinator/db.py", "agent/workload.py", "tunnels/cleanup.py", "demo/netlab.py", "statelock.py",
     "selection/providers/http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
 }
 
