@@ -376,6 +376,18 @@ class NodeJoinResponse(Model):
 # ---------------------------------------------------------------- heartbeats
 
 
+class ContainerState(Model):
+    """The workload's state as Kubernetes reports a container's (``anex-agent run`` only)."""
+
+    state: Literal["waiting", "running", "terminated"]
+    reason: ShortText = Field("", description="waiting: ContainerCreating; terminated: Completed, Error or OOMKilled")
+    exit_code: int | None = Field(None, ge=0, le=255, description="terminated: the shell-style status (128+N for signal N)")
+    signal: int | None = Field(None, ge=1, le=64, description="terminated: the signal that ended it, if one did")
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    restart_count: Counter = 0
+
+
 class TransportStatus(Model):
     engine: ShortText = ""
     path: ShortText = ""
@@ -383,6 +395,7 @@ class TransportStatus(Model):
     last_handshake_age: float | None = Field(None, ge=0, description="seconds since the last handshake, None if never")
     rx_bytes: Counter = 0
     tx_bytes: Counter = 0
+    workload: ContainerState | None = Field(None, description="the workload of `anex-agent run`; None for `daemon`")
 
 
 class Heartbeat(Model):

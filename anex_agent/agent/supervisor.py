@@ -23,7 +23,11 @@ The agent API listens on loopback and, when the engine puts the mesh address on 
 interface of this host, on the mesh address too; that listener follows the address when
 the coordinator changes it.
 Signals: with a running workload they are forwarded to it (see :mod:`.workload`);
-otherwise they stop the agent (``daemon`` exits 0 after a clean stop).
+otherwise SIGTERM/SIGINT/SIGHUP/SIGQUIT stop the agent (``daemon`` exits 0 after a clean
+stop) and the others are ignored. With a workload the agent is child subreaper and the task
+``reaper`` reaps orphaned processes (:mod:`.reaper`). ``wait_ready``: None starts the
+workload at once (the task ``ready-wait`` logs when the tunnel answers); N holds it until a
+gateway handshake, N seconds at most. ``on_ready`` is called once the tunnel answers.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.metrics import AgentCollector
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
-from anex_agent.agent.workload import FORWARDED, Workload
+from anex_agent.agent.reaper import Reaper, become_subreaper
+from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
 from anex_agent.tasks import Tasks
 from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
@@ -60,8 +65,12 @@ STARTUP_TIMEOUT = 10.0
 class Agent:
     """One node agent. ``run()`` returns the process exit status."""
 
-    def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None,
+                 wait_ready: float | None = None) -> None:
         self.settings = settings
+        self.wait_ready = wait_ready  # run: hold the workload until the tunnel answers (s); None: start at once
+        self.workload: Workload | None = None
+        self.on_ready: Callable[[], None] | None = None  # called once when the tunnel first answers (sd_notify)
         self.state = StateDir(settings.state_dir)
         self.link = CoordinatorLink(settings.coordinator_url, ca_file=settings.ca_file,
                                     proxy=proxy_for(settings.coordinator_url, dict(settings.proxy_env)))
@@ -204,6 +213,7 @@ class Agent:
                 "agent_version": __version__,
                 "node_id": self.identity.node_id if self.identity else None,
                 "name": self.settings.name,
+                "workload": self.workload.state.model_dump(mode="json") if self.workload is not None else None,
                 "coordinator": {
                     "url": self.settings.coordinator_url,
                     "reachable": self.coordinator_reachable,
@@ -237,6 +247,9 @@ class Agent:
         )
         self.facts = facts
         loop = asyncio.get_running_loop()
+        self.workload = workload
+        if workload is not None and not become_subreaper():
+            log.warning("cannot register as child subreaper: orphans of the workload are reaped only when the agent is PID 1")
         for signum in FORWARDED:
             loop.add_signal_handler(signum, self._on_signal, signum, workload)
         try:
@@ -264,11 +277,27 @@ class Agent:
             self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
         await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
         await self._serve_api_on_mesh(config)
-        if not await self.dataplane.wait_handshake():
+        if workload is not None and self.wait_ready is None:  # start at once; say when the tunnel answers
+            self.tasks.spawn("ready-wait", self._when_ready)
+        elif await (self.dataplane.wait_handshake(self.wait_ready) if workload is not None
+                    else self.dataplane.wait_handshake()):
+            self._ready_now()
+        else:
             log.warning("no WireGuard handshake with a gateway yet; starting anyway (WireGuard keeps trying)")
+            self.tasks.spawn("ready-wait", self._when_ready)
         print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)
         if workload is not None:
             await workload.start()
+
+    async def _when_ready(self) -> None:
+        while not await self.dataplane.wait_handshake(3600.0):
+            pass
+        self._ready_now()
+
+    def _ready_now(self) -> None:
+        log.info("tunnel ready: a gateway answered")
+        if self.on_ready is not None:
+            self.on_ready()
 
     async def _supervise(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> int:
         exit_code = 0
@@ -286,6 +315,7 @@ class Agent:
                 if self.telemetry is not None:
                     tg.create_task(self.telemetry.run(), name="gpu-telemetry")
                 if workload is not None:
+                    tg.create_task(Reaper().run(), name="reaper")
                     waiter = tg.create_task(workload.wait(), name="workload")
                     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                     exit_code = waiter.result() if waiter.done() else 1
@@ -300,6 +330,8 @@ class Agent:
     def _on_signal(self, signum: int, workload: Workload | None) -> None:
         if workload is not None and workload.proc is not None and workload.proc.returncode is None:
             workload.forward(signum)
+        elif signum not in TERMINATING:
+            log.info("received %s: nothing to forward it to", signal.Signals(signum).name)
         else:
             log.info("received %s: stopping", signal.Signals(signum).name)
             self._stop_signal = self._stop_signal or signum
