@@ -22,6 +22,7 @@ Routes:
     GET /readyz   200 when the tunnel is up (a recent handshake), else 503 with the reason
     GET /status   JSON document of the agent (engine, path, detect, peers, tunnels, ...)
     GET /metrics  Prometheus text exposition of :attr:`AgentApi.registry`
+    GET /logs     the workload's output, added by :mod:`anex_agent.agent.logs_api`
 
 The API knows nothing about engines: it calls the three functions it is given.
 """

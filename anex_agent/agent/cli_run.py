@@ -23,6 +23,7 @@ from anex_agent import childenv
 from anex_agent.agent import run_options
 from anex_agent.agent import settings as agent_settings
 from anex_agent.agent.container_state import StateTracker, memory_events_path
+from anex_agent.agent.logs import LogStore
 from anex_agent.agent.workload import Workload, check_command, resolve_account
 
 WORKLOAD_USER_VAR = "ANEX_WORKLOAD_USER"
@@ -56,8 +57,9 @@ def main(args: argparse.Namespace) -> int:
     env = childenv.workload_env(os.environ, account)
     if options.proxy_env:
         env.update(run_options.proxy_variables(settings.proxy_listen.host, settings.proxy_listen.port))
+    logs = LogStore(settings.state_dir / "logs") if options.capture_logs else None
     workload = Workload(command, env=env, account=account, grace=options.grace,
-                        tracker=StateTracker(_memory_events()))
+                        tracker=StateTracker(_memory_events()), logs=logs)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
     agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready)
     return asyncio.run(agent.run(workload))

@@ -4,6 +4,7 @@
 |---|---|---|
 | ``--grace-period`` | ``ANEX_GRACE_PERIOD`` | seconds (0-86400, default 30) between a terminating signal and SIGKILL to the workload's process group |
 | ``--wait-ready`` | ``ANEX_WAIT_READY`` | seconds (0-3600) to hold the workload until a gateway answers; unset: start at once |
+| - | ``ANEX_LOGS`` | ``1`` (default): the workload's stdout/stderr are pipes, copied unchanged to the agent's and kept for ``GET /logs``; ``0``: it inherits the agent's (a terminal stays a terminal) |
 | - | ``ANEX_PROXY_ENV`` | ``1``: the workload gets ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (and lower case) for the agent's proxy; default ``0`` |
 
 A bad value raises :class:`~anex_agent.errors.ConfigError` naming the flag or variable.
@@ -29,6 +30,7 @@ class RunOptions:
     grace: float = DEFAULT_GRACE
     wait_ready: float | None = None
     proxy_env: bool = False
+    capture_logs: bool = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +59,11 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RunOption
     proxy = environ.get("ANEX_PROXY_ENV", "0").strip()
     if proxy not in ("0", "1", ""):
         raise ConfigError("ANEX_PROXY_ENV", f"{proxy!r} is not accepted; expected 0 or 1")
+    capture = environ.get("ANEX_LOGS", "1").strip()
+    if capture not in ("0", "1", ""):
+        raise ConfigError("ANEX_LOGS", f"{capture!r} is not accepted; expected 0 or 1")
     return RunOptions(
+        capture_logs=capture != "0",
         grace=_seconds(grace, source, 86400) if grace else DEFAULT_GRACE,
         wait_ready=_seconds(wait, wsource, 3600) if wait else None,
         proxy_env=proxy == "1",

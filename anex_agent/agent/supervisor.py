@@ -46,6 +46,7 @@ from anex_agent.agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.agent.link import CoordinatorLink
+from anex_agent.agent.logs_api import add_routes as add_log_routes
 from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.metrics import AgentCollector
 from anex_agent.agent.settings import AgentSettings, check_ports_free
@@ -270,6 +271,7 @@ class Agent:
         await self.dataplane.start(config, self.tasks)
         self.state.save_config(config)
         self.api = AgentApi(self.status, self.ready, self.verify_token)
+        add_log_routes(self.api.app, lambda: workload.logs if workload is not None else None)
         self.api.registry.register(AgentCollector(self))
         self.last_transport = await self.dataplane.transport_status()
         self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)

@@ -16,6 +16,11 @@ Contract:
   ``128 + N`` when signal N killed it (as a shell reports it), and records the
   :class:`~anex_agent.wire.ContainerState` (``state``): ``OOMKilled`` from the memory
   cgroup's events (:mod:`.container_state`);
+* with a :class:`~anex_agent.agent.logs.LogStore` (``logs``) its stdout and stderr are pipes:
+  :meth:`Workload.wait` copies them, unchanged, to the agent's own stdout and stderr and into
+  the store (tasks ``workload-stdout``/``workload-stderr`` of its own TaskGroup), and closes
+  the store once the workload ended and its pipes are drained (:data:`DRAIN_WAIT` s at most:
+  a process it left behind may hold them open);
 * :meth:`Workload.terminate` (teardown) stops what is left: SIGTERM, then SIGKILL to the
   whole process group after ``grace``.
 """
@@ -31,6 +36,7 @@ import signal
 from collections.abc import Mapping, Sequence
 
 from anex_agent.agent.container_state import StateTracker
+from anex_agent.agent.logs import LogStore, pump
 from anex_agent.childenv import AccountInfo
 from anex_agent.errors import ConfigError
 from anex_agent.wire import ContainerState
@@ -44,6 +50,8 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 TERMINATING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 #: seconds between a terminating signal and SIGKILL to the workload's process group
 DEFAULT_GRACE = 30.0
+#: seconds the output copy may go on after the workload exited
+DRAIN_WAIT = 2.0
 
 
 def exit_status(returncode: int) -> int:
@@ -83,8 +91,9 @@ def resolve_account(name: str, source: str, *, euid: int) -> AccountInfo:
 class Workload:
     def __init__(
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, account: AccountInfo | None = None,
-        *, grace: float = DEFAULT_GRACE, tracker: StateTracker | None = None,
+        *, grace: float = DEFAULT_GRACE, tracker: StateTracker | None = None, logs: LogStore | None = None,
     ) -> None:
+        self.logs = logs
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.account = account
@@ -103,6 +112,8 @@ class Workload:
 
         ``streams``: ``stdout``/``stderr`` for the subprocess (default: the agent's own)."""
         ids = {}
+        if self.logs is not None:
+            streams = dict(stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **streams)
         if self.account is not None:
             ids = dict(user=self.account.uid, group=self.account.gid, extra_groups=list(self.account.groups))
         try:
@@ -148,7 +159,17 @@ class Workload:
 
     async def wait(self) -> int:
         assert self.proc is not None, "start() first"
-        returncode = await self.proc.wait()
+        if self.logs is not None and self.proc.stdout is not None and self.proc.stderr is not None:
+            async with asyncio.TaskGroup() as tg:
+                copies = [tg.create_task(pump(self.proc.stdout, "stdout", 1, self.logs), name="workload-stdout"),
+                          tg.create_task(pump(self.proc.stderr, "stderr", 2, self.logs), name="workload-stderr")]
+                returncode = await self.proc.wait()
+                _, late = await asyncio.wait(copies, timeout=DRAIN_WAIT)
+                for task in late:
+                    task.cancel()
+            self.logs.close()
+        else:
+            returncode = await self.proc.wait()
         if self._grace_timer is not None:
             self._grace_timer.cancel()
             self._grace_timer = None
