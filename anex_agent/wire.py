@@ -314,6 +314,7 @@ class NodeFacts(Model):
                                           description="e.g. kernel-wireguard, wireguard-go, udp")
     detect: dict[str, Any] = Field(default_factory=dict, description="the agent's detect report")
     agent_version: ShortText = ""
+    api_port: int = Field(9555, ge=1, le=65535, description="the port of the agent API at the node's mesh address")
 
 
 class NodeJoinRequest(Model):

@@ -245,6 +245,7 @@ class Agent:
             capabilities=list(report.get("capabilities") or [engine_cls.name]),
             detect=report,
             agent_version=__version__,
+            api_port=self.settings.api_listen.port,
         )
         self.facts = facts
         loop = asyncio.get_running_loop()

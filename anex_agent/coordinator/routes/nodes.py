@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from anex_agent import access_token, wire
-from anex_agent.coordinator import ipam, limits, nodes, problems, tokens
+from anex_agent.coordinator import ipam, limits, node_logs, nodes, problems, tokens
 from anex_agent.coordinator.auth import Auth, Principal
 from anex_agent.coordinator.registry import Call, Route, RouteRegistry
 
@@ -92,6 +92,9 @@ def setup(registry: RouteRegistry, ctx) -> None:
         Route("GET", "/v1/nodes/{node_id}/telemetry", get_telemetry, Auth.node_or_admin,
               "The latest telemetry the node reported (the node itself or the admin)",
               response_model=wire.NodeTelemetry, tags=tags, problems=(403,)),
+        Route("GET", "/v1/nodes/{node_id}/logs", node_logs.proxy, Auth.admin,
+              "The node's workload logs, streamed from its agent API (needs a route from the coordinator to the mesh)",
+              tags=tags, content_type="text/plain", problems=(502,), query=node_logs.QUERY),
         Route("POST", "/v1/nodes/{node_id}/access-token", create_access_token, Auth.admin,
               "A short-lived signed token for the node's agent API (verify with NodeConfig.agent_api_verify_key)",
               response_model=wire.AgentAccessToken, status=201, tags=tags),
