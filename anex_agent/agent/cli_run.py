@@ -20,6 +20,7 @@ import asyncio
 import os
 
 from anex_agent import childenv
+from anex_agent.sdnotify import Notifier
 from anex_agent.agent import run_options
 from anex_agent.agent import settings as agent_settings
 from anex_agent.agent.container_state import StateTracker, memory_events_path
@@ -54,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
         account = resolve_account(args.user or os.environ[WORKLOAD_USER_VAR], source, euid=os.geteuid())
     options = run_options.from_args(args, os.environ)
     agent_settings.check_ports_free(settings)
+    notifier = Notifier.from_environ(os.environ)  # under systemd: READY=1 once the tunnel is up, watchdog
+    Notifier.scrub(os.environ)  # the workload does not talk to systemd in the agent's name
     env = childenv.workload_env(os.environ, account)
     if options.proxy_env:
         env.update(run_options.proxy_variables(settings.proxy_listen.host, settings.proxy_listen.port))
@@ -61,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     workload = Workload(command, env=env, account=account, grace=options.grace,
                         tracker=StateTracker(_memory_events()), logs=logs)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
-    agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready)
+    agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier)
     return asyncio.run(agent.run(workload))
 
 

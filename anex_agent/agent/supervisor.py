@@ -27,7 +27,10 @@ otherwise SIGTERM/SIGINT/SIGHUP/SIGQUIT stop the agent (``daemon`` exits 0 after
 stop) and the others are ignored. With a workload the agent is child subreaper and the task
 ``reaper`` reaps orphaned processes (:mod:`.reaper`). ``wait_ready``: None starts the
 workload at once (the task ``ready-wait`` logs when the tunnel answers); N holds it until a
-gateway handshake, N seconds at most. ``on_ready`` is called once the tunnel answers.
+gateway handshake, N seconds at most. ``on_ready`` is called once the tunnel answers, and
+``notifier`` (:mod:`anex_agent.sdnotify`) then sends ``READY=1``; it gets ``STATUS=`` lines
+along the start, ``STOPPING=1`` at teardown, and the task ``watchdog`` pings when systemd
+asks for it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from anex_agent import __version__
+from anex_agent.sdnotify import Notifier
 from anex_agent.agent.api import AgentApi
 from anex_agent.agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
@@ -67,8 +71,9 @@ class Agent:
     """One node agent. ``run()`` returns the process exit status."""
 
     def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None,
-                 wait_ready: float | None = None) -> None:
+                 wait_ready: float | None = None, notifier: Notifier | None = None) -> None:
         self.settings = settings
+        self.notifier = notifier or Notifier(None)  # systemd: READY=1 once the tunnel is up, STATUS=, watchdog
         self.wait_ready = wait_ready  # run: hold the workload until the tunnel answers (s); None: start at once
         self.workload: Workload | None = None
         self.on_ready: Callable[[], None] | None = None  # called once when the tunnel first answers (sd_notify)
@@ -267,7 +272,9 @@ class Agent:
     async def _start_up(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> None:
         """Join (or re-use), data plane, API, then the workload. Cancelled by a stop signal."""
         assert self.dataplane is not None
+        self.notifier.status(f"joining {self.settings.coordinator_url}")
         config = await self._join_or_load(pubkey, facts)
+        self.notifier.status("starting the data plane")
         assert self.tasks is not None
         await self.dataplane.start(config, self.tasks)
         self.state.save_config(config)
@@ -299,6 +306,8 @@ class Agent:
 
     def _ready_now(self) -> None:
         log.info("tunnel ready: a gateway answered")
+        summary = self.dataplane.summary() if self.dataplane is not None else ""
+        self.notifier.notify(READY=1, STATUS=f"tunnel up: {summary}")
         if self.on_ready is not None:
             self.on_ready()
 
@@ -308,6 +317,8 @@ class Agent:
             async with asyncio.TaskGroup() as tg:
                 self.tasks = Tasks(tg, role="agent")
                 stopper = tg.create_task(self._stop.wait(), name="stop-wait")
+                if self.notifier.watchdog_interval is not None:
+                    tg.create_task(self.notifier.watchdog(), name="watchdog")
                 startup = tg.create_task(self._start_up(pubkey, facts, workload), name="start-up")
                 await asyncio.wait({startup, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if not startup.done():  # a signal before the workload ran: stop, with the shell's status
@@ -341,6 +352,7 @@ class Agent:
             self._stop.set()
 
     async def _teardown(self, workload: Workload | None) -> None:
+        self.notifier.notify(STOPPING=1, STATUS="stopping")
         if workload is not None:
             with contextlib.suppress(ProcessLookupError):
                 await workload.terminate()

@@ -62,4 +62,9 @@ def main(args: argparse.Namespace) -> int:
     settings = from_args(args, os.environ)
     from anex_agent.gateway.service import Gateway
 
-    return asyncio.run(Gateway(settings).run())
+    from anex_agent.sdnotify import Notifier, supervised
+
+    notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once the hub serves, watchdog
+    Notifier.scrub(os.environ)
+    gateway = Gateway(settings)
+    return asyncio.run(supervised(gateway.run(), notifier, gateway.ready, "gateway up"))
