@@ -3,7 +3,7 @@
 The container entrypoint. Settings come from the flags or the ANEX_* / GW_TUNNEL_*
 environment (see :mod:`anex_agent.agent.settings`); they are checked, including that
 every GW_TUNNEL port is free, before anything starts. The workload starts once the proxy
-and the forwards are up (with ``--wait-ready N`` once a gateway answered too); the agent
+and the forwards are up and a gateway answered (``--wait-ready`` seconds at most); the agent
 acts as its init (:mod:`anex_agent.agent.run_options`, :mod:`.workload`, :mod:`.reaper`);
 ``run`` exits with its status and tears the mesh down.
 

@@ -3,7 +3,7 @@
 | flag | variable | accepted / default |
 |---|---|---|
 | ``--grace-period`` | ``ANEX_GRACE_PERIOD`` | seconds (0-86400, default 30) between a terminating signal and SIGKILL to the workload's process group |
-| ``--wait-ready`` | ``ANEX_WAIT_READY`` | seconds (0-3600) to hold the workload until a gateway answers; unset: start at once |
+| ``--wait-ready`` | ``ANEX_WAIT_READY`` | seconds (0-3600) the workload waits for a gateway to answer before it starts anyway (default 20; 0: at once) |
 | - | ``ANEX_LOGS`` | ``1`` (default): the workload's stdout/stderr are pipes, copied unchanged to the agent's and kept for ``GET /logs``; ``0``: it inherits the agent's (a terminal stays a terminal) |
 | - | ``ANEX_PROXY_ENV`` | ``1``: the workload gets ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (and lower case) for the agent's proxy; default ``0`` |
 
@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM, how long the workload may take before its process group is killed "
                              "(default 30) [ANEX_GRACE_PERIOD]")
     parser.add_argument("--wait-ready", metavar="SECONDS",
-                        help="hold the workload until a gateway answers, at most SECONDS (default: start at once "
-                             "and log when the tunnel is ready) [ANEX_WAIT_READY]")
+                        help="hold the workload until a gateway answers, at most SECONDS (default 20; 0: start at "
+                             "once); the agent logs when the tunnel is ready [ANEX_WAIT_READY]")
 
 
 def _seconds(value: str, source: str, top: float) -> float:

@@ -25,9 +25,10 @@ the coordinator changes it.
 Signals: with a running workload they are forwarded to it (see :mod:`.workload`);
 otherwise SIGTERM/SIGINT/SIGHUP/SIGQUIT stop the agent (``daemon`` exits 0 after a clean
 stop) and the others are ignored. With a workload the agent is child subreaper and the task
-``reaper`` reaps orphaned processes (:mod:`.reaper`). ``wait_ready``: None starts the
-workload at once (the task ``ready-wait`` logs when the tunnel answers); N holds it until a
-gateway handshake, N seconds at most. ``on_ready`` is called once the tunnel answers, and
+``reaper`` reaps orphaned processes (:mod:`.reaper`). The workload starts once a gateway
+handshake completed, ``wait_ready`` seconds at most (None: the data plane's default, 20 s;
+0: at once); when none came by then it starts anyway and the task ``ready-wait`` logs when
+the tunnel answers. ``on_ready`` is called once the tunnel answers, and
 ``notifier`` (:mod:`anex_agent.sdnotify`) then sends ``READY=1``; it gets ``STATUS=`` lines
 along the start, ``STOPPING=1`` at teardown, and the task ``watchdog`` pings when systemd
 asks for it.
@@ -74,7 +75,7 @@ class Agent:
                  wait_ready: float | None = None, notifier: Notifier | None = None) -> None:
         self.settings = settings
         self.notifier = notifier or Notifier(None)  # systemd: READY=1 once the tunnel is up, STATUS=, watchdog
-        self.wait_ready = wait_ready  # run: hold the workload until the tunnel answers (s); None: start at once
+        self.wait_ready = wait_ready  # how long the workload waits for the tunnel (s); None: the default
         self.workload: Workload | None = None
         self.on_ready: Callable[[], None] | None = None  # called once when the tunnel first answers (sd_notify)
         self.state = StateDir(settings.state_dir)
@@ -287,10 +288,8 @@ class Agent:
             self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
         await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
         await self._serve_api_on_mesh(config)
-        if workload is not None and self.wait_ready is None:  # start at once; say when the tunnel answers
-            self.tasks.spawn("ready-wait", self._when_ready)
-        elif await (self.dataplane.wait_handshake(self.wait_ready) if workload is not None
-                    else self.dataplane.wait_handshake()):
+        if await (self.dataplane.wait_handshake(self.wait_ready) if self.wait_ready is not None and workload
+                  else self.dataplane.wait_handshake()):
             self._ready_now()
         else:
             log.warning("no WireGuard handshake with a gateway yet; starting anyway (WireGuard keeps trying)")
