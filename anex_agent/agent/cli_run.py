@@ -64,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
     workload = Workload(command, env=env, account=account, grace=options.grace,
                         tracker=StateTracker(_memory_events()), logs=logs)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
-    agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier)
+    agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
+                  push_dirs=options.push_dirs)
     return asyncio.run(agent.run(workload))
 
 

@@ -4,6 +4,7 @@
 |---|---|---|
 | ``--grace-period`` | ``ANEX_GRACE_PERIOD`` | seconds (0-86400, default 30) between a terminating signal and SIGKILL to the workload's process group |
 | ``--wait-ready`` | ``ANEX_WAIT_READY`` | seconds (0-3600) the workload waits for a gateway to answer before it starts anyway (default 20; 0: at once) |
+| - | ``ANEX_PUSH_DIRS`` | absolute directories, ``:``-separated, the cluster may push files into (``PUT /files``); default none: pushing is off |
 | - | ``ANEX_LOGS`` | ``1`` (default): the workload's stdout/stderr are pipes, copied unchanged to the agent's and kept for ``GET /logs``; ``0``: it inherits the agent's (a terminal stays a terminal) |
 | - | ``ANEX_PROXY_ENV`` | ``1``: the workload gets ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (and lower case) for the agent's proxy; default ``0`` |
 
@@ -13,6 +14,7 @@ A bad value raises :class:`~anex_agent.errors.ConfigError` naming the flag or va
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ class RunOptions:
     wait_ready: float | None = None
     proxy_env: bool = False
     capture_logs: bool = True
+    push_dirs: tuple[str, ...] = ()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +65,13 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RunOption
     capture = environ.get("ANEX_LOGS", "1").strip()
     if capture not in ("0", "1", ""):
         raise ConfigError("ANEX_LOGS", f"{capture!r} is not accepted; expected 0 or 1")
+    push_dirs = []
+    for entry in filter(None, environ.get("ANEX_PUSH_DIRS", "").split(":")):
+        if not entry.startswith("/") or "\0" in entry or ".." in entry.split("/"):
+            raise ConfigError("ANEX_PUSH_DIRS", f"{entry!r} is not an absolute directory without '..'")
+        push_dirs.append(os.path.realpath(entry))
     return RunOptions(
+        push_dirs=tuple(push_dirs),
         capture_logs=capture != "0",
         grace=_seconds(grace, source, 86400) if grace else DEFAULT_GRACE,
         wait_ready=_seconds(wait, wsource, 3600) if wait else None,

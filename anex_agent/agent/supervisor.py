@@ -51,6 +51,7 @@ from anex_agent.agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.agent.link import CoordinatorLink
+from anex_agent.agent.actions import add_routes as add_action_routes
 from anex_agent.agent.logs_api import add_routes as add_log_routes
 from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.metrics import AgentCollector
@@ -72,8 +73,10 @@ class Agent:
     """One node agent. ``run()`` returns the process exit status."""
 
     def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None,
-                 wait_ready: float | None = None, notifier: Notifier | None = None) -> None:
+                 wait_ready: float | None = None, notifier: Notifier | None = None,
+                 push_dirs: tuple[str, ...] = ()) -> None:
         self.settings = settings
+        self.push_dirs = push_dirs  # where the cluster may push files (run: ANEX_PUSH_DIRS)
         self.notifier = notifier or Notifier(None)  # systemd: READY=1 once the tunnel is up, STATUS=, watchdog
         self.wait_ready = wait_ready  # how long the workload waits for the tunnel (s); None: the default
         self.workload: Workload | None = None
@@ -281,6 +284,7 @@ class Agent:
         self.state.save_config(config)
         self.api = AgentApi(self.status, self.ready, self.verify_token)
         add_log_routes(self.api.app, lambda: workload.logs if workload is not None else None)
+        add_action_routes(self.api, lambda: workload, push_dirs=self.push_dirs)
         self.api.registry.register(AgentCollector(self))
         self.last_transport = await self.dataplane.transport_status()
         self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)

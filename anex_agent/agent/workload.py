@@ -21,6 +21,9 @@ Contract:
   the store (tasks ``workload-stdout``/``workload-stderr`` of its own TaskGroup), and closes
   the store once the workload ended and its pipes are drained (:data:`DRAIN_WAIT` s at most:
   a process it left behind may hold them open);
+* :meth:`Workload.restart` (an action of the cluster) stops it like a SIGTERM (grace period
+  included) and :meth:`Workload.wait` starts it again, with the same command, environment
+  and account; the state's ``restart_count`` counts the restarts;
 * :meth:`Workload.terminate` (teardown) stops what is left: SIGTERM, then SIGKILL to the
   whole process group after ``grace``.
 """
@@ -101,6 +104,7 @@ class Workload:
         self.tracker = tracker or StateTracker()
         self.proc: asyncio.subprocess.Process | None = None
         self._signals_seen = 0
+        self._restart = False
         self._grace_timer: asyncio.TimerHandle | None = None
 
     @property
@@ -158,25 +162,50 @@ class Workload:
                 self.proc.kill()
 
     async def wait(self) -> int:
+        """Wait for the workload's end (restarting it when :meth:`restart` asked); its status."""
         assert self.proc is not None, "start() first"
-        if self.logs is not None and self.proc.stdout is not None and self.proc.stderr is not None:
-            async with asyncio.TaskGroup() as tg:
-                copies = [tg.create_task(pump(self.proc.stdout, "stdout", 1, self.logs), name="workload-stdout"),
-                          tg.create_task(pump(self.proc.stderr, "stderr", 2, self.logs), name="workload-stderr")]
-                returncode = await self.proc.wait()
-                _, late = await asyncio.wait(copies, timeout=DRAIN_WAIT)
-                for task in late:
-                    task.cancel()
-            self.logs.close()
-        else:
+        while True:
+            returncode = await self._wait_once()
+            if self._grace_timer is not None:
+                self._grace_timer.cancel()
+                self._grace_timer = None
+            state = self.tracker.terminated(returncode)
+            code = exit_status(returncode)
+            if self._restart:
+                self._restart = False
+                self._signals_seen = 0
+                log.info("workload exited with status %d (%s); starting it again as asked", code, state.reason)
+                await self.start()
+                continue
+            if self.logs is not None:
+                self.logs.close()
+            log.info("workload exited with status %d (%s)", code, state.reason)
+            return code
+
+    async def _wait_once(self) -> int:
+        assert self.proc is not None
+        if self.logs is None or self.proc.stdout is None or self.proc.stderr is None:
+            return await self.proc.wait()
+        async with asyncio.TaskGroup() as tg:
+            copies = [tg.create_task(pump(self.proc.stdout, "stdout", 1, self.logs), name="workload-stdout"),
+                      tg.create_task(pump(self.proc.stderr, "stderr", 2, self.logs), name="workload-stderr")]
             returncode = await self.proc.wait()
-        if self._grace_timer is not None:
-            self._grace_timer.cancel()
-            self._grace_timer = None
-        state = self.tracker.terminated(returncode)
-        code = exit_status(returncode)
-        log.info("workload exited with status %d (%s)", code, state.reason)
-        return code
+            _, late = await asyncio.wait(copies, timeout=DRAIN_WAIT)
+            for task in late:
+                task.cancel()
+        return returncode
+
+    def restart(self) -> bool:
+        """Ask for a restart: SIGTERM with the grace period, then :meth:`wait` starts the
+        workload again (``restart_count`` + 1). False when it is not running."""
+        if self.proc is None or self.proc.returncode is not None:
+            return False
+        self._restart = True
+        log.info("restarting the workload as asked: SIGTERM, grace %g s", self.grace)
+        self.proc.send_signal(signal.SIGTERM)
+        if self._grace_timer is None:
+            self._grace_timer = asyncio.get_running_loop().call_later(self.grace, self._grace_over)
+        return True
 
     async def terminate(self, grace: float = 10.0) -> None:
         """Stop the workload if it still runs (the agent is failing): SIGTERM, then SIGKILL to its

@@ -256,6 +256,8 @@ def test_run_options_defaults_flags_and_variables():
     ((), {"ANEX_GRACE_PERIOD": "٣"}, "ANEX_GRACE_PERIOD"),
     (("--wait-ready", "3601"), {}, "--wait-ready"),
     ((), {"ANEX_PROXY_ENV": "yes"}, "ANEX_PROXY_ENV"),
+    ((), {"ANEX_PUSH_DIRS": "relative/dir"}, "ANEX_PUSH_DIRS"),
+    ((), {"ANEX_PUSH_DIRS": "/srv/in:/srv/../etc"}, "ANEX_PUSH_DIRS"),
 ])
 def test_run_options_refused(argv, env, source):
     with pytest.raises(ConfigError) as info:
@@ -268,3 +270,10 @@ def test_proxy_variables_both_cases():
     assert env["HTTP_PROXY"] == env["https_proxy"] == "http://127.0.0.1:3128"
     assert env["no_proxy"] == env["NO_PROXY"] and "127.0.0.1" in env["NO_PROXY"]
     assert run_options.proxy_variables("::1", 8080)["HTTPS_PROXY"] == "http://[::1]:8080"
+
+
+def test_push_dirs_are_resolved(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    got = run_options.from_args(_args(), {"ANEX_PUSH_DIRS": f"{tmp_path}/link::/srv/inbox"})
+    assert got.push_dirs == (str(tmp_path / "real"), "/srv/inbox")
