@@ -95,11 +95,16 @@ async def supervised(main: Coroutine[Any, Any, T], notifier: Notifier, ready: as
         await ready.wait()
         notifier.notify(READY=1, STATUS=status)
 
+    failure: BaseException | None = None
     async with asyncio.TaskGroup() as tg:
         helpers = [tg.create_task(announce(), name="sd-ready"), tg.create_task(notifier.watchdog(), name="watchdog")]
         try:
-            return await main
-        finally:
-            notifier.notify(STOPPING=1, STATUS="stopping")
-            for task in helpers:
-                task.cancel()
+            result = await main
+        except BaseException as err:  # raised as it is below, not inside an exception group
+            failure = err
+        notifier.notify(STOPPING=1, STATUS="stopping")
+        for task in helpers:
+            task.cancel()
+    if failure is not None:
+        raise failure
+    return result

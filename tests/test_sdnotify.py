@@ -140,3 +140,17 @@ def test_the_coordinator_process_notifies_systemd(tmp_path, listener):
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "STOPPING=1\nSTATUS=stopping\n" in received(sock)
+
+
+async def test_supervised_raises_the_role_error_itself(listener):
+    from anex_agent.errors import ConfigError
+    from anex_agent.sdnotify import supervised
+
+    path, sock = listener
+
+    async def main():
+        raise ConfigError("--listen", "cannot listen")
+
+    with pytest.raises(ConfigError):  # not an ExceptionGroup: the CLI prints its one line
+        await supervised(main(), Notifier.from_environ({"NOTIFY_SOCKET": path}), asyncio.Event(), "up")
+    assert received(sock) == ["STOPPING=1\nSTATUS=stopping\n"]
