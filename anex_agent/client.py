@@ -282,6 +282,34 @@ class CoordinatorClient:
     async def create_access_token(self, node_id: str) -> wire.AgentAccessToken:
         return await self._call("POST", f"/v1/nodes/{node_id}/access-token", wire.AgentAccessToken, auth="admin")
 
+    async def node_logs(self, node_id: str, *, direct: bool = False, **params: str | int) -> AsyncIterator[bytes]:
+        """The node's workload logs, chunk by chunk as they come (``follow``, ``tail``, ``since``,
+        ``stream``, ``timestamps`` as the agent's ``GET /logs`` takes them).
+
+        Through the coordinator (``GET /v1/nodes/{id}/logs``), or with ``direct`` straight from
+        the agent API at the node's mesh address with a fresh access token: for a caller that
+        reaches the mesh when the coordinator does not. CoordinatorError on a refusal."""
+        query = {name: str(value) for name, value in params.items()}
+        if direct:
+            view = await self.get_node(node_id)
+            token = (await self.create_access_token(node_id)).token
+            host = f"[{view.address}]" if ":" in view.address else view.address
+            url, headers = f"http://{host}:{view.facts.api_port}/logs", {"Authorization": f"Bearer {token}"}
+        else:
+            url, headers = f"{self.base_url}/v1/nodes/{node_id}/logs", self._headers("admin")
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
+        try:
+            async with self._get_session().get(url, params=query, headers=headers, timeout=timeout) as resp:
+                if resp.status >= 400:
+                    problem = _problem(await resp.read())
+                    raise CoordinatorError(f"GET {url}: {resp.status} {problem.get('detail') or ''}".rstrip(),
+                                           status=resp.status, retryable=_retryable_status(resp.status),
+                                           problem=problem)
+                async for chunk in resp.content.iter_any():
+                    yield chunk
+        except aiohttp.ClientError as err:
+            raise CoordinatorError(f"GET {url}: {err}", retryable=True) from None
+
     async def list_gateways(self) -> wire.GatewayList:
         return await self._call("GET", "/v1/gateways", wire.GatewayList, auth="admin")
 

@@ -337,6 +337,7 @@ class NodeFacts(Model):
                                           description="e.g. kernel-wireguard, wireguard-go, udp")
     detect: dict[str, Any] = Field(default_factory=dict, description="the agent's detect report")
     agent_version: ShortText = ""
+    api_port: int = Field(9555, ge=1, le=65535, description="the port of the agent API at the node's mesh address")
 
 
 class NodeJoinRequest(Model):
@@ -399,6 +400,18 @@ class NodeJoinResponse(Model):
 # ---------------------------------------------------------------- heartbeats
 
 
+class ContainerState(Model):
+    """The workload's state as Kubernetes reports a container's (``anex-agent run`` only)."""
+
+    state: Literal["waiting", "running", "terminated"]
+    reason: ShortText = Field("", description="waiting: ContainerCreating; terminated: Completed, Error or OOMKilled")
+    exit_code: int | None = Field(None, ge=0, le=255, description="terminated: the shell-style status (128+N for signal N)")
+    signal: int | None = Field(None, ge=1, le=64, description="terminated: the signal that ended it, if one did")
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    restart_count: Counter = 0
+
+
 class TransportStatus(Model):
     engine: ShortText = ""
     path: ShortText = ""
@@ -408,6 +421,7 @@ class TransportStatus(Model):
     tx_bytes: Counter = 0
     dead_peer: str = Field("", max_length=PATH_REASON_MAX,
                            description="the last dead-peer detection: when, why a fresh handshake was started, outcome")
+    workload: ContainerState | None = Field(None, description="the workload of `anex-agent run`; None for `daemon`")
 
 
 class Heartbeat(Model):

@@ -22,6 +22,9 @@ Routes:
     GET /readyz   200 when the tunnel is up (a recent handshake), else 503 with the reason
     GET /status   JSON document of the agent (engine, path, detect, peers, tunnels, ...)
     GET /metrics  Prometheus text exposition of :attr:`AgentApi.registry`
+    GET /logs     the workload's output, added by :mod:`anex_agent.agent.logs_api`
+    POST /signal, POST /restart, PUT /files: the cluster's actions (:mod:`anex_agent.agent.actions`);
+                  a token is needed for them on loopback too (:attr:`AgentApi.always_authenticated`)
 
 The API knows nothing about engines: it calls the three functions it is given.
 """
@@ -103,6 +106,8 @@ class AgentApi:
         self._clock = clock
         self._replay = replay if replay is not None else ReplayCache()
         self._full_logged = False
+        #: paths that need a token on loopback too (the cluster's actions: :mod:`.actions`)
+        self.always_authenticated: set[str] = set()
         #: Other parts (GPU telemetry) register their collectors here.
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.app = web.Application(middlewares=[self._auth])
@@ -115,7 +120,7 @@ class AgentApi:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        if self._is_local(request):
+        if self._is_local(request) and request.path not in self.always_authenticated:
             return await handler(request)
         token = bearer_token(request)
         if token is None:

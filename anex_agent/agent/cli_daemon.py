@@ -1,6 +1,8 @@
 """``anex-agent daemon``: join the mesh and keep it up until SIGTERM/SIGINT (systemd).
 
-The same as ``run`` without a workload; see ``systemd/anex-agent.service``.
+The same as ``run`` without a workload; see ``systemd/anex-agent.service``. Under systemd
+(``Type=notify``) it sends ``READY=1`` once a gateway answered, ``STATUS=`` lines, and
+watchdog pings from its event loop (:mod:`anex_agent.sdnotify`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import os
 
 from anex_agent import childenv, statelock
+from anex_agent.sdnotify import Notifier
 from anex_agent.agent import settings as agent_settings
 
 
@@ -25,5 +28,7 @@ def main(args: argparse.Namespace) -> int:
     lock = statelock.acquire(settings.state_dir, "daemon")  # noqa: F841 - held until exit; one instance per state dir
     agent_settings.check_ports_free(settings)
     childenv.scrub_environ(os.environ)  # nothing the agent starts inherits a secret
-    agent = Agent(settings, detect_report=detect_report)
+    notifier = Notifier.from_environ(os.environ)  # Type=notify: READY=1 once the tunnel is up, watchdog
+    Notifier.scrub(os.environ)
+    agent = Agent(settings, detect_report=detect_report, notifier=notifier)
     return asyncio.run(agent.run(None))

@@ -2,8 +2,9 @@
 
 The container entrypoint. Settings come from the flags or the ANEX_* / GW_TUNNEL_*
 environment (see :mod:`anex_agent.agent.settings`); they are checked, including that
-every GW_TUNNEL port is free, before anything starts. The workload starts only once the
-tunnel, the proxy and the forwards are up; SIGTERM/SIGINT/SIGHUP are forwarded to it;
+every GW_TUNNEL port is free, before anything starts. The workload starts once the proxy
+and the forwards are up and a gateway answered (``--wait-ready`` seconds at most); the agent
+acts as its init (:mod:`anex_agent.agent.run_options`, :mod:`.workload`, :mod:`.reaper`);
 ``run`` exits with its status and tears the mesh down.
 
 The workload (and every process the agent starts) gets no ``ANEX_*`` secret: see
@@ -19,7 +20,11 @@ import asyncio
 import os
 
 from anex_agent import childenv, statelock
+from anex_agent.sdnotify import Notifier
+from anex_agent.agent import run_options
 from anex_agent.agent import settings as agent_settings
+from anex_agent.agent.container_state import StateTracker, memory_events_path
+from anex_agent.agent.logs import LogStore
 from anex_agent.agent.workload import Workload, check_command, resolve_account
 
 WORKLOAD_USER_VAR = "ANEX_WORKLOAD_USER"
@@ -30,6 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--user", metavar="NAME", help=f"run the workload as this user (the agent must be root) [{WORKLOAD_USER_VAR}]"
     )
+    run_options.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the workload to run")
     parser.usage = "anex-agent run [options] -- CMD ARGS..."
 
@@ -48,8 +54,26 @@ def main(args: argparse.Namespace) -> int:
         source = "--user" if args.user else WORKLOAD_USER_VAR
         account = resolve_account(args.user or os.environ[WORKLOAD_USER_VAR], source, euid=os.geteuid())
     lock = statelock.acquire(settings.state_dir, "run")  # noqa: F841 - held until exit; one instance per state dir
+    options = run_options.from_args(args, os.environ)
     agent_settings.check_ports_free(settings)
-    workload = Workload(command, env=childenv.workload_env(os.environ, account), account=account)
+    notifier = Notifier.from_environ(os.environ)  # under systemd: READY=1 once the tunnel is up, watchdog
+    Notifier.scrub(os.environ)  # the workload does not talk to systemd in the agent's name
+    env = childenv.workload_env(os.environ, account)
+    if options.proxy_env:
+        env.update(run_options.proxy_variables(settings.proxy_listen.host, settings.proxy_listen.port))
+    logs = LogStore(settings.state_dir / "logs") if options.capture_logs else None
+    workload = Workload(command, env=env, account=account, grace=options.grace,
+                        tracker=StateTracker(_memory_events()), logs=logs)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
-    agent = Agent(settings, detect_report=detect_report)
+    agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
+                  push_dirs=options.push_dirs)
     return asyncio.run(agent.run(workload))
+
+
+def _memory_events():
+    """The memory.events file of the agent's cgroup v2 (OOMKilled detection), or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            return memory_events_path(f.read())
+    except OSError:
+        return None

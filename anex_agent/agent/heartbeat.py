@@ -161,6 +161,8 @@ async def heartbeat_loop(agent: Agent) -> None:
         try:
             status = await agent.dataplane.transport_status()
             agent.last_transport = status
+            if agent.workload is not None:
+                status = status.model_copy(update={"workload": agent.workload.state})
             version = agent.dataplane.config.version if agent.dataplane.config else 0
             beat = Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
             ack = await agent.link.heartbeat(agent.identity.node_id, beat)

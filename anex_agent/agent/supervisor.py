@@ -23,7 +23,15 @@ The agent API listens on loopback and, when the engine puts the mesh address on 
 interface of this host, on the mesh address too; that listener follows the address when
 the coordinator changes it.
 Signals: with a running workload they are forwarded to it (see :mod:`.workload`);
-otherwise they stop the agent (``daemon`` exits 0 after a clean stop).
+otherwise SIGTERM/SIGINT/SIGHUP/SIGQUIT stop the agent (``daemon`` exits 0 after a clean
+stop) and the others are ignored. With a workload the agent is child subreaper and the task
+``reaper`` reaps orphaned processes (:mod:`.reaper`). The workload starts once a gateway
+handshake completed, ``wait_ready`` seconds at most (None: the data plane's default, 20 s;
+0: at once); when none came by then it starts anyway and the task ``ready-wait`` logs when
+the tunnel answers. ``on_ready`` is called once the tunnel answers, and
+``notifier`` (:mod:`anex_agent.sdnotify`) then sends ``READY=1``; it gets ``STATUS=`` lines
+along the start, ``STOPPING=1`` at teardown, and the task ``watchdog`` pings when systemd
+asks for it.
 """
 
 from __future__ import annotations
@@ -37,16 +45,20 @@ from collections.abc import Callable
 from typing import Any
 
 from anex_agent import __version__
+from anex_agent.sdnotify import Notifier
 from anex_agent.agent.api import AgentApi
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.client_link import CoordinatorLink
+from anex_agent.agent.actions import add_routes as add_action_routes
+from anex_agent.agent.logs_api import add_routes as add_log_routes
 from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.metrics import AgentCollector
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
-from anex_agent.agent.workload import FORWARDED, Workload
+from anex_agent.agent.reaper import Reaper, become_subreaper
+from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
 from anex_agent.tasks import Tasks
 from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
@@ -60,8 +72,15 @@ STARTUP_TIMEOUT = 10.0
 class Agent:
     """One node agent. ``run()`` returns the process exit status."""
 
-    def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None,
+                 wait_ready: float | None = None, notifier: Notifier | None = None,
+                 push_dirs: tuple[str, ...] = ()) -> None:
         self.settings = settings
+        self.push_dirs = push_dirs  # where the cluster may push files (run: ANEX_PUSH_DIRS)
+        self.notifier = notifier or Notifier(None)  # systemd: READY=1 once the tunnel is up, STATUS=, watchdog
+        self.wait_ready = wait_ready  # how long the workload waits for the tunnel (s); None: the default
+        self.workload: Workload | None = None
+        self.on_ready: Callable[[], None] | None = None  # called once when the tunnel first answers (sd_notify)
         self.state = StateDir(settings.state_dir)
         self.link = CoordinatorLink(settings.coordinator_url, ca_file=settings.ca_file,
                                     proxy=proxy_for(settings.coordinator_url, dict(settings.proxy_env)))
@@ -210,6 +229,7 @@ class Agent:
                 "agent_version": __version__,
                 "node_id": self.identity.node_id if self.identity else None,
                 "name": self.settings.name,
+                "workload": self.workload.state.model_dump(mode="json") if self.workload is not None else None,
                 "coordinator": {
                     "url": self.settings.coordinator_url,
                     "reachable": self.coordinator_reachable,
@@ -240,9 +260,13 @@ class Agent:
             capabilities=list(report.get("capabilities") or [engine_cls.name]),
             detect=report,
             agent_version=__version__,
+            api_port=self.settings.api_listen.port,
         )
         self.facts = facts
         loop = asyncio.get_running_loop()
+        self.workload = workload
+        if workload is not None and not become_subreaper():
+            log.warning("cannot register as child subreaper: orphans of the workload are reaped only when the agent is PID 1")
         for signum in FORWARDED:
             loop.add_signal_handler(signum, self._on_signal, signum, workload)
         try:
@@ -258,11 +282,15 @@ class Agent:
     async def _start_up(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> None:
         """Join (or re-use), data plane, API, then the workload. Cancelled by a stop signal."""
         assert self.dataplane is not None
+        self.notifier.status(f"joining {self.settings.coordinator_url}")
         config = await self._join_or_load(pubkey, facts)
+        self.notifier.status("starting the data plane")
         assert self.tasks is not None
         await self.dataplane.start(config, self.tasks)
         self.state.save_config(config)
         self.api = AgentApi(self.status, self.ready, self.verify_token)
+        add_log_routes(self.api.app, lambda: workload.logs if workload is not None else None)
+        add_action_routes(self.api, lambda: workload, push_dirs=self.push_dirs)
         self.api.registry.register(AgentCollector(self))
         self.last_transport = await self.dataplane.transport_status()
         self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)
@@ -270,11 +298,27 @@ class Agent:
             self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
         await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
         await self._serve_api_on_mesh(config)
-        if not await self.dataplane.wait_handshake():
+        if await (self.dataplane.wait_handshake(self.wait_ready) if self.wait_ready is not None and workload
+                  else self.dataplane.wait_handshake()):
+            self._ready_now()
+        else:
             log.warning("no WireGuard handshake with a gateway yet; starting anyway (WireGuard keeps trying)")
+            self.tasks.spawn("ready-wait", self._when_ready)
         print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)
         if workload is not None:
             await workload.start()
+
+    async def _when_ready(self) -> None:
+        while not await self.dataplane.wait_handshake(3600.0):
+            pass
+        self._ready_now()
+
+    def _ready_now(self) -> None:
+        log.info("tunnel ready: a gateway answered")
+        summary = self.dataplane.summary() if self.dataplane is not None else ""
+        self.notifier.notify(READY=1, STATUS=f"tunnel up: {summary}")
+        if self.on_ready is not None:
+            self.on_ready()
 
     async def _supervise(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> int:
         exit_code = 0
@@ -282,6 +326,8 @@ class Agent:
             async with asyncio.TaskGroup() as tg:
                 self.tasks = Tasks(tg, role="agent")
                 stopper = tg.create_task(self._stop.wait(), name="stop-wait")
+                if self.notifier.watchdog_interval is not None:
+                    tg.create_task(self.notifier.watchdog(), name="watchdog")
                 startup = tg.create_task(self._start_up(pubkey, facts, workload), name="start-up")
                 await asyncio.wait({startup, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if not startup.done():  # a signal before the workload ran: stop, with the shell's status
@@ -292,6 +338,7 @@ class Agent:
                 if self.telemetry is not None:
                     tg.create_task(self.telemetry.run(), name="gpu-telemetry")
                 if workload is not None:
+                    tg.create_task(Reaper().run(), name="reaper")
                     waiter = tg.create_task(workload.wait(), name="workload")
                     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                     exit_code = waiter.result() if waiter.done() else 1
@@ -306,12 +353,15 @@ class Agent:
     def _on_signal(self, signum: int, workload: Workload | None) -> None:
         if workload is not None and workload.proc is not None and workload.proc.returncode is None:
             workload.forward(signum)
+        elif signum not in TERMINATING:
+            log.info("received %s: nothing to forward it to", signal.Signals(signum).name)
         else:
             log.info("received %s: stopping", signal.Signals(signum).name)
             self._stop_signal = self._stop_signal or signum
             self._stop.set()
 
     async def _teardown(self, workload: Workload | None) -> None:
+        self.notifier.notify(STOPPING=1, STATUS="stopping")
         if workload is not None:
             with contextlib.suppress(ProcessLookupError):
                 await workload.terminate()

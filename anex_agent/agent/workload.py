@@ -2,16 +2,30 @@
 
 Contract:
 
-* :meth:`Workload.start` is called only once the mesh and the front-ends are up;
-* SIGTERM, SIGINT and SIGHUP received by the agent are forwarded to the workload (the agent
-  keeps running until the workload exits, so it can still reach the cluster while it
-  shuts down); a second SIGINT/SIGTERM kills the workload;
-* :meth:`Workload.wait` returns the shell-style exit status: the workload's own, or
-  ``128 + N`` when signal N killed it (as a shell reports it);
-* the workload gets the environment it is given (the CLI passes
+* :meth:`Workload.start` runs the command in a process group of its own (its pid is the
+  group id), with the environment it is given (the CLI passes
   :func:`anex_agent.childenv.workload_env`: no ``ANEX_*`` secret); with an
   :class:`~anex_agent.childenv.AccountInfo` (``--user``) it runs as that account: the child
-  calls setgroups (the account's groups), setgid and setuid before exec.
+  calls setgroups (the account's groups), setgid and setuid before exec;
+* the signals in :data:`FORWARDED` received by the agent are forwarded to the workload's
+  process (the agent keeps running until the workload exits, so it can still reach the
+  cluster while it shuts down). A forwarded SIGTERM, SIGINT, SIGHUP or SIGQUIT starts the
+  grace period (``grace`` seconds, default :data:`DEFAULT_GRACE`): when it has not exited by
+  then, its whole process group is killed (SIGKILL). A second SIGTERM/SIGINT kills at once;
+* :meth:`Workload.wait` returns the shell-style exit status: the workload's own, or
+  ``128 + N`` when signal N killed it (as a shell reports it), and records the
+  :class:`~anex_agent.wire.ContainerState` (``state``): ``OOMKilled`` from the memory
+  cgroup's events (:mod:`.container_state`);
+* with a :class:`~anex_agent.agent.logs.LogStore` (``logs``) its stdout and stderr are pipes:
+  :meth:`Workload.wait` copies them, unchanged, to the agent's own stdout and stderr and into
+  the store (tasks ``workload-stdout``/``workload-stderr`` of its own TaskGroup), and closes
+  the store once the workload ended and its pipes are drained (:data:`DRAIN_WAIT` s at most:
+  a process it left behind may hold them open);
+* :meth:`Workload.restart` (an action of the cluster) stops it like a SIGTERM (grace period
+  included) and :meth:`Workload.wait` starts it again, with the same command, environment
+  and account; the state's ``restart_count`` counts the restarts;
+* :meth:`Workload.terminate` (teardown) stops what is left: SIGTERM, then SIGKILL to the
+  whole process group after ``grace``.
 """
 
 from __future__ import annotations
@@ -24,12 +38,23 @@ import shutil
 import signal
 from collections.abc import Mapping, Sequence
 
+from anex_agent.agent.container_state import StateTracker
+from anex_agent.agent.logs import LogStore, pump
 from anex_agent.childenv import AccountInfo
 from anex_agent.errors import ConfigError
+from anex_agent.wire import ContainerState
 
 log = logging.getLogger(__name__)
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: signals the agent passes on to a running workload
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGWINCH)
+#: of those, the ones that ask the workload to stop (they start the grace period)
+TERMINATING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+#: seconds between a terminating signal and SIGKILL to the workload's process group
+DEFAULT_GRACE = 30.0
+#: seconds the output copy may go on after the workload exited
+DRAIN_WAIT = 2.0
 
 
 def exit_status(returncode: int) -> int:
@@ -68,52 +93,130 @@ def resolve_account(name: str, source: str, *, euid: int) -> AccountInfo:
 
 class Workload:
     def __init__(
-        self, argv: Sequence[str], env: Mapping[str, str] | None = None, account: AccountInfo | None = None
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, account: AccountInfo | None = None,
+        *, grace: float = DEFAULT_GRACE, tracker: StateTracker | None = None, logs: LogStore | None = None,
     ) -> None:
+        self.logs = logs
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.account = account
+        self.grace = grace
+        self.tracker = tracker or StateTracker()
         self.proc: asyncio.subprocess.Process | None = None
         self._signals_seen = 0
+        self._restart = False
+        self._grace_timer: asyncio.TimerHandle | None = None
 
-    async def start(self) -> None:
-        """Start the workload; ConfigError naming ``CMD`` when it cannot be executed (as the account)."""
+    @property
+    def state(self) -> ContainerState:
+        return self.tracker.state
+
+    async def start(self, **streams) -> None:
+        """Start the workload; ConfigError naming ``CMD`` when it cannot be executed (as the account).
+
+        ``streams``: ``stdout``/``stderr`` for the subprocess (default: the agent's own)."""
         ids = {}
+        if self.logs is not None:
+            streams = dict(stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **streams)
         if self.account is not None:
             ids = dict(user=self.account.uid, group=self.account.gid, extra_groups=list(self.account.groups))
         try:
-            self.proc = await asyncio.create_subprocess_exec(*self.argv, env=self.env, **ids)
+            self.proc = await asyncio.create_subprocess_exec(*self.argv, env=self.env, process_group=0,
+                                                             **ids, **streams)
         except OSError as err:
             who = f" as user {self.account.name!r}" if self.account is not None else ""
             raise ConfigError("CMD", f"cannot run {self.argv[0]!r}{who}: {err.strerror or err}") from None
+        self.tracker.started()
         who = f" as {self.account.name} (uid {self.account.uid})" if self.account is not None else ""
         log.info("workload started (pid %d)%s: %s", self.proc.pid, who, " ".join(self.argv))
 
     def forward(self, signum: int) -> None:
-        """Forward ``signum`` to the workload; the second terminating signal kills it."""
+        """Forward ``signum`` to the workload; a terminating one starts the grace period, the
+        second SIGTERM/SIGINT kills its process group."""
         if self.proc is None or self.proc.returncode is not None:
             return
         self._signals_seen += 1 if signum in (signal.SIGTERM, signal.SIGINT) else 0
         if self._signals_seen >= 2:
             log.warning("second signal: killing the workload")
-            self.proc.kill()
+            self.kill_group()
             return
         log.info("forwarding %s to the workload", signal.Signals(signum).name)
         self.proc.send_signal(signum)
+        if signum in TERMINATING and self._grace_timer is None:
+            self._grace_timer = asyncio.get_running_loop().call_later(self.grace, self._grace_over)
+
+    def _grace_over(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            log.warning("the workload did not exit within the grace period of %g s: killing its process group",
+                        self.grace)
+            self.kill_group()
+
+    def kill_group(self) -> None:
+        """SIGKILL to the workload's process group (what it started and left in it too)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            if self.proc.returncode is None:
+                self.proc.kill()
 
     async def wait(self) -> int:
+        """Wait for the workload's end (restarting it when :meth:`restart` asked); its status."""
         assert self.proc is not None, "start() first"
-        code = exit_status(await self.proc.wait())
-        log.info("workload exited with status %d", code)
-        return code
+        while True:
+            returncode = await self._wait_once()
+            if self._grace_timer is not None:
+                self._grace_timer.cancel()
+                self._grace_timer = None
+            state = self.tracker.terminated(returncode)
+            code = exit_status(returncode)
+            if self._restart:
+                self._restart = False
+                self._signals_seen = 0
+                log.info("workload exited with status %d (%s); starting it again as asked", code, state.reason)
+                await self.start()
+                continue
+            if self.logs is not None:
+                self.logs.close()
+            log.info("workload exited with status %d (%s)", code, state.reason)
+            return code
+
+    async def _wait_once(self) -> int:
+        assert self.proc is not None
+        if self.logs is None or self.proc.stdout is None or self.proc.stderr is None:
+            return await self.proc.wait()
+        async with asyncio.TaskGroup() as tg:
+            copies = [tg.create_task(pump(self.proc.stdout, "stdout", 1, self.logs), name="workload-stdout"),
+                      tg.create_task(pump(self.proc.stderr, "stderr", 2, self.logs), name="workload-stderr")]
+            returncode = await self.proc.wait()
+            _, late = await asyncio.wait(copies, timeout=DRAIN_WAIT)
+            for task in late:
+                task.cancel()
+        return returncode
+
+    def restart(self) -> bool:
+        """Ask for a restart: SIGTERM with the grace period, then :meth:`wait` starts the
+        workload again (``restart_count`` + 1). False when it is not running."""
+        if self.proc is None or self.proc.returncode is not None:
+            return False
+        self._restart = True
+        log.info("restarting the workload as asked: SIGTERM, grace %g s", self.grace)
+        self.proc.send_signal(signal.SIGTERM)
+        if self._grace_timer is None:
+            self._grace_timer = asyncio.get_running_loop().call_later(self.grace, self._grace_over)
+        return True
 
     async def terminate(self, grace: float = 10.0) -> None:
-        """Stop the workload if it still runs (the agent is failing): SIGTERM, then SIGKILL."""
-        if self.proc is None or self.proc.returncode is not None:
+        """Stop the workload if it still runs (the agent is failing): SIGTERM, then SIGKILL to its
+        process group; the group is killed also when the workload itself has exited already."""
+        if self.proc is None:
             return
-        self.proc.terminate()
-        try:
-            await asyncio.wait_for(self.proc.wait(), grace)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace)
+            except TimeoutError:
+                pass
+        self.kill_group()
+        await self.proc.wait()

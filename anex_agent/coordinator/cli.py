@@ -181,7 +181,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
 
 
 async def serve(
-    settings: Settings, host: str, port: int, signing_key_file: Path | None, coordinator_key_file: Path | None = None
+    settings: Settings, host: str, port: int, signing_key_file: Path | None, coordinator_key_file: Path | None = None,
+    ready: asyncio.Event | None = None,
 ) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     modules = app_module.load_modules()
@@ -207,6 +208,8 @@ async def serve(
         bound = runner.addresses[0] if runner.addresses else (host, port)
         log.info("coordinator listening on %s://%s:%s (network %s)", scheme, bound[0], bound[1], settings.pool.cidr)
         print(f"anex-agent coordinator listening on {scheme}://{bound[0]}:{bound[1]}", flush=True)
+        if ready is not None:  # systemd: READY=1
+            ready.set()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -227,5 +230,11 @@ def main(args: argparse.Namespace) -> int:
     host, port = _listen(args.listen)
     settings = settings_from(args)
     lock = statelock.acquire(settings.state_dir, "coordinator")  # noqa: F841 - held until exit; one instance per state dir
-    asyncio.run(serve(settings, host, port, args.signing_key_file, args.coordinator_key_file))
+    from anex_agent.sdnotify import Notifier, supervised
+
+    notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once listening, watchdog
+    Notifier.scrub(os.environ)
+    ready = asyncio.Event()
+    asyncio.run(supervised(serve(settings, host, port, args.signing_key_file, args.coordinator_key_file, ready),
+                           notifier, ready, f"listening on {host}:{port}"))
     return 0

@@ -64,7 +64,12 @@ def main(args: argparse.Namespace) -> int:
     lock = statelock.acquire(settings.state_dir, "gateway")  # before anything else: one instance per state dir
     from anex_agent.gateway.service import Gateway
 
+    from anex_agent.sdnotify import Notifier, supervised
+
+    notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once the hub serves, watchdog
+    Notifier.scrub(os.environ)
+    gateway = Gateway(settings)
     try:
-        return asyncio.run(Gateway(settings).run())
+        return asyncio.run(supervised(gateway.run(), notifier, gateway.ready, "gateway up"))
     finally:
         lock.release()

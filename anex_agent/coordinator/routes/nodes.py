@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from anex_agent import access_token, wire
-from anex_agent.coordinator import ipam, limits, nodes, problems, tokens
+from anex_agent.coordinator import ipam, limits, node_actions, node_logs, nodes, problems, tokens
 from anex_agent.coordinator.auth import Auth, Principal
 from anex_agent.coordinator.registry import Call, Route, RouteRegistry
 
@@ -92,6 +92,18 @@ def setup(registry: RouteRegistry, ctx) -> None:
         Route("GET", "/v1/nodes/{node_id}/telemetry", get_telemetry, Auth.node_or_admin,
               "The latest telemetry the node reported (the node itself or the admin)",
               response_model=wire.NodeTelemetry, tags=tags, problems=(403,)),
+        Route("GET", "/v1/nodes/{node_id}/logs", node_logs.proxy, Auth.admin,
+              "The node's workload logs, streamed from its agent API (needs a route from the coordinator to the mesh)",
+              tags=tags, content_type="text/plain", problems=(502,), query=node_logs.QUERY),
+        Route("POST", "/v1/nodes/{node_id}/signal", node_actions.send_signal, Auth.admin,
+              "Send a signal to the node's workload (forwarded to its agent API)",
+              tags=tags, status=202, problems=(404, 409, 502), query=node_actions.SIGNAL_QUERY),
+        Route("POST", "/v1/nodes/{node_id}/restart", node_actions.restart, Auth.admin,
+              "Restart the node's workload (SIGTERM, grace period, started again)",
+              tags=tags, status=202, problems=(404, 409, 502)),
+        Route("PUT", "/v1/nodes/{node_id}/files", node_actions.push_file, Auth.admin,
+              "Push a file into one of the node's ANEX_PUSH_DIRS (the body; written atomically with its mode)",
+              tags=tags, status=201, problems=(404, 409, 413, 502), query=node_actions.FILES_QUERY),
         Route("POST", "/v1/nodes/{node_id}/access-token", create_access_token, Auth.admin,
               "A short-lived signed token for the node's agent API (verify with NodeConfig.agent_api_verify_key)",
               response_model=wire.AgentAccessToken, status=201, tags=tags),

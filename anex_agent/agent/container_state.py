@@ -1,0 +1,87 @@
+"""The workload's state as Kubernetes reports a container's (``ContainerState``).
+
+``waiting`` (before it started), ``running`` (``started_at``), ``terminated`` (exit code,
+signal, ``started_at``, ``finished_at`` and the reason: ``Completed`` for status 0,
+``OOMKilled`` when the kernel's OOM killer killed a process of the workload's memory cgroup
+while it ran, else ``Error``), with ``restart_count``.
+
+OOM kills are read from the cgroup v2 ``memory.events`` file (``oom_kill N``), which counts
+the kills in the cgroup and below it: the counter is read when the workload starts and when
+it ends, and a workload killed by SIGKILL while it grew is ``OOMKilled``. The path comes
+from :func:`memory_events_path` (the agent's own cgroup, which in a container is the
+container's); None where there is no cgroup v2 memory controller (cgroup v1 hosts): OOM
+kills are then reported as ``Error`` with the signal.
+"""
+
+from __future__ import annotations
+
+import signal
+from datetime import UTC, datetime
+from pathlib import Path
+
+from anex_agent.wire import ContainerState
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def memory_events_path(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Path | None:
+    """The ``memory.events`` file of the cgroup v2 path in ``proc_cgroup`` (the text of
+    ``/proc/self/cgroup``), or None when there is none (no ``0::`` line, no memory controller)."""
+    for line in proc_cgroup.splitlines():
+        if line.startswith("0::"):
+            path = root / line[3:].strip().lstrip("/") / "memory.events"
+            return path if path.is_file() else None
+    return None
+
+
+def oom_kills(path: Path | None) -> int | None:
+    """The ``oom_kill`` counter of a ``memory.events`` file; None when unreadable."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class StateTracker:
+    """Follows one workload through its life (and restarts) and answers :class:`ContainerState`."""
+
+    def __init__(self, memory_events: Path | None = None) -> None:
+        self.memory_events = memory_events
+        self.restart_count = 0
+        self._state = ContainerState(state="waiting", reason="ContainerCreating")
+        self._oom_at_start: int | None = None
+
+    @property
+    def state(self) -> ContainerState:
+        return self._state
+
+    def started(self) -> None:
+        if self._state.state == "terminated":
+            self.restart_count += 1
+        self._oom_at_start = oom_kills(self.memory_events)
+        self._state = ContainerState(state="running", started_at=_now(), restart_count=self.restart_count)
+
+    def terminated(self, returncode: int) -> ContainerState:
+        """Record the end (``returncode`` as asyncio gives it: ``-N`` for signal N)."""
+        sig = -returncode if returncode < 0 else None
+        code = 128 + sig if sig is not None else returncode
+        oom_now = oom_kills(self.memory_events)
+        oom = (sig == signal.SIGKILL and self._oom_at_start is not None and oom_now is not None
+               and oom_now > self._oom_at_start)
+        reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
+        self._state = ContainerState(
+            state="terminated", reason=reason, exit_code=code, signal=sig,
+            started_at=self._state.started_at, finished_at=_now(), restart_count=self.restart_count,
+        )
+        return self._state

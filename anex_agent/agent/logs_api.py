@@ -1,0 +1,113 @@
+"""Agent API route ``GET /logs``: the workload's output, from the ring, optionally followed.
+
+Query parameters (each checked; a bad one is a 400 problem document naming it):
+
+* ``follow``: ``0`` (default) or ``1``: keep the answer open and stream new lines until the
+  workload ends;
+* ``tail``: ASCII digits, at most :data:`MAX_TAIL`: only the last N lines (after ``since``
+  and ``stream`` are applied);
+* ``since``: an RFC 3339 time with its offset (``2026-01-02T03:04:05Z``): lines from then on;
+* ``stream``: ``stdout`` or ``stderr`` (default both);
+* ``timestamps``: ``1`` puts each line's RFC 3339 time and a space before it.
+
+The answer is ``text/plain`` written line by line as it is read (never the whole log in
+memory at once); a piece of an over-long line is written without its newline, so the text
+comes out as the workload wrote it. Authentication is the API's own (its middleware): a
+mesh-side caller needs a single-use cluster access token. 404 when the agent runs no
+workload (``daemon``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+
+from aiohttp import web
+
+from anex_agent.agent.logs import STREAMS, LogStore
+
+MAX_TAIL = 1_000_000
+_DIGITS = re.compile(r"[0-9]{1,7}")
+_RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})")
+
+
+class BadParameter(ValueError):
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(f"{name}: {detail}")
+        self.name = name
+        self.detail = detail
+
+
+def parse_query(query) -> dict:
+    """The ``LogStore.follow``/``query`` arguments plus ``follow`` and ``timestamps``; BadParameter."""
+    out: dict = {}
+    for flag in ("follow", "timestamps"):
+        value = query.get(flag, "0")
+        if value not in ("0", "1", "true", "false"):
+            raise BadParameter(flag, f"{value!r} is not accepted; expected 0 or 1")
+        out[flag] = value in ("1", "true")
+    tail = query.get("tail")
+    if tail is not None:
+        if not _DIGITS.fullmatch(tail) or int(tail) > MAX_TAIL:
+            raise BadParameter("tail", f"{tail!r} is not accepted; expected ASCII digits, 0 to {MAX_TAIL}")
+        tail = int(tail)
+    out["tail"] = tail
+    since = query.get("since")
+    if since is not None:
+        if not _RFC3339.fullmatch(since):
+            raise BadParameter("since", f"{since!r} is not an RFC 3339 time with an offset, e.g. 2026-01-02T03:04:05Z")
+        text = since.upper().replace("Z", "+00:00")
+        frac = re.search(r"\.([0-9]+)", text)
+        if frac and len(frac.group(1)) > 6:  # datetime keeps microseconds
+            text = text.replace(frac.group(0), "." + frac.group(1)[:6])
+        try:
+            out["since"] = datetime.fromisoformat(text)
+        except ValueError:
+            raise BadParameter("since", f"{since!r} is not a valid time") from None
+    else:
+        out["since"] = None
+    stream = query.get("stream")
+    if stream is not None and stream not in STREAMS:
+        raise BadParameter("stream", f"{stream!r} is not accepted; expected stdout or stderr")
+    out["stream"] = stream
+    return out
+
+
+def _problem(status: int, title: str, detail: str, **extra) -> web.Response:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
+    return web.json_response(body, status=status, content_type="application/problem+json")
+
+
+def add_routes(app: web.Application, store: Callable[[], LogStore | None]) -> None:
+    """Add ``GET /logs`` to ``app``; ``store()`` gives the workload's LogStore or None."""
+
+    async def logs(request: web.Request) -> web.StreamResponse:
+        try:
+            args = parse_query(request.query)
+        except BadParameter as err:
+            return _problem(400, "Bad Request", err.detail, field=err.name)
+        current = store()
+        if current is None:
+            return _problem(404, "Not Found", "this agent runs no workload (anex-agent daemon): there are no logs")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
+                                               "Cache-Control": "no-store"})
+        await response.prepare(request)
+        select = dict(tail=args["tail"], since=args["since"], stream=args["stream"])
+        lines = current.follow(**select) if args["follow"] else _iterate(current.query(**select))
+        async for line in lines:
+            if line is None:
+                await response.write(b"\n[anex-agent: this reader fell too far behind and was ended]\n")
+                break
+            prefix = line.time.isoformat(timespec="microseconds").replace("+00:00", "Z").encode() + b" " \
+                if args["timestamps"] else b""
+            await response.write(prefix + line.text + (b"" if line.partial else b"\n"))
+        await response.write_eof()
+        return response
+
+    app.router.add_get("/logs", logs)
+
+
+async def _iterate(lines):
+    for line in lines:
+        yield line

@@ -1,0 +1,87 @@
+"""Options of ``anex-agent run`` about the workload itself (parsed at the edge, frozen).
+
+| flag | variable | accepted / default |
+|---|---|---|
+| ``--grace-period`` | ``ANEX_GRACE_PERIOD`` | seconds (0-86400, default 30) between a terminating signal and SIGKILL to the workload's process group |
+| ``--wait-ready`` | ``ANEX_WAIT_READY`` | seconds (0-3600) the workload waits for a gateway to answer before it starts anyway (default 20; 0: at once) |
+| - | ``ANEX_PUSH_DIRS`` | absolute directories, ``:``-separated, the cluster may push files into (``PUT /files``); default none: pushing is off |
+| - | ``ANEX_LOGS`` | ``1`` (default): the workload's stdout/stderr are pipes, copied unchanged to the agent's and kept for ``GET /logs``; ``0``: it inherits the agent's (a terminal stays a terminal) |
+| - | ``ANEX_PROXY_ENV`` | ``1``: the workload gets ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (and lower case) for the agent's proxy; default ``0`` |
+
+A bad value raises :class:`~anex_agent.errors.ConfigError` naming the flag or variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from anex_agent.agent.workload import DEFAULT_GRACE
+from anex_agent.errors import ConfigError
+
+#: hosts the workload reaches directly when ANEX_PROXY_ENV=1
+NO_PROXY = "localhost,127.0.0.1,::1"
+_SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    grace: float = DEFAULT_GRACE
+    wait_ready: float | None = None
+    proxy_env: bool = False
+    capture_logs: bool = True
+    push_dirs: tuple[str, ...] = ()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grace-period", metavar="SECONDS",
+                        help="after SIGTERM, how long the workload may take before its process group is killed "
+                             "(default 30) [ANEX_GRACE_PERIOD]")
+    parser.add_argument("--wait-ready", metavar="SECONDS",
+                        help="hold the workload until a gateway answers, at most SECONDS (default 20; 0: start at "
+                             "once); the agent logs when the tunnel is ready [ANEX_WAIT_READY]")
+
+
+def _seconds(value: str, source: str, top: float) -> float:
+    if not _SECONDS.fullmatch(value.strip()) or not 0 <= float(value) <= top:
+        raise ConfigError(source, f"{value!r} is not a number of seconds from 0 to {top:g} (ASCII digits, e.g. 30 or 2.5)")
+    return float(value)
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RunOptions:
+    def pick(flag: str | None, flag_name: str, var: str) -> tuple[str | None, str]:
+        if flag is not None:
+            return flag, flag_name
+        return environ.get(var), var
+
+    grace, source = pick(args.grace_period, "--grace-period", "ANEX_GRACE_PERIOD")
+    wait, wsource = pick(args.wait_ready, "--wait-ready", "ANEX_WAIT_READY")
+    proxy = environ.get("ANEX_PROXY_ENV", "0").strip()
+    if proxy not in ("0", "1", ""):
+        raise ConfigError("ANEX_PROXY_ENV", f"{proxy!r} is not accepted; expected 0 or 1")
+    capture = environ.get("ANEX_LOGS", "1").strip()
+    if capture not in ("0", "1", ""):
+        raise ConfigError("ANEX_LOGS", f"{capture!r} is not accepted; expected 0 or 1")
+    push_dirs = []
+    for entry in filter(None, environ.get("ANEX_PUSH_DIRS", "").split(":")):
+        if not entry.startswith("/") or "\0" in entry or ".." in entry.split("/"):
+            raise ConfigError("ANEX_PUSH_DIRS", f"{entry!r} is not an absolute directory without '..'")
+        push_dirs.append(os.path.realpath(entry))
+    return RunOptions(
+        push_dirs=tuple(push_dirs),
+        capture_logs=capture != "0",
+        grace=_seconds(grace, source, 86400) if grace else DEFAULT_GRACE,
+        wait_ready=_seconds(wait, wsource, 3600) if wait else None,
+        proxy_env=proxy == "1",
+    )
+
+
+def proxy_variables(proxy_host: str, proxy_port: int) -> dict[str, str]:
+    """The proxy variables (both cases) pointing the workload at the agent's proxy."""
+    host = f"[{proxy_host}]" if ":" in proxy_host else proxy_host
+    url = f"http://{host}:{proxy_port}"
+    env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "NO_PROXY": NO_PROXY}
+    return {**env, **{name.lower(): value for name, value in env.items()}}
