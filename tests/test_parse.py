@@ -177,6 +177,7 @@ def test_listen_and_ip_port_messages_do_not_echo_the_input():
 # this module.
 ISDIGIT_ELSEWHERE = {
     "coordinator/db.py", "agent/workload.py", "tunnels/cleanup.py", "demo/netlab.py", "statelock.py",
+    "agent/container_state.py", "agent/reaper.py", "sdnotify.py",
     "selection/providers/http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
 }
 

@@ -50,6 +50,7 @@ class Agent(Protocol):
     facts: NodeFacts | None
     dataplane: Any  # anex_agent.agent.dataplane.DataPlane once started
     telemetry: Any  # anex_agent.gpu.monitor.TelemetryMonitor, or None
+    workload: Any  # anex_agent.agent.workload.Workload under `run`, None under `daemon`
     last_transport: TransportStatus | None
     coordinator_reachable: bool | None
     credential_revoked: str | None

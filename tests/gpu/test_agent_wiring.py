@@ -47,6 +47,7 @@ async def test_first_heartbeat_carries_telemetry(fake, tmp_path):
         dataplane=SimpleNamespace(transport_status=transport_status, config=None),
         link=SimpleNamespace(heartbeat=heartbeat),
         telemetry=monitor,
+        workload=None,
         coordinator_reachable=True,
         note_reachable=lambda ok, why=None: None,
     )
