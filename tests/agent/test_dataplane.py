@@ -34,6 +34,7 @@ class ContractEngine(Engine):
         self.applied: list[tuple[DesiredConfig, WorkloadConfig | None]] = []
         self.resets = 0
         self.started_with = None
+        self.keepalives: list[dict[str, str]] = []
 
     @classmethod
     def is_supported(cls) -> Support:
@@ -60,6 +61,10 @@ class ContractEngine(Engine):
         self.resets += 1
         return False
 
+    def send_keepalive(self, gateways) -> bool:
+        self.keepalives.append(dict(gateways))
+        return True
+
     def report(self):
         return {} if self.gives_dialer else {"served_forwards": len(self.applied[-1][1].forwards)}
 
@@ -70,6 +75,7 @@ class ContractEngine(Engine):
 class SelfServingEngine(ContractEngine):
     name = "contract-self"
     gives_dialer = False
+    host_address = False  # no OS interface (like wireproxy or the built-in engine)
 
 
 def free_port() -> int:
@@ -168,3 +174,13 @@ async def test_an_engine_that_serves_the_workload_gets_it_with_every_apply(plane
     assert (await dp.status_doc())["contract-self"] == {"served_forwards": 2}
     await dp.reset_gateway_sessions()
     assert dp.engine.resets == 1  # the engine decides how to reset its sessions
+
+
+@pytest.mark.parametrize("engine_cls", [ContractEngine, SelfServingEngine])
+async def test_the_pull_back_after_a_probe_asks_the_engine_whatever_it_is(plane, engine_cls):
+    """After a UDP probe the hub answers the probe's socket until the engine's next datagram:
+    the data plane asks the engine to send one to each gateway, with or without an OS interface."""
+    make, _ = plane
+    dp, _ = await make(engine_cls)
+    dp._nudge()
+    assert dp.engine.keepalives == [{GW: "10.254.0.1"}]
