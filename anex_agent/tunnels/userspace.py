@@ -366,6 +366,7 @@ class UserspaceEngine(Engine):
                 continue
             tunnel.call(lambda now, public_key=public_key: tunnel.device.send_keepalive(public_key, now))
             sent = True
+        log.debug("userspace wg: keepalive to %s", "the gateways" if sent else "no gateway (not peers)")
         return sent
 
     def dialer(self, resolver: NameResolver | None = None):
