@@ -65,9 +65,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Interfaces (and wireguard-go UAPI sockets) we create are named ``anx<something>``.
 #: RFC 863's discard port: where :meth:`Engine.send_keepalive` sends on an OS interface.
 DISCARD_PORT = 9
+#: Interfaces (and wireguard-go UAPI sockets) we create are named ``anx<something>``.
 IFNAME_PREFIX = "anx"
 #: Linux IFNAMSIZ is 16 including the terminating NUL (include/uapi/linux/if.h).
 IFNAME_MAX = 15
