@@ -20,7 +20,7 @@ import pytest
 
 from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
 from integration.conftest import TUNNEL_1, client
-from integration.test_websocket import PROXY, URL, get_ok
+from integration.test_websocket import PROXY, URL, get_ok, hub_endpoint_port, udp_ports
 
 
 def _unprivileged_agent(mesh, node, **env) -> None:
@@ -74,22 +74,6 @@ def test_relay_restart_is_survived_without_restarting_the_agent(mesh, ublocked):
     print(f"userspace: traffic resumed {time.monotonic() - started:.1f} s after the gateway was back")
 
 
-def _hub_endpoint_port(mesh, node) -> int:
-    """The UDP port the gateway's hub sends this node's datagrams to."""
-    out = mesh.gateway.run(["wg", "show", "all", "endpoints"]).stdout
-    for line in out.splitlines():
-        endpoint = line.split()[-1]
-        if endpoint.startswith(f"{node.underlay}:"):
-            return int(endpoint.rsplit(":", 1)[1])
-    raise AssertionError(f"no hub endpoint for {node.underlay}: {out}")
-
-
-def _udp_ports(node) -> set[int]:
-    """Local ports of the UDP sockets open in the node's namespace (the engine's; a probe's is closed)."""
-    out = node.ns.run(["ss", "-Huan"]).stdout
-    return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()}
-
-
 def test_udp_blocked_mid_session_then_unblocked(mesh):
     n = mesh.add_node_namespace()
     _unprivileged_agent(mesh, n, ANEX_PATH_PROBE_INTERVAL="5")
@@ -100,7 +84,7 @@ def test_udp_blocked_mid_session_then_unblocked(mesh):
         # the engine's keepalive then pulls the hub back, so the cluster reaches the node at once
         # (the engine itself sends nothing for 25 s: its persistent keepalive)
         time.sleep(3)
-        wait_until(lambda: _hub_endpoint_port(mesh, n) in _udp_ports(n), 6, "the hub back on the engine's socket",
+        wait_until(lambda: hub_endpoint_port(mesh, n) in udp_ports(n), 6, "the hub back on the engine's socket",
                    interval=0.2)
         ping = mesh.cluster.run(["ping", "-c", "1", "-W", "2", status["address"]], check=False)
         assert ping.returncode == 0, ping.stdout + ping.stderr
