@@ -131,6 +131,22 @@ def test_gateway_restart_is_survived_without_restarting_the_agent(mesh, blocked)
     print(f"traffic resumed {time.monotonic() - started:.1f} s after the gateway was back")
 
 
+def hub_endpoint_port(mesh, node) -> int:
+    """The UDP port the gateway's hub sends this node's datagrams to."""
+    out = mesh.gateway.run(["wg", "show", "all", "endpoints"]).stdout
+    for line in out.splitlines():
+        endpoint = line.split()[-1]
+        if endpoint.startswith(f"{node.underlay}:"):
+            return int(endpoint.rsplit(":", 1)[1])
+    raise AssertionError(f"no hub endpoint for {node.underlay}: {out}")
+
+
+def udp_ports(node) -> set[int]:
+    """Local ports of the UDP sockets open in the node's namespace (the engine's; a probe's is closed)."""
+    out = node.ns.run(["ss", "-Huan"]).stdout
+    return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()}
+
+
 def test_udp_blocked_mid_session_then_unblocked(mesh):
     n = mesh.add_node_namespace()
     mesh.start_agent(n, mesh.agent_env(n, ANEX_PATH="auto", ANEX_PATH_PROBE_INTERVAL="5"))
@@ -138,6 +154,10 @@ def test_udp_blocked_mid_session_then_unblocked(mesh):
         assert n.status()["path"] == "udp"
         (gateway,) = detect_gateways(n).values()
         assert gateway["udp"]["supported"] is True and gateway["udp"]["rtt_ms"] is not None
+        # quiet on UDP, the watch probes; a datagram to the gateway's mesh address pulls the hub back
+        time.sleep(3)
+        wait_until(lambda: hub_endpoint_port(mesh, n) in udp_ports(n), 6, "the hub back on the engine's socket",
+                   interval=0.2)
         assert get_ok(n.ns, "/udp")
         mesh.block_udp(n)
         blocked_at = time.monotonic()

@@ -51,8 +51,6 @@ RESET_RETRY = 1.0
 #: At start-up, how long the workload waits for the first gateway handshake before it starts anyway.
 FIRST_HANDSHAKE_WAIT = 20.0
 RESET_WINDOW = 10.0
-#: RFC 863's discard port: where the path watch sends its nudge.
-DISCARD_PORT = 9
 
 
 class DataPlane:
@@ -182,20 +180,11 @@ class DataPlane:
             return await self.engine.reset_sessions(desired, within=RESET_RETRY, every=RESET_RETRY)
 
     def _nudge(self) -> None:
-        """Make the engine send to each gateway now: one datagram to its mesh address (discard port).
-
-        Only where the mesh address is routed by this host (an OS interface); the gateway
-        drops the datagram after WireGuard took it, which is all that is needed."""
-        if not self.host_address or self.config is None:
+        """Make the engine send to each gateway now (:meth:`Engine.send_keepalive`): after a UDP
+        probe the hub answers the probe's socket until the engine's next datagram reaches it."""
+        if self.engine is None or self.config is None:
             return
-        import socket
-
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            for gw in self.config.gateways:
-                try:
-                    sock.sendto(b"", (gw.mesh_address, DISCARD_PORT))
-                except OSError:
-                    pass
+        self.engine.send_keepalive({gw.public_key: gw.mesh_address for gw in self.config.gateways})
 
     async def _reapply(self) -> None:
         """Apply the current config again (an endpoint name moved: the policy resolves it anew)."""

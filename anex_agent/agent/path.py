@@ -272,8 +272,9 @@ class PathManager:
                     reset: Callable[[], Awaitable[bool]], nudge: Callable[[], None] = lambda: None) -> None:
         """Watch the current path (auto only) and switch when it stops working; runs until cancelled.
 
-        ``nudge()`` makes the engine send something to the gateways now: after a probe that
-        succeeded, the gateway answers the probe's socket until the engine's next datagram."""
+        ``nudge()`` makes the engine send something to the gateways now (the data plane's:
+        :meth:`~anex_agent.tunnels.base.Engine.send_keepalive`): after a probe that succeeded,
+        the gateway answers the probe's socket until the engine's next datagram."""
         next_probe = time.monotonic() + self.settings.probe_interval
         while True:
             await asyncio.sleep(self.settings.check_every)

@@ -14,6 +14,7 @@ proxy and the forwards, open connections through it) or front-ends of its own
     status = await engine.status()               # handshakes, bytes, endpoints
     verdict = await engine.readiness()           # its own verdict, or None: judge by the last handshake
     await engine.reset_sessions(desired)         # fresh handshakes now (a gateway restarted)
+    engine.send_keepalive({key: mesh_address})   # one datagram to each gateway now (pull a hub back)
     details = engine.report()                    # engine-specific facts for /status ({} for most)
     await engine.stop()                          # nothing of ours is left afterwards
 
@@ -49,7 +50,9 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -62,6 +65,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: RFC 863's discard port: where :meth:`Engine.send_keepalive` sends on an OS interface.
+DISCARD_PORT = 9
 #: Interfaces (and wireguard-go UAPI sockets) we create are named ``anx<something>``.
 IFNAME_PREFIX = "anx"
 #: Linux IFNAMSIZ is 16 including the terminating NUL (include/uapi/linux/if.h).
@@ -303,6 +308,28 @@ class Engine(abc.ABC):
         peer as ``peername``. False (the default): the engine cannot; an engine with an OS
         interface never needs to (listen on the address with a socket)."""
         return False
+
+    def send_keepalive(self, gateways: Mapping[str, str]) -> bool:
+        """Make the engine send one datagram to each of ``gateways`` (public key -> mesh address) now.
+
+        What for: after a UDP probe (a handshake from another socket) the hub answers that
+        socket until this engine's next datagram reaches it; this pulls the hub back at once.
+        Default, for an engine with an OS interface: one empty UDP datagram to each mesh
+        address (the discard port), which the host routes into the tunnel and the gateway
+        drops after WireGuard took it. Engines without one override it (the built-in engine
+        sends a WireGuard keepalive). Returns whether anything was sent; never raises."""
+        if not self.host_address:
+            return False
+        sent = False
+        for address in gateways.values():
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            try:
+                with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                    sock.sendto(b"", (address, DISCARD_PORT))
+                sent = True
+            except OSError:
+                pass
+        return sent
 
     async def readiness(self) -> tuple[bool, str] | None:
         """The engine's own readiness verdict, or None to judge by the last handshake (default)."""

@@ -28,11 +28,11 @@ import collections
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anex_agent.errors import EngineError, LocalProtocolError
+from anex_agent.errors import ConfigError, EngineError, LocalProtocolError
 from anex_agent.keys import decode_key, encode_key
 from anex_agent.tunnels import netconf
 from anex_agent.tunnels.base import (
@@ -349,6 +349,25 @@ class UserspaceEngine(Engine):
             ))
         return EngineStatus(self.name, None, self.tunnel.bind.local_port, self._task is not None and not self._task.done(),
                             tuple(peers))
+
+    def send_keepalive(self, gateways: Mapping[str, str]) -> bool:
+        """A WireGuard keepalive to each of ``gateways`` (by public key) now, through the engine's
+        Bind (there is no OS interface a datagram to the mesh address could go through)."""
+        tunnel = self.tunnel
+        if tunnel is None:
+            return False
+        sent = False
+        for key in gateways:
+            try:
+                public_key = decode_key(key, what="gateway public_key")
+            except ConfigError:
+                continue
+            if tunnel.device.peer(public_key) is None:
+                continue
+            tunnel.call(lambda now, public_key=public_key: tunnel.device.send_keepalive(public_key, now))
+            sent = True
+        log.debug("userspace wg: keepalive to %s", "the gateways" if sent else "no gateway (not peers)")
+        return sent
 
     def dialer(self, resolver: NameResolver | None = None):
         """A :class:`~anex_agent.netstack.dialer.NetstackDialer`; cluster DNS goes over the stack too

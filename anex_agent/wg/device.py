@@ -241,6 +241,12 @@ class Device:
         self._initiate(self._peers[public_key], now, retry=False)
         return self._flush()
 
+    def send_keepalive(self, public_key: bytes, now: float) -> Output:
+        """Send a keepalive (an empty transport message) to a peer now; a handshake first when
+        there is no usable session (§6.5: what the keepalive timers send, on demand)."""
+        self._send_keepalive(self._peers[public_key], now)
+        return self._flush()
+
     def expire_sessions(self, public_key: bytes) -> None:
         """Make the current keypairs unusable for sending (testing/forced rekey, like wireguard-go's ExpireCurrentKeypairs)."""
         peer = self._peers[public_key]

@@ -35,6 +35,7 @@ class ContractEngine(Engine):
         self.applied: list[tuple[DesiredConfig, WorkloadConfig | None]] = []
         self.resets = 0
         self.started_with = None
+        self.keepalives: list[dict[str, str]] = []
 
     @classmethod
     def is_supported(cls) -> Support:
@@ -61,6 +62,10 @@ class ContractEngine(Engine):
         self.resets += 1
         return False
 
+    def send_keepalive(self, gateways) -> bool:
+        self.keepalives.append(dict(gateways))
+        return True
+
     def report(self):
         return {} if self.gives_dialer else {"served_forwards": len(self.applied[-1][1].forwards)}
 
@@ -71,6 +76,7 @@ class ContractEngine(Engine):
 class SelfServingEngine(ContractEngine):
     name = "contract-self"
     gives_dialer = False
+    host_address = False  # no OS interface (like wireproxy or the built-in engine)
 
 
 def free_port() -> int:
@@ -265,3 +271,13 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
     assert "traffic moved to gateway" in (await dp.status_doc())["dead_peer"]["events"][0]["reason"]
     await dp.apply(config(version=2))  # a config push keeps the traffic on the gateway that answers
     assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ()
+
+
+@pytest.mark.parametrize("engine_cls", [ContractEngine, SelfServingEngine])
+async def test_the_pull_back_after_a_probe_asks_the_engine_whatever_it_is(plane, engine_cls):
+    """After a UDP probe the hub answers the probe's socket until the engine's next datagram:
+    the data plane asks the engine to send one to each gateway, with or without an OS interface."""
+    make, _ = plane
+    dp, _ = await make(engine_cls)
+    dp._nudge()
+    assert dp.engine.keepalives == [{GW: "10.254.0.1"}]

@@ -230,3 +230,72 @@ async def test_an_engine_that_takes_a_bind_switches_inside_it_with_no_local_hop(
     finally:
         await node.stop()
         await manager.close()
+
+
+async def packet_arrives(engine, label: bytes, timeout: float) -> bool:
+    """Whether a packet ending in ``label`` comes out of ``engine``'s tunnel within ``timeout`` s."""
+    try:
+        async def wait():
+            while not (await engine.tunnel.receive_packet()).endswith(label):
+                pass
+        await asyncio.wait_for(wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+async def test_a_keepalive_pulls_the_hub_back_after_a_probe_on_an_engine_without_an_interface(world):
+    """The probe's handshake comes from another socket, so the hub's replies go there (here: the
+    blocker's client address, as a NAT would) until the engine sends again; the userspace engine
+    (no OS interface to send a datagram to the gateway's mesh address through) sends a WireGuard
+    keepalive when asked, through its own Bind."""
+    manager = PathManager(PathSettings(probe_timeout=1), world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
+    await world.node.apply(world.desired)
+    await traffic_flows(world, b"udp", 5)
+    assert (await manager.probe_udp()).ok
+    world.hub.tunnel.send_packet(ipv4(IP_HUB, IP_NODE, b"to the probe's socket"))
+    assert not await packet_arrives(world.node, b"to the probe's socket", 0.5)  # the gap the keepalive closes
+
+    hub_pub = world.config.gateways[0].public_key
+    assert world.node.send_keepalive({hub_pub: IP_HUB}) is True
+    assert world.node.send_keepalive({keys.encode_key(bytes(32)): "10.45.0.9"}) is False  # not a peer: nothing
+    await hub_reaches_the_node(world, b"pulled back")
+
+
+async def hub_reaches_the_node(world, label: bytes) -> None:
+    """Packets hub -> node, a few tries over 3 s (the node sends nothing else meanwhile: its
+    keepalive comes every 25 s), until one arrives; AssertionError when none does."""
+    for _ in range(10):
+        world.hub.tunnel.send_packet(ipv4(IP_HUB, IP_NODE, label))
+        if await packet_arrives(world.node, label, 0.3):
+            return
+    raise AssertionError("the hub kept answering the probe's socket")
+
+
+async def test_the_watch_pulls_the_hub_back_after_a_quiet_probe(world):
+    """A quiet node on UDP probes; with the engine's keepalive as the nudge, the hub's next
+    packets reach the engine, not the probe's closed socket."""
+    manager = PathManager(PathSettings(probe_timeout=1, watch_probe_timeout=1, stall_after=0.5, check_every=0.1),
+                          world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
+    reapply, counters, reset = wire(world, manager)
+    await reapply()
+    await traffic_flows(world, b"udp", 5)
+    probes = []
+    real_probe = manager.probe_udp
+
+    async def counted_probe(timeout=None):
+        probes.append(time.monotonic())
+        return await real_probe(timeout)
+    manager.probe_udp = counted_probe
+    hub_pub = world.config.gateways[0].public_key
+    world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset,
+                                                          lambda: world.node.send_keepalive({hub_pub: IP_HUB})))
+    deadline = time.monotonic() + 5
+    while not probes and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert probes, "the quiet node never probed"
+    await asyncio.sleep(0.3)  # the probe done and the keepalive sent
+    await hub_reaches_the_node(world, b"after the probe")
+    assert manager.path == "udp"
