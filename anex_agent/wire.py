@@ -42,7 +42,8 @@ import json
 import math
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
@@ -214,7 +215,10 @@ class Model(BaseModel):
     * NaN and Infinity are refused in float fields.
 
     The coordinator parses request bodies in pydantic's strict mode (``"reusable": 0``
-    or ``"port": "80"`` are errors, not coerced); clients parse responses in lax mode.
+    or ``"port": "80"`` are errors, not coerced); clients read answers with :func:`read`
+    (lax mode, fields they do not know dropped at every depth): a coordinator newer than its
+    agents and gateways may add fields to what it sends without breaking them (upgrade the
+    coordinator first; it accepts what older clients send).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -591,3 +595,42 @@ class Problem(BaseModel):
     detail: str = ""
     instance: str | None = None
     errors: list[dict[str, str]] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- reading answers (clients)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read(model: type[M], raw: str | bytes | Any) -> M:
+    """``model`` from an answer of the coordinator (JSON text, or the object already decoded),
+    ignoring fields this version does not know, at any depth, so that a newer coordinator can
+    add fields; everything known is validated as usual (lax mode, as clients parse)."""
+    data = json.loads(raw) if isinstance(raw, (str, bytes, bytearray)) else raw
+    return model.model_validate(_known_only(model, data))
+
+
+def _known_only(model: type[BaseModel], data: Any) -> Any:
+    if not isinstance(data, dict) or model.model_config.get("extra") != "forbid":
+        return data
+    return {key: _known_value(model.model_fields[key].annotation, value)
+            for key, value in data.items() if key in model.model_fields}
+
+
+def _known_value(annotation: Any, value: Any) -> Any:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _known_only(annotation, value)
+    if origin is Annotated:
+        return _known_value(args[0], value)
+    if origin in (Union, UnionType):
+        for arg in args:  # the member that fits the value's shape (models and lists of them)
+            if (isinstance(value, dict) and isinstance(arg, type) and issubclass(arg, BaseModel)) or (
+                    isinstance(value, list) and get_origin(arg) in (list, tuple)):
+                return _known_value(arg, value)
+        return value
+    if origin in (list, tuple) and isinstance(value, list) and args:
+        return [_known_value(args[0], item) for item in value]
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return {key: _known_value(args[1], item) for key, item in value.items()}
+    return value

@@ -51,3 +51,27 @@ def test_tunnel_target_uses_the_one_host_port_rule(target):
 def test_float_fields_refuse_nan_even_in_python():
     with pytest.raises(ValidationError):
         wire.TransportStatus(last_handshake_age=float("nan"))
+
+
+def test_readers_ignore_fields_a_newer_coordinator_added_at_any_depth_and_requests_stay_strict():
+    """A coordinator newer than its agents may add fields to what it sends; a request with an
+    unknown field is still a 422 on the coordinator (a typo is an error)."""
+    import json
+
+    import pydantic
+
+    from anex_agent import wire
+
+    gateway = {"id": "g1", "public_key": "A" * 43 + "=", "endpoint": "192.0.2.1:51820",
+               "allowed_ips": ["10.254.0.0/16"], "mesh_address": "10.254.0.1", "added_later": {"x": 1}}
+    config = {"node_id": "n1", "version": 3, "address": "10.254.0.7", "network": "10.254.0.0/16", "mtu": 1420,
+              "dns": ["10.254.0.1"], "gateways": [gateway], "another_new_field": True}
+    raw = json.dumps(config)
+    parsed = wire.read(wire.NodeConfig, raw)
+    assert parsed.gateways[0].endpoint == "192.0.2.1:51820" and parsed.version == 3
+    with pytest.raises(pydantic.ValidationError, match="another_new_field"):
+        wire.NodeConfig.model_validate_json(raw)  # validated as a request would be: refused
+    event = json.dumps({"type": "config", "version": 3, "config": config, "new": 1})
+    assert wire.read(wire.WatchEvent, event).config.node_id == "n1"
+    with pytest.raises(pydantic.ValidationError):
+        wire.Heartbeat.model_validate_json('{"config_version": 1, "surprise": 2}', strict=True)

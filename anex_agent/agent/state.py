@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from anex_agent import keys
 from anex_agent.errors import ConfigError
 from anex_agent.private_file import write_private
-from anex_agent.wire import NodeConfig
+from anex_agent.wire import NodeConfig, read
 
 KEY_FILE = "private.key"
 NODE_FILE = "node.json"
@@ -128,7 +128,7 @@ class StateDir:
         if not path.exists():
             return None
         try:
-            return NodeConfig.model_validate_json(path.read_text())
+            return read(NodeConfig, path.read_text())
         except (ValidationError, ValueError):
             return None  # a config we cannot read is as good as none: the coordinator will send one
 

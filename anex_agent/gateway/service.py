@@ -41,7 +41,7 @@ from anex_agent.gateway.peers import PeerBook
 from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, Engine, choose_engine
-from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
+from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, read
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class GatewayState:
         if doc.get("registration", {}).get("coordinator_url") != coordinator_url:
             return None  # another coordinator: not ours to reuse
         try:
-            return Registration(**doc["registration"]), PeerSet.model_validate(doc["peers"])
+            return Registration(**doc["registration"]), read(PeerSet, doc["peers"])
         except (TypeError, KeyError, ValueError):
             log.warning("ignoring unreadable %s", self.path / STATE_FILE)
             return None
