@@ -29,6 +29,7 @@ full, relay reconnecting) is dropped, as UDP would; WireGuard's timers recover.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Hashable
 from typing import Protocol, runtime_checkable
 
@@ -46,3 +47,15 @@ class Bind(Protocol):
     async def receive(self) -> tuple[bytes, Hashable]: ...
 
     def close(self) -> None: ...
+
+
+async def next_datagram(queue: asyncio.Queue[tuple[bytes, Hashable] | None], closed: bool) -> tuple[bytes, Hashable]:
+    """``receive()`` of a Bind that queues what it gets: the next ``(datagram, endpoint)``, or
+    :class:`BindClosed` once the Bind is closed and the queue drained (``None`` in the queue is
+    the close marker)."""
+    if closed and queue.empty():
+        raise BindClosed()
+    item = await queue.get()
+    if item is None:
+        raise BindClosed()
+    return item

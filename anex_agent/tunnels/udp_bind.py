@@ -14,7 +14,7 @@ import socket
 from collections.abc import Hashable
 
 from anex_agent.errors import EngineError
-from anex_agent.tunnels.bind import Bind, BindClosed
+from anex_agent.tunnels.bind import Bind, BindClosed, next_datagram
 
 __all__ = ["Bind", "BindClosed", "UdpBind", "RECEIVE_QUEUE"]
 
@@ -128,12 +128,7 @@ class UdpBind:
             log.debug("udp bind: cannot send to %r: %s", endpoint, err)
 
     async def receive(self) -> tuple[bytes, Hashable]:
-        if self._closed and self._queue.empty():
-            raise BindClosed()
-        item = await self._queue.get()
-        if item is None:
-            raise BindClosed()
-        return item
+        return await next_datagram(self._queue, self._closed)
 
     def close(self) -> None:
         if not self._closed:

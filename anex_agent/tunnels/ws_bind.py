@@ -40,7 +40,7 @@ from websockets.protocol import State
 
 from anex_agent import relay_protocol as rp
 from anex_agent.backoff import Backoff
-from anex_agent.tunnels.bind import BindClosed
+from anex_agent.tunnels.bind import BindClosed, next_datagram
 
 if TYPE_CHECKING:
     from anex_agent.tasks import Tasks
@@ -419,12 +419,7 @@ class WebSocketBind:
             client.send(datagram)
 
     async def receive(self) -> tuple[bytes, Hashable]:
-        if self._closed and self._queue.empty():
-            raise BindClosed()
-        item = await self._queue.get()
-        if item is None:
-            raise BindClosed()
-        return item
+        return await next_datagram(self._queue, self._closed)
 
     def close(self) -> None:
         if self._closed:
@@ -554,12 +549,7 @@ class SwitchBind:
             self.udp.send(datagram, endpoint)
 
     async def receive(self) -> tuple[bytes, Hashable]:
-        if self._closed and self._queue.empty():
-            raise BindClosed()
-        item = await self._queue.get()
-        if item is None:
-            raise BindClosed()
-        return item
+        return await next_datagram(self._queue, self._closed)
 
     def close(self) -> None:
         if self._closed:
