@@ -397,12 +397,7 @@ class UserspaceEngine(Engine):
         self._inbound = self._inbound_task = None
         if inbound is not None:
             inbound.stop()
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await _cancelled(task)
         await self._close()
 
     async def _close(self) -> None:
@@ -411,9 +406,15 @@ class UserspaceEngine(Engine):
         self._private_key = None
         if tunnel is not None:
             tunnel.close()
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await _cancelled(task)
+
+
+async def _cancelled(task: asyncio.Task | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has ended."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
