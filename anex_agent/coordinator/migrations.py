@@ -7,7 +7,7 @@ Contract:
   the next start).
 * Numbers are ranges per owner so parallel work never collides:
   1-99 coordinator core, 100-199 machine selection, 200-299 GPU
-  telemetry. Other modules contribute steps with a module-level
+  telemetry, 300-399 remote access, 400-499 provisioning. Other modules contribute steps with a module-level
   ``MIGRATIONS`` list in a route module (see :mod:`anex_agent.coordinator.app`).
 * SQL must run on both SQLite and PostgreSQL (see :mod:`.db`). A step may give
   ``{"sqlite": ..., "postgresql": ...}`` when the dialects really differ.

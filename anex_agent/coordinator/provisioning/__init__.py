@@ -1,0 +1,7 @@
+"""Provisioning: the coordinator rents the machine its selection chose, boots the agent
+on it, watches the node join, and destroys what nobody uses.
+
+The seam between the provisioning loop and a provider is :mod:`.rentals`: every
+provider (Vast.AI, RunPod, the demo's simulated provider) implements
+:class:`~.rentals.RentalProvider`, and the loop knows nothing else about it.
+"""
