@@ -41,6 +41,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from anex_agent.telemetry_exposition import metric_families
+from anex_agent.telemetry_options import DEFAULT, ExpositionOptions
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class _One:
         return iter(self.families)
 
 
-def exposition(fleet: FleetTelemetry) -> bytes:
+def exposition(fleet: FleetTelemetry, options: ExpositionOptions = DEFAULT) -> bytes:
     """The fleet's series in the Prometheus text format.
 
     Rendered one node at a time straight to text, each family's lines gathered under one
@@ -137,7 +138,7 @@ def exposition(fleet: FleetTelemetry) -> bytes:
         if isinstance(taken, (int, float)):
             age.add_metric([name, node_id], max(0.0, now - float(taken)))
         try:  # one node at a time: a block that does not render drops that node only
-            families = metric_families([({"node": name, "node_id": node_id}, telemetry)])
+            families = metric_families([({"node": name, "node_id": node_id}, telemetry)], options)
         except Exception:
             continue
         for family in families:
@@ -154,5 +155,6 @@ def exposition(fleet: FleetTelemetry) -> bytes:
 def setup(registry: Any, ctx: Any) -> None:
     """Coordinator extension hook: fleet text on ``ctx.metrics``, refresh task on ``ctx``'s TaskGroup."""
     fleet = FleetTelemetry(ctx.db, ctx.clock)
-    ctx.metrics.add_text_source(lambda: exposition(fleet))
+    options = getattr(getattr(ctx, "settings", None), "gpu_metrics", None) or DEFAULT
+    ctx.metrics.add_text_source(lambda: exposition(fleet, options))
     ctx.add_background("gpu-fleet-metrics", fleet.run)
