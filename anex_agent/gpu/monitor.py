@@ -104,6 +104,7 @@ class TelemetryMonitor:
         self.gpm = GpmSampler(self.nvml)
         #: per GPU: (monotonic time, NVLink raw TX KiB, RX KiB) of the previous cycle, for the bandwidth rate
         self._nvlink_prev: dict[int, tuple[float, int, int]] = {}
+        self._monotonic = time.monotonic
 
     # ------------------------------------------------------------------ blocking side
 
@@ -160,7 +161,7 @@ class TelemetryMonitor:
 
         From GPM's per-second rates where the GPU has them, else from the growth of NVML's raw
         throughput counters since the previous cycle; absent on the first cycle and without NVLink."""
-        now = time.monotonic()
+        now = self._monotonic()
         tx, rx = sample.get("nvlink_raw_tx_kib"), sample.get("nvlink_raw_rx_kib")
         previous = self._nvlink_prev.get(index)
         if tx is not None and rx is not None:
