@@ -53,3 +53,61 @@ def test_inventory_and_sample_match_nvidia_smi(monkeypatch):
             assert 0 <= sample["gpu_util_pct"] <= 100
     finally:
         nvml.shutdown()
+
+
+def smi_dmon_gpm(metric_ids: list[int]) -> dict[int, dict[int, float]] | None:
+    """``nvidia-smi dmon --gpm-metrics`` (drivers with GPM): {gpu index: {metric id: value}}; None without it."""
+    try:
+        run = subprocess.run(["nvidia-smi", "dmon", "-c", "1", "--gpm-metrics", ",".join(map(str, metric_ids))],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if run.returncode != 0:
+        return None
+    out: dict[int, dict[int, float]] = {}
+    for line in run.stdout.splitlines():
+        fields = line.split()
+        if not fields or line.lstrip().startswith("#") or not fields[0].isdigit():
+            continue
+        values = fields[-len(metric_ids):]
+        out[int(fields[0])] = {mid: float(v) for mid, v in zip(metric_ids, values) if v.replace(".", "", 1).isdigit()}
+    return out
+
+
+def test_gpm_profiling_metrics_match_nvidia_smi(monkeypatch):
+    """On a GPU with GPM (compute capability 9.0 and newer): two cycles give DCGM-unit metrics that agree
+    with ``nvidia-smi dmon --gpm-metrics`` (both read an idle GPU: within 10 points of each other)."""
+    import time
+
+    from anex_agent.gpu.gpm import SUPPORTED
+    from anex_agent.gpu.monitor import TelemetryMonitor
+
+    monkeypatch.setitem(sys.modules, "pynvml", real_pynvml)
+    mon = TelemetryMonitor(hostname="gpu-test", watch_xids=False)
+    try:
+        mon.collect()
+        inventory = mon.snapshot().inventory
+        assert inventory is not None, mon.snapshot().nvml.reason
+        caps = {g.index: g.compute_capability for g in inventory.gpus}
+        supported = [g.index for g in inventory.gpus if g.gpm == SUPPORTED]
+        for index, cc in caps.items():  # GPM is Hopper and newer
+            assert (index in supported) == (float(cc or 0) >= 9.0), (index, cc)
+        if not supported:
+            pytest.skip("no GPU with GPM here (needs Hopper or newer)")
+        time.sleep(1.0)
+        samples = mon.collect().samples
+    finally:
+        mon.close()
+    ids = [real_pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, real_pynvml.NVML_GPM_METRIC_SM_UTIL,
+           real_pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, real_pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL]
+    smi = smi_dmon_gpm(ids)
+    for index in supported:
+        sample = samples[index]
+        for key in ("gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active"):
+            assert 0.0 <= sample[key] <= 1.0, (key, sample[key])
+        for key in ("pcie_tx_bps", "pcie_rx_bps"):
+            assert sample[key] >= 0, key
+        if smi and index in smi:
+            for key, mid in zip(("gr_engine_active", "sm_active", "tensor_active", "dram_active"), ids):
+                if mid in smi[index]:
+                    assert abs(sample[key] * 100 - smi[index][mid]) <= 10, (key, sample[key], smi[index][mid])
