@@ -4,7 +4,10 @@ Each node's latest heartbeat telemetry (``nodes.telemetry``, the JSON form of
 :class:`anex_agent.telemetry.Telemetry`) is rendered by the renderer the agent uses too
 (:func:`anex_agent.telemetry_exposition.metric_families`) with two more labels, ``node`` (the
 node's name) and ``node_id``, so a dashboard built for dcgm-exporter works on the whole
-fleet by adding ``node`` to its queries. Added here:
+fleet by adding ``node`` to its queries, or unchanged when Prometheus copies ``node`` into
+``instance`` (``metric_relabel_configs``, docs/telemetry.md): every per-node series has ``node``.
+Label spelling and the deprecated PCIe pair follow ``ctx.settings.gpu_metrics``
+(:mod:`anex_agent.telemetry_options`). Added here:
 ``anex_fleet_node_telemetry_age_seconds{node,node_id}`` (now minus the sample time) and
 ``anex_fleet_nodes_with_telemetry``.
 
