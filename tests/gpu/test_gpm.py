@@ -237,3 +237,54 @@ def test_qualify_all_supported(install_fake, tmp_path):
     install_fake([h100()])
     table = render_table(evaluate(gather_facts(sys_root=str(tmp_path))).to_dict())
     assert "supported on every GPU" in table and "not supported" not in table
+
+
+def test_both_roles_read_the_options_at_their_edge(tmp_path):
+    import argparse
+
+    from anex_agent.agent import settings as agent_settings
+    from anex_agent.coordinator import cli as coordinator_cli
+
+    env = {"ANEX_COORDINATOR_URL": "https://coordinator.example", "ANEX_STATE_DIR": str(tmp_path),
+           "ANEX_METRICS_HOST_LABEL": "Hostname", "ANEX_METRICS_PCIE_THROUGHPUT": "1"}
+    parser = argparse.ArgumentParser()
+    agent_settings.add_arguments(parser)
+    assert agent_settings.from_args(parser.parse_args([]), env).gpu_metrics == ExpositionOptions("Hostname", True)
+    assert agent_settings.from_args(parser.parse_args([]), {**env, "ANEX_METRICS_HOST_LABEL": ""}).gpu_metrics.host_label \
+        == "hostname"
+    with pytest.raises(ConfigError, match="ANEX_METRICS_PCIE_THROUGHPUT"):
+        agent_settings.from_args(parser.parse_args([]), {**env, "ANEX_METRICS_PCIE_THROUGHPUT": "2"})
+    parser = argparse.ArgumentParser()
+    coordinator_cli.configure(parser)
+    settings = coordinator_cli.settings_from(parser.parse_args(["--state-dir", str(tmp_path)]), environ=env)
+    assert settings.gpu_metrics == ExpositionOptions("Hostname", True)
+    assert coordinator_cli.settings_from(parser.parse_args(["--state-dir", str(tmp_path)]), environ={}).gpu_metrics \
+        == ExpositionOptions()
+
+
+def test_fleet_view_follows_the_options(install_fake, tmp_path):
+    from anex_agent.coordinator.telemetry_metrics import exposition
+
+    install_fake([h100()])
+    mon, clock = monitor_with_clock(tmp_path)
+    try:
+        mon.collect()
+        clock.now += 15
+        mon.collect()
+        block = mon.telemetry()
+    finally:
+        mon.close()
+
+    class Fleet:
+        _clock = staticmethod(lambda: 2e9)
+
+        def parsed(self):
+            yield "id-1", "node-1", block
+
+    old = {f.name: f for f in text_string_to_metric_families(
+        exposition(Fleet(), ExpositionOptions("Hostname", True)).decode())}
+    new = {f.name: f for f in text_string_to_metric_families(exposition(Fleet()).decode())}
+    assert old["DCGM_FI_DEV_GPU_TEMP"].samples[0].labels["Hostname"] == "node-a"
+    assert "DCGM_FI_DEV_PCIE_TX_THROUGHPUT" in old and "DCGM_FI_DEV_PCIE_TX_THROUGHPUT" not in new
+    sample = new["DCGM_FI_PROF_SM_ACTIVE"].samples[0]
+    assert sample.value == 0.64 and sample.labels["hostname"] == "node-a" and sample.labels["node"] == "node-1"
