@@ -88,6 +88,7 @@ class _GpuState:
     spare: Any = None
     previous_at: float | None = None
     request: Any = None  # the c_nvmlGpmMetricsGet_t, allocated once (its metrics array is ~20 KB)
+    generation: int = 0  # the NVML init the buffers were allocated under
 
 
 def query_support(nvml: Nvml, handle: Any) -> str:
@@ -116,7 +117,7 @@ class GpmSampler:
             return {}
         state = self._states.get(index)
         if state is None:
-            state = self._states[index] = _GpuState()
+            state = self._states[index] = _GpuState(generation=self.nvml.generation)
         now = self._clock()
         if state.previous_at is not None and now - state.previous_at < MIN_INTERVAL:
             return {}  # too soon for a meaningful pair: keep the previous sample for the next cycle
@@ -166,10 +167,15 @@ class GpmSampler:
     # ------------------------------------------------------------------ lifetime
 
     def reset(self) -> None:
-        """Free every sample buffer (new NVML generation or shutdown)."""
+        """Free every sample buffer (new NVML generation or shutdown).
+
+        Buffers allocated under an earlier NVML init (NVML failed and was initialised again) are
+        dropped, not handed back to an NVML session that did not allocate them."""
         states, self._states = self._states, {}
         self._disabled = set()
         for state in states.values():
+            if state.generation != self.nvml.generation:
+                continue
             for buffer in (state.previous, state.spare):
                 if buffer is None:
                     continue

@@ -288,3 +288,30 @@ def test_fleet_view_follows_the_options(install_fake, tmp_path):
     assert "DCGM_FI_DEV_PCIE_TX_THROUGHPUT" in old and "DCGM_FI_DEV_PCIE_TX_THROUGHPUT" not in new
     sample = new["DCGM_FI_PROF_SM_ACTIVE"].samples[0]
     assert sample.value == 0.64 and sample.labels["hostname"] == "node-a" and sample.labels["node"] == "node-1"
+
+
+def test_nvml_reinitialised_buffers_of_the_old_session_are_not_freed(install_fake, tmp_path):
+    from anex_agent.gpu.nvml import Nvml
+
+    fake = install_fake([h100()])
+    clock = Clock()
+    mon = TelemetryMonitor(state_dir=str(tmp_path), hostname="node-a", watch_xids=False,
+                           nvml=Nvml(retry_interval=0.0))
+    mon.gpm._clock = clock
+    try:
+        mon.collect()
+        clock.now += 15
+        assert mon.collect().samples[0]["sm_active"] == 0.64
+        old = set(fake.gpm_buffers)
+        fake.fail_all = real.NVML_ERROR_LIB_RM_VERSION_MISMATCH  # the driver was updated under the node
+        assert mon.collect().nvml.state.value == "version_mismatch"
+        fake.fail_all = None  # reloaded: NVML comes back, a new session
+        clock.now += 15
+        back = mon.collect()
+        clock.now += 15
+        again = mon.collect()
+    finally:
+        mon.close()
+    assert "sm_active" not in back.samples[0] and again.samples[0]["sm_active"] == 0.64
+    assert not old & set(fake.gpm_freed)  # never handed to the new session
+    assert fake.gpm_buffers.keys() == old  # only the old session's remain (the new ones were freed at close)
