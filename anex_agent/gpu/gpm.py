@@ -51,6 +51,7 @@ second". Hence /100 for the ratios and x 1024 x 1024 for the rates.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -77,7 +78,6 @@ METRICS: tuple[tuple[str, str, float], ...] = (
     ("nvlink_tx_bps", "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", MIB),
     ("nvlink_rx_bps", "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", MIB),
 )
-KEYS = tuple(key for key, _name, _scale in METRICS)
 
 
 @dataclass
@@ -159,7 +159,7 @@ class GpmSampler:
             if metric.nvmlReturn != 0:
                 continue
             value = float(metric.value)
-            if value != value or value < 0:  # NaN or negative: not a reading
+            if not math.isfinite(value) or value < 0:  # NaN, infinite or negative: not a reading
                 continue
             out[key] = round(value * scale, 4) if scale < 1 else round(value * scale)
         return out
@@ -181,7 +181,7 @@ class GpmSampler:
                     continue
                 try:
                     self.nvml.call("nvmlGpmSampleFree", buffer)
-                except Exception:  # NVML may already be gone; the driver frees on shutdown anyway
+                except Exception:  # best effort: NVML may already be gone
                     pass
 
     def forget(self, index: int) -> None:

@@ -315,3 +315,19 @@ def test_nvml_reinitialised_buffers_of_the_old_session_are_not_freed(install_fak
     assert "sm_active" not in back.samples[0] and again.samples[0]["sm_active"] == 0.64
     assert not old & set(fake.gpm_freed)  # never handed to the new session
     assert fake.gpm_buffers.keys() == old  # only the old session's remain (the new ones were freed at close)
+
+
+def test_a_reading_that_is_not_a_number_is_left_out(install_fake, tmp_path):
+    metrics = {**h100().gpm_metrics, real.NVML_GPM_METRIC_SM_UTIL: float("inf"),
+               real.NVML_GPM_METRIC_DRAM_BW_UTIL: float("nan"), real.NVML_GPM_METRIC_SM_OCCUPANCY: -1.0}
+    install_fake([h100(gpm_metrics=metrics)])
+    mon, clock = monitor_with_clock(tmp_path)
+    try:
+        mon.collect()
+        clock.now += 15
+        sample = mon.collect().samples[0]
+        block = mon.telemetry()
+    finally:
+        mon.close()
+    assert not {"sm_active", "dram_active", "sm_occupancy"} & set(sample) and sample["tensor_active"] == 0.42
+    Heartbeat(telemetry=block)  # the block stays valid: the heartbeat keeps its telemetry
