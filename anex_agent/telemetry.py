@@ -120,6 +120,7 @@ class TelemetryInventoryGpu(Block):
     power_limit_w: Measure | None = None
     mig_mode: Text | None = None
     form_factor: Text | None = None
+    gpm: Annotated[str, Field(max_length=32, description="supported | unsupported (NVML GPM profiling metrics)")] | None = None
 
 
 class TelemetryInventory(Block):
@@ -162,6 +163,19 @@ class TelemetryGpu(Block):
     pcie_tx_kbps: Measure | None = None
     pcie_rx_kbps: Measure | None = None
     pcie_replay: Measure | None = None
+    nvlink_raw_tx_kib: Measure | None = None
+    nvlink_raw_rx_kib: Measure | None = None
+    nvlink_bandwidth_mbps: Measure | None = None
+    # NVML GPM (Hopper and newer), since the previous sample: ratios 0-1 and bytes per second
+    gr_engine_active: Measure | None = None
+    sm_active: Measure | None = None
+    sm_occupancy: Measure | None = None
+    tensor_active: Measure | None = None
+    dram_active: Measure | None = None
+    pcie_tx_bps: Measure | None = None
+    pcie_rx_bps: Measure | None = None
+    nvlink_tx_bps: Measure | None = None
+    nvlink_rx_bps: Measure | None = None
     ecc_sbe_vol: Measure | None = None
     ecc_dbe_vol: Measure | None = None
     ecc_sbe_agg: Measure | None = None

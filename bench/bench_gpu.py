@@ -4,8 +4,9 @@ One run, same machine, prints one JSON document:
 
 * ``fake_nvml``: one full sample per GPU (µs) through the fake pynvml of tests/gpu (NVML's
   real structures, Python stand-ins for the driver calls: this measures our code's overhead,
-  the driver's own time is not in it), the full ``collect()`` of a node with ``--gpus`` GPUs,
-  building the heartbeat block and rendering ``/metrics``;
+  the driver's own time is not in it), the full ``collect()`` of a node with ``--gpus`` GPUs
+  (``--gpm`` of them with GPM profiling metrics: one GPM sample and one metrics call per GPU
+  per cycle), building the heartbeat block and rendering ``/metrics``;
 * ``real_nvml``: the same through the real driver when one is present, else why not;
 * ``host_sample_us``: one psutil host sample;
 * ``duty_cycle``: CPU seconds (all threads, ``time.process_time``) the agent spends per
@@ -53,6 +54,18 @@ def _time_per_call(fn, n: int) -> float:
     return statistics.median(batches)
 
 
+def _later_each_call(step: float = 15.0):
+    """A monotonic clock that moves one sampling interval per reading: every cycle pairs GPM samples
+    (back-to-back cycles closer than NVML's 100 ms would otherwise skip GPM and flatter the cost)."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += step
+        return now[0]
+
+    return clock
+
+
 def bench_nvml(label: str, gpus: int | None, iterations: int, state_dir: str) -> dict:
     from anex_agent.gpu.exposition import metric_families
     from anex_agent.gpu.monitor import TelemetryMonitor
@@ -70,6 +83,7 @@ def bench_nvml(label: str, gpus: int | None, iterations: int, state_dir: str) ->
     finally:
         nvml.shutdown()
     mon = TelemetryMonitor(state_dir=state_dir, watch_xids=False)
+    mon.gpm._clock = _later_each_call()
     try:
         mon.collect()
         collect = _time_per_call(mon.collect, max(10, iterations // 4))
@@ -87,6 +101,7 @@ def bench_nvml(label: str, gpus: int | None, iterations: int, state_dir: str) ->
         "build_telemetry_us": _us(telemetry),
         "render_metrics_us": _us(scrape),
         "heartbeat_block_bytes": len(json.dumps(block)),
+        "gpus_with_gpm_metrics": sum(1 for g in block["gpus"] if "sm_active" in g),
     }
 
 
@@ -94,6 +109,7 @@ def duty_cycle(samples: int, interval: float, state_dir: str, idle_seconds: floa
     from anex_agent.gpu.monitor import TelemetryMonitor
 
     mon = TelemetryMonitor(state_dir=state_dir, xid_timeout_ms=500)
+    mon.gpm._clock = _later_each_call()
 
     async def drive() -> float:
         await mon.sample_once()  # init, inventory, XID thread start: once per agent lifetime
@@ -138,6 +154,8 @@ def reference_spawn(n: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
+    parser.add_argument("--gpm", type=int, default=None,
+                        help="how many of them have GPM profiling metrics and NVLink (default: all)")
     parser.add_argument("--iterations", type=int, default=400)
     parser.add_argument("--samples", type=int, default=200, help="samples for the duty cycle")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds the XID thread idles for the duty cycle")
@@ -162,7 +180,9 @@ def main() -> None:
     except OSError:
         out["real_nvml"] = {"ran": False, "why": "no NVIDIA driver here (libnvidia-ml.so.1 not found)"}
 
-    fake = FakeNvml([FakeGpu(uuid=f"GPU-{i:04d}", bus_id=f"00000000:{i + 7:02X}:00.0") for i in range(args.gpus)])
+    gpm = args.gpus if args.gpm is None else args.gpm
+    fake = FakeNvml([FakeGpu(uuid=f"GPU-{i:04d}", bus_id=f"00000000:{i + 7:02X}:00.0", gpm=i < gpm,
+                             nvlink_raw_kib=(i, i) if i < gpm else None) for i in range(args.gpus)])
     sys.modules["pynvml"] = fake.module
     out["fake_nvml"] = bench_nvml("fake", args.gpus, args.iterations, state_dir)
 
@@ -172,6 +192,7 @@ def main() -> None:
 
     out["duty_cycle"] = duty_cycle(args.samples, DEFAULT_INTERVAL, state_dir, args.idle)
     out["duty_cycle"]["gpus"] = args.gpus
+    out["duty_cycle"]["gpus_with_gpm"] = gpm
     out["duty_cycle"]["nvml"] = "fake"
     # plus, per interval, one Prometheus scrape of /metrics and the heartbeat blocks (every 10 s)
     fake_costs = out["fake_nvml"]

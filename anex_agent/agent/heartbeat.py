@@ -66,7 +66,7 @@ FIRST_SAMPLE_WAIT = 5.0  # seconds the first heartbeat waits for the first telem
 MAX_BACKOFF = 60.0
 
 
-def start_telemetry(state_dir: str, registry) -> Any | None:
+def start_telemetry(state_dir: str, registry, options: Any = None) -> Any | None:
     """The GPU telemetry monitor of :mod:`anex_agent.gpu` with its collectors on ``registry``.
 
     None when that package cannot be used here (its import failed); a machine without a GPU
@@ -79,7 +79,7 @@ def start_telemetry(state_dir: str, registry) -> Any | None:
         log.info("GPU telemetry not available: %s", err)
         return None
     monitor = TelemetryMonitor(state_dir=state_dir)
-    register_collectors(registry, monitor)
+    register_collectors(registry, monitor, options)
     return monitor
 
 

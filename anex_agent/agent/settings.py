@@ -33,6 +33,8 @@ ANEX_PROVIDER          --provider                       vastai|runpod|onprem|oth
 ANEX_NODE_NAME         --name                           1-253 characters, default the host name
 ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT,... the workload serves to the mesh
                                                         (wireproxy only; native engines need none)
+ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT   GPU metric naming on /metrics
+                                                        (see anex_agent.telemetry_options)
 GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
 ====================== ================================ =====================================
 """
@@ -50,6 +52,7 @@ from urllib.parse import urlsplit
 from anex_agent import parse, transport
 from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
+from anex_agent.telemetry_options import ExpositionOptions, exposition_options
 from anex_agent.wire import Provider, TunnelSpec
 
 ENGINES = ("auto", "kernel", "wireguard-go", "userspace", "wireproxy")
@@ -104,6 +107,8 @@ class AgentSettings:
     dead_peer_after: float = 2.0
     #: HTTPS_PROXY / HTTP_PROXY / NO_PROXY (either case) as found, for the WebSocket relay connection
     proxy_env: tuple[tuple[str, str], ...] = ()
+    #: GPU metric naming on the agent's /metrics (ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT)
+    gpu_metrics: ExpositionOptions = field(default_factory=ExpositionOptions)
 
     @property
     def tunnel_specs(self) -> list[TunnelSpec]:
@@ -306,6 +311,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         dead_peer_after=_seconds(dead, src_dp),
         proxy_env=tuple((k, v) for k, v in sorted(environ.items())
                         if k.lower() in ("https_proxy", "http_proxy", "no_proxy") and v),
+        gpu_metrics=exposition_options(environ),
     )
 
 

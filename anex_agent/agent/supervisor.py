@@ -293,7 +293,8 @@ class Agent:
         add_action_routes(self.api, lambda: workload, push_dirs=self.push_dirs)
         self.api.registry.register(AgentCollector(self))
         self.last_transport = await self.dataplane.transport_status()
-        self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry)
+        self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry,
+                                         self.settings.gpu_metrics)
         if self.telemetry is not None and self.settings.provider.value == "onprem":
             self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
         await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)

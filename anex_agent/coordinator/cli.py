@@ -39,6 +39,7 @@ from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT
 from anex_agent.coordinator.states import Timings
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.telemetry_options import exposition_options
 
 log = logging.getLogger("anex_agent.coordinator")
 
@@ -177,6 +178,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         **secret_fields,
         metrics_token_file=args.metrics_token_file,
         limits=Limits(trusted_proxies=proxies),
+        gpu_metrics=exposition_options(env),
     )
 
 

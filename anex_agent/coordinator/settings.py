@@ -17,6 +17,7 @@ from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.states import Timings
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
 from anex_agent.errors import ConfigError
+from anex_agent.telemetry_options import ExpositionOptions
 
 DEFAULT_LISTEN = "127.0.0.1:8700"
 DEFAULT_NETWORK = "10.254.0.0/16"
@@ -58,6 +59,8 @@ class Settings:
     #: certificate chain and key (PEM) when the coordinator serves HTTPS itself
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    #: GPU metric naming on the fleet /metrics (ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT)
+    gpu_metrics: ExpositionOptions = field(default_factory=ExpositionOptions)
 
     def __post_init__(self) -> None:
         bare, password = split_password(self.database_url)

@@ -4,7 +4,10 @@ Each node's latest heartbeat telemetry (``nodes.telemetry``, the JSON form of
 :class:`anex_agent.telemetry.Telemetry`) is rendered by the renderer the agent uses too
 (:func:`anex_agent.telemetry_exposition.metric_families`) with two more labels, ``node`` (the
 node's name) and ``node_id``, so a dashboard built for dcgm-exporter works on the whole
-fleet by adding ``node`` to its queries. Added here:
+fleet by adding ``node`` to its queries, or unchanged when Prometheus copies ``node`` into
+``instance`` (``metric_relabel_configs``, docs/telemetry.md): every per-node series has ``node``.
+Label spelling and the deprecated PCIe pair follow ``ctx.settings.gpu_metrics``
+(:mod:`anex_agent.telemetry_options`). Added here:
 ``anex_fleet_node_telemetry_age_seconds{node,node_id}`` (now minus the sample time) and
 ``anex_fleet_nodes_with_telemetry``.
 
@@ -41,6 +44,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from anex_agent.telemetry_exposition import metric_families
+from anex_agent.telemetry_options import DEFAULT, ExpositionOptions
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +123,7 @@ class _One:
         return iter(self.families)
 
 
-def exposition(fleet: FleetTelemetry) -> bytes:
+def exposition(fleet: FleetTelemetry, options: ExpositionOptions = DEFAULT) -> bytes:
     """The fleet's series in the Prometheus text format.
 
     Rendered one node at a time straight to text, each family's lines gathered under one
@@ -137,7 +141,7 @@ def exposition(fleet: FleetTelemetry) -> bytes:
         if isinstance(taken, (int, float)):
             age.add_metric([name, node_id], max(0.0, now - float(taken)))
         try:  # one node at a time: a block that does not render drops that node only
-            families = metric_families([({"node": name, "node_id": node_id}, telemetry)])
+            families = metric_families([({"node": name, "node_id": node_id}, telemetry)], options)
         except Exception:
             continue
         for family in families:
@@ -154,5 +158,6 @@ def exposition(fleet: FleetTelemetry) -> bytes:
 def setup(registry: Any, ctx: Any) -> None:
     """Coordinator extension hook: fleet text on ``ctx.metrics``, refresh task on ``ctx``'s TaskGroup."""
     fleet = FleetTelemetry(ctx.db, ctx.clock)
-    ctx.metrics.add_text_source(lambda: exposition(fleet))
+    options = getattr(getattr(ctx, "settings", None), "gpu_metrics", None) or DEFAULT
+    ctx.metrics.add_text_source(lambda: exposition(fleet, options))
     ctx.add_background("gpu-fleet-metrics", fleet.run)

@@ -20,6 +20,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from anex_agent.telemetry_exposition import DCGM_FIELDS, GPU_LABELS, metric_families
+from anex_agent.telemetry_options import DEFAULT, ExpositionOptions
 
 __all__ = ["DCGM_FIELDS", "GPU_LABELS", "GpuTelemetryCollector", "metric_families", "register_collectors"]
 
@@ -31,8 +32,9 @@ class SnapshotSource(Protocol):
 class GpuTelemetryCollector(Collector):
     """Collector for the agent's registry: renders ``source.telemetry()`` (cached; never calls NVML)."""
 
-    def __init__(self, source: SnapshotSource) -> None:
+    def __init__(self, source: SnapshotSource, options: ExpositionOptions = DEFAULT) -> None:
         self.source = source
+        self.options = options
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # names depend on what the GPUs support; skip the registry's duplicate check
@@ -41,11 +43,14 @@ class GpuTelemetryCollector(Collector):
         telemetry = self.source.telemetry()
         if telemetry is None:
             return iter(())
-        return iter(metric_families([({}, telemetry)]))
+        return iter(metric_families([({}, telemetry)], self.options))
 
 
-def register_collectors(registry: CollectorRegistry, telemetry_source: SnapshotSource) -> Collector:
-    """Register the GPU/host collector on ``registry`` (the agent API's). Returns it (for unregister)."""
-    collector = GpuTelemetryCollector(telemetry_source)
+def register_collectors(registry: CollectorRegistry, telemetry_source: SnapshotSource,
+                        options: ExpositionOptions | None = None) -> Collector:
+    """Register the GPU/host collector on ``registry`` (the agent API's). Returns it (for unregister).
+
+    ``options``: host label spelling and the deprecated PCIe pair (:mod:`anex_agent.telemetry_options`)."""
+    collector = GpuTelemetryCollector(telemetry_source, options or DEFAULT)
     registry.register(collector)
     return collector

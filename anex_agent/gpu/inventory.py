@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from anex_agent.gpu.gpm import query_support as query_gpm_support
 from anex_agent.gpu.nvml import ABSENT, DeviceFailure, Nvml, text
 
 DDR_FACTOR = 2  # data transfers per memory clock (double data rate)
@@ -72,6 +73,8 @@ class GpuInfo:
     power_limit_w: float | None = None
     mig_mode: str | None = None  # "enabled" | "disabled"
     form_factor: str = "pcie"
+    #: profiling metrics through NVML GPM: "supported" (Hopper and newer) | "unsupported"
+    gpm: str | None = None
 
     @property
     def device(self) -> str:
@@ -137,6 +140,7 @@ def _read_gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
         power_limit_w=None if power_limit is None else power_limit / 1000.0,  # NVML: milliwatts
         mig_mode=None if mig is ABSENT else ("enabled" if mig[0] == m.NVML_DEVICE_MIG_ENABLE else "disabled"),
         form_factor=guess_form_factor(name),
+        gpm=query_gpm_support(nvml, handle),
     )
 
 

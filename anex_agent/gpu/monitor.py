@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from anex_agent.gpu.gpm import SUPPORTED, GpmSampler
 from anex_agent.gpu.health import Verdict, assess
 from anex_agent.gpu.host import HostSampler
 from anex_agent.gpu.inventory import NodeInventory, read_inventory
@@ -99,10 +100,17 @@ class TelemetryMonitor:
         self.qualification: dict[str, Any] | None = None
         self.qualify = qualify
         self._qualified_generation: int | None = None
+        #: GPM profiling metrics: one sample per supported GPU per cycle, against the previous cycle's
+        self.gpm = GpmSampler(self.nvml)
+        #: per GPU: (monotonic time, NVLink raw TX KiB, RX KiB) of the previous cycle, for the bandwidth rate
+        self._nvlink_prev: dict[int, tuple[float, int, int]] = {}
+        self._monotonic = time.monotonic
 
     # ------------------------------------------------------------------ blocking side
 
     def _refresh_inventory(self) -> None:
+        self.gpm.reset()
+        self._nvlink_prev = {}
         inventory, handles, failures = read_inventory(self.nvml)
         self._inventory, self._handles, self._failures_at_start = inventory, handles, failures
         self._generation = self.nvml.generation
@@ -129,9 +137,15 @@ class TelemetryMonitor:
         assert self._inventory is not None
         for info, handle in zip(self._inventory.gpus, self._handles):
             try:
-                samples[info.index] = sample_gpu(self.nvml, handle)
+                sample = sample_gpu(self.nvml, handle)
+                if info.gpm == SUPPORTED:
+                    sample.update(self.gpm.sample(info.index, handle))
+                self._nvlink_bandwidth(info.index, sample)
+                samples[info.index] = sample
             except DeviceFailure as failure:
                 failures[info.index] = failure.status.state.value
+                self.gpm.forget(info.index)
+                self._nvlink_prev.pop(info.index, None)
         for info in self._inventory.gpus:  # log per-GPU state changes once, not per sample
             state = failures.get(info.index, "ok")
             if self._gpu_states.get(info.index, "ok") != state:
@@ -141,6 +155,23 @@ class TelemetryMonitor:
                     log.warning("GPU %d (%s): %s", info.index, info.uuid, state.replace("_", " "))
             self._gpu_states[info.index] = state
         return samples, failures
+
+    def _nvlink_bandwidth(self, index: int, sample: dict[str, Any]) -> None:
+        """``nvlink_bandwidth_mbps`` (TX + RX, all links, 10^6 bytes/s, DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL).
+
+        From GPM's per-second rates where the GPU has them, else from the growth of NVML's raw
+        throughput counters since the previous cycle; absent on the first cycle and without NVLink."""
+        now = self._monotonic()
+        tx, rx = sample.get("nvlink_raw_tx_kib"), sample.get("nvlink_raw_rx_kib")
+        previous = self._nvlink_prev.get(index)
+        if tx is not None and rx is not None:
+            self._nvlink_prev[index] = (now, tx, rx)
+        if "nvlink_tx_bps" in sample and "nvlink_rx_bps" in sample:
+            sample["nvlink_bandwidth_mbps"] = round((sample["nvlink_tx_bps"] + sample["nvlink_rx_bps"]) / 1e6, 3)
+        elif tx is not None and rx is not None and previous is not None:
+            seconds, grown = now - previous[0], (tx - previous[1]) + (rx - previous[2])
+            if seconds > 0 and grown >= 0:  # a counter that went back (driver reload) gives no rate this cycle
+                sample["nvlink_bandwidth_mbps"] = round(grown * 1024 / seconds / 1e6, 3)
 
     def collect(self) -> Snapshot:
         """Take one sample now (blocking) and make it the latest snapshot."""
@@ -156,6 +187,7 @@ class TelemetryMonitor:
             except NvmlUnavailable:
                 samples, failures = {}, {}
                 self._stop_watcher()
+                self.gpm.reset()
             except Exception as exc:  # never let telemetry take the agent down
                 self._log_once(f"GPU sample failed: {type(exc).__name__}: {exc}")
             if self.qualify and self._qualified_generation != self.nvml.generation:
@@ -211,6 +243,7 @@ class TelemetryMonitor:
         """Stop the XID thread and release NVML."""
         with self._lock:
             self._stop_watcher()
+            self.gpm.reset()
             self.nvml.shutdown()
 
     # ------------------------------------------------------------------ async side / readers

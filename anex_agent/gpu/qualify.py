@@ -261,6 +261,8 @@ def evaluate(facts: ServerFacts) -> Qualification:
         "nvme_total_bytes": sum(d.size_bytes for d in nvme) if nvme is not None else None,
         "tpm_version": facts.tpm_version,
         "nvml": facts.nvml.to_dict(),
+        # profiling metrics (DCGM_FI_PROF_*) through NVML GPM, per GPU index: "supported" | "unsupported"
+        "gpm": {str(g.index): g.gpm or "unsupported" for g in gpus} if gpus else {},
     }
     return Qualification(tuple(_check(rule, facts) for rule in RULES), summary=summary)
 

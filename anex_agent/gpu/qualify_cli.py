@@ -42,7 +42,24 @@ def render_table(result: dict) -> str:
                "fail": "FAIL: this server does not meet the rules marked FAIL",
                "incomplete": "INCOMPLETE: no rule failed, but the rules marked n/a could not be checked"}[result["status"]]
     lines += ["", verdict, "(required: all on-prem systems; marketplace: to sell spare capacity)"]
+    gpm_line = gpm_summary(result.get("summary", {}).get("gpm") or {})
+    if gpm_line:
+        lines += ["", gpm_line]
     return "\n".join(lines)
+
+
+def gpm_summary(gpm: dict) -> str:
+    """One line on the profiling metrics (NVML GPM): which GPUs have them, and what that means for the others."""
+    if not gpm:
+        return ""
+    supported = [i for i, state in gpm.items() if state == "supported"]
+    unsupported = [i for i, state in gpm.items() if state != "supported"]
+    if not unsupported:
+        return "GPU profiling metrics (NVML GPM, DCGM_FI_PROF_*): supported on every GPU"
+    which = "every GPU" if not supported else "GPU " + ", ".join(unsupported)
+    return (f"GPU profiling metrics (NVML GPM, DCGM_FI_PROF_*): not supported on {which} "
+            "(they need a Hopper or newer GPU and a driver with GPM); those GPUs get no profiling metrics"
+            + (f"; supported on GPU {', '.join(supported)}" if supported else ""))
 
 
 def main(args: argparse.Namespace) -> int:

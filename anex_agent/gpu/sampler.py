@@ -19,6 +19,9 @@ fields the GPU supports (NOT_SUPPORTED -> key absent). Keys and units:
 ``pcie_tx_kbps``        PCIe TX throughput, KB/s (NVML samples it over 20 ms)
 ``pcie_rx_kbps``        PCIe RX throughput, KB/s
 ``pcie_replay``         PCIe replay counter
+``nvlink_raw_tx_kib``   NVLink data + protocol bytes sent since driver load, KiB, all links
+                        (field NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX; absent without NVLink)
+``nvlink_raw_rx_kib``   the same, received (NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX)
 ``ecc_sbe_vol``         corrected (single-bit) ECC errors since boot
 ``ecc_dbe_vol``         uncorrected (double-bit) ECC errors since boot
 ``ecc_sbe_agg``         corrected ECC errors, lifetime
@@ -42,6 +45,9 @@ from typing import Any
 from anex_agent.gpu.nvml import ABSENT, Nvml
 
 MIB = 1024 * 1024
+#: nvmlFieldValue_t.scopeId asking the NVLink throughput fields for the sum over every link (nvml.h:
+#: "A scopeId of UINT_MAX returns aggregate value summed up across all links")
+ALL_LINKS = 0xFFFFFFFF
 
 # nvmlClocksEventReason* bits (nvml.h "Clocks Event Reasons").
 THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
@@ -98,9 +104,13 @@ def sample_gpu(nvml: Nvml, handle: Any) -> dict[str, Any]:
             out["fb_reserved_mib"] = round(memory.reserved / MIB, 3)
 
     _put(out, "gpu_temp_c", call("nvmlDeviceGetTemperature", handle, m.NVML_TEMPERATURE_GPU))
-    fields = call("nvmlDeviceGetFieldValues", handle, [m.NVML_FI_DEV_MEMORY_TEMP])
+    fields = call("nvmlDeviceGetFieldValues", handle, [m.NVML_FI_DEV_MEMORY_TEMP,
+                                                      (m.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, ALL_LINKS),
+                                                      (m.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, ALL_LINKS)])
     if fields is not ABSENT:
         _put(out, "mem_temp_c", _field_value(fields[0]))
+        _put(out, "nvlink_raw_tx_kib", _field_value(fields[1]))
+        _put(out, "nvlink_raw_rx_kib", _field_value(fields[2]))
     _put(out, "power_w", call("nvmlDeviceGetPowerUsage", handle), 1000.0)
     _put(out, "energy_mj", call("nvmlDeviceGetTotalEnergyConsumption", handle))
     _put(out, "sm_clock_mhz", call("nvmlDeviceGetClockInfo", handle, m.NVML_CLOCK_SM))

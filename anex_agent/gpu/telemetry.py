@@ -21,7 +21,7 @@ JSON-serialisable dict (plain str/int/float/bool/None/list/dict). Shape, version
                               "mig_mode": "disabled", "form_factor": "sxm"}]},
       "gpus": [{"index": 0, "uuid": "GPU-...", "state": "ok"|"gpu_lost"|"reset_required",
                 "last_xid": 0, "xid_counts": {"79": 1},   # xid_counts only when XIDs were seen
-                ...the sample fields of anex_agent.gpu.sampler...}],
+                ...the sample fields of anex_agent.gpu.sampler and anex_agent.gpu.gpm...}],
       "xids": [{"gpu": 0, "uuid": "...", "xid": 79, "kind": "hardware", "at": 1763728240.0}],
       "host": {...the fields of anex_agent.gpu.host...},
       "sample_seconds": 0.0012,                 # what the last sample cost (wall time)

@@ -88,7 +88,7 @@ async def test_fleet_metrics_carry_dcgm_names_gpu_labels_and_node(fast_coord, mo
     assert set(util) == {"GPU-a0", "GPU-a1"}
     assert util["GPU-a1"].value == 88
     assert util["GPU-a1"].labels == {"gpu": "1", "UUID": "GPU-a1", "pci_bus_id": "00000000:0F:00.0",
-                                     "device": "nvidia1", "modelName": "NVIDIA A100-SXM4-40GB", "Hostname": "host-a",
+                                     "device": "nvidia1", "modelName": "NVIDIA A100-SXM4-40GB", "hostname": "host-a",
                                      "node": "gpu-a", "node_id": joined_a.node_id}
     assert {s.labels["node"] for s in families["DCGM_FI_DEV_FB_USED"].samples} == {"gpu-a"}
     xid = [s for s in families["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "0"]

@@ -60,6 +60,19 @@ class FakeGpu:
     enc: int = 0
     dec: int = 0
     processes: list[tuple[int, int]] = field(default_factory=lambda: [(4242, 2 * 1024 * 1024 * 1024)])
+    #: NVLink throughput counters since driver load, KiB, all links (NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX/RX
+    #: with scopeId UINT_MAX); None: no NVLink (the fields answer NOT_SUPPORTED)
+    nvlink_raw_kib: tuple[int, int] | None = None
+    #: GPM (Hopper and newer): nvmlGpmQueryDeviceSupport says isSupportedDevice=1
+    gpm: bool = False
+    #: GPM metric id -> the value nvmlGpmMetricsGet reports (NVML's units: percent 0-100, MiB/s);
+    #: an id not listed answers NOT_SUPPORTED in its nvmlReturn
+    gpm_metrics: dict[int, float] = field(default_factory=lambda: {
+        real.NVML_GPM_METRIC_GRAPHICS_UTIL: 81.5, real.NVML_GPM_METRIC_SM_UTIL: 64.0,
+        real.NVML_GPM_METRIC_SM_OCCUPANCY: 32.25, real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 42.0,
+        real.NVML_GPM_METRIC_DRAM_BW_UTIL: 55.5, real.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 1500.0,
+        real.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 2500.0, real.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 10000.0,
+        real.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 12000.0})
     #: function name -> NVML error code raised by that function on this GPU
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -81,6 +94,10 @@ class FakeNvml:
         self.registered: dict[int, set[int]] = {}  # event set id -> gpu indexes
         self.freed_sets: list[int] = []
         self._lock = threading.Lock()
+        #: GPM sample buffers: address -> (gpu index, sample number) once filled by nvmlGpmSampleGet, else None
+        self.gpm_buffers: dict[int, tuple[int, int] | None] = {}
+        self.gpm_freed: list[int] = []
+        self._gpm_next = 0
         self.module = self._build()
 
     # ------------------------------------------------------------------ helpers
@@ -203,10 +220,18 @@ class FakeNvml:
         def field_values(g: FakeGpu, ids: list[int]) -> Any:
             values = (real.c_nvmlFieldValue_t * len(ids))()
             for i, fid in enumerate(ids):
+                if isinstance(fid, tuple):  # (fieldId, scopeId), as pynvml accepts
+                    fid, values[i].scopeId = fid
                 values[i].fieldId = fid
                 if fid == real.NVML_FI_DEV_MEMORY_TEMP and g.mem_temp is not None:
                     values[i].valueType = real.NVML_VALUE_TYPE_UNSIGNED_INT
                     values[i].value.uiVal = g.mem_temp
+                    values[i].nvmlReturn = real.NVML_SUCCESS
+                elif fid in (real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX) \
+                        and g.nvlink_raw_kib is not None and values[i].scopeId == 0xFFFFFFFF:
+                    values[i].valueType = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                    tx, rx = g.nvlink_raw_kib
+                    values[i].value.ullVal = tx if fid == real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX else rx
                     values[i].nvmlReturn = real.NVML_SUCCESS
                 else:
                     values[i].nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
@@ -255,6 +280,68 @@ class FakeNvml:
 
         def nvmlEventSetFree(event_set: Any) -> None:
             s.freed_sets.append(id(event_set))
+
+        # ---- GPM (nvml.h "GPM Functions"): opaque sample buffers, metrics from two samples of one GPU
+
+        def gpm_support(g: FakeGpu) -> Any:
+            support = real.c_nvmlGpmSupport_t()
+            support.version = real.NVML_GPM_SUPPORT_VERSION
+            support.isSupportedDevice = 1 if g.gpm else 0
+            return support
+
+        simple("nvmlGpmQueryDeviceSupport", gpm_support)
+
+        def address(sample: Any) -> int:
+            return ctypes.cast(sample, ctypes.c_void_p).value or 0
+
+        def nvmlGpmSampleAlloc() -> Any:
+            s._enter("nvmlGpmSampleAlloc")
+            with s._lock:
+                s._gpm_next += 1
+                addr = 0x7000_0000 + 0x100 * s._gpm_next
+                s.gpm_buffers[addr] = None
+            return ctypes.cast(ctypes.c_void_p(addr), real.c_nvmlGpmSample_t)
+
+        def nvmlGpmSampleFree(sample: Any) -> None:
+            s._enter("nvmlGpmSampleFree")
+            addr = address(sample)
+            if addr not in s.gpm_buffers:
+                raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+            del s.gpm_buffers[addr]
+            s.gpm_freed.append(addr)
+
+        def nvmlGpmSampleGet(handle: Any, sample: Any) -> Any:
+            g = s._enter("nvmlGpmSampleGet", handle)
+            if not g.gpm:
+                raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+            addr = address(sample)
+            if addr not in s.gpm_buffers:
+                raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+            s.gpm_buffers[addr] = (s._index(handle), s.calls["nvmlGpmSampleGet"])
+            return sample
+
+        def nvmlGpmMetricsGet(request: Any) -> Any:
+            s._enter("nvmlGpmMetricsGet")
+            if request.version != real.NVML_GPM_METRICS_GET_VERSION:
+                raise real.NVMLError(real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+            first, second = s.gpm_buffers.get(address(request.sample1)), s.gpm_buffers.get(address(request.sample2))
+            # two filled samples of the same GPU, the second one later: anything else is refused
+            if first is None or second is None or first[0] != second[0] or second[1] <= first[1]:
+                raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+            g = s.gpus[first[0]]
+            if "nvmlGpmMetricsGet" in g.errors:
+                raise real.NVMLError(g.errors["nvmlGpmMetricsGet"])
+            for i in range(request.numMetrics):
+                metric = request.metrics[i]
+                if metric.metricId in g.gpm_metrics:
+                    metric.value = g.gpm_metrics[metric.metricId]
+                    metric.nvmlReturn = real.NVML_SUCCESS
+                else:
+                    metric.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
+            return request
+
+        for fn in (nvmlGpmSampleAlloc, nvmlGpmSampleFree, nvmlGpmSampleGet, nvmlGpmMetricsGet):
+            setattr(m, fn.__name__, fn)
 
         for fn in (nvmlInit, nvmlShutdown, nvmlSystemGetDriverVersion, nvmlSystemGetCudaDriverVersion,
                    nvmlSystemGetNVMLVersion, nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex,

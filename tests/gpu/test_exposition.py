@@ -13,10 +13,10 @@ from anex_agent.gpu.monitor import TelemetryMonitor
 
 from .test_nvml import no_library
 
-DEFAULT_COUNTERS = {  # dcgm-exporter etc/default-counters.csv (enabled lines), GPU-level fields
+DEFAULT_COUNTERS = {  # dcgm-exporter etc/default-counters.csv (enabled lines), GPU-level fields every GPU has
     "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
-    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL",
     "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_XID_ERRORS",
     "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
@@ -44,7 +44,7 @@ def test_dcgm_names_and_labels(fake, tmp_path):
     labels = util["1"].labels
     assert set(labels) == set(GPU_LABELS)
     assert labels == {"gpu": "1", "UUID": "GPU-bbbb", "pci_bus_id": "00000000:0F:00.0", "device": "nvidia1",
-                      "modelName": "NVIDIA A100-SXM4-40GB", "Hostname": "node-a"}
+                      "modelName": "NVIDIA A100-SXM4-40GB", "hostname": "node-a"}
     # names exactly as dcgm-exporter's: counters are untyped so no _total suffix is added
     replay = families["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"]
     assert replay.type == "unknown" and replay.samples[0].name == "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
