@@ -58,6 +58,8 @@ class Settings:
     #: certificate chain and key (PEM) when the coordinator serves HTTPS itself
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    #: single-file agents served on GET /v1/agent/{arch} (--agent-binary): (arch, path) pairs
+    agent_binaries: tuple[tuple[str, Path], ...] = ()
 
     def __post_init__(self) -> None:
         bare, password = split_password(self.database_url)
