@@ -273,3 +273,15 @@ def test_coordinator_process_serves_the_agent_from_the_flag(tmp_path, agent_file
     finally:
         stderr = proc.stop()
     assert "anexjt_" not in stderr
+
+
+def test_agent_binary_flag_values(tmp_path, agent_file):
+    from anex_agent.coordinator.cli import agent_binaries
+    from anex_agent.errors import ConfigError
+
+    both = agent_binaries([str(agent_file), f"riscv64={agent_file}"])
+    assert dict(both) == {ARCH: agent_file.resolve(), "riscv64": agent_file.resolve()}
+    for bad in ([str(tmp_path / "missing")], [str(agent_file), str(agent_file)], [f"x/y={agent_file}"], ["=x"]):
+        with pytest.raises(ConfigError) as info:
+            agent_binaries(bad)
+        assert info.value.source == "--agent-binary"
