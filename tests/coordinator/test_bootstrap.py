@@ -285,3 +285,21 @@ def test_agent_binary_flag_values(tmp_path, agent_file):
         with pytest.raises(ConfigError) as info:
             agent_binaries(bad)
         assert info.value.source == "--agent-binary"
+
+
+async def test_start_script_picks_the_hash_of_its_architecture(coord, agent_file, tmp_path):
+    creds = await _issue(coord)
+    hashes = await agent_download.agent_sha256s(coord.ctx.settings)
+    assert list(hashes) == [ARCH]
+    box = _toolbox(tmp_path, "curl")
+    script = bootstrap.start_script(coord.url, creds.secret, {**hashes, "riscv64": "1" * 64}, ["x"],
+                                    state_dir=str(tmp_path / "s1"))
+    code, out = await _run_script(script, box, tmp_path)
+    assert code == 0 and "FAKE-AGENT-RAN" in out, out
+    script = bootstrap.start_script(coord.url, creds.secret, {"riscv64": hashes[ARCH]}, ["x"],
+                                    state_dir=str(tmp_path / "s2"))
+    code, out = await _run_script(script, box, tmp_path)
+    assert code == 1 and f"no agent for architecture {ARCH}" in out, out
+    assert not (tmp_path / "s2" / "anex-agent").exists()
+    with pytest.raises(ValueError):
+        bootstrap.start_script(coord.url, creds.secret, {"x86 64": "1" * 64}, ["x"])

@@ -41,6 +41,7 @@ AGENT_PATH = "/v1/agent"  # + "/<arch>": the download route
 DEFAULT_STATE_DIR = "/var/lib/anex-agent"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ARCH = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 
 MIGRATION = Migration(
     450,
@@ -105,7 +106,8 @@ _SCRIPT = r"""#!/bin/sh
 # anex-agent bootstrap: fetch the agent from the coordinator, check it, run the workload under it.
 set -u
 coordinator=@COORDINATOR@
-sha256=@SHA256@
+arch=$(uname -m)
+@SHA256@
 state=@STATE@
 umask 077
 say() { printf 'anex-agent bootstrap: %s\n' "$*" >&2; }
@@ -114,7 +116,7 @@ mkdir -p "$state" || { say "cannot create $state"; exit 1; }
 token_file="$state/join-token"
 printf '%s\n' @SECRET@ > "$token_file" || { say "cannot write $token_file"; exit 1; }
 agent="$state/anex-agent"
-url="$coordinator@AGENT_PATH@/$(uname -m)"
+url="$coordinator@AGENT_PATH@/$arch"
 @CA@
 have() { command -v "$1" >/dev/null 2>&1; }
 digest() {
@@ -180,15 +182,21 @@ exec "$agent" run -- @COMMAND@
 """
 
 
-def start_script(coordinator_url: str, secret: str, sha256: str, command: Sequence[str], *,
+def start_script(coordinator_url: str, secret: str, sha256: str | Mapping[str, str], command: Sequence[str], *,
                  env: Mapping[str, str] | None = None, ca_pem: str | None = None,
                  state_dir: str = DEFAULT_STATE_DIR) -> str:
-    """The POSIX sh start script (see the module docstring). ``env``: more variables for the
+    """The POSIX sh start script (see the module docstring). ``sha256``: the agent's hex SHA-256,
+    or one per architecture (``{"x86_64": ..., "aarch64": ...}``, as ``uname -m`` names them and
+    :func:`anex_agent.coordinator.routes.agent_download.agent_sha256s` gives them); on a machine
+    of another architecture the script stops before downloading. ``env``: more variables for the
     agent (``ANEX_PROVIDER``, ``ANEX_NODE_NAME``, ...); ``ca_pem``: CA certificates to trust for
     an ``https://`` coordinator (written beside the agent, used for the download and by the
     agent as ``ANEX_CA_FILE``)."""
-    if not _SHA256.match(sha256):
-        raise ValueError("sha256 must be 64 lowercase hex digits")
+    hashes = {"*": sha256} if isinstance(sha256, str) else dict(sha256)
+    if not hashes or not all(_SHA256.match(h) for h in hashes.values()):
+        raise ValueError("sha256 must be 64 lowercase hex digits (per architecture)")
+    if not all(arch == "*" or _ARCH.match(arch) for arch in hashes):
+        raise ValueError("architectures are names as uname -m gives them (x86_64, aarch64)")
     if not command:
         raise ValueError("command is empty: the agent runs a workload")
     values = [coordinator_url, secret, state_dir, *command, *(env or {}).values(), *(env or {}).keys(), ca_pem or ""]
@@ -206,7 +214,7 @@ def start_script(coordinator_url: str, secret: str, sha256: str, command: Sequen
                         if name not in ("ANEX_JOIN_TOKEN", "ANEX_JOIN_TOKEN_FILE", "ANEX_COORDINATOR_URL"))
     replacements = {
         "@COORDINATOR@": shlex.quote(coordinator_url.rstrip("/")),
-        "@SHA256@": sha256,
+        "@SHA256@": _hash_choice(hashes),
         "@STATE@": shlex.quote(state_dir),
         "@SECRET@": shlex.quote(secret),
         "@AGENT_PATH@": AGENT_PATH,
@@ -215,6 +223,15 @@ def start_script(coordinator_url: str, secret: str, sha256: str, command: Sequen
         "@COMMAND@": " ".join(shlex.quote(arg) for arg in command),
     }
     return re.sub("|".join(map(re.escape, replacements)), lambda m: replacements[m.group(0)], _SCRIPT)
+
+
+def _hash_choice(hashes: dict[str, str]) -> str:
+    """Shell lines setting ``sha256`` for ``$arch`` (one hash for any machine, or a ``case``)."""
+    if "*" in hashes:
+        return f"sha256={hashes['*']}"
+    arms = "".join(f"    {arch}) sha256={digest} ;;\n" for arch, digest in sorted(hashes.items()))
+    return (f"case $arch in\n{arms}"
+            '    *) printf \'anex-agent bootstrap: no agent for architecture %s\\n\' "$arch" >&2; exit 1 ;;\nesac')
 
 
 __all__ = ["BootCredentials", "MIGRATION", "PROVISION_LABEL", "agent_url", "boot_env", "issue", "node_of_provision",

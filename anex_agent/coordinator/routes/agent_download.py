@@ -11,8 +11,9 @@ Contract:
 * The answer streams the file (``application/octet-stream``) with its SHA-256 in
   ``X-Checksum-Sha256`` (hex) and ``Digest: sha-256=<base64>`` (RFC 3230); an architecture
   the coordinator has no file for is a 404 naming ``arch`` and the ones it has.
-* :func:`agent_sha256` is the same hash for the provisioning loop (it bakes it into the start
-  script); it is computed off the event loop and cached per file size and modification time.
+* :func:`agent_sha256` (one architecture) and :func:`agent_sha256s` (all) are the same hashes
+  for the provisioning loop (it bakes them into the start script); they are computed off the
+  event loop and cached per file size and modification time.
 * :data:`MIGRATIONS` carries the provision binding of join tokens
   (:data:`anex_agent.coordinator.provisioning.bootstrap.MIGRATION`).
 """
@@ -60,6 +61,16 @@ async def agent_sha256(settings, arch: str) -> str | None:
     if key not in _digests:
         _digests[key] = await asyncio.to_thread(_hash_file, path)
     return _digests[key]
+
+
+async def agent_sha256s(settings) -> dict[str, str]:
+    """Every configured architecture's agent hash: what a start script bakes in."""
+    out = {}
+    for arch, _path in settings.agent_binaries:
+        digest = await agent_sha256(settings, arch)
+        if digest is not None:
+            out[arch] = digest
+    return out
 
 
 async def download_agent(call: Call) -> web.StreamResponse:
