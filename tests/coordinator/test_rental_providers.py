@@ -223,3 +223,11 @@ async def test_hooks_run_on_rent_and_destroy(side):
     rental = await side.rentals.rent(request(side.offer()))
     await side.rentals.destroy(rental.rental_id)
     assert seen == [("rent", "anex:c1:p1"), ("destroy", "started")]
+
+
+def test_runpod_rental_config_follows_the_selections():
+    from anex_agent.selection.providers.runpod import RunPodConfig
+
+    config = RunPodRentalConfig.from_source(RunPodConfig(api_key=KEY, policy=FAST), rest_url="http://x/v1")
+    assert config.api_key == KEY and config.policy == FAST and config.rest_url == "http://x/v1"
+    assert KEY not in repr(config)

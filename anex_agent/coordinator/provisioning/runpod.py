@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from anex_agent.coordinator.provisioning import provider_http
 from anex_agent.coordinator.provisioning.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
 from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError
+from anex_agent.selection.providers.runpod import RunPodConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ class RunPodRentalConfig:
     api_key: str = field(default="", repr=False)
     rest_url: str = DEFAULT_REST_URL
     policy: HttpPolicy = HttpPolicy()
+
+    @classmethod
+    def from_source(cls, config: RunPodConfig, rest_url: str = DEFAULT_REST_URL) -> "RunPodRentalConfig":
+        """The rental config beside the selection's (the same key and HTTP policy)."""
+        return cls(api_key=config.api_key, rest_url=rest_url, policy=config.policy)
 
 
 @dataclass(frozen=True)
