@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,9 @@ def mesh():
     built = Mesh(workdir)
     try:
         built.build_network()
+        single_file = os.environ.get("ANEX_SINGLE_FILE", "")
+        if single_file and Path(single_file).is_file():  # scripts/test-single-file: rented machines download it
+            built.coordinator_args += ["--agent-binary", single_file]
         built.start_coordinator()
         built.start_gateway()
         yield built

@@ -94,7 +94,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
+    parser.add_argument("--agent-binary", action="append", default=[], metavar="[ARCH=]PATH",
+                        help="the single-file agent (images/build-single-file) that rented machines download from "
+                             "GET /v1/agent/ARCH with their join token (repeatable, one per architecture as uname -m "
+                             "names it; a bare PATH is this machine's architecture)")
     _configure_secrets_and_tls(parser)
+
+
+def agent_binaries(values: list[str]) -> tuple[tuple[str, Path], ...]:
+    """``--agent-binary [ARCH=]PATH`` values: each an existing file, one per architecture."""
+    import platform
+
+    out: dict[str, Path] = {}
+    for value in values:
+        arch, sep, path = value.partition("=")
+        if not sep:
+            arch, path = platform.machine(), value
+        if not arch or not path or not all(c.isalnum() or c in "_-" for c in arch):
+            raise ConfigError("--agent-binary", f"{value!r} must be PATH or ARCH=PATH (ARCH as uname -m names it)")
+        if arch in out:
+            raise ConfigError("--agent-binary", f"architecture {arch} is given twice")
+        if not Path(path).is_file():
+            raise ConfigError("--agent-binary", f"{path!r} is not a file")
+        out[arch] = Path(path).resolve()
+    return tuple(sorted(out.items()))
 
 
 def _configure_secrets_and_tls(parser: argparse.ArgumentParser) -> None:
@@ -179,6 +202,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         metrics_token_file=args.metrics_token_file,
         limits=Limits(trusted_proxies=proxies),
         gpu_metrics=exposition_options(env),
+        agent_binaries=agent_binaries(getattr(args, "agent_binary", [])),
     )
 
 

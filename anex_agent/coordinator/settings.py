@@ -61,6 +61,8 @@ class Settings:
     tls_key: Path | None = None
     #: GPU metric naming on the fleet /metrics (ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT)
     gpu_metrics: ExpositionOptions = field(default_factory=ExpositionOptions)
+    #: single-file agents served on GET /v1/agent/{arch} (--agent-binary): (arch, path) pairs
+    agent_binaries: tuple[tuple[str, Path], ...] = ()
 
     def __post_init__(self) -> None:
         bare, password = split_password(self.database_url)

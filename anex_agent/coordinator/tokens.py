@@ -82,6 +82,31 @@ async def create(tx: Conn, request: wire.JoinTokenCreate, *, now: float) -> wire
     )
 
 
+async def create_for_provision(
+    tx: Conn, provision_id: str, *, expires_at: float, now: float, labels: dict[str, str],
+    providers: list[str] | None = None,
+) -> tuple[str, str]:
+    """A single-use node join token bound to one provision (``join_tokens.provision_id``,
+    a column the provisioning bootstrap adds); returns ``(secret, token id)``. Only its hash is
+    stored; the token admits one node (a re-join by that node's key stays possible) until
+    ``expires_at``."""
+    secret = credentials.new_secret(credentials.JOIN_TOKEN)
+    token_id = credentials.new_id("jt")
+    await tx.execute(
+        "INSERT INTO join_tokens (id, token_hash, kind, reusable, labels, created_at, expires_at, max_uses, providers,"
+        " provision_id) VALUES ($1, $2, $3, 0, $4, $5, $6, 1, $7, $8)",
+        token_id,
+        credentials.hash_secret(secret),
+        wire.TokenKind.node.value,
+        json.dumps(labels),
+        now,
+        expires_at,
+        json.dumps(sorted(providers)) if providers is not None else None,
+        provision_id,
+    )
+    return secret, token_id
+
+
 async def lookup(tx: Conn, secret: str, kind: wire.TokenKind, *, now: float) -> dict:
     """The token row for ``secret`` if it exists, is of ``kind`` and not expired; else 401."""
     row = await tx.fetchrow("SELECT * FROM join_tokens WHERE token_hash = $1", credentials.hash_secret(secret))

@@ -133,6 +133,7 @@ class Mesh:
         self.nodes: list[Node] = []
         self.admin_token = secrets.token_urlsafe(24)
         self.coordinator_proc: subprocess.Popen | None = None
+        self.coordinator_args: list[str] = []  # more flags for every start of the coordinator (--agent-binary ...)
         self.gateway_proc: subprocess.Popen | None = None
         self.gateway_token: str | None = None
         self._service_procs: list[subprocess.Popen] = []
@@ -186,6 +187,7 @@ class Mesh:
         ]
         if heartbeat_interval is not None:
             argv += ["--heartbeat-interval", str(heartbeat_interval)]
+        argv += self.coordinator_args
         env = {**os.environ, "ANEX_ADMIN_TOKEN": self.admin_token}
         self.coordinator_proc = self.gateway.popen(argv, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT, env=env)
         wait_until(lambda: self._coordinator_ok(), 30, "the coordinator answering")

@@ -38,14 +38,23 @@ from anex_agent.selection.jsonpieces import dismantle, loads_in_pieces
 
 log = logging.getLogger(__name__)
 
+ERROR_BODY_LIMIT = 2048  # bytes of a refusing answer kept on the ProviderError
+
 
 class ProviderError(AnexError):
-    """A provider API call failed. ``retryable``: a later call may succeed."""
+    """A provider API call failed. ``retryable``: a later call may succeed.
 
-    def __init__(self, provider: str, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+    ``retry_after``: seconds the provider asked to wait (its last ``Retry-After``), if any;
+    ``body``: the start of a refusing (4xx) answer's body, for callers that classify the
+    provider's own error code (it never holds the request's credentials)."""
+
+    def __init__(self, provider: str, message: str, *, status: int | None = None, retryable: bool = False,
+                 retry_after: float | None = None, body: str = "") -> None:
         self.provider = provider
         self.status = status
         self.retryable = retryable
+        self.retry_after = retry_after
+        self.body = body
         super().__init__(f"{provider}: {message}")
 
 
@@ -175,6 +184,9 @@ class JsonClient:
 
     def _decode(self, raw: list[bytes], what: str, build: Callable[[Any], Any] | None) -> Any:
         """On the worker thread: the JSON answer, and what ``build`` makes of it."""
+        if not any(raw):  # an empty answer (204, or a DELETE that says nothing): None
+            answer = None
+            return answer if build is None else build(answer)
         try:
             answer = loads_in_pieces(raw)
         except ValueError:
@@ -199,10 +211,11 @@ class JsonClient:
                     if resp.status == 429 or resp.status >= 500:
                         retry_after = retry_after_seconds(resp.headers.get("Retry-After"), time.time())
                         last = ProviderError(self.provider, f"HTTP {resp.status} from {method} {url}",
-                                             status=resp.status, retryable=True)
+                                             status=resp.status, retryable=True, retry_after=retry_after)
                     elif resp.status >= 400:
+                        body = (await resp.content.read(ERROR_BODY_LIMIT)).decode("utf-8", "replace")
                         raise ProviderError(self.provider, f"HTTP {resp.status} from {method} {url}: the request was "
-                                            "refused (check the API key and the query)", status=resp.status)
+                                            "refused (check the API key and the query)", status=resp.status, body=body)
                     else:  # the parts as received: never joined into one buffer on the loop
                         return [part async for part in resp.content.iter_any()]
             except asyncio.TimeoutError:
