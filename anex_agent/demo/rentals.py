@@ -113,8 +113,8 @@ class RentalService:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Serve on a thread of its own; return the URL."""
+    def start(self, host: str = "127.0.0.1", port: int = 0, *, unix_path: str | None = None) -> str:
+        """Serve on a thread of its own; return the URL (``unix_path``: on that socket, URL empty)."""
         started = threading.Event()
         self._loop = asyncio.new_event_loop()
 
@@ -126,10 +126,12 @@ class RentalService:
             app.router.add_delete("/rentals/{rental_id}", self._destroy)
             self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, host, port)
-            await site.start()
-            bound = self._runner.addresses[0]
-            self.url = f"http://{bound[0]}:{bound[1]}"
+            if unix_path is not None:
+                await web.UnixSite(self._runner, unix_path).start()
+            else:
+                await web.TCPSite(self._runner, host, port).start()
+                bound = self._runner.addresses[0]
+                self.url = f"http://{bound[0]}:{bound[1]}"
             started.set()
 
         def run() -> None:
@@ -144,9 +146,13 @@ class RentalService:
         return self.url
 
     def stop(self) -> None:
+        if getattr(self, "_thread", None) is None:
+            return
+
         async def cleanup() -> None:
             await self._runner.cleanup()
 
         asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._thread = None
