@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+JOINED_POLL = 0.1  # seconds between looks at a joined node that has not heartbeated yet
 ACTIVE = (S.selecting.value, S.renting.value, S.booting.value, S.deleting.value)
 
 
@@ -336,8 +337,9 @@ class Provisioner:
                 await self.ctx.db.execute("UPDATE provisions SET node_id = $2, address = $3 WHERE id = $1",
                                           pid, node["id"], node["address"])
         deadline = row["boot_deadline"] or now
-        if now < deadline:
-            return min(self.settings.poll_interval, deadline - now)
+        if now < deadline:  # a joined node's first heartbeat is moments away: look again soon
+            poll = JOINED_POLL if node is not None else self.settings.poll_interval
+            return min(poll, self.settings.poll_interval, deadline - now)
         attempt = await store.current_attempt(self.ctx.db, row)
         reason = (f"node {node['id']} joined but did not report ready" if node is not None else "no node joined") + \
             f" within {self.settings.boot_timeout:.0f}s"
