@@ -21,6 +21,7 @@ import pytest
 
 from anex_agent.demo import coordinator_checks, view_cells
 from anex_agent.demo.mesh import anex_argv
+from anex_agent.demo.netlab import missing_prerequisites
 from anex_agent.demo.observe import REQUIRED_SERIES, complete, node_series, summarize
 from integration.conftest import mesh_skip_reason
 
@@ -43,7 +44,7 @@ def _row(text: str, check: str, node: str = NODE) -> str:
 
 
 def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path):
-    reason = mesh_skip_reason()
+    reason = mesh_skip_reason() or missing_prerequisites("socat", "wg")  # the demo's provisioning needs both
     if reason:
         pytest.skip(reason)
     proc = subprocess.run([*anex_argv(), "demo", "--check", "--keep-logs", str(tmp_path)],
