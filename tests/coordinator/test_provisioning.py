@@ -374,3 +374,49 @@ async def test_openapi_documents_the_routes(tmp_path, shift):
         assert {"202", "409", "422"} <= set(post["responses"])
     finally:
         await stop_harness(harness)
+
+
+async def test_delete_while_the_rent_call_is_in_flight_destroys_what_it_rented(tmp_path, database_url, shift):
+    vast = FakeRentals()
+    release = asyncio.Event()
+    real_rent = vast.rent
+
+    async def slow_rent(request):
+        await release.wait()
+        return await real_rent(request)
+
+    vast.rent = slow_rent  # type: ignore[method-assign]
+    harness = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1")))
+    api = Api(harness)
+    try:
+        pid = (await api.create())["id"]
+        await api.state(pid, "renting")
+        status, body = await api.call("DELETE", f"/v1/provisions/{pid}")
+        assert status == 202 and body["state"] == "deleting"
+        release.set()  # the provider answers after the DELETE: the machine it rented is destroyed
+        view = await api.state(pid, "deleted")
+        assert vast.rent_calls == ["o1"] and vast.destroyed == ["r1"] and vast.rentals == {}
+        assert view["attempts"][0]["rental_id"] == "r1" and view["attempts"][0]["outcome"] == "deleted"
+    finally:
+        await stop_harness(harness)
+
+
+async def test_one_coordinator_at_a_time_drives_a_provision(database_url, tmp_path):
+    from anex_agent.coordinator import migrations
+    from anex_agent.coordinator.db import open_database
+    from anex_agent.coordinator.provisioning import models
+
+    db = await open_database(database_url)
+    try:
+        await migrations.apply(db, [*migrations.CORE, *store.MIGRATIONS])
+        row, _ = await store.create(db, models.ProvisionCreate(name="x", image="i"), now=100.0)
+        assert await store.claim(db, row["id"], "a", now=100.0, lease=30)
+        assert not await store.claim(db, row["id"], "b", now=110.0, lease=30)  # a holds it
+        assert await store.claim(db, row["id"], "a", now=120.0, lease=30)  # a renews
+        assert await store.claim(db, row["id"], "b", now=151.0, lease=30)  # a's lease lapsed (a died)
+        await store.release(db, row["id"], "a")  # not a's any more: nothing changes
+        assert not await store.claim(db, row["id"], "a", now=152.0, lease=30)
+        await store.release(db, row["id"], "b")
+        assert await store.claim(db, row["id"], "a", now=153.0, lease=30)
+    finally:
+        await db.close()

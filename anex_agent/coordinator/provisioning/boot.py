@@ -3,9 +3,10 @@
 The seam between the provisioning loop and the bootstrap: the loop calls
 ``await issuer.issue(tx, provision_id, attempt, expires_at)`` inside its own transaction
 and puts the returned :class:`BootCredentials` ``env`` into the rental's environment (and
-``onstart`` as its start script, when there is one). A node that joins with the returned
-token is the provision's node: the loop finds it through ``provision_tokens``
-(:func:`joined_node`), whatever issued the token.
+``onstart`` as its start script, when there is one). The issuer returns the id of the join
+token it made; the loop binds it to the attempt in the same transaction (:func:`record`), and
+a node that joins with that token is the provision's node (:func:`joined_node`), whatever
+issued the token.
 
 :class:`JoinTokenIssuer` is the plain issuer: a node join token made with
 :func:`anex_agent.coordinator.tokens.create`, single-use (``max_uses`` 1), expiring with
@@ -59,14 +60,13 @@ class JoinTokenIssuer:
             providers=[wire.Provider(known)] if known else None,
         )
         created = await tokens.create(tx, request, now=now)
-        await record(tx, created.id, provision_id, attempt)
         env = {"ANEX_COORDINATOR_URL": self.coordinator_url, "ANEX_JOIN_TOKEN": created.token,
                "ANEX_PROVIDER": known or "other", "ANEX_NODE_NAME": name}
         return BootCredentials(created.id, env)
 
 
 async def record(tx: Conn, token_id: str, provision_id: str, attempt: int) -> None:
-    """Bind a join token to a provision's attempt (every issuer calls this)."""
+    """Bind a join token to a provision's attempt (the loop calls this with what an issuer returned)."""
     await tx.execute("INSERT INTO provision_tokens (token_id, provision_id, attempt) VALUES ($1, $2, $3)",
                      token_id, provision_id, attempt)
 

@@ -286,6 +286,7 @@ class Provisioner:
             await tx.execute("UPDATE provisions SET rent_tries = rent_tries + 1 WHERE id = $1", pid)
             creds = await self.issuer.issue(tx, pid, number, provider=provider.name, name=spec.name, now=now,
                                             expires_at=deadline)
+            await boot.record(tx, creds.token_id, pid, number)
         request = RentRequest(
             provision_id=pid, label=rental_label(self.cluster_id, pid), offer_id=attempt["offer_id"],
             image=spec.image, env={**spec.env, **creds.env}, command=tuple(spec.command) + tuple(spec.args),
