@@ -275,7 +275,7 @@ def main(args: argparse.Namespace) -> int:
     provider = SimulatedProvider(mesh)
     try:
         mesh.build_network()
-        mesh.start_coordinator(heartbeat_interval=HEARTBEAT_INTERVAL, env=provider.start())
+        mesh.start_coordinator(heartbeat_interval=HEARTBEAT_INTERVAL, extra_env=provider.start())
         mesh.start_gateway()
         print("anex-agent demo: coordinator and gateway up; starting nodes", flush=True)
         started_nodes: list[tuple[str, object, dict]] = []

@@ -60,8 +60,10 @@ def test_registry_builds_configured_providers_without_showing_keys(monkeypatch, 
         made["config"] = config
         return object()
 
-    monkeypatch.setattr(prov_config, "_FACTORIES", {"vastai": factory})
-    monkeypatch.setattr(prov_config, "RENTAL_MODULES", {"runpod": "anex_agent.no_such_module"})
+    def missing(config):
+        import anex_agent.no_such_module  # noqa: F401  (a client this build lacks)
+
+    monkeypatch.setattr(prov_config, "RENTAL_FACTORIES", {"vastai": factory, "runpod": missing})
     selection = SelectionConfig.from_env({"ANEX_VASTAI_API_KEY": "vast-secret-key", "ANEX_RUNPOD_API_KEY": "rp-key"})
     providers = build_providers(selection)
     assert set(providers) == {"vastai"}  # runpod: this build cannot rent from it, said in the log

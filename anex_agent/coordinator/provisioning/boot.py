@@ -65,6 +65,24 @@ class JoinTokenIssuer:
         return BootCredentials(created.id, env)
 
 
+@dataclass(frozen=True)
+class BootstrapIssuer:
+    """The bootstrap's credentials (:mod:`anex_agent.coordinator.provisioning.bootstrap`: a join
+    token bound to the provision in ``join_tokens``, the agent's environment), for images whose
+    entrypoint is the agent."""
+
+    coordinator_url: str
+
+    async def issue(self, tx: Conn, provision_id: str, attempt: int, *, provider: str, name: str,
+                    now: float, expires_at: float) -> BootCredentials:
+        from anex_agent.coordinator.provisioning import bootstrap
+
+        known = provider if provider in wire.Provider.__members__ else None
+        made = await bootstrap.issue(tx, provision_id, expires_at=expires_at, now=now, provider=known)
+        env = bootstrap.boot_env(self.coordinator_url, made.secret, provider=known or "other", node_name=name)
+        return BootCredentials(made.token_id, env)
+
+
 async def record(tx: Conn, token_id: str, provision_id: str, attempt: int) -> None:
     """Bind a join token to a provision's attempt (the loop calls this with what an issuer returned)."""
     await tx.execute("INSERT INTO provision_tokens (token_id, provision_id, attempt) VALUES ($1, $2, $3)",

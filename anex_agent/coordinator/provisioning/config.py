@@ -15,15 +15,14 @@ Provider keys are the selection's (``ANEX_VASTAI_API_KEY`` / ``ANEX_VASTAI_API_K
 a provider the selection can search is one the coordinator can rent from. Keys live only in
 the provider configs (left out of ``repr``) and are never logged.
 
-Registry: :data:`RENTAL_MODULES` names, per provider, the module whose
-``rental_provider(config)`` returns its :class:`~.rentals.RentalProvider` (``config`` is the
-selection's ``VastAIConfig`` / ``RunPodConfig``); :func:`register` adds a factory (a simulated
-provider, tests). :func:`build_providers` builds every configured one.
+Registry: :data:`RENTAL_FACTORIES` builds, per provider, its :class:`~.rentals.RentalProvider`
+from the selection's ``VastAIConfig`` / ``RunPodConfig`` (same key, same HTTP policy), importing
+the client module only then; :func:`register` adds or replaces a factory (tests).
+:func:`build_providers` builds every configured one.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -36,29 +35,24 @@ from anex_agent.selection.config import SelectionConfig
 
 log = logging.getLogger(__name__)
 
-RENTAL_MODULES: dict[str, str] = {
-    "vastai": "anex_agent.coordinator.provisioning.vastai",
-    "runpod": "anex_agent.coordinator.provisioning.runpod",
-}
-_FACTORIES: dict[str, Callable[[Any], RentalProvider]] = {}
+def _vastai(config: Any) -> RentalProvider:
+    from anex_agent.coordinator.provisioning.vastai import VastAIRentals
+
+    return VastAIRentals(config)
+
+
+def _runpod(config: Any) -> RentalProvider:
+    from anex_agent.coordinator.provisioning.runpod import RunPodRentalConfig, RunPodRentals
+
+    return RunPodRentals(RunPodRentalConfig.from_source(config))
+
+
+RENTAL_FACTORIES: dict[str, Callable[[Any], RentalProvider]] = {"vastai": _vastai, "runpod": _runpod}
 
 
 def register(name: str, factory: Callable[[Any], RentalProvider]) -> None:
-    """Use ``factory(config)`` to build the rental provider ``name`` (instead of :data:`RENTAL_MODULES`)."""
-    _FACTORIES[name] = factory
-
-
-def _factory(name: str) -> Callable[[Any], RentalProvider] | None:
-    if name in _FACTORIES:
-        return _FACTORIES[name]
-    module_name = RENTAL_MODULES.get(name)
-    if module_name is None:
-        return None
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return None
-    return getattr(module, "rental_provider", None)
+    """Use ``factory(config)`` to build the rental provider ``name``."""
+    RENTAL_FACTORIES[name] = factory
 
 
 def build_providers(selection: SelectionConfig) -> dict[str, RentalProvider]:
@@ -67,11 +61,13 @@ def build_providers(selection: SelectionConfig) -> dict[str, RentalProvider]:
     for name, config in (("vastai", selection.vastai), ("runpod", selection.runpod)):
         if config is None:
             continue
-        factory = _factory(name)
-        if factory is None:
+        factory = RENTAL_FACTORIES.get(name)
+        try:
+            if factory is None:
+                raise ImportError(name)
+            out[name] = factory(config)
+        except ImportError:
             log.warning("provisioning: %s is configured for selection but this build cannot rent from it", name)
-            continue
-        out[name] = factory(config)
     return out
 
 
