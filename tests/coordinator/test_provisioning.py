@@ -117,7 +117,14 @@ async def test_refused_first_candidate_then_second_rented_and_ready(tmp_path, da
                 text = await r.text()
         line = next(x for x in text.splitlines() if x.startswith("anex_provision_cost_usd{") and pid in x)
         assert float(line.split()[-1]) == pytest.approx(0.6, abs=0.01)
-        assert f'anex_provision_price_per_hour_usd{{provision="{pid}",name="train-1"}} 1.2' in text
+        from prometheus_client.parser import text_string_to_metric_families
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(text) for s in family.samples}
+        assert samples[("anex_provision_price_per_hour_usd", (("name", "train-1"), ("provision", pid)))] == 1.2
+        assert samples[("anex_provisions", (("state", "ready"),))] == 1
+        async with aiohttp.ClientSession() as s:  # the fleet side only: not without a token
+            async with s.get(api.url + "/metrics") as r:
+                assert "anex_provision" not in await r.text()
     finally:
         await stop_harness(harness)
 

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from anex_agent.coordinator import changes, credentials, nodes, problems
-from anex_agent.coordinator.provisioning import boot, store
+from anex_agent.coordinator.provisioning import boot, costs, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
 from anex_agent.coordinator.provisioning.models import LIVE_STATES, ProvisionState as S
 from anex_agent.coordinator.provisioning.rentals import (
@@ -138,10 +138,7 @@ class Provisioner:
         await self._refresh_metrics(now)
 
     async def _refresh_metrics(self, now: float) -> None:
-        self.metrics_rows = await self.ctx.db.fetch(
-            "SELECT p.id, p.name, p.state, p.attempt, a.number, a.price_per_hour, a.rented_at, a.ended_at"
-            " FROM provisions p LEFT JOIN provision_attempts a ON a.provision_id = p.id"
-            " WHERE p.state <> 'deleted' ORDER BY p.id, a.number")
+        self.metrics_rows = await self.ctx.db.fetch(costs.ROWS_SQL)
 
     async def _drive(self, pid: str) -> None:
         """Work on one provision until it needs nothing (ready, failed, lost, deleted) or waits for a retry."""
@@ -476,36 +473,8 @@ class Provisioner:
     # ------------------------------------------------------------------ metrics
 
     def render_metrics(self) -> bytes:
-        """``anex_provision_cost_usd`` and friends, from the snapshot the scheduler keeps (no database call)."""
-        now = self.ctx.clock()
-        cost: dict[tuple[str, str], float] = {}
-        price: dict[tuple[str, str], float] = {}
-        states: dict[str, int] = {}
-        seen: set[str] = set()
-        for r in self.metrics_rows:
-            key = (r["id"], r["name"])
-            cost.setdefault(key, 0.0)
-            if r["id"] not in seen:
-                seen.add(r["id"])
-                states[r["state"]] = states.get(r["state"], 0) + 1
-            if r["number"] is None:
-                continue
-            cost[key] += store.attempt_cost(r, now)
-            if r["number"] == r["attempt"] and r["ended_at"] is None and r["rented_at"] is not None:
-                price[key] = float(r["price_per_hour"] or 0.0)
-        lines = ["# HELP anex_provision_cost_usd running cost of a provision's rentals so far (USD)",
-                 "# TYPE anex_provision_cost_usd gauge"]
-        lines += [f'anex_provision_cost_usd{{provision="{pid}",name="{name}"}} {v:.6f}'
-                  for (pid, name), v in sorted(cost.items())]
-        lines += ["# HELP anex_provision_price_per_hour_usd price of a provision's current rental (USD/hour)",
-                  "# TYPE anex_provision_price_per_hour_usd gauge"]
-        lines += [f'anex_provision_price_per_hour_usd{{provision="{pid}",name="{name}"}} {v:.6f}'
-                  for (pid, name), v in sorted(price.items())]
-        lines += ["# HELP anex_provisions provisions by state (deleted ones left out)",
-                  "# TYPE anex_provisions gauge"]
-        lines += [f'anex_provisions{{state="{s}"}} {n}' for s, n in sorted(states.items())]
-        return ("\n".join(lines) + "\n").encode()
-
+        """The cost series, from the snapshot the scheduler keeps (no database call on a scrape)."""
+        return costs.render(self.metrics_rows, self.ctx.clock())
 
 def _disk_gb(spec) -> float:
     """The body's ``disk_gb``, else what the annotations ask to allocate, else :data:`DEFAULT_DISK_GB`."""
