@@ -427,3 +427,21 @@ async def test_one_coordinator_at_a_time_drives_a_provision(database_url, tmp_pa
         assert await store.claim(db, row["id"], "a", now=153.0, lease=30)
     finally:
         await db.close()
+
+
+async def test_a_provider_unavailable_for_every_try_moves_to_the_next_candidate(tmp_path, shift):
+    vast = FakeRentals()
+    vast.faults["rent"] = ["unavailable"] * FAST.rent_tries
+    runpod = FakeRentals(name="runpod")
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": vast, "runpod": runpod},
+                          FakeSelector([*offers("o1"), *offers("p1", provider="runpod")]))
+    api = Api(harness)
+    try:
+        pid = (await api.create())["id"]
+        view = await api.state(pid, "booting")
+        assert vast.rent_calls == ["o1"] * FAST.rent_tries and vast.rentals == {}
+        assert view["attempts"][0]["outcome"] == "unavailable" and "did not answer 4 rent calls" in \
+            view["attempts"][0]["reason"]
+        assert view["provider"] == "runpod" and list(runpod.rentals) == ["r1"]
+    finally:
+        await stop_harness(harness)
