@@ -11,7 +11,6 @@ simulated rental service (anex_agent/demo/rentals.py), SQLite and PostgreSQL:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
