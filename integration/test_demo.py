@@ -21,6 +21,7 @@ import pytest
 
 from anex_agent.demo import coordinator_checks, view_cells
 from anex_agent.demo.mesh import anex_argv
+from anex_agent.demo.netlab import missing_prerequisites
 from anex_agent.demo.observe import REQUIRED_SERIES, complete, node_series, summarize
 from integration.conftest import mesh_skip_reason
 
@@ -30,19 +31,20 @@ NODES = {"native-1": ("wireguard-go", "udp", "demo-node-1"), "udp-blocked-2": ("
          "unprivileged-3": ("userspace", "udp", "demo-node-3")}
 PATH_CHECKS = ("path", "proxy", "post", "connect", "tunnel", "inbound")
 COORDINATOR_CHECKS = ("heartbeat", "telemetry", "metrics")
+PROVISION_CHECKS = ("provision", "proxy", "delete")
 VERDICT = r"(healthy|degraded|unhealthy)"
 
 
 def _row(text: str, check: str, node: str = NODE) -> str:
     """The check table's line for ``node`` and ``check``."""
     for line in text.splitlines():
-        if re.match(rf"{node}\s+\S+\s+\S+\s+(never|\d+ s ago)\s+{check}\s", line):
+        if re.match(rf"{node}\s+\S+\s+\S+\s+(never|-|\d+ s ago)\s+{check}\s", line):
             return line
     raise AssertionError(f"no {check!r} row for {node} in:\n{text}")
 
 
 def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path):
-    reason = mesh_skip_reason()
+    reason = mesh_skip_reason() or missing_prerequisites("socat", "wg")  # the demo's provisioning needs both
     if reason:
         pytest.skip(reason)
     proc = subprocess.run([*anex_argv(), "demo", "--check", "--keep-logs", str(tmp_path)],
@@ -63,8 +65,14 @@ def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path
         assert len(view) == 1, text
         assert re.match(rf"{node}\s+ready\s+10\.254\.\d+\.\d+\s+{engine}\s+{path}\s+\w+\s+\d+\s+[\d.]+ %\s+[\d.]+ GiB / [\d.]+ GiB\s+[\d.]+ s ago\s+{VERDICT}", view[0]), view[0]
     assert "no WireGuard handshake" in _row(text, "path", "udp-blocked-2")
+    # provisioning: POST /v1/provisions -> a simulated rental boots the agent -> ready; proxy; DELETE leaves nothing
+    assert re.search(r"ok  ready in [\d.]+ s \(select [\d.]+, rent [\d.]+, boot [\d.]+, join [\d.]+\); simulated \S+ at "
+                     r"\$[\d.]+/h, node 10\.254\.\d+\.\d+", _row(text, "provision", "provisioned")), text
+    assert re.search(r"ok  echo answered /provisioned", _row(text, "proxy", "provisioned")), text
+    assert re.search(r"ok  rental destroyed, node removed, peer gone from the gateway", _row(text, "delete", "provisioned"))
     summary = re.search(r"(\d+)/(\d+) checks passed", text)
-    assert summary and summary.group(1) == summary.group(2) == str(len(NODES) * len(PATH_CHECKS + COORDINATOR_CHECKS)), text
+    expected = len(NODES) * len(PATH_CHECKS + COORDINATOR_CHECKS) + len(PROVISION_CHECKS)
+    assert summary and summary.group(1) == summary.group(2) == str(expected), text
 
 
 # ---------------------------------------------------------------- readers, against the real producers

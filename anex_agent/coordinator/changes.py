@@ -20,6 +20,8 @@ A change's :class:`Scope` says who is told; its :class:`ChangeType` says what ch
   changed: every node's config changed);
 * :attr:`Scope.CREDENTIAL_CACHES` (no watcher is told, only the credential caches):
   ``rotated`` / ``grace_ended`` for the node or gateway ``target``;
+* :attr:`Scope.PROVISIONS` (admin watchers of ``/v1/provisions/watch``): ``provision`` (the
+  provision ``target`` changed state; payload ``{"id", "state"}``);
 * :attr:`Scope.RESYNC` (never stored; everybody is told): the feed found changes pruned
   before it read them (a long outage); listeners drop their caches and every watcher is
   sent back for a snapshot.
@@ -58,6 +60,7 @@ class Scope(StrEnum):
     ALL_NODES = "nodes"  # every node: the gateway set changed
     ONE_NODE = "node"  # the node named by ``target``
     CREDENTIAL_CACHES = "credentials"  # no watcher: a credential of ``target`` rotated
+    PROVISIONS = "provisions"  # admin watchers of provisions: the provision ``target`` changed
     RESYNC = "resync"  # not in the log: the feed skipped pruned changes; caches and watchers start over
 
 
@@ -73,6 +76,7 @@ class ChangeType(StrEnum):
     REJOINED = "rejoined"
     ROTATED = "rotated"
     GRACE_ENDED = "grace_ended"
+    PROVISION = "provision"
     RESYNC = "resync"
 
 
@@ -82,10 +86,11 @@ KINDS: dict[Scope, frozenset[ChangeType]] = {
     Scope.ALL_NODES: frozenset({ChangeType.GATEWAY_CHANGED}),
     Scope.ONE_NODE: frozenset({ChangeType.CONFIG, ChangeType.LABELS, ChangeType.DELETED, ChangeType.REJOINED}),
     Scope.CREDENTIAL_CACHES: frozenset({ChangeType.ROTATED, ChangeType.GRACE_ENDED}),
+    Scope.PROVISIONS: frozenset({ChangeType.PROVISION}),
     Scope.RESYNC: frozenset({ChangeType.RESYNC}),
 }
 REVOKING = frozenset({ChangeType.DELETED, ChangeType.REJOINED})  # the target's credential is gone
-TARGETED = frozenset({Scope.ONE_GATEWAY, Scope.ONE_NODE, Scope.CREDENTIAL_CACHES})  # these name their ``target``
+TARGETED = frozenset({Scope.ONE_GATEWAY, Scope.ONE_NODE, Scope.CREDENTIAL_CACHES, Scope.PROVISIONS})  # these name their ``target``
 
 
 @dataclass(frozen=True)
@@ -292,4 +297,6 @@ def _tells(change: Change, sub: Subscription) -> bool:
         return change.scope == Scope.ALL_GATEWAYS or (change.scope == Scope.ONE_GATEWAY and change.target == sub.ident)
     if sub.kind == "node":
         return change.scope == Scope.ALL_NODES or (change.scope == Scope.ONE_NODE and change.target == sub.ident)
+    if sub.kind == "provisions":
+        return change.scope == Scope.PROVISIONS
     return False

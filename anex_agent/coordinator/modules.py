@@ -29,6 +29,7 @@ ROUTE_MODULES: list[str] = [
     "anex_agent.coordinator.routes_selection",
     "anex_agent.coordinator.routes.labels",
     "anex_agent.coordinator.routes.agent_download",
+    "anex_agent.coordinator.routes.provisions",
 ]
 
 

@@ -242,12 +242,27 @@ def observe_nodes(mesh, started: list[tuple[str, object, dict]]) -> tuple[dict[s
     return summaries, None
 
 
+def _provision_rows(mesh, provider) -> list[Row]:
+    """Provision through POST /v1/provisions, check the proxy of the machine, delete it (docs/demo.md)."""
+    from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME
+    from anex_agent.demo.provision import provision_checks
+
+    def proxy(node) -> tuple[bool, str]:
+        return _verdict(_client(node.ns, "get", f"http://{SERVICE_NAME}:{HTTP_PORT}/provisioned", "--proxy", "127.0.0.1:3128"))
+
+    checks, status = provision_checks(mesh, provider, proxy)
+    age = status.get("last_handshake_age")
+    return [Row("provisioned", status.get("engine", "?"), status.get("path", "?"),
+                f"{age:.0f} s ago" if age is not None else "-", name, ok, detail) for name, ok, detail in checks]
+
+
 def main(args: argparse.Namespace) -> int:
     from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, Mesh
+    from anex_agent.demo.provision import SimulatedProvider
     from anex_agent.demo.netlab import missing_prerequisites
     from anex_agent.errors import ConfigError
 
-    reason = missing_prerequisites("wireguard-go", "nft")
+    reason = missing_prerequisites("wireguard-go", "nft", "socat", "wg")
     if reason:
         raise ConfigError("anex-agent demo", f"{reason}; run it as root on Linux with wireguard-go and nftables (bash scripts/demo installs them)")
     workdir = Path(args.keep_logs) if args.keep_logs else Path(tempfile.mkdtemp(prefix="anex-demo-"))
@@ -257,9 +272,10 @@ def main(args: argparse.Namespace) -> int:
     views: list[tuple[str, ...]] = []
     print(f"anex-agent demo: building the mesh in network namespaces (logs in {workdir})", flush=True)
     mesh = Mesh(workdir)
+    provider = SimulatedProvider(mesh)
     try:
         mesh.build_network()
-        mesh.start_coordinator(heartbeat_interval=HEARTBEAT_INTERVAL)
+        mesh.start_coordinator(heartbeat_interval=HEARTBEAT_INTERVAL, extra_env=provider.start())
         mesh.start_gateway()
         print("anex-agent demo: coordinator and gateway up; starting nodes", flush=True)
         started_nodes: list[tuple[str, object, dict]] = []
@@ -285,10 +301,13 @@ def main(args: argparse.Namespace) -> int:
                 for name, ok, detail in coordinator_checks(summaries[label], error, TELEMETRY_WAIT):
                     rows.append(_status_row(label, node, name, ok, detail))
                 views.append(view_cells(label, summaries[label]))
+        print("anex-agent demo: provisioning a machine from the simulated provider", flush=True)
+        rows.extend(_provision_rows(mesh, provider))
     except Exception as err:
         failed_setup = f"{type(err).__name__}: {err}"
     finally:
         mesh.close()
+        provider.stop()
     print()
     print_table(("node", "engine", "path", "handshake", "check", "result"), _check_cells(rows))
     print()

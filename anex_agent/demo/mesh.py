@@ -175,9 +175,10 @@ class Mesh:
     def coordinator_url_for(self, node: Node) -> str:
         return f"http://{UNDERLAY_GW}:{COORDINATOR_PORT}"
 
-    def start_coordinator(self, heartbeat_interval: float | None = None) -> None:
+    def start_coordinator(self, heartbeat_interval: float | None = None, extra_env: dict[str, str] | None = None) -> None:
         """``anex-agent coordinator`` in the gateway namespace; ``heartbeat_interval`` is what nodes
-        are told (``--heartbeat-interval``; None: the coordinator's default, 15 s)."""
+        are told (``--heartbeat-interval``; None: the coordinator's default, 15 s); ``extra_env``:
+        more variables for it (provisioning settings)."""
         state = self.workdir / "coordinator"
         state.mkdir(exist_ok=True)
         argv = [
@@ -189,6 +190,7 @@ class Mesh:
             argv += ["--heartbeat-interval", str(heartbeat_interval)]
         argv += self.coordinator_args
         env = {**os.environ, "ANEX_ADMIN_TOKEN": self.admin_token}
+        env.update(extra_env or {})
         self.coordinator_proc = self.gateway.popen(argv, stdout=self._logfile("coordinator"), stderr=subprocess.STDOUT, env=env)
         wait_until(lambda: self._coordinator_ok(), 30, "the coordinator answering")
 
