@@ -28,6 +28,7 @@ ROUTE_MODULES: list[str] = [
     "anex_agent.coordinator.telemetry_metrics",
     "anex_agent.coordinator.routes_selection",
     "anex_agent.coordinator.routes.labels",
+    "anex_agent.coordinator.routes.ssh",
 ]
 
 
