@@ -146,17 +146,23 @@ class SshAccess:
             with contextlib.suppress(Exception):
                 conn.disconnect(11, "certificate revoked")  # SSH_DISCONNECT_BY_APPLICATION (RFC 4253 §11.1)
 
-    async def run(self, client) -> None:
-        """Forever: renew the host certificate after half its life; send session reports."""
+    async def run(self, client, identity: Callable[[], tuple[str, str] | None]) -> None:
+        """Forever: have the host key certified (again after half its life, or for a new node
+        id); send session reports. ``identity()`` is the node's (id, mesh address) or None."""
+        next_try = 0.0
         while True:
             now = time.time()
-            if self.node_id and self.host_valid_before - now < RENEW_BEFORE:
+            current = identity()
+            due = (not self.node_id or self.host_valid_before - now < RENEW_BEFORE
+                   or (current is not None and current != (self.node_id, self.address)))
+            if current is not None and due and now >= next_try:
                 try:
-                    await self.refresh(client, self.node_id, self.address)
+                    await self.refresh(client, *current)
                 except CoordinatorError as err:
-                    log.warning("SSH: renewing the host certificate failed (%s); retrying in %.0f s", err, RETRY)
+                    log.warning("SSH: certifying the host key failed (%s); retrying in %.0f s", err, RETRY)
+                    next_try = now + RETRY
             await self.flush_reports(client)
-            await asyncio.sleep(REPORT_EVERY)
+            await asyncio.sleep(1.0 if self.host_certificate is None else REPORT_EVERY)
 
     async def flush_reports(self, client) -> None:
         if not self._reports or not self.node_id:
