@@ -39,6 +39,8 @@ from anex_agent import ssh_wire
 from anex_agent.agent.ssh_access import SessionContext, SshAccess
 
 log = logging.getLogger("anex_agent.agent.ssh")
+if not logging.getLogger("asyncssh").isEnabledFor(logging.DEBUG):  # its INFO lines: one per packet kind
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
 DRAIN_AFTER_EXIT = 0.5  # seconds the PTY is still read after the command exited (its last output)
@@ -197,12 +199,20 @@ def _record(access: SshAccess, conn, kind: str, command: str) -> ssh_wire.SshSes
 class _Sftp(asyncssh.SFTPServer):
     """asyncssh's SFTP server; relative paths start in the workload's working directory."""
 
-    def __init__(self, chan, cwd: bytes) -> None:
+    def __init__(self, chan, cwd: bytes, done=None) -> None:
         super().__init__(chan)
         self._cwd = cwd
+        self._done = done
 
     def map_path(self, path: bytes) -> bytes:
         return path if path.startswith(b"/") else os.path.join(self._cwd, path)
+
+    def exit(self) -> None:
+        """The session ended: exit status 0, as OpenSSH's sftp-server (``scp`` fails without one)."""
+        if self._done is not None:
+            self._done()
+        with contextlib.suppress(Exception):
+            self.channel.exit(0)
 
 
 def _sftp(access: SshAccess, chan) -> asyncssh.SFTPServer:
@@ -217,10 +227,15 @@ def _sftp(access: SshAccess, chan) -> asyncssh.SFTPServer:
         log.info("SSH: certificate %d: SFTP refused: %s", conn.serial, why)
         access.report(session.model_copy(update={"ended_at": _now(), "exit_status": 1}))
         chan.close()
-    else:
-        log.info("SSH: certificate %d: SFTP session started", conn.serial)
-        access.report(session)
-    return _Sftp(chan, os.fsencode(context.cwd))
+        return _Sftp(chan, os.fsencode(context.cwd))
+    log.info("SSH: certificate %d: SFTP session started", conn.serial)
+    access.report(session)
+
+    def done() -> None:
+        log.info("SSH: certificate %d: SFTP session %s ended", conn.serial, session.id)
+        access.report(session.model_copy(update={"ended_at": _now(), "exit_status": 0}))
+
+    return _Sftp(chan, os.fsencode(context.cwd), done)
 
 
 # ---------------------------------------------------------------- exec and shell
