@@ -197,7 +197,7 @@ class SshAccess:
                     log.info("SSH server on the mesh address, port %d, through the %s engine", self.port,
                              dataplane.engine_cls.name)
                 else:
-                    log.warning("SSH server: not served (engine %s cannot serve the mesh address)",
+                    log.info("SSH server: not served (engine %s cannot serve the mesh address)",
                                 dataplane.engine_cls.name)
             return
         where = (address, self.port)
