@@ -5,7 +5,8 @@ Contract:
   ``ssh_serial`` and a row in ``ssh_certificates`` (who asked, for which node, the key's
   fingerprint, validity, features), in the same transaction: nothing is handed out that
   the audit does not show.
-* A user certificate's only principal is the node id; its validity is
+* A user certificate is issued only for a node whose host key is certified (it runs an SSH
+  server that follows revocations), else 409. Its only principal is the node id; its validity is
   ``ssh_certificate_ttl`` seconds unless asked otherwise, never more than
   ``ssh_certificate_max_ttl`` (422 naming ``validity``).
 * A host certificate's principals are the node id and its mesh address, both assigned
@@ -78,6 +79,11 @@ async def issue_user(ctx: Coordinator, node_id: str, request: ssh_wire.SshCertif
     valid_after, valid_before = now - ssh_ca.CLOCK_SKEW, now + validity
     async with ctx.db.transaction() as tx:
         row = await nodes.row_of(tx, node_id)
+        if not await tx.fetchval("SELECT serial FROM ssh_certificates WHERE node_id = $1 AND kind = 'host'"
+                                 " AND valid_before > $2 LIMIT 1", node_id, now):
+            raise problems.Problem(
+                409, "Conflict", f"node {node_id} runs no SSH server: its host key was never certified (an agent "
+                "with ANEX_SSH_PORT=0, or one without remote access)", slug="conflict")
         serial = await _next_serial(tx)
         key_id = ssh_wire.user_key_id(serial, node_id, features, request.requested_for)
         await _record(tx, serial=serial, kind="user", node_id=node_id, key_id=key_id, principals=[node_id], key=key,

@@ -23,8 +23,16 @@ def user_key() -> tuple[asyncssh.SSHKey, str]:
     return key, key.export_public_key().decode()
 
 
+async def ssh_node(coord, name: str = "n1"):
+    """A node that runs an SSH server: its host key is certified."""
+    client, joined, pair = await coord.join(name)
+    _, host = user_key()
+    await client.ssh_host_certificate(joined.node_id, host)
+    return client, joined, pair
+
+
 async def test_user_certificate_is_bound_to_the_node_short_lived_and_audited(coord):
-    _, joined, _ = await coord.join("n1")
+    _, joined, _ = await ssh_node(coord)
     key, public = user_key()
     cert = await coord.admin.create_ssh_certificate(
         joined.node_id, ssh_wire.SshCertificateRequest(public_key=public, features=["pty"], requested_for="alice"))
@@ -42,14 +50,15 @@ async def test_user_certificate_is_bound_to_the_node_short_lived_and_audited(coo
     assert cert.address == joined.config.address
     assert cert.known_hosts == [f"@cert-authority * {coord.ctx.ssh_ca.public}"]
     audit = await coord.admin.list_ssh_certificates(joined.node_id)
-    [record] = audit.certificates
+    record, host_record = audit.certificates
+    assert host_record.kind == "host"
     assert (record.serial, record.kind, record.issued_by, record.requested_for) == (cert.serial, "user", "admin", "alice")
     assert record.fingerprint == ssh_ca.fingerprint(key)
     assert record.revoked_at is None
 
 
 async def test_validity_is_capped_and_keys_are_checked(coord):
-    _, joined, _ = await coord.join("n1")
+    _, joined, _ = await ssh_node(coord)
     _, public = user_key()
     with pytest.raises(CoordinatorError) as err:
         await coord.admin.create_ssh_certificate(joined.node_id, ssh_wire.SshCertificateRequest(public_key=public,
@@ -61,7 +70,10 @@ async def test_validity_is_capped_and_keys_are_checked(coord):
     with pytest.raises(CoordinatorError) as err:
         await coord.admin.create_ssh_certificate("n_nope", ssh_wire.SshCertificateRequest(public_key=public))
     assert err.value.status == 404
-    node_client, _, _ = await coord.join("n2")
+    node_client, plain, _ = await coord.join("n2")
+    with pytest.raises(CoordinatorError) as err:  # a node without an SSH server (its host key never certified)
+        await coord.admin.create_ssh_certificate(plain.node_id, ssh_wire.SshCertificateRequest(public_key=public))
+    assert err.value.status == 409 and "no SSH server" in err.value.problem["detail"]
     with pytest.raises(CoordinatorError) as err:  # a node cannot get user certificates
         await node_client._call("POST", f"/v1/nodes/{joined.node_id}/ssh-certificates", ssh_wire.SshCertificate,
                                 auth="credential", body=ssh_wire.SshCertificateRequest(public_key=public))
@@ -85,7 +97,7 @@ async def test_host_certificate_names_the_node_id_and_address_not_its_chosen_nam
 
 
 async def test_revocation_reaches_the_node_watch_and_the_list(coord):
-    client, joined, _ = await coord.join("n1")
+    client, joined, _ = await ssh_node(coord)
     _, public = user_key()
     first = await coord.admin.create_ssh_certificate(joined.node_id, ssh_wire.SshCertificateRequest(public_key=public))
     second = await coord.admin.create_ssh_certificate(joined.node_id, ssh_wire.SshCertificateRequest(public_key=public))

@@ -116,7 +116,7 @@ def setup(registry: RouteRegistry, ctx) -> None:
         Route("POST", "/v1/nodes/{node_id}/ssh-certificates", create_certificate, Auth.admin,
               "A short-lived OpenSSH user certificate for one node (the principal is the node id); recorded",
               request_model=ssh_wire.SshCertificateRequest, response_model=ssh_wire.SshCertificate, status=201,
-              tags=tags, problems=(404, 422)),
+              tags=tags, problems=(404, 409, 422)),
         Route("GET", "/v1/ssh/certificates", list_certificates, Auth.admin,
               "The audit of issued SSH certificates (user and host), newest first",
               response_model=ssh_wire.SshCertificateList, tags=tags, query=listing),
