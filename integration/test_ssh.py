@@ -197,6 +197,10 @@ def test_anex_agent_ssh_and_cp_and_sessions_at_the_coordinator(nodes):
     result = run([*anex_argv(), "ssh", "ssh-a", "--", "sh", "-c", "echo via-cli; exit 5"], check=False, timeout=60,
                  env=env, stdin=subprocess.DEVNULL)
     assert (result.returncode, result.stdout.strip()) == (5, "via-cli"), result.stderr
+    argv = " ".join([*anex_argv(), "ssh", "-t", "ssh-a", "--", "stty", "size"])
+    tty = run(["script", "-qec", f"stty rows 21 cols 77; {argv}", "/dev/null"], check=False, timeout=60, env=env)
+    assert any(line.strip().endswith("21 77") for line in tty.stdout.replace("\r", "").splitlines()), \
+        (tty.stdout, tty.stderr)
     local = nodes.work / "cp.bin"
     local.write_bytes(os.urandom(100_000))
     remote = f"/tmp/anex-cp-{os.getpid()}.bin"
