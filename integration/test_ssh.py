@@ -81,7 +81,7 @@ def nodes(mesh):
     work = Path(tempfile.mkdtemp(prefix="anex-ssh-it-"))
     built = Nodes(mesh, a, b, work)
     for node in (a, b):  # the host certificate is asked for right after the start
-        wait_until(lambda n=node: "SSH: host certificate" in n.log(), 30, "the node's host certificate")
+        wait_until(lambda n=node: n.status()["ssh"]["host_certificate"], 30, "the node's host certificate")
     yield built
     for node in (a, b):
         mesh.stop_agent(node)

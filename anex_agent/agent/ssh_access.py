@@ -102,6 +102,17 @@ class SshAccess:
         self._where: tuple[str, int] | None = None
         self._engine_served = False
 
+    def status(self) -> dict[str, Any]:
+        """For the agent's ``/status``: port, whether the host key is certified and until when,
+        how many serials are refused and how many connections are open."""
+        return {
+            "port": self.port,
+            "host_certificate": self.host_certificate is not None,
+            "host_certificate_valid_until": int(self.host_valid_before) or None,
+            "revoked_serials": len(self.revoked),
+            "connections": sum(len(c) for c in self.connections.values()),
+        }
+
     # ---------------------------------------------------------------- coordinator
 
     async def refresh(self, client, node_id: str, address: str) -> None:

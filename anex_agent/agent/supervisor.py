@@ -255,6 +255,7 @@ class Agent:
                 "node_id": self.identity.node_id if self.identity else None,
                 "name": self.settings.name,
                 "workload": self.workload.state.model_dump(mode="json") if self.workload is not None else None,
+                "ssh": self.ssh.status() if self.ssh is not None else None,
                 "coordinator": {
                     "url": self.settings.coordinator_url,
                     "reachable": self.coordinator_reachable,

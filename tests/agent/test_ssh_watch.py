@@ -36,6 +36,8 @@ async def test_revocation_event_and_snapshot_refresh(tmp_path):
     assert client.calls == 1  # a snapshot: revocations may have been missed, the full list replaces ours
     assert access.is_revoked(4) and access.is_revoked(9) and not access.is_revoked(3)
     assert access.user_ca_keys == ("ssh-ed25519 AAAAnew",) and access.options_version == before + 1
+    assert access.status() == {"port": 2222, "host_certificate": False, "host_certificate_valid_until": None,
+                               "revoked_serials": 2, "connections": 0}
 
 
 def test_host_key_is_made_once_with_mode_0600(tmp_path):
