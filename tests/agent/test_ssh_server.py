@@ -175,3 +175,25 @@ def test_the_agent_does_not_import_asyncssh_until_a_connection(tmp_path):
             "print('asyncssh' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+async def test_a_client_that_goes_away_hangs_up_its_command(server, tmp_path):
+    pki, _, port = server
+    _, key, cert = pki.user()
+    pidfile = tmp_path / "pid"
+    conn = await connect(pki, port, key, cert)
+    await conn.create_process(f"echo $$ > {pidfile}; exec sleep 30")
+    for _ in range(50):
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        await asyncio.sleep(0.1)
+    pid = int(pidfile.read_text())
+    conn.close()
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        pytest.fail("the command outlived its session")
