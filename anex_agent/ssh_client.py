@@ -12,8 +12,9 @@ terminal's size (resizes follow), the local terminal is put in raw mode meanwhil
 status is the remote command's (128+N when a signal N ended it; 255 when the session failed).
 
 Settings: ``--coordinator`` / ``ANEX_COORDINATOR_URL``; the admin token from
-``ANEX_ADMIN_TOKEN`` or ``ANEX_ADMIN_TOKEN_FILE`` (or ``--admin-token-file``); ``--ca-file``
-for an https:// coordinator with a private CA.
+``ANEX_ADMIN_TOKEN`` or ``ANEX_ADMIN_TOKEN_FILE`` (or ``--admin-token-file``), else the SSH
+issuer token (``ANEX_SSH_ISSUER_TOKEN`` / ``_FILE``; NODE must then be a node id);
+``--ca-file`` for an https:// coordinator with a private CA.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, CoordinatorError
 
 ADMIN_TOKEN = SecretSpec(None, "ANEX_ADMIN_TOKEN", file_flag="--admin-token-file")
+ISSUER_TOKEN = SecretSpec(None, "ANEX_SSH_ISSUER_TOKEN")  # good only for certificates: NODE must be a node id
 FAILED = 255  # as OpenSSH's ssh: the session itself failed
 CONNECT_TIMEOUT = 15.0
 
@@ -77,14 +79,25 @@ def coordinator_client(args: argparse.Namespace, environ=None):
     if not url:
         raise ConfigError("ANEX_COORDINATOR_URL", "is not set; expected the coordinator URL (or --coordinator)")
     token, _ = pick_secret(ADMIN_TOKEN, env, file_value=args.admin_token_file)
+    lists_nodes = bool(token)
+    if not token:
+        token, _ = pick_secret(ISSUER_TOKEN, env)
     if not token:
         raise ConfigError("ANEX_ADMIN_TOKEN", "is not set; an SSH certificate needs the admin token "
-                          "(or ANEX_ADMIN_TOKEN_FILE, --admin-token-file)")
-    return CoordinatorClient(url.rstrip("/"), admin_token=token, ca_file=args.ca_file)
+                          "(or ANEX_ADMIN_TOKEN_FILE, --admin-token-file) or the SSH issuer token "
+                          "(ANEX_SSH_ISSUER_TOKEN or ANEX_SSH_ISSUER_TOKEN_FILE)")
+    client = CoordinatorClient(url.rstrip("/"), admin_token=token, ca_file=args.ca_file)
+    client.lists_nodes = lists_nodes  # the SSH issuer token may not list nodes: NODE is then an id
+    return client
 
 
 async def resolve_node(client, node: str) -> str:
-    """The id of the node named ``node`` (an id, or a name that exactly one node has)."""
+    """The id of the node named ``node`` (an id, or a name that exactly one node has).
+
+    With the SSH issuer token (which may not list nodes: ``client.lists_nodes`` False)
+    ``node`` is taken as a node id."""
+    if not getattr(client, "lists_nodes", True):
+        return node
     listed = await client.list_nodes()
     if any(n.id == node for n in listed.nodes):
         return node

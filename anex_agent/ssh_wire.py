@@ -2,7 +2,7 @@
 
 Routes (docs/remote-access.md):
     GET    /v1/ssh/ca                           public     -> SshCa (the ``@cert-authority`` lines)
-    POST   /v1/nodes/{id}/ssh-certificates      admin      SshCertificateRequest -> SshCertificate
+    POST   /v1/nodes/{id}/ssh-certificates      admin/ssh-issuer SshCertificateRequest -> SshCertificate
     GET    /v1/ssh/certificates                 admin      -> SshCertificateList (the audit)
     POST   /v1/ssh/certificates/{serial}/revoke admin      -> SshCertificateRecord
     POST   /v1/nodes/{id}/ssh-host-certificate  node       SshHostCertificateRequest -> SshHostCertificate

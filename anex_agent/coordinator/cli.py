@@ -102,6 +102,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="default lifetime of SSH user certificates (default 600)")
     parser.add_argument("--ssh-certificate-max-ttl", type=int, default=3600, metavar="SECONDS",
                         help="longest lifetime an SSH user certificate may be asked for (default 3600)")
+    parser.add_argument("--ssh-issuer-token-file", type=Path, metavar="FILE",
+                        help="token (mode 0600) good only for SSH user certificates (the admin token always works)")
     _configure_secrets_and_tls(parser)
 
 
@@ -193,6 +195,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         ssh_ca_previous=tuple(args.ssh_ca_previous),
         ssh_certificate_ttl=args.ssh_certificate_ttl,
         ssh_certificate_max_ttl=args.ssh_certificate_max_ttl,
+        ssh_issuer_token_file=args.ssh_issuer_token_file,
     )
 
 

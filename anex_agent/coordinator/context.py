@@ -53,6 +53,7 @@ class Coordinator:
         coordinator_public: str = "",
         metrics_token: str | None = None,
         ssh_authority: ssh_ca.CertificateAuthority | None = None,
+        ssh_issuer_token: str | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -65,7 +66,8 @@ class Coordinator:
         self.coordinator_public = coordinator_public
         self.ssh_ca = ssh_authority  # remote access: signs host and user certificates (ssh_ca.py)
         self.feed = changes.ChangeFeed(db, poll_interval=settings.poll_interval, queue_size=settings.limits.watch_queue)
-        self.auth = Authenticator(db, admin_token, metrics_token=metrics_token, clock=clock)
+        self.auth = Authenticator(db, admin_token, metrics_token=metrics_token, clock=clock,
+                                  ssh_issuer_token=ssh_issuer_token)
         self.failed_auths = limits.FailedAuths(settings.limits, clock)
         self.heartbeats = HeartbeatBuffer(db)
         self.metrics = Metrics()
@@ -94,6 +96,7 @@ class Coordinator:
     ) -> Coordinator:
         admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
         metrics_token = load_metrics_token(settings.metrics_token_file, environ)
+        ssh_issuer_token = ssh_ca.load_issuer_token(settings.ssh_issuer_token_file)
         key_path = signing_key_file or settings.state_dir / signing.FILE_NAME
         signing_key = signing.load_or_create(key_path)
         coord_key_path = coordinator_key_file or settings.state_dir / coordinator_key.FILE_NAME
@@ -124,6 +127,7 @@ class Coordinator:
             coordinator_public=coordinator_public,
             metrics_token=metrics_token,
             ssh_authority=ssh_ca.CertificateAuthority(ssh_ca_private, ssh_ca_public, settings.ssh_ca_previous),
+            ssh_issuer_token=ssh_issuer_token,
         )
 
     def _forget_deleted_node(self, change: changes.Change) -> None:

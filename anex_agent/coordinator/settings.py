@@ -61,6 +61,7 @@ class Settings:
     ssh_ca_previous: tuple[str, ...] = ()
     ssh_certificate_ttl: int = 600
     ssh_certificate_max_ttl: int = 3600
+    ssh_issuer_token_file: Path | None = None  # a token (0600 file) good only for SSH user certificates
     #: certificate chain and key (PEM) when the coordinator serves HTTPS itself
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -95,6 +95,22 @@ async def register(db: Database, private: bytes, *, key_path: Path, previous: tu
     return mine
 
 
+def load_issuer_token(path: Path | None) -> str | None:
+    """The SSH issuer token: the first line of ``path`` (mode 0600, 16 characters at least), or None."""
+    if path is None:
+        return None
+    try:
+        mode = path.stat().st_mode & 0o777
+        token = path.read_text().strip()
+    except OSError as err:
+        raise ConfigError("--ssh-issuer-token-file", f"cannot read {path}: {err.strerror}") from None
+    if mode & 0o077:
+        raise ConfigError("--ssh-issuer-token-file", f"{path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
+    if len(token) < 16:
+        raise ConfigError("--ssh-issuer-token-file", "the token is too short; use at least 16 random characters")
+    return token
+
+
 def fingerprint(key) -> str:
     """``SHA256:...`` of an asyncssh public key, as ``ssh-keygen -l`` prints it."""
     digest = hashlib.sha256(key.public_data).digest()

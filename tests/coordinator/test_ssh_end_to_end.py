@@ -54,3 +54,60 @@ async def test_names_and_remote_paths(coord):
     assert ssh_client_cp.split_remote("plain") is None
     assert ssh_client.exit_code(None, ("TERM", False, "", "")) == 143
     assert ssh_client.exit_code(3, None) == 3
+
+
+async def test_the_ssh_issuer_token_gets_certificates_and_nothing_else(tmp_path, clock):
+    from aiohttp.test_utils import TestServer
+
+    from anex_agent import ssh_wire
+    from anex_agent.client import CoordinatorClient
+    from anex_agent.coordinator.app import build_app
+    from anex_agent.coordinator.context import Coordinator
+    from anex_agent.coordinator.settings import Settings
+    from anex_agent.errors import CoordinatorError
+    from tests.coordinator.conftest import Harness
+
+    token_file = tmp_path / "issuer"
+    token_file.write_text("issuer-" + "x" * 32 + "\n")
+    os.chmod(token_file, 0o600)
+    settings = Settings.for_tests(tmp_path, poll_interval=0.2, sweep_interval=3600, ssh_issuer_token_file=token_file)
+    ctx = await Coordinator.open(settings, clock=clock, environ={})
+    server = TestServer(build_app(ctx))
+    await server.start_server()
+    harness = Harness(ctx, server, None, clock, [])
+    harness.admin = harness.client(admin_token=ctx.admin_token)
+    issuer = harness.client(admin_token="issuer-" + "x" * 32)
+    issuer.lists_nodes = False  # as ssh_client.coordinator_client marks a client with the issuer token
+    try:
+        client, joined, _ = await harness.join("n1")
+        await client.ssh_host_certificate(joined.node_id, asyncssh.generate_private_key("ssh-ed25519")
+                                          .export_public_key().decode())
+        target = await ssh_client.certify(issuer, joined.node_id)  # no node list: the id is taken as is
+        assert target.node_id == joined.node_id
+        audit = await harness.admin.list_ssh_certificates(joined.node_id)
+        assert audit.certificates[0].issued_by == "ssh-issuer"
+        for call in (issuer.list_nodes(), issuer.list_ssh_certificates(), issuer.revoke_ssh_certificate(target.serial)):
+            with pytest.raises(CoordinatorError) as err:
+                await call
+            assert err.value.status == 401
+    finally:
+        for c in harness.clients:
+            await c.close()
+        await server.close()
+    os.chmod(token_file, 0o644)
+    with pytest.raises(Exception) as err:
+        await Coordinator.open(settings, clock=clock, environ={})
+    assert "--ssh-issuer-token-file" in str(err.value)
+
+
+def test_the_client_takes_the_admin_token_else_the_issuer_token(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(coordinator="http://c:1", admin_token_file=None, ca_file=None)
+    admin = ssh_client.coordinator_client(args, {"ANEX_ADMIN_TOKEN": "a" * 20, "ANEX_SSH_ISSUER_TOKEN": "i" * 20})
+    issuer = ssh_client.coordinator_client(args, {"ANEX_SSH_ISSUER_TOKEN": "i" * 20})
+    assert (admin.admin_token, admin.lists_nodes) == ("a" * 20, True)
+    assert (issuer.admin_token, issuer.lists_nodes) == ("i" * 20, False)
+    with pytest.raises(Exception) as err:
+        ssh_client.coordinator_client(args, {})
+    assert "ANEX_ADMIN_TOKEN" in str(err.value)

@@ -113,8 +113,9 @@ def setup(registry: RouteRegistry, ctx) -> None:
         Route("GET", "/v1/ssh/ca", get_ca, Auth.public,
               "The SSH CA public keys and the '@cert-authority' known_hosts lines that verify every node",
               response_model=ssh_wire.SshCa, tags=tags),
-        Route("POST", "/v1/nodes/{node_id}/ssh-certificates", create_certificate, Auth.admin,
-              "A short-lived OpenSSH user certificate for one node (the principal is the node id); recorded",
+        Route("POST", "/v1/nodes/{node_id}/ssh-certificates", create_certificate, Auth.ssh_issuer,
+              "A short-lived OpenSSH user certificate for one node (the principal is the node id); recorded. "
+              "The admin token or the SSH issuer token",
               request_model=ssh_wire.SshCertificateRequest, response_model=ssh_wire.SshCertificate, status=201,
               tags=tags, problems=(404, 409, 422)),
         Route("GET", "/v1/ssh/certificates", list_certificates, Auth.admin,
