@@ -342,6 +342,7 @@ class NodeFacts(Model):
     detect: dict[str, Any] = Field(default_factory=dict, description="the agent's detect report")
     agent_version: ShortText = ""
     api_port: int = Field(9555, ge=1, le=65535, description="the port of the agent API at the node's mesh address")
+    ssh_port: int = Field(0, ge=0, le=65535, description="the port of the node's SSH server at its mesh address; 0: none")
 
 
 class NodeJoinRequest(Model):
@@ -558,6 +559,13 @@ class GatewayList(Model):
 # ---------------------------------------------------------------- watch stream
 
 
+class SshRevocation(Model):
+    """An SSH user certificate the node must refuse from now on (until it expires anyway)."""
+
+    serial: int = Field(ge=1)
+    valid_before: float = Field(description="when the certificate expires (seconds since the epoch)")
+
+
 class WatchEvent(Model):
     """One message on ``GET /v1/watch`` (JSON text frames).
 
@@ -568,14 +576,17 @@ class WatchEvent(Model):
     * ``snapshot`` -- gateways: ``peers`` is the full set; nodes: ``config`` is the full config;
     * ``peer_added`` / ``peer_removed`` -- gateways only, one ``peer``;
     * ``config`` -- nodes only, the node's new full config;
-    * ``gateway_changed`` -- nodes only: gateways changed, ``config`` holds the new full config.
+    * ``gateway_changed`` -- nodes only: gateways changed, ``config`` holds the new full config;
+    * ``ssh_revoked`` -- nodes only: an SSH user certificate for this node was revoked
+      (``ssh_revoked``); a resumed stream replays those after ``since`` (docs/remote-access.md).
     """
 
-    type: Literal["snapshot", "peer_added", "peer_removed", "config", "gateway_changed"]
+    type: Literal["snapshot", "peer_added", "peer_removed", "config", "gateway_changed", "ssh_revoked"]
     version: int
     peers: list[MeshPeer] | None = None
     peer: MeshPeer | None = None
     config: NodeConfig | None = None
+    ssh_revoked: SshRevocation | None = None
 
 
 # ---------------------------------------------------------------- errors

@@ -10,7 +10,8 @@ last good config. Neither ever raises out of its loop except on cancellation.
   it waits ``next_heartbeat_in`` from the ack. When the ack says the coordinator holds
   a newer config than ours, it fetches and applies it (a watch event may have been lost).
 * :func:`watch_loop` follows ``GET /v1/watch?since=<version>`` and applies every
-  ``snapshot`` / ``config`` / ``gateway_changed`` event's config.
+  ``snapshot`` / ``config`` / ``gateway_changed`` event's config; ``ssh_revoked`` events go to
+  the SSH server (:mod:`.ssh_access`), which also reloads its revoked serials after a snapshot.
 
 Credentials: an ack carrying a rotated credential is adopted and saved in the state dir
 (0600, atomically) before anything else. A 401 is not an outage: the node expired or was
@@ -54,6 +55,7 @@ class Agent(Protocol):
     last_transport: TransportStatus | None
     coordinator_reachable: bool | None
     credential_revoked: str | None
+    ssh: Any  # anex_agent.agent.ssh_access.SshAccess, or None
 
     def note_reachable(self, ok: bool, error: str | None = None) -> None: ...
 
@@ -195,6 +197,18 @@ async def heartbeat_loop(agent: Agent) -> None:
             await asyncio.sleep(backoff.next_delay())
 
 
+async def ssh_event(agent: Agent, event) -> None:
+    """A revoked SSH certificate is refused at once; after a snapshot (revocations may have been
+    missed) the full list is fetched again."""
+    if event.type == "ssh_revoked" and event.ssh_revoked is not None:
+        agent.ssh.revoke(event.ssh_revoked.serial, event.ssh_revoked.valid_before)
+    elif event.type == "snapshot" and agent.ssh.node_id:
+        try:
+            await agent.ssh.refresh_revocations(agent.link.client)
+        except CoordinatorError as err:
+            log.warning("SSH: fetching revoked certificates failed (%s); the host certificate renewal fetches them", err)
+
+
 async def watch_loop(agent: Agent) -> None:
     backoff = Backoff(base=1.0, cap=MAX_BACKOFF)
     while True:
@@ -207,6 +221,8 @@ async def watch_loop(agent: Agent) -> None:
                 if event.config is not None and event.type in ("snapshot", "config", "gateway_changed"):
                     log.info("watch: %s event, config version %d", event.type, event.version)
                     await agent.apply_config(event.config, gateways_changed=event.type == "gateway_changed")
+                if getattr(agent, "ssh", None) is not None:
+                    await ssh_event(agent, event)
             delay = backoff.next_delay()
             log.info("watch stream closed; reconnecting in %.1f s", delay)
         except CoordinatorError as err:

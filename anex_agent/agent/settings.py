@@ -29,6 +29,7 @@ ANEX_PROXY_LISTEN      --proxy-listen                   IP:PORT, [IPv6]:PORT or 
 ANEX_API_LISTEN        --api-listen                     IP:PORT (as above), default 127.0.0.1:9555
 ANEX_PROXY_AUTH        --proxy-auth                     USER:PASSWORD the proxy requires (optional)
 ANEX_PROXY_AUTH_FILE   --proxy-auth-file                a file holding USER:PASSWORD
+ANEX_SSH_PORT          --ssh-port                       SSH server port on the mesh address, default 2222; 0: off
 ANEX_PROVIDER          --provider                       vastai|runpod|onprem|other, default other
 ANEX_NODE_NAME         --name                           1-253 characters, default the host name
 ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT,... the workload serves to the mesh
@@ -109,6 +110,8 @@ class AgentSettings:
     proxy_env: tuple[tuple[str, str], ...] = ()
     #: GPU metric naming on the agent's /metrics (ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT)
     gpu_metrics: ExpositionOptions = field(default_factory=ExpositionOptions)
+    #: ANEX_SSH_PORT: the SSH server's port on the mesh address (docs/remote-access.md); 0: no SSH server
+    ssh_port: int = 2222
 
     @property
     def tunnel_specs(self) -> list[TunnelSpec]:
@@ -268,6 +271,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     provider, src_v = _pick(getattr(args, "provider", None), "--provider", environ, "ANEX_PROVIDER", "other")
     name, src_n = _pick(getattr(args, "name", None), "--name", environ, "ANEX_NODE_NAME", socket.gethostname())
     inbound, src_i = _pick(getattr(args, "inbound_ports", None), "--inbound-ports", environ, "ANEX_INBOUND_PORTS", "")
+    ssh, src_s = _pick(getattr(args, "ssh_port", None), "--ssh-port", environ, "ANEX_SSH_PORT", "2222")
     proxy_auth = None
     if auth_text:
         from anex_agent.frontends.proxy_core import ProxyAuth
@@ -312,7 +316,15 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         proxy_env=tuple((k, v) for k, v in sorted(environ.items())
                         if k.lower() in ("https_proxy", "http_proxy", "no_proxy") and v),
         gpu_metrics=exposition_options(environ),
+        ssh_port=_ssh_port(ssh, src_s),
     )
+
+
+def _ssh_port(text: str, source: str) -> int:
+    try:
+        return parse.integer(str(text).strip(), minimum=0, maximum=65535)
+    except ValueError as err:
+        raise ConfigError(source, f"{text!r}: {err} (a port, or 0 for no SSH server)") from None
 
 
 def _seconds(text: str, source: str) -> float:
@@ -340,6 +352,8 @@ def add_arguments(parser) -> None:
                         "default 2 [ANEX_DEAD_PEER_AFTER]")
     g.add_argument("--proxy-listen", metavar="HOST:PORT", help=f"HTTP proxy, default {DEFAULT_PROXY_LISTEN} [ANEX_PROXY_LISTEN]")
     g.add_argument("--api-listen", metavar="HOST:PORT", help=f"agent API, default {DEFAULT_API_LISTEN} [ANEX_API_LISTEN]")
+    g.add_argument("--ssh-port", metavar="PORT",
+                   help="SSH server port on the mesh address, default 2222; 0: off [ANEX_SSH_PORT]")
     g.add_argument("--proxy-auth", metavar="USER:PASSWORD",
                    help="require Proxy-Authorization Basic; visible in ps, prefer --proxy-auth-file [ANEX_PROXY_AUTH]")
     g.add_argument("--proxy-auth-file", metavar="FILE", help="file holding USER:PASSWORD [ANEX_PROXY_AUTH_FILE]")

@@ -13,7 +13,7 @@ engine.stop(), so nothing of ours is left.
 
 Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` (join
 retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
-the agent exits with 128+N), then ``heartbeat``, ``watch``, ``gpu-telemetry`` (when
+the agent exits with 128+N), then ``heartbeat``, ``watch``, ``ssh`` (the SSH server's upkeep, :mod:`.ssh_access`), ``gpu-telemetry`` (when
 :mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` throughout.
 The data plane and its engine spawn theirs (``endpoint-follow``, an engine's own loops)
 through :class:`anex_agent.tasks.Tasks` over the same TaskGroup: a failure is logged and
@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -99,6 +100,7 @@ class Agent:
         self.tasks: Tasks | None = None
         self.facts: NodeFacts | None = None  # what the node reported at its join (a re-join reports it again)
         self.credential_revoked: str | None = None  # set when the credential is refused and joining again failed
+        self.ssh = None  # anex_agent.agent.ssh_access.SshAccess when the SSH server is on (ssh_port > 0)
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -178,6 +180,10 @@ class Agent:
         self.state.save_config(config)
         if self.api is not None:
             await self._serve_api_on_mesh(config)
+        if self.ssh is not None:
+            await self.ssh.serve(self.dataplane, config.address)
+            if self.ssh.node_id and self.ssh.node_id != config.node_id:  # joined again: a new identity
+                self.ssh.node_id = ""  # the ssh task certifies the host key for the new node id
 
     async def _serve_api_on_mesh(self, config: NodeConfig) -> None:
         assert self.api is not None and self.dataplane is not None
@@ -205,6 +211,25 @@ class Agent:
             return
         self._mesh_api = where
 
+    # ---------------------------------------------------------------- SSH callbacks
+
+    def _ssh_identity(self) -> tuple[str, str] | None:
+        """(node id, mesh address) for the SSH host certificate, None before the node has both."""
+        config = self.dataplane.config if self.dataplane else None
+        if self.identity is None or config is None:
+            return None
+        return self.identity.node_id, config.address
+
+    def _session_context(self):
+        """Where SSH sessions run: the workload's environment, account and directory."""
+        from anex_agent.agent.ssh_access import SessionContext
+        from anex_agent.childenv import workload_env
+
+        workload = self.workload
+        env = workload.env if workload is not None and workload.env is not None else workload_env(os.environ)
+        account = workload.account if workload is not None else None
+        return SessionContext(env=dict(env), account=account, cwd=os.getcwd())
+
     # ---------------------------------------------------------------- API callbacks
 
     def verify_token(self, token: str, now: float):
@@ -230,6 +255,7 @@ class Agent:
                 "node_id": self.identity.node_id if self.identity else None,
                 "name": self.settings.name,
                 "workload": self.workload.state.model_dump(mode="json") if self.workload is not None else None,
+                "ssh": self.ssh.status() if self.ssh is not None else None,
                 "coordinator": {
                     "url": self.settings.coordinator_url,
                     "reachable": self.coordinator_reachable,
@@ -261,6 +287,7 @@ class Agent:
             detect=report,
             agent_version=__version__,
             api_port=self.settings.api_listen.port,
+            ssh_port=self.settings.ssh_port,
         )
         self.facts = facts
         loop = asyncio.get_running_loop()
@@ -299,6 +326,11 @@ class Agent:
             self.telemetry.qualify = True  # on-prem: send telemetry["qualification"] (anex_agent.gpu.qualify)
         await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
         await self._serve_api_on_mesh(config)
+        if self.settings.ssh_port:
+            from anex_agent.agent.ssh_access import SshAccess
+
+            self.ssh = SshAccess(self.settings.state_dir, self.settings.ssh_port, self._session_context)
+            await self.ssh.serve(self.dataplane, config.address)
         if await (self.dataplane.wait_handshake(self.wait_ready) if self.wait_ready is not None and workload
                   else self.dataplane.wait_handshake()):
             self._ready_now()
@@ -336,6 +368,8 @@ class Agent:
                     raise _Done
                 tg.create_task(heartbeat_loop(self), name="heartbeat")
                 tg.create_task(watch_loop(self), name="watch")
+                if self.ssh is not None:
+                    tg.create_task(self.ssh.run(self.link.client, self._ssh_identity), name="ssh")
                 if self.telemetry is not None:
                     tg.create_task(self.telemetry.run(), name="gpu-telemetry")
                 if workload is not None:
@@ -368,6 +402,8 @@ class Agent:
                 await workload.terminate()
         if self.api is not None:
             await self.api.close()
+        if self.ssh is not None:
+            await self.ssh.close()
         if self.telemetry is not None:
             self.telemetry.close()
         if self.dataplane is not None:

@@ -7,7 +7,8 @@ Contract:
 * Every failure is the same 401 problem (:func:`problems.unauthenticated`), whatever
   went wrong. Authorisation (a node asking for another node: 403) is the handler's job.
 * The metrics token (optional) is stored only hashed and identifies the ``metrics``
-  principal, which no route but ``/metrics`` accepts.
+  principal, which no route but ``/metrics`` accepts. The SSH issuer token (optional, the
+  same way) identifies ``ssh-issuer``, which only :attr:`Auth.ssh_issuer` routes accept.
 * :func:`precheck_join` refuses a join token that does not exist, is of another kind or is
   expired on a plain read (no lock, no transaction), before a join or registration takes
   the write lock; the join transaction checks the token again.
@@ -44,6 +45,7 @@ class Auth(str, Enum):
     gateway = "gateway"
     node_or_admin = "node_or_admin"
     node_or_gateway = "node_or_gateway"
+    ssh_issuer = "ssh_issuer"  # the admin, or the SSH issuer token (SSH user certificates only)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Principal:
 ANONYMOUS = Principal("anonymous")
 ADMIN = Principal("admin", "admin")
 METRICS = Principal("metrics", "metrics")
+SSH_ISSUER = Principal("ssh-issuer", "ssh-issuer")
 
 _ALLOWED: dict[Auth, frozenset[str]] = {
     Auth.admin: frozenset({"admin"}),
@@ -66,6 +69,7 @@ _ALLOWED: dict[Auth, frozenset[str]] = {
     Auth.gateway: frozenset({"gateway"}),
     Auth.node_or_admin: frozenset({"node", "admin"}),
     Auth.node_or_gateway: frozenset({"node", "gateway"}),
+    Auth.ssh_issuer: frozenset({"admin", "ssh-issuer"}),
 }
 
 
@@ -83,11 +87,13 @@ def bearer(request: web.Request) -> str | None:
 
 class Authenticator:
     def __init__(
-        self, db: Database, admin_token: str, *, metrics_token: str | None = None, clock: Callable[[], float] = time.time
+        self, db: Database, admin_token: str, *, metrics_token: str | None = None, clock: Callable[[], float] = time.time,
+        ssh_issuer_token: str | None = None,
     ) -> None:
         self._db = db
         self._admin_token = admin_token
         self._metrics_hash = credentials.hash_secret(metrics_token) if metrics_token else None
+        self._ssh_issuer_hash = credentials.hash_secret(ssh_issuer_token) if ssh_issuer_token else None
         self._clock = clock
         self._by_hash: dict[str, tuple[Principal, float | None]] = {}  # digest -> (principal, valid until)
         self._by_id: dict[str, set[str]] = {}
@@ -118,6 +124,8 @@ class Authenticator:
         digest = credentials.hash_secret(secret)
         if self._metrics_hash is not None and credentials.same_secret(digest, self._metrics_hash):
             return METRICS
+        if self._ssh_issuer_hash is not None and credentials.same_secret(digest, self._ssh_issuer_hash):
+            return SSH_ISSUER
         now = self._clock()
         cached = self._by_hash.get(digest)
         if cached is not None:

@@ -14,7 +14,8 @@ A change's :class:`Scope` says who is told; its :class:`ChangeType` says what ch
   payload a :class:`wire.MeshPeer`;
 * :attr:`Scope.ONE_NODE` (the node ``target`` is told): ``config`` (its config changed),
   ``labels`` (an admin changed its labels; the node gets its config again),
-  ``deleted`` or ``rejoined`` (its credential was replaced: watchers with the old one are closed);
+  ``deleted`` or ``rejoined`` (its credential was replaced: watchers with the old one are closed),
+  ``ssh_revoked`` (an SSH user certificate for it was revoked; payload ``serial``, ``valid_before``);
 * :attr:`Scope.ONE_GATEWAY` (the gateway ``target`` is told): ``deleted`` or ``rejoined``;
 * :attr:`Scope.ALL_NODES` (every node is told): ``gateway_changed`` (the gateway set
   changed: every node's config changed);
@@ -77,6 +78,7 @@ class ChangeType(StrEnum):
     ROTATED = "rotated"
     GRACE_ENDED = "grace_ended"
     PROVISION = "provision"
+    SSH_REVOKED = "ssh_revoked"
     RESYNC = "resync"
 
 
@@ -84,7 +86,8 @@ KINDS: dict[Scope, frozenset[ChangeType]] = {
     Scope.ALL_GATEWAYS: frozenset({ChangeType.PEER_ADDED, ChangeType.PEER_REMOVED}),
     Scope.ONE_GATEWAY: frozenset({ChangeType.DELETED, ChangeType.REJOINED}),
     Scope.ALL_NODES: frozenset({ChangeType.GATEWAY_CHANGED}),
-    Scope.ONE_NODE: frozenset({ChangeType.CONFIG, ChangeType.LABELS, ChangeType.DELETED, ChangeType.REJOINED}),
+    Scope.ONE_NODE: frozenset({ChangeType.CONFIG, ChangeType.LABELS, ChangeType.DELETED, ChangeType.REJOINED,
+                               ChangeType.SSH_REVOKED}),
     Scope.CREDENTIAL_CACHES: frozenset({ChangeType.ROTATED, ChangeType.GRACE_ENDED}),
     Scope.PROVISIONS: frozenset({ChangeType.PROVISION}),
     Scope.RESYNC: frozenset({ChangeType.RESYNC}),

@@ -98,6 +98,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the single-file agent (images/build-single-file) that rented machines download from "
                              "GET /v1/agent/ARCH with their join token (repeatable, one per architecture as uname -m "
                              "names it; a bare PATH is this machine's architecture)")
+    parser.add_argument("--ssh-ca-key-file", type=Path, metavar="FILE",
+                        help="Ed25519 SSH certificate authority (default <state-dir>/ssh-ca-key; every coordinator on "
+                             "one database needs the same file)")
+    parser.add_argument("--ssh-ca-previous", action="append", default=[], metavar="PUBLIC_KEY",
+                        help="an older SSH CA public key still trusted while the CA is rotated (repeatable)")
+    parser.add_argument("--ssh-certificate-ttl", type=int, default=600, metavar="SECONDS",
+                        help="default lifetime of SSH user certificates (default 600)")
+    parser.add_argument("--ssh-certificate-max-ttl", type=int, default=3600, metavar="SECONDS",
+                        help="longest lifetime an SSH user certificate may be asked for (default 3600)")
+    parser.add_argument("--ssh-issuer-token-file", type=Path, metavar="FILE",
+                        help="token (mode 0600) good only for SSH user certificates (the admin token always works)")
     _configure_secrets_and_tls(parser)
 
 
@@ -181,6 +192,9 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
     if not 1 <= args.access_token_ttl <= access_token.MAX_TTL:  # agents refuse longer-lived tokens
         raise ConfigError("--access-token-ttl", f"{args.access_token_ttl} is out of range; "
                           f"use 1..{access_token.MAX_TTL} seconds (an hour at most)")
+    if not 1 <= args.ssh_certificate_ttl <= args.ssh_certificate_max_ttl <= 86400:
+        raise ConfigError("--ssh-certificate-ttl/--ssh-certificate-max-ttl",
+                          "need 1 <= ttl <= max ttl <= 86400 seconds")
     routes = gateway_routes.from_flags(args.gateway_route)
     try:
         proxies = frozenset(str(ipaddress.ip_address(ip)) for ip in args.trusted_proxy)
@@ -203,6 +217,11 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         limits=Limits(trusted_proxies=proxies),
         gpu_metrics=exposition_options(env),
         agent_binaries=agent_binaries(getattr(args, "agent_binary", [])),
+        ssh_ca_key_file=args.ssh_ca_key_file,
+        ssh_ca_previous=tuple(args.ssh_ca_previous),
+        ssh_certificate_ttl=args.ssh_certificate_ttl,
+        ssh_certificate_max_ttl=args.ssh_certificate_max_ttl,
+        ssh_issuer_token_file=args.ssh_issuer_token_file,
     )
 
 

@@ -3,7 +3,7 @@
 Contract:
 * :meth:`Coordinator.open` connects the database, applies migrations (core ones plus
   those of the route modules, by default ``modules.ROUTE_MODULES``), loads the admin token
-  the signing key and the coordinator key (join proofs).
+  the signing key, the coordinator key (join proofs) and the SSH CA key (:mod:`.ssh_ca`).
 * :meth:`Coordinator.start` starts the background work, all named tasks in one
   ``TaskGroup`` owned by a single runner task: the change feed, the heartbeat flusher,
   the state sweeper and the change-log pruner. :meth:`Coordinator.close` cancels them,
@@ -22,7 +22,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
-from anex_agent.coordinator import changes, coordinator_key, credentials, limits, migrations, modules, signing, sweeper
+from anex_agent.coordinator import (
+    changes, coordinator_key, credentials, limits, migrations, modules, signing, ssh_ca, sweeper,
+)
 from anex_agent.coordinator.auth import Authenticator
 from anex_agent.coordinator.db import Database, open_database
 from anex_agent.coordinator.gatewayset import GatewaySetCache
@@ -50,6 +52,8 @@ class Coordinator:
         coordinator_private: bytes = b"",
         coordinator_public: str = "",
         metrics_token: str | None = None,
+        ssh_authority: ssh_ca.CertificateAuthority | None = None,
+        ssh_issuer_token: str | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -60,8 +64,10 @@ class Coordinator:
         self.verify_key = verify_key
         self.coordinator_private = coordinator_private  # X25519: join proofs (coordinator_key.py)
         self.coordinator_public = coordinator_public
+        self.ssh_ca = ssh_authority  # remote access: signs host and user certificates (ssh_ca.py)
         self.feed = changes.ChangeFeed(db, poll_interval=settings.poll_interval, queue_size=settings.limits.watch_queue)
-        self.auth = Authenticator(db, admin_token, metrics_token=metrics_token, clock=clock)
+        self.auth = Authenticator(db, admin_token, metrics_token=metrics_token, clock=clock,
+                                  ssh_issuer_token=ssh_issuer_token)
         self.failed_auths = limits.FailedAuths(settings.limits, clock)
         self.heartbeats = HeartbeatBuffer(db)
         self.metrics = Metrics()
@@ -90,10 +96,13 @@ class Coordinator:
     ) -> Coordinator:
         admin_token, source = credentials.load_admin_token(settings.state_dir, environ)
         metrics_token = load_metrics_token(settings.metrics_token_file, environ)
+        ssh_issuer_token = ssh_ca.load_issuer_token(settings.ssh_issuer_token_file)
         key_path = signing_key_file or settings.state_dir / signing.FILE_NAME
         signing_key = signing.load_or_create(key_path)
         coord_key_path = coordinator_key_file or settings.state_dir / coordinator_key.FILE_NAME
         coordinator_private = coordinator_key.load_or_create(coord_key_path)
+        ssh_ca_path = settings.ssh_ca_key_file or settings.state_dir / ssh_ca.FILE_NAME
+        ssh_ca_private = ssh_ca.load_or_create(ssh_ca_path)
         if extra_migrations is None:  # those of the default route modules (modules.ROUTE_MODULES)
             extra_migrations = modules.module_migrations(modules.load_modules())
         db = await open_database(settings.database_url, password=settings.database_password)
@@ -101,6 +110,8 @@ class Coordinator:
             await migrations.apply(db, [*migrations.CORE, *extra_migrations], clock=clock)
             verify_key = await signing.register(db, signing_key, key_path=key_path)
             coordinator_public = await coordinator_key.register(db, coordinator_private, key_path=coord_key_path)
+            ssh_ca_public = await ssh_ca.register(db, ssh_ca_private, key_path=ssh_ca_path,
+                                                  previous=settings.ssh_ca_previous)
         except BaseException:
             await db.close()
             raise
@@ -115,6 +126,8 @@ class Coordinator:
             coordinator_private=coordinator_private,
             coordinator_public=coordinator_public,
             metrics_token=metrics_token,
+            ssh_authority=ssh_ca.CertificateAuthority(ssh_ca_private, ssh_ca_public, settings.ssh_ca_previous),
+            ssh_issuer_token=ssh_issuer_token,
         )
 
     def _forget_deleted_node(self, change: changes.Change) -> None:

@@ -30,6 +30,7 @@ ROUTE_MODULES: list[str] = [
     "anex_agent.coordinator.routes.labels",
     "anex_agent.coordinator.routes.agent_download",
     "anex_agent.coordinator.routes.provisions",
+    "anex_agent.coordinator.routes.ssh",
 ]
 
 

@@ -56,6 +56,13 @@ class Settings:
     admin_token: str | None = field(default=None, repr=False)
     #: the metrics token from ANEX_METRICS_TOKEN (secret); --metrics-token-file is read at start
     metrics_token: str | None = field(default=None, repr=False)
+    #: remote access (docs/remote-access.md): the SSH CA key file (None: <state_dir>/ssh-ca-key), the
+    #: older CA public keys still trusted during a rotation, and user certificate lifetimes (seconds)
+    ssh_ca_key_file: Path | None = None
+    ssh_ca_previous: tuple[str, ...] = ()
+    ssh_certificate_ttl: int = 600
+    ssh_certificate_max_ttl: int = 3600
+    ssh_issuer_token_file: Path | None = None  # a token (0600 file) good only for SSH user certificates
     #: certificate chain and key (PEM) when the coordinator serves HTTPS itself
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -295,3 +295,13 @@ def test_dead_peer_after_is_tunable_and_checked():
         with pytest.raises(ConfigError) as err:
             parse({**BASE, "ANEX_DEAD_PEER_AFTER": bad})
         assert err.value.source == "ANEX_DEAD_PEER_AFTER"
+
+
+def test_ssh_port_default_off_and_bad_values():
+    assert parse({**BASE, "ANEX_STATE_DIR": "/tmp/x"}).ssh_port == 2222
+    assert parse({**BASE, "ANEX_SSH_PORT": "0"}).ssh_port == 0
+    assert parse({**BASE, "ANEX_SSH_PORT": "2200"}, ["--ssh-port", "2300"]).ssh_port == 2300
+    for bad in ("70000", "-1", "ssh", "２２"):
+        with pytest.raises(ConfigError) as err:
+            parse({**BASE, "ANEX_SSH_PORT": bad})
+        assert "ANEX_SSH_PORT" in str(err.value)

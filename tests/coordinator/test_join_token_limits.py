@@ -138,7 +138,7 @@ async def test_concurrent_joins_on_several_coordinators_never_exceed_max_uses(tm
     try:
         for i in (1, 2):  # coordinators sharing a database share the signing key and the coordinator key
             (tmp_path / str(i)).mkdir()
-            for name in ("access-token-signing-key", "coordinator-key"):
+            for name in ("access-token-signing-key", "coordinator-key", "ssh-ca-key"):
                 shutil.copy(tmp_path / "0" / name, tmp_path / str(i))
             coords.append(await start_harness(tmp_path / str(i), database_url, clock))
         token = await coords[0].admin.create_join_token(max_uses=3)

@@ -148,7 +148,7 @@ async def test_rotation_reaches_another_coordinators_cache(coord, tmp_path, data
     """A credential cached by a second coordinator stops working there too after the grace."""
     other_dir = tmp_path / "b"
     other_dir.mkdir()
-    for name in ("access-token-signing-key", "coordinator-key", "admin-token"):
+    for name in ("access-token-signing-key", "coordinator-key", "ssh-ca-key", "admin-token"):
         shutil.copy2(coord.ctx.settings.state_dir / name, other_dir / name)
     other = await start_harness(other_dir, database_url, coord.clock)
     try:

@@ -96,7 +96,8 @@ def two_coordinators(tmp_path, pg_database):
         state = tmp_path / f"c{i}"
         procs.append(Proc(["--listen", "127.0.0.1:0", "--state-dir", str(state), "--database", pg_database,
                            "--signing-key-file", str(key_file),
-                           "--coordinator-key-file", str(tmp_path / "coordinator-key")], cwd=tmp_path))
+                           "--coordinator-key-file", str(tmp_path / "coordinator-key"),
+                           "--ssh-ca-key-file", str(tmp_path / "ssh-ca-key")], cwd=tmp_path))
         procs[-1].wait_listening()  # one after the other: the first creates the shared key file
     yield procs
     for p in procs:

@@ -4,8 +4,11 @@ Protocol (JSON text frames, each a :class:`wire.WatchEvent`; see its docstring):
 * gateways: a ``snapshot`` of the full peer set when ``since`` is 0, older than the
   retained change log or newer than the head; else the missed ``peer_added`` /
   ``peer_removed`` events in order. Then live events.
-* nodes: a ``snapshot`` (``since`` = 0) or, when its config changed after ``since``, one
-  ``config`` event with the full config; then ``config`` / ``gateway_changed`` events.
+* nodes: a ``snapshot`` (``since`` = 0, newer than the head or older than the retained
+  change log) or, when its config changed after ``since``, one ``config`` event with the full
+  config, and the ``ssh_revoked`` events after ``since``; then ``config`` /
+  ``gateway_changed`` / ``ssh_revoked`` events. After a snapshot a node fetches its revoked
+  SSH certificates (``GET /v1/nodes/{id}/ssh-revocations``).
 * Every event's ``version`` only grows; a client resumes with ``since=<last version>``.
 * The server closes with code 4001 when the caller's credential is revoked (node or
   gateway deleted, or re-joined with a new credential), 1001 when it shuts down, 1012 when
@@ -86,12 +89,28 @@ def _gateway_event(change: changes.Change) -> wire.WatchEvent:
 
 async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) -> tuple[int, wire.NodeConfig]:
     config = await nodes.config(ctx, node_id)
-    if since == 0 or since > config.version:
+    async with ctx.db.transaction() as tx:
+        head = await changes.current_version(tx)
+        pruned = await changes.pruned_through(tx)
+        revoked = [] if since == 0 else await tx.fetch(
+            "SELECT version, scope, target, type, payload FROM changes"
+            " WHERE scope = $1 AND target = $2 AND type = $3 AND version > $4 AND version <= $5 ORDER BY version",
+            changes.Scope.ONE_NODE.value, node_id, changes.ChangeType.SSH_REVOKED.value, since, head,
+        )
+    # a node's ``since`` may be past its config version (an ``ssh_revoked`` event), never past the head
+    if since == 0 or since > head or since < pruned:
         await _send(ws, wire.WatchEvent(type="snapshot", version=config.version, config=config))
         return config.version, config
     if config.version > since:
         await _send(ws, wire.WatchEvent(type="config", version=config.version, config=config))
-    return max(since, config.version), config
+    for row in revoked:  # missed revocations: the node refuses these serials from now on
+        await _send(ws, _revoked_event(changes.Change.from_row(row)))
+    return max(since, config.version, *(int(r["version"]) for r in revoked)), config
+
+
+def _revoked_event(change: changes.Change) -> wire.WatchEvent:
+    return wire.WatchEvent(type="ssh_revoked", version=change.version,
+                           ssh_revoked=wire.SshRevocation.model_validate(change.payload))
 
 
 async def _still_valid(ctx, kind: str, ident: str, credential_hash: str) -> bool:
@@ -141,6 +160,10 @@ async def _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout
             return CLOSE_REVOKED
         if sub.kind == "gateway":
             await send(_gateway_event(change))
+            last = change.version
+            continue
+        if change.type == changes.ChangeType.SSH_REVOKED:
+            await send(_revoked_event(change))
             last = change.version
             continue
         if change.scope == changes.Scope.ALL_NODES and config is not None:
