@@ -96,3 +96,18 @@ def test_no_nvml_library_means_no_pynvml(modules):
 def test_the_guard_sees_a_forbidden_import():
     assert offending({"anex_agent.gateway.relay", "anex_agent.gatewayish", "dns"}, NEVER + LAZY) == [
         "anex_agent.gateway.relay", "dns"]
+
+
+def test_the_api_and_telemetry_modules_load_after_the_data_plane():
+    """Importing what ``daemon``/``run`` import before the data plane is up leaves the agent API's
+    server and the telemetry out: the supervisor loads them in a thread once the proxy serves."""
+    script = ("import json, sys\n"
+              "import anex_agent.agent.cli_daemon, anex_agent.agent.cli_run, anex_agent.agent.supervisor\n"
+              "import anex_agent.agent.dataplane, anex_agent.agent.cli_detect\n"
+              "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    modules = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "anex_agent.agent.supervisor" in modules
+    assert offending(modules, ("aiohttp.web", "prometheus_client", "psutil", "anex_agent.agent.api",
+                               "anex_agent.gpu")) == []
