@@ -60,8 +60,8 @@ _ATTR = struct.Struct("=HH")  # rtattr: len, type
 _U32 = struct.Struct("=I")
 _ERR = struct.Struct("=i")
 
-#: Receive buffer per datagram (the kernel's dump messages are at most 32 KiB).
-RECV_SIZE = 1 << 16
+#: Receive buffer per datagram; a bigger datagram is read whole after a peek at its size.
+RECV_SIZE = 1 << 15
 
 
 class NetlinkError(OSError):
@@ -239,7 +239,7 @@ class Rtnl:
         self._sock.send(encode(msg_type, flags if dump else flags | NLM_F_ACK, seq, body))
         items: list[bytes] = []
         while True:
-            for kind, _flags, got_seq, payload in decode(self._sock.recv(RECV_SIZE)):
+            for kind, _flags, got_seq, payload in decode(self._receive()):
                 if got_seq != seq:
                     continue  # an answer to an earlier request we gave up on
                 if kind in (NLMSG_ERROR, NLMSG_DONE):
@@ -248,6 +248,12 @@ class Rtnl:
                         raise NetlinkError(-code, os.strerror(-code))
                     return items
                 items.append(payload)
+
+    def _receive(self) -> bytes:
+        """One whole datagram: MSG_PEEK|MSG_TRUNC tells its real size first (as iproute2 does),
+        so a big one (a link with many attributes) is never cut short."""
+        size = self._sock.recv_into(bytearray(16), 16, socket.MSG_PEEK | socket.MSG_TRUNC)
+        return self._sock.recv(max(size, RECV_SIZE))
 
     # links
 

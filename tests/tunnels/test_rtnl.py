@@ -76,7 +76,12 @@ class _FakeSocket:
         self.sent.append(data)
         return len(data)
 
+    def recv_into(self, buffer: bytearray, nbytes: int, flags: int) -> int:
+        assert flags == socket.MSG_PEEK | socket.MSG_TRUNC
+        return len(self.answers[0])  # the real size, as the kernel reports it under MSG_TRUNC
+
     def recv(self, size: int) -> bytes:
+        assert size >= len(self.answers[0]), "a datagram read with a buffer too small for it"
         return self.answers.pop(0)
 
     def close(self) -> None:
@@ -106,3 +111,11 @@ def test_dump_reads_every_datagram_to_done_and_skips_stale_answers():
     stale = _nlmsg(rtnl.NLMSG_ERROR, struct.pack("=i", -1), seq=0)
     nl = _fake([stale + link(1, "lo"), link(5, "anex0"), _nlmsg(rtnl.NLMSG_DONE, struct.pack("=i", 0), seq=1)])
     assert [(l.index, l.name) for l in nl.links()] == [(1, "lo"), (5, "anex0")]
+
+
+def test_a_datagram_bigger_than_the_buffer_is_read_whole():
+    huge = _nlmsg(rtnl.RTM_NEWLINK, struct.pack("=BxHiII", 0, 1, 9, 0, 0)
+                  + rtnl.attr(rtnl.IFLA_IFNAME, b"anex9\0") + rtnl.attr(999, b"x" * 30000) * 4, seq=1, flags=2)
+    assert len(huge) > 3 * rtnl.RECV_SIZE
+    nl = _fake([huge, _nlmsg(rtnl.NLMSG_DONE, struct.pack("=i", 0), seq=1)])
+    assert [(l.index, l.name) for l in nl.links()] == [(9, "anex9")]
