@@ -35,7 +35,6 @@ import secrets
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from anex_agent.errors import AnexError, RemoteProtocolError
@@ -88,15 +87,13 @@ def _b64d(text: str) -> bytes:
 
 def generate_signing_key() -> bytes:
     """Return a new Ed25519 private key (32 raw bytes)."""
-    return Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-    )
+    return Ed25519PrivateKey.generate().private_bytes_raw()
 
 
 def verify_key_of(signing_key: bytes) -> str:
     """Return the standard-base64 Ed25519 public key for ``NodeConfig.agent_api_verify_key``."""
     public = Ed25519PrivateKey.from_private_bytes(signing_key).public_key()
-    return base64.b64encode(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)).decode()
+    return base64.b64encode(public.public_bytes_raw()).decode()
 
 
 def sign(signing_key: bytes, node_id: str, *, now: float, ttl: int) -> tuple[str, Claims]:

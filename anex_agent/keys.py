@@ -12,7 +12,6 @@ import binascii
 import os
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from anex_agent.errors import ConfigError
@@ -41,9 +40,7 @@ def encode_key(raw: bytes) -> str:
 def generate_private_key() -> bytes:
     """Return a fresh, clamped X25519 private key (32 bytes)."""
     key = X25519PrivateKey.generate()
-    return key.private_bytes(
-        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-    )
+    return key.private_bytes_raw()
 
 
 def public_key(private: bytes) -> bytes:
@@ -51,7 +48,7 @@ def public_key(private: bytes) -> bytes:
     return (
         X25519PrivateKey.from_private_bytes(private)
         .public_key()
-        .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        .public_bytes_raw()
     )
 
 

@@ -25,15 +25,7 @@ import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
-
-import dns.asyncresolver
-import dns.exception
-import dns.message
-import dns.nameserver
-import dns.rcode
-import dns.rdatatype
-import dns.resolver
+from typing import Any, Protocol
 
 from anex_agent import parse
 from anex_agent.errors import ResolveError, config_value
@@ -45,6 +37,8 @@ DNS_PORT = 53  # RFC 1035 §4.2
 DEFAULT_TIMEOUT = 5.0  # seconds for one cluster lookup (all servers, retries included)
 NEGATIVE_TTL = 5.0  # seconds an NXDOMAIN/NODATA answer is remembered (RFC 2308 §5 allows caching it)
 MAX_CACHE_ENTRIES = 4096
+RDTYPE_A = 1  # RFC 1035 §3.2.2
+RDTYPE_AAAA = 28  # RFC 3596 §2.1
 
 
 class DnsTransport(Protocol):
@@ -105,16 +99,24 @@ class Resolver:
         self.use_system = use_system
         self.timeout = timeout
         self._cache: dict[tuple[str, int], tuple[float, list[str]]] = {}
-        self._dns: dns.asyncresolver.Resolver | None = None
+        self._dns: Any = None  # dns.asyncresolver.Resolver, made at the first cluster query (dnspython is imported then)
         #: When set, cluster queries go through it instead of OS sockets (see :meth:`ResolverSlot.use_transport`).
         self.dns_transport: DnsTransport | None = None
-        if self.cluster_dns:
+
+    def _dns_resolver(self) -> Any:
+        """dnspython's resolver for :attr:`cluster_dns`, made (and dnspython imported) on first use:
+        an agent that never looks a cluster name up does not carry dnspython."""
+        if self._dns is None:
+            import dns.asyncresolver
+            import dns.nameserver
+
             res = dns.asyncresolver.Resolver(configure=False)
             res.nameservers = [dns.nameserver.Do53Nameserver(s.address, s.port) for s in self.cluster_dns]
-            res.lifetime = timeout
-            res.timeout = max(timeout / 3, 0.5)
+            res.lifetime = self.timeout
+            res.timeout = max(self.timeout / 3, 0.5)
             res.cache = None  # our own cache below also remembers negative answers
             self._dns = res
+        return self._dns
 
     @classmethod
     def from_node_config(cls, config, **kwargs) -> Resolver:
@@ -133,14 +135,14 @@ class Resolver:
         name = _normalise(host)
         if not name:
             raise ResolveError(host, 0, "empty host name")
-        if self._dns is not None and self.is_cluster_name(name):
+        if self.cluster_dns and self.is_cluster_name(name):
             return await self._resolve_cluster(host, name)
         if not self.use_system:
             raise ResolveError(host, 0, "not a cluster name and system resolution is disabled")
         try:
             return await self._resolve_system(host, name)
         except ResolveError as err:
-            if self._dns is None or not self.search_domains:
+            if not self.cluster_dns or not self.search_domains:
                 raise
             for domain in self.search_domains:
                 try:
@@ -163,7 +165,7 @@ class Resolver:
 
     async def _resolve_cluster(self, host: str, name: str) -> list[str]:
         a, aaaa = await asyncio.gather(
-            self._query(host, name, dns.rdatatype.A), self._query(host, name, dns.rdatatype.AAAA)
+            self._query(host, name, RDTYPE_A), self._query(host, name, RDTYPE_AAAA)
         )
         if isinstance(a, ResolveError) and isinstance(aaaa, ResolveError):
             # prefer the more informative failure: an unreachable server over "no such name"
@@ -182,11 +184,14 @@ class Resolver:
         hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
             return list(hit[1])
-        assert self._dns is not None
+        assert self.cluster_dns
         if self.dns_transport is not None:
             return await self._query_transport(host, name, rdtype, key)
+        import dns.exception
+        import dns.resolver
+
         try:
-            answer = await self._dns.resolve(name, rdtype, search=False, raise_on_no_answer=False)
+            answer = await self._dns_resolver().resolve(name, rdtype, search=False, raise_on_no_answer=False)
         except dns.resolver.NXDOMAIN:
             self._store(key, NEGATIVE_TTL, [])
             return ResolveError(host, 0, f"name does not resolve (NXDOMAIN from cluster DNS {self._servers_text()})")
@@ -202,6 +207,10 @@ class Resolver:
     async def _query_transport(self, host: str, name: str, rdtype: int, key: tuple[str, int]) -> list[str] | ResolveError:
         """One lookup through :attr:`dns_transport`: each server in turn, until ``timeout`` is spent."""
         assert self.dns_transport is not None
+        import dns.exception
+        import dns.message
+        import dns.rcode
+
         deadline = time.monotonic() + self.timeout
         attempt = max(self.timeout / 3, 0.5)
         while time.monotonic() < deadline:

@@ -10,6 +10,10 @@ service through the agent's proxy every 10 ms. Reported:
   through ``127.0.0.1:3128`` (joining the coordinator, engine, handshake, proxy) (goal <= 1 s);
 * ``rss_mb``: the agent's ``VmRSS`` after ``--settle`` seconds of steady running (heartbeats,
   watch, telemetry), and wireguard-go's, reported apart (goal: the agent <= 60 MB);
+* ``agent_private_mb``: of that, the pages of the agent's own (anonymous or written), i.e.
+  without the shared libraries' code that other processes map too (``smaps_rollup``);
+* ``timeline_s``: when each step of the start-up was logged, in seconds from the process
+  start (imports and settings come before ``first_log``), to see where the time goes;
 * the same for each of ``--runs`` fresh node namespaces; medians.
 
 Prints one JSON document.
@@ -18,8 +22,10 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -59,6 +65,42 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def private_kb(pid: int) -> int:
+    total = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1])
+    return total
+
+
+#: start-up milestones, as the agent logs them (its log format: ``%(asctime)s LEVEL logger: message``)
+MILESTONES = {
+    "first_log": "",
+    "engine_chosen": "anex_agent.agent.dataplane: engine: ",
+    "joined": "anex_agent.agent: joined ",
+    "engine_running": "anex_agent.tunnels.wireguard_go: wireguard-go running",
+    "path_chosen": "anex_agent.agent.path: path: ",
+    "proxy_listening": "anex_agent.frontends.proxy: HTTP proxy on ",
+    "api_listening": "anex_agent.agent.api: agent API listening",
+    "tunnel_ready": "anex_agent.agent: tunnel ready",
+}
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def timeline(log: str, started: float) -> dict[str, float]:
+    """Seconds from ``started`` to the first log line of each milestone (local-time stamps)."""
+    out: dict[str, float] = {}
+    for line in log.splitlines():
+        stamp = _STAMP.match(line)
+        if not stamp:
+            continue
+        at = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        for name, marker in MILESTONES.items():
+            if name not in out and marker in line:
+                out[name] = round(at - started, 3)
+    return out
+
+
 def children_named(parent: int, name: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -92,8 +134,10 @@ def one_run(mesh: Mesh, settle: float) -> dict:
     result = {
         "start_to_first_proxied_answer_s": round(first, 3),
         "agent_rss_mb": round(rss_kb(pid) / 1024, 1),
+        "agent_private_mb": round(private_kb(pid) / 1024, 1),
         "wireguard_go_rss_mb": round(sum(rss_kb(p) for p in wg) / 1024, 1) if wg else None,
         "engine": node.status()["engine"],
+        "timeline_s": timeline(node.log(), started),
     }
     mesh.stop_agent(node)
     return result
@@ -122,6 +166,7 @@ def main() -> int:
         "median": {
             "start_to_first_proxied_answer_s": statistics.median(r["start_to_first_proxied_answer_s"] for r in runs),
             "agent_rss_mb": statistics.median(r["agent_rss_mb"] for r in runs),
+            "agent_private_mb": statistics.median(r["agent_private_mb"] for r in runs),
             "wireguard_go_rss_mb": statistics.median(r["wireguard_go_rss_mb"] or 0 for r in runs),
         },
         "runs": runs,

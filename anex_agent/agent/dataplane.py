@@ -1,7 +1,7 @@
 """The node's data plane: engine + endpoint policy + resolver + front-ends, driven by NodeConfig.
 
 Owns, in start order: the WireGuard engine (chosen by ``ANEX_ENGINE`` or the auto
-order), the endpoint policy (peer endpoint names resolved to addresses, followed when
+order; it starts while the datagram path is chosen, :mod:`.path`), the endpoint policy (peer endpoint names resolved to addresses, followed when
 they move), the resolver built from the config's DNS servers, and what the engine asks
 for to serve the workload: when it gives a dialer, the ``GW_TUNNEL`` forwards (local +
 pushed) and the HTTP proxy over it; when it serves the workload itself (its dialer is
@@ -105,10 +105,17 @@ class DataPlane:
         extra = {"bind_factory": self.paths.bind_factory(tasks)} if self.engine_cls.takes_bind else {}
         self.engine = self.engine_cls(ifname=new_ifname("n"), state_dir=self.settings.state_dir, **extra)
         self._stack.push_async_callback(self.engine.stop)
-        await self.engine.start(tasks)
         self._stack.push_async_callback(self.paths.close)
         self.resolver.use(Resolver.from_node_config(config))
-        await self.paths.choose_initial(await self._resolved(config), config, tasks)
+        desired = await self._resolved(config)
+        # The engine starting (a process, a device; no peer yet, so nothing sent) and the
+        # path probe (its own socket) do not depend on each other: side by side.
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.engine.start(tasks), name="engine-start")
+                group.create_task(self.paths.choose_initial(desired, config, tasks), name="path-choice")
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None  # the engine's (or the path's) own error, as before
         await self._apply_engine(config)
         self.dialer = self.engine.dialer(self.resolver)
         if self.dialer is not None:  # the engine gives a dialer: our proxy and forwards serve the workload

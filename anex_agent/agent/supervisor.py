@@ -11,6 +11,10 @@ the watch stream back off (with jitter) and retry; the tunnel, proxy and forward
 the last good config. Teardown (always, also on errors): workload, API, front-ends,
 engine.stop(), so nothing of ours is left.
 
+The agent API's and the GPU telemetry's modules (aiohttp's server, prometheus_client,
+psutil, :mod:`anex_agent.gpu`) are imported once the data plane is up, in a worker thread,
+so the proxy already serves while they load.
+
 Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` (join
 retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
 the agent exits with 128+N), then ``heartbeat``, ``watch``, ``ssh`` (the SSH server's upkeep, :mod:`.ssh_access`), ``gpu-telemetry`` (when
@@ -43,19 +47,15 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anex_agent import __version__
 from anex_agent.sdnotify import Notifier
-from anex_agent.agent.api import AgentApi
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.client_link import CoordinatorLink
-from anex_agent.agent.actions import add_routes as add_action_routes
-from anex_agent.agent.logs_api import add_routes as add_log_routes
 from anex_agent.tunnels.ws_bind import proxy_for
-from anex_agent.agent.metrics import AgentCollector
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.agent.reaper import Reaper, become_subreaper
@@ -63,6 +63,9 @@ from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
 from anex_agent.tasks import Tasks
 from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
+
+if TYPE_CHECKING:
+    from anex_agent.agent.api import AgentApi
 
 log = logging.getLogger("anex_agent.agent")
 
@@ -315,10 +318,12 @@ class Agent:
         assert self.tasks is not None
         await self.dataplane.start(config, self.tasks)
         self.state.save_config(config)
-        self.api = AgentApi(self.status, self.ready, self.verify_token)
-        add_log_routes(self.api.app, lambda: workload.logs if workload is not None else None)
-        add_action_routes(self.api, lambda: workload, push_dirs=self.push_dirs)
-        self.api.registry.register(AgentCollector(self))
+        # the API's and the telemetry's modules load in a thread: the proxy serves meanwhile
+        api, actions, logs_api, metrics = await asyncio.to_thread(_api_modules)
+        self.api = api.AgentApi(self.status, self.ready, self.verify_token)
+        logs_api.add_routes(self.api.app, lambda: workload.logs if workload is not None else None)
+        actions.add_routes(self.api, lambda: workload, push_dirs=self.push_dirs)
+        self.api.registry.register(metrics.AgentCollector(self))
         self.last_transport = await self.dataplane.transport_status()
         self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry,
                                          self.settings.gpu_metrics)
@@ -414,6 +419,20 @@ class Agent:
 
 class _Done(Exception):
     """Leaves the TaskGroup: cancels the remaining tasks."""
+
+
+def _api_modules() -> tuple[Any, Any, Any, Any]:
+    """The agent API's modules (aiohttp's server, prometheus_client, access tokens) and the GPU
+    telemetry's, imported once the data plane is up, in a worker thread (see :meth:`Agent._start_up`):
+    none of them is needed for the first proxied answer."""
+    from anex_agent.agent import actions, api, logs_api, metrics
+
+    try:  # start_telemetry() imports them (and says so when it cannot)
+        import anex_agent.gpu.exposition  # noqa: F401
+        import anex_agent.gpu.monitor  # noqa: F401
+    except ImportError:
+        pass
+    return api, actions, logs_api, metrics
 
 
 def _first_error(group: BaseExceptionGroup) -> BaseException | None:

@@ -3,9 +3,10 @@
 :class:`Nvml` is the only object in the package that touches ``pynvml`` (the
 ``nvidia-ml-py`` distribution). Contract:
 
-* ``pynvml`` is imported on the first :meth:`Nvml.ensure_ready`, never at module
-  import, so a node without the package or without a driver pays nothing and the
-  tests can put a fake module in ``sys.modules["pynvml"]``.
+* ``pynvml`` is imported on the first :meth:`Nvml.ensure_ready` that finds the NVML
+  library (``libnvidia-ml.so.1``), never at module import, so a node without the
+  package or without a driver pays nothing and the tests can put a fake module in
+  ``sys.modules["pynvml"]``.
 * Every method blocks (NVML calls go into the kernel driver); async callers run
   them in a thread (``asyncio.to_thread``), never on the event loop.
 * ``nvmlInit`` runs once. After a failure (no driver, driver/library mismatch...)
@@ -31,6 +32,7 @@ from __future__ import annotations
 import enum
 import importlib
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_LIBRARY = "libnvidia-ml.so.1"  # the name pynvml loads on Linux
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_RESET_REQUIRED = 16
@@ -179,6 +182,24 @@ def classify(exc: BaseException) -> NvmlStatus:
     return NvmlStatus(NvmlState.error, f"NVML error {code}: {exc}", code)
 
 
+class _LibraryNotFound(Exception):
+    value = NVML_ERROR_LIBRARY_NOT_FOUND  # what pynvml's nvmlInit raises without the library
+
+
+def _import_pynvml() -> Any:
+    """pynvml, once the NVML library loads (_LibraryNotFound otherwise): a machine without the
+    NVIDIA driver does not carry pynvml (about 2 MB of the agent's memory). A module already
+    in ``sys.modules`` (a test's fake) is used as it is."""
+    if "pynvml" not in sys.modules:
+        import ctypes
+
+        try:
+            ctypes.CDLL(NVML_LIBRARY)
+        except OSError:
+            raise _LibraryNotFound(f"{NVML_LIBRARY} cannot be loaded") from None
+    return importlib.import_module("pynvml")
+
+
 class Nvml:
     """Owner of the pynvml module and of the NVML init state. Thread-safe; blocking."""
 
@@ -225,7 +246,7 @@ class Nvml:
             self._last_attempt = now
             try:
                 if self._module is None:
-                    self._module = importlib.import_module("pynvml")
+                    self._module = _import_pynvml()
                 self._module.nvmlInit()
             except Exception as exc:  # NVMLError subclasses, ImportError, OSError from ctypes
                 self._set_status(classify(exc))

@@ -169,22 +169,22 @@ def _wg_set(ifname: str, device_kwargs: dict[str, Any], peers: list[dict[str, An
 
 def probe_link_kind(kind: str = "wireguard") -> Support:
     """Try to create (and delete) a throwaway link of ``kind``; says why not when it fails."""
-    from pyroute2 import IPRoute, NetlinkError
+    from anex_agent.tunnels.rtnl import NetlinkError, Rtnl
 
     name = f"{IFNAME_PREFIX}p{secrets.token_hex(4)}"
     try:
-        with IPRoute() as ipr:
+        with Rtnl() as nl:
             try:
-                ipr.link("add", ifname=name, kind=kind)
+                nl.link_add(name, kind)
             except NetlinkError as err:
-                if err.code == errno_mod.EOPNOTSUPP:
+                if err.errno == errno_mod.EOPNOTSUPP:
                     return Support(False, f"the kernel has no {kind} module (creating a {kind} link: not supported)")
-                if err.code == errno_mod.EPERM:
+                if err.errno == errno_mod.EPERM:
                     return Support(False, f"creating a {kind} link is not permitted (no CAP_NET_ADMIN here)")
-                return Support(False, f"creating a {kind} link failed: {err}")
-            found = ipr.link_lookup(ifname=name)
-            if found:
-                ipr.link("del", index=found[0])
+                return Support(False, f"creating a {kind} link failed: {err.strerror}")
+            index = nl.link_index(name)
+            if index is not None:
+                nl.link_del(index)
     except OSError as err:
         return Support(False, f"netlink is not usable: {err}")
     return Support(True, f"a {kind} link can be created (kernel module present)")
@@ -204,7 +204,7 @@ class KernelEngine(Engine):
     def is_supported(cls) -> Support:
         if not has_capability(CAP_NET_ADMIN):
             return Support(False, "no CAP_NET_ADMIN (needed to create a wireguard link)")
-        try:  # pyroute2's sync API must not run in a thread with a running loop (see call_off_loop)
+        try:  # a blocking netlink probe: off the running loop, if any (see call_off_loop)
             return call_off_loop(probe_link_kind, "wireguard")
         except Exception as err:  # a probe never raises
             return Support(False, f"probe failed: {type(err).__name__}: {err}")

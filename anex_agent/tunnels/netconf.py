@@ -1,10 +1,10 @@
-"""Addresses, routes, MTU and link state of our interfaces, through pyroute2 (netlink).
+"""Addresses, routes, MTU and link state of our interfaces, through rtnetlink (:mod:`.rtnl`).
 
 Used by the kernel and wireguard-go engines (and by cleanup). Every function is
 declarative: it makes the interface match what is asked, and doing it twice changes
 nothing. Planning (what to add or remove) is pure (:func:`plan_set`); the netlink
-calls run in a worker thread (:func:`run_blocking`) because pyroute2's sync IPRoute
-blocks. pyroute2 is imported lazily so that importing this module is cheap.
+calls run in a worker thread (:func:`run_blocking`) because they block (one small
+netlink socket per call, no library: see :mod:`.rtnl` for why).
 
 Routes we add carry ``proto`` :data:`RTPROT_ANEX` so that we only ever remove our own
 routes (routes the kernel adds for the interface address are ``proto kernel``).
@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import errno as errno_mod
 import ipaddress
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from anex_agent import parse
 from anex_agent.errors import EngineError
+from anex_agent.tunnels.rtnl import IFF_UP, RT_TABLE_MAIN, NetlinkError, Rtnl
 
 #: Routing protocol id marking our routes (rtnetlink.h: values above RTPROT_STATIC (4)
 #: are free for daemons; 0x61 is unassigned in /etc/iproute2/rt_protos).
@@ -53,78 +55,67 @@ def plan_set(current: Iterable[str], desired: Iterable[str], *, kind: str = "net
 # ---------------------------------------------------------------- blocking netlink helpers (run in a thread)
 
 
-def _ipr() -> Any:
-    from pyroute2 import IPRoute
-
-    return IPRoute()
+def _rtnl() -> Rtnl:
+    try:
+        return Rtnl()
+    except OSError as err:
+        raise EngineError(f"netlink is not usable: {err.strerror or err}") from None
 
 
 def list_links(prefix: str, kind: str | None = None) -> list[str]:
     """Names of interfaces whose name starts with ``prefix`` (and, if given, of link ``kind``)."""
-    with _ipr() as ipr:
-        links = ipr.get_links()
-    names = []
-    for link in links:
-        name = link.get("IFLA_IFNAME")
-        if not name or not name.startswith(prefix):
-            continue
-        if kind is not None:
-            info = link.get("IFLA_LINKINFO")
-            if info is None or info.get("IFLA_INFO_KIND") != kind:
-                continue
-        names.append(name)
-    return sorted(names)
+    with _rtnl() as nl:
+        links = nl.links()
+    return sorted(link.name for link in links
+                  if link.name.startswith(prefix) and (kind is None or link.kind == kind))
 
 
 def create_link(ifname: str, kind: str) -> None:
     """Create a link of ``kind`` (e.g. ``wireguard``); EngineError (with errno text) on failure."""
-    from pyroute2 import NetlinkError
-
-    with _ipr() as ipr:
+    with _rtnl() as nl:
         try:
-            ipr.link("add", ifname=ifname, kind=kind)
+            nl.link_add(ifname, kind)
         except NetlinkError as err:
-            if err.code == errno_mod.EEXIST:
+            if err.errno == errno_mod.EEXIST:
                 return
-            raise EngineError(f"cannot create {kind} interface {ifname}: {err.args[-1] if err.args else err}") from None
+            raise EngineError(f"cannot create {kind} interface {ifname}: {err.strerror}") from None
 
 
 def delete_link(ifname: str) -> bool:
     """Delete ``ifname`` if it exists; True when something was deleted."""
-    from pyroute2 import NetlinkError
-
-    with _ipr() as ipr:
-        found = ipr.link_lookup(ifname=ifname)
-        if not found:
+    with _rtnl() as nl:
+        index = nl.link_index(ifname)
+        if index is None:
             return False
         try:
-            ipr.link("del", index=found[0])
+            nl.link_del(index)
         except NetlinkError as err:
-            if err.code in (errno_mod.ENODEV, errno_mod.ENOENT):
+            if err.errno in (errno_mod.ENODEV, errno_mod.ENOENT):
                 return False
-            raise EngineError(f"cannot delete interface {ifname}: {err}") from None
+            raise EngineError(f"cannot delete interface {ifname}: {err.strerror}") from None
     return True
+
+
+def _our_routes(nl: Rtnl, index: int) -> list[str]:
+    out = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for route in nl.routes(family):
+            if route.table == RT_TABLE_MAIN and route.oif == index and route.proto == RTPROT_ANEX:
+                out.append(f"{route.dst}/{route.dst_len}")
+    return out
 
 
 def current_routes(ifname: str) -> list[str]:
     """Our routes (proto RTPROT_ANEX) through ``ifname``, as CIDR strings."""
-    with _ipr() as ipr:
-        index = _require(ipr, ifname)
-        out = []
-        for family in (2, 10):  # AF_INET, AF_INET6
-            for route in ipr.get_routes(family=family, oif=index, table=254):
-                if route.get("proto") != RTPROT_ANEX:
-                    continue
-                dst = route.get("RTA_DST") or ("0.0.0.0" if family == 2 else "::")
-                out.append(f"{dst}/{route['dst_len']}")
-        return out
+    with _rtnl() as nl:
+        return _our_routes(nl, _require(nl, ifname))
 
 
-def _require(ipr: Any, ifname: str) -> int:
-    found = ipr.link_lookup(ifname=ifname)
-    if not found:
+def _require(nl: Rtnl, ifname: str) -> int:
+    index = nl.link_index(ifname)
+    if index is None:
         raise EngineError(f"interface {ifname} does not exist")
-    return found[0]
+    return index
 
 
 def configure(ifname: str, address: str, mtu: int, routes: Iterable[str]) -> dict[str, SetPlan]:
@@ -133,30 +124,26 @@ def configure(ifname: str, address: str, mtu: int, routes: Iterable[str]) -> dic
     Returns the plans that were carried out (for logging and tests); ``link`` lists the link
     settings changed (``mtu``, ``up``). EngineError on failure.
     """
-    from pyroute2 import NetlinkError
-
     link_changes: list[str] = []
-    with _ipr() as ipr:
-        index = _require(ipr, ifname)
+    with _rtnl() as nl:
+        index = _require(nl, ifname)
         try:
-            link = ipr.get_links(index)[0]
-            if link.get("IFLA_MTU") != mtu:
-                ipr.link("set", index=index, mtu=mtu)
+            link = nl.link(index)
+            if link.mtu != mtu:
+                nl.link_set(index, mtu=mtu)
                 link_changes.append("mtu")
-            have = [f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}" for a in ipr.get_addr(index=index)]
+            have = [f"{a}/{prefixlen}" for a, prefixlen in nl.addrs(index)]
             have = [a for a in have if not ipaddress.ip_interface(a).ip.is_link_local]
             addr_plan = plan_set(have, [address], kind="interface")
             for item in addr_plan.remove:
-                iface = ipaddress.ip_interface(item)
-                ipr.addr("del", index=index, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+                nl.addr_del(index, item)
             for item in addr_plan.add:
-                iface = ipaddress.ip_interface(item)
-                ipr.addr("add", index=index, address=str(iface.ip), prefixlen=iface.network.prefixlen)
-            if not link["flags"] & 1:  # IFF_UP
-                ipr.link("set", index=index, state="up")
+                nl.addr_add(index, item)
+            if not link.flags & IFF_UP:
+                nl.link_set(index, up=True)
                 link_changes.append("up")
         except NetlinkError as err:
-            raise EngineError(f"cannot configure {ifname}: {err}") from None
+            raise EngineError(f"cannot configure {ifname}: {err.strerror}") from None
     route_plan = set_routes(ifname, routes)
     return {"addresses": addr_plan, "routes": route_plan, "link": SetPlan(add=tuple(link_changes), remove=())}
 
@@ -168,22 +155,20 @@ def changed(plans: dict[str, SetPlan]) -> bool:
 
 def set_routes(ifname: str, routes: Iterable[str]) -> SetPlan:
     """Make our routes through ``ifname`` exactly ``routes`` (routes of others are left alone)."""
-    from pyroute2 import NetlinkError
-
-    plan = plan_set(current_routes(ifname), routes)
-    with _ipr() as ipr:
-        index = _require(ipr, ifname)
+    with _rtnl() as nl:
+        index = _require(nl, ifname)
+        plan = plan_set(_our_routes(nl, index), routes)
         for cidr in plan.remove:
             try:
-                ipr.route("del", dst=cidr, oif=index, proto=RTPROT_ANEX)
+                nl.route_del(cidr, index, RTPROT_ANEX)
             except NetlinkError as err:
-                if err.code != errno_mod.ESRCH:
-                    raise EngineError(f"cannot remove route {cidr} dev {ifname}: {err}") from None
+                if err.errno != errno_mod.ESRCH:
+                    raise EngineError(f"cannot remove route {cidr} dev {ifname}: {err.strerror}") from None
         for cidr in plan.add:
             try:
-                ipr.route("replace", dst=cidr, oif=index, proto=RTPROT_ANEX)
+                nl.route_replace(cidr, index, RTPROT_ANEX)
             except NetlinkError as err:
-                raise EngineError(f"cannot add route {cidr} dev {ifname}: {err}") from None
+                raise EngineError(f"cannot add route {cidr} dev {ifname}: {err.strerror}") from None
     return plan
 
 

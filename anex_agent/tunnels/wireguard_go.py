@@ -57,6 +57,8 @@ BINARY = "wireguard-go"
 #: Debian's wireguard-go refuses to run on Linux unless this is set (it prefers the kernel module).
 ENV_PREFER_USERSPACE = "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD"
 START_TIMEOUT = 10.0
+#: How often the start looks for the UAPI socket (a stat; wireguard-go opens it within tens of ms).
+SOCKET_POLL = 0.005
 STOP_GRACE = 5.0
 
 
@@ -194,7 +196,7 @@ class WireguardGoEngine(Engine):
                 if time.monotonic() > deadline:
                     await self._terminate()
                     raise EngineError(f"{self.binary} did not open {self.socket_path} within {START_TIMEOUT:.0f} s")
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(SOCKET_POLL)
             log.info("wireguard-go running for %s (pid %s)", self.ifname, self._proc.pid)
 
     def _stderr_tail(self, limit: int = 2000) -> str:

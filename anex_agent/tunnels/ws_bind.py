@@ -32,17 +32,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.asyncio.connection import Connection
-from websockets.exceptions import ConnectionClosed, WebSocketException
-from websockets.frames import Opcode
-from websockets.protocol import State
+from functools import cache
 
 from anex_agent import relay_protocol as rp
 from anex_agent.backoff import Backoff
 from anex_agent.tunnels.bind import BindClosed, next_datagram
 
+# websockets is imported where a relay connection is made or served: an agent on the UDP
+# path (and the proxy_for users) never imports it.
 if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+    from websockets.asyncio.connection import Connection
+
     from anex_agent.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ def send_batch(ws: Connection, datagrams: list[bytes], limit: int = WRITE_LIMIT)
 
     False (all dropped, as UDP would) when the connection is not open or more than ``limit``
     bytes already wait to be written."""
+    from websockets.protocol import State
+
     transport = ws.transport
     protocol = ws.protocol
     if protocol.state is not State.OPEN or transport.get_write_buffer_size() > limit:
@@ -172,6 +175,8 @@ class DirectBinary:
     on_datagram: Callable[[bytes], None] | None = None
 
     def process_event(self, event: Any) -> None:
+        from websockets.frames import Opcode
+
         deliver = self.on_datagram
         if deliver is not None and event.opcode is Opcode.BINARY and event.fin:
             deliver(bytes(event.data))
@@ -179,8 +184,15 @@ class DirectBinary:
         super().process_event(event)  # type: ignore[misc]
 
 
-class RelayClientConnection(DirectBinary, ClientConnection):
-    """The client connection of the relay: binary messages delivered directly (:class:`DirectBinary`)."""
+@cache
+def relay_client_connection() -> type:
+    """The client connection class of the relay: binary messages delivered directly (:class:`DirectBinary`)."""
+    from websockets.asyncio.client import ClientConnection
+
+    class RelayClientConnection(DirectBinary, ClientConnection):
+        pass
+
+    return RelayClientConnection
 
 
 def proxy_for(url: str, environ: Mapping[str, str]) -> str | None:
@@ -283,6 +295,8 @@ class RelayClient:
 
     async def run(self) -> None:
         """Connect and relay; reconnect after any failure with backoff and jitter; return after close()."""
+        from websockets.exceptions import WebSocketException
+
         while not self._closed.is_set():
             try:
                 await self._session()
@@ -302,6 +316,8 @@ class RelayClient:
                 pass
 
     async def _session(self) -> None:
+        from websockets.asyncio.client import connect
+
         target = self.target
         kwargs: dict[str, Any] = {}
         if target.url.startswith("wss://"):
@@ -311,7 +327,7 @@ class RelayClient:
                                open_timeout=self.connect_timeout, ping_interval=self.ping_interval,
                                ping_timeout=self.ping_timeout, max_size=rp.MAX_MESSAGE, max_queue=64,
                                compression=None, user_agent_header="anex-agent", close_timeout=2,
-                               create_connection=RelayClientConnection, **kwargs)
+                               create_connection=relay_client_connection(), **kwargs)
         try:
             async with asyncio.timeout(self.connect_timeout):
                 challenge = rp.parse_challenge(await ws.recv())
@@ -349,6 +365,8 @@ class RelayClient:
 
 
 def _describe(err: BaseException) -> str:
+    from websockets.exceptions import ConnectionClosed
+
     if isinstance(err, ConnectionClosed):
         rcvd = err.rcvd
         if rcvd is not None and rcvd.code == rp.CLOSE_UNAUTHENTICATED:

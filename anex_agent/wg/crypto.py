@@ -20,7 +20,6 @@ import hmac as _hmac
 import struct
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -121,7 +120,7 @@ def private_from_bytes(raw: bytes) -> X25519PrivateKey:
 
 
 def public_bytes(private: X25519PrivateKey) -> bytes:
-    return private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return private.public_key().public_bytes_raw()
 
 
 def dh(private: X25519PrivateKey, public: bytes) -> bytes:

@@ -281,3 +281,38 @@ async def test_the_pull_back_after_a_probe_asks_the_engine_whatever_it_is(plane,
     dp, _ = await make(engine_cls)
     dp._nudge()
     assert dp.engine.keepalives == [{GW: "10.254.0.1"}]
+
+
+async def test_the_engine_starts_while_the_path_is_chosen(plane, monkeypatch):
+    from anex_agent.agent.path import PathManager
+
+    make, _ = plane
+    choosing = asyncio.Event()
+    choose_initial = PathManager.choose_initial
+
+    async def choose(self, *args, **kwargs):
+        choosing.set()
+        return await choose_initial(self, *args, **kwargs)
+
+    monkeypatch.setattr(PathManager, "choose_initial", choose)
+
+    class StartsAlongsideThePathChoice(ContractEngine):
+        async def start(self, tasks) -> None:
+            await asyncio.wait_for(choosing.wait(), 5)  # one after the other, this would time out
+            await super().start(tasks)
+
+    dp, tasks = await make(StartsAlongsideThePathChoice)
+    assert dp.engine.started_with is tasks and dp.path == "udp"
+
+
+async def test_an_engine_that_fails_to_start_raises_its_own_error(plane):
+    from anex_agent.errors import EngineError
+
+    make, _ = plane
+
+    class Broken(ContractEngine):
+        async def start(self, tasks) -> None:
+            raise EngineError("no TUN device here")
+
+    with pytest.raises(EngineError, match="no TUN device here"):
+        await make(Broken)

@@ -1,0 +1,113 @@
+"""What the node agent imports on its way up (``daemon``/``run``), checked in a fresh interpreter.
+
+The agent's resident memory is mostly the modules it imports (see docs/agent.md,
+"Footprint"), so the start-up path imports only what the role and the chosen engine use.
+A subprocess runs the same imports as ``anex-agent daemon`` does (the CLI's dispatch, the
+subcommand's ``main()`` imports, the engine probes, the modules the data plane, the
+front-ends and the telemetry load while coming up) and reports ``sys.modules``. The
+integration test ``integration/test_agent_footprint.py`` checks the same list in a real
+daemon serving a proxied request.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: Never in a node agent: the other roles, the demo, and libraries only they (or only an
+#: optional path) use.
+NEVER = (
+    "anex_agent.coordinator", "anex_agent.gateway", "anex_agent.selection", "anex_agent.demo",
+    "asyncssh", "asyncpg",
+)
+#: Imported only where used: netlink for WireGuard's own family (kernel engine), cluster name
+#: lookups, the WebSocket relay path, cryptography's key serialisation formats.
+LAZY = ("pyroute2", "dns", "websockets", "cryptography.hazmat.primitives.serialization")
+
+STARTUP = r"""
+import argparse, importlib, json, sys
+from anex_agent import cli
+command = sys.argv[1]
+module = importlib.import_module(cli.COMMANDS[command][0])
+module.configure(argparse.ArgumentParser())
+# what main() imports, then what the start-up imports on its way to a proxied answer
+from anex_agent.agent.cli_detect import detect_report
+from anex_agent.agent.supervisor import Agent
+from anex_agent.tunnels.base import choose_engine
+detect_report()
+try:
+    choose_engine("wireguard-go", for_workload=True)
+except Exception:
+    pass  # not usable here: the probe ran all the same
+import anex_agent.tunnels.wireguard_go, anex_agent.tunnels.netconf
+from anex_agent.agent.dataplane import _forward_manager, _proxy
+import anex_agent.frontends.proxy, anex_agent.frontends.forward
+from anex_agent.agent.heartbeat import start_telemetry
+import anex_agent.gpu.monitor, anex_agent.gpu.exposition
+from anex_agent.gpu.nvml import Nvml
+Nvml().ensure_ready()
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def startup_modules(command: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", STARTUP, command], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def offending(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def _nvml_library_present() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module", params=["daemon", "run"])
+def modules(request) -> set[str]:
+    return startup_modules(request.param)
+
+
+def test_startup_imports_no_other_role_and_no_demo(modules):
+    assert offending(modules, NEVER) == []
+
+
+def test_startup_leaves_optional_libraries_unimported(modules):
+    assert "anex_agent.tunnels.netconf" in modules and "anex_agent.frontends.proxy" in modules  # the path ran
+    assert offending(modules, LAZY) == []
+
+
+@pytest.mark.skipif(_nvml_library_present(), reason="libnvidia-ml.so.1 is installed: pynvml is rightly imported")
+def test_no_nvml_library_means_no_pynvml(modules):
+    assert "anex_agent.gpu.nvml" in modules
+    assert offending(modules, ("pynvml",)) == []
+
+
+def test_the_guard_sees_a_forbidden_import():
+    assert offending({"anex_agent.gateway.relay", "anex_agent.gatewayish", "dns"}, NEVER + LAZY) == [
+        "anex_agent.gateway.relay", "dns"]
+
+
+def test_the_api_and_telemetry_modules_load_after_the_data_plane():
+    """Importing what ``daemon``/``run`` import before the data plane is up leaves the agent API's
+    server and the telemetry out: the supervisor loads them in a thread once the proxy serves."""
+    script = ("import json, sys\n"
+              "import anex_agent.agent.cli_daemon, anex_agent.agent.cli_run, anex_agent.agent.supervisor\n"
+              "import anex_agent.agent.dataplane, anex_agent.agent.cli_detect\n"
+              "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    modules = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "anex_agent.agent.supervisor" in modules
+    assert offending(modules, ("aiohttp.web", "prometheus_client", "psutil", "anex_agent.agent.api",
+                               "anex_agent.gpu")) == []
