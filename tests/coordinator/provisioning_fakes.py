@@ -21,7 +21,7 @@ from anex_agent import keys, wire
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.modules import ROUTE_MODULES, load_modules
-from anex_agent.coordinator.provisioning.boot import JoinTokenIssuer
+from anex_agent.coordinator.provisioning.boot import BootstrapIssuer
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
 from anex_agent.coordinator.provisioning.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
 from anex_agent.coordinator.provisioning.selector import Candidate, Choice
@@ -121,7 +121,7 @@ async def start(tmp_path, database_url: str, clock: ShiftClock, providers: dict,
     settings_c = Settings.for_tests(tmp_path, database_url, poll_interval=0.1, sweep_interval=3600)
     ctx = await Coordinator.open(settings_c, clock=clock, environ={})
     setup = provisions.make_setup(providers=providers, selector=selector, settings=settings,
-                                  issuer=JoinTokenIssuer(settings.coordinator_url), environ={})
+                                  issuer=BootstrapIssuer(settings.coordinator_url), environ={})
     server = TestServer(build_app(ctx, modules_with(setup)))
     await server.start_server()
     harness = Harness(ctx, server, None, clock, [])  # type: ignore[arg-type]
