@@ -7,6 +7,7 @@ registry that builds a :class:`~.rentals.RentalProvider` for each configured pro
 | ``ANEX_PROVISION_BOOT_TIMEOUT`` | 900 | seconds a rented machine has to join and report ready |
 | ``ANEX_PROVISION_MAX_ATTEMPTS`` | 5 | offers tried per provision before it fails |
 | ``ANEX_PROVISION_RECONCILE_INTERVAL`` | 60 | seconds between comparisons of the providers' rentals with the provisions |
+| ``ANEX_PROVISION_BACKOFF`` | 2 | seconds before the first retry of a provider that was unavailable (doubles, up to 60) |
 | ``ANEX_PROVISION_LEASE`` | 30 | seconds a coordinator holds a provision it works on (another takes over after a crash) |
 | ``ANEX_RUNPOD_REST_URL`` | ``https://rest.runpod.io/v1`` | RunPod's REST API, where pods are rented (offers come from ``ANEX_RUNPOD_URL``) |
 
@@ -118,5 +119,6 @@ class ProvisioningSettings:
             max_attempts=int(number("ANEX_PROVISION_MAX_ATTEMPTS", 5, minimum=1, integer=True)),
             reconcile_interval=number("ANEX_PROVISION_RECONCILE_INTERVAL", 60.0, minimum=1),
             lease=number("ANEX_PROVISION_LEASE", 30.0, minimum=1),
+            backoff=number("ANEX_PROVISION_BACKOFF", 2.0, minimum=0.05),
             runpod_rest_url=rest.rstrip("/") or cls.runpod_rest_url,
         )
