@@ -15,14 +15,21 @@ Steps, per state (every attempt is recorded with how it ended):
   of this attempt may have rented (the provider was unavailable, or the coordinator died
   during the call), the provider's rentals carrying the provision's label are listed first
   and one found is adopted: a provision never pays for two machines. Otherwise boot
-  credentials are issued (:class:`.boot.BootIssuer`: a single-use join token that expires
-  at the boot deadline) and the offer is rented. :class:`~.rentals.RentRefused`: the attempt
-  ends ``refused``, next candidate. :class:`~.rentals.ProviderUnavailable` (or any other
-  error: the outcome is unknown): retried with exponential backoff (``Retry-After`` honoured),
-  listing first; after ``rent_tries`` calls the attempt ends ``unavailable`` (a rental made
-  meanwhile is destroyed by the reconciler).
+  credentials are issued (:class:`.boot.BootIssuer`: a single-use join token bound to the
+  provision that expires at the boot deadline, in the environment or in a start script that
+  downloads the agent, as the provision's ``agent`` says) and the offer is rented.
+  :class:`~.rentals.RentRefused`: the attempt ends ``refused``, next candidate.
+  :class:`~.rentals.NoCapacity`: listed at once; nothing found: ``refused``, next candidate.
+  :class:`~.rentals.ProviderUnavailable` (or any other error: the outcome is unknown):
+  retried with exponential backoff (``Retry-After`` honoured), listing first; after
+  ``rent_tries`` calls the attempt ends ``unavailable`` (a rental made meanwhile is destroyed
+  by the reconciler). :class:`.boot.BootUnavailable` (no agent file to download): ``failed``.
+* :class:`~.rentals.KeyRefused` in any step: ``failed`` with the reason (``deleting``: stays,
+  retried slowly, the reason says why).
 * ``booting``: the node that joined with the provision's token is its node; once it is
-  ``ready`` (it heartbeats) the provision is ``ready``. At the boot deadline the rental is
+  ``ready`` (it heartbeats) the provision is ``ready``. A ready provision whose node was deleted
+  or expired is ``lost`` (checked every :data:`NODE_CHECK_INTERVAL` s by the scheduler), its
+  rental destroyed. At the boot deadline the rental is
   destroyed, the node removed, a Vast.AI machine banned, and the attempt ends
   ``boot_timeout``: next candidate.
 * ``deleting``: the rental is destroyed first (retried until the provider confirms; an
