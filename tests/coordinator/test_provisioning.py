@@ -572,3 +572,17 @@ async def test_download_without_an_agent_file_or_a_command_is_a_422(tmp_path, sh
         assert status == 422 and body["errors"][0]["field"] == "command"
     finally:
         await stop_harness(harness)
+
+
+async def test_download_fails_the_provision_when_the_agent_file_is_gone(tmp_path, shift, agent_file):
+    vast = FakeRentals()
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": vast},
+                          FakeSelector(offers("o1")), agent_binaries=(("x86_64", agent_file),))
+    api = Api(harness)
+    try:
+        agent_file.unlink()  # configured at start, gone since
+        view = await api.state((await api.create())["id"], "failed")
+        assert "agent file cannot be read" in view["reason"] and str(agent_file) in view["reason"]
+        assert vast.rent_calls == [] and view["attempts"][0]["outcome"] == "failed"
+    finally:
+        await stop_harness(harness)

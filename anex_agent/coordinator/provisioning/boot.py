@@ -17,7 +17,7 @@ expiring at the boot deadline, limited to the rental's provider, labelled
   single-file agent from the coordinator (``GET /v1/agent/<arch>``, the token as bearer),
   checks it against the hashes of the coordinator's ``--agent-binary`` files, and runs the
   pod's command under it; the token is in the script only (written to a 0600 file there), not
-  in the rental's environment. With no agent file configured, :class:`BootUnavailable`.
+  in the rental's environment. With no agent file configured (or readable), :class:`BootUnavailable`.
 
 A node that joined with one of the provision's tokens is the provision's node
 (:func:`joined_node`); :func:`revoke_unused` forgets the tokens no node used.
@@ -91,7 +91,11 @@ class BootstrapIssuer:
         known = request.provider if request.provider in wire.Provider.__members__ else None
         hashes: Mapping[str, str] = {}
         if request.agent == DOWNLOAD:
-            hashes = await self.agent_hashes()
+            try:
+                hashes = await self.agent_hashes()
+            except OSError as err:
+                raise BootUnavailable(f"the provision downloads the agent, but the agent file cannot be read "
+                                      f"({err.strerror or type(err).__name__}: {err.filename})") from None
             if not hashes:
                 raise BootUnavailable("the provision downloads the agent, but this coordinator serves no agent "
                                       "file (start it with --agent-binary PATH)")
