@@ -1,7 +1,8 @@
 """Provisioning routes (admin): ask for a machine in one call, follow it, delete it.
 
     POST   /v1/provisions          ProvisionCreate -> ProvisionView (202 new; 200 the same name and body again;
-                                   409 the same name with another body)
+                                   409 the same name with another body; 422 naming ``agent`` when it asks to
+                                   download the agent from a coordinator without ``--agent-binary``)
     GET    /v1/provisions          -> ProvisionList (deleted ones left out)
     GET    /v1/provisions/watch    WebSocket of ProvisionEvent: a snapshot, then each change
     GET    /v1/provisions/{id}     -> ProvisionView with every attempt
@@ -9,8 +10,10 @@
                                    idempotent)
 
 Mounted through ``ROUTE_MODULES``; ``MIGRATIONS`` (400-449) are :mod:`..provisioning.store`'s.
-:func:`make_setup` takes injected providers, selector and boot issuer (tests, the demo);
-:func:`setup` builds them from the coordinator's environment (:mod:`..provisioning.config`).
+:func:`make_setup` takes injected providers, selector and boot issuer (tests);
+:func:`setup` builds them from the coordinator's environment (:mod:`..provisioning.config`),
+the issuer being :func:`default_issuer` (the bootstrap's, with the ``--agent-binary`` files).
+A provision's ``agent`` start mode is decided at ``POST`` (:func:`resolve_agent`) and kept in it.
 The loop itself is :class:`..provisioning.loop.Provisioner`, a coordinator background task.
 """
 
