@@ -13,7 +13,9 @@ of each rented machine (join with the boot token it was given, heartbeat).
 * the coordinator SIGKILLed while its rent call is in flight, restarted on the same database:
   exactly one rental exists and the provision finishes;
 * a dangling labelled rental is destroyed; a rental that vanishes makes the provision lost and
-  its node revoked.
+  its node revoked;
+* with ``--agent-binary`` the rental gets the start script (the agent's hash, the provision's
+  token, which downloads the agent and joins).
 """
 
 from __future__ import annotations
@@ -330,3 +332,40 @@ def test_dangling_rental_pruned_and_vanished_rental_lost(tmp_path, provider):
         assert node_id not in [n["id"] for n in coord.nodes()]
     finally:
         coord.stop()
+
+
+def test_download_start_script_by_default_with_an_agent_binary(tmp_path, provider):
+    """A coordinator started with --agent-binary gives the rental a start script (Vast.AI's onstart,
+    RunPod's entrypoint) carrying the agent's hash and the provision's token, and no token in the
+    environment; the token downloads that agent from the coordinator and joins."""
+    import hashlib
+    import re
+
+    agent = tmp_path / "anex-agent"
+    agent.write_bytes(b"#!/bin/sh\nexec true\n")
+    digest = hashlib.sha256(agent.read_bytes()).hexdigest()
+    coord = Coordinator(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", provider)
+    coord.args += ["--agent-binary", f"x86_64={agent}"]
+    try:
+        coord.start()
+        status, created = _call(coord.url, "POST", "/v1/provisions", {**SPEC, "image": "python:3.12-slim"})
+        assert status == 202 and created["agent"] == "download", created
+        coord.state(created["id"], "booting")
+        (rental,) = provider.rentals.values()
+        if provider.kind == "vastai":
+            assert rental.body["runtype"] == "ssh" and rental.body["onstart"] == rental.onstart
+        else:
+            assert rental.body["dockerEntrypoint"][:2] == ["/bin/sh", "-c"]
+        script = rental.onstart or ""
+        assert f"x86_64) sha256={digest}" in script and "exec \"$agent\" run -- sleep infinity" in script
+        assert not any(name.startswith("ANEX_") for name in rental.env)
+        secret = re.search(r"anexjt_[A-Za-z0-9_-]+", script).group(0)
+        request = urllib.request.Request(coord.url + "/v1/agent/x86_64", headers={"Authorization": f"Bearer {secret}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.read() == agent.read_bytes() and resp.headers["X-Checksum-Sha256"] == digest
+        env = {"ANEX_JOIN_TOKEN": secret, "ANEX_NODE_NAME": SPEC["name"], "ANEX_PROVIDER": provider.kind}
+        node_id = asyncio.run(_agent(coord.url, env))
+        assert coord.state(created["id"], "ready")["node_id"] == node_id
+    finally:
+        stderr = coord.stop()
+    assert "anexjt_" not in stderr
