@@ -1,5 +1,6 @@
-"""Benchmark: provisioning through a real coordinator process and the simulated rental service.
-Prints one JSON document.
+"""Benchmark: provisioning through a real coordinator process renting from the fake Vast.AI
+(the demo's simulated provider) with its real Vast.AI client and the live selection. Prints one
+JSON document.
 
 * ``latency``: ``--runs`` provisions one after the other, each from ``POST /v1/provisions`` to
   ``ready``, split into select (until the attempt began), rent (the rent call), boot (rented
@@ -11,8 +12,9 @@ Prints one JSON document.
   the same for deleting them all.
 
 The simulated machines are played by this process (join with the boot token, one heartbeat),
-so their CPU is not the coordinator's. The rental service keeps every offer available (renting
-does not take it), so the numbers are the coordinator's own work, not contention for offers.
+so their CPU is not the coordinator's. The fake Vast.AI keeps every offer available (renting
+does not take it), so the numbers are the coordinator's own work (a live offer search, the
+rent, the boot token, watching the join), not contention for offers.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ import aiohttp  # noqa: E402
 from anex_agent import keys, wire  # noqa: E402
 from anex_agent.client import CoordinatorClient  # noqa: E402
 from anex_agent.demo.provision import phases  # noqa: E402
-from anex_agent.demo.rentals import RentalService  # noqa: E402
+from anex_agent.demo.fake_providers import FakeVastAI, vast_bundle  # noqa: E402
 
 ADMIN = "anexadm_bench_provision_admin_token_0123456789"
+API_KEY = "bench-vastai-api-key"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -49,9 +52,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Bench:
-    def __init__(self, url: str, service: RentalService, boot_delay: float) -> None:
+    def __init__(self, url: str, fake: FakeVastAI, boot_delay: float) -> None:
         self.url = url
-        self.service = service
+        self.fake = fake
         self.boot_delay = boot_delay
         self.headers = {"Authorization": f"Bearer {ADMIN}"}
         self.booted: set[str] = set()
@@ -75,10 +78,10 @@ class Bench:
             await client.heartbeat(joined.node_id, wire.Heartbeat())
 
     async def boot_new_rentals(self, group: asyncio.TaskGroup) -> None:
-        for rental_id, rental in list(self.service.rentals.items()):
+        for rental_id, rental in list(self.fake.rentals.items()):
             if rental_id not in self.booted:
                 self.booted.add(rental_id)
-                group.create_task(self.machine(rental.request["env"]), name=f"machine-{rental_id}")
+                group.create_task(self.machine(rental.env), name=f"machine-{rental_id}")
 
     async def until(self, ids: list[str], state: str, group: asyncio.TaskGroup, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -95,8 +98,8 @@ class Bench:
         raise RuntimeError(f"not every provision {state} within {timeout} s")
 
 
-async def run(args: argparse.Namespace, url: str, pid: int, service: RentalService) -> dict:
-    bench = Bench(url, service, args.boot_delay)
+async def run(args: argparse.Namespace, url: str, pid: int, fake: FakeVastAI) -> dict:
+    bench = Bench(url, fake, args.boot_delay)
     out: dict = {}
     async with aiohttp.ClientSession() as session, asyncio.TaskGroup() as group:
         bench.session = session
@@ -128,7 +131,8 @@ async def run(args: argparse.Namespace, url: str, pid: int, service: RentalServi
             "coordinator_cpu_ms_per_provision": round((cpu1 - cpu0) * 1000 / n, 2),
             "all_deleted_s": round(t2 - t1, 2),
             "coordinator_cpu_ms_per_delete": round((cpu2 - cpu1) * 1000 / n, 2),
-            "rentals_left": len(service.rentals), "rent_calls": len(service.rent_calls),
+            "rentals_left": len(fake.rentals),
+            "rent_calls": sum(1 for method, path in fake.calls if method == "PUT" and "/asks/" in path),
         }
     return out
 
@@ -140,26 +144,32 @@ def main() -> None:
     parser.add_argument("--boot-delay", type=float, default=0.5, help="seconds a simulated machine takes to join")
     parser.add_argument("--database", help="coordinator database URL (default: SQLite in a temporary directory)")
     args = parser.parse_args()
-    service = RentalService()
-    service.start()
+    asyncio.run(bench_main(args))
+
+
+async def bench_main(args: argparse.Namespace) -> None:
+    fake = FakeVastAI(api_key=API_KEY, exclusive=False,
+                      bundles=[vast_bundle(6000 + i, price=round(0.3 + 0.01 * i, 2)) for i in range(20)])
+    await fake.start()
     workdir = Path(tempfile.mkdtemp(prefix="anex-bench-provision-"))
     argv = [sys.executable, "-m", "anex_agent", "coordinator", "--listen", "127.0.0.1:0", "--state-dir",
             str(workdir / "state")]
     if args.database:
         argv += ["--database", args.database]
-    env = {**os.environ, "ANEX_ADMIN_TOKEN": ADMIN, "ANEX_PROVISION_SIMULATOR_URL": service.url,
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}, "ANEX_ADMIN_TOKEN": ADMIN,
+           "ANEX_VASTAI_URL": fake.url, "ANEX_VASTAI_API_KEY": API_KEY,
            "ANEX_PROVISION_COORDINATOR_URL": "http://coordinator.invalid", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        line = proc.stdout.readline() if proc.stdout else ""
+        line = await asyncio.to_thread(proc.stdout.readline) if proc.stdout else ""
         match = re.search(r"listening on (http://\S+)", line)
         if not match:
             raise SystemExit(f"the coordinator did not start: {line!r}")
-        result = asyncio.run(run(args, match.group(1), proc.pid, service))
+        result = await run(args, match.group(1), proc.pid, fake)
     finally:
         proc.terminate()
-        proc.wait(15)
-        service.stop()
+        await asyncio.to_thread(proc.wait, 15)
+        await fake.close()
     print(json.dumps({"benchmark": "provision", "machine": platform.machine(), "python": platform.python_version(),
                       "cpus": os.cpu_count(), "database": "postgresql" if args.database else "sqlite", **result},
                      indent=2))

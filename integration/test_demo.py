@@ -66,7 +66,7 @@ def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path
         assert re.match(rf"{node}\s+ready\s+10\.254\.\d+\.\d+\s+{engine}\s+{path}\s+\w+\s+\d+\s+[\d.]+ %\s+[\d.]+ GiB / [\d.]+ GiB\s+[\d.]+ s ago\s+{VERDICT}", view[0]), view[0]
     assert "no WireGuard handshake" in _row(text, "path", "udp-blocked-2")
     # provisioning: POST /v1/provisions -> a simulated rental boots the agent -> ready; proxy; DELETE leaves nothing
-    assert re.search(r"ok  ready in [\d.]+ s \(select [\d.]+, rent [\d.]+, boot [\d.]+, join [\d.]+\); simulated \S+ at "
+    assert re.search(r"ok  ready in [\d.]+ s \(select [\d.]+, rent [\d.]+, boot [\d.]+, join [\d.]+\); vastai \d+ at "
                      r"\$[\d.]+/h, node 10\.254\.\d+\.\d+", _row(text, "provision", "provisioned")), text
     assert re.search(r"ok  echo answered /provisioned", _row(text, "proxy", "provisioned")), text
     assert re.search(r"ok  rental destroyed, node removed, peer gone from the gateway", _row(text, "delete", "provisioned"))

@@ -301,7 +301,7 @@ def main(args: argparse.Namespace) -> int:
                 for name, ok, detail in coordinator_checks(summaries[label], error, TELEMETRY_WAIT):
                     rows.append(_status_row(label, node, name, ok, detail))
                 views.append(view_cells(label, summaries[label]))
-        print("anex-agent demo: provisioning a machine from the simulated provider", flush=True)
+        print("anex-agent demo: provisioning a machine from the simulated provider (a fake Vast.AI)", flush=True)
         rows.extend(_provision_rows(mesh, provider))
     except Exception as err:
         failed_setup = f"{type(err).__name__}: {err}"

@@ -4,13 +4,17 @@ simulated provider.
 
 Routes and bodies:
 
-* :class:`FakeVastAI` (base URL ``<url>/api/v0``): ``PUT /asks/{offer_id}/`` ->
+* :class:`FakeVastAI` (base URL ``<url>/api/v0``): ``GET /bundles/?q=...`` -> ``{"offers":
+  [...]}`` (its ``bundles``, the rented ones left out; the selection filters them again);
+  ``PUT /asks/{offer_id}/`` ->
   ``{"success": true, "new_contract": <id>}``; a taken or unknown offer is 400
   ``{"success": false, "error": "no_such_ask", "msg": ...}``; ``DELETE /instances/{id}/`` ->
   ``{"success": true}``, 404 ``no_such_instance`` when gone; ``GET /instances/`` ->
   ``{"instances": [{"id", "label", "actual_status", "intended_status", "cur_state",
   "dph_total", "machine_id", "gpu_name", "num_gpus", "image_uuid"}]}``.
-* :class:`FakeRunPod` (base URL ``<url>/v1``): ``POST /pods`` -> 201 Pod ``{"id", "name",
+* :class:`FakeRunPod` (base URL ``<url>/v1``; offers at ``<url>/graphql``): ``POST /graphql``
+  answers the selection's ``gpuTypes``/``dataCenters`` query from its ``gpu_types`` in its
+  ``datacenters``; ``POST /pods`` -> 201 Pod ``{"id", "name",
   "desiredStatus", "costPerHr", "adjustedCostPerHr", "machineId", "gpuCount", "image", "env"}``;
   a refused offer is 400 ``{"error": ..., "status": 400}``; ``DELETE /pods/{id}`` -> 204, 404
   when gone; ``GET /pods`` -> a JSON array of Pods.
@@ -23,7 +27,13 @@ Faults (each counts down and then the server behaves again):
   ``Retry-After``, 500, 503, ...) before acting;
 * :meth:`lose_answer` of the next ``times`` rents: the rental is made, then the answer is a 500
   (the caller must list before renting again);
-* :meth:`vanish` a rental (the host reclaimed it: gone without a destroy).
+* :meth:`vanish` a rental (the host reclaimed it: gone without a destroy);
+* :meth:`no_capacity` for the next ``times`` rents: a 500 saying no machine is available
+  (RunPod's answer when the stock ran out; nothing is rented).
+
+Serving: ``await fake.start()`` on the caller's event loop, or :class:`ThreadedFake` on a
+thread of its own (a synchronous caller, or a test that blocks its own loop), on TCP or a
+Unix socket.
 
 Hooks: ``on_rent(rental)`` and ``on_destroy(rental)`` (plain or async callables) run when a
 rental is made (before the answer) and destroyed; the demo's simulated provider starts and
@@ -32,9 +42,11 @@ stops the machine there. Every call is recorded in ``calls`` as ``(method, path)
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import itertools
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +86,7 @@ class _Faults:
     refused: dict[str, tuple[int, dict]] = field(default_factory=dict)
     failures: dict[str, list[_Failure]] = field(default_factory=dict)
     lost_answers: int = 0
+    no_capacity: int = 0
 
     def next_failure(self, operation: str) -> _Failure | None:
         queue = self.failures.get(operation) or []
@@ -115,6 +128,10 @@ class _FakeProvider:
         self.faults.failures.setdefault(operation, []).append(
             _Failure(status, times, None if retry_after is None else str(retry_after)))
 
+    def no_capacity(self, times: int = 1) -> None:
+        """The next ``times`` rents answer 500 saying no machine is available, and rent nothing."""
+        self.faults.no_capacity += times
+
     def lose_answer(self, times: int = 1) -> None:
         """The next ``times`` rents create the rental, then answer 500 (the answer is lost)."""
         self.faults.lost_answers += times
@@ -145,10 +162,15 @@ class _FakeProvider:
         app.add_routes(self.routes())
         return app
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Serve on ``host:port`` (0: a free port); return the API base URL."""
-        self._runner = web.AppRunner(self.app(), access_log=None)
+    async def start(self, host: str = "127.0.0.1", port: int = 0, *, unix_path: str | None = None) -> str:
+        """Serve on ``host:port`` (0: a free port) or on the Unix socket ``unix_path``; return the API
+        base URL (for a Unix socket: its path only, ``<base path>``)."""
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
+        if unix_path is not None:
+            await web.UnixSite(self._runner, unix_path).start()
+            self.url = self.base_path()
+            return self.url
         site = web.TCPSite(self._runner, host, port)
         await site.start()
         bound = self._runner.addresses[0]
@@ -190,6 +212,10 @@ class _FakeProvider:
         if offer_id in self.faults.refused:
             status, error_body = self.faults.refused[offer_id]
             return None, web.json_response(error_body, status=status)
+        if self.faults.no_capacity > 0:
+            self.faults.no_capacity -= 1
+            return None, self.error(500, "There are no longer any instances available with the requested "
+                                         "specifications. Please refresh and try again.", "no_capacity")
         rental = FakeRental(str(next(self._ids)), offer_id, label, image, env, onstart, command,
                             self.prices.get(offer_id, self.default_price), body)
         self.rentals[rental.rental_id] = rental
@@ -224,16 +250,26 @@ class FakeVastAI(_FakeProvider):
 
     name = "vastai"
 
-    def __init__(self, *, offers: set[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, offers: set[str] | None = None, bundles: list[dict] | None = None,
+                 exclusive: bool = True, **kwargs: Any) -> None:
+        """``bundles``: the offers the search answers (:func:`vast_bundle`), also the ones that can be
+        rented when ``offers`` is None; ``exclusive``: a rented offer is taken (searched no more,
+        refused to a second rent)."""
         super().__init__(**kwargs)
-        self.offers = offers
+        self.bundles = list(bundles or [])
+        self.offers = offers if offers is not None or not self.bundles else {str(b["id"]) for b in self.bundles}
+        self.exclusive = exclusive
         self.rented_offers: set[str] = set()
+        for bundle in self.bundles:
+            self.prices.setdefault(str(bundle["id"]), float(bundle.get("dph_total", self.default_price)))
+        self.machines = {str(b["id"]): b.get("machine_id") for b in self.bundles}
 
     def base_path(self) -> str:
         return "/api/v0"
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.put("/api/v0/asks/{offer_id}/", self._rent),
+        return [web.get("/api/v0/bundles/", self._bundles),
+                web.put("/api/v0/asks/{offer_id}/", self._rent),
                 web.delete("/api/v0/instances/{instance_id}/", self._delete),
                 web.get("/api/v0/instances/", self._list)]
 
@@ -257,7 +293,8 @@ class FakeVastAI(_FakeProvider):
         env = body.get("env") or {}
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             return self.error(400, "env must be an object of strings", "invalid_args")
-        if (self.offers is not None and offer_id not in self.offers) or offer_id in self.rented_offers:
+        if (self.offers is not None and offer_id not in self.offers) or \
+                (self.exclusive and offer_id in self.rented_offers):
             return web.json_response(self.refusal_body(400), status=400)  # unknown, or taken (by us too)
         variables = {k: v for k, v in env.items() if not k.startswith("-")}
         rental, response = await self._create(offer_id, str(body.get("label") or ""), str(body["image"]), variables,
@@ -269,8 +306,15 @@ class FakeVastAI(_FakeProvider):
         assert rental is not None
         return web.json_response({"success": True, "new_contract": int(rental.rental_id)})
 
+    async def _bundles(self, request: web.Request) -> web.Response:
+        return web.json_response({"offers": [dict(b, rented=False) for b in self.bundles
+                                             if not (self.exclusive and str(b["id"]) in self.rented_offers)]})
+
     async def _delete(self, request: web.Request) -> web.Response:
+        instance = self.rentals.get(request.match_info["instance_id"])
         gone, response = await self._destroy(request.match_info["instance_id"])
+        if gone and instance is not None:
+            self.rented_offers.discard(instance.offer_id)
         if response is not None:
             return response
         if not gone:
@@ -283,7 +327,8 @@ class FakeVastAI(_FakeProvider):
             return injected
         return web.json_response({"instances": [
             {"id": int(r.rental_id), "label": r.label, "actual_status": r.status, "intended_status": "running",
-             "cur_state": r.status, "dph_total": r.price_per_hour, "machine_id": 70000 + int(r.rental_id) % 1000,
+             "cur_state": r.status, "dph_total": r.price_per_hour,
+             "machine_id": self.machines.get(r.offer_id) or 70000 + int(r.rental_id) % 1000,
              "gpu_name": "RTX 4090", "num_gpus": 1, "image_uuid": r.image}
             for r in self.rentals.values()]})
 
@@ -294,11 +339,30 @@ class FakeRunPod(_FakeProvider):
 
     name = "runpod"
 
+    def __init__(self, *, gpu_types: list[dict] | None = None, datacenters: tuple[str, ...] = ("EU-RO-1",),
+                 **kwargs: Any) -> None:
+        """``gpu_types``: what the offer query answers (:func:`runpod_gpu_type`), in stock in every
+        one of ``datacenters``."""
+        super().__init__(**kwargs)
+        self.gpu_types = list(gpu_types or [])
+        self.datacenters = datacenters
+        for gpu in self.gpu_types:
+            for dc in datacenters:
+                for tier, price in (("SECURE", gpu.get("securePrice")), ("COMMUNITY", gpu.get("communityPrice"))):
+                    if price:
+                        for count in range(1, 9):
+                            self.prices.setdefault(f"{gpu['id']}@{dc}/{tier}/x{count}", float(price) * count)
+
+    @property
+    def graphql_url(self) -> str:
+        """The offer query's endpoint (``ANEX_RUNPOD_URL``)."""
+        return self.url[: -len(self.base_path())] + "/graphql"
+
     def base_path(self) -> str:
         return "/v1"
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/pods", self._rent), web.delete("/v1/pods/{pod_id}", self._delete),
+        return [web.post("/graphql", self._graphql), web.post("/v1/pods", self._rent), web.delete("/v1/pods/{pod_id}", self._delete),
                 web.get("/v1/pods", self._list)]
 
     def refusal_body(self, status: int) -> dict:
@@ -318,6 +382,16 @@ class FakeRunPod(_FakeProvider):
                 "costPerHr": rental.price_per_hour, "adjustedCostPerHr": rental.price_per_hour,
                 "machineId": f"m{rental.rental_id}", "gpuCount": rental.body.get("gpuCount", 1),
                 "image": rental.image, "env": rental.env}
+
+    async def _graphql(self, request: web.Request) -> web.Response:
+        injected = self._injected("list")
+        if injected is not None:
+            return injected
+        in_stock = [{"gpuTypeId": g["id"], "stockStatus": "High", "available": True} for g in self.gpu_types]
+        return web.json_response({"data": {
+            "gpuTypes": self.gpu_types,
+            "dataCenters": [{"id": dc, "name": dc, "location": dc, "gpuAvailability": in_stock}
+                            for dc in self.datacenters]}})
 
     async def _rent(self, request: web.Request) -> web.Response:
         injected = self._injected("rent")
@@ -357,4 +431,53 @@ class FakeRunPod(_FakeProvider):
         return web.json_response([self.pod(r) for r in self.rentals.values()])
 
 
-__all__ = ["FakeRental", "FakeRunPod", "FakeVastAI"]
+def vast_bundle(offer_id: int, *, machine_id: int | None = None, price: float = 0.3, gpu: str = "RTX 4090",
+                gpus: int = 1) -> dict:
+    """One Vast.AI search result (``GET /bundles/``), with the fields the selection reads."""
+    return {"id": offer_id, "machine_id": machine_id if machine_id is not None else 500 + offer_id,
+            "gpu_name": gpu, "num_gpus": gpus, "gpu_ram": 24564, "gpu_totalram": 24564 * gpus,
+            "gpu_mem_bw": 1008.0, "total_flops": 82.6 * gpus, "compute_cap": 890, "cuda_max_good": 12.4,
+            "cpu_cores": 32, "cpu_cores_effective": 16.0, "cpu_ram": 64345, "dph_total": price, "inet_up": 800.0,
+            "inet_down": 1500.0, "disk_space": 250.0, "disk_bw": 2800.0, "dlperf": 60.0, "verified": True,
+            "verification": "verified", "hosting_type": 1, "geolocation": "Czechia, CZ", "reliability": 0.995,
+            "rentable": True, "rented": False}
+
+
+def runpod_gpu_type(gpu_id: str = "NVIDIA GeForce RTX 4090", *, display: str = "RTX 4090", price: float = 0.34,
+                    memory_gb: int = 24) -> dict:
+    """One entry of the offer query's ``gpuTypes`` (secure and community tiers at ``price`` per GPU)."""
+    return {"id": gpu_id, "displayName": display, "memoryInGb": memory_gb, "secureCloud": True,
+            "communityCloud": True, "securePrice": price, "communityPrice": round(price * 0.8, 4), "maxGpuCount": 8,
+            "lowestPrice": {"stockStatus": "High", "minVcpu": 8, "minMemory": 48, "uninterruptablePrice": price}}
+
+
+class ThreadedFake:
+    """A fake provider served by an event loop on a thread of its own. Its hooks run on that loop;
+    a blocking hook should hand its work to a thread (``loop.run_in_executor``)."""
+
+    def __init__(self, fake: _FakeProvider) -> None:
+        self.fake = fake
+        self.loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+
+    def start(self, host: str = "127.0.0.1", port: int = 0, *, unix_path: str | None = None) -> str:
+        """Serve; return the API base URL (``fake.url``)."""
+        self._thread = threading.Thread(target=self.loop.run_forever, name=f"fake-{self.fake.name}", daemon=True)
+        self._thread.start()
+        return self.call(self.fake.start(host, port, unix_path=unix_path))
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        """Run ``coro`` on the fake's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self.call(self.fake.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self._thread = None
+        self.loop.close()
+
+
+__all__ = ["FakeRental", "FakeRunPod", "FakeVastAI", "ThreadedFake", "runpod_gpu_type", "vast_bundle"]

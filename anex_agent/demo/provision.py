@@ -1,11 +1,13 @@
-"""The demo's provisioning: a simulated provider whose rentals are node namespaces running the agent.
+"""The demo's provisioning: the fake Vast.AI as the provider, its rentals node namespaces running the agent.
 
-:class:`SimulatedProvider` serves the simulated rental service (:mod:`anex_agent.demo.rentals`)
-on a Unix socket in the work directory, reachable from the coordinator in the gateway namespace
-through ``socat`` on ``127.0.0.1:SIM_PORT`` there. "Renting" an offer starts a node namespace
-running ``anex-agent run -- <the pod's command>`` with exactly the boot environment the
-coordinator gave the rental (coordinator URL, single-use join token, provider, name) plus the
-pod's own (``GW_TUNNEL_*``); destroying a rental stops that agent.
+:class:`SimulatedProvider` serves :class:`~anex_agent.demo.fake_providers.FakeVastAI` (offers,
+rent, list, destroy, as Vast.AI's API answers them) on a Unix socket in the work directory,
+reachable from the coordinator in the gateway namespace through ``socat`` on
+``127.0.0.1:SIM_PORT`` there; the coordinator rents from it with its real Vast.AI client
+(``ANEX_VASTAI_URL``, ``ANEX_VASTAI_API_KEY``). Its ``on_rent`` hook starts a node namespace
+running ``anex-agent run -- <the pod's command>`` with exactly the environment the coordinator
+gave the rental (coordinator URL, single-use join token, provider, name, the pod's
+``GW_TUNNEL_*``), the way the agent image's entrypoint would; ``on_destroy`` stops that agent.
 
 :func:`provision_checks` provisions one machine through ``POST /v1/provisions``, waits for it to
 be ready, sends a request through its proxy, deletes it, and checks that nothing is left: no
@@ -14,62 +16,74 @@ rental, no node at the coordinator, no peer in the gateway's WireGuard interface
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
 from datetime import datetime
 from typing import Any
 
+from anex_agent.demo.fake_providers import FakeRental, FakeVastAI, ThreadedFake, vast_bundle
 from anex_agent.demo.mesh import COORDINATOR_PORT, HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, Mesh, Node, wait_until
-from anex_agent.demo.rentals import RentalService
 
 SIM_PORT = 8710
+API_KEY = "demo-vastai-api-key"  # the fake's; a real key is never needed here
 PROVISION_NAME = "demo-train"
 READY_WAIT = 90.0  # seconds from POST /v1/provisions to ready
 DELETE_WAIT = 30.0
 TUNNEL_PORT = 18080
+OFFERS = [vast_bundle(5001, price=0.3), vast_bundle(5002, price=0.35), vast_bundle(5003, price=0.4)]
 
 
 class SimulatedProvider:
-    """Rentals as node namespaces of ``mesh`` (see the module docstring)."""
+    """The fake Vast.AI whose rentals are node namespaces of ``mesh`` (see the module docstring)."""
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
-        self.service = RentalService()
+        self.fake = FakeVastAI(api_key=API_KEY, bundles=list(OFFERS), on_rent=self._on_rent,
+                               on_destroy=self._on_destroy)
+        self.served = ThreadedFake(self.fake)
         self.nodes: dict[str, Node] = {}  # rental id -> its node namespace
         self.started_at: dict[str, float] = {}  # rental id -> when its agent was started (monotonic)
 
     def start(self) -> dict[str, str]:
-        """Serve the rental service; return the coordinator's provisioning environment."""
-        sock = self.mesh.workdir / "rentals.sock"
-        self.service.start(unix_path=str(sock))
+        """Serve the fake Vast.AI; return the coordinator's provider and provisioning environment."""
+        sock = self.mesh.workdir / "vastai.sock"
+        self.served.start(unix_path=str(sock))
         self.mesh.gateway.popen(["socat", f"TCP-LISTEN:{SIM_PORT},bind=127.0.0.1,fork,reuseaddr", f"UNIX-CONNECT:{sock}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         probe = f"import socket; socket.create_connection(('127.0.0.1', {SIM_PORT}), 2).close()"
         wait_until(lambda: self.mesh.gateway.run([sys.executable, "-c", probe], check=False).returncode == 0, 10,
-                   "the simulated rental service in the gateway namespace")
-        return {"ANEX_PROVISION_SIMULATOR_URL": f"http://127.0.0.1:{SIM_PORT}",
+                   "the fake Vast.AI in the gateway namespace")
+        return {"ANEX_VASTAI_URL": f"http://127.0.0.1:{SIM_PORT}{self.fake.base_path()}",
+                "ANEX_VASTAI_API_KEY": API_KEY,
                 "ANEX_PROVISION_COORDINATOR_URL": f"http://{UNDERLAY_GW}:{COORDINATOR_PORT}",
                 "ANEX_PROVISION_BOOT_TIMEOUT": "120", "ANEX_PROVISION_RECONCILE_INTERVAL": "5"}
 
-    def serve(self) -> None:
-        """Start a node for every new rental; stop the agent of every rental that is gone."""
-        for rental_id, rental in list(self.service.rentals.items()):
-            if rental_id in self.nodes:
-                continue
-            node = self.mesh.add_node_namespace()
-            boot_env = dict(rental.request.get("env") or {})
-            env = self.mesh.agent_env(node, token=boot_env["ANEX_JOIN_TOKEN"], **boot_env)
-            command = list(rental.request.get("command") or []) or None
-            self.nodes[rental_id] = node
-            self.started_at[rental_id] = time.monotonic()
-            self.mesh.start_agent(node, env, command, wait_ready=False)
-        for rental_id, node in self.nodes.items():
-            if rental_id not in self.service.rentals and node.proc is not None:
-                self.mesh.stop_agent(node)
+    @property
+    def rentals(self) -> dict[str, FakeRental]:
+        return self.fake.rentals
+
+    async def _on_rent(self, rental: FakeRental) -> None:
+        # the machine boots after the rent is answered, as a real one does: not awaited here
+        rental.handle = asyncio.get_running_loop().run_in_executor(None, self._boot, rental)
+
+    def _boot(self, rental: FakeRental) -> None:
+        node = self.mesh.add_node_namespace()
+        env = self.mesh.agent_env(node, token=rental.env["ANEX_JOIN_TOKEN"], **rental.env)
+        self.nodes[rental.rental_id] = node
+        self.started_at[rental.rental_id] = time.monotonic()
+        self.mesh.start_agent(node, env, list(rental.command) or None, wait_ready=False)
+
+    async def _on_destroy(self, rental: FakeRental) -> None:
+        if rental.handle is not None:
+            await asyncio.wait([rental.handle])
+        node = self.nodes.get(rental.rental_id)
+        if node is not None and node.proc is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.mesh.stop_agent, node)
 
     def stop(self) -> None:
-        self.service.stop()
+        self.served.stop()
 
 
 def _ts(text: str | None) -> float | None:
@@ -99,7 +113,7 @@ def provision_checks(mesh: Mesh, provider: SimulatedProvider, proxy_check) -> tu
     ``/status`` while it ran. ``proxy_check(node)`` returns ``(ok, detail)`` for a request through
     the node's proxy."""
     checks: list[tuple[str, bool, str]] = []
-    body = {"name": PROVISION_NAME, "image": "anex/agent:latest", "command": ["sleep", "3600"],
+    body = {"name": PROVISION_NAME, "image": "anex/agent:latest", "agent": "entrypoint", "command": ["sleep", "3600"],
             "env": {f"GW_TUNNEL_{TUNNEL_PORT}": f"{SERVICE_NAME}:{HTTP_PORT}"},
             "annotations": {"anex.sh/gpu-count": "1"}}
     created = mesh.admin("POST", "/v1/provisions", body)
@@ -108,7 +122,6 @@ def provision_checks(mesh: Mesh, provider: SimulatedProvider, proxy_check) -> tu
     deadline = time.monotonic() + READY_WAIT
     view = created
     while time.monotonic() < deadline:
-        provider.serve()
         view = mesh.admin("GET", f"/v1/provisions/{pid}") or {}
         if view.get("state") in ("ready", "failed"):
             break
@@ -134,10 +147,9 @@ def provision_checks(mesh: Mesh, provider: SimulatedProvider, proxy_check) -> tu
     mesh.admin("DELETE", f"/v1/provisions/{pid}")
 
     def gone() -> bool:
-        provider.serve()
         state = (mesh.admin("GET", f"/v1/provisions/{pid}") or {}).get("state")
         nodes = [n["id"] for n in (mesh.admin("GET", "/v1/nodes") or {}).get("nodes", [])]
-        return state == "deleted" and not provider.service.rentals and view["node_id"] not in nodes and \
+        return state == "deleted" and not provider.rentals and view["node_id"] not in nodes and \
             public_key not in _peers(mesh)
 
     try:
@@ -145,6 +157,6 @@ def provision_checks(mesh: Mesh, provider: SimulatedProvider, proxy_check) -> tu
         checks.append(("delete", True, f"rental destroyed, node removed, peer gone from the gateway in "
                                        f"{time.monotonic() - started:.1f} s"))
     except TimeoutError as err:
-        left = [f"rentals {sorted(provider.service.rentals)}"] if provider.service.rentals else []
+        left = [f"rentals {sorted(provider.rentals)}"] if provider.rentals else []
         checks.append(("delete", False, f"{err}; left: {', '.join(left) or 'a node or a peer'}"))
     return checks, status

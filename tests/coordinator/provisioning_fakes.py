@@ -4,7 +4,8 @@
 (labels, idempotent destroy, listing by label prefix) and takes faults per call:
 ``faults["rent"]`` is a list consumed one per rent call: ``"refuse"`` (RentRefused),
 ``"unavailable"`` (ProviderUnavailable, nothing rented), ``"rent-then-unavailable"`` (the
-rental is made but the answer is lost), ``None`` (normal). Same for ``"destroy"`` and
+rental is made but the answer is lost), ``"key-refused"`` (KeyRefused), ``"no-capacity"``
+(NoCapacity, nothing rented), ``None`` (normal). Same for ``"destroy"`` and
 ``"list"`` with ``"unavailable"``.
 """
 
@@ -21,9 +22,10 @@ from anex_agent import keys, wire
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.modules import ROUTE_MODULES, load_modules
-from anex_agent.coordinator.provisioning.boot import JoinTokenIssuer
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
-from anex_agent.coordinator.provisioning.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
+from anex_agent.coordinator.provisioning.rentals import (
+    KeyRefused, NoCapacity, ProviderUnavailable, Rental, RentRefused, RentRequest,
+)
 from anex_agent.coordinator.provisioning.selector import Candidate, Choice
 from anex_agent.coordinator.routes import provisions
 from anex_agent.coordinator.settings import Settings
@@ -65,6 +67,10 @@ class FakeRentals:
             raise RentRefused(self.name, request.offer_id, "offer is no longer available")
         if fault == "unavailable":
             raise ProviderUnavailable(self.name, "503 Service Unavailable")
+        if fault == "key-refused":
+            raise KeyRefused(self.name, "renting: the API key was refused (HTTP 401); check the provider key")
+        if fault == "no-capacity":
+            raise NoCapacity(self.name, "HTTP 500: There are no longer any instances available")
         self._n += 1
         rental = Rental(self.name, f"r{self._n}", request.label, request.offer_id,
                         self.prices.get(request.offer_id, 0.5), "running")
@@ -117,11 +123,13 @@ def modules_with(setup) -> list[types.ModuleType]:
 
 
 async def start(tmp_path, database_url: str, clock: ShiftClock, providers: dict, selector, settings=FAST,
-                ) -> Harness:
-    settings_c = Settings.for_tests(tmp_path, database_url, poll_interval=0.1, sweep_interval=3600)
+                agent_binaries: tuple = ()) -> Harness:
+    """A coordinator app with the provisioning loop over ``providers`` and ``selector`` and the
+    default boot issuer (``agent_binaries``: the ``--agent-binary`` files it serves)."""
+    settings_c = Settings.for_tests(tmp_path, database_url, poll_interval=0.1, sweep_interval=3600,
+                                    agent_binaries=tuple(agent_binaries))
     ctx = await Coordinator.open(settings_c, clock=clock, environ={})
-    setup = provisions.make_setup(providers=providers, selector=selector, settings=settings,
-                                  issuer=JoinTokenIssuer(settings.coordinator_url), environ={})
+    setup = provisions.make_setup(providers=providers, selector=selector, settings=settings, environ={})
     server = TestServer(build_app(ctx, modules_with(setup)))
     await server.start_server()
     harness = Harness(ctx, server, None, clock, [])  # type: ignore[arg-type]

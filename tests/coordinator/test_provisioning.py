@@ -445,3 +445,144 @@ async def test_a_provider_unavailable_for_every_try_moves_to_the_next_candidate(
         assert view["provider"] == "runpod" and list(runpod.rentals) == ["r1"]
     finally:
         await stop_harness(harness)
+
+
+async def test_a_refused_api_key_fails_the_provision_with_the_reason(tmp_path, shift):
+    vast = FakeRentals()
+    vast.faults["rent"] = ["key-refused"]
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": vast},
+                          FakeSelector(offers("o1", "o2")))
+    api = Api(harness)
+    try:
+        pid = (await api.create())["id"]
+        view = await api.state(pid, "failed")
+        assert "vastai refused the API key" in view["reason"] and "check the provider key" in view["reason"]
+        assert vast.rent_calls == ["o1"]  # not retried, no other offer tried: no key works for any
+        assert [a["outcome"] for a in view["attempts"]] == ["failed"]
+        await asyncio.sleep(0.3)
+        assert vast.rent_calls == ["o1"] and (await api.get(pid))["state"] == "failed"
+    finally:
+        await stop_harness(harness)
+
+
+async def test_no_capacity_lists_then_moves_to_the_next_candidate(tmp_path, shift):
+    vast = FakeRentals(name="runpod")
+    vast.faults["rent"] = ["no-capacity"]
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"runpod": vast},
+                          FakeSelector(offers("p1", "p2", provider="runpod")))
+    api = Api(harness)
+    try:
+        pid = (await api.create())["id"]
+        view = await api.state(pid, "booting")
+        assert vast.rent_calls == ["p1", "p2"] and list(vast.rentals) == ["r1"]
+        assert view["attempts"][0]["outcome"] == "refused" and "no longer any instances" in \
+            view["attempts"][0]["reason"]
+    finally:
+        await stop_harness(harness)
+
+
+@pytest.mark.parametrize("how", ["deleted", "expired"])
+async def test_a_ready_provision_whose_node_goes_is_lost_and_its_rental_destroyed(tmp_path, shift, how):
+    vast = FakeRentals()
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": vast},
+                          FakeSelector(offers("o1")))
+    api = Api(harness)
+    try:
+        pid = (await api.create())["id"]
+        _view, request = await _booting_request(api, vast, pid)
+        _client, joined = await boot_node(harness, request)
+        await api.state(pid, "ready")
+        if how == "deleted":
+            await harness.admin.delete_node(joined.node_id)
+        else:
+            shift.advance(harness.ctx.settings.timings.expired_after + 1)
+        view = await api.state(pid, "lost")
+        assert f"its node {joined.node_id} " in view["reason"] and how in view["reason"]
+        assert view["attempts"][0]["outcome"] == "lost"
+        deadline = time.monotonic() + 5
+        while vast.rentals and time.monotonic() < deadline:  # destroyed right after the state change
+            await asyncio.sleep(0.02)
+        assert vast.rentals == {} and vast.destroyed == ["r1"]
+        assert joined.node_id not in [n.id for n in (await harness.admin.list_nodes()).nodes]
+    finally:
+        await stop_harness(harness)
+
+
+@pytest.fixture
+def agent_file(tmp_path):
+    path = tmp_path / "anex-agent-x86_64"
+    path.write_bytes(b"#!/bin/sh\necho agent\n")
+    return path
+
+
+async def test_download_start_script_by_default_when_the_coordinator_serves_the_agent(tmp_path, shift, agent_file):
+    import hashlib
+
+    vast = FakeRentals()
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": vast},
+                          FakeSelector(offers("o1")), agent_binaries=(("x86_64", agent_file),))
+    api = Api(harness)
+    try:
+        created = await api.create()
+        assert created["agent"] == "download"
+        assert (await api.create())["id"] == created["id"]  # the same body again: the same provision
+        _view, request = await _booting_request(api, vast, created["id"])
+        script = request.onstart
+        assert script and f"x86_64) sha256={hashlib.sha256(agent_file.read_bytes()).hexdigest()}" in script
+        assert "http://coordinator.test" in script and "exec \"$agent\" run -- python train.py" in script
+        # the token is in the script only, not in the rental's environment
+        assert not any(k.startswith("ANEX_") for k in request.env) and "anexjt_" in script
+        assert request.env["GW_TUNNEL_5432"] == "db.default.svc.cluster.local:5432"
+        # the token is the provision's: the agent downloads with it, then joins with it
+        secret = next(w.strip("'") for w in script.split() if w.strip("'").startswith("anexjt_"))
+        async with aiohttp.ClientSession() as s:
+            async with s.get(api.url + "/v1/agent/x86_64", headers={"Authorization": f"Bearer {secret}"}) as r:
+                assert r.status == 200 and await r.read() == agent_file.read_bytes()
+        env = {"ANEX_JOIN_TOKEN": secret, "ANEX_NODE_NAME": "train-1", "ANEX_PROVIDER": "vastai"}
+        await boot_node(harness, type(request)(**{**request.__dict__, "env": env}))
+        await api.state(created["id"], "ready")
+        # entrypoint still asked for explicitly: the token in the environment, no script
+        spec = {**SPEC, "name": "train-2", "agent": "entrypoint"}
+        other = await api.create(spec)
+        _view, request = await _booting_request(api, vast, other["id"])
+        assert request.onstart is None and request.env["ANEX_JOIN_TOKEN"].startswith("anexjt_")
+    finally:
+        await stop_harness(harness)
+
+
+async def test_download_without_an_agent_file_or_a_command_is_a_422(tmp_path, shift):
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": FakeRentals()},
+                          FakeSelector(offers("o1")))
+    api = Api(harness)
+    try:
+        created = await api.create()
+        assert created["agent"] == "entrypoint"  # the default without an agent file to serve
+        status, body = await api.call("POST", "/v1/provisions", {**SPEC, "name": "dl", "agent": "download"})
+        assert status == 422 and body["errors"][0]["field"] == "agent" and "--agent-binary" in body["errors"][0]["message"]
+        status, body = await api.call("POST", "/v1/provisions", {**SPEC, "name": "dl", "agent": "docker"})
+        assert status == 422 and body["errors"][0]["field"] == "agent"
+    finally:
+        await stop_harness(harness)
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": FakeRentals()},
+                          FakeSelector(offers("o1")), agent_binaries=(("x86_64", tmp_path / "c.db"),))
+    api = Api(harness)
+    try:
+        status, body = await api.call("POST", "/v1/provisions", {**{k: v for k, v in SPEC.items()
+                                                                     if k not in ("command", "args")}, "name": "dl2"})
+        assert status == 422 and body["errors"][0]["field"] == "command"
+    finally:
+        await stop_harness(harness)
+
+
+async def test_download_fails_the_provision_when_the_agent_file_is_gone(tmp_path, shift, agent_file):
+    vast = FakeRentals()
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": vast},
+                          FakeSelector(offers("o1")), agent_binaries=(("x86_64", agent_file),))
+    api = Api(harness)
+    try:
+        agent_file.unlink()  # configured at start, gone since
+        view = await api.state((await api.create())["id"], "failed")
+        assert "agent file cannot be read" in view["reason"] and str(agent_file) in view["reason"]
+        assert vast.rent_calls == [] and view["attempts"][0]["outcome"] == "failed"
+    finally:
+        await stop_harness(harness)

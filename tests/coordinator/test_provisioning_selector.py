@@ -56,11 +56,11 @@ def test_settings_from_env_name_the_variable():
 def test_registry_builds_configured_providers_without_showing_keys(monkeypatch, caplog):
     made = {}
 
-    def factory(config):
+    def factory(config, settings):
         made["config"] = config
         return object()
 
-    def missing(config):
+    def missing(config, settings):
         import anex_agent.no_such_module  # noqa: F401  (a client this build lacks)
 
     monkeypatch.setattr(prov_config, "RENTAL_FACTORIES", {"vastai": factory, "runpod": missing})
@@ -70,3 +70,12 @@ def test_registry_builds_configured_providers_without_showing_keys(monkeypatch, 
     assert made["config"].api_key == "vast-secret-key"
     assert "vast-secret-key" not in repr(made["config"]) and "rp-key" not in caplog.text
     assert "runpod" in caplog.text
+
+
+def test_runpod_rentals_go_to_the_configured_rest_url():
+    settings = ProvisioningSettings.from_env({"ANEX_RUNPOD_REST_URL": "http://127.0.0.1:9/v1/"})
+    selection = SelectionConfig.from_env({"ANEX_RUNPOD_API_KEY": "rp-key"})
+    (rentals,) = build_providers(selection, settings).values()
+    assert rentals.config.rest_url == "http://127.0.0.1:9/v1" and rentals.config.api_key == "rp-key"
+    with pytest.raises(ConfigError, match="ANEX_RUNPOD_REST_URL"):
+        ProvisioningSettings.from_env({"ANEX_RUNPOD_REST_URL": "rest.runpod.io"})

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from anex_agent.coordinator.provisioning.rentals import (
-    ProviderUnavailable, RentRefused, RentRequest, cluster_label_prefix, rental_label,
+    KeyRefused, NoCapacity, ProviderUnavailable, RentRefused, RentRequest, cluster_label_prefix, rental_label,
 )
 from anex_agent.coordinator.provisioning.runpod import RunPodRentalConfig, RunPodRentals, parse_offer
 from anex_agent.coordinator.provisioning.vastai import VastAIRentals, rent_body
@@ -198,7 +198,7 @@ async def test_a_refused_key_is_unavailable_and_never_logged(side, caplog):
     rentals = side.client(key=wrong)
     try:
         for call in (rentals.rent(request(side.offer())), rentals.destroy("1001"), rentals.list_rentals("anex:")):
-            with pytest.raises(ProviderUnavailable) as info:
+            with pytest.raises(KeyRefused) as info:  # its own kind: the loop fails the provision
                 await call
             assert "API key was refused" in info.value.reason and wrong not in str(info.value)
     finally:
@@ -231,3 +231,15 @@ def test_runpod_rental_config_follows_the_selections():
     config = RunPodRentalConfig.from_source(RunPodConfig(api_key=KEY, policy=FAST), rest_url="http://x/v1")
     assert config.api_key == KEY and config.policy == FAST and config.rest_url == "http://x/v1"
     assert KEY not in repr(config)
+
+
+async def test_no_capacity_is_its_own_error_and_rents_nothing(side):
+    side.fake.no_capacity()
+    with pytest.raises(NoCapacity) as info:
+        await side.rentals.rent(request(side.offer()))
+    assert "no longer any instances available" in info.value.reason and side.fake.rentals == {}
+    side.fake.fail("rent", 500)  # a plain 500 says nothing about capacity: the outcome stays unknown
+    with pytest.raises(ProviderUnavailable) as info:
+        await side.rentals.rent(request(side.offer()))
+    assert not isinstance(info.value, NoCapacity)
+    assert (await side.rentals.rent(request(side.offer()))).rental_id in side.fake.rentals

@@ -2,6 +2,6 @@
 on it, watches the node join, and destroys what nobody uses.
 
 The seam between the provisioning loop and a provider is :mod:`.rentals`: every
-provider (Vast.AI, RunPod, the demo's simulated provider) implements
+provider (Vast.AI, RunPod) implements
 :class:`~.rentals.RentalProvider`, and the loop knows nothing else about it.
 """

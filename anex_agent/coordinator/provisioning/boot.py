@@ -1,96 +1,125 @@
 """Boot credentials: what a rented machine gets to join the mesh as this provision's node.
 
-The seam between the provisioning loop and the bootstrap: the loop calls
-``await issuer.issue(tx, provision_id, attempt, expires_at)`` inside its own transaction
-and puts the returned :class:`BootCredentials` ``env`` into the rental's environment (and
-``onstart`` as its start script, when there is one). The issuer returns the id of the join
-token it made; the loop binds it to the attempt in the same transaction (:func:`record`), and
-a node that joins with that token is the provision's node (:func:`joined_node`), whatever
-issued the token.
+The seam between the provisioning loop and the bootstrap (:mod:`.bootstrap`). The loop calls
+``await issuer.issue(tx, BootRequest(...))`` inside its own transaction and gives the rental
+the returned :class:`BootCredentials`: ``env`` joins the rental's environment, ``onstart``
+(when set) is its start script.
 
-:class:`JoinTokenIssuer` is the plain issuer: a node join token made with
-:func:`anex_agent.coordinator.tokens.create`, single-use (``max_uses`` 1), expiring with
-the boot timeout, limited to the rental's provider, labelled with the provision
-(``anex.sh/provision``: the node carries the label), and the agent's variables
-``ANEX_COORDINATOR_URL``, ``ANEX_JOIN_TOKEN``, ``ANEX_PROVIDER``, ``ANEX_NODE_NAME``.
-It expects an image whose entrypoint is the agent.
+:class:`BootstrapIssuer` is the one issuer. Every rent call gets a **single-use node join
+token bound to the provision** (:func:`.bootstrap.issue`: ``join_tokens.provision_id``),
+expiring at the boot deadline, limited to the rental's provider, labelled
+``anex.sh/provision: <id>``. How the agent starts is the provision's ``agent`` field:
+
+* ``entrypoint``: the image's entrypoint is the agent (the agent image). The token travels in
+  the agent's environment (:func:`.bootstrap.boot_env`: ``ANEX_COORDINATOR_URL``,
+  ``ANEX_JOIN_TOKEN``, ``ANEX_PROVIDER``, ``ANEX_NODE_NAME``); no start script.
+* ``download``: any image. The start script (:func:`.bootstrap.start_script`) downloads the
+  single-file agent from the coordinator (``GET /v1/agent/<arch>``, the token as bearer),
+  checks it against the hashes of the coordinator's ``--agent-binary`` files, and runs the
+  pod's command under it; the token is in the script only (written to a 0600 file there), not
+  in the rental's environment. With no agent file configured (or readable), :class:`BootUnavailable`.
+
+A node that joined with one of the provision's tokens is the provision's node
+(:func:`joined_node`); :func:`revoke_unused` forgets the tokens no node used.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from anex_agent import wire
-from anex_agent.coordinator import tokens
 from anex_agent.coordinator.db import Conn
+from anex_agent.coordinator.provisioning import bootstrap
+from anex_agent.errors import AnexError
 
-PROVISION_LABEL = "anex.sh/provision"
-#: variables the boot credentials set; a provision's own env may not name them
+PROVISION_LABEL = bootstrap.PROVISION_LABEL
+ENTRYPOINT, DOWNLOAD = "entrypoint", "download"
+AGENT_STARTS = (ENTRYPOINT, DOWNLOAD)
+#: variables the boot credentials or the start script set; a provision's own env may not name them
 RESERVED_ENV = frozenset({"ANEX_COORDINATOR_URL", "ANEX_JOIN_TOKEN", "ANEX_JOIN_TOKEN_FILE", "ANEX_PROVIDER",
-                          "ANEX_NODE_NAME"})
+                          "ANEX_NODE_NAME", "ANEX_STATE_DIR", "ANEX_CA_FILE"})
+
+
+class BootUnavailable(AnexError):
+    """The coordinator cannot boot the agent the way the provision asks (no agent file to download)."""
+
+
+@dataclass(frozen=True)
+class BootRequest:
+    provision_id: str
+    provider: str  # the rental's provider (vastai, runpod, ...)
+    name: str  # the node name the machine joins with
+    agent: str  # ENTRYPOINT or DOWNLOAD
+    command: tuple[str, ...]  # the pod's command and args (run under the agent by the start script)
+    now: float
+    expires_at: float  # the boot deadline: the token expires then
 
 
 @dataclass(frozen=True)
 class BootCredentials:
     token_id: str
-    env: Mapping[str, str] = field(repr=False)  # holds the secret
-    onstart: str | None = None
+    env: Mapping[str, str] = field(repr=False)  # may hold the secret
+    onstart: str | None = field(default=None, repr=False)  # may hold the secret
 
 
 class BootIssuer(Protocol):
-    async def issue(self, tx: Conn, provision_id: str, attempt: int, *, provider: str, name: str,
-                    now: float, expires_at: float) -> BootCredentials: ...
+    async def issue(self, tx: Conn, request: BootRequest) -> BootCredentials: ...
 
 
-@dataclass(frozen=True)
-class JoinTokenIssuer:
-    """Single-use node join tokens bound to a provision (see the module docstring)."""
+AgentHashes = Callable[[], Awaitable[Mapping[str, str]]]
 
-    coordinator_url: str
 
-    async def issue(self, tx: Conn, provision_id: str, attempt: int, *, provider: str, name: str,
-                    now: float, expires_at: float) -> BootCredentials:
-        known = provider if provider in wire.Provider.__members__ else None
-        request = wire.JoinTokenCreate(
-            kind=wire.TokenKind.node, max_uses=1, expires_in=max(1, math.ceil(expires_at - now)),
-            labels={PROVISION_LABEL: provision_id},
-            providers=[wire.Provider(known)] if known else None,
-        )
-        created = await tokens.create(tx, request, now=now)
-        env = {"ANEX_COORDINATOR_URL": self.coordinator_url, "ANEX_JOIN_TOKEN": created.token,
-               "ANEX_PROVIDER": known or "other", "ANEX_NODE_NAME": name}
-        return BootCredentials(created.id, env)
+async def _no_agent() -> Mapping[str, str]:
+    return {}
 
 
 @dataclass(frozen=True)
 class BootstrapIssuer:
-    """The bootstrap's credentials (:mod:`anex_agent.coordinator.provisioning.bootstrap`: a join
-    token bound to the provision in ``join_tokens``, the agent's environment), for images whose
-    entrypoint is the agent."""
+    """Provision-bound single-use join tokens, and the start script for ``download`` (module docstring).
+
+    ``agent_hashes()``: the SHA-256 of each agent file the coordinator serves, by architecture
+    (:func:`anex_agent.coordinator.routes.agent_download.agent_sha256s`); ``ca_pem``: CA
+    certificates the start script trusts for an ``https://`` coordinator."""
 
     coordinator_url: str
+    agent_hashes: AgentHashes = _no_agent
+    ca_pem: str | None = field(default=None, repr=False)
 
-    async def issue(self, tx: Conn, provision_id: str, attempt: int, *, provider: str, name: str,
-                    now: float, expires_at: float) -> BootCredentials:
-        from anex_agent.coordinator.provisioning import bootstrap
-
-        known = provider if provider in wire.Provider.__members__ else None
-        made = await bootstrap.issue(tx, provision_id, expires_at=expires_at, now=now, provider=known)
-        env = bootstrap.boot_env(self.coordinator_url, made.secret, provider=known or "other", node_name=name)
+    async def issue(self, tx: Conn, request: BootRequest) -> BootCredentials:
+        known = request.provider if request.provider in wire.Provider.__members__ else None
+        hashes: Mapping[str, str] = {}
+        if request.agent == DOWNLOAD:
+            try:
+                hashes = await self.agent_hashes()
+            except OSError as err:
+                raise BootUnavailable(f"the provision downloads the agent, but the agent file cannot be read "
+                                      f"({err.strerror or type(err).__name__}: {err.filename})") from None
+            if not hashes:
+                raise BootUnavailable("the provision downloads the agent, but this coordinator serves no agent "
+                                      "file (start it with --agent-binary PATH)")
+            if not request.command:
+                raise BootUnavailable("the provision downloads the agent but has no command to run under it")
+        made = await bootstrap.issue(tx, request.provision_id, expires_at=request.expires_at, now=request.now,
+                                     provider=known)
+        if request.agent == DOWNLOAD:
+            script = bootstrap.start_script(self.coordinator_url, made.secret, dict(hashes), request.command,
+                                            env={"ANEX_PROVIDER": known or "other", "ANEX_NODE_NAME": request.name},
+                                            ca_pem=self.ca_pem)
+            return BootCredentials(made.token_id, {}, onstart=script)
+        env = bootstrap.boot_env(self.coordinator_url, made.secret, provider=known or "other",
+                                 node_name=request.name)
         return BootCredentials(made.token_id, env)
-
-
-async def record(tx: Conn, token_id: str, provision_id: str, attempt: int) -> None:
-    """Bind a join token to a provision's attempt (the loop calls this with what an issuer returned)."""
-    await tx.execute("INSERT INTO provision_tokens (token_id, provision_id, attempt) VALUES ($1, $2, $3)",
-                     token_id, provision_id, attempt)
 
 
 async def joined_node(db: Conn, provision_id: str) -> dict | None:
     """The node that joined with one of the provision's tokens (the newest), or None."""
-    return await db.fetchrow(
-        "SELECT n.* FROM nodes n JOIN provision_tokens t ON t.token_id = n.join_token_id"
-        " WHERE t.provision_id = $1 ORDER BY n.created_at DESC LIMIT 1", provision_id)
+    node_id = await bootstrap.node_of_provision(db, provision_id)
+    return None if node_id is None else await db.fetchrow("SELECT * FROM nodes WHERE id = $1", node_id)
+
+
+async def revoke_unused(tx: Conn, provision_id: str) -> None:
+    """Delete the provision's join tokens no node has used (an attempt ended; the provision is deleted).
+    Used ones stay: they bind the node to the provision."""
+    await tx.execute("DELETE FROM join_tokens WHERE provision_id = $1 AND uses = 0", provision_id)

@@ -8,7 +8,7 @@ Contract:
   label ``anex.sh/provision: <id>`` (a join copies a token's labels onto its node, so the node
   says which provision it belongs to) and, when given, limited to the provider. Only the
   token's hash is stored; the secret is in the returned :class:`BootCredentials` once.
-* :func:`node_of_provision` is the node that joined with a provision's token (None before the
+* :func:`node_of_provision` is the (newest) node that joined with a provision's token (None before the
   join): the provisioning loop polls it to see the machine come up. Keep the token row while
   the provision lives (revoking it forgets the binding).
 * :func:`boot_env` is the agent's environment on the machine (an image whose entrypoint is
@@ -76,10 +76,10 @@ async def issue(tx: Conn, provision_id: str, *, expires_at: float, now: float,
 
 
 async def node_of_provision(tx: Conn, provision_id: str) -> str | None:
-    """The id of the node that joined with ``provision_id``'s token, or None."""
+    """The id of the node that joined with one of ``provision_id``'s tokens (the newest), or None."""
     return await tx.fetchval(
         "SELECT n.id FROM nodes n JOIN join_tokens t ON t.id = n.join_token_id"
-        " WHERE t.provision_id = $1 ORDER BY n.created_at, n.id LIMIT 1",
+        " WHERE t.provision_id = $1 ORDER BY n.created_at DESC, n.id DESC LIMIT 1",
         provision_id,
     )
 

@@ -7,8 +7,13 @@ registry that builds a :class:`~.rentals.RentalProvider` for each configured pro
 | ``ANEX_PROVISION_BOOT_TIMEOUT`` | 900 | seconds a rented machine has to join and report ready |
 | ``ANEX_PROVISION_MAX_ATTEMPTS`` | 5 | offers tried per provision before it fails |
 | ``ANEX_PROVISION_RECONCILE_INTERVAL`` | 60 | seconds between comparisons of the providers' rentals with the provisions |
+| ``ANEX_PROVISION_BACKOFF`` | 2 | seconds before the first retry of a provider that was unavailable (doubles, up to 60) |
 | ``ANEX_PROVISION_LEASE`` | 30 | seconds a coordinator holds a provision it works on (another takes over after a crash) |
-| ``ANEX_PROVISION_SIMULATOR_URL`` | unset | a simulated provider (``anex-agent demo``, tests): rentals from a local service |
+| ``ANEX_RUNPOD_REST_URL`` | ``https://rest.runpod.io/v1`` | RunPod's REST API, where pods are rented (offers come from ``ANEX_RUNPOD_URL``) |
+
+Where each provider is reached: Vast.AI offers and rentals at ``ANEX_VASTAI_URL``; RunPod
+offers at ``ANEX_RUNPOD_URL`` (GraphQL), pods at ``ANEX_RUNPOD_REST_URL``. The demo, the tests
+and the benchmark point them at the fake providers (:mod:`anex_agent.demo.fake_providers`).
 
 Provider keys are the selection's (``ANEX_VASTAI_API_KEY`` / ``ANEX_VASTAI_API_KEY_FILE``,
 ``ANEX_RUNPOD_API_KEY`` / ``ANEX_RUNPOD_API_KEY_FILE``, see :mod:`anex_agent.selection.config`):
@@ -35,28 +40,30 @@ from anex_agent.selection.config import SelectionConfig
 
 log = logging.getLogger(__name__)
 
-def _vastai(config: Any) -> RentalProvider:
+def _vastai(config: Any, settings: "ProvisioningSettings") -> RentalProvider:
     from anex_agent.coordinator.provisioning.vastai import VastAIRentals
 
     return VastAIRentals(config)
 
 
-def _runpod(config: Any) -> RentalProvider:
+def _runpod(config: Any, settings: "ProvisioningSettings") -> RentalProvider:
     from anex_agent.coordinator.provisioning.runpod import RunPodRentalConfig, RunPodRentals
 
-    return RunPodRentals(RunPodRentalConfig.from_source(config))
+    return RunPodRentals(RunPodRentalConfig.from_source(config, settings.runpod_rest_url))
 
 
-RENTAL_FACTORIES: dict[str, Callable[[Any], RentalProvider]] = {"vastai": _vastai, "runpod": _runpod}
+RENTAL_FACTORIES: dict[str, Callable[[Any, Any], RentalProvider]] = {"vastai": _vastai, "runpod": _runpod}
 
 
-def register(name: str, factory: Callable[[Any], RentalProvider]) -> None:
-    """Use ``factory(config)`` to build the rental provider ``name``."""
+def register(name: str, factory: Callable[[Any, Any], RentalProvider]) -> None:
+    """Use ``factory(selection_config, provisioning_settings)`` to build the rental provider ``name``."""
     RENTAL_FACTORIES[name] = factory
 
 
-def build_providers(selection: SelectionConfig) -> dict[str, RentalProvider]:
+def build_providers(selection: SelectionConfig, settings: "ProvisioningSettings | None" = None,
+                    ) -> dict[str, RentalProvider]:
     """A rental provider for every provider the selection has keys for and this build can rent from."""
+    settings = settings or ProvisioningSettings()
     out: dict[str, RentalProvider] = {}
     for name, config in (("vastai", selection.vastai), ("runpod", selection.runpod)):
         if config is None:
@@ -65,7 +72,7 @@ def build_providers(selection: SelectionConfig) -> dict[str, RentalProvider]:
         try:
             if factory is None:
                 raise ImportError(name)
-            out[name] = factory(config)
+            out[name] = factory(config, settings)
         except ImportError:
             log.warning("provisioning: %s is configured for selection but this build cannot rent from it", name)
     return out
@@ -83,7 +90,7 @@ class ProvisioningSettings:
     rent_tries: int = 6  # rent calls per attempt while the provider is unavailable, then the next candidate
     lease: float = 30.0  # seconds a coordinator holds a provision it drives (renewed while it works on it)
     lost_after: int = 2  # reconciliations in a row a rental must be missing from its provider's list to be lost
-    simulator_url: str = ""  # the simulated provider's service (demo, tests); empty: none
+    runpod_rest_url: str = "https://rest.runpod.io/v1"  # where RunPod pods are rented
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ProvisioningSettings:
@@ -103,14 +110,15 @@ class ProvisioningSettings:
         url = environ.get("ANEX_PROVISION_COORDINATOR_URL", "").strip()
         if url and not url.startswith(("http://", "https://")):
             raise ConfigError("ANEX_PROVISION_COORDINATOR_URL", f"{url!r} is not an http(s) URL")
-        sim = environ.get("ANEX_PROVISION_SIMULATOR_URL", "").strip()
-        if sim and not sim.startswith("http://"):
-            raise ConfigError("ANEX_PROVISION_SIMULATOR_URL", f"{sim!r} is not an http:// URL")
+        rest = environ.get("ANEX_RUNPOD_REST_URL", "").strip()
+        if rest and not rest.startswith(("http://", "https://")):
+            raise ConfigError("ANEX_RUNPOD_REST_URL", f"{rest!r} is not an http(s) URL")
         return cls(
             coordinator_url=url.rstrip("/"),
             boot_timeout=number("ANEX_PROVISION_BOOT_TIMEOUT", 900.0, minimum=10),
             max_attempts=int(number("ANEX_PROVISION_MAX_ATTEMPTS", 5, minimum=1, integer=True)),
             reconcile_interval=number("ANEX_PROVISION_RECONCILE_INTERVAL", 60.0, minimum=1),
             lease=number("ANEX_PROVISION_LEASE", 30.0, minimum=1),
-            simulator_url=sim.rstrip("/"),
+            backoff=number("ANEX_PROVISION_BACKOFF", 2.0, minimum=0.05),
+            runpod_rest_url=rest.rstrip("/") or cls.runpod_rest_url,
         )

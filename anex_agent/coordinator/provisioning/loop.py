@@ -15,14 +15,21 @@ Steps, per state (every attempt is recorded with how it ended):
   of this attempt may have rented (the provider was unavailable, or the coordinator died
   during the call), the provider's rentals carrying the provision's label are listed first
   and one found is adopted: a provision never pays for two machines. Otherwise boot
-  credentials are issued (:class:`.boot.BootIssuer`: a single-use join token that expires
-  at the boot deadline) and the offer is rented. :class:`~.rentals.RentRefused`: the attempt
-  ends ``refused``, next candidate. :class:`~.rentals.ProviderUnavailable` (or any other
-  error: the outcome is unknown): retried with exponential backoff (``Retry-After`` honoured),
-  listing first; after ``rent_tries`` calls the attempt ends ``unavailable`` (a rental made
-  meanwhile is destroyed by the reconciler).
+  credentials are issued (:class:`.boot.BootIssuer`: a single-use join token bound to the
+  provision that expires at the boot deadline, in the environment or in a start script that
+  downloads the agent, as the provision's ``agent`` says) and the offer is rented.
+  :class:`~.rentals.RentRefused`: the attempt ends ``refused``, next candidate.
+  :class:`~.rentals.NoCapacity`: listed at once; nothing found: ``refused``, next candidate.
+  :class:`~.rentals.ProviderUnavailable` (or any other error: the outcome is unknown):
+  retried with exponential backoff (``Retry-After`` honoured), listing first; after
+  ``rent_tries`` calls the attempt ends ``unavailable`` (a rental made meanwhile is destroyed
+  by the reconciler). :class:`.boot.BootUnavailable` (no agent file to download): ``failed``.
+* :class:`~.rentals.KeyRefused` in any step: ``failed`` with the reason (``deleting``: stays,
+  retried slowly, the reason says why).
 * ``booting``: the node that joined with the provision's token is its node; once it is
-  ``ready`` (it heartbeats) the provision is ``ready``. At the boot deadline the rental is
+  ``ready`` (it heartbeats) the provision is ``ready``. A ready provision whose node was deleted
+  or expired is ``lost`` (checked every :data:`NODE_CHECK_INTERVAL` s by the scheduler), its
+  rental destroyed. At the boot deadline the rental is
   destroyed, the node removed, a Vast.AI machine banned, and the attempt ends
   ``boot_timeout``: next candidate.
 * ``deleting``: the rental is destroyed first (retried until the provider confirms; an
@@ -47,8 +54,8 @@ from anex_agent.coordinator.provisioning import boot, costs, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
 from anex_agent.coordinator.provisioning.models import LIVE_STATES, ProvisionState as S
 from anex_agent.coordinator.provisioning.rentals import (
-    ProviderUnavailable, Rental, RentalProvider, RentRefused, RentRequest, cluster_label_prefix,
-    provision_of_label, rental_label,
+    KeyRefused, NoCapacity, ProviderUnavailable, Rental, RentalProvider, RentRefused, RentRequest,
+    cluster_label_prefix, provision_of_label, rental_label,
 )
 from anex_agent.coordinator.provisioning.selector import DEFAULT_DISK_GB, Selector
 from anex_agent.selection.annotations import AnnotationError, parse_annotations
@@ -59,6 +66,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+NODE_CHECK_INTERVAL = 2.0  # seconds between looks at the nodes of ready provisions
 JOINED_POLL = 0.1  # seconds between looks at a joined node that has not heartbeated yet
 ACTIVE = (S.selecting.value, S.renting.value, S.booting.value, S.deleting.value)
 
@@ -83,6 +91,7 @@ class Provisioner:
         self._reconciled = asyncio.Event()
         self.metrics_rows: list[dict] = []  # cost snapshot for /metrics (refreshed by the scheduler)
         self.started = asyncio.Event()
+        self._nodes_checked_at = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -136,6 +145,30 @@ class Provisioner:
             self._running[pid] = task
             task.add_done_callback(lambda _t, pid=pid: self._running.pop(pid, None))
         await self._refresh_metrics(now)
+        if now >= self._nodes_checked_at + NODE_CHECK_INTERVAL:
+            self._nodes_checked_at = now
+            await self.check_ready_nodes()
+
+    async def check_ready_nodes(self) -> None:
+        """A ready provision whose node was deleted or expired is ``lost``: its node is removed (revoked)
+        and its rental destroyed (else the reconciler does it), so nobody pays for a machine off the mesh."""
+        rows = await self.ctx.db.fetch(
+            "SELECT p.id, p.node_id, a.number, a.provider, a.rental_id FROM provisions p JOIN provision_attempts a"
+            " ON a.provision_id = p.id AND a.number = p.attempt WHERE p.state = 'ready' AND p.node_id IS NOT NULL")
+        if not rows:
+            return
+        ids = [r["node_id"] for r in rows]
+        marks = ", ".join(f"${i + 1}" for i in range(len(ids)))
+        found = {n["id"]: n for n in await self.ctx.db.fetch(f"SELECT * FROM nodes WHERE id IN ({marks})", *ids)}
+        for row in rows:
+            node = found.get(row["node_id"])
+            if node is None:
+                reason = f"its node {row['node_id']} was deleted"
+            elif nodes.view_of(self.ctx, node).state is NodeState.expired:
+                reason = f"its node {row['node_id']} expired (no heartbeat)"
+            else:
+                continue
+            await self._lose(row, row["provider"], row["rental_id"], reason, destroy=True)
 
     async def _refresh_metrics(self, now: float) -> None:
         self.metrics_rows = await self.ctx.db.fetch(costs.ROWS_SQL)
@@ -152,6 +185,12 @@ class Provisioner:
                     lease_until = now + self.settings.lease
                 try:
                     delay = await self.step(pid)
+                except KeyRefused as err:
+                    delay = await self._key_refused(pid, err)
+                    if delay is None:
+                        return
+                    await self._retry_at(pid, delay)
+                    return
                 except ProviderUnavailable as err:
                     delay = self._backoff(pid, err.retry_after)
                     log.warning("provision %s: %s; retrying in %.0fs", pid, err, delay)
@@ -168,6 +207,23 @@ class Provisioner:
                     await self._sleep(delay)
         finally:
             await store.release(self.ctx.db, pid, self.owner)
+
+    async def _key_refused(self, pid: str, err: KeyRefused) -> float | None:
+        """The provider refused the API key: nothing is rented or destroyed until the key is fixed. A
+        provision being made fails with the reason (the reconciler destroys what it may have rented once
+        the key works); a provision being deleted keeps trying, slowly, saying why."""
+        log.error("provision %s: %s", pid, err)
+        row = await store.get(self.ctx.db, pid)
+        if row is None:
+            return None
+        if row["state"] == S.deleting.value:
+            await self.ctx.db.execute("UPDATE provisions SET reason = $2 WHERE id = $1", pid,
+                                      f"cannot destroy the rental yet: {err.reason}")
+            return self.settings.backoff_max
+        reason = f"{err.provider} refused the API key: {err.reason}"
+        end = (int(row["attempt"]), "failed", reason) if row["attempt"] else None
+        await self._transition(pid, (S.selecting, S.renting, S.booting), S.failed, reason=reason, end=end)
+        return None
 
     def _backoff(self, pid: str, retry_after: float | None) -> float:
         n = self._failures.get(pid, 0)
@@ -277,13 +333,18 @@ class Provisioner:
         spec = store.spec_of(row)
         now = self.ctx.clock()
         deadline = now + self.settings.boot_timeout
-        async with self.ctx.db.transaction() as tx:
-            if await tx.fetchval("SELECT state FROM provisions WHERE id = $1", pid) != S.renting.value:
-                return 0.0
-            await tx.execute("UPDATE provisions SET rent_tries = rent_tries + 1 WHERE id = $1", pid)
-            creds = await self.issuer.issue(tx, pid, number, provider=provider.name, name=spec.name, now=now,
-                                            expires_at=deadline)
-            await boot.record(tx, creds.token_id, pid, number)
+        try:
+            async with self.ctx.db.transaction() as tx:
+                if await tx.fetchval("SELECT state FROM provisions WHERE id = $1", pid) != S.renting.value:
+                    return 0.0
+                await tx.execute("UPDATE provisions SET rent_tries = rent_tries + 1 WHERE id = $1", pid)
+                creds = await self.issuer.issue(tx, boot.BootRequest(
+                    provision_id=pid, provider=provider.name, name=spec.name, agent=spec.agent or boot.ENTRYPOINT,
+                    command=tuple(spec.command) + tuple(spec.args), now=now, expires_at=deadline))
+        except boot.BootUnavailable as err:
+            log.error("provision %s: %s", pid, err)
+            await self._transition(pid, S.renting, S.failed, reason=str(err), end=(number, "failed", str(err)))
+            return None
         request = RentRequest(
             provision_id=pid, label=rental_label(self.cluster_id, pid), offer_id=attempt["offer_id"],
             image=spec.image, env={**spec.env, **creds.env}, command=tuple(spec.command) + tuple(spec.args),
@@ -293,6 +354,15 @@ class Provisioner:
         try:
             rental = await provider.rent(request)
         except RentRefused as err:
+            log.info("provision %s: %s; trying the next candidate", pid, err)
+            await self._transition(pid, S.renting, S.selecting, end=(number, "refused", err.reason))
+            return 0.0
+        except NoCapacity as err:  # nothing for this offer, it says: believe it once listing agrees
+            found = await self._find_rental(provider, pid)
+            if found is not None:
+                log.info("provision %s: adopted %s rental %s", pid, provider.name, found.rental_id)
+                await self._record_rental(pid, number, found, attempt)
+                return 0.0
             log.info("provision %s: %s; trying the next candidate", pid, err)
             await self._transition(pid, S.renting, S.selecting, end=(number, "refused", err.reason))
             return 0.0
@@ -391,10 +461,8 @@ class Provisioner:
         node = await boot.joined_node(self.ctx.db, pid)
         for node_id in {row["node_id"], node["id"] if node else None} - {None}:
             await self._remove_node(node_id)
-        now = self.ctx.clock()
         async with self.ctx.db.transaction() as tx:
-            await tx.execute("DELETE FROM join_tokens WHERE uses = 0 AND id IN"
-                             " (SELECT token_id FROM provision_tokens WHERE provision_id = $1)", pid)
+            await boot.revoke_unused(tx, pid)
         await self._transition(pid, S.deleting, S.deleted, reason=None, node_id=None)
         log.info("provision %s: deleted (rental destroyed, node removed)", pid)
         return None
@@ -456,19 +524,30 @@ class Provisioner:
             self._missing[rental_id] = self._missing.get(rental_id, 0) + 1
             if self._missing[rental_id] < self.settings.lost_after:
                 continue
-            await self._lose(row, name, rental_id)
+            await self._lose(row, name, rental_id,
+                             f"{name} no longer lists rental {rental_id} (the host took the machine back)")
 
-    async def _lose(self, row: dict, provider: str, rental_id: str) -> None:
+    async def _lose(self, row: dict, provider: str, rental_id: str | None, reason: str, *,
+                    destroy: bool = False) -> None:
+        """Mark the provision ``lost`` with ``reason`` and revoke its node; ``destroy``: its rental too."""
         pid = row["id"]
-        reason = f"{provider} no longer lists rental {rental_id} (the host took the machine back)"
         if not await self._transition(pid, (S.booting, S.ready), S.lost, reason=reason,
                                       end=(int(row["number"]), "lost", reason)):
             return
-        self._missing.pop(rental_id, None)
+        if rental_id is not None:
+            self._missing.pop(rental_id, None)
         log.warning("provision %s: lost: %s; revoking its node", pid, reason)
         node = await boot.joined_node(self.ctx.db, pid)
         for node_id in {row["node_id"], node["id"] if node else None} - {None}:
             await self._remove_node(node_id)
+        rental_provider = self.providers.get(provider)
+        if destroy and rental_id is not None and rental_provider is not None:
+            try:
+                await rental_provider.destroy(rental_id)
+                log.info("provision %s: destroyed %s rental %s", pid, provider, rental_id)
+            except ProviderUnavailable as err:
+                log.warning("provision %s: cannot destroy %s rental %s now (%s); the reconciler will", pid,
+                            provider, rental_id, err)
 
     # ------------------------------------------------------------------ metrics
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -63,6 +63,12 @@ class ProvisionCreate(Model):
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list, max_length=64)
     disk_gb: float | None = Field(None, gt=0, le=100_000, description="disk to allocate; default: the "
                                   "anex.sh/disk annotation, else 20")
+    agent: Literal["entrypoint", "download"] | None = Field(
+        None, description="how the agent starts on the machine: entrypoint (the image's entrypoint is the agent; "
+        "it gets the join token in its environment) or download (a start script fetches the single-file agent "
+        "from the coordinator, checks its hash and runs the command under it; needs the coordinator's "
+        "--agent-binary and a command). Default: download when the coordinator serves an agent file, else "
+        "entrypoint")
 
 
 class AttemptView(Model):
@@ -89,6 +95,7 @@ class ProvisionView(Model):
     state: ProvisionState
     reason: str | None = Field(None, description="why it failed, was lost, or what it waits for")
     image: str
+    agent: str = Field("entrypoint", description="how the agent starts: entrypoint or download")
     annotations: dict[str, str]
     created_at: datetime
     updated_at: datetime

@@ -9,10 +9,12 @@ the rental contract (:mod:`.rentals`).
   does, honouring ``Retry-After``.
 * :func:`unavailable` and :func:`refused_or_unavailable` turn a
   :class:`~anex_agent.selection.providers.http.ProviderError` into the contract's errors:
-  429, 5xx, timeouts, connection errors and a refused API key (401/403: no other offer would
-  fare better) are :class:`.rentals.ProviderUnavailable` (with the provider's
-  ``Retry-After``); any other 4xx about a rent is :class:`.rentals.RentRefused` naming the
-  provider's own error code and message.
+  429, 5xx, timeouts and connection errors are :class:`.rentals.ProviderUnavailable` (with the
+  provider's ``Retry-After``); a refused API key (401/403: no other offer would fare better)
+  is :class:`.rentals.KeyRefused`; a 5xx whose body says there is no machine for the offer
+  (RunPod's "no longer any instances available") is :class:`.rentals.NoCapacity`; any other
+  4xx about a rent is :class:`.rentals.RentRefused` naming the provider's own error code and
+  message.
 * :func:`error_text` reads a provider's error body (``{"error": ..., "msg": ...}`` and
   similar) into one short line; it is only ever the provider's text, never the request.
 """
@@ -20,13 +22,17 @@ the rental contract (:mod:`.rentals`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
-from anex_agent.coordinator.provisioning.rentals import ProviderUnavailable, RentRefused
+from anex_agent.coordinator.provisioning.rentals import KeyRefused, NoCapacity, ProviderUnavailable, RentRefused
 from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError
 
 REASON_LIMIT = 300  # characters of a provider's error text kept in a reason
 AUTH_STATUSES = (401, 403)
+#: what a provider's server error says when it has no machine for the offer
+NO_CAPACITY = re.compile(r"no (longer )?(any )?(instances?|machines?|gpus?) (are )?available|out of (stock|capacity)|"
+                         r"not enough (free )?gpus|insufficient capacity", re.IGNORECASE)
 
 
 def clients(provider: str, policy: HttpPolicy) -> tuple[JsonClient, JsonClient]:
@@ -54,8 +60,12 @@ def error_text(body: str) -> str:
 def unavailable(err: ProviderError, what: str) -> ProviderUnavailable:
     """``err`` (any failure of ``what``) as :class:`ProviderUnavailable`."""
     if err.status in AUTH_STATUSES:
-        reason = f"{what}: the API key was refused (HTTP {err.status}); check the provider key"
-    elif err.status is not None and err.status < 500 and err.status != 429 and err.body:
+        return KeyRefused(err.provider, f"{what}: the API key was refused (HTTP {err.status}); check the "
+                                        f"provider key", retry_after=err.retry_after)
+    if err.status is not None and err.status >= 500 and err.body and NO_CAPACITY.search(err.body):
+        return NoCapacity(err.provider, f"{what}: HTTP {err.status}: {error_text(err.body)}",
+                          retry_after=err.retry_after)
+    if err.status is not None and err.status < 500 and err.status != 429 and err.body:
         reason = f"{what}: HTTP {err.status}: {error_text(err.body)}"
     else:
         reason = f"{what}: {err}"

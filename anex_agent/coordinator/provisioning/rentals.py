@@ -13,6 +13,10 @@ Contract of every :class:`RentalProvider`:
   :class:`ProviderUnavailable` when the outcome is unknown or temporary (429, 5xx,
   timeout, connection lost): the rental *may* exist, so before renting again the
   loop lists rentals by label and adopts one it finds (never pay twice).
+  Two kinds of :class:`ProviderUnavailable` say more: :class:`KeyRefused` (401/403: the API
+  key is wrong or lacks the right; no retry or other offer helps: the loop fails the
+  provision) and :class:`NoCapacity` (a 5xx saying the provider has no machine for this offer,
+  as RunPod answers: once listing shows nothing was rented, the loop tries the next candidate).
 * Every rental carries ``request.label`` where the provider keeps a label, so
   :meth:`RentalProvider.list_rentals` finds it after a coordinator crash.
 * ``destroy(rental_id)`` is idempotent: a rental that is already gone is success.
@@ -94,6 +98,15 @@ class ProviderUnavailable(AnexError):
     def __init__(self, provider: str, reason: str, *, retry_after: float | None = None) -> None:
         self.provider, self.reason, self.retry_after = provider, reason, retry_after
         super().__init__(f"{provider} unavailable: {reason}")
+
+
+class KeyRefused(ProviderUnavailable):
+    """The provider refused the API key (HTTP 401/403): nothing works until the key is fixed."""
+
+
+class NoCapacity(ProviderUnavailable):
+    """The provider answered a server error saying it has no machine for the offer (nothing was rented,
+    as far as it says: list before believing it)."""
 
 
 class RentalProvider(Protocol):

@@ -55,12 +55,11 @@ def _candidate(raw: Mapping[str, Any]) -> Candidate:
 class LiveSelector:
     """The selection with the provider cache bypassed (see the module docstring)."""
 
-    def __init__(self, config: SelectionConfig, bans: BanStore, *, limit: int = 20,
-                 extra_sources: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, config: SelectionConfig, bans: BanStore, *, limit: int = 20) -> None:
         self.config = config
         self.bans = bans
         self.limit = limit
-        self._sources = {**self._build_sources(config), **(extra_sources or {})}
+        self._sources = self._build_sources(config)
 
     @staticmethod
     def _build_sources(config: SelectionConfig) -> dict[str, Any]:

@@ -11,8 +11,9 @@ Tables (migration 400, SQL portable between SQLite and PostgreSQL):
   on one PostgreSQL never drive one provision at once).
 * ``provision_attempts``: every attempt (offer, provider, rental id, when rented and ended,
   outcome and reason); the cost is price x time rented.
-* ``provision_tokens``: the join tokens issued to a provision; a node that joined with one of
-  them is the provision's node.
+
+The join tokens issued to a provision carry its id (``join_tokens.provision_id``, migration
+450, :mod:`.bootstrap`); a node that joined with one of them is the provision's node.
 
 Every state change is written with a ``provisions`` change in the change log (same
 transaction), which the watch stream of provisions delivers.
@@ -27,10 +28,10 @@ from typing import Any
 from anex_agent.coordinator import changes, credentials, tokens
 from anex_agent.coordinator.db import Conn, Database
 from anex_agent.coordinator.migrations import Migration
-from anex_agent.coordinator.provisioning import models
+from anex_agent.coordinator.provisioning import boot, models
 
 MIGRATIONS = [
-    Migration(400, "provisioning: provisions, attempts, boot tokens", """
+    Migration(400, "provisioning: provisions and their attempts", """
         CREATE TABLE provisions (
             id TEXT PRIMARY KEY,
             name TEXT NOT NULL,
@@ -68,13 +69,7 @@ MIGRATIONS = [
             reason TEXT,
             PRIMARY KEY (provision_id, number)
         );
-        CREATE INDEX provision_attempts_rental ON provision_attempts (rental_id);
-        CREATE TABLE provision_tokens (
-            token_id TEXT PRIMARY KEY,
-            provision_id TEXT NOT NULL,
-            attempt BIGINT NOT NULL
-        );
-        CREATE INDEX provision_tokens_provision ON provision_tokens (provision_id)
+        CREATE INDEX provision_attempts_rental ON provision_attempts (rental_id)
     """),
 ]
 
@@ -159,13 +154,12 @@ async def set_state(db: Database, tx: Conn, provision_id: str, state: models.Pro
 
 
 async def end_attempt(tx: Conn, provision_id: str, number: int, outcome: str, reason: str, *, now: float) -> None:
-    """Close attempt ``number`` (once: a closed attempt keeps its first outcome) and revoke its unused tokens."""
+    """Close attempt ``number`` (once: a closed attempt keeps its first outcome) and revoke the
+    provision's unused join tokens (every one was issued to this attempt or an earlier, closed one)."""
     await tx.execute(
         "UPDATE provision_attempts SET ended_at = $3, outcome = $4, reason = $5"
         " WHERE provision_id = $1 AND number = $2 AND ended_at IS NULL", provision_id, number, now, outcome, reason)
-    for row in await tx.fetch("SELECT token_id FROM provision_tokens WHERE provision_id = $1 AND attempt = $2",
-                              provision_id, number):
-        await tx.execute("DELETE FROM join_tokens WHERE id = $1 AND uses = 0", row["token_id"])
+    await boot.revoke_unused(tx, provision_id)
 
 
 def attempt_cost(attempt: dict, now: float) -> float:
@@ -185,6 +179,7 @@ def view_of(row: dict, attempts: list[dict], *, now: float) -> models.ProvisionV
         state=row["state"],
         reason=row["reason"],
         image=spec.image,
+        agent=spec.agent or "entrypoint",
         annotations=spec.annotations,
         created_at=tokens.to_datetime(row["created_at"]),
         updated_at=tokens.to_datetime(row["updated_at"]),

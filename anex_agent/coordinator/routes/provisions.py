@@ -1,7 +1,8 @@
 """Provisioning routes (admin): ask for a machine in one call, follow it, delete it.
 
     POST   /v1/provisions          ProvisionCreate -> ProvisionView (202 new; 200 the same name and body again;
-                                   409 the same name with another body)
+                                   409 the same name with another body; 422 naming ``agent`` when it asks to
+                                   download the agent from a coordinator without ``--agent-binary``)
     GET    /v1/provisions          -> ProvisionList (deleted ones left out)
     GET    /v1/provisions/watch    WebSocket of ProvisionEvent: a snapshot, then each change
     GET    /v1/provisions/{id}     -> ProvisionView with every attempt
@@ -9,8 +10,10 @@
                                    idempotent)
 
 Mounted through ``ROUTE_MODULES``; ``MIGRATIONS`` (400-449) are :mod:`..provisioning.store`'s.
-:func:`make_setup` takes injected providers, selector and boot issuer (tests, the demo);
-:func:`setup` builds them from the coordinator's environment (:mod:`..provisioning.config`).
+:func:`make_setup` takes injected providers, selector and boot issuer (tests);
+:func:`setup` builds them from the coordinator's environment (:mod:`..provisioning.config`),
+the issuer being :func:`default_issuer` (the bootstrap's, with the ``--agent-binary`` files).
+A provision's ``agent`` start mode is decided at ``POST`` (:func:`resolve_agent`) and kept in it.
 The loop itself is :class:`..provisioning.loop.Provisioner`, a coordinator background task.
 """
 
@@ -57,6 +60,19 @@ def _invalid(field: str, message: str) -> problems.Problem:
                             errors=[{"field": field, "message": message}])
 
 
+def resolve_agent(spec: models.ProvisionCreate, *, serves_agent: bool) -> models.ProvisionCreate:
+    """``spec`` with its ``agent`` start mode decided (the default: ``download`` when this coordinator
+    serves an agent file, else ``entrypoint``); 422 naming ``agent`` when ``download`` cannot work."""
+    agent = spec.agent or (boot.DOWNLOAD if serves_agent else boot.ENTRYPOINT)
+    if agent == boot.DOWNLOAD and not serves_agent:
+        raise _invalid("agent", "download needs an agent file to serve: start the coordinator with "
+                                "--agent-binary PATH, or use an image whose entrypoint is the agent (entrypoint)")
+    if agent == boot.DOWNLOAD and not (spec.command or spec.args):
+        raise _invalid("command", "the start script runs the pod's command under the downloaded agent: give one "
+                                  "(the image's own entrypoint is replaced), or use agent: entrypoint")
+    return spec if spec.agent == agent else spec.model_copy(update={"agent": agent})
+
+
 def check_spec(spec: models.ProvisionCreate) -> None:
     """Refuse (422 naming the field) what would only fail on the rented machine."""
     for name, value in spec.env.items():
@@ -95,6 +111,7 @@ class ProvisionRoutes:
     async def create(self, call: Call) -> web.Response:
         spec: models.ProvisionCreate = call.body  # type: ignore[assignment]
         check_spec(spec)
+        spec = resolve_agent(spec, serves_agent=bool(self.ctx.settings.agent_binaries))
         if self.provisioner is None:
             raise problems.Problem(503, "Service Unavailable", f"provisioning is not configured: {self.why_off}",
                                    slug="provisioning-off")
@@ -183,6 +200,16 @@ async def _drain(ws: web.WebSocketResponse) -> None:
         pass
 
 
+def default_issuer(ctx: Any, cfg: ProvisioningSettings) -> boot.BootstrapIssuer:
+    """The bootstrap issuer: start scripts download the agent files of ``--agent-binary``."""
+    from anex_agent.coordinator.routes import agent_download
+
+    async def hashes() -> Mapping[str, str]:
+        return await agent_download.agent_sha256s(ctx.settings)
+
+    return boot.BootstrapIssuer(cfg.coordinator_url, hashes)
+
+
 def make_setup(*, providers: Mapping[str, RentalProvider] | None = None, selector: Selector | None = None,
                issuer: boot.BootIssuer | None = None, settings: ProvisioningSettings | None = None,
                environ: Mapping[str, str] | None = None):
@@ -196,21 +223,15 @@ def make_setup(*, providers: Mapping[str, RentalProvider] | None = None, selecto
 
         selection = SelectionConfig.from_env(env)
         bans = BanStore(ctx.db, clock=ctx.clock)
-        rental_providers = dict(providers) if providers is not None else build_providers(selection)
-        extra_sources = {}
-        if cfg.simulator_url and providers is None:
-            from anex_agent.coordinator.provisioning.simulated import SimulatedRentals, SimulatedSource
-
-            rental_providers["simulated"] = SimulatedRentals(cfg.simulator_url)
-            extra_sources["simulated"] = SimulatedSource(cfg.simulator_url)
+        rental_providers = dict(providers) if providers is not None else build_providers(selection, cfg)
         why_off = ""
         if issuer is None and not cfg.coordinator_url:
             why_off = "set ANEX_PROVISION_COORDINATOR_URL (the URL rented machines join)"
         provisioner = None
         if not why_off:
             provisioner = Provisioner(
-                ctx, providers=rental_providers, selector=selector or LiveSelector(selection, bans, extra_sources=extra_sources),
-                issuer=issuer or boot.JoinTokenIssuer(cfg.coordinator_url), settings=cfg, bans=bans,
+                ctx, providers=rental_providers, selector=selector or LiveSelector(selection, bans),
+                issuer=issuer or default_issuer(ctx, cfg), settings=cfg, bans=bans,
                 ban_seconds=selection.ban_seconds)
             ctx.add_background("provisioning", provisioner.run)
             ctx.feed.add_listener(provisioner.on_change)
@@ -222,7 +243,7 @@ def make_setup(*, providers: Mapping[str, RentalProvider] | None = None, selecto
                            "Provision a machine: select a live offer, rent it, boot the agent, wait for the node "
                            "(202; the same name and body again: the existing provision)",
                            request_model=models.ProvisionCreate, response_model=models.ProvisionView, status=202,
-                           tags=tags, problems=(409, 503)))
+                           tags=tags, problems=(409, 422, 503)))
         registry.add(Route("GET", "/v1/provisions", routes.list, Auth.admin, "Provisions (deleted ones left out)",
                            response_model=models.ProvisionList, tags=tags))
         registry.add(Route("GET", "/v1/provisions/watch", routes.watch, Auth.admin,

@@ -45,7 +45,7 @@ class ProviderError(AnexError):
     """A provider API call failed. ``retryable``: a later call may succeed.
 
     ``retry_after``: seconds the provider asked to wait (its last ``Retry-After``), if any;
-    ``body``: the start of a refusing (4xx) answer's body, for callers that classify the
+    ``body``: the start of a refusing (4xx) or failing (429, 5xx) answer's body, for callers that classify the
     provider's own error code (it never holds the request's credentials)."""
 
     def __init__(self, provider: str, message: str, *, status: int | None = None, retryable: bool = False,
@@ -210,8 +210,9 @@ class JsonClient:
                     log.debug("%s %s %s -> %s (attempt %d)", self.provider, method, url, resp.status, attempt + 1)
                     if resp.status == 429 or resp.status >= 500:
                         retry_after = retry_after_seconds(resp.headers.get("Retry-After"), time.time())
+                        text = (await resp.content.read(ERROR_BODY_LIMIT)).decode("utf-8", "replace")
                         last = ProviderError(self.provider, f"HTTP {resp.status} from {method} {url}",
-                                             status=resp.status, retryable=True, retry_after=retry_after)
+                                             status=resp.status, retryable=True, retry_after=retry_after, body=text)
                     elif resp.status >= 400:
                         body = (await resp.content.read(ERROR_BODY_LIMIT)).decode("utf-8", "replace")
                         raise ProviderError(self.provider, f"HTTP {resp.status} from {method} {url}: the request was "
