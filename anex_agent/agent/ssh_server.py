@@ -31,12 +31,13 @@ import signal
 import struct
 import termios
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncssh
 
 from anex_agent import ssh_wire
-from anex_agent.agent.ssh_access import SessionContext, SshAccess
+if TYPE_CHECKING:  # ssh_access imports this module on the first connection; no cycle at run time
+    from anex_agent.agent.ssh_access import SessionContext, SshAccess
 
 log = logging.getLogger("anex_agent.agent.ssh")
 if not logging.getLogger("asyncssh").isEnabledFor(logging.DEBUG):  # its INFO lines: one per packet kind
