@@ -2,7 +2,7 @@
 upkeep with the coordinator (docs/remote-access.md).
 
 Contract:
-* The host key is made on the node (Ed25519, ``<state-dir>/ssh-host-key``, OpenSSH format,
+* The host key is made on the node (Ed25519, ``<state-dir>/ssh-host-key``: its seed in base64,
   mode 0600) and certified by the coordinator (:meth:`SshAccess.refresh`:
   ``POST /v1/nodes/{id}/ssh-host-certificate``), which answers with the CA keys whose user
   certificates are accepted and the revoked serials. :meth:`SshAccess.run` renews the host
@@ -24,16 +24,18 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anex_agent import ssh_wire
+from anex_agent import keys, ssh_wire
 from anex_agent.childenv import AccountInfo
 from anex_agent.errors import ConfigError, CoordinatorError
 
@@ -55,30 +57,36 @@ class SessionContext:
     cwd: str = "/"
 
 
+def openssh_public_ed25519(public: bytes) -> str:
+    """``ssh-ed25519 AAAA...``: the OpenSSH form of a raw Ed25519 public key (RFC 8709 section 4:
+    the string "ssh-ed25519", then the 32-byte key, each as an SSH ``string`` of RFC 4251)."""
+    name = b"ssh-ed25519"
+    blob = struct.pack(">I", len(name)) + name + struct.pack(">I", len(public)) + public
+    return "ssh-ed25519 " + base64.b64encode(blob).decode("ascii")
+
+
 def load_or_create_host_key(path: Path) -> tuple[bytes, str]:
-    """The host key (OpenSSH private key text) and its public key (``ssh-ed25519 ...``); made on first use."""
-    from cryptography.hazmat.primitives import serialization
+    """The host key's 32-byte Ed25519 seed and its public key (``ssh-ed25519 ...``); made on first use.
+
+    The file holds the seed in base64 (as the node's WireGuard key file does), mode 0600: reading
+    it needs no key-format library, so an agent nobody connects to loads none; the server makes
+    the OpenSSH form of the key on the first connection (:mod:`.ssh_server`)."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     if path.exists():
         mode = path.stat().st_mode & 0o777
         if mode & 0o077:
             raise ConfigError(str(path), f"SSH host key file has mode {mode:o}; it must be 0600 (chmod 600 {path})")
-        pem = path.read_bytes()
-        try:
-            key = serialization.load_ssh_private_key(pem, password=None)
-        except (ValueError, TypeError) as err:
-            raise ConfigError(str(path), f"is not an OpenSSH private key: {err}") from None
+        seed = keys.decode_key(path.read_text(), what=str(path))
+        key = Ed25519PrivateKey.from_private_bytes(seed)
     else:
         key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
+        seed = key.private_bytes_raw()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(pem)
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    return pem, public.decode()
+        with os.fdopen(fd, "w") as handle:
+            handle.write(keys.encode_key(seed) + "\n")
+    return seed, openssh_public_ed25519(key.public_key().public_bytes_raw())
 
 
 class SshAccess:
@@ -87,7 +95,7 @@ class SshAccess:
     def __init__(self, state_dir: Path, port: int, context: Callable[[], SessionContext]) -> None:
         self.port = port
         self.context = context
-        self.host_key_pem, self.host_public = load_or_create_host_key(state_dir / HOST_KEY_FILE)
+        self.host_key_seed, self.host_public = load_or_create_host_key(state_dir / HOST_KEY_FILE)
         self.host_certificate: str | None = None
         self.host_valid_before = 0.0
         self.node_id = ""

@@ -61,9 +61,19 @@ def connection(access: SshAccess) -> asyncssh.SSHServerConnection:
     return _Connection(access, loop, cached[1])
 
 
+def host_key(seed: bytes) -> asyncssh.SSHKey:
+    """The asyncssh key of the host key's Ed25519 seed."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    pem = Ed25519PrivateKey.from_private_bytes(seed).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    return asyncssh.import_private_key(pem)
+
+
 def _make_options(access: SshAccess, loop) -> asyncssh.SSHServerConnectionOptions:
     assert access.host_certificate is not None
-    key = asyncssh.import_private_key(access.host_key_pem)
+    key = host_key(access.host_key_seed)
     cert = asyncssh.import_certificate(access.host_certificate)
     return asyncssh.SSHServerConnectionOptions(
         loop=loop,

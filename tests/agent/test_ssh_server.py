@@ -11,7 +11,8 @@ import asyncssh
 import pytest
 
 from anex_agent import ssh_wire
-from anex_agent.agent.ssh_access import SessionContext, SshAccess
+from anex_agent.agent import ssh_server
+from anex_agent.agent.ssh_access import SessionContext, SshAccess, load_or_create_host_key
 
 NODE = "n_test"
 
@@ -40,7 +41,7 @@ async def server(tmp_path):
     pki = Pki()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "WORKLOAD_VAR": "yes"}
     access = SshAccess(tmp_path, 0, lambda: SessionContext(env=env, cwd=str(tmp_path)))
-    host_key = asyncssh.import_private_key(access.host_key_pem)
+    host_key = ssh_server.host_key(access.host_key_seed)
     access.host_certificate = pki.ca.generate_host_certificate(
         host_key, "host", principals=[NODE, "127.0.0.1"]).export_certificate().decode()
     access.node_id, access.address = NODE, "127.0.0.1"
@@ -197,3 +198,15 @@ async def test_a_client_that_goes_away_hangs_up_its_command(server, tmp_path):
         await asyncio.sleep(0.1)
     else:
         pytest.fail("the command outlived its session")
+
+
+def test_host_key_file_holds_the_seed_and_its_public_form_is_what_openssh_reads(tmp_path):
+    path = tmp_path / "ssh-host-key"
+    seed, public = load_or_create_host_key(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    # the hand-made OpenSSH public form (RFC 8709) is what asyncssh makes of the same key
+    assert public == " ".join(ssh_server.host_key(seed).export_public_key().decode().split()[:2])
+    assert load_or_create_host_key(path) == (seed, public)  # read back, not made again
+    path.chmod(0o644)
+    with pytest.raises(Exception, match="0600"):
+        load_or_create_host_key(path)
