@@ -1,4 +1,4 @@
-"""The selection worker thread: runs jobs off the loop, with the collector paused and a short
+"""The selection thread (inside the selection worker process): runs jobs off the loop, with the collector paused and a short
 GIL switch interval, and restores both."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from anex_agent.selection import worker
+from anex_agent.selection import threads
 
 
 async def test_jobs_run_on_the_selection_thread_with_the_collector_paused():
@@ -21,9 +21,9 @@ async def test_jobs_run_on_the_selection_thread_with_the_collector_paused():
 
     interval = sys.getswitchinterval()
     assert gc.isenabled()
-    assert await worker.run(job, 1, y=2) == 3
-    assert seen["thread"].startswith(worker.THREAD_NAME) and seen["thread"] != threading.current_thread().name
-    assert seen["gc"] is False and seen["interval"] == pytest.approx(worker.SWITCH_INTERVAL)
+    assert await threads.run(job, 1, y=2) == 3
+    assert seen["thread"].startswith(threads.THREAD_NAME) and seen["thread"] != threading.current_thread().name
+    assert seen["gc"] is False and seen["interval"] == pytest.approx(threads.SWITCH_INTERVAL)
     assert gc.isenabled() and sys.getswitchinterval() == interval  # restored
 
 
@@ -33,14 +33,14 @@ async def test_a_failing_job_raises_here_and_restores_everything():
 
     interval = sys.getswitchinterval()
     with pytest.raises(KeyError):
-        await worker.run(job)
+        await threads.run(job)
     assert gc.isenabled() and sys.getswitchinterval() == interval
 
 
 async def test_a_collector_disabled_by_someone_else_stays_disabled():
     gc.disable()
     try:
-        await worker.run(lambda: None)
+        await threads.run(lambda: None)
         assert not gc.isenabled()
     finally:
         gc.enable()
