@@ -11,6 +11,9 @@ Mounted by listing ``anex_agent.coordinator.routes_selection`` in
 ``anex_agent.coordinator.app.ROUTE_MODULES``; its ``MIGRATIONS`` add the bans table (100).
 Provider settings come from the environment once, in :func:`setup` (see
 :mod:`anex_agent.selection.config`); tests pass ``config=`` to :func:`make_setup`.
+The handlers only read the database (bans, on-prem nodes) and hand the rest to the selection
+worker process (:mod:`anex_agent.selection.worker`), which answers with the rendered JSON; a
+worker that is busy, timed out or stopped answers 503 problem+json with ``Retry-After``.
 Bad annotations answer 400 ``application/problem+json`` with one ``errors`` entry per
 annotation (``field`` = ``annotations.<name>``, ``annotation``, ``message`` saying what is
 accepted).
@@ -58,17 +61,23 @@ def annotation_problem(err: AnnotationError) -> problems.Problem:
 class SelectionRoutes:
     """The ban store, the selection worker and the handlers, for one coordinator.
 
-    ``worker``: ``"process"`` (the default: :class:`~anex_agent.selection.worker.SelectionWorker`)
-    or ``"inline"`` (:class:`~anex_agent.selection.worker.InProcessWorker`, for unit tests).
+    ``worker``: ``"process"`` (the default: :class:`~anex_agent.selection.worker.SelectionWorker`),
+    ``"inline"`` (:class:`~anex_agent.selection.worker.InProcessWorker`, for unit tests), or a
+    worker object (tests: one with other limits).
     """
 
-    def __init__(self, ctx: Any, config: SelectionConfig, *, worker: str = "process") -> None:
+    def __init__(self, ctx: Any, config: SelectionConfig, *,
+                 worker: str | SelectionWorker | InProcessWorker = "process") -> None:
         self.ctx = ctx
         self.config = config
         self.bans = BanStore(ctx.db, clock=ctx.clock)
         self.configured = ("onprem", *(name for name, c in (("vastai", config.vastai), ("runpod", config.runpod))
                                         if c is not None))
-        self.worker = SelectionWorker(config) if worker == "process" else InProcessWorker(config)
+        if worker == "process":
+            worker = SelectionWorker(config)
+        elif worker == "inline":
+            worker = InProcessWorker(config)
+        self.worker: SelectionWorker | InProcessWorker = worker  # type: ignore[assignment]
 
     async def onprem_nodes(self) -> list[dict[str, Any]]:
         """On-prem nodes in the shape :func:`~anex_agent.selection.providers.onprem.offer_from_node` reads,
@@ -179,9 +188,9 @@ def worker_problem(err: WorkerError) -> problems.Problem:
                             slug="selection-unavailable", headers={"Retry-After": "1"})
 
 
-def make_setup(config: SelectionConfig | None = None, *, worker: str = "process"):
+def make_setup(config: SelectionConfig | None = None, *, worker: str | SelectionWorker | InProcessWorker = "process"):
     """A ``setup(registry, ctx)`` using ``config`` (default: read from the environment); ``worker``:
-    ``"process"`` (default) or ``"inline"`` (unit tests only), see :class:`SelectionRoutes`."""
+    ``"process"`` (default), ``"inline"`` (unit tests only) or a worker, see :class:`SelectionRoutes`."""
 
     def setup(registry: RouteRegistry, ctx: Any) -> None:
         routes = SelectionRoutes(ctx, config or SelectionConfig.from_env(os.environ), worker=worker)
