@@ -36,11 +36,12 @@ import asyncio
 import logging
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from anex_agent.errors import AnexError
 from anex_agent.selection.config import SelectionConfig
-from anex_agent.selection.worker_process import Engine, Job, encode_frame, read_frame
+from anex_agent.selection.worker_process import NODES_PER_FRAME, Engine, Job, encode_frame, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,11 @@ class SelectionWorker:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[job_id] = future
         try:
+            if len(job.nodes) > NODES_PER_FRAME:  # a large fleet: serialized a part per turn of the loop
+                for start in range(0, len(job.nodes), NODES_PER_FRAME):
+                    await self._send(proc, ("nodes", job_id, job.nodes[start:start + NODES_PER_FRAME]))
+                    await asyncio.sleep(0)
+                job = replace(job, nodes=())
             await self._send(proc, ("job", job_id, job))
             return await asyncio.wait_for(asyncio.shield(future), self.job_timeout)
         except TimeoutError:

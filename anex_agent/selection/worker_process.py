@@ -5,8 +5,10 @@ Started by the coordinator (:class:`anex_agent.selection.worker.SelectionWorker`
 input and output in frames (:func:`encode_frame`: a 4-byte big-endian length, then a
 pickle; both ends are this package, one parent and its child, nothing else writes there):
 
-* in: ``("config", SelectionConfig, nice)`` once, first; then ``("job", id, Job)`` and
-  ``("cancel", id)``;
+* in: ``("config", SelectionConfig, nice)`` once, first; then ``("job", id, Job)``, each
+  preceded by any number of ``("nodes", id, rows)`` (its on-prem node rows, sent in parts of
+  :data:`NODES_PER_FRAME` so that the coordinator never serializes a large fleet in one
+  call), and ``("cancel", id)``;
 * out: ``("ready", pid)`` once the config is read; then per job ``("done", id, body)`` (the
   JSON answer, bytes) or ``("failed", id, text)`` (an unexpected error, logged here).
 
@@ -31,7 +33,7 @@ import os
 import pickle
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from anex_agent.selection import threads
@@ -47,6 +49,7 @@ log = logging.getLogger("anex_agent.selection.worker")
 HEADER = 4  # bytes of frame length
 MAX_FRAME = 1 << 30
 SELECT, OFFERS = "select", "offers"
+NODES_PER_FRAME = 500
 
 
 def encode_frame(message: Any) -> bytes:
@@ -136,6 +139,7 @@ async def serve(reader: asyncio.StreamReader, out_fd: int) -> None:
         os.nice(nice)
     engine = Engine(config)
     jobs: dict[int, asyncio.Task] = {}
+    staged: dict[int, list] = {}  # job id -> its on-prem node rows received so far
 
     def send(message: Any) -> None:
         data = memoryview(encode_frame(message))
@@ -163,11 +167,17 @@ async def serve(reader: asyncio.StreamReader, out_fd: int) -> None:
                     message = await read_frame(reader)
                 except EOFError:
                     break
-                if message[0] == "job":
-                    jobs[message[1]] = group.create_task(run(message[1], message[2]),
-                                                         name=f"selection-job-{message[1]}")
-                elif message[0] == "cancel" and message[1] in jobs:
-                    jobs[message[1]].cancel()
+                if message[0] == "nodes":
+                    staged.setdefault(message[1], []).extend(message[2])
+                elif message[0] == "job":
+                    job = message[2]
+                    if message[1] in staged:
+                        job = replace(job, nodes=(*staged.pop(message[1]), *job.nodes))
+                    jobs[message[1]] = group.create_task(run(message[1], job), name=f"selection-job-{message[1]}")
+                elif message[0] == "cancel":
+                    staged.pop(message[1], None)
+                    if message[1] in jobs:
+                        jobs[message[1]].cancel()
             for task in list(jobs.values()):  # input ended: nobody waits for these answers
                 task.cancel()
     finally:

@@ -292,3 +292,23 @@ async def test_the_inline_worker_answers_like_the_process(tmp_path):
                           for c in body["candidates"]]
     assert strip(by_process) == strip(inline) and by_process["explanation"]["filters"] == \
         inline["explanation"]["filters"]
+
+
+async def test_a_large_on_prem_fleet_reaches_the_worker_in_parts_and_whole():
+    import json
+
+    from anex_agent.selection.worker_process import NODES_PER_FRAME
+
+    count = 2 * NODES_PER_FRAME + 7
+    nodes = [{"id": f"n-{i:05d}", "name": f"gpu-{i}", "provider": "onprem", "state": "ready", "health": "healthy",
+              "labels": json.dumps({"price-per-hour": f"{0.10 + i / 10000:.4f}"}), "telemetry": json.dumps(telemetry())}
+             for i in range(count)]
+    nodes[3]["labels"] = "{not json"
+    worker = SelectionWorker(SelectionConfig())
+    try:
+        body = json.loads(await worker.run(Job(SELECT, parse_annotations(POD), ("onprem",), limit=3, nodes=nodes)))
+    finally:
+        await worker.aclose()
+    report = body["explanation"]["providers"]["onprem"]
+    assert report["offers"] == count - 1 and report["skipped"] == {"n-00003": "malformed labels (not JSON)"}
+    assert [c["offer_id"] for c in body["candidates"]] == ["n-00000", "n-00001", "n-00002"]
