@@ -12,8 +12,8 @@ The worker's caches (offer tables) live in the worker.
 * starts the process on the first job (``python -m anex_agent.selection.worker_process``: a
   fresh interpreter, never a fork of the coordinator), at a lower priority (``nice``, default
   10) so that on a machine with few cores the loop wins the CPU;
-* when the process dies it logs it, fails the jobs it held with :class:`WorkerUnavailable`
-  and starts a new process with the next job;
+* when the process dies it logs it and starts a new one; the jobs the dead one held are given
+  to the new one once (a second death fails them with :class:`WorkerUnavailable`);
 * holds at most ``max_jobs`` jobs at once (:class:`WorkerBusy` beyond), and gives up on a job
   after ``job_timeout`` seconds (:class:`WorkerTimeout`); a job whose caller is cancelled is
   cancelled in the worker too;
@@ -111,32 +111,57 @@ class SelectionWorker:
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
     async def run(self, job: Job) -> bytes:
-        """The JSON answer of ``job``, computed in the worker process."""
+        """The JSON answer of ``job``, computed in the worker process. When the worker dies before
+        answering, the job is given once more to a new one (a job only reads: running it twice
+        is harmless); a second death raises :class:`WorkerUnavailable`."""
         if self._closed:
             raise WorkerUnavailable("the coordinator is shutting down")
         if len(self._pending) >= self.max_jobs:
             raise WorkerBusy(f"{len(self._pending)} selections are already being computed")
-        proc = await self._ensure_started()
         self._next_id += 1
         job_id = self._next_id
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending[job_id] = future
+        proc: asyncio.subprocess.Process | None = None
+        deadline = asyncio.get_running_loop().time() + self.job_timeout
         try:
-            if len(job.nodes) > NODES_PER_FRAME:  # a large fleet: serialized a part per turn of the loop
-                for start in range(0, len(job.nodes), NODES_PER_FRAME):
-                    await self._send(proc, ("nodes", job_id, job.nodes[start:start + NODES_PER_FRAME]))
-                    await asyncio.sleep(0)
-                job = replace(job, nodes=())
-            await self._send(proc, ("job", job_id, job))
-            return await asyncio.wait_for(asyncio.shield(future), self.job_timeout)
+            for last_try in (False, True):
+                proc = await self._ensure_started()
+                future: asyncio.Future = asyncio.get_running_loop().create_future()
+                self._pending[job_id] = future
+                try:
+                    await self._submit(proc, job_id, job)
+                    async with asyncio.timeout_at(deadline):
+                        return await asyncio.shield(future)
+                except WorkerUnavailable:
+                    if last_try or self._closed:
+                        raise
+                    await self._gone(proc)
+                    log.info("selection job %d given to a new selection worker", job_id)
+            raise AssertionError("unreachable")
         except TimeoutError:
-            await self._cancel(proc, job_id)
+            if proc is not None:
+                await self._cancel(proc, job_id)
             raise WorkerTimeout(f"no answer within {self.job_timeout:g} s") from None
         except asyncio.CancelledError:
-            await asyncio.shield(self._cancel(proc, job_id))
+            if proc is not None:
+                await asyncio.shield(self._cancel(proc, job_id))
             raise
         finally:
             self._pending.pop(job_id, None)
+
+    async def _submit(self, proc: asyncio.subprocess.Process, job_id: int, job: Job) -> None:
+        if len(job.nodes) > NODES_PER_FRAME:  # a large fleet: serialized a part per turn of the loop
+            for start in range(0, len(job.nodes), NODES_PER_FRAME):
+                await self._send(proc, ("nodes", job_id, job.nodes[start:start + NODES_PER_FRAME]))
+                await asyncio.sleep(0)
+            job = replace(job, nodes=())
+        await self._send(proc, ("job", job_id, job))
+
+    async def _gone(self, proc: asyncio.subprocess.Process) -> None:
+        """Wait until the reader of ``proc`` (found dead) has finished, so that a new one starts."""
+        reader = self._reader
+        if proc is self._proc and reader is not None and not reader.done():
+            await _stop(proc)
+            await asyncio.wait({reader}, timeout=STOP_TIMEOUT)
 
     async def _cancel(self, proc: asyncio.subprocess.Process, job_id: int) -> None:
         try:

@@ -183,22 +183,35 @@ async def test_a_dead_worker_is_restarted_logged_and_the_next_selection_succeeds
         assert api.worker.pid not in (None, pid) and api.worker.starts == 2
 
 
-async def test_a_worker_dying_during_a_selection_answers_503_and_the_next_one_succeeds(tmp_path):
+async def wait_for(condition, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_selection_survives_one_worker_death_and_answers_503_after_two(tmp_path):
     async with coordinator(tmp_path) as api:
         assert (await api.select())[0] == 200
-        pid = api.worker.pid
-        api.fake.script.append((200, {}, 5.0))  # the next provider request hangs
+        # the worker dies while the provider is slow to answer: a new worker answers it
+        api.fake.script.append((200, {}, 5.0))
         pending = asyncio.create_task(api.select())
-        for _ in range(200):
-            if len(api.fake.requests) == 2:
-                break
-            await asyncio.sleep(0.02)
-        os.kill(pid, signal.SIGKILL)
+        await wait_for(lambda: len(api.fake.requests) == 2)
+        os.kill(api.worker.pid, signal.SIGKILL)
+        status, _, body = await pending
+        assert status == 200 and body["candidates"] and api.worker.starts == 2
+        # two deaths during one selection: 503, and the next selection is answered again
+        api.fake.script += [(200, {}, 5.0), (200, {}, 5.0)]
+        pending = asyncio.create_task(api.select())
+        for seen in (4, 5):
+            await wait_for(lambda: len(api.fake.requests) == seen and api.worker.pid is not None)
+            os.kill(api.worker.pid, signal.SIGKILL)
         status, ctype, body = await pending
         assert status == 503 and ctype.startswith("application/problem+json")
         assert body["type"].endswith("selection-unavailable") and "try again" in body["detail"]
+        assert api.worker.starts == 3
         status, _, body = await api.select()
-        assert status == 200 and body["candidates"]
+        assert status == 200 and body["candidates"] and api.worker.starts == 4
 
 
 async def test_shutting_the_coordinator_down_stops_the_worker(tmp_path):
@@ -312,3 +325,18 @@ async def test_a_large_on_prem_fleet_reaches_the_worker_in_parts_and_whole():
     report = body["explanation"]["providers"]["onprem"]
     assert report["offers"] == count - 1 and report["skipped"] == {"n-00003": "malformed labels (not JSON)"}
     assert [c["offer_id"] for c in body["candidates"]] == ["n-00000", "n-00001", "n-00002"]
+
+
+async def test_a_worker_found_dead_before_it_takes_a_job_is_replaced_for_that_job():
+    worker = SelectionWorker(SelectionConfig())
+    job = Job(SELECT, parse_annotations(POD), ("onprem",))
+    try:
+        await worker.run(job)
+        pid = worker.pid
+        os.kill(pid, signal.SIGKILL)
+        while alive(pid):  # dead, and (no await) the coordinator has not noticed yet
+            time.sleep(0.01)
+        assert b'"candidates"' in await worker.run(job)
+        assert worker.starts == 2 and worker.pid != pid
+    finally:
+        await worker.aclose()
