@@ -127,6 +127,13 @@ async def wait_gone(pid: int, seconds: float = 10.0) -> bool:
     return False
 
 
+async def wait_for(condition, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
 @pytest.mark.parametrize("mode", ["process", "inline"])
 async def test_the_provider_is_asked_and_tables_are_built_outside_the_coordinators_process(tmp_path, monkeypatch,
                                                                                             mode):
@@ -176,18 +183,11 @@ async def test_a_dead_worker_is_restarted_logged_and_the_next_selection_succeeds
         pid = api.worker.pid
         os.kill(pid, signal.SIGKILL)
         assert await wait_gone(pid)
-        await asyncio.sleep(0.2)  # the coordinator notices the end of the worker's output
-        assert any("exited" in r.getMessage() and str(pid) in r.getMessage() for r in caplog.records)
+        # the coordinator notices the end of the worker's output, and says so
+        await wait_for(lambda: any("exited" in r.getMessage() and str(pid) in r.getMessage() for r in caplog.records))
         status, _, again = await api.select()
         assert status == 200 and again["candidates"] == first["candidates"]
         assert api.worker.pid not in (None, pid) and api.worker.starts == 2
-
-
-async def wait_for(condition, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_selection_survives_one_worker_death_and_answers_503_after_two(tmp_path):
@@ -255,20 +255,23 @@ async def test_the_worker_object_limits_jobs_times_out_and_keeps_working(tmp_pat
     await server.start_server()
     config = SelectionConfig(vastai=VastAIConfig(api_key=fake.api_key, base_url=str(server.make_url("/api/v0")),
                                                  policy=POLICY), policy=POLICY)
-    worker = SelectionWorker(config, max_jobs=1, job_timeout=1.0)
+    worker = SelectionWorker(config, max_jobs=1)
     job = Job(SELECT, parse_annotations(POD), ("vastai",))
     try:
         assert b'"candidates"' in await worker.run(job)
-        fake.script.append((200, {}, 3.0))
+        fake.script.append((200, {}, 5.0))
+        worker.job_timeout = 1.0  # for the slow job (a timeout fires late on a loaded machine, never early)
         slow = asyncio.create_task(worker.run(job))
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: len(worker._pending) == 1)
+        worker.job_timeout = 120.0
         with pytest.raises(WorkerBusy):
             await worker.run(job)
         with pytest.raises(WorkerTimeout):
             await slow
+        await wait_for(lambda: not fake.script)  # the next request of the next job would be answered normally
+        fake.script.append((200, {}, 5.0))
         cancelled = asyncio.create_task(worker.run(job))
-        fake.script.append((200, {}, 3.0))
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: not fake.script)  # its provider request is hanging
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
             await cancelled
@@ -281,11 +284,12 @@ async def test_the_worker_object_limits_jobs_times_out_and_keeps_working(tmp_pat
 
 
 async def test_busy_and_timeout_answer_503_problem_details(tmp_path):
-    async with coordinator(tmp_path, lambda config: SelectionWorker(config, max_jobs=1, job_timeout=1.0)) as api:
+    async with coordinator(tmp_path, lambda config: SelectionWorker(config, max_jobs=1)) as api:
         assert (await api.select())[0] == 200
-        api.fake.script.append((200, {}, 3.0))
+        api.fake.script.append((200, {}, 5.0))
+        api.worker.job_timeout = 1.0  # fires late on a loaded machine, never early
         slow = asyncio.create_task(api.select())
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: len(api.worker._pending) == 1)
         status, ctype, body = await api.select()
         assert status == 503 and ctype.startswith("application/problem+json")
         assert body["type"].endswith("selection-busy")
