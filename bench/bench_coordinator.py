@@ -470,6 +470,11 @@ def timed_loadgen(url: str, args: argparse.Namespace, pid: int) -> tuple[dict, f
     return result, cpu_seconds(pid) - cpu, time.perf_counter() - wall
 
 
+def start_selector(url: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, "--role", "selector", "--url", url], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+
+
 def bench_selection_stall(args: argparse.Namespace) -> dict:
     """Open-loop heartbeat latency of one coordinator, without selection and while selections
     rebuild Vast.AI tables of ``--selection-offers`` offers back to back (cache TTL 0)."""
@@ -493,26 +498,31 @@ def bench_selection_stall(args: argparse.Namespace) -> dict:
                     quiet, quiet_cpu, quiet_wall = timed_loadgen(url, args, proc.pid)
                     run: dict = {"without_selection": {**quiet, "coordinator_cpu_ms_per_s":
                                                        round(1000 * quiet_cpu / quiet_wall, 1)}}
-                    selector = subprocess.Popen([sys.executable, __file__, "--role", "selector", "--url", url],
-                                                cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                    selector = start_selector(url)
                     try:
                         first = selector.stdout.readline()  # the first table is built: selections are running
                         beats, busy_cpu, busy_wall = timed_loadgen(url, args, proc.pid)
-                        # selections alone (no heartbeats): the coordinator's CPU time per selection
-                        lines = [first, selector.stdout.readline()]
-                        cpu, wall = cpu_seconds(proc.pid), time.perf_counter()
-                        lines += [selector.stdout.readline() for _ in range(SELECTIONS_TIMED)]
-                        alone = cpu_seconds(proc.pid) - cpu - idle_cpu_per_s * (time.perf_counter() - wall)
                     finally:
                         selector.terminate()
                         rest = selector.communicate(timeout=30)[0]
-                    lines = [line.strip() for line in [*lines, *rest.splitlines()]]
+                    lines = [line.strip() for line in [first, *rest.splitlines()]]
                     done = [float(line.split()[0]) for line in lines if line and not line.startswith("error")]
                     run["with_selection"] = {**beats, "coordinator_cpu_ms_per_s": round(1000 * busy_cpu / busy_wall, 1),
                                              "selections_done": len(done),
                                              "selection_p50_ms": round(percentile(done, 0.5), 1),
                                              "errors_seen": [line for line in lines if line.startswith("error")][:2]}
-                    # less the idle background work (per second, measured before) of the selections' duration
+                    # selections alone (no heartbeats): the coordinator's CPU time per selection, less its idle
+                    # background work (per second, measured before) meanwhile; each line is read as it is printed
+                    selector = start_selector(url)
+                    try:
+                        selector.stdout.readline()
+                        cpu, wall = cpu_seconds(proc.pid), time.perf_counter()
+                        for _ in range(SELECTIONS_TIMED):
+                            selector.stdout.readline()
+                        alone = cpu_seconds(proc.pid) - cpu - idle_cpu_per_s * (time.perf_counter() - wall)
+                    finally:
+                        selector.terminate()
+                        selector.communicate(timeout=30)
                     run["coordinator_cpu_ms_per_selection"] = round(1000 * alone / SELECTIONS_TIMED, 1)
                     run["coordinator_idle_cpu_ms_per_s"] = round(1000 * idle_cpu_per_s, 1)
                     result[name] = run
