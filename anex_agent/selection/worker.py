@@ -80,7 +80,7 @@ class JobFailed(WorkerError):
 def default_job_timeout(config: SelectionConfig) -> float:
     """Long enough for every attempt of every provider request, their backoff, and the build."""
     policy = config.policy
-    return policy.attempts * (policy.timeout + min(policy.max_backoff, policy.max_retry_after)) + 60.0
+    return policy.attempts * (policy.timeout + max(policy.max_backoff, policy.max_retry_after)) + 60.0
 
 
 class SelectionWorker:
