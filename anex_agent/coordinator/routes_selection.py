@@ -11,6 +11,9 @@ Mounted by listing ``anex_agent.coordinator.routes_selection`` in
 ``anex_agent.coordinator.app.ROUTE_MODULES``; its ``MIGRATIONS`` add the bans table (100).
 Provider settings come from the environment once, in :func:`setup` (see
 :mod:`anex_agent.selection.config`); tests pass ``config=`` to :func:`make_setup`.
+The handlers only read the database (bans, on-prem nodes) and hand the rest to the selection
+worker process (:mod:`anex_agent.selection.worker`), which answers with the rendered JSON; a
+worker that is busy, timed out or stopped answers 503 problem+json with ``Retry-After``.
 Bad annotations answer 400 ``application/problem+json`` with one ``errors`` entry per
 annotation (``field`` = ``annotations.<name>``, ``annotation``, ``message`` saying what is
 accepted).
@@ -18,30 +21,28 @@ accepted).
 
 from __future__ import annotations
 
-import math
+import asyncio
 import os
 from typing import Any
 
 from aiohttp import web
 
-from anex_agent.coordinator import nodes, problems
+from anex_agent.coordinator import nodes, problems, states
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.migrations import Migration
 from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
-from anex_agent.selection import models, worker
+from anex_agent.selection import models
 from anex_agent.selection.annotations import AnnotationError, Filters, parse_annotations
 from anex_agent.selection.bans import BANS_TABLE_SQL, Ban, BanStore
 from anex_agent.selection.config import SelectionConfig
-from anex_agent.selection.offers import COLUMNS, OfferTable
-from anex_agent.selection.providers.onprem import OnpremSource
-from anex_agent.selection.providers.runpod import RunPodSource
-from anex_agent.selection.providers.vastai import VastAISource
-from anex_agent.selection.rank import rank
-from anex_agent.selection.service import show_value, attach_provider_report, choose, gather_offers
+from anex_agent.selection.worker import (InProcessWorker, JobFailed, SelectionWorker, WorkerBusy, WorkerError,
+                                         WorkerTimeout)
+from anex_agent.selection.worker_process import OFFERS, SELECT, Job
 
 MIGRATIONS = [Migration(100, "selection: Vast.AI machine bans", BANS_TABLE_SQL)]
 ALL_PROVIDERS = ("onprem", "vastai", "runpod")
 MAX_OFFERS_LISTED = 10_000
+ROWS_PER_TURN = 500  # on-prem node rows handled per turn of the loop
 
 
 def _ban_view(ban: Ban) -> models.BanView:
@@ -58,42 +59,73 @@ def annotation_problem(err: AnnotationError) -> problems.Problem:
 
 
 class SelectionRoutes:
-    """The sources, the ban store and the handlers, for one coordinator."""
+    """The ban store, the selection worker and the handlers, for one coordinator.
 
-    def __init__(self, ctx: Any, config: SelectionConfig) -> None:
+    ``worker``: ``"process"`` (the default: :class:`~anex_agent.selection.worker.SelectionWorker`),
+    ``"inline"`` (:class:`~anex_agent.selection.worker.InProcessWorker`, for unit tests), or a
+    worker object (tests: one with other limits).
+    """
+
+    def __init__(self, ctx: Any, config: SelectionConfig, *,
+                 worker: str | SelectionWorker | InProcessWorker = "process") -> None:
         self.ctx = ctx
         self.config = config
         self.bans = BanStore(ctx.db, clock=ctx.clock)
-        self.sources: dict[str, Any] = {"onprem": OnpremSource(self.onprem_nodes, default_policy=config.qualification)}
-        if config.vastai is not None:
-            self.sources["vastai"] = VastAISource(config.vastai)
-        if config.runpod is not None:
-            self.sources["runpod"] = RunPodSource(config.runpod)
+        self.configured = ("onprem", *(name for name, c in (("vastai", config.vastai), ("runpod", config.runpod))
+                                        if c is not None))
+        if worker == "process":
+            worker = SelectionWorker(config)
+        elif worker == "inline":
+            worker = InProcessWorker(config)
+        self.worker: SelectionWorker | InProcessWorker = worker  # type: ignore[assignment]
 
     async def onprem_nodes(self) -> list[dict[str, Any]]:
-        """On-prem nodes in the shape :func:`~anex_agent.selection.providers.onprem.offer_from_node` reads."""
+        """On-prem nodes in the shape :func:`~anex_agent.selection.providers.onprem.offer_from_node` reads,
+        with ``labels`` and ``telemetry`` as the JSON text stored (decoded in the worker). The loop
+        only works out each node's state, and lets other work in every :data:`ROWS_PER_TURN` rows."""
         await nodes.flush_for_read(self.ctx)
-        rows = await self.ctx.db.fetch("SELECT * FROM nodes WHERE provider = $1 ORDER BY id", "onprem")
+        rows = await self.ctx.db.fetch("SELECT id, name, created_at, last_heartbeat_at, health, labels, telemetry "
+                                       "FROM nodes WHERE provider = $1 ORDER BY id", "onprem")
+        latest, now, timings = self.ctx.heartbeats.latest, self.ctx.clock(), self.ctx.settings.timings
         out = []
-        for row in rows:
-            view = nodes.view_of(self.ctx, row)
-            out.append({"id": view.id, "name": view.name, "provider": "onprem", "state": view.state.value,
-                        "health": view.health.value, "labels": dict(view.labels),
-                        "telemetry": row["telemetry"] or {}})  # JSON text: decoded on the worker thread
+        for i, row in enumerate(rows):
+            if i and i % ROWS_PER_TURN == 0:
+                await asyncio.sleep(0)
+            last, buffered = row["last_heartbeat_at"], latest.get(row["id"])
+            if buffered is not None and (last is None or buffered > last):
+                last = buffered
+            state = states.state_at(now=now, created_at=row["created_at"], last_heartbeat_at=last, timings=timings)
+            out.append({"id": row["id"], "name": row["name"], "provider": "onprem", "state": state.value,
+                        "health": row["health"], "labels": row["labels"], "telemetry": row["telemetry"] or {}})
         return out
 
-    def _sources(self, wanted: list[str] | None) -> tuple[list[Any], dict[str, Any]]:
+    def _providers(self, wanted: list[str] | None) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """The configured providers to ask and, for those asked for but not configured, what to report."""
         names = list(dict.fromkeys(wanted)) if wanted else list(ALL_PROVIDERS)
         report = {}
         chosen = []
         for name in names:
-            if name in self.sources:
-                chosen.append(self.sources[name])
+            if name in self.configured:
+                chosen.append(name)
             elif wanted:  # asked for explicitly but not configured
                 variable = {"vastai": "ANEX_VASTAI_API_KEY", "runpod": "ANEX_RUNPOD_API_KEY"}.get(name, "")
                 report[name] = {"offers": 0, "error": f"{name} is not configured on this coordinator (set {variable})",
                                 "retryable": False}
-        return chosen, report
+        return tuple(chosen), report
+
+    async def _answer(self, op: str, filters: Filters, wanted: list[str] | None, limit: int) -> web.Response:
+        """Run one job in the selection worker; its JSON answer, or a problem saying why none."""
+        providers, missing = self._providers(wanted)
+        node_rows = await self.onprem_nodes() if "onprem" in providers else []
+        banned = await self.bans.banned_machines()
+        job = Job(op, filters, providers, missing, banned, limit, self.config.ordering, node_rows)
+        try:
+            body = await self.worker.run(job)
+        except JobFailed as err:
+            raise RuntimeError(f"selection failed in the worker: {err}") from None  # a 500, like any failure
+        except WorkerError as err:
+            raise worker_problem(err) from None
+        return web.Response(body=body, content_type="application/json")
 
     # ------------------------------------------------------------ handlers
 
@@ -103,12 +135,7 @@ class SelectionRoutes:
             filters = parse_annotations(request.annotations)
         except AnnotationError as err:
             raise annotation_problem(err) from None
-        sources, missing = self._sources(request.providers)
-        table, report = await gather_offers(sources, filters)
-        banned = await self.bans.banned_machines()
-        body = await worker.run(_selection_body, table, filters, banned, request.limit, self.config.ordering,
-                                {**report, **missing})
-        return web.Response(body=body, content_type="application/json")
+        return await self._answer(SELECT, filters, request.providers, request.limit)
 
     async def list_offers(self, call: Call) -> models.OfferList:
         query = call.request.query
@@ -118,12 +145,8 @@ class SelectionRoutes:
             raise problems.bad_request(f"unknown provider {', '.join(bad)}; accepted: {', '.join(ALL_PROVIDERS)}",
                                        field="provider")
         limit = call.query["limit"]  # parsed by the registry (QueryParam below)
-        sources, missing = self._sources(wanted)
         everything = Filters(verified_only=False)  # inspection: ask for all offers, unverified included
-        table, report = await gather_offers(sources, everything)
-        banned = sorted(await self.bans.banned_machines())
-        body = await worker.run(_offers_body, table, everything, limit, {**report, **missing}, banned)
-        return web.Response(body=body, content_type="application/json")
+        return await self._answer(OFFERS, everything, wanted, limit)
 
     async def create_ban(self, call: Call) -> models.BanView:
         body: models.BanCreate = call.body  # type: ignore[assignment]
@@ -153,37 +176,25 @@ class SelectionRoutes:
                                              detail=f"machine {body.machine_id} is skipped until {ban.expires_at:.0f}")
 
 
-def _selection_body(table: OfferTable, filters: Filters, banned: frozenset[str], limit: int, ordering: str,
-                    report: dict[str, Any]) -> bytes:
-    """The ``SelectionResponse`` JSON (on the selection worker thread: choosing, validating and
-    serializing up to 1,000 candidates is no work for the event loop)."""
-    selection = choose(table, filters, banned=banned, limit=limit, default_ordering=ordering)
-    attach_provider_report(selection, report)
-    return models.SelectionResponse.model_validate(
-        {"candidates": selection.candidates, "explanation": selection.explanation}).model_dump_json().encode()
+def worker_problem(err: WorkerError) -> problems.Problem:
+    """503 with Retry-After: the worker was busy, timed out, or stopped (it is started again)."""
+    if isinstance(err, WorkerBusy):
+        return problems.Problem(503, "Selection Busy", f"{err}; try again shortly", slug="selection-busy",
+                                headers={"Retry-After": "1"})
+    if isinstance(err, WorkerTimeout):
+        return problems.Problem(503, "Selection Timed Out", f"the selection worker gave {err}; try again",
+                                slug="selection-timeout", headers={"Retry-After": "5"})
+    return problems.Problem(503, "Selection Unavailable", f"{err}; it is started again, try again",
+                            slug="selection-unavailable", headers={"Retry-After": "1"})
 
 
-def _offers_body(table: OfferTable, filters: Filters, limit: int, report: dict[str, Any],
-                 banned: list[str]) -> bytes:
-    """The ``OfferList`` JSON of the cheapest ``limit`` offers (on the selection worker thread)."""
-    views = [_offer_view(table, i) for i in rank(table, list(range(table.size)), filters)[:limit]]
-    return models.OfferList(offers=views, providers=report, banned=banned).model_dump_json().encode()
-
-
-def _offer_view(table: OfferTable, row: int) -> models.OfferView:
-    offer = table.offers[row]
-    specs = {name: show_value(name, getattr(offer, name)) for name in COLUMNS
-             if name not in ("provider", "offer_id", "machine_id", "details")}
-    specs = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in specs.items()}
-    return models.OfferView(provider=offer.provider, offer_id=offer.offer_id, machine_id=offer.machine_id,
-                            specs=specs)
-
-
-def make_setup(config: SelectionConfig | None = None):
-    """A ``setup(registry, ctx)`` using ``config`` (default: read from the environment)."""
+def make_setup(config: SelectionConfig | None = None, *, worker: str | SelectionWorker | InProcessWorker = "process"):
+    """A ``setup(registry, ctx)`` using ``config`` (default: read from the environment); ``worker``:
+    ``"process"`` (default), ``"inline"`` (unit tests only) or a worker, see :class:`SelectionRoutes`."""
 
     def setup(registry: RouteRegistry, ctx: Any) -> None:
-        routes = SelectionRoutes(ctx, config or SelectionConfig.from_env(os.environ))
+        routes = SelectionRoutes(ctx, config or SelectionConfig.from_env(os.environ), worker=worker)
+        ctx.add_background("selection-worker", routes.worker.supervise)  # stops the worker at shutdown
         tags = ("selection",)
         registry.add(Route("POST", "/v1/selections", routes.create_selection, Auth.admin,
                            "Rank machines (Vast.AI, RunPod, on-prem) for a pod's annotations, with an explanation",

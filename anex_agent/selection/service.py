@@ -3,8 +3,10 @@
 :func:`choose` is the pure part (a table in, a :class:`Selection` out); :func:`select`
 fetches offers from the sources concurrently (one named task per source in a TaskGroup),
 keeps going when a source fails (the failure is reported in the explanation), applies bans,
-filters and ranks. Building, joining and choosing over tables run on the selection worker
-thread (:mod:`anex_agent.selection.worker`), never on the event loop.
+filters and ranks; :func:`selection_body` and :func:`offers_body` render the answers of the
+routes. All of it runs in the selection worker process (:mod:`anex_agent.selection.worker`),
+never in the coordinator; building, joining and choosing over tables run on that process's
+selection thread (:mod:`anex_agent.selection.threads`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from anex_agent.selection import versions, worker
+from anex_agent.selection import models, threads, versions
 from anex_agent.selection.annotations import Filters, parse_annotations
 from anex_agent.selection.filters import FilterResult, apply_filters
-from anex_agent.selection.offers import OfferTable
+from anex_agent.selection.offers import COLUMNS, OfferTable
 from anex_agent.selection.providers import OfferSource
 from anex_agent.selection.providers.http import ProviderError
 from anex_agent.selection.rank import DESCRIPTIONS, PRICE, effective_ordering, rank
@@ -139,7 +141,7 @@ async def gather_offers(sources: Sequence[OfferSource], filters: Filters) -> tup
                 report[source.name]["skipped"] = dict(skipped)
         else:
             report[source.name] = {"offers": 0, "error": str(got), "retryable": getattr(got, "retryable", False)}
-    return await worker.run(OfferTable.concat, tables), report
+    return await threads.run(OfferTable.concat, tables), report
 
 
 async def select(annotations: Mapping[str, str], sources: Sequence[OfferSource], *, limit: int = DEFAULT_LIMIT,
@@ -147,7 +149,7 @@ async def select(annotations: Mapping[str, str], sources: Sequence[OfferSource],
     """Parse (raises AnnotationError), fetch, filter, rank; ``explanation['providers']`` says per source."""
     filters = parse_annotations(annotations)
     table, report = await gather_offers(sources, filters)
-    selection = await worker.run(choose, table, filters, banned=banned, limit=limit,
+    selection = await threads.run(choose, table, filters, banned=banned, limit=limit,
                                  default_ordering=default_ordering)
     attach_provider_report(selection, report)
     return selection
@@ -167,3 +169,28 @@ def attach_provider_report(selection: Selection, report: dict[str, Any]) -> None
             else:
                 parts.append(f"{name} had no offers")
         selection.explanation["emptied_by"] = "; ".join(parts) or "no provider was asked"
+
+
+def selection_body(table: OfferTable, filters: Filters, banned: frozenset[str], limit: int, ordering: str,
+                   report: dict[str, Any]) -> bytes:
+    """The ``SelectionResponse`` JSON (pure; the selection worker runs it on its thread)."""
+    selection = choose(table, filters, banned=banned, limit=limit, default_ordering=ordering)
+    attach_provider_report(selection, report)
+    return models.SelectionResponse.model_validate(
+        {"candidates": selection.candidates, "explanation": selection.explanation}).model_dump_json().encode()
+
+
+def offers_body(table: OfferTable, filters: Filters, limit: int, report: dict[str, Any],
+                banned: list[str]) -> bytes:
+    """The ``OfferList`` JSON of the cheapest ``limit`` offers (pure; the selection worker runs it on its thread)."""
+    views = [_offer_view(table, i) for i in rank(table, list(range(table.size)), filters)[:limit]]
+    return models.OfferList(offers=views, providers=report, banned=banned).model_dump_json().encode()
+
+
+def _offer_view(table: OfferTable, row: int) -> models.OfferView:
+    offer = table.offers[row]
+    specs = {name: show_value(name, getattr(offer, name)) for name in COLUMNS
+             if name not in ("provider", "offer_id", "machine_id", "details")}
+    specs = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in specs.items()}
+    return models.OfferView(provider=offer.provider, offer_id=offer.offer_id, machine_id=offer.machine_id,
+                            specs=specs)

@@ -108,8 +108,11 @@ def test_adding_a_filter_never_adds_candidates(offer_list, base, extra):
     key, value = extra
     if key in base or key.startswith("vastai.anex.sh/verified-only"):
         return  # changing an existing filter (or the verified-only default) is not adding one
-    bigger = {**base, key: value}
     name = key.removeprefix("anex.sh/").removesuffix("-min").removesuffix("-max")
+    same_range = {f"anex.sh/{name}", f"anex.sh/{name}-min", f"anex.sh/{name}-max"}
+    if f"anex.sh/{name}" in {key, *base} and same_range & set(base):
+        return  # an exact value replaces that range's -min/-max (and is ignored beside them): not an added filter
+    bigger = {**base, key: value}
     lo, hi = bigger.get(f"anex.sh/{name}-min"), bigger.get(f"anex.sh/{name}-max")
     if lo is not None and hi is not None:
         k = version_key if name == "cuda" else float

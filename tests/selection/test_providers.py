@@ -330,10 +330,10 @@ async def test_tables_are_built_and_chosen_off_the_event_loop(fake, monkeypatch)
 
 
 async def test_expired_answers_are_evicted_and_freed_on_the_selection_thread(fake, monkeypatch):
-    from anex_agent.selection import worker
+    from anex_agent.selection import threads
 
     released: list[list] = []
-    monkeypatch.setattr(worker, "release", lambda values: released.append(list(values)))
+    monkeypatch.setattr(threads, "release", lambda values: released.append(list(values)))
     clock = Clock()
     source = vast(fake, clock=clock)
     try:

@@ -8,8 +8,8 @@
 * a short TTL cache of successful answers keyed by method, URL, query and body, so a
   burst of pods asking for the same offers makes one provider call (concurrent identical
   calls share one in-flight request); the answer is decoded, and turned into what the
-  caller's ``build`` makes of it (an offer table), on the selection worker thread
-  (:mod:`anex_agent.selection.worker`), and that result is what is cached;
+  caller's ``build`` makes of it (an offer table), on the selection thread
+  (:mod:`anex_agent.selection.threads`), and that result is what is cached;
 * one short-lived ``aiohttp.ClientSession`` per fetch (a fetch happens at most once per TTL
   per query), so nothing stays open between selections and nothing needs closing at
   shutdown;
@@ -33,7 +33,7 @@ from typing import Any, Callable
 import aiohttp
 
 from anex_agent.errors import AnexError
-from anex_agent.selection import worker
+from anex_agent.selection import threads
 from anex_agent.selection.jsonpieces import dismantle, loads_in_pieces
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class JsonClient:
         values = [value for _stored, value in self._cache.values()]
         self._cache.clear()
         if values:
-            worker.release(values)
+            threads.release(values)
 
     async def request(self, method: str, url: str, *, params: dict | None = None, body: Any = None,
                       headers: dict[str, str] | None = None, build: Callable[[Any], Any] | None = None) -> Any:
@@ -168,7 +168,7 @@ class JsonClient:
         now = self._clock()
         expired = [key for key, (stored, _value) in self._cache.items() if now - stored >= self.policy.cache_ttl]
         if expired:
-            worker.release([self._cache.pop(key)[1] for key in expired])
+            threads.release([self._cache.pop(key)[1] for key in expired])
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -180,7 +180,7 @@ class JsonClient:
                      build: Callable[[Any], Any] | None) -> Any:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.policy.timeout)) as session:
             raw = await self._attempts(session, method, url, params, body, headers)
-        return await worker.run(self._decode, raw, f"{method} {url}", build)
+        return await threads.run(self._decode, raw, f"{method} {url}", build)
 
     def _decode(self, raw: list[bytes], what: str, build: Callable[[Any], Any] | None) -> Any:
         """On the worker thread: the JSON answer, and what ``build`` makes of it."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from anex_agent.selection import labels as labels_, qualification, versions, worker
+from anex_agent.selection import labels as labels_, qualification, threads, versions
 from anex_agent.selection.labels import is_true
 from anex_agent.selection.annotations import Filters
 from anex_agent.selection.offers import Offer, OfferTable
@@ -146,19 +146,25 @@ class OnpremSource:
 
     async def offers(self, filters: Filters) -> OfferTable:
         nodes = list(await self._list_nodes())
-        table, self.skipped = await worker.run(table_of_nodes, nodes, self.default_policy)
+        table, self.skipped = await threads.run(table_of_nodes, nodes, self.default_policy)
         return table
 
 
 def table_of_nodes(nodes: Iterable[Mapping[str, Any]], default_policy: str = qualification.DEFAULT_POLICY
                    ) -> tuple[OfferTable, dict[str, str]]:
     """The offers of the available on-prem nodes and, for the others, why not (pure; run on the
-    selection worker thread: telemetry given as JSON text is decoded here)."""
+    selection thread: labels and telemetry given as JSON text, as stored, are decoded here)."""
     out: list[Offer] = []
     skipped: dict[str, str] = {}
     for node in nodes:
         if node.get("provider") != "onprem":
             continue
+        if isinstance(node.get("labels"), (str, bytes)):  # as stored: JSON text
+            try:
+                node = {**node, "labels": json.loads(node["labels"])}
+            except ValueError:
+                skipped[str(node.get("id"))] = "malformed labels (not JSON)"
+                continue
         if isinstance(node.get("telemetry"), (str, bytes)):
             try:
                 node = {**node, "telemetry": json.loads(node["telemetry"])}

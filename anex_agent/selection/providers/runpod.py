@@ -174,7 +174,7 @@ class RunPodSource:
 
 
 def table_from_answer(answer: object, gpu_count: int) -> OfferTable:
-    """The offer table of a GraphQL answer (runs on the selection worker thread); GraphQL errors raise."""
+    """The offer table of a GraphQL answer (runs on the selection thread); GraphQL errors raise."""
     if not isinstance(answer, dict):
         raise ProviderError("runpod", "GraphQL answer is not an object")
     if answer.get("errors"):

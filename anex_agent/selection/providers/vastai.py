@@ -219,7 +219,7 @@ class VastAISource:
 
 
 def table_from_answer(answer: object) -> OfferTable:
-    """The offer table of a bundles answer ``{"offers": [...]}`` (runs on the selection worker thread)."""
+    """The offer table of a bundles answer ``{"offers": [...]}`` (runs on the selection thread)."""
     if not isinstance(answer, dict) or not isinstance(answer.get("offers"), list):
         raise ProviderError("vastai", "search answer has no 'offers' list")
     return OfferTable(offer_from_api(raw) for raw in answer["offers"]  # a generator: no offer object outlives its row
