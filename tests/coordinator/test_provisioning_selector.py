@@ -4,6 +4,8 @@ environment without ever showing a key."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -16,7 +18,13 @@ from anex_agent.selection.config import SelectionConfig
 from tests.selection.fake_providers import FakeProvider
 
 
-async def test_live_selection_asks_every_time_and_skips_tried_and_banned():
+async def test_live_selection_asks_every_time_and_skips_tried_and_banned(monkeypatch):
+    from anex_agent.selection.providers import vastai
+
+    async def not_here(self, filters):
+        raise AssertionError("the provider was asked from the coordinator's process")
+
+    monkeypatch.setattr(vastai.VastAISource, "offers", not_here)  # the worker is a fresh interpreter
     fake = FakeProvider()
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
@@ -26,6 +34,7 @@ async def test_live_selection_asks_every_time_and_skips_tried_and_banned():
         assert config.policy.cache_ttl == 30  # the selection route caches; provisioning must not
         bans = MemoryBans()
         selector = LiveSelector(config, bans)  # type: ignore[arg-type]
+        assert selector.worker.pid is None  # the worker process starts with the first selection
         first = await selector.select({}, providers=("vastai",), exclude=())
         assert first.candidates and len(fake.requests) == 1
         top = first.candidates[0]
@@ -38,7 +47,10 @@ async def test_live_selection_asks_every_time_and_skips_tried_and_banned():
         assert top.machine_id not in [c.machine_id for c in banned.candidates]
         none = await selector.select({}, providers=("runpod",), exclude=())
         assert none.candidates == [] and "no provider" in none.why_none
+        # the provider was asked from the selection worker's process, never the coordinator's
+        assert selector.worker.pid is not None and selector.worker.pid != os.getpid()
     finally:
+        await selector.worker.aclose()
         await server.close()
 
 

@@ -229,8 +229,11 @@ def make_setup(*, providers: Mapping[str, RentalProvider] | None = None, selecto
             why_off = "set ANEX_PROVISION_COORDINATOR_URL (the URL rented machines join)"
         provisioner = None
         if not why_off:
+            if selector is None:
+                live = LiveSelector(selection, bans)
+                ctx.add_background("provisioning-selection-worker", live.supervise)  # stops its worker at shutdown
             provisioner = Provisioner(
-                ctx, providers=rental_providers, selector=selector or LiveSelector(selection, bans),
+                ctx, providers=rental_providers, selector=selector or live,
                 issuer=issuer or default_issuer(ctx, cfg), settings=cfg, bans=bans,
                 ban_seconds=selection.ban_seconds)
             ctx.add_background("provisioning", provisioner.run)
