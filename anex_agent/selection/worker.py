@@ -40,7 +40,6 @@ from dataclasses import replace
 from typing import Any
 
 from anex_agent.errors import AnexError
-from anex_agent.selection import threads
 from anex_agent.selection.config import SelectionConfig
 from anex_agent.selection.worker_process import NODES_PER_FRAME, Engine, Job, encode_frame, read_frame
 
@@ -48,10 +47,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_NICE = 10
 DEFAULT_MAX_JOBS = 64
-# The selection thread of this process (``threads.run``), for code that still computes a selection in
-# the coordinator's own process: that work then competes with the loop for the GIL; prefer
-# SelectionWorker.run(Job(...)).
-run = threads.run
 
 START_TIMEOUT = 60.0  # seconds for a fresh interpreter to import and answer "ready" on a loaded machine
 STOP_TIMEOUT = 3.0
