@@ -1,7 +1,7 @@
 """Agent API: routes, loopback without token, mesh side with a verified bearer token."""
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from tests.agent.api_client import ApiClient
 from prometheus_client import Counter
 
 from anex_agent import access_token
@@ -29,7 +29,7 @@ def make_api(ready=(True, "handshake 3 s ago"), local=True, seen=None):
 
 
 async def client_for(api):
-    client = TestClient(TestServer(api.app))
+    client = ApiClient(api)
     await client.start_server()
     return client
 
