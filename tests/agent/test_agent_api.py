@@ -219,3 +219,17 @@ def test_backoff_grows_with_jitter_and_caps():
         assert ceiling / 2 <= d <= ceiling
     b.reset()
     assert b.next_delay() <= 1
+
+
+async def test_unknown_routes_and_methods_are_problem_documents():
+    client = await client_for(make_api())
+    try:
+        resp = await client.get("/nope")
+        assert resp.status == 404 and resp.headers["Content-Type"] == "application/problem+json"
+        assert (await resp.json())["status"] == 404
+        resp = await client.post("/healthz")
+        assert resp.status == 405 and resp.headers["Allow"] == "GET, HEAD"
+        resp = await client.request("HEAD", "/healthz")
+        assert resp.status == 200 and resp.headers["Content-Length"] == "3" and await resp.read() == b""
+    finally:
+        await client.close()
