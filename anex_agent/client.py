@@ -19,7 +19,13 @@ Contract:
 * Use as ``async with CoordinatorClient(url, ...) as client:`` (or call :meth:`close`).
 * An ``https://`` coordinator's certificate is verified against the system CA store plus
   ``ca_file`` (:func:`anex_agent.transport.client_ssl_context`), for REST calls and the
-  watch WebSocket alike: both go through the one session this client builds.
+  watch WebSocket alike.
+* Transport: REST calls go over :class:`anex_agent.http_client.HttpClient` (HTTP/1.1 on h11,
+  kept-alive connections, ``proxy`` through CONNECT for ``https://``); ``timeout`` bounds each
+  whole call; an answer larger than ``max_response_bytes`` is a non-retryable error. The watch
+  stream is a WebSocket of the ``websockets`` library (ping every 20 s; the same headers, TLS
+  context and proxy); close code 4001 means the credential was revoked.
+  :meth:`node_logs` streams (only the connect and the answer's head are timed).
 """
 
 from __future__ import annotations
@@ -33,11 +39,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from anex_agent import keys, proof, ssh_wire, wire
 from anex_agent.errors import CoordinatorError
+from anex_agent.http_client import DEFAULT_MAX_BODY, HttpClient, HttpError, with_query
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,9 @@ WATCH_BACKOFF_INITIAL = 0.5
 # the jitter (half to full delay) spreads a fleet's reconnects.
 WATCH_BACKOFF_MAX = 10.0
 CLOSE_REVOKED = 4001  # the coordinator's close code for a revoked credential
+WATCH_PING_INTERVAL = 20.0  # seconds between pings on the watch stream (a dead one is noticed)
+WATCH_CLOSE_TIMEOUT = 5.0
+LOGS_CONNECT_TIMEOUT = 10.0
 
 
 def _retryable_status(status: int) -> bool:
@@ -63,11 +72,14 @@ class CoordinatorClient:
         admin_token: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        session: aiohttp.ClientSession | None = None,
+        session: HttpClient | None = None,
         ca_file: Path | None = None,
         clock: Callable[[], float] = time.time,
         proxy: str | None = None,
+        max_response_bytes: int = DEFAULT_MAX_BODY,
     ) -> None:
+        """``session``: an :class:`HttpClient` to share (not closed by :meth:`close`); None: one of
+        our own, built on the first call."""
         self.base_url = base_url.rstrip("/")
         self.ca_file = ca_file
         self.proxy = proxy  # http://HOST:PORT of an egress proxy (CONNECT for https), or None
@@ -75,7 +87,8 @@ class CoordinatorClient:
         self.admin_token = admin_token
         self.coordinator_key: bytes | None = None  # X25519 public key, from GET /v1/coordinator
         self._clock = clock
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._timeout = timeout
+        self._max_response_bytes = max_response_bytes
         self._session = session
         self._own_session = session is None
 
@@ -88,18 +101,20 @@ class CoordinatorClient:
     async def close(self) -> None:
         if self._session is not None and self._own_session:
             await self._session.close()
-        self._session = None
+            self._session = None
 
     def set_credential(self, credential: str) -> None:
         self.credential = credential
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            from anex_agent.transport import client_ssl_context
+    def _ssl_context(self):
+        from anex_agent.transport import client_ssl_context
 
-            https = self.base_url.startswith("https://")
-            connector = aiohttp.TCPConnector(ssl=client_ssl_context(self.ca_file)) if https else None
-            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector, proxy=self.proxy)
+        return client_ssl_context(self.ca_file)
+
+    def _get_session(self) -> HttpClient:
+        if self._session is None:
+            self._session = HttpClient(ssl_context=self._ssl_context, proxy=self.proxy, timeout=self._timeout,
+                                       max_body=self._max_response_bytes)
             self._own_session = True
         return self._session
 
@@ -123,14 +138,13 @@ class CoordinatorClient:
         headers = self._headers(auth)
         if data is not None:
             headers["Content-Type"] = "application/json"
+        session = self._get_session()
         try:
-            async with self._get_session().request(method, url, data=data, headers=headers) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except asyncio.TimeoutError:
+            status, _, raw = await session.request(method, url, body=data, headers=headers, timeout=self._timeout)
+        except TimeoutError:
             raise CoordinatorError(f"{method} {path}: timed out", retryable=True) from None
-        except aiohttp.ClientError as err:
-            raise CoordinatorError(f"{method} {path}: {err}", retryable=True) from None
+        except HttpError as err:
+            raise CoordinatorError(f"{method} {path}: {err}", retryable=not _too_large(err)) from None
         if status >= 400:
             problem = _problem(raw)
             detail = problem.get("detail") or problem.get("title") or raw[:200].decode("utf-8", "replace")
@@ -297,17 +311,19 @@ class CoordinatorClient:
             url, headers = f"http://{host}:{view.facts.api_port}/logs", {"Authorization": f"Bearer {token}"}
         else:
             url, headers = f"{self.base_url}/v1/nodes/{node_id}/logs", self._headers("admin")
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
         try:
-            async with self._get_session().get(url, params=query, headers=headers, timeout=timeout) as resp:
+            async with self._get_session().stream("GET", with_query(url, query), headers=headers,
+                                                  connect_timeout=LOGS_CONNECT_TIMEOUT) as resp:
                 if resp.status >= 400:
                     problem = _problem(await resp.read())
                     raise CoordinatorError(f"GET {url}: {resp.status} {problem.get('detail') or ''}".rstrip(),
                                            status=resp.status, retryable=_retryable_status(resp.status),
                                            problem=problem)
-                async for chunk in resp.content.iter_any():
+                async for chunk in resp.chunks():
                     yield chunk
-        except aiohttp.ClientError as err:
+        except TimeoutError:
+            raise CoordinatorError(f"GET {url}: timed out connecting", retryable=True) from None
+        except HttpError as err:
             raise CoordinatorError(f"GET {url}: {err}", retryable=True) from None
 
     async def list_gateways(self) -> wire.GatewayList:
@@ -378,29 +394,39 @@ class CoordinatorClient:
 
     async def _watch_once(self, since: int, connected: list[bool]) -> AsyncIterator[wire.WatchEvent]:
         """One stream; appends True to ``connected`` once the WebSocket handshake succeeded."""
-        url = f"{self.base_url}/v1/watch?since={since}"
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+        url = "ws" + self.base_url.removeprefix("http") + f"/v1/watch?since={since}"
+        headers = self._headers("credential")
+        kwargs: dict[str, Any] = {"ssl": self._ssl_context()} if url.startswith("wss://") else {}
         try:
-            ws = await self._get_session().ws_connect(
-                url, headers=self._headers("credential"), heartbeat=20.0, timeout=aiohttp.ClientWSTimeout(ws_close=5)
+            ws = await connect(
+                url, additional_headers=headers, proxy=self.proxy, open_timeout=self._timeout,
+                ping_interval=WATCH_PING_INTERVAL, ping_timeout=WATCH_PING_INTERVAL, close_timeout=WATCH_CLOSE_TIMEOUT,
+                max_size=self._max_response_bytes, compression=None, user_agent_header="anex-agent", **kwargs,
             )
-        except aiohttp.WSServerHandshakeError as err:
+        except InvalidStatus as err:
+            status = err.response.status_code
             raise CoordinatorError(
-                f"watch: {err.status} {err.message}", status=err.status, retryable=_retryable_status(err.status)
+                f"watch: {status} {err.response.reason_phrase}", status=status, retryable=_retryable_status(status),
+                problem=_problem(err.response.body or b""),
             ) from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise CoordinatorError("watch: timed out connecting", retryable=True) from None
-        except aiohttp.ClientError as err:
+        except (WebSocketException, OSError) as err:
             raise CoordinatorError(f"watch: {err}", retryable=True) from None
         connected.append(True)
         try:
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    try:
-                        yield wire.read(wire.WatchEvent, msg.data)
-                    except ValidationError as err:
-                        raise CoordinatorError(f"watch: unexpected event: {err}") from None
-                elif msg.type == aiohttp.WSMsgType.ERROR:
-                    break
+            try:
+                async for message in ws:
+                    if isinstance(message, str):
+                        try:
+                            yield wire.read(wire.WatchEvent, message)
+                        except ValidationError as err:
+                            raise CoordinatorError(f"watch: unexpected event: {err}") from None
+            except ConnectionClosed:
+                pass  # why it closed: the close code below
             if ws.close_code == CLOSE_REVOKED:
                 raise CoordinatorError("watch: credential revoked", status=401, retryable=False)
         finally:
@@ -422,6 +448,12 @@ def proven_body(
         now=time.time() if now is None else now,
     )
     return {**body, "public_key": key.public_b64, "proof": made}
+
+
+def _too_large(err: HttpError) -> bool:
+    from anex_agent.http_client import BodyTooLarge
+
+    return isinstance(err, BodyTooLarge)
 
 
 def _problem(raw: bytes) -> dict[str, Any]:

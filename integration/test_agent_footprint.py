@@ -3,7 +3,8 @@
 The agent runs as users start it, with ``PYTHONPROFILEIMPORTTIME=1``: Python itself writes
 every module it imports to the agent's log. After a proxied answer (by IP: no cluster name
 lookup) and a heartbeat, the list must hold none of the other roles' modules and none of
-the libraries the agent imports only where used (see tests/agent/test_startup_imports.py).
+the libraries the agent imports only where used (see tests/agent/test_startup_imports.py),
+aiohttp included, with the agent API serving.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def test_daemon_imports_neither_other_roles_nor_unused_libraries(mesh, fresh_nod
     assert fresh_node.status()["engine"] == "wireguard-go"
     mesh.stop_agent(fresh_node)
     modules = {m.group(2) for line in fresh_node.log().splitlines() if (m := IMPORTED.match(line))}
-    assert {"anex_agent.agent.supervisor", "anex_agent.frontends.proxy", "anex_agent.tunnels.rtnl"} <= modules
+    assert {"anex_agent.agent.supervisor", "anex_agent.frontends.proxy", "anex_agent.tunnels.rtnl",
+            "anex_agent.agent.api", "anex_agent.http_server", "anex_agent.client"} <= modules  # the API is up
     assert offending(modules, NEVER) == []
     assert offending(modules, LAZY) == []

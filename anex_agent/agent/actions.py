@@ -30,7 +30,7 @@ import signal
 from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
-from aiohttp import web
+from anex_agent.http_server import Request, Response, json_response, problem
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,9 @@ class PushRefused(Exception):
         self.field = field
 
 
-def _problem(status: int, detail: str, **extra) -> web.Response:
+def _problem(status: int, detail: str, **extra) -> Response:
     titles = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 413: "Content Too Large"}
-    body = {"type": "about:blank", "title": titles.get(status, "Error"), "status": status, "detail": detail, **extra}
-    return web.json_response(body, status=status, content_type="application/problem+json")
+    return problem(status, titles.get(status, "Error"), detail, **extra)
 
 
 def parse_mode(text: str) -> int:
@@ -136,7 +135,7 @@ def add_routes(api, workload: Callable[[], object | None], *, push_dirs: Sequenc
             return None, _problem(409, "the workload is not running")
         return current, None
 
-    async def send_signal(request: web.Request) -> web.Response:
+    async def send_signal(request: Request) -> Response:
         name = request.query.get("name", "").upper().removeprefix("SIG")
         if name not in SIGNALS:
             return _problem(400, f"{request.query.get('name', '')!r} is not accepted; expected one of "
@@ -149,16 +148,16 @@ def add_routes(api, workload: Callable[[], object | None], *, push_dirs: Sequenc
             current.kill_group()
         else:
             current.forward(SIGNALS[name])
-        return web.json_response({"signal": f"SIG{name}"}, status=202)
+        return json_response({"signal": f"SIG{name}"}, status=202)
 
-    async def restart(request: web.Request) -> web.Response:
+    async def restart(request: Request) -> Response:
         current, problem = running()
         if problem is not None:
             return problem
         current.restart()
-        return web.json_response({"restarting": True, "grace_seconds": current.grace}, status=202)
+        return json_response({"restarting": True, "grace_seconds": current.grace}, status=202)
 
-    async def push(request: web.Request) -> web.Response:
+    async def push(request: Request) -> Response:
         path = request.query.get("path", "")
         try:
             mode = parse_mode(request.query.get("mode", "0644"))
@@ -166,7 +165,7 @@ def add_routes(api, workload: Callable[[], object | None], *, push_dirs: Sequenc
             if request.content_length is not None and request.content_length > max_bytes:
                 raise PushRefused(413, f"the file is larger than {max_bytes} bytes", "body")
             chunks, size = [], 0
-            async for chunk in request.content.iter_chunked(65536):
+            async for chunk in request.chunks():
                 size += len(chunk)
                 if size > max_bytes:
                     raise PushRefused(413, f"the file is larger than {max_bytes} bytes", "body")
@@ -175,7 +174,7 @@ def add_routes(api, workload: Callable[[], object | None], *, push_dirs: Sequenc
         except PushRefused as err:
             return _problem(err.status, err.detail, field=err.field)
         log.info("agent API: the cluster pushed %s (%d bytes, mode %o)", path, written, mode)
-        return web.json_response({"path": path, "bytes": written, "mode": f"{mode:04o}"}, status=201)
+        return json_response({"path": path, "bytes": written, "mode": f"{mode:04o}"}, status=201)
 
     api.app.router.add_post("/signal", send_signal)
     api.app.router.add_post("/restart", restart)

@@ -1,4 +1,4 @@
-"""The agent API (aiohttp): ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
+"""The agent API (HTTP/1.1 over :mod:`anex_agent.http_server`): ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
 Who may connect:
 
@@ -38,11 +38,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from anex_agent.access_token import Claims, ReplayCache, ReplayCacheFull, TokenReplayed
+from anex_agent.http_server import HttpServer, Request, Response, StreamResponse, json_response, text_response
+from anex_agent.http_server import problem as _problem_doc
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,11 @@ ReadyFn = Callable[[], Awaitable[tuple[bool, str]]]
 #: ``verify(token, now)``: the claims of a valid cluster access token for this node at
 #: ``now``, or None (the verifier logs why).
 VerifyFn = Callable[[str, float], Claims | None]
+RouteHandler = Callable[[Request], Awaitable["Response | StreamResponse"]]
 
 
-def is_loopback_peer(request: web.Request) -> bool:
-    peer = request.transport.get_extra_info("peername") if request.transport else None
+def is_loopback_peer(request: Request) -> bool:
+    peer = request.peername
     if not peer:
         return False
     try:
@@ -66,7 +68,7 @@ def is_loopback_peer(request: web.Request) -> bool:
     return addr.is_loopback
 
 
-def bearer_token(request: web.Request) -> str | None:
+def bearer_token(request: Request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -74,15 +76,48 @@ def bearer_token(request: web.Request) -> str | None:
     return token.strip()
 
 
-def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> Response:
     if status == 401:
         headers = {"WWW-Authenticate": 'Bearer realm="anex-agent"', **(headers or {})}
-    return web.json_response(body, status=status, content_type="application/problem+json", headers=headers)
+    return _problem_doc(status, title, detail, headers)
+
+
+class Routes:
+    """The API's routes: ``(method, path) -> handler``; ``add_get`` also answers HEAD."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, dict[str, RouteHandler]] = {}
+
+    @property
+    def router(self) -> Routes:  # ``api.app.router.add_get(...)`` reads as it did
+        return self
+
+    def add_route(self, method: str, path: str, handler: RouteHandler) -> None:
+        self.table.setdefault(path, {})[method] = handler
+
+    def add_get(self, path: str, handler: RouteHandler) -> None:
+        self.add_route("GET", path, handler)
+        self.add_route("HEAD", path, handler)
+
+    def add_post(self, path: str, handler: RouteHandler) -> None:
+        self.add_route("POST", path, handler)
+
+    def add_put(self, path: str, handler: RouteHandler) -> None:
+        self.add_route("PUT", path, handler)
+
+    async def dispatch(self, request: Request) -> Response | StreamResponse:
+        methods = self.table.get(request.path)
+        if methods is None:
+            return _problem(404, "Not Found", f"no route {request.path}")
+        handler = methods.get(request.method)
+        if handler is None:
+            return _problem(405, "Method Not Allowed", f"{request.path} does not take {request.method}",
+                            headers={"Allow": ", ".join(sorted(methods))})
+        return await handler(request)
 
 
 class AgentApi:
-    """Builds the aiohttp application and runs its sites (loopback, and mesh once known).
+    """Holds the routes and serves them (loopback, and mesh once known).
 
     ``clock`` (seconds since the epoch) judges token lifetimes and replays; ``replay``
     remembers the tokens already used (a default :class:`ReplayCache` when None).
@@ -95,7 +130,7 @@ class AgentApi:
         verify: VerifyFn,
         registry: CollectorRegistry | None = None,
         *,
-        is_local: Callable[[web.Request], bool] = is_loopback_peer,
+        is_local: Callable[[Request], bool] = is_loopback_peer,
         clock: Callable[[], float] = time.time,
         replay: ReplayCache | None = None,
     ) -> None:
@@ -110,16 +145,15 @@ class AgentApi:
         self.always_authenticated: set[str] = set()
         #: Other parts (GPU telemetry) register their collectors here.
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        self.app = web.Application(middlewares=[self._auth])
-        self.app.router.add_get("/healthz", self.healthz)
-        self.app.router.add_get("/readyz", self.readyz)
-        self.app.router.add_get("/status", self.status)
-        self.app.router.add_get("/metrics", self.metrics)
-        self._runner: web.AppRunner | None = None
-        self._sites: dict[tuple[str, int], web.TCPSite] = {}
+        self.app = Routes()
+        self.app.add_get("/healthz", self.healthz)
+        self.app.add_get("/readyz", self.readyz)
+        self.app.add_get("/status", self.status)
+        self.app.add_get("/metrics", self.metrics)
+        self.server = HttpServer(self._auth, name="agent-api")
 
-    @web.middleware
-    async def _auth(self, request: web.Request, handler):
+    async def _auth(self, request: Request) -> Response | StreamResponse:
+        handler = self.app.dispatch
         if self._is_local(request) and request.path not in self.always_authenticated:
             return await handler(request)
         token = bearer_token(request)
@@ -149,50 +183,35 @@ class AgentApi:
         self._full_logged = False
         return await handler(request)
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    async def healthz(self, request: Request) -> Response:
+        return text_response("ok\n")
 
-    async def readyz(self, request: web.Request) -> web.Response:
+    async def readyz(self, request: Request) -> Response:
         ready, reason = await self._ready()
-        return web.Response(status=200 if ready else 503, text=f"{'ready' if ready else 'not ready'}: {reason}\n")
+        return text_response(f"{'ready' if ready else 'not ready'}: {reason}\n", 200 if ready else 503)
 
-    async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._status(), dumps=lambda o: json.dumps(o, indent=2, default=str))
+    async def status(self, request: Request) -> Response:
+        return json_response(await self._status(), dumps=lambda o: json.dumps(o, indent=2, default=str))
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(self, request: Request) -> Response:
+        return Response(body=generate_latest(self.registry), content_type=CONTENT_TYPE_LATEST)
 
     # ---------------------------------------------------------------- serving
 
     async def start(self, host: str, port: int) -> None:
         """Start serving on ``host:port`` (may be called again for another address)."""
-        if self._runner is None:
-            self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-            await self._runner.setup()
-        if (host, port) in self._sites:
+        if self.server.listening(host, port):
             return
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        self._sites[(host, port)] = site
+        await self.server.listen(host, port)
         log.info("agent API listening on %s:%d%s", host, port, "" if ipaddress.ip_address(host).is_loopback else " (bearer token required)")
 
     async def protocol_factory(self):
         """The server's asyncio protocol factory, for an engine that serves the mesh side itself
         (its transport's ``peername`` is the mesh caller: the token is required)."""
-        if self._runner is None:
-            self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-            await self._runner.setup()
-        return self._runner.server
+        return self.server.protocol_factory()
 
     async def stop_site(self, host: str, port: int) -> None:
-        site = self._sites.pop((host, port), None)
-        if site is not None:
-            await site.stop()
+        await self.server.stop_listening(host, port)
 
     async def close(self) -> None:
-        for key in list(self._sites):
-            await self.stop_site(*key)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self.server.close()

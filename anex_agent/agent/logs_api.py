@@ -23,9 +23,8 @@ import re
 from collections.abc import Callable
 from datetime import datetime
 
-from aiohttp import web
-
 from anex_agent.agent.logs import STREAMS, LogStore
+from anex_agent.http_server import Request, Response, StreamResponse, problem
 
 MAX_TAIL = 1_000_000
 _DIGITS = re.compile(r"[0-9]{1,7}")
@@ -74,15 +73,15 @@ def parse_query(query) -> dict:
     return out
 
 
-def _problem(status: int, title: str, detail: str, **extra) -> web.Response:
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
-    return web.json_response(body, status=status, content_type="application/problem+json")
+def _problem(status: int, title: str, detail: str, **extra) -> Response:
+    return problem(status, title, detail, **extra)
 
 
-def add_routes(app: web.Application, store: Callable[[], LogStore | None]) -> None:
-    """Add ``GET /logs`` to ``app``; ``store()`` gives the workload's LogStore or None."""
+def add_routes(app, store: Callable[[], LogStore | None]) -> None:
+    """Add ``GET /logs`` to ``app`` (:attr:`AgentApi.app <anex_agent.agent.api.AgentApi.app>`);
+    ``store()`` gives the workload's LogStore or None."""
 
-    async def logs(request: web.Request) -> web.StreamResponse:
+    async def logs(request: Request) -> Response | StreamResponse:
         try:
             args = parse_query(request.query)
         except BadParameter as err:
@@ -90,22 +89,27 @@ def add_routes(app: web.Application, store: Callable[[], LogStore | None]) -> No
         current = store()
         if current is None:
             return _problem(404, "Not Found", "this agent runs no workload (anex-agent daemon): there are no logs")
-        response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
-                                               "Cache-Control": "no-store"})
-        await response.prepare(request)
         select = dict(tail=args["tail"], since=args["since"], stream=args["stream"])
         lines = current.follow(**select) if args["follow"] else _iterate(current.query(**select))
-        async for line in lines:
-            if line is None:
-                await response.write(b"\n[anex-agent: this reader fell too far behind and was ended]\n")
-                break
-            prefix = line.time.isoformat(timespec="microseconds").replace("+00:00", "Z").encode() + b" " \
-                if args["timestamps"] else b""
-            await response.write(prefix + line.text + (b"" if line.partial else b"\n"))
-        await response.write_eof()
-        return response
+        return StreamResponse(_render(lines, args["timestamps"]), headers={"Cache-Control": "no-store"})
 
     app.router.add_get("/logs", logs)
+
+
+async def _render(lines, timestamps: bool):
+    """The text of ``lines``, one chunk per line as it comes."""
+    try:
+        async for line in lines:
+            if line is None:
+                yield b"\n[anex-agent: this reader fell too far behind and was ended]\n"
+                break
+            prefix = line.time.isoformat(timespec="microseconds").replace("+00:00", "Z").encode() + b" " \
+                if timestamps else b""
+            yield prefix + line.text + (b"" if line.partial else b"\n")
+    finally:
+        aclose = getattr(lines, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def _iterate(lines):

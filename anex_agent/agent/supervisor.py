@@ -422,7 +422,7 @@ class _Done(Exception):
 
 
 def _api_modules() -> tuple[Any, Any, Any, Any]:
-    """The agent API's modules (aiohttp's server, prometheus_client, access tokens) and the GPU
+    """The agent API's modules (the HTTP server, prometheus_client, access tokens) and the GPU
     telemetry's, imported once the data plane is up, in a worker thread (see :meth:`Agent._start_up`):
     none of them is needed for the first proxied answer."""
     from anex_agent.agent import actions, api, logs_api, metrics

@@ -148,8 +148,8 @@ async def observe(base_url: str, admin_token: str, nodes: dict[str, str], wait: 
 
     started = time.monotonic()
     deadline = started + wait
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        client = CoordinatorClient(base_url, admin_token=admin_token, session=session)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
+            CoordinatorClient(base_url, admin_token=admin_token) as client:
         while True:
             seen = await observe_once(client, session, base_url, nodes)
             done = all(complete(summary) for summary in seen.values())

@@ -332,7 +332,7 @@ def udp_socket(runtime: NetstackRuntime):
 
 class StreamTransport(asyncio.Transport):
     """An asyncio transport over a :class:`TcpStream`, for protocol-based servers (the agent API's
-    aiohttp server on the mesh side). ``peername`` is the mesh peer, so a server that trusts
+    HTTP server on the mesh side). ``peername`` is the mesh peer, so a server that trusts
     loopback callers does not trust these. Run :meth:`pump` in a task: it feeds the protocol
     and returns when the connection is done. Writes go into the connection's send buffer; what
     does not fit waits for :meth:`pump`'s writer (small answers, no flow control needed)."""

@@ -11,7 +11,7 @@ By concern:
 * :mod:`.wireproxy_config` -- options, validation, the config text (pure);
 * :mod:`.wireproxy_metrics` -- ``/metrics`` (a UAPI dump) into peer status (pure);
 * :mod:`.wireproxy_process` -- the child process, its 0600 config file, health checks
-  over HTTP (aiohttp) and restarts;
+  over HTTP and restarts;
 * this module -- the contract: readiness is wireproxy's ``/readyz``, status its
   ``/metrics``, a session reset is a restart, ``report()`` what the supervisor did.
 

@@ -10,8 +10,8 @@
   seconds), and when a start failed earlier (the binary was missing for a while). A
   failed restart raises out of the loop: the role's Tasks logs it and runs the loop
   again after a backoff, so the process comes back once it can;
-* ``/readyz`` and ``/metrics`` are read over HTTP with aiohttp from the health address
-  (loopback only).
+* ``/readyz`` and ``/metrics`` are read over HTTP (:mod:`anex_agent.http_client`, a fresh
+  connection each time) from the health address (loopback only).
 
 The child is started with :func:`anex_agent.tunnels.process.spawn` (it dies with us).
 """
@@ -29,10 +29,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
-
 from anex_agent.childenv import engine_env
 from anex_agent.errors import EngineError
+from anex_agent.http_client import HttpClient, HttpError
 from anex_agent.tunnels import process
 
 log = logging.getLogger(__name__)
@@ -97,7 +96,6 @@ class WireproxyProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._started_at = 0.0
         self._seen_healthy = False
-        self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -140,28 +138,30 @@ class WireproxyProcess:
 
     async def get(self, path: str, timeout: float) -> tuple[int, str] | None:
         """(status, body) of ``GET path`` on the health address, or None when nothing answered in time."""
-        if self._session is None or self._session.closed:
-            # one connection per request: a restarted process must not meet a stale pooled one
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        # one connection per request: a restarted process must not meet a stale pooled one
+        client = HttpClient(timeout=timeout)
         try:
-            async with self._session.get(f"http://{self.health_address}{path}",
-                                         timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                body = await response.content.read(MAX_BODY)
-                return response.status, body.decode("utf-8", "replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            async with asyncio.timeout(timeout):
+                async with client.stream("GET", f"http://{self.health_address}{path}", connect_timeout=None) as response:
+                    body = bytearray()
+                    async for chunk in response.chunks():
+                        body += chunk[:MAX_BODY - len(body)]
+                        if len(body) >= MAX_BODY:
+                            break
+                    return response.status, body.decode("utf-8", "replace")
+        except (HttpError, TimeoutError, OSError) as err:
             log.debug("wireproxy %s: no answer: %s", path, err or type(err).__name__)
             return None
+        finally:
+            await client.close()
 
     async def stop(self) -> None:
-        """Terminate the process, remove the config file (the private key does not outlive us), close HTTP."""
+        """Terminate the process, remove the config file (the private key does not outlive us)."""
         async with self._lock:
             self._text = None
             await self._terminate()
             with contextlib.suppress(FileNotFoundError):
                 self.config_path.unlink()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     # ---------------------------------------------------------------- internals (lock held)
 

@@ -9,7 +9,7 @@ import signal
 import sys
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from tests.agent.api_client import ApiClient
 
 from anex_agent.access_token import Claims
 from anex_agent.agent.actions import PushRefused, add_routes, confine, parse_mode, write_confined
@@ -39,7 +39,7 @@ def make_api(workload, push_dirs=(), local=True, max_bytes=1024):
 
 
 async def _client(api):
-    client = TestClient(TestServer(api.app))
+    client = ApiClient(api)
     await client.start_server()
     return client
 

@@ -1,7 +1,7 @@
 """Agent API: routes, loopback without token, mesh side with a verified bearer token."""
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from tests.agent.api_client import ApiClient
 from prometheus_client import Counter
 
 from anex_agent import access_token
@@ -29,7 +29,7 @@ def make_api(ready=(True, "handshake 3 s ago"), local=True, seen=None):
 
 
 async def client_for(api):
-    client = TestClient(TestServer(api.app))
+    client = ApiClient(api)
     await client.start_server()
     return client
 
@@ -219,3 +219,17 @@ def test_backoff_grows_with_jitter_and_caps():
         assert ceiling / 2 <= d <= ceiling
     b.reset()
     assert b.next_delay() <= 1
+
+
+async def test_unknown_routes_and_methods_are_problem_documents():
+    client = await client_for(make_api())
+    try:
+        resp = await client.get("/nope")
+        assert resp.status == 404 and resp.headers["Content-Type"] == "application/problem+json"
+        assert (await resp.json())["status"] == 404
+        resp = await client.post("/healthz")
+        assert resp.status == 405 and resp.headers["Allow"] == "GET, HEAD"
+        resp = await client.request("HEAD", "/healthz")
+        assert resp.status == 200 and resp.headers["Content-Length"] == "3" and await resp.read() == b""
+    finally:
+        await client.close()

@@ -18,14 +18,16 @@ import sys
 import pytest
 
 #: Never in a node agent: the other roles, the demo, and libraries only they (or only an
-#: optional path) use.
+#: optional path) use. aiohttp: the agent's HTTP (coordinator client, agent API, wireproxy
+#: health checks) goes over h11 (anex_agent.http_client, anex_agent.http_server).
 NEVER = (
     "anex_agent.coordinator", "anex_agent.gateway", "anex_agent.selection", "anex_agent.demo",
-    "asyncssh", "asyncpg",
+    "asyncssh", "asyncpg", "aiohttp",
 )
 #: Imported only where used: netlink for WireGuard's own family (kernel engine), cluster name
-#: lookups, the WebSocket relay path, cryptography's key serialisation formats.
-LAZY = ("pyroute2", "dns", "websockets", "cryptography.hazmat.primitives.serialization")
+#: lookups, cryptography's key serialisation formats. (websockets is not here: the coordinator's
+#: watch stream, always open in a running agent, is a websockets client; it costs about 0.6 MB.)
+LAZY = ("pyroute2", "dns", "cryptography.hazmat.primitives.serialization")
 
 STARTUP = r"""
 import argparse, importlib, json, sys
@@ -49,6 +51,11 @@ from anex_agent.agent.heartbeat import start_telemetry
 import anex_agent.gpu.monitor, anex_agent.gpu.exposition
 from anex_agent.gpu.nvml import Nvml
 Nvml().ensure_ready()
+# steady state: the agent API's modules (loaded once the data plane is up) and the
+# coordinator client, as the supervisor imports them
+from anex_agent.agent.supervisor import _api_modules
+_api_modules()
+import anex_agent.client, anex_agent.client_link, anex_agent.tunnels.wireproxy_process
 print(json.dumps(sorted(sys.modules)))
 """
 
@@ -91,6 +98,12 @@ def test_startup_leaves_optional_libraries_unimported(modules):
 def test_no_nvml_library_means_no_pynvml(modules):
     assert "anex_agent.gpu.nvml" in modules
     assert offending(modules, ("pynvml",)) == []
+
+
+def test_the_steady_agent_serves_its_api_without_aiohttp(modules):
+    assert {"anex_agent.agent.api", "anex_agent.agent.logs_api", "anex_agent.agent.actions",
+            "anex_agent.http_server", "anex_agent.http_client", "anex_agent.client"} <= modules
+    assert offending(modules, ("aiohttp",)) == []
 
 
 def test_the_guard_sees_a_forbidden_import():

@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from tests.agent.api_client import ApiClient
 
 from anex_agent.access_token import Claims
 from anex_agent.agent.api import AgentApi
@@ -90,7 +90,7 @@ def make_api(store, local=True):
 
 
 async def _client(api):
-    client = TestClient(TestServer(api.app))
+    client = ApiClient(api)
     await client.start_server()
     return client
 

@@ -149,3 +149,35 @@ async def test_a_protocol_served_on_the_mesh_sees_the_mesh_peer(pair):
     await conn.aclose()
     assert answer == b"got hello"
     assert seen and seen[0][0] == IP_A  # not loopback: a server trusting local callers does not trust this one
+
+
+async def test_the_agent_api_served_through_the_stack_wants_a_token(pair):
+    """The agent API itself on the stack's connection: a mesh caller is not local, so without a
+    token it gets the 401 problem document; with the port kept alive, a second request too."""
+    from anex_agent.agent.api import AgentApi
+
+    a, b, port = pair
+
+    async def status():
+        return {}
+
+    async def ready():
+        return True, "ok"
+
+    api = AgentApi(status, ready, lambda token, now: None)
+    assert await b.serve_on_mesh(9556, await api.protocol_factory())
+    conn = await asyncio.wait_for(a.dialer(ResolverSlot()).open_connection(IP_B, 9556), 10)
+    try:
+        answers = b""
+        buf = bytearray(4096)
+        for _ in range(2):
+            await conn.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+            while answers.count(b'"status": 401') < _ + 1:
+                n = await asyncio.wait_for(conn.recv_into(buf), 10)
+                assert n, answers
+                answers += bytes(buf[:n])
+        assert answers.count(b"HTTP/1.1 401") == 2 and b"application/problem+json" in answers
+        assert b'WWW-Authenticate: Bearer realm="anex-agent"' in answers
+    finally:
+        await conn.aclose()
+        await api.close()
