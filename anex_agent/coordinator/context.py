@@ -4,7 +4,8 @@ Contract:
 * :meth:`Coordinator.open` connects the database, applies migrations (core ones plus
   those of the route modules, by default ``modules.ROUTE_MODULES``), loads the admin token
   the signing key and the coordinator key (join proofs).
-* :meth:`Coordinator.start` starts the background work, all named tasks in one
+* :meth:`Coordinator.start` preloads the credential cache (every node's and gateway's
+  credentials, so the first heartbeats after a restart need no query) and starts the background work, all named tasks in one
   ``TaskGroup`` owned by a single runner task: the change feed, the heartbeat flusher,
   the state sweeper and the change-log pruner. :meth:`Coordinator.close` cancels them,
   flushes buffered heartbeats and closes the database.
@@ -128,6 +129,9 @@ class Coordinator:
     async def start(self) -> None:
         await self.feed.start()
         await self.versions.load()
+        started = time.perf_counter()
+        loaded = await self.auth.preload()  # after the feed's start: changes from here on still reach the cache
+        log.info("credential cache: %d nodes and gateways loaded in %.2f s", loaded, time.perf_counter() - started)
         tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("change-feed", self.feed.run),
             ("state-sweeper", lambda: sweeper.run(self)),

@@ -31,10 +31,16 @@ async def due_transitions(ctx: Coordinator) -> list[tuple[str, str, str, float |
     """``(node id, new state, old state, heartbeat time judged by)`` for every node whose state is due to change."""
     now = ctx.clock()
     timings = ctx.settings.timings
+    # only rows whose state is due to change: a not_ready node silent for less than
+    # expired_after, or a pending one younger than that, is no candidate (else a fleet that
+    # went quiet during a restart would be read back in full every sweep)
     rows = await ctx.db.fetch(
         "SELECT id, state, created_at, last_heartbeat_at FROM nodes"
-        " WHERE state <> 'expired' AND COALESCE(last_heartbeat_at, created_at) <= $1",
+        " WHERE (state = 'ready' AND COALESCE(last_heartbeat_at, created_at) <= $1)"
+        " OR (state = 'not_ready' AND COALESCE(last_heartbeat_at, created_at) <= $2)"
+        " OR (state = 'pending' AND (created_at <= $2 OR last_heartbeat_at IS NOT NULL))",
         now - timings.not_ready_after,
+        now - timings.expired_after,
     )
     updates = []
     for row in rows:
