@@ -93,6 +93,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--signing-key-file", type=Path, metavar="FILE",
                         help="Ed25519 key signing agent API access tokens (default <state-dir>/access-token-signing-key; "
                              "every coordinator on one database needs the same file)")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="listen with SO_REUSEPORT: several coordinators on one host (each with its own "
+                             "--state-dir, one PostgreSQL) share one address and the kernel spreads connections")
     _configure_secrets_and_tls(parser)
 
 
@@ -182,7 +185,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
 
 async def serve(
     settings: Settings, host: str, port: int, signing_key_file: Path | None, coordinator_key_file: Path | None = None,
-    ready: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None, *, reuse_port: bool = False,
 ) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     modules = app_module.load_modules()
@@ -200,7 +203,8 @@ async def serve(
     runner = limits.make_runner(application, settings.limits, access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+        site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None,
+                           ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as err:
@@ -235,6 +239,7 @@ def main(args: argparse.Namespace) -> int:
     notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once listening, watchdog
     Notifier.scrub(os.environ)
     ready = asyncio.Event()
-    asyncio.run(supervised(serve(settings, host, port, args.signing_key_file, args.coordinator_key_file, ready),
+    asyncio.run(supervised(serve(settings, host, port, args.signing_key_file, args.coordinator_key_file, ready,
+                                     reuse_port=args.reuse_port),
                            notifier, ready, f"listening on {host}:{port}"))
     return 0

@@ -7,7 +7,10 @@ time we judged it by), so a heartbeat written meanwhile, by this or another
 coordinator, is never overwritten. A node due to be ``expired`` is removed
 (:func:`.nodes.expire`: credential gone, ``peer_removed`` for every gateway, address in
 quarantine) under the same condition. The first sweep runs at start, so a node that
-expired while no coordinator ran cannot heartbeat itself back.
+expired while no coordinator ran cannot heartbeat itself back. With several coordinators
+on one PostgreSQL one sweeps at a time (advisory lock); were two to judge the same node,
+the conditional writes and :func:`.nodes.expire` (the delete must remove the row) keep
+its removal from being told twice.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which im
 log = logging.getLogger(__name__)
 
 _PRUNE_EVERY = 60  # sweeps
+SWEEP_LOCK = 0x616E6578_0001  # advisory lock key: one coordinator sweeps at a time (the migrations use 0x616E6578)
 
 
 async def due_transitions(ctx: Coordinator) -> list[tuple[str, str, str, float | None]]:
@@ -94,15 +98,19 @@ async def update_gauges(ctx: Coordinator) -> None:
 
 
 async def run(ctx: Coordinator) -> None:
+    """Forever: flush this process's heartbeats, then (one coordinator at a time: an advisory
+    lock on PostgreSQL; the others skip the round) sweep and prune; gauges are per process."""
     rounds = 0
     while True:
         try:
             await ctx.heartbeats.flush()
-            await sweep(ctx)
+            async with ctx.db.exclusive(SWEEP_LOCK) as mine:
+                if mine:
+                    await sweep(ctx)
+                    if rounds % _PRUNE_EVERY == 0:
+                        await changes.prune(ctx.db, keep=ctx.settings.change_retention)
+                        await registration.prune_nonces(ctx.db, now=ctx.clock())
             await update_gauges(ctx)
-            if rounds % _PRUNE_EVERY == 0:
-                await changes.prune(ctx.db, keep=ctx.settings.change_retention)
-                await registration.prune_nonces(ctx.db, now=ctx.clock())
             rounds += 1
         except Exception:
             log.exception("state sweep failed; will retry")

@@ -141,3 +141,55 @@ async def test_sweeper_reads_only_nodes_whose_state_changes(coord):
     # not_ready and pending nodes stay as they are until expired_after: nothing to read back
     coord.clock.advance(1)
     assert await sweeper.due_transitions(coord.ctx) == []
+
+
+async def test_a_node_removed_meanwhile_is_not_removed_twice(coord):
+    """Two coordinators judging the same node: the second delete finds no row and tells nothing."""
+    from anex_agent.coordinator import changes, nodes
+
+    _, joined, _ = await coord.join()
+    row = await coord.ctx.db.fetchrow("SELECT * FROM nodes WHERE id = $1", joined.node_id)
+    await coord.admin.delete_node(joined.node_id)
+    version = await changes.current_version(coord.ctx.db)
+    async with coord.ctx.db.transaction() as tx:
+        assert not await nodes._remove(coord.ctx, tx, row, reason="expired", now=coord.clock())
+    assert await changes.current_version(coord.ctx.db) == version  # no second peer_removed / deleted
+
+
+async def test_one_coordinator_sweeps_at_a_time(coord, database_url):
+    from anex_agent.coordinator.db import open_database
+
+    if not database_url.startswith("postgresql"):
+        pytest.skip("one coordinator per SQLite file: the lock is always this process's")
+    other = await open_database(database_url)
+    try:
+        async with coord.ctx.db.exclusive(sweeper.SWEEP_LOCK) as mine:
+            assert mine
+            async with other.exclusive(sweeper.SWEEP_LOCK) as theirs:
+                assert not theirs
+        async with other.exclusive(sweeper.SWEEP_LOCK) as theirs:
+            assert theirs  # released after the block
+    finally:
+        await other.close()
+
+
+async def test_a_heartbeat_being_written_still_counts_as_pending(coord):
+    """The sweeper asks whether a node has an uncommitted heartbeat; one in a flush that has
+    not committed yet is one (else a node could expire while its heartbeat is being written)."""
+    client, joined, _ = await coord.join()
+    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    buffer = coord.ctx.heartbeats
+    seen = []
+    real = buffer._db.executemany
+
+    async def slow_write(sql, rows):
+        seen.append(buffer.pending_for(joined.node_id))
+        await real(sql, rows)
+
+    buffer._db = type("Db", (), {"executemany": staticmethod(slow_write)})()
+    try:
+        assert await buffer.flush() == 1
+    finally:
+        buffer._db = coord.ctx.db
+    assert seen and seen[0] is not None
+    assert buffer.pending_for(joined.node_id) is None  # committed
