@@ -38,10 +38,13 @@ async def due_transitions(ctx: Coordinator) -> list[tuple[str, str, str, float |
     # only rows whose state is due to change: a not_ready node silent for less than
     # expired_after, or a pending one younger than that, is no candidate (else a fleet that
     # went quiet during a restart would be read back in full every sweep)
+    # (a ready or not_ready node has a heartbeat time: the flush writes both; the terms are
+    # ranges of the index on (state, last_heartbeat_at), so a sweep costs what is due, not the fleet)
     rows = await ctx.db.fetch(
         "SELECT id, state, created_at, last_heartbeat_at FROM nodes"
-        " WHERE (state = 'ready' AND COALESCE(last_heartbeat_at, created_at) <= $1)"
-        " OR (state = 'not_ready' AND COALESCE(last_heartbeat_at, created_at) <= $2)"
+        " WHERE (state = 'ready' AND last_heartbeat_at <= $1)"
+        " OR (state = 'not_ready' AND last_heartbeat_at <= $2)"
+        " OR (state IN ('ready', 'not_ready') AND last_heartbeat_at IS NULL)"
         " OR (state = 'pending' AND (created_at <= $2 OR last_heartbeat_at IS NOT NULL))",
         now - timings.not_ready_after,
         now - timings.expired_after,
