@@ -233,16 +233,19 @@ def bench_scale_out(args: argparse.Namespace, database: str) -> dict:
                         "rate_per_s": args.rate, "load_generators": args.loadgens,
                         "note": "p50/p99 are the worst of the load generators'; CPU seconds are over the whole "
                                 "run (open then closed loop); the PostgreSQL server may be shared"}
+        keys = Path(tmp) / "keys"
+        keys.mkdir(mode=0o700)
+        shared = ["--signing-key-file", str(keys / "access-token-signing-key"),
+                  "--coordinator-key-file", str(keys / "coordinator-key")]
         for variant, extra in (("ours", []), ("write_through", ["--heartbeat-flush-interval", "0"])):
             for count in (1, 2):
                 port = free_port()
                 procs = []
                 try:
-                    first = Path(tmp) / f"{variant}-{count}-0"
-                    procs.append(start_coordinator(database, first, ["--network", FLEET_NETWORK, "--reuse-port", *extra],
+                    # every coordinator on one database: the same keys (those of the first one started)
+                    procs.append(start_coordinator(database, Path(tmp) / f"{variant}-{count}-0",
+                                                   ["--network", FLEET_NETWORK, "--reuse-port", *extra, *shared],
                                                    port=port)[0])
-                    shared = ["--signing-key-file", str(first / "access-token-signing-key"),
-                              "--coordinator-key-file", str(first / "coordinator-key")]
                     for i in range(1, count):
                         procs.append(start_coordinator(database, Path(tmp) / f"{variant}-{count}-{i}",
                                                        ["--network", FLEET_NETWORK, "--reuse-port", *extra, *shared],
