@@ -203,7 +203,7 @@ async def open_watchers(session, url: str, creds: list[tuple[str, str]], batch: 
 async def _session():
     import aiohttp
 
-    return aiohttp.ClientSession()
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))  # one connection per stream
 
 
 def measure_watchers(roots: dict[str, tuple[Path, list[str]]], counts: list[int]) -> dict:
