@@ -69,6 +69,7 @@ class Coordinator:
         self.versions = ConfigVersions(db)
         self.gateway_set = GatewaySetCache()
         self.auth.on_node_loaded = self.versions.seed
+        self.started_at = clock()  # when this process started serving (start() sets it again)
         self.websockets: set = set()  # open watch streams, closed (1001) on shutdown
         self.join_lock = asyncio.Lock()  # one join at a time per process; across processes the database decides
         self._background: list[tuple[str, Callable[[], Awaitable[None]]]] = []
@@ -127,6 +128,7 @@ class Coordinator:
         self._background.append((name, factory))
 
     async def start(self) -> None:
+        self.started_at = self.clock()
         await self.feed.start()
         await self.versions.load()
         started = time.perf_counter()

@@ -7,7 +7,9 @@ time we judged it by), so a heartbeat written meanwhile, by this or another
 coordinator, is never overwritten. A node due to be ``expired`` is removed
 (:func:`.nodes.expire`: credential gone, ``peer_removed`` for every gateway, address in
 quarantine) under the same condition. The first sweep runs at start, so a node that
-expired while no coordinator ran cannot heartbeat itself back. With several coordinators
+expired while no coordinator ran cannot heartbeat itself back; ``not_ready`` is judged only
+once the process has listened for ``not_ready_after`` (a restart is not the nodes' silence).
+With several coordinators
 on one PostgreSQL one sweeps at a time (advisory lock); were two to judge the same node,
 the conditional writes and :func:`.nodes.expire` (the delete must remove the row) keep
 its removal from being told twice.
@@ -35,6 +37,10 @@ async def due_transitions(ctx: Coordinator) -> list[tuple[str, str, str, float |
     """``(node id, new state, old state, heartbeat time judged by)`` for every node whose state is due to change."""
     now = ctx.clock()
     timings = ctx.settings.timings
+    # silence while this process was not listening is not the nodes' doing (their heartbeats
+    # had nowhere to go): nobody is judged not_ready before the process has listened for
+    # not_ready_after, so a restart does not mark the fleet not_ready (expiry is judged as always)
+    judging_silence = now - ctx.started_at >= timings.not_ready_after
     # only rows whose state is due to change: a not_ready node silent for less than
     # expired_after, or a pending one younger than that, is no candidate (else a fleet that
     # went quiet during a restart would be read back in full every sweep)
@@ -46,7 +52,7 @@ async def due_transitions(ctx: Coordinator) -> list[tuple[str, str, str, float |
         " OR (state = 'not_ready' AND last_heartbeat_at <= $2)"
         " OR (state IN ('ready', 'not_ready') AND last_heartbeat_at IS NULL)"
         " OR (state = 'pending' AND (created_at <= $2 OR last_heartbeat_at IS NOT NULL))",
-        now - timings.not_ready_after,
+        now - (timings.not_ready_after if judging_silence else timings.expired_after),
         now - timings.expired_after,
     )
     updates = []
@@ -54,6 +60,8 @@ async def due_transitions(ctx: Coordinator) -> list[tuple[str, str, str, float |
         target = states.state_at(
             now=now, created_at=row["created_at"], last_heartbeat_at=row["last_heartbeat_at"], timings=timings
         )
+        if target == NodeState.not_ready and not judging_silence:
+            continue
         if target.value != row["state"]:
             updates.append((row["id"], target.value, row["state"], row["last_heartbeat_at"]))
     return updates

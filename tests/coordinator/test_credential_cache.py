@@ -198,3 +198,21 @@ async def test_a_heartbeat_being_written_still_counts_as_pending(coord):
         buffer._db = coord.ctx.db
     assert seen and seen[0] is not None
     assert buffer.pending_for(joined.node_id) is None  # committed
+
+
+async def test_a_restart_does_not_mark_the_fleet_not_ready(coord, tmp_path, database_url):
+    """Nodes silent only while no coordinator listened are not judged not_ready before the
+    restarted one has listened for not_ready_after; expiry is judged as always."""
+    timings = coord.ctx.settings.timings
+    client, joined, _ = await coord.join()
+    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await coord.ctx.heartbeats.flush()
+    coord.clock.advance(timings.not_ready_after + 5)  # the coordinator was down meanwhile
+    other = await start_harness(second_state_dir(coord, tmp_path), database_url, coord.clock)
+    try:
+        assert await sweeper.due_transitions(other.ctx) == []
+        assert await other.ctx.db.fetchval("SELECT state FROM nodes WHERE id = $1", joined.node_id) == "ready"
+        coord.clock.advance(timings.not_ready_after)  # still silent after the restart: now it is
+        assert [(d[0], d[1]) for d in await sweeper.due_transitions(other.ctx)] == [(joined.node_id, "not_ready")]
+    finally:
+        await stop_harness(other)
