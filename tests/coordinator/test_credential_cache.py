@@ -216,3 +216,14 @@ async def test_a_restart_does_not_mark_the_fleet_not_ready(coord, tmp_path, data
         assert [(d[0], d[1]) for d in await sweeper.due_transitions(other.ctx)] == [(joined.node_id, "not_ready")]
     finally:
         await stop_harness(other)
+
+
+async def test_sqlite_checkpoints_the_wal_less_often(tmp_path):
+    from anex_agent.coordinator import db as dbm
+
+    db = await dbm.open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    try:
+        async with db.transaction() as tx:
+            assert await tx.fetchval("PRAGMA wal_autocheckpoint") == dbm.WAL_AUTOCHECKPOINT == 10_000
+    finally:
+        await db.close()
