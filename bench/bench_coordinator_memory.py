@@ -1,16 +1,23 @@
-"""Coordinator memory (RSS) against the number of nodes and the number of heartbeats.
+"""Coordinator memory (RSS) per node and per connected watcher.
 
-One coordinator process on loopback (SQLite), nodes preloaded straight into the database,
-heartbeats from a raw keep-alive HTTP client in this process. For each fleet size in
-``--nodes``: RSS of the idle coordinator, after one heartbeat per node carrying an 8-GPU
-telemetry block, after ``--heartbeats`` more heartbeats, and after one scrape of the fleet
-``/metrics``. Reported: RSS per node and RSS growth over the extra
-heartbeats (flat is the goal), and the time of ``GET /v1/nodes`` (best of 3). The fleet scrape's text is about 55 KB per 8-GPU node
-(DCGM-style labels on every series); a scrape holds it (and one node's objects) while it is
-built, so RSS after a scrape also shows what the allocator kept of that.
+One coordinator process on loopback (SQLite), nodes preloaded straight into the database as
+joins and heartbeats leave them (``bench_coordinator.preload_fleet``), heartbeats from a raw
+keep-alive HTTP client in this process. Every figure for ``ours`` beside ``write_through``
+(the same coordinator with ``--heartbeat-flush-interval 0``, the benchmark's reference) and,
+with ``--reference-root DIR``, the coordinator of another checkout.
 
-``--reference-root DIR`` runs the same against the coordinator of another checkout (e.g.
-the main branch) side by side. Prints one JSON document.
+Per node (``--nodes``, default 10000,50000,150000): RSS once started (the credential cache
+is preloaded at start) and the fleet metrics cache has read the table, against the same
+with no node: ``rss_per_node_kib``; then after ``--heartbeats`` heartbeats (flat is the goal).
+``--telemetry small`` (default) sends and preloads the load generator's small telemetry block,
+``8gpu`` an 8-GPU block of about 7.4 KB (the fleet metrics cache keeps each node's latest
+telemetry text, so RSS per node then grows by about that size).
+
+Per watcher (``--watchers``, default 0,1000,5000, over a fleet of the largest count): RSS
+with that many node watch streams open (each has had its snapshot): ``rss_per_watcher_kib``.
+
+Also the time of ``GET /v1/nodes`` (best of 3, fleets up to 50,000) and, with ``--scrape``, one fleet ``/metrics``
+scrape. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -29,10 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_coordinator import ADMIN, RawHttp, free_port, preload_fleet, stop  # noqa: E402
+from bench.bench_coordinator import (ADMIN, FLEET_NETWORK, RawHttp, heartbeat_body, preload_fleet,  # noqa: E402
+                                    rss_mib, start_coordinator, stop)
 
 GPUS = 8
 REFRESH_WAIT = 6.0  # the fleet metrics look at the table every 5 s
+LIST_NODES_UP_TO = 50_000  # GET /v1/nodes is timed up to this fleet size (it renders every node)
 
 
 def telemetry_block(i: int) -> dict:
@@ -55,31 +64,8 @@ def telemetry_block(i: int) -> dict:
             "host": {"cpu_count": 128, "cpu_util_pct": 12.5, "mem_total_bytes": 2 * 1024**4}, "sample_seconds": 0.001}
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return float("nan")
-
-
-def start(root: Path, database: str, state_dir: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "ANEX_ADMIN_TOKEN": ADMIN, "ANEX_LOG_LEVEL": "WARNING", "PYTHONPATH": str(root)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "anex_agent", "coordinator", "--listen", f"127.0.0.1:{port}",
-         "--state-dir", str(state_dir), "--database", database],
-        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=1):
-                return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"coordinator did not start: {proc.stderr.read().decode()[-2000:]}")
+def start(root: Path, database: str, state_dir: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    return start_coordinator(database, state_dir, ["--network", FLEET_NETWORK, *extra], root=root)
 
 
 def list_nodes_ms(url: str) -> float:
@@ -122,59 +108,168 @@ async def heartbeats(url: str, creds: list[tuple[str, str]], count: int, bodies:
     return errors
 
 
-def measure(root: Path, nodes: int, extra_heartbeats: int) -> dict:
-    bodies = [json.dumps({"status": {"engine": "userspace", "path": "udp"}, "config_version": 1,
-                          "telemetry": telemetry_block(i)}).encode() for i in range(64)]
+VARIANTS = {"ours": [], "write_through": ["--heartbeat-flush-interval", "0"]}
+
+
+def bodies_for(kind: str) -> list[bytes]:
+    if kind == "small":
+        return [heartbeat_body(i) for i in range(64)]
+    return [json.dumps({"status": {"engine": "userspace", "path": "udp"}, "config_version": 1,
+                        "telemetry": telemetry_block(i)}).encode() for i in range(64)]
+
+
+def fleet_db(tmp: Path, nodes: int, telemetry: str) -> tuple[Path, list[tuple[str, str]]]:
+    """A preloaded database (copied for each variant) and its credentials."""
+    base = tmp / "fleet.db"
+    creds = [tuple(c) for c in json.loads(preload_fleet(f"sqlite:///{base}", tmp, nodes).read_text())] if nodes else []
+    if nodes and telemetry != "small":
+        import sqlite3
+
+        with sqlite3.connect(base) as conn:  # the 8-GPU block as each node's stored telemetry
+            conn.execute("UPDATE nodes SET telemetry = ?", (json.dumps(telemetry_block(0)),))
+    elif not nodes:
+        asyncio.run(_migrate(f"sqlite:///{base}"))
+    return base, creds
+
+
+async def _migrate(database: str) -> None:
+    from anex_agent.coordinator import app
+    from anex_agent.coordinator.db import open_database
+    from anex_agent.coordinator.migrations import CORE, apply
+
+    db = await open_database(database)
+    try:
+        await apply(db, [*CORE, *app.module_migrations(app.load_modules())])
+    finally:
+        await db.close()
+
+
+def measure(roots: dict[str, tuple[Path, list[str]]], nodes: int, extra_heartbeats: int, telemetry: str,
+            scrape_too: bool) -> dict:
+    import shutil
+
+    bodies = bodies_for(telemetry)
+    out: dict = {"nodes": nodes, "telemetry_bytes": len(bodies[0])}
     with tempfile.TemporaryDirectory() as tmp:
-        database = f"sqlite:///{tmp}/coordinator.db"
-        creds = [tuple(c) for c in json.loads(preload_fleet(database, Path(tmp), nodes).read_text())]
-        proc, url = start(root, database, Path(tmp) / "state")
-        try:
-            time.sleep(1.0)
-            idle = rss_mib(proc.pid)
-            errors = asyncio.run(heartbeats(url, creds, nodes, bodies))
-            time.sleep(REFRESH_WAIT)
-            cached = rss_mib(proc.pid)
-            started = time.perf_counter()
-            errors += asyncio.run(heartbeats(url, creds, extra_heartbeats, bodies))
-            rate = extra_heartbeats / (time.perf_counter() - started)
-            time.sleep(REFRESH_WAIT)
-            after = rss_mib(proc.pid)
-            listing = list_nodes_ms(url)
-            started = time.perf_counter()
-            size = scrape(url)
-            scrape_s = time.perf_counter() - started
-            after_scrape = rss_mib(proc.pid)
-        finally:
-            stop(proc)
-    return {
-        "nodes": nodes,
-        "telemetry_bytes": len(bodies[0]),
-        "rss_idle_mib": idle,
-        "rss_after_one_heartbeat_per_node_mib": cached,
-        "rss_per_node_kib": round((cached - idle) * 1024 / nodes, 1),
-        "extra_heartbeats": extra_heartbeats,
-        "heartbeats_per_s": round(rate),
-        "rss_after_extra_heartbeats_mib": after,
-        "rss_growth_over_extra_heartbeats_mib": round(after - cached, 1),
-        "list_nodes_ms": listing,
-        "fleet_scrape_s": round(scrape_s, 2),
-        "fleet_scrape_bytes": size,
-        "rss_after_fleet_scrape_mib": after_scrape,
-        "errors": errors,
-    }
+        base, creds = fleet_db(Path(tmp), nodes, telemetry)
+        for name, (root, extra) in roots.items():
+            run_dir = Path(tmp) / name
+            run_dir.mkdir()
+            shutil.copy(base, run_dir / "coordinator.db")
+            proc, url = start(root, f"sqlite:///{run_dir / 'coordinator.db'}", run_dir / "state", extra)
+            try:
+                time.sleep(REFRESH_WAIT)  # the fleet metrics cache reads the table every 5 s
+                started = rss_mib(proc.pid)
+                run: dict = {"rss_started_mib": started}
+                if nodes:
+                    t0 = time.perf_counter()
+                    errors = asyncio.run(heartbeats(url, creds, extra_heartbeats, bodies))
+                    run["heartbeats"] = extra_heartbeats
+                    run["heartbeats_per_s"] = round(extra_heartbeats / (time.perf_counter() - t0))
+                    time.sleep(REFRESH_WAIT)
+                    run["rss_after_heartbeats_mib"] = rss_mib(proc.pid)
+                    run["rss_growth_over_heartbeats_mib"] = round(run["rss_after_heartbeats_mib"] - started, 1)
+                    if nodes <= LIST_NODES_UP_TO:
+                        run["list_nodes_ms"] = list_nodes_ms(url)
+                    run["errors"] = errors
+                    if scrape_too:
+                        t0 = time.perf_counter()
+                        run["fleet_scrape_bytes"] = scrape(url)
+                        run["fleet_scrape_s"] = round(time.perf_counter() - t0, 2)
+                        run["rss_after_fleet_scrape_mib"] = rss_mib(proc.pid)
+                out[name] = run
+            finally:
+                stop(proc)
+    return out
+
+
+async def open_watchers(session, url: str, creds: list[tuple[str, str]], batch: int = 100) -> list:
+    """A node watch stream per credential, each read up to its snapshot."""
+    import aiohttp
+
+    async def one(node_id: str, cred: str):
+        ws = await session.ws_connect(f"{url}/v1/watch?since=0", headers={"Authorization": f"Bearer {cred}"},
+                                      heartbeat=None)
+        msg = await ws.receive(timeout=60)
+        assert msg.type == aiohttp.WSMsgType.TEXT and '"snapshot"' in msg.data, msg
+        return ws
+
+    streams = []
+    for start_at in range(0, len(creds), batch):
+        streams += await asyncio.gather(*(one(*c) for c in creds[start_at:start_at + batch]))
+    return streams
+
+
+async def _session():
+    import aiohttp
+
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))  # one connection per stream
+
+
+def measure_watchers(roots: dict[str, tuple[Path, list[str]]], counts: list[int]) -> dict:
+    """RSS with 0..max(counts) node watch streams open, over a fleet of max(counts) nodes."""
+    import shutil
+
+    fleet = max(max(counts), 1)
+    out: dict = {"fleet": fleet, "counts": counts}
+    with tempfile.TemporaryDirectory() as tmp:
+        base, creds = fleet_db(Path(tmp), fleet, "small")
+        for name, (root, extra) in roots.items():
+            run_dir = Path(tmp) / name
+            run_dir.mkdir()
+            shutil.copy(base, run_dir / "coordinator.db")
+            proc, url = start(root, f"sqlite:///{run_dir / 'coordinator.db'}", run_dir / "state", extra)
+            loop = asyncio.new_event_loop()
+            session = None
+            streams: list = []
+            try:
+                session = loop.run_until_complete(_session())
+                time.sleep(REFRESH_WAIT)
+                rss = {}
+                for count in sorted(counts):
+                    t0 = time.perf_counter()
+                    if count > len(streams):
+                        streams += loop.run_until_complete(open_watchers(session, url, creds[len(streams):count]))
+                    opened_s = time.perf_counter() - t0
+                    time.sleep(1.0)
+                    rss[str(count)] = {"rss_mib": rss_mib(proc.pid), "open_s": round(opened_s, 1)}
+                low, top = min(counts), max(counts)
+                out[name] = {"rss": rss, "rss_per_watcher_kib":
+                             round((rss[str(top)]["rss_mib"] - rss[str(low)]["rss_mib"]) * 1024 / max(1, top - low), 1)}
+            finally:
+                for ws in streams:
+                    loop.run_until_complete(ws.close())
+                if session is not None:
+                    loop.run_until_complete(session.close())
+                loop.close()
+                stop(proc)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", default="1000,5000", help="fleet sizes, comma-separated (default 1000,5000)")
-    parser.add_argument("--heartbeats", type=int, default=10_000, help="extra heartbeats per fleet size (default 10000)")
+    parser.add_argument("--nodes", default="10000,50000,150000", help="fleet sizes, comma-separated (0 skips)")
+    parser.add_argument("--heartbeats", type=int, default=20_000, help="heartbeats per fleet size (default 20000)")
+    parser.add_argument("--telemetry", choices=["small", "8gpu"], default="small")
+    parser.add_argument("--watchers", default="0,1000,5000", help="watch stream counts, comma-separated ('' skips)")
+    parser.add_argument("--scrape", action="store_true", help="also time one fleet /metrics scrape")
     parser.add_argument("--reference-root", type=Path, help="also measure the coordinator of this checkout")
     args = parser.parse_args()
-    sizes = [int(n) for n in args.nodes.split(",")]
-    result = {"ours": [measure(ROOT, n, args.heartbeats) for n in sizes]}
+    roots = {name: (ROOT, extra) for name, extra in VARIANTS.items()}
     if args.reference_root:
-        result["reference"] = [measure(args.reference_root, n, args.heartbeats) for n in sizes]
+        roots["reference_root"] = (args.reference_root, [])
+    result: dict = {"benchmark": "coordinator memory", "machine": {"cpus": os.cpu_count()}}
+    sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
+    if sizes and sizes != [0]:
+        empty = measure(roots, 0, 0, args.telemetry, False)
+        runs = [measure(roots, n, args.heartbeats, args.telemetry, args.scrape) for n in sizes if n]
+        for run in runs:
+            for name in roots:
+                run[name]["rss_per_node_kib"] = round(
+                    (run[name]["rss_started_mib"] - empty[name]["rss_started_mib"]) * 1024 / run["nodes"], 2)
+        result["per_node"] = {"no_nodes": empty, "fleets": runs}
+    if args.watchers.strip():
+        result["per_watcher"] = measure_watchers(roots, [int(n) for n in args.watchers.split(",")])
     print(json.dumps(result, indent=2))
 
 

@@ -4,6 +4,12 @@ Contract:
 * The admin token is compared in constant time. Node and gateway credentials are
   looked up by SHA-256 hash, first in an in-memory cache (the heartbeat hot path
   touches no database), then in the database.
+* :meth:`Authenticator.preload` fills the cache with every node's and gateway's
+  credentials at start (one paged read), so the first heartbeat of each node after a
+  restart costs no query either: a restart is not a cold start. The cache holds one
+  compact entry per credential (:class:`Known`: raw 32-byte digest as key, slots); a
+  credential it does not know (a node joined through another coordinator) is read
+  from the database once.
 * Every failure is the same 401 problem (:func:`problems.unauthenticated`), whatever
   went wrong. Authorisation (a node asking for another node: 403) is the handler's job.
 * The metrics token (optional) is stored only hashed and identifies the ``metrics``
@@ -23,6 +29,7 @@ Contract:
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +55,7 @@ class Auth(str, Enum):
     ssh_issuer = "ssh_issuer"  # the admin, or the SSH issuer token (SSH user certificates only)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Principal:
     kind: str  # "admin" | "node" | "gateway" | "metrics" | "anonymous"
     id: str = ""
@@ -56,6 +63,23 @@ class Principal:
     current: bool = True  # False: the caller used its previous credential, within the grace
     credential_hash: str = ""
     grace_open: bool = False  # the current credential was used while the previous one still works
+
+
+class Known:
+    """One credential of a node or gateway this process knows (one per node: kept small).
+
+    ``current``: it is the current credential; ``until`` is then the end of the previous
+    one's grace (None: no previous one), else the end of its own grace."""
+
+    __slots__ = ("kind", "id", "issued_at", "current", "until")
+
+    def __init__(self, kind: str, ident: str, issued_at: float, current: bool, until: float | None) -> None:
+        self.kind, self.id, self.issued_at, self.current, self.until = kind, ident, issued_at, current, until
+
+
+_KIND = {"nodes": "node", "gateways": "gateway"}
+_COLUMNS = "id, credential_hash, credential_issued_at, created_at, previous_credential_hash, previous_valid_until"
+PRELOAD_PAGE = 10_000  # rows per query while preloading
 
 
 ANONYMOUS = Principal("anonymous")
@@ -92,12 +116,16 @@ class Authenticator:
     ) -> None:
         self._db = db
         self._admin_token = admin_token
-        self._metrics_hash = credentials.hash_secret(metrics_token) if metrics_token else None
-        self._ssh_issuer_hash = credentials.hash_secret(ssh_issuer_token) if ssh_issuer_token else None
+        self._metrics_digest = credentials.digest(metrics_token) if metrics_token else None
+        self._ssh_issuer_digest = credentials.digest(ssh_issuer_token) if ssh_issuer_token else None
         self._clock = clock
-        self._by_hash: dict[str, tuple[Principal, float | None]] = {}  # digest -> (principal, valid until)
-        self._by_id: dict[str, set[str]] = {}
+        self._by_hash: dict[bytes, Known] = {}  # raw SHA-256 digest -> what it stands for
+        self._by_id: dict[str, bytes | tuple[bytes, bytes]] = {}  # id -> its digest(s) in _by_hash
         self.on_node_loaded: Callable[[str, int], None] | None = None
+
+    def __len__(self) -> int:
+        """How many credentials are cached."""
+        return len(self._by_hash)
 
     async def authenticate(self, request: web.Request, auth: Auth) -> Principal:
         """Return the caller for a route protected by ``auth``; raise the 401 problem."""
@@ -116,52 +144,104 @@ class Authenticator:
         verified (no database access)."""
         if not secret:
             return False
-        return credentials.same_secret(secret, self._admin_token) or credentials.hash_secret(secret) in self._by_hash
+        return credentials.same_secret(secret, self._admin_token) or credentials.digest(secret) in self._by_hash
 
     async def identify(self, secret: str) -> Principal | None:
         if credentials.same_secret(secret, self._admin_token):
             return ADMIN
-        digest = credentials.hash_secret(secret)
-        if self._metrics_hash is not None and credentials.same_secret(digest, self._metrics_hash):
+        digest = credentials.digest(secret)
+        if self._metrics_digest is not None and hmac.compare_digest(digest, self._metrics_digest):
             return METRICS
-        if self._ssh_issuer_hash is not None and credentials.same_secret(digest, self._ssh_issuer_hash):
+        if self._ssh_issuer_digest is not None and hmac.compare_digest(digest, self._ssh_issuer_digest):
             return SSH_ISSUER
         now = self._clock()
-        cached = self._by_hash.get(digest)
-        if cached is not None:
-            principal, until = cached
-            if until is None or now < until:
-                return principal
-            self._by_hash.pop(digest, None)
+        entry = self._by_hash.get(digest)
+        if entry is None:
+            if credentials.has_prefix(secret, credentials.NODE_CREDENTIAL):
+                table = "nodes"
+            elif credentials.has_prefix(secret, credentials.GATEWAY_CREDENTIAL):
+                table = "gateways"
+            else:
+                return None
+            entry = await self._load(table, digest, now)
+            if entry is None:
+                return None
+        elif not entry.current and not now < entry.until:  # a replaced credential past its grace
+            self._drop(entry.id, digest)
             return None
-        if credentials.has_prefix(secret, credentials.NODE_CREDENTIAL):
-            kind, table = "node", "nodes"
-        elif credentials.has_prefix(secret, credentials.GATEWAY_CREDENTIAL):
-            kind, table = "gateway", "gateways"
-        else:
-            return None
+        until = entry.until
+        return Principal(entry.kind, entry.id, issued_at=entry.issued_at, current=entry.current,
+                         credential_hash=digest.hex(),
+                         grace_open=entry.current and until is not None and until > now)
+
+    async def _load(self, table: str, digest: bytes, now: float) -> Known | None:
+        """Read the node or gateway holding ``digest`` (current, or previous within its grace)."""
+        columns = f"{_COLUMNS}, config_version" if table == "nodes" else _COLUMNS
+        hexdigest = digest.hex()
         row = await self._db.fetchrow(
-            f"SELECT * FROM {table} WHERE credential_hash = $1"
+            f"SELECT {columns} FROM {table} WHERE credential_hash = $1"
             " OR (previous_credential_hash = $1 AND previous_valid_until > $2)",
-            digest,
+            hexdigest,
             now,
         )
         if row is None:
             return None
-        current = row["credential_hash"] == digest
-        previous_until = row["previous_valid_until"]
-        principal = Principal(
-            kind, row["id"], issued_at=float(row["credential_issued_at"] or row["created_at"]), current=current,
-            credential_hash=digest, grace_open=current and previous_until is not None and previous_until > now,
-        )
+        self._remember(table, row, now)
+        return self._by_hash.get(digest)
+
+    def _remember(self, table: str, row: dict, now: float) -> None:
+        """Cache the credentials of one ``nodes`` or ``gateways`` row (its previous one only
+        while within its grace)."""
+        kind, ident = _KIND[table], row["id"]
+        issued_at = float(row["credential_issued_at"] or row["created_at"])
+        previous, until = row["previous_credential_hash"], row["previous_valid_until"]
+        live_previous = previous is not None and until is not None and until > now
+        self.forget(ident)
+        current = bytes.fromhex(row["credential_hash"])
+        self._by_hash[current] = Known(kind, ident, issued_at, True, float(until) if live_previous else None)
+        if live_previous:
+            old = bytes.fromhex(previous)
+            self._by_hash[old] = Known(kind, ident, issued_at, False, float(until))
+            self._by_id[ident] = (current, old)
+        else:
+            self._by_id[ident] = current
         if kind == "node" and self.on_node_loaded is not None:  # one query serves the config-version cache too
-            self.on_node_loaded(row["id"], int(row["config_version"]))
-        self._by_hash[digest] = (principal, None if current else float(row["previous_valid_until"]))
-        self._by_id.setdefault(principal.id, set()).add(digest)
-        return principal
+            self.on_node_loaded(ident, int(row["config_version"]))
+
+    async def preload(self) -> int:
+        """Cache every node's and gateway's credentials (paged reads, in id order); return
+        how many rows were read. Call after the change feed has taken its starting
+        version, so a change committed meanwhile still reaches :meth:`on_change`."""
+        loaded = 0
+        for table in ("gateways", "nodes"):
+            columns = f"{_COLUMNS}, config_version" if table == "nodes" else _COLUMNS
+            after = ""
+            while True:
+                now = self._clock()
+                rows = await self._db.fetch(
+                    f"SELECT {columns} FROM {table} WHERE id > $1 ORDER BY id LIMIT {PRELOAD_PAGE}", after)
+                for row in rows:
+                    self._remember(table, row, now)
+                loaded += len(rows)
+                if len(rows) < PRELOAD_PAGE:
+                    break
+                after = rows[-1]["id"]
+        return loaded
+
+    def _drop(self, ident: str, digest: bytes) -> None:
+        self._by_hash.pop(digest, None)
+        held = self._by_id.get(ident)
+        if held == digest:
+            del self._by_id[ident]
+        elif isinstance(held, tuple):
+            rest = tuple(d for d in held if d != digest)
+            self._by_id[ident] = rest[0] if len(rest) == 1 else rest
 
     def forget(self, ident: str) -> None:
-        for digest in self._by_id.pop(ident, set()):
+        held = self._by_id.pop(ident, None)
+        if held is None:
+            return
+        for digest in (held,) if isinstance(held, bytes) else held:
             self._by_hash.pop(digest, None)
 
     def on_change(self, change: changes.Change) -> None:

@@ -109,6 +109,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="longest lifetime an SSH user certificate may be asked for (default 3600)")
     parser.add_argument("--ssh-issuer-token-file", type=Path, metavar="FILE",
                         help="token (mode 0600) good only for SSH user certificates (the admin token always works)")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="listen with SO_REUSEPORT: several coordinators on one host (each with its own "
+                             "--state-dir, one PostgreSQL) share one address and the kernel spreads connections")
     _configure_secrets_and_tls(parser)
 
 
@@ -227,7 +230,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
 
 async def serve(
     settings: Settings, host: str, port: int, signing_key_file: Path | None, coordinator_key_file: Path | None = None,
-    ready: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None, *, reuse_port: bool = False,
 ) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     modules = app_module.load_modules()
@@ -245,7 +248,8 @@ async def serve(
     runner = limits.make_runner(application, settings.limits, access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+        site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None,
+                           ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as err:
@@ -280,6 +284,7 @@ def main(args: argparse.Namespace) -> int:
     notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once listening, watchdog
     Notifier.scrub(os.environ)
     ready = asyncio.Event()
-    asyncio.run(supervised(serve(settings, host, port, args.signing_key_file, args.coordinator_key_file, ready),
+    asyncio.run(supervised(serve(settings, host, port, args.signing_key_file, args.coordinator_key_file, ready,
+                                     reuse_port=args.reuse_port),
                            notifier, ready, f"listening on {host}:{port}"))
     return 0

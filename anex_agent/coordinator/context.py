@@ -4,7 +4,8 @@ Contract:
 * :meth:`Coordinator.open` connects the database, applies migrations (core ones plus
   those of the route modules, by default ``modules.ROUTE_MODULES``), loads the admin token
   the signing key, the coordinator key (join proofs) and the SSH CA key (:mod:`.ssh_ca`).
-* :meth:`Coordinator.start` starts the background work, all named tasks in one
+* :meth:`Coordinator.start` preloads the credential cache (every node's and gateway's
+  credentials, so the first heartbeats after a restart need no query) and starts the background work, all named tasks in one
   ``TaskGroup`` owned by a single runner task: the change feed, the heartbeat flusher,
   the state sweeper and the change-log pruner. :meth:`Coordinator.close` cancels them,
   flushes buffered heartbeats and closes the database.
@@ -74,6 +75,7 @@ class Coordinator:
         self.versions = ConfigVersions(db)
         self.gateway_set = GatewaySetCache()
         self.auth.on_node_loaded = self.versions.seed
+        self.started_at = clock()  # when this process started serving (start() sets it again)
         self.websockets: set = set()  # open watch streams, closed (1001) on shutdown
         self.join_lock = asyncio.Lock()  # one join at a time per process; across processes the database decides
         self._background: list[tuple[str, Callable[[], Awaitable[None]]]] = []
@@ -139,8 +141,12 @@ class Coordinator:
         self._background.append((name, factory))
 
     async def start(self) -> None:
+        self.started_at = self.clock()
         await self.feed.start()
         await self.versions.load()
+        started = time.perf_counter()
+        loaded = await self.auth.preload()  # after the feed's start: changes from here on still reach the cache
+        log.info("credential cache: %d nodes and gateways loaded in %.2f s", loaded, time.perf_counter() - started)
         tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("change-feed", self.feed.run),
             ("state-sweeper", lambda: sweeper.run(self)),

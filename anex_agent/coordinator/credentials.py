@@ -7,6 +7,10 @@ Contract:
   so a leaked one is recognisable by secret scanners.
 * Only :func:`hash_secret` (SHA-256, hex) is ever stored. Lookups go by hash; where a
   secret is compared directly (the admin token) :func:`same_secret` is constant-time.
+  A plain hash, not a slow key-derivation function, is right here: every secret carries
+  256 random bits, so there is nothing to guess, and a check costs about a microsecond
+  (a KDF would cost milliseconds per heartbeat). :func:`digest` is the same hash as 32
+  raw bytes, the compact form the in-memory credential cache keys on.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ def new_id(prefix: str) -> str:
 def hash_secret(secret: str) -> str:
     """The only form in which a secret is stored."""
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def digest(secret: str) -> bytes:
+    """:func:`hash_secret` as 32 raw bytes (``digest(s).hex() == hash_secret(s)``)."""
+    return hashlib.sha256(secret.encode("utf-8")).digest()
 
 
 def has_prefix(secret: str, prefix: str) -> bool:

@@ -16,6 +16,9 @@ Contract:
   (``db.fetch``/``fetchrow``/``fetchval``) use a second, read-only connection on its
   own thread (WAL mode: they neither wait for nor see uncommitted writes).
   PostgreSQL uses an asyncpg pool.
+* ``async with db.exclusive(key) as mine:`` is a cluster-wide try-lock (PostgreSQL: a
+  session advisory lock on a connection held for the block); ``mine`` is False when
+  another coordinator holds it. On SQLite (one coordinator per file) it is always True.
 * :meth:`Database.listen` delivers PostgreSQL ``NOTIFY`` payloads of a channel
   (other coordinator processes' changes); on SQLite it is a no-op and the caller
   falls back to polling.
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 CONNECT_TIMEOUT = 10.0  # seconds to reach PostgreSQL before giving up (ConfigError at start)
+WAL_AUTOCHECKPOINT = 10_000  # SQLite pages (4 KiB) of WAL before a checkpoint (SQLite's default: 1,000)
 
 
 def _to_sqlite(sql: str) -> str:
@@ -102,6 +106,11 @@ class Database(_RowReads):
         """Call ``callback(payload)`` for each NOTIFY on ``channel``; False where unsupported."""
         return False
 
+    @contextlib.asynccontextmanager
+    async def exclusive(self, key: int) -> AsyncIterator[bool]:
+        """Whether this process holds the cluster-wide lock ``key`` for the block (see above)."""
+        yield True
+
     def listening(self) -> bool:
         """Whether a :meth:`listen` connection is up (False where unsupported or lost)."""
         return False
@@ -160,6 +169,10 @@ class SqliteDatabase(Database):
         conn = self._connect()
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        # checkpoint the WAL every 10,000 pages (40 MB), not 1,000: a heartbeat flush touches
+        # about a page per node of a large fleet, and pages rewritten before the next
+        # checkpoint are copied back once (150,000 nodes: about 25 % less time per flushed row)
+        conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
         conn.execute("PRAGMA foreign_keys=ON")
         self._conn = conn
 
@@ -292,6 +305,16 @@ class PostgresDatabase(Database):
     async def fetch(self, sql: str, *args: Any) -> list[dict]:
         async with self._pool.acquire() as conn:
             return [dict(r) for r in await conn.fetch(sql, *args)]
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, key: int) -> AsyncIterator[bool]:
+        async with self._pool.acquire() as conn:
+            mine = await conn.fetchval("SELECT pg_try_advisory_lock($1)", key)
+            try:
+                yield bool(mine)
+            finally:
+                if mine:
+                    await conn.execute("SELECT pg_advisory_unlock($1)", key)
 
     async def listen(self, channel: str, callback: Callable[[str], None]) -> bool:
         import asyncpg

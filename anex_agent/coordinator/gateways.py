@@ -120,7 +120,8 @@ async def delete(ctx: Coordinator, gateway_id: str) -> None:
         row = await tx.fetchrow("SELECT * FROM gateways WHERE id = $1", gateway_id)
         if row is None:
             raise problems.not_found(f"gateway {gateway_id}")
-        await tx.execute("DELETE FROM gateways WHERE id = $1", gateway_id)
+        if await tx.execute("DELETE FROM gateways WHERE id = $1", gateway_id) != 1:  # another coordinator was first
+            raise problems.not_found(f"gateway {gateway_id}")
         await ipam.release(tx, ctx.settings.pool, row["address"], now=now, quarantine=ctx.settings.address_quarantine)
         await changes.append(ctx.db, tx, changes.Scope.ONE_GATEWAY, changes.ChangeType.DELETED, target=gateway_id, now=now)
         await _gateways_changed(ctx, tx, now)

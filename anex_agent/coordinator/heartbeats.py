@@ -40,6 +40,7 @@ class HeartbeatBuffer:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._pending: dict[str, tuple] = {}
+        self._writing: dict[str, tuple] = {}  # the batch a flush is committing right now
         self.latest: dict[str, float] = {}  # node id -> time of its newest heartbeat seen here
         self.flushed_total = 0
         self._flush_lock = asyncio.Lock()
@@ -57,7 +58,8 @@ class HeartbeatBuffer:
         self.latest[node_id] = now
 
     def pending_for(self, node_id: str) -> tuple | None:
-        return self._pending.get(node_id)
+        """The newest heartbeat of ``node_id`` not yet committed (also while a flush writes it)."""
+        return self._pending.get(node_id) or self._writing.get(node_id)
 
     def forget(self, node_id: str) -> None:
         self._pending.pop(node_id, None)
@@ -73,12 +75,15 @@ class HeartbeatBuffer:
             if not self._pending:
                 return 0
             batch, self._pending = self._pending, {}
+            self._writing = batch
             try:
                 await self._db.executemany(_FLUSH_SQL, list(batch.values()))
             except BaseException:
                 for node_id, row in batch.items():
                     self._pending.setdefault(node_id, row)
                 raise
+            finally:
+                self._writing = {}
             self.flushed_total += len(batch)
             return len(batch)
 

@@ -140,10 +140,15 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
     return wire.NodeJoinResponse(node_id=node_id, credential=credential, config=node_config)
 
 
-async def _remove(ctx: Coordinator, tx: Conn, row: dict, *, reason: str, now: float) -> None:
-    """Delete ``row``: address to quarantine, ``peer_removed`` for the gateways, ``deleted`` for the node."""
+async def _remove(ctx: Coordinator, tx: Conn, row: dict, *, reason: str, now: float) -> bool:
+    """Delete ``row``: address to quarantine, ``peer_removed`` for the gateways, ``deleted`` for the node.
+
+    False (and nothing written) when the row is already gone: another coordinator removed
+    it between our read and our delete (PostgreSQL, read committed), so its changes are
+    not told twice."""
     node_id = row["id"]
-    await tx.execute("DELETE FROM nodes WHERE id = $1", node_id)
+    if await tx.execute("DELETE FROM nodes WHERE id = $1", node_id) != 1:
+        return False
     await ipam.release(tx, ctx.settings.pool, row["address"], now=now, quarantine=ctx.settings.address_quarantine)
     await changes.append(
         ctx.db, tx, changes.Scope.ALL_GATEWAYS, changes.ChangeType.PEER_REMOVED,
@@ -153,6 +158,7 @@ async def _remove(ctx: Coordinator, tx: Conn, row: dict, *, reason: str, now: fl
         ctx.db, tx, changes.Scope.ONE_NODE, changes.ChangeType.DELETED,
         target=node_id, payload={"reason": reason}, now=now,
     )
+    return True
 
 
 def _forget(ctx: Coordinator, node_id: str) -> None:
@@ -165,7 +171,8 @@ async def delete(ctx: Coordinator, node_id: str) -> None:
     now = ctx.clock()
     async with ctx.db.transaction() as tx:
         row = await row_of(tx, node_id)
-        await _remove(ctx, tx, row, reason="deleted", now=now)
+        if not await _remove(ctx, tx, row, reason="deleted", now=now):
+            raise problems.not_found(f"node {node_id}")
     _forget(ctx, node_id)
 
 
@@ -184,7 +191,8 @@ async def expire(ctx: Coordinator, node_id: str, last_heartbeat_at: float | None
         )
         if row is None:
             return False
-        await _remove(ctx, tx, row, reason="expired", now=now)
+        if not await _remove(ctx, tx, row, reason="expired", now=now):
+            return False
     _forget(ctx, node_id)
     return True
 
