@@ -113,7 +113,7 @@ class PeerConfig:
         if not 0 <= self.persistent_keepalive <= 65535:
             raise ConfigError("persistent_keepalive", f"{self.persistent_keepalive} is outside 0..65535")
         for cidr in self.allowed_ips:
-            config_value("allowed_ips", parse.cidr, cidr)
+            config_value("allowed_ips", parse.cidr_text, cidr)
 
     def allowed_set(self) -> frozenset[str]:
         """Allowed IPs normalised (host bits cleared) as a set, for comparisons."""

@@ -285,11 +285,14 @@ class WireguardGoEngine(Engine):
             resolved = await resolve_once(desired)
             device = await uapi.get_device(self.socket_path)
             requests = apply_requests(device, resolved)
-            for request in requests:
-                await uapi.set_device(self.socket_path, request)
-            sent = bool(requests)
-            plans = await netconf.run_blocking(netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes)
-            return sent or netconf.changed(plans)
+            # the interface settings (netlink, in a thread) while wireguard-go takes the peers
+            async with asyncio.TaskGroup() as tg:
+                configured = tg.create_task(netconf.run_blocking(
+                    netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes),
+                    name=f"wireguard-go-netconf-{self.ifname}")
+                for request in requests:
+                    await uapi.set_device(self.socket_path, request)
+            return bool(requests) or netconf.changed(configured.result())
 
     async def update_peers(self, upsert: Sequence[PeerConfig], remove: Sequence[str]) -> bool:
         """One ``set=1`` with only these peers (no ``get=1``, no other peer touched); large
