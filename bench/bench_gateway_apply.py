@@ -27,7 +27,10 @@ What is measured, read back from each gateway's wireguard-go:
   join one after another; for each, the time from the join request to the handshake
   answer of each gateway (p50/p99 per gateway and until the last gateway answered), then
   one UAPI dump per gateway confirms every one of them is listed; ``--uapi-samples`` more
-  joins timed by UAPI polling; then deleting them (until no gateway's dump lists the key).
+  joins timed by UAPI polling; then deleting them all, one after another, timed by each
+  gateway's log line written once its engine write returned (``peer_removed v.. applied``,
+  ms resolution; the same line times joins too), then one dump per gateway confirms none
+  is listed any more.
 
 ``reference``: the gateway as shipped before incremental apply (``--reference-rev``,
 default ``main``, checked out with ``git archive`` unless ``--reference-root`` names a
@@ -128,7 +131,9 @@ class Gateway:
     """One ``anex-agent gateway`` process on wireguard-go, from ``root`` (ours or the reference)."""
 
     def __init__(self, workdir: Path, url: str, token: str, root: Path, mode: str, index: int) -> None:
-        self.ifname = f"anxb{secrets.token_hex(3)}{index:02d}"
+        # not "anx...": `anex-agent cleanup` run elsewhere on the machine would take a busy
+        # wireguard-go's UAPI socket for a leftover (they live in one directory for all namespaces)
+        self.ifname = f"gwb{secrets.token_hex(3)}{index:02d}"
         self.socket = os.path.join(SOCKET_DIR, f"{self.ifname}.sock")
         self.log_path = workdir / f"{mode}-{index}.log"
         self.state = state = workdir / f"{mode}-{index}"
@@ -188,6 +193,13 @@ class Gateway:
             await asyncio.sleep(interval)
         raise RuntimeError(f"gateway {self.ifname} did not reach {count} peers in {timeout:.0f} s: "
                            f"{self.log_path.read_text()[-2000:]}")
+
+    def log_times(self, marker: bytes) -> list[float]:
+        """UNIX times (ms resolution) of the gateway's log lines containing ``marker``."""
+        import datetime
+
+        return [datetime.datetime.strptime(line[:23].decode(), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                for line in self.log_path.read_bytes().splitlines() if marker in line]
 
     def registered_to_up_s(self) -> float | None:
         """From the log: registration answered (peer set in hand) -> hub configured and rules installed."""
@@ -340,6 +352,24 @@ async def answered_everywhere(gateways: list[Gateway], publics: list[bytes], fle
         transport.close()
 
 
+async def logged_everywhere(gateways: list[Gateway], marker: bytes, before: list[int], t0: float,
+                            timeout: float) -> list[float]:
+    """Per gateway: seconds from ``t0`` (UNIX time) to its next log line with ``marker`` after
+    the ``before[i]`` it had (the gateway logs an event once the engine's write returned)."""
+    deadline = time.time() + timeout
+    found: dict[int, float] = {}
+    while len(found) < len(gateways):
+        if time.time() > deadline:
+            raise RuntimeError(f"{len(found)}/{len(gateways)} gateways logged {marker!r}")
+        for i, gw in enumerate(gateways):
+            if i not in found:
+                times = gw.log_times(marker)
+                if len(times) > before[i]:
+                    found[i] = times[before[i]] - t0
+        await asyncio.sleep(0.01)
+    return [found[i] for i in range(len(gateways))]
+
+
 def summary(rows: list[list[float]]) -> dict:
     every = [v for row in rows for v in row]
     last = [max(row) for row in rows]
@@ -370,14 +400,19 @@ async def bench_mode(mode: str, root: Path, args, workdir: Path, url: str, gw_to
         result["uapi_dump_ms"] = ms(time.perf_counter() - dump_started)
         publics = [gw.public_key() for gw in gateways]
         joined: list[tuple[str, bytes]] = []
-        rows = []
+        rows, logged = [], []
         for i in range(samples):
+            before = [len(gw.log_times(b"peer_added v")) for gw in gateways]
+            t_wall = time.time()
             row, node_id, key_hex = await answered_everywhere(gateways, publics, fleet, f"{mode}-sample-{i}",
                                                               args.timeout)
             rows.append(row)
+            logged.append(await logged_everywhere(gateways, b"peer_added v", before, t_wall, args.timeout))
             joined.append((node_id, key_hex))
             await asyncio.sleep(args.gap)
         result["join_to_peer_configured"] = {"measured_by": "handshake answer of each gateway", **summary(rows)}
+        result["join_to_applied_logged"] = {"measured_by": "the gateway's log line once its engine write returned",
+                                            **summary(logged)}
         dumps = [await gw.dump() for gw in gateways]
         result["joins_listed_by_uapi"] = f"{sum(lists(d, k) for d in dumps for _, k in joined)}/{len(dumps) * len(joined)}"
         rows = []
@@ -394,12 +429,16 @@ async def bench_mode(mode: str, root: Path, args, workdir: Path, url: str, gw_to
         rows = []
         async with CoordinatorClient(url, admin_token=ADMIN) as admin:
             for node_id, key_hex in joined:
-                t0 = time.perf_counter()
+                before = [len(gw.log_times(b"peer_removed v")) for gw in gateways]
+                t_wall = time.time()
                 await admin.delete_node(node_id)
-                rows.append(await seen_everywhere(gateways, key_hex, t0, False, args.timeout))
+                rows.append(await logged_everywhere(gateways, b"peer_removed v", before, t_wall, args.timeout))
                 await asyncio.sleep(args.gap)
-        result["delete_to_peer_removed"] = {"measured_by": "UAPI get=1 polling (coarse: see uapi_dump_ms)",
+        result["delete_to_peer_removed"] = {"measured_by": "the gateway's log line once its engine write returned",
                                             **summary(rows)}
+        dumps = [await gw.dump() for gw in gateways]
+        result["deletes_gone_from_uapi"] = (f"{sum(not lists(d, k) for d in dumps for _, k in joined)}/"
+                                            f"{len(dumps) * len(joined)}")
     finally:
         for gw in gateways:
             gw.stop()
@@ -458,7 +497,6 @@ async def inside(args) -> dict:
     coordinator, url = start_coordinator(workdir)
     out: dict = {"nodes": args.nodes, "gateways": args.gateways, "engine": "wireguard-go",
                  "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0], "fleet_from_cache": cached}
-    ok = False
     try:
         if cached:
             tokens = json.loads((cache / "tokens.json").read_text())
@@ -471,6 +509,12 @@ async def inside(args) -> dict:
 
         if not cached:  # memory of one gateway (ours) following the fleet as it grows by joins
             await follow_growth(out, args, workdir, url, gw_token, fleet)
+            if cache is not None:  # keep the fleet for the next run (a copy of the stopped coordinator's state)
+                coordinator.terminate()
+                coordinator.wait(15)
+                shutil.copytree(workdir / "coordinator", cache / "coordinator")
+                (cache / "tokens.json").write_text(json.dumps({"gateway": gw_token, "node": node_token}))
+                coordinator, url = start_coordinator(workdir)
 
         modes = [("ours", ROOT)]
         if args.reference_root:
@@ -478,13 +522,9 @@ async def inside(args) -> dict:
         for mode, root in modes:
             out[mode] = await bench_mode(mode, root, args, workdir, url, gw_token, fleet)
         out["loadavg_end"] = os.getloadavg()[0]
-        ok = True
     finally:
         coordinator.terminate()
         coordinator.wait(15)
-        if ok and cache is not None and not cached:
-            shutil.copytree(workdir / "coordinator", cache / "coordinator")
-            (cache / "tokens.json").write_text(json.dumps({"gateway": gw_token, "node": node_token}))
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
@@ -505,7 +545,7 @@ def main() -> None:
     parser.add_argument("--gateways", type=int, default=10)
     parser.add_argument("--samples", type=int, default=100, help="joins (then deletes) measured with ours")
     parser.add_argument("--reference-samples", type=int, default=10)
-    parser.add_argument("--uapi-samples", type=int, default=10, help="joins timed by UAPI polling (and deleted so)")
+    parser.add_argument("--uapi-samples", type=int, default=5, help="joins timed by UAPI polling")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between two measured changes")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a change may take on one gateway")
     parser.add_argument("--reference-rev", default="main", help="git revision of the reference gateway")

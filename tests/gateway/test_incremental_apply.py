@@ -263,3 +263,50 @@ def test_a_snapshot_of_10000_peers_goes_in_a_bounded_number_of_writes():
     assert all("replace_peers" not in t for t in text)
     sent = [line.split("=", 1)[1] for t in text for line in t.splitlines() if line.startswith("public_key=")]
     assert sorted(sent) == sorted(added_hex(p) for p in peers)  # every peer once, nothing else
+
+
+async def test_kernel_update_peers_is_one_set_of_only_those_peers(monkeypatch):
+    from anex_agent.tunnels import kernel
+
+    calls = []
+    monkeypatch.setattr(kernel, "_wg_set", lambda ifname, device, peers: calls.append((ifname, device, peers)))
+    engine = kernel.KernelEngine(ifname="anxtest2")
+    assert await engine.update_peers([PeerConfig(key(1), None, ("10.254.0.2/32",), 0)], []) is False  # not started
+    engine._started = True
+    assert await engine.update_peers([PeerConfig(key(1), None, ("10.254.0.2/32",), 0)], [key(2)]) is True
+    [(ifname, device, peers)] = calls
+    assert ifname == "anxtest2" and device == {}  # no private key, no port: the device is not rewritten
+    assert peers[0] == {"public_key": key(2), "remove": True}
+    assert peers[1]["public_key"] == key(1) and peers[1]["replace_allowed_ips"] is True
+    assert peers[1]["allowed_ips"] == ["10.254.0.2/32"] and peers[1]["preshared_key"] == kernel.ZERO_KEY_B64
+
+
+async def test_the_peer_set_is_saved_once_per_interval_off_the_event_path(tmp_path, monkeypatch):
+    from anex_agent.gateway import service
+
+    monkeypatch.setattr(service, "SAVE_INTERVAL", 0.3)
+    gateway = Gateway(build_settings(coordinator_url="http://127.0.0.1:9", token="t", state_dir=str(tmp_path),
+                                     endpoint="192.0.2.1:51820"))
+    gateway.registration = service.Registration(coordinator_url="http://127.0.0.1:9", gateway_id="g-1",
+                                                credential="c", address="10.254.0.1", network="10.254.0.0/16",
+                                                mtu=1420)
+    saved: list[list[str]] = []
+    monkeypatch.setattr(gateway.state, "save", lambda reg, peers: saved.append([p.node_id for p in peers.peers]))
+    saver = asyncio.create_task(gateway._save_loop(), name="test-gateway-state")
+    try:
+        for i in range(5):  # five events in a row: no save yet, one after the interval, with all five
+            gateway.book.apply(WatchEvent(type="peer_added", version=i + 1, peer=mp(f"n{i}", key(i + 1),
+                                                                                      f"10.254.1.{i}/32")))
+            gateway._unsaved.set()
+            await asyncio.sleep(0.01)
+        assert saved == []
+        await asyncio.sleep(0.5)
+        assert saved == [["n0", "n1", "n2", "n3", "n4"]]
+        await asyncio.sleep(0.4)
+        assert len(saved) == 1  # nothing changed since: nothing written
+        gateway.book.apply(WatchEvent(type="peer_removed", version=9, peer=mp("n0", key(1), "10.254.1.0/32")))
+        gateway._unsaved.set()
+    finally:
+        saver.cancel()
+        await asyncio.gather(saver, return_exceptions=True)
+    assert saved[-1] == ["n1", "n2", "n3", "n4"]  # a pending change is saved when the loop ends
