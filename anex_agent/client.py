@@ -360,18 +360,24 @@ class CoordinatorClient:
             raise CoordinatorError(f"watch: {err}", retryable=True) from None
         connected.append(True)
         try:
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    try:
-                        yield wire.read(wire.WatchEvent, msg.data)
-                    except ValidationError as err:
-                        raise CoordinatorError(f"watch: unexpected event: {err}") from None
-                elif msg.type == aiohttp.WSMsgType.ERROR:
-                    break
+            try:
+                async for msg in ws:
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        try:
+                            yield wire.read(wire.WatchEvent, msg.data)
+                        except ValidationError as err:
+                            raise CoordinatorError(f"watch: unexpected event: {err}") from None
+                    elif msg.type == aiohttp.WSMsgType.ERROR:
+                        break
+            except (aiohttp.ClientError, ConnectionError) as err:  # e.g. answering a ping on a closing connection
+                raise CoordinatorError(f"watch: connection lost: {err}", retryable=True) from None
             if ws.close_code == CLOSE_REVOKED:
                 raise CoordinatorError("watch: credential revoked", status=401, retryable=False)
         finally:
-            await ws.close()
+            try:
+                await ws.close()
+            except (aiohttp.ClientError, ConnectionError):
+                pass
 
 
 def proven_body(

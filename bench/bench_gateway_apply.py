@@ -381,9 +381,10 @@ def summary(rows: list[list[float]]) -> dict:
     }
 
 
-async def bench_mode(mode: str, root: Path, args, workdir: Path, url: str, gw_token: str, fleet: Fleet) -> dict:
+async def bench_mode(result: dict, mode: str, root: Path, args, workdir: Path, url: str, gw_token: str,
+                     fleet: Fleet) -> None:
+    """Fills ``result`` as it goes (a failure keeps what was measured before it)."""
     samples = args.samples if mode == "ours" else args.reference_samples
-    result: dict = {}
     first = Gateway(workdir, url, gw_token, root, mode, 0)
     gateways = [first]
     try:
@@ -443,7 +444,6 @@ async def bench_mode(mode: str, root: Path, args, workdir: Path, url: str, gw_to
         for gw in gateways:
             gw.stop()
         await forget(url, gateways)
-    return result
 
 
 async def forget(url: str, gateways: list[Gateway]) -> None:
@@ -520,7 +520,11 @@ async def inside(args) -> dict:
         if args.reference_root:
             modes.append(("reference", Path(args.reference_root)))
         for mode, root in modes:
-            out[mode] = await bench_mode(mode, root, args, workdir, url, gw_token, fleet)
+            out[mode] = {}
+            try:
+                await bench_mode(out[mode], mode, root, args, workdir, url, gw_token, fleet)
+            except RuntimeError as err:  # keep what was measured; say what stopped it
+                out[mode]["error"] = str(err)[:2000]
         out["loadavg_end"] = os.getloadavg()[0]
     finally:
         coordinator.terminate()

@@ -185,3 +185,32 @@ async def test_watch_resumes_from_a_snapshot_even_when_it_is_older(monkeypatch):
         await srv.close()
     assert (first.type, first.version, second.version) == ("snapshot", 3, 4)
     assert calls == [900, 3]
+
+
+async def test_watch_losing_the_connection_while_receiving_is_retryable():
+    """aiohttp raises while it receives (answering a ping on a closing connection): the watch
+    reconnects instead of the error ending the gateway or agent that follows it."""
+    import aiohttp
+
+    class BrokenWs:
+        close_code = None
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+
+        async def close(self):
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+
+    class Session:
+        async def ws_connect(self, *args, **kwargs):
+            return BrokenWs()
+
+    client = CoordinatorClient("http://127.0.0.1:9", credential="c")
+    client._get_session = lambda: Session()
+    stream = client._watch_once(0, [])
+    with pytest.raises(CoordinatorError) as info:
+        await stream.__anext__()
+    assert info.value.retryable and "connection lost" in str(info.value)
