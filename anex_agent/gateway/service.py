@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import signal
+import threading
 import time
 from contextlib import AsyncExitStack
 import dataclasses
@@ -48,14 +49,14 @@ from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, Engine, choose_engine
-from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, read
+from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, MeshPeer, PeerSet, read
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "gateway.json"
 KEY_FILE = "private.key"
 #: Seconds between saves of the peer set while it changes (a restart resyncs what is newer).
-SAVE_INTERVAL = 10.0
+SAVE_INTERVAL = 2.0
 
 
 @dataclass
@@ -82,6 +83,8 @@ class GatewayState:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._save_lock = threading.Lock()  # the loop and the saving thread may both save
+        self._fragments: dict[str, tuple[MeshPeer, str]] = {}  # node id -> (peer, its JSON)
 
     def ensure(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -103,10 +106,25 @@ class GatewayState:
             return None
 
     def save(self, registration: Registration, peers: PeerSet) -> None:
-        """Write the registration and the peers (sorted by node id); safe in a thread."""
-        peers = PeerSet(version=peers.version, peers=sorted(peers.peers, key=lambda p: p.node_id))
-        doc = {"registration": registration.__dict__, "peers": peers.model_dump(mode="json")}
-        write_private(self.path / STATE_FILE, json.dumps(doc, indent=1))
+        """Write the registration and the peers (sorted by node id); safe in a thread.
+
+        Each peer's JSON is kept from one save to the next (peers are immutable), so a save
+        of 10,000 peers encodes only those that changed, and it is built from many small
+        steps: a thread running it never holds the interpreter for long (one encoding call
+        for the whole set would stall the event loop that applies watch events)."""
+        with self._save_lock:
+            fragments: dict[str, tuple[MeshPeer, str]] = {}
+            texts = []
+            for peer in sorted(peers.peers, key=lambda p: p.node_id):
+                cached = self._fragments.get(peer.node_id)
+                if cached is None or cached[0] is not peer:
+                    cached = (peer, json.dumps(peer.model_dump(mode="json")))
+                fragments[peer.node_id] = cached
+                texts.append(cached[1])
+            self._fragments = fragments
+            text = (f'{{"registration": {json.dumps(registration.__dict__)},\n"peers": {{"version": {peers.version}, '
+                    f'"peers": [\n' + ",\n".join(texts) + "]}}\n")
+            write_private(self.path / STATE_FILE, text)
 
 
 class _Stop(Exception):

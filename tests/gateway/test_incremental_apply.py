@@ -310,3 +310,19 @@ async def test_the_peer_set_is_saved_once_per_interval_off_the_event_path(tmp_pa
         saver.cancel()
         await asyncio.gather(saver, return_exceptions=True)
     assert saved[-1] == ["n1", "n2", "n3", "n4"]  # a pending change is saved when the loop ends
+
+
+def test_saved_peers_follow_replacements_through_the_kept_encodings(tmp_path):
+    from anex_agent.gateway import service
+    from anex_agent.wire import PeerSet
+
+    state = service.GatewayState(tmp_path)
+    registration = service.Registration(coordinator_url="http://c", gateway_id="g-1", credential="c",
+                                        address="10.254.0.1", network="10.254.0.0/16", mtu=1420)
+    a, b = mp("n1", key(1), "10.254.0.2/32"), mp("n2", key(2), "10.254.0.3/32")
+    state.save(registration, PeerSet(version=1, peers=[b, a]))
+    assert state.load("http://c")[1] == PeerSet(version=1, peers=[a, b])
+    rekeyed = mp("n2", key(3), "10.254.0.3/32")  # same node, new key: the kept encoding must not be reused
+    state.save(registration, PeerSet(version=2, peers=[a, rekeyed]))
+    loaded_registration, peers = state.load("http://c")
+    assert peers == PeerSet(version=2, peers=[a, rekeyed]) and loaded_registration.gateway_id == "g-1"
