@@ -31,6 +31,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -427,10 +428,13 @@ class CoordinatorClient:
                             raise CoordinatorError(f"watch: unexpected event: {err}") from None
             except ConnectionClosed:
                 pass  # why it closed: the close code below
+            except OSError as err:  # the connection lost while receiving: the caller reconnects
+                raise CoordinatorError(f"watch: connection lost: {err}", retryable=True) from None
             if ws.close_code == CLOSE_REVOKED:
                 raise CoordinatorError("watch: credential revoked", status=401, retryable=False)
         finally:
-            await ws.close()
+            with contextlib.suppress(OSError, WebSocketException):  # closing a connection already lost
+                await ws.close()
 
 
 def proven_body(

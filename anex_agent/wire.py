@@ -85,7 +85,7 @@ def _check_public_key(value: str) -> str:
 
 
 def _check_cidr(value: str) -> str:
-    return str(parse.cidr(value))
+    return parse.cidr_text(value)
 
 
 def _check_host_port(value: str) -> str:

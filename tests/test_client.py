@@ -185,3 +185,41 @@ async def test_watch_resumes_from_a_snapshot_even_when_it_is_older(monkeypatch):
         await srv.close()
     assert (first.type, first.version, second.version) == ("snapshot", 3, 4)
     assert calls == [900, 3]
+
+
+async def test_watch_losing_the_connection_while_receiving_is_retryable(monkeypatch):
+    """The connection is lost while the watch receives (a reset, or closed without a close frame),
+    and closing it fails too: the watch reconnects instead of the error ending the gateway or
+    agent that follows it."""
+    import websockets.asyncio.client
+    from websockets.exceptions import ConnectionClosedError
+
+    class BrokenWs:
+        close_code = None
+
+        def __init__(self, error):
+            self.error = error
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise self.error
+
+        async def close(self):
+            raise ConnectionResetError("Cannot write to closing transport")
+
+    for error in (ConnectionResetError("reset by peer"), ConnectionClosedError(None, None)):
+        async def connect(*args, error=error, **kwargs):
+            return BrokenWs(error)
+
+        monkeypatch.setattr(websockets.asyncio.client, "connect", connect)
+        client = CoordinatorClient("http://127.0.0.1:9", credential="c")
+        stream = client._watch_once(0, [])
+        if isinstance(error, OSError):
+            with pytest.raises(CoordinatorError) as info:
+                await stream.__anext__()
+            assert info.value.retryable and "connection lost" in str(info.value)
+        else:  # closed without a close frame: the stream ends, and watch() reconnects
+            with pytest.raises(StopAsyncIteration):
+                await stream.__anext__()

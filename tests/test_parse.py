@@ -71,6 +71,20 @@ def test_cidr():
         parse.cidr("10.96.1.2/12", strict=True)
 
 
+def test_cidr_text_is_cidr_as_canonical_text_on_its_fast_path_too():
+    samples = ["10.254.0.7/32", "10.96.1.2/12", "10.96.0.0/12", "0.0.0.0/0", "255.255.255.255/32", "1.2.3.4/0",
+               "10.0.0.0/8", "010.0.0.0/8", "10.0.0.256/32", "10.0.0.0/33", "10.0.0.0/08", "10.0.0.0/٣",
+               "1.2.3/24", "fd00::/8", "fd00::1/128", "10.0.0.0", "nope", " 10.0.0.0/8", "10.0.0.0/8\n"]
+    for text in samples:
+        try:
+            want = str(parse.cidr(text))
+        except ValueError:
+            with pytest.raises(ValueError, match="CIDR"):
+                parse.cidr_text(text)
+        else:
+            assert parse.cidr_text(text) == want, text
+
+
 def test_messages_do_not_echo_the_input():
     """The caller names the input; the text says what is accepted, the same for every input."""
     for fn, a, b in ((parse.integer, "²", "x"), (parse.port, "0", "99999"), (parse.host_port, "a", "b:0")):

@@ -10,6 +10,7 @@ proxy and the forwards, open connections through it) or front-ends of its own
     engine = EngineClass(ifname=new_ifname(), state_dir=path)   # keyword-only; constructors do no I/O
     await engine.start(tasks)                    # the role's anex_agent.tasks.Tasks owns every task it starts
     changed = await engine.apply(desired, workload)   # declarative; True when anything changed
+    done = await engine.update_peers(upsert, remove)  # only these peers, one small write (False: use apply)
     dialer = engine.dialer(resolver)             # a Dialer, or None: the engine serves the workload itself
     status = await engine.status()               # handshakes, bytes, endpoints
     verdict = await engine.readiness()           # its own verdict, or None: judge by the last handshake
@@ -52,7 +53,7 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -112,7 +113,7 @@ class PeerConfig:
         if not 0 <= self.persistent_keepalive <= 65535:
             raise ConfigError("persistent_keepalive", f"{self.persistent_keepalive} is outside 0..65535")
         for cidr in self.allowed_ips:
-            config_value("allowed_ips", parse.cidr, cidr)
+            config_value("allowed_ips", parse.cidr_text, cidr)
 
     def allowed_set(self) -> frozenset[str]:
         """Allowed IPs normalised (host bits cleared) as a set, for comparisons."""
@@ -338,6 +339,18 @@ class Engine(abc.ABC):
     def report(self) -> dict[str, Any]:
         """Engine-specific facts for the agent's ``/status`` (under the engine's name); ``{}`` for none."""
         return {}
+
+    async def update_peers(self, upsert: Sequence[PeerConfig], remove: Sequence[str]) -> bool:
+        """Change only the peers named, without reading or rewriting the others.
+
+        Each of ``upsert`` is created or, when its key exists, replaced (allowed IPs replaced,
+        keepalive and preshared key as given, an endpoint of None keeps the learned one); each
+        public key of ``remove`` is deleted (absent keys are no error). One small engine write
+        for a small change, whatever the size of the peer set: what a hub with thousands of
+        peers needs per watch event. Returns False when this engine cannot change peers one by
+        one; the caller then applies the whole config with :meth:`apply`. Raises EngineError.
+        Default: False."""
+        return False
 
     async def reset_sessions(self, desired: DesiredConfig, *, within: float = 10.0, every: float = 1.0) -> bool:
         """Start fresh handshakes with ``desired``'s peers now (a gateway restarted and lost its sessions).

@@ -6,6 +6,7 @@
   ``WG_CMD_SET_DEVICE`` messages with only the changes (one per peer, as pyroute2's
   ``WireGuard.set`` builds them); addresses, MTU, routes and link state through
   :mod:`netconf`, exactly as the wireguard-go engine does.
+* ``update_peers(upsert, remove)`` sends ``WG_CMD_SET_DEVICE`` for those peers only (no dump).
 * ``stop()`` deletes the link; its routes go with it.
 
 Netlink attribute names and flags: include/uapi/linux/wireguard.h (WGPEER_F_REMOVE_ME,
@@ -20,7 +21,7 @@ import asyncio
 import base64
 import errno as errno_mod
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from anex_agent.tunnels.base import (
     DesiredConfig,
     Engine,
     EngineStatus,
+    PeerConfig,
     Support,
     WorkloadConfig,
     check_ifname,
@@ -124,21 +126,26 @@ def netlink_changes(device: UapiDevice, desired: DesiredConfig) -> tuple[dict[st
     plan = plan_peers(current, desired.peers)
     peers: list[dict[str, Any]] = [{"public_key": key, "remove": True} for key in plan.remove]
     for peer in plan.add + plan.update:
-        item: dict[str, Any] = {
-            "public_key": peer.public_key,
-            "persistent_keepalive": peer.persistent_keepalive,
-            "replace_allowed_ips": True,
-            "allowed_ips": list(peer.allowed_ips),
-        }
-        if peer.endpoint is not None:
-            host, port = netconf.split_host_port(peer.endpoint)
-            item["endpoint_addr"], item["endpoint_port"] = host, port
-        if peer.preshared_key:
-            item["preshared_key"] = peer.preshared_key
-        elif peer.public_key in have and have[peer.public_key].preshared_key:
-            item["preshared_key"] = ZERO_KEY_B64
-        peers.append(item)
+        peers.append(netlink_peer(peer, had_psk=peer.public_key in have and bool(have[peer.public_key].preshared_key)))
     return device_kwargs, peers
+
+
+def netlink_peer(peer: PeerConfig, *, had_psk: bool) -> dict[str, Any]:
+    """The pyroute2 ``WireGuard.set`` peer dict creating or replacing ``peer`` (allowed IPs replaced). Pure."""
+    item: dict[str, Any] = {
+        "public_key": peer.public_key,
+        "persistent_keepalive": peer.persistent_keepalive,
+        "replace_allowed_ips": True,
+        "allowed_ips": list(peer.allowed_ips),
+    }
+    if peer.endpoint is not None:
+        host, port = netconf.split_host_port(peer.endpoint)
+        item["endpoint_addr"], item["endpoint_port"] = host, port
+    if peer.preshared_key:
+        item["preshared_key"] = peer.preshared_key
+    elif had_psk:
+        item["preshared_key"] = ZERO_KEY_B64
+    return item
 
 
 # ---------------------------------------------------------------- blocking netlink (run in a thread)
@@ -229,6 +236,20 @@ class KernelEngine(Engine):
                 await netconf.run_blocking(_wg_set, self.ifname, device_kwargs, peers)
             plans = await netconf.run_blocking(netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes)
             return bool(device_kwargs or peers) or netconf.changed(plans)
+
+    async def update_peers(self, upsert: Sequence[PeerConfig], remove: Sequence[str]) -> bool:
+        """``WG_CMD_SET_DEVICE`` for these peers only (no device dump, no other peer touched).
+        False before start() or for an endpoint name (``apply()`` resolves names)."""
+        from anex_agent.tunnels.wireguard_go import endpoint_is_literal
+
+        if not self._started or not all(endpoint_is_literal(p.endpoint) for p in upsert):
+            return False
+        peers: list[dict[str, Any]] = [{"public_key": key, "remove": True} for key in remove]
+        peers += [netlink_peer(p, had_psk=True) for p in upsert]  # no key given: cleared, never kept
+        if peers:
+            async with self._lock:
+                await netconf.run_blocking(_wg_set, self.ifname, {}, peers)
+        return True
 
     async def dump(self) -> UapiDevice:
         return await netconf.run_blocking(_wg_info, self.ifname)

@@ -161,7 +161,7 @@ def encode_set(
             lines.append("replace_allowed_ips=true")
         for cidr in peer.allowed_ips:
             try:
-                net = parse.cidr(cidr)
+                net = parse.cidr_text(cidr)
             except ValueError:
                 raise LocalProtocolError(f"allowed_ip {cidr!r} is not a CIDR network") from None
             lines.append(f"allowed_ip={net}")

@@ -7,8 +7,12 @@ Lifecycle:
   PR_SET_PDEATHSIG, so a crashed agent does not leave it behind), then waits until its
   UAPI socket answers ``get=1``.
 * ``apply(desired)`` reads the device over UAPI, diffs it against ``desired``
-  (:func:`anex_agent.tunnels.base.plan_peers`) and sends one ``set=1`` with only the
-  changes; then addresses, MTU, link state and routes through :mod:`netconf`.
+  (:func:`anex_agent.tunnels.base.plan_peers`) and sends ``set=1`` requests with only the
+  changes, at most :data:`SET_CHUNK` peers each (a fresh hub of 10,000 peers: 5 writes);
+  then addresses, MTU, link state and routes through :mod:`netconf`.
+* ``update_peers(upsert, remove)`` sends one ``set=1`` naming only those peers: no
+  ``get=1``, no other peer read or rewritten, never ``replace_peers`` (a gateway's
+  watch events).
 * ``stop()`` sends SIGTERM (SIGKILL after a grace period), then makes sure the
   interface and the UAPI socket are gone. Routes die with the interface.
 
@@ -20,15 +24,18 @@ must be unique machine-wide (see :func:`anex_agent.tunnels.base.new_ifname`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from anex_agent import parse
 from anex_agent.childenv import engine_env
 from anex_agent.errors import EngineError
 from anex_agent.keys import decode_key, encode_key
@@ -76,38 +83,91 @@ def peers_from_device(device: uapi.UapiDevice) -> tuple[PeerConfig, ...]:
     )
 
 
-def encode_apply(device: uapi.UapiDevice, desired: DesiredConfig) -> bytes:
-    """The ``set=1`` request that takes ``device`` to ``desired`` (``b"set=1\\n\\n"`` when nothing differs). Pure.
+#: Peers per ``set=1`` request when many change at once (a snapshot of thousands): large
+#: writes, a bounded number of them (10,000 peers: 5 writes), none of unbounded size.
+SET_CHUNK = 2000
 
-    Peer endpoints in ``desired`` must already be IP literals (see :mod:`anex_agent.tunnels.endpoints`).
-    """
+
+def peer_change(peer: PeerConfig, *, had_psk: bool = False) -> uapi.PeerChange:
+    """The UAPI section that creates ``peer`` or replaces an existing one (allowed IPs replaced).
+
+    ``had_psk``: the existing peer has a preshared key that ``peer`` does not (it is cleared)."""
+    if peer.preshared_key:
+        psk: bytes | None = decode_key(peer.preshared_key, what="preshared_key")
+    else:
+        psk = b"" if had_psk else None
+    return uapi.PeerChange(
+        public_key=decode_key(peer.public_key, what="peer public_key"),
+        preshared_key=psk,
+        endpoint=peer.endpoint,
+        persistent_keepalive=peer.persistent_keepalive,
+        replace_allowed_ips=True,
+        allowed_ips=peer.allowed_ips,
+    )
+
+
+def chunked(changes: list[uapi.PeerChange], size: int = SET_CHUNK, **device: object) -> list[bytes]:
+    """``set=1`` requests carrying ``changes`` in order, at most ``size`` peers each; ``device``
+    keys (``private_key``, ``listen_port``) go in the first. No change at all: no request."""
+    requests: list[bytes] = []
+    device_keys = {k: v for k, v in device.items() if v is not None}
+    for start in range(0, len(changes), size):
+        requests.append(uapi.encode_set(peers=changes[start:start + size], **(device_keys if not start else {})))
+    if not requests and device_keys:
+        requests.append(uapi.encode_set(**device_keys))
+    return requests
+
+
+def apply_requests(device: uapi.UapiDevice, desired: DesiredConfig, size: int = SET_CHUNK) -> list[bytes]:
+    """The ``set=1`` requests that take ``device`` to ``desired``, removals first; ``[]`` when
+    nothing differs. Pure. Peer endpoints in ``desired`` must already be IP literals
+    (see :mod:`anex_agent.tunnels.endpoints`)."""
     current = peers_from_device(device)
     plan = plan_peers(current, desired.peers)
     have = {p.public_key: p for p in current}
     changes: list[uapi.PeerChange] = [uapi.PeerChange(public_key=decode_key(k), remove=True) for k in plan.remove]
     for peer in plan.add + plan.update:
         old = have.get(peer.public_key)
-        if peer.preshared_key:
-            psk: bytes | None = decode_key(peer.preshared_key, what="preshared_key")
-        else:
-            psk = b"" if old is not None and old.preshared_key else None
-        changes.append(
-            uapi.PeerChange(
-                public_key=decode_key(peer.public_key, what="peer public_key"),
-                preshared_key=psk,
-                endpoint=peer.endpoint,
-                persistent_keepalive=peer.persistent_keepalive,
-                replace_allowed_ips=True,
-                allowed_ips=peer.allowed_ips,
-            )
-        )
-    return uapi.encode_set(
+        changes.append(peer_change(peer, had_psk=old is not None and bool(old.preshared_key)))
+    return chunked(
+        changes, size,
         private_key=desired.private_key if device.private_key != desired.private_key else None,
         listen_port=desired.listen_port
         if desired.listen_port is not None and desired.listen_port != device.listen_port
         else None,
-        peers=changes,
     )
+
+
+def encode_apply(device: uapi.UapiDevice, desired: DesiredConfig) -> bytes:
+    """The whole change from ``device`` to ``desired`` as one ``set=1`` request
+    (``b"set=1\\n\\n"`` when nothing differs). Pure; :func:`apply_requests` splits it."""
+    requests = apply_requests(device, desired, size=max(1, len(device.peers) + len(desired.peers)))
+    return requests[0] if requests else uapi.encode_set()
+
+
+def endpoint_is_literal(endpoint: str | None) -> bool:
+    """Whether ``endpoint`` is None or an ``IP:PORT`` literal (nothing to resolve)."""
+    if endpoint is None:
+        return True
+    try:
+        parse.ip_port(endpoint)
+    except ValueError:
+        return False
+    return True
+
+
+def update_request(upsert: Sequence[PeerConfig], remove: Sequence[str]) -> bytes:
+    """One ``set=1`` request changing only the peers named (removals first). Pure.
+
+    An upserted peer's preshared key is set as given (none: the all-zero key), so a
+    replaced peer never keeps a key it should not have."""
+    changes = [uapi.PeerChange(public_key=decode_key(k), remove=True) for k in remove]
+    for peer in upsert:
+        change = peer_change(peer)
+        if change.preshared_key is None:
+            change = dataclasses.replace(change, preshared_key=b"")
+        changes.append(change)
+    return uapi.encode_set(peers=changes)
 
 
 def status_from_device(name: str, ifname: str, device: uapi.UapiDevice, running: bool) -> EngineStatus:
@@ -226,12 +286,28 @@ class WireguardGoEngine(Engine):
         async with self._lock:
             resolved = await resolve_once(desired)
             device = await uapi.get_device(self.socket_path)
-            request = encode_apply(device, resolved)
-            sent = request != uapi.encode_set()
-            if sent:
-                await uapi.set_device(self.socket_path, request)
-            plans = await netconf.run_blocking(netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes)
-            return sent or netconf.changed(plans)
+            requests = apply_requests(device, resolved)
+            # the interface settings (netlink, in a thread) while wireguard-go takes the peers
+            async with asyncio.TaskGroup() as tg:
+                configured = tg.create_task(netconf.run_blocking(
+                    netconf.configure, self.ifname, desired.address, desired.mtu, desired.routes),
+                    name=f"wireguard-go-netconf-{self.ifname}")
+                for request in requests:
+                    await uapi.set_device(self.socket_path, request)
+            return bool(requests) or netconf.changed(configured.result())
+
+    async def update_peers(self, upsert: Sequence[PeerConfig], remove: Sequence[str]) -> bool:
+        """One ``set=1`` with only these peers (no ``get=1``, no other peer touched); large
+        changes go in :data:`SET_CHUNK`-peer writes. False when the child is not running
+        (the caller's ``apply()`` starts it and sets everything)."""
+        if not self.running or not all(endpoint_is_literal(p.endpoint) for p in upsert):
+            return False  # a name to resolve: apply() has the endpoint policy
+        upsert, remove = tuple(upsert), tuple(remove)
+        async with self._lock:
+            for start in range(0, max(len(upsert), len(remove)), SET_CHUNK):
+                await uapi.set_device(self.socket_path, update_request(upsert[start:start + SET_CHUNK],
+                                                                        remove[start:start + SET_CHUNK]))
+        return True
 
     async def status(self) -> EngineStatus:
         if not self.running:
