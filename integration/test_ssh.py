@@ -111,6 +111,17 @@ def test_pty_session_driven_by_script_sees_the_terminal_size(nodes):
     assert result.returncode == 4
 
 
+def test_pty_takes_the_terminal_modes_of_the_openssh_client(nodes):
+    key, _ = nodes.key(nodes.a)
+    node_id, address = nodes.info(nodes.a)
+    inner = " ".join(["stty erase ^X -echoctl -iutf8;", "ssh", "-tt", *nodes.options(key), "-p", str(SSH_PORT),
+                      f"{node_id}@{address}", "'stty -a'"])
+    result = nodes.mesh.cluster.run(["script", "-qec", inner, "/dev/null"], check=False, timeout=30)
+    words = result.stdout.replace("\r", "").replace(";", " ").split()
+    assert "erase = ^X" in " ".join(words), (result.stdout, result.stderr)  # sent by ssh, set on the node's PTY
+    assert "-echoctl" in words and "-iutf8" in words
+
+
 def test_files_both_ways_with_scp_and_sftp(nodes):
     key, _ = nodes.key(nodes.a)
     node_id, address = nodes.info(nodes.a)

@@ -11,11 +11,11 @@ The certificate's key id (signed with it) names the serial and the features
 certificate extensions, which asyncssh enforces as well; ``sftp`` gates the SFTP subsystem
 (and so ``scp``, which uses SFTP).
 
-What a session may do: exec a command or a login shell, with or without a PTY (window size
-changes, signals and the exit status or signal go through), as the workload's account, with
-its environment (no ``ANEX_*`` secrets) and working directory; SFTP in the same context (a
-child process: OpenSSH's ``sftp-server`` or asyncssh's, :mod:`.ssh_sftp`), so files are read and
-written as the workload's account, relative paths from its directory;
+What a session may do: exec a command or a login shell, with or without a PTY (the client's
+terminal modes, window size changes, signals and the exit status or signal go through), as the
+workload's account, with its environment (no ``ANEX_*`` secrets) and working directory; SFTP in
+the same context (a child process: OpenSSH's ``sftp-server`` or asyncssh's, :mod:`.ssh_sftp`),
+so files are read and written as the workload's account, relative paths from its directory;
 direct TCP forwarding to this node's own ports (loopback or its mesh address). No agent
 forwarding, X11 forwarding, remote forwarding or UNIX sockets.
 """
@@ -418,9 +418,13 @@ async def _run_pipes(process, argv, env, cwd, ids) -> int:
 
 
 async def _run_pty(process, argv, env, cwd, ids) -> int:
+    from anex_agent.agent import ssh_pty
+
     master, slave = os.openpty()
     try:
         _set_size(master, process.term_size)
+        if not ssh_pty.apply_modes(slave, process.term_modes):
+            log.info("SSH: the terminal refused the client's terminal modes; keeping its defaults")
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, start_new_session=True,
             preexec_fn=_make_controlling_tty, **ids)

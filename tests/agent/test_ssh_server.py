@@ -279,3 +279,20 @@ def test_sftp_child_gets_the_workload_environment_and_no_privileges_to_keep():
     assert child.server == "openssh" and child.argv == (sftp_server,) and child.cwd == "/srv"
     if os.geteuid() != NOBODY.uid:
         assert child.ids == {"user": NOBODY.uid, "group": NOBODY.gid, "extra_groups": []}
+
+
+async def test_pty_takes_the_terminal_modes_the_client_sends(server):
+    pki, _, port = server
+    _, key, cert = pki.user()
+    modes = {asyncssh.PTY_ECHO: 0, asyncssh.PTY_ICANON: 1, asyncssh.PTY_VERASE: 8, asyncssh.PTY_VINTR: 255,
+             asyncssh.PTY_ONLCR: 0, asyncssh.PTY_IUTF8: 1, asyncssh.PTY_OP_OSPEED: 9600}
+    async with await connect(pki, port, key, cert) as conn:
+        result = await conn.run("stty -a", term_type="xterm", term_size=(200, 24), term_modes=modes)
+    words = result.stdout.replace(";", " ").split()
+    assert "-echo" in words and "icanon" in words and "-onlcr" in words and "iutf8" in words, result.stdout
+    text = " ".join(words)
+    assert "erase = ^H" in text and "intr = <undef>" in text and "speed 9600 baud" in text
+    async with await connect(pki, port, key, cert) as conn:  # without modes: the terminal's defaults
+        result = await conn.run("stty -a", term_type="xterm", term_size=(200, 24))
+    words = result.stdout.replace(";", " ").split()
+    assert "echo" in words and "onlcr" in words and "intr = ^C" in " ".join(words)
