@@ -111,7 +111,9 @@ async def resolve_node(client, node: str) -> str:
 
 async def certify(client, node: str, *, validity: int | None = None, requested_for: str = "") -> Target:
     """A fresh in-memory key and a certificate for it on ``node`` (an id or a unique name)."""
-    import asyncssh
+    from anex_agent.ssh_asyncssh import load
+
+    asyncssh = load()
 
     node_id = await resolve_node(client, node)
     key = asyncssh.generate_private_key("ssh-ed25519")

@@ -111,6 +111,17 @@ def test_pty_session_driven_by_script_sees_the_terminal_size(nodes):
     assert result.returncode == 4
 
 
+def test_pty_takes_the_terminal_modes_of_the_openssh_client(nodes):
+    key, _ = nodes.key(nodes.a)
+    node_id, address = nodes.info(nodes.a)
+    inner = " ".join(["stty erase ^X -echoctl -iutf8;", "ssh", "-tt", *nodes.options(key), "-p", str(SSH_PORT),
+                      f"{node_id}@{address}", "'stty -a'"])
+    result = nodes.mesh.cluster.run(["script", "-qec", inner, "/dev/null"], check=False, timeout=30)
+    words = result.stdout.replace("\r", "").replace(";", " ").split()
+    assert "erase = ^X" in " ".join(words), (result.stdout, result.stderr)  # sent by ssh, set on the node's PTY
+    assert "-echoctl" in words and "-iutf8" in words
+
+
 def test_files_both_ways_with_scp_and_sftp(nodes):
     key, _ = nodes.key(nodes.a)
     node_id, address = nodes.info(nodes.a)
@@ -216,3 +227,50 @@ def test_anex_agent_ssh_and_cp_and_sessions_at_the_coordinator(nodes):
                    for s in sessions)
 
     wait_until(reported, 15, "the session summary at the coordinator")
+
+
+@pytest.fixture(scope="module")
+def user_node(mesh, nodes):
+    """A third node whose workload runs as ``nobody`` (``--user``), and two directories: one that
+    account owns, one beside it that only root may write."""
+    c = mesh.add_node_namespace()
+    env = mesh.agent_env(c, ANEX_NODE_NAME="ssh-c", ANEX_WORKLOAD_USER="nobody")
+    mesh.start_agent(c, env, ["sleep", "3600"])
+    wait_until(lambda: c.status()["ssh"]["host_certificate"], 30, "the node's host certificate")
+    base = Path(tempfile.mkdtemp(prefix="anex-ssh-user-"))
+    base.chmod(0o755)
+    own, foreign = base / "own", base / "foreign"
+    own.mkdir()
+    foreign.mkdir(mode=0o755)
+    os.chown(own, 65534, 65534)
+    yield c, own, foreign
+    mesh.stop_agent(c)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_scp_and_sftp_as_the_workload_account(nodes, user_node):
+    node, own, foreign = user_node
+    key, _ = nodes.key(node)
+    node_id, address = nodes.info(node)
+    local = nodes.work / "as-user.bin"
+    local.write_bytes(os.urandom(2 * 1024 * 1024 + 3))
+    digest = hashlib.sha256(local.read_bytes()).hexdigest()
+    up = nodes.mesh.cluster.run(["scp", *nodes.options(key), "-P", str(SSH_PORT), str(local),
+                                 f"{node_id}@{address}:{own}/up.bin"], check=False, timeout=60)
+    assert up.returncode == 0, up.stderr
+    written = (own / "up.bin").stat()
+    assert (written.st_uid, written.st_gid) == (65534, 65534)  # the workload's account, not the agent's root
+    assert hashlib.sha256((own / "up.bin").read_bytes()).hexdigest() == digest
+    back = nodes.work / "as-user-back.bin"
+    batch = nodes.work / "as-user-batch"
+    batch.write_text(f"pwd\nget {own}/up.bin {back}\n")
+    down = nodes.mesh.cluster.run(["sftp", *nodes.options(key), "-P", str(SSH_PORT), "-b", str(batch),
+                                   f"{node_id}@{address}"], check=False, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert f"Remote working directory: {os.getcwd()}" in down.stdout  # the workload's directory
+    assert hashlib.sha256(back.read_bytes()).hexdigest() == digest
+    refused = nodes.mesh.cluster.run(["scp", *nodes.options(key), "-P", str(SSH_PORT), str(local),
+                                      f"{node_id}@{address}:{foreign}/up.bin"], check=False, timeout=60)
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr, (refused.stdout, refused.stderr)
+    assert not (foreign / "up.bin").exists()
+    assert nodes.ssh(node, key, "id -u").stdout.strip() == "65534"

@@ -11,10 +11,11 @@ The certificate's key id (signed with it) names the serial and the features
 certificate extensions, which asyncssh enforces as well; ``sftp`` gates the SFTP subsystem
 (and so ``scp``, which uses SFTP).
 
-What a session may do: exec a command or a login shell, with or without a PTY (window size
-changes, signals and the exit status or signal go through), as the workload's account, with
-its environment (no ``ANEX_*`` secrets) and working directory; SFTP (as the agent's own
-account, which is the workload's unless ``--user`` names another: then SFTP is refused);
+What a session may do: exec a command or a login shell, with or without a PTY (the client's
+terminal modes, window size changes, signals and the exit status or signal go through), as the
+workload's account, with its environment (no ``ANEX_*`` secrets) and working directory; SFTP in
+the same context (a child process: OpenSSH's ``sftp-server`` or asyncssh's, :mod:`.ssh_sftp`),
+so files are read and written as the workload's account, relative paths from its directory;
 direct TCP forwarding to this node's own ports (loopback or its mesh address). No agent
 forwarding, X11 forwarding, remote forwarding or UNIX sockets.
 """
@@ -79,8 +80,7 @@ def _make_options(access: SshAccess, loop) -> asyncssh.SSHServerConnectionOption
         loop=loop,
         server_factory=lambda: _Server(access),
         server_host_keys=[(key, cert)],
-        process_factory=lambda process: _run_session(access, process),
-        sftp_factory=lambda chan: _sftp(access, chan),
+        # no process/session/SFTP factory: _Server.session_requested makes each session a _Process
         allow_scp=False,  # scp uses SFTP (OpenSSH 9); the legacy protocol is not offered
         agent_forwarding=False,
         x11_forwarding=False,
@@ -122,6 +122,30 @@ class _Connection(asyncssh.SSHServerConnection):
         return key
 
 
+class _Process(asyncssh.SSHServerProcess):
+    """asyncssh's server process (exec, shell), which also takes the ``sftp`` subsystem: it goes
+    to :func:`_run_session` like a command, to be served by a child process in the workload's
+    context, instead of asyncssh's SFTP server inside the agent. Other subsystems are refused."""
+
+    def __init__(self, access: SshAccess) -> None:
+        super().__init__(lambda process: _run_session(access, process), None, 0, False)
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return subsystem == "sftp"
+
+    def session_started(self) -> None:
+        chan = self._chan
+        if chan.get_subsystem() != "sftp":
+            super().session_started()
+            return
+        from asyncssh.constants import EXTENDED_DATA_STDERR
+
+        chan.set_encoding(None)
+        stdin = asyncssh.SSHReader(self, chan)
+        stdout, stderr = asyncssh.SSHWriter(self, chan), asyncssh.SSHWriter(self, chan, EXTENDED_DATA_STDERR)
+        chan.get_connection().create_task(self._start_process(stdin, stdout, stderr), stdin.logger)
+
+
 class _Server(asyncssh.SSHServer):
     def __init__(self, access: SshAccess) -> None:
         self.access = access
@@ -136,6 +160,9 @@ class _Server(asyncssh.SSHServer):
 
     def begin_auth(self, username: str) -> bool:
         return True
+
+    def session_requested(self) -> _Process:
+        return _Process(self.access)
 
     def password_auth_supported(self) -> bool:
         return False
@@ -207,46 +234,35 @@ def _record(access: SshAccess, conn, kind: str, command: str) -> ssh_wire.SshSes
 # ---------------------------------------------------------------- SFTP
 
 
-class _Sftp(asyncssh.SFTPServer):
-    """asyncssh's SFTP server; relative paths start in the workload's working directory."""
+async def _run_sftp(access: SshAccess, process: asyncssh.SSHServerProcess) -> None:
+    """The SFTP subsystem: a child process in the workload's context (:mod:`.ssh_sftp`)."""
+    from anex_agent.agent import ssh_sftp
 
-    def __init__(self, chan, cwd: bytes, done=None) -> None:
-        super().__init__(chan)
-        self._cwd = cwd
-        self._done = done
-
-    def map_path(self, path: bytes) -> bytes:
-        return path if path.startswith(b"/") else os.path.join(self._cwd, path)
-
-    def exit(self) -> None:
-        """The session ended: exit status 0, as OpenSSH's sftp-server (``scp`` fails without one)."""
-        if self._done is not None:
-            self._done()
-        with contextlib.suppress(Exception):
-            self.channel.exit(0)
-
-
-def _sftp(access: SshAccess, chan) -> asyncssh.SFTPServer:
-    conn = chan.get_connection()
-    context = access.context()
-    allowed = "sftp" in conn.features
-    other_user = context.account is not None and context.account.uid != os.geteuid()
+    conn = process.channel.get_connection()
     session = _record(access, conn, "sftp", "sftp")
-    if not allowed or other_user:
-        why = "the certificate does not allow SFTP" if not allowed else \
-            "SFTP as another account than the agent's is not supported"
-        log.info("SSH: certificate %d: SFTP refused: %s", conn.serial, why)
+    if "sftp" not in conn.features:
+        log.info("SSH: certificate %d: SFTP refused: the certificate does not allow SFTP", conn.serial)
         access.report(session.model_copy(update={"ended_at": _now(), "exit_status": 1}))
-        chan.close()
-        return _Sftp(chan, os.fsencode(context.cwd))
-    log.info("SSH: certificate %d: SFTP session started", conn.serial)
+        with contextlib.suppress(Exception):
+            process.stderr.write(b"SFTP is not allowed by this certificate\n")
+            process.exit(1)
+        return
+    child = ssh_sftp.sftp_child(access.context(), str(conn.get_extra_info("client_version") or ""))
     access.report(session)
-
-    def done() -> None:
-        log.info("SSH: certificate %d: SFTP session %s ended", conn.serial, session.id)
-        access.report(session.model_copy(update={"ended_at": _now(), "exit_status": 0}))
-
-    return _Sftp(chan, os.fsencode(context.cwd), done)
+    log.info("SSH: certificate %d: SFTP session %s started (%s sftp-server)", conn.serial, session.id, child.server)
+    try:
+        returncode = await _run_pipes(process, list(child.argv), child.env, child.cwd, child.ids)
+    except OSError as err:
+        log.info("SSH: SFTP session %s could not start: %s", session.id, err)
+        with contextlib.suppress(Exception):
+            process.stderr.write(f"cannot start the SFTP server: {err.strerror or err}\n".encode())
+        returncode = 1
+    if returncode < 0:
+        returncode = 128 - returncode
+    log.info("SSH: certificate %d: SFTP session %s ended with status %d", conn.serial, session.id, returncode)
+    access.report(session.model_copy(update={"ended_at": _now(), "exit_status": returncode}))
+    with contextlib.suppress(Exception):
+        process.exit(returncode)
 
 
 # ---------------------------------------------------------------- exec and shell
@@ -282,9 +298,8 @@ def _make_controlling_tty() -> None:  # runs in the child, after setsid
 async def _run_session(access: SshAccess, process: asyncssh.SSHServerProcess) -> None:
     conn = process.channel.get_connection()
     command = process.command
-    if process.subsystem:
-        process.stderr.write(f"subsystem {process.subsystem} is not offered\n".encode())
-        process.exit(1)
+    if process.subsystem == "sftp":
+        await _run_sftp(access, process)
         return
     context = access.context()
     shell = _shell(context)
@@ -403,9 +418,13 @@ async def _run_pipes(process, argv, env, cwd, ids) -> int:
 
 
 async def _run_pty(process, argv, env, cwd, ids) -> int:
+    from anex_agent.agent import ssh_pty
+
     master, slave = os.openpty()
     try:
         _set_size(master, process.term_size)
+        if not ssh_pty.apply_modes(slave, process.term_modes):
+            log.info("SSH: the terminal refused the client's terminal modes; keeping its defaults")
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, start_new_session=True,
             preexec_fn=_make_controlling_tty, **ids)

@@ -210,3 +210,89 @@ def test_host_key_file_holds_the_seed_and_its_public_form_is_what_openssh_reads(
     path.chmod(0o644)
     with pytest.raises(Exception, match="0600"):
         load_or_create_host_key(path)
+
+
+@pytest.fixture
+def workload_dirs():
+    """A working directory the unprivileged account owns, and one beside it that only root may write."""
+    import shutil
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="anex-sftp-")
+    os.chmod(base, 0o755)
+    own, foreign = os.path.join(base, "own"), os.path.join(base, "foreign")
+    os.mkdir(own)
+    os.mkdir(foreign, 0o755)
+    os.chown(own, NOBODY.uid, NOBODY.gid)
+    yield own, foreign
+    shutil.rmtree(base, ignore_errors=True)
+
+
+from anex_agent.agent import ssh_sftp  # noqa: E402
+from anex_agent.childenv import AccountInfo  # noqa: E402
+
+NOBODY = AccountInfo("nobody", 65534, 65534, "/nonexistent", ())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="taking another account needs root")
+@pytest.mark.parametrize("implementation", ["openssh", "asyncssh"])
+async def test_sftp_runs_as_the_workload_account_in_its_directory(server, workload_dirs, tmp_path, monkeypatch,
+                                                                   implementation):
+    import hashlib
+
+    if implementation == "openssh" and ssh_sftp.find_sftp_server() is None:
+        pytest.skip("OpenSSH's sftp-server (openssh-sftp-server) is not installed")
+    if implementation == "asyncssh":
+        monkeypatch.setattr(ssh_sftp, "SFTP_SERVER_PATHS", ())
+    own, foreign = workload_dirs
+    pki, access, port = server
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    access.context = lambda: SessionContext(env=env, account=NOBODY, cwd=own)
+    data = os.urandom(700_000)
+    (tmp_path / "local.bin").write_bytes(data)
+    _, key, cert = pki.user()
+    async with await connect(pki, port, key, cert) as conn:
+        async with conn.start_sftp_client() as sftp:
+            assert await sftp.realpath(".") == own  # starts in the workload's directory
+            await sftp.put(str(tmp_path / "local.bin"), "up.bin")
+            await sftp.get(f"{own}/up.bin", str(tmp_path / "back.bin"))
+            with pytest.raises(asyncssh.SFTPPermissionDenied):  # root could; the account may not
+                await sftp.put(str(tmp_path / "local.bin"), f"{foreign}/up.bin")
+            with pytest.raises(asyncssh.SFTPPermissionDenied):
+                await sftp.get("/etc/shadow", str(tmp_path / "shadow"))
+    uploaded = os.stat(os.path.join(own, "up.bin"))
+    assert (uploaded.st_uid, uploaded.st_gid) == (NOBODY.uid, NOBODY.gid)
+    assert hashlib.sha256((tmp_path / "back.bin").read_bytes()).digest() == hashlib.sha256(data).digest()
+    assert not os.path.exists(os.path.join(foreign, "up.bin"))
+    [report] = [s for s in access._reports if s.kind == "sftp" and s.ended_at]
+    assert report.exit_status == 0
+
+
+def test_sftp_child_gets_the_workload_environment_and_no_privileges_to_keep():
+    context = SessionContext(env={"PATH": "/bin", "KEEP": "1"}, account=NOBODY, cwd="/srv")
+    child = ssh_sftp.sftp_child(context, "SSH-2.0-OpenSSH_9.2", paths=())
+    assert child.server == "asyncssh" and child.ids == {}  # it takes the account itself, after its imports
+    assert child.argv[-5:] == ("65534", "65534", "", "/srv", "SSH-2.0-OpenSSH_9.2")
+    assert child.env == {"PATH": "/bin", "KEEP": "1", "HOME": "/nonexistent", "USER": "nobody", "LOGNAME": "nobody"}
+    sftp_server = "/bin/true"
+    child = ssh_sftp.sftp_child(context, paths=("/nonexistent/sftp-server", sftp_server))
+    assert child.server == "openssh" and child.argv == (sftp_server,) and child.cwd == "/srv"
+    if os.geteuid() != NOBODY.uid:
+        assert child.ids == {"user": NOBODY.uid, "group": NOBODY.gid, "extra_groups": []}
+
+
+async def test_pty_takes_the_terminal_modes_the_client_sends(server):
+    pki, _, port = server
+    _, key, cert = pki.user()
+    modes = {asyncssh.PTY_ECHO: 0, asyncssh.PTY_ICANON: 1, asyncssh.PTY_VERASE: 8, asyncssh.PTY_VINTR: 255,
+             asyncssh.PTY_ONLCR: 0, asyncssh.PTY_IUTF8: 1, asyncssh.PTY_OP_OSPEED: 9600}
+    async with await connect(pki, port, key, cert) as conn:
+        result = await conn.run("stty -a", term_type="xterm", term_size=(200, 24), term_modes=modes)
+    words = result.stdout.replace(";", " ").split()
+    assert "-echo" in words and "icanon" in words and "-onlcr" in words and "iutf8" in words, result.stdout
+    text = " ".join(words)
+    assert "erase = ^H" in text and "intr = <undef>" in text and "speed 9600 baud" in text
+    async with await connect(pki, port, key, cert) as conn:  # without modes: the terminal's defaults
+        result = await conn.run("stty -a", term_type="xterm", term_size=(200, 24))
+    words = result.stdout.replace(";", " ").split()
+    assert "echo" in words and "onlcr" in words and "intr = ^C" in " ".join(words)
