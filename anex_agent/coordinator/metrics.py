@@ -11,13 +11,16 @@ Extension point: other parts add a collector with ``ctx.metrics.add_collector(co
 (fleet side); ``collector.collect()`` is called on each authorised scrape of ``/metrics``
 (keep it cheap: read cached values, no database calls). A part that renders its series
 itself adds ``ctx.metrics.add_text_source(render)``: ``render()`` returns exposition-format
-bytes, appended as they are (fleet side too).
+bytes, appended as they are (fleet side too). A part whose cache is brought up to date by
+the scrape itself adds ``ctx.metrics.add_before_fleet_scrape(refresh)``: ``await refresh()``
+runs before an authorised scrape is rendered (so nothing reads the database while nobody
+scrapes).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -32,6 +35,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.fleet = CollectorRegistry(auto_describe=True)
         self._text_sources: list[Callable[[], bytes]] = []
+        self._before_fleet_scrape: list[Callable[[], Awaitable[None]]] = []
         ProcessCollector(registry=self.registry)
         self.requests = Counter(
             "anex_coordinator_http_requests", "HTTP requests by route and status", ["route", "status"],
@@ -62,6 +66,15 @@ class Metrics:
     def add_text_source(self, render: Callable[[], bytes]) -> None:
         """Fleet series ``render()`` returns already in the text format (admin or metrics token only)."""
         self._text_sources.append(render)
+
+    def add_before_fleet_scrape(self, refresh: Callable[[], Awaitable[None]]) -> None:
+        """``await refresh()`` before each authorised scrape is rendered (see the module docstring)."""
+        self._before_fleet_scrape.append(refresh)
+
+    async def prepare_fleet_scrape(self) -> None:
+        """Run the refreshes registered with :meth:`add_before_fleet_scrape`."""
+        for refresh in self._before_fleet_scrape:
+            await refresh()
 
     def exposition(self, *, fleet: bool) -> bytes:
         """The ``/metrics`` body: process metrics, plus the fleet's when ``fleet``."""

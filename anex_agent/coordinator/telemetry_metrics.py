@@ -14,23 +14,29 @@ Label spelling and the deprecated PCIe pair follow ``ctx.settings.gpu_metrics``
 Served only to a scrape presenting the admin or metrics token (see :mod:`.metrics`).
 
 Contract:
-* A background task (``gpu-fleet-metrics``) looks at the table every ``REFRESH_INTERVAL``
-  seconds: one cheap query of ``(id, name, last_heartbeat_at)``, then the telemetry of
-  only the nodes whose heartbeat time or name changed since the last look. The cache keeps
+* The cache is brought up to date by the scrapes themselves, never by a timer: before an
+  authorised scrape is rendered, :meth:`FleetTelemetry.ensure_fresh` refreshes it when the
+  last refresh is older than ``REFRESH_INTERVAL`` seconds (concurrent scrapes share one
+  refresh). So a coordinator nobody scrapes reads nothing (with 150,000 nodes a refresh
+  reads every node's row and the telemetry of each node heard from since: a timer doing
+  that every few seconds was what most delayed heartbeats at that size), and one scraped
+  every 15 s refreshes once per scrape. A refresh: one query of ``(id, name,
+  last_heartbeat_at)``, then the telemetry of only the nodes whose heartbeat time or name
+  changed since the last look. The cache keeps
   each node's telemetry as the compact JSON text the node sent (bounded by
   :mod:`anex_agent.telemetry_bounds`), not as parsed objects: memory is about the sum of
   the nodes' telemetry sizes and does not grow with the number of heartbeats.
-  :func:`exposition` parses and renders that cache on a scrape, one node at a time (no
-  database call on a scrape).
+  :func:`exposition` parses and renders that cache, one node at a time.
   Expired nodes are left out. A failed refresh keeps what the cache has and is logged once
-  per distinct error; it never ends the coordinator's TaskGroup.
+  per distinct error; the scrape is still answered from the cache.
 * Telemetry is validated when it arrives; a stored block that is not of the model's shape
   anyway (stored by an older coordinator) is skipped field by field: a broken node cannot
   break the scrape of the others.
 
 Hooked in through the coordinator's documented extension point: this module is listed in
 ``anex_agent.coordinator.app.ROUTE_MODULES``; its :func:`setup` declares no routes, adds the
-renderer with ``ctx.metrics.add_text_source`` and the refresh task with ``ctx.add_background``.
+renderer with ``ctx.metrics.add_text_source`` and the refresh with
+``ctx.metrics.add_before_fleet_scrape``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any, Callable, Iterator
 
 from prometheus_client import generate_latest
@@ -62,12 +69,15 @@ def _telemetry_query(count: int) -> str:
 class FleetTelemetry:
     """The cache: node id -> (name, heartbeat time, telemetry JSON text). Refreshed from the database."""
 
-    def __init__(self, db: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, db: Any, clock: Callable[[], float], *, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._db = db
         self._clock = clock
+        self._monotonic = monotonic  # the age of the cache (ensure_fresh)
         self.nodes: dict[str, tuple[str, Any, str]] = {}
         self.fetched_total = 0  # telemetry rows read so far (unchanged nodes are not re-read)
         self._errors_logged: set[str] = set()
+        self.refreshed_at: float | None = None  # when ensure_fresh last refreshed (or tried to)
+        self._lock: asyncio.Lock | None = None
 
     async def refresh(self) -> int:
         """Bring the cache up to date; returns how many nodes have telemetry.
@@ -101,16 +111,25 @@ class FleetTelemetry:
             if isinstance(telemetry, dict):
                 yield node_id, name, telemetry
 
-    async def run(self, interval: float | None = None) -> None:
-        while True:
+    async def ensure_fresh(self, max_age: float | None = None) -> None:
+        """Refresh when the last refresh is older than ``max_age`` seconds (default
+        ``REFRESH_INTERVAL``), or there was none;
+        concurrent callers wait for the same refresh. A failure keeps the cache and is logged once
+        per distinct error."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            now = self._monotonic()
+            if self.refreshed_at is not None and now - self.refreshed_at < (REFRESH_INTERVAL if max_age is None else max_age):
+                return
             try:
                 await self.refresh()
-            except Exception as exc:  # keep the old cache; never take the coordinator down
+            except Exception as exc:  # keep the old cache; the scrape is answered from it
                 message = f"{type(exc).__name__}: {exc}"
                 if message not in self._errors_logged:
                     self._errors_logged.add(message)
                     log.warning("refreshing fleet GPU metrics failed: %s (logged once)", message)
-            await asyncio.sleep(REFRESH_INTERVAL if interval is None else interval)
+            self.refreshed_at = now
 
 
 class _One:
@@ -156,8 +175,8 @@ def exposition(fleet: FleetTelemetry, options: ExpositionOptions = DEFAULT) -> b
 
 
 def setup(registry: Any, ctx: Any) -> None:
-    """Coordinator extension hook: fleet text on ``ctx.metrics``, refresh task on ``ctx``'s TaskGroup."""
+    """Coordinator extension hook: fleet text on ``ctx.metrics``, refreshed before each authorised scrape."""
     fleet = FleetTelemetry(ctx.db, ctx.clock)
     options = getattr(getattr(ctx, "settings", None), "gpu_metrics", None) or DEFAULT
     ctx.metrics.add_text_source(lambda: exposition(fleet, options))
-    ctx.add_background("gpu-fleet-metrics", fleet.run)
+    ctx.metrics.add_before_fleet_scrape(fleet.ensure_fresh)

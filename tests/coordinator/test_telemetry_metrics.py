@@ -117,18 +117,37 @@ async def test_refresh_failure_keeps_the_cache_and_logs_once(caplog):
             FailingDb.calls += 1
             raise RuntimeError("database away")
 
-    fleet = telemetry_metrics.FleetTelemetry(FailingDb(), lambda: 0.0)
+    clock = [0.0]
+    fleet = telemetry_metrics.FleetTelemetry(FailingDb(), lambda: 0.0, monotonic=lambda: clock[0])
     fleet.nodes = {"n1": ("node-1", 0.0, '{"v": 1, "hostname": "h", "taken_at": 0.0, "gpus": []}')}
-    task = asyncio.create_task(fleet.run(interval=0.01))
-    for _ in range(200):
-        await asyncio.sleep(0.01)
-        if FailingDb.calls >= 5:
-            break
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    for _ in range(5):
+        await fleet.ensure_fresh()  # what every authorised scrape awaits
+        clock[0] += telemetry_metrics.REFRESH_INTERVAL
     assert FailingDb.calls >= 5
     assert "n1" in fleet.nodes
     assert sum("database away" in r.getMessage() for r in caplog.records) == 1
     names = {f.name for f in text_string_to_metric_families(telemetry_metrics.exposition(fleet).decode())}
     assert {"anex_nvml_up", "anex_fleet_nodes_with_telemetry"} <= names
+
+
+async def test_the_cache_is_refreshed_by_scrapes_only_and_at_most_once_per_interval():
+    """Nobody scrapes: nothing is read. Scrapes close together share one refresh."""
+    class CountingDb:
+        calls = 0
+
+        async def fetch(self, sql, *args):
+            CountingDb.calls += 1
+            return []
+
+    clock = [100.0]
+    fleet = telemetry_metrics.FleetTelemetry(CountingDb(), lambda: 0.0, monotonic=lambda: clock[0])
+    await asyncio.sleep(0.05)
+    assert CountingDb.calls == 0  # no timer reads the table
+    await asyncio.gather(*(fleet.ensure_fresh() for _ in range(5)))  # five scrapes at once: one refresh
+    assert CountingDb.calls == 1
+    clock[0] += telemetry_metrics.REFRESH_INTERVAL / 2
+    await fleet.ensure_fresh()
+    assert CountingDb.calls == 1  # fresh enough
+    clock[0] += telemetry_metrics.REFRESH_INTERVAL
+    await fleet.ensure_fresh()
+    assert CountingDb.calls == 2

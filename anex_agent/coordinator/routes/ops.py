@@ -36,6 +36,7 @@ async def metrics(call: Call) -> web.Response:
         if principal is None or principal.kind not in ("admin", "metrics"):
             raise problems.unauthenticated()
         fleet = True
+        await call.ctx.metrics.prepare_fleet_scrape()
     body = call.ctx.metrics.exposition(fleet=fleet)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
