@@ -240,7 +240,8 @@ def bench_scale_out(args: argparse.Namespace, database: str) -> dict:
         keys = Path(tmp) / "keys"
         keys.mkdir(mode=0o700)
         shared = ["--signing-key-file", str(keys / "access-token-signing-key"),
-                  "--coordinator-key-file", str(keys / "coordinator-key")]
+                  "--coordinator-key-file", str(keys / "coordinator-key"),
+                  "--ssh-ca-key-file", str(keys / "ssh-ca-key")]
         for variant, extra in (("ours", []), ("write_through", ["--heartbeat-flush-interval", "0"])):
             for count in (1, 2):
                 port = free_port()

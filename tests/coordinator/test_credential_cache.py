@@ -33,7 +33,7 @@ async def short(tmp_path, database_url, clock):
 def second_state_dir(coord, tmp_path, name: str = "b"):
     other_dir = tmp_path / name
     other_dir.mkdir()
-    for file in ("access-token-signing-key", "coordinator-key", "admin-token"):
+    for file in ("access-token-signing-key", "coordinator-key", "ssh-ca-key", "admin-token"):
         shutil.copy2(coord.ctx.settings.state_dir / file, other_dir / file)
     return other_dir
 

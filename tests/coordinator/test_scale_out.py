@@ -36,7 +36,7 @@ def start(tmp_path, name: str, database: str, port: int, *extra: str) -> Coordin
     return CoordinatorProcess(
         ["--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / name), "--database", database,
          "--signing-key-file", str(tmp_path / "signing-key"), "--coordinator-key-file", str(tmp_path / "coordinator-key"),
-         *extra],
+         "--ssh-ca-key-file", str(tmp_path / "ssh-ca-key"), *extra],
         env={**os.environ, "ANEX_ADMIN_TOKEN": ADMIN},
     )
 
@@ -77,7 +77,8 @@ async def test_a_second_coordinator_on_a_taken_port_without_reuse_port_exits_nam
             [sys.executable, "-m", "anex_agent", "coordinator", "--listen", f"127.0.0.1:{port}",
              "--state-dir", str(tmp_path / "b"), "--database", pg_database,
              "--signing-key-file", str(tmp_path / "signing-key"),
-             "--coordinator-key-file", str(tmp_path / "coordinator-key")],
+             "--coordinator-key-file", str(tmp_path / "coordinator-key"),
+             "--ssh-ca-key-file", str(tmp_path / "ssh-ca-key")],
             capture_output=True, text=True, timeout=60, env={**os.environ, "ANEX_ADMIN_TOKEN": ADMIN},
         )
         assert out.returncode == 2 and "--listen" in out.stderr
