@@ -29,6 +29,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import h11
 
+from anex_agent import parse
+
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -242,7 +244,7 @@ class HttpServer:
 
         return Request(method=event.method.decode("ascii", "replace").upper(), path=parts.path or "/",
                        query=query, headers=headers, peername=peer,
-                       content_length=int(length) if length is not None and length.isdigit() else None, _body=body)
+                       content_length=int(length) if parse.is_integer(length) else None, _body=body)
 
     async def _answer(self, conn: h11.Connection, send, request: Request, reader: asyncio.StreamReader) -> bool:
         """Run the handler and send its answer; False when the connection must close after it."""

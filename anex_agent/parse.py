@@ -63,6 +63,11 @@ def integer(text: str, *, minimum: int | None = None, maximum: int | None = None
     return value
 
 
+def is_integer(text: object) -> bool:
+    """Whether ``text`` is what :func:`integer` reads without bounds: ASCII decimal digits only."""
+    return isinstance(text, str) and len(text) <= MAX_INT_DIGITS and _DIGITS_RE.fullmatch(text) is not None
+
+
 def _range_text(minimum: int | None, maximum: int | None) -> str:
     if minimum is not None and maximum is not None:
         return f"must be an integer from {minimum} to {maximum}, in ASCII digits"

@@ -207,8 +207,8 @@ def _forward_spec(spec: str) -> tuple[int, str, int]:
 
     try:
         local, rest = spec.split(":", 1)
-        host, port = rest.rsplit(":", 1)
-        return parse.integer(local, minimum=1, maximum=65535), host, parse.integer(port, minimum=1, maximum=65535)
+        host, port = parse.host_port(rest)
+        return parse.port(local), host, port
     except ValueError:
         raise ConfigError("-L", f"{spec!r}: expected LOCAL_PORT:HOST:PORT") from None
 

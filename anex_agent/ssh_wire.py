@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from anex_agent import parse
 from anex_agent.wire import Model, ShortText
 
 DEFAULT_PORT = 2222  # the agent's SSH server, on the mesh address only
@@ -54,7 +55,7 @@ def features_of(key_id: str) -> frozenset[str]:
 def serial_of(key_id: str) -> int:
     """The serial a key id made by :func:`user_key_id` names; 0 for any other key id."""
     for part in key_id.split():
-        if part.startswith("serial=") and part.removeprefix("serial=").isdigit():
+        if part.startswith("serial=") and parse.is_integer(part.removeprefix("serial=")):
             return int(part.removeprefix("serial="))
     return 0
 

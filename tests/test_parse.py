@@ -212,3 +212,9 @@ def test_no_module_splits_host_port_or_reads_ports_by_hand():
         if ".isdigit()" in text and name not in ISDIGIT_ELSEWHERE:
             digits.append(name)
     assert split == [] and digits == [], (split, digits)
+
+
+def test_is_integer_accepts_ascii_digits_only():
+    assert parse.is_integer("0") and parse.is_integer("123456")
+    for text in ("", "-1", "+1", " 1", "1_000", "²", "١٢", "1.0", None, 12):
+        assert not parse.is_integer(text), text

@@ -21,8 +21,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from anex_agent.agent.ssh_access import SessionContext
+if TYPE_CHECKING:  # ssh_access imports the server (and so this module) on the first connection
+    from anex_agent.agent.ssh_access import SessionContext
 
 #: where images keep OpenSSH's SFTP server (Debian/Ubuntu, Fedora/RHEL, Alpine, Arch, SUSE)
 SFTP_SERVER_PATHS = (

@@ -26,6 +26,7 @@ import logging
 import math
 from collections.abc import Mapping
 
+from anex_agent import parse
 from anex_agent.coordinator.provisioning import provider_http
 from anex_agent.coordinator.provisioning.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
 from anex_agent.selection.providers.http import JsonClient, ProviderError
@@ -103,7 +104,7 @@ class VastAIRentals:
 
     async def rent(self, request: RentRequest) -> Rental:
         offer = str(request.offer_id)
-        if not offer.isdigit():
+        if not parse.is_integer(offer):
             raise RentRefused(NAME, offer, "a Vast.AI offer id is a number")
         try:
             answer = await self._rent_client.request("PUT", self._url(f"asks/{offer}/"), body=rent_body(request),
@@ -135,7 +136,7 @@ class VastAIRentals:
         return next((r for r in rentals if r.rental_id == rental_id), None)
 
     async def destroy(self, rental_id: str) -> None:
-        if not str(rental_id).isdigit():
+        if not parse.is_integer(str(rental_id)):
             raise ValueError(f"a Vast.AI instance id is a number, not {rental_id!r}")
         try:
             answer = await self._client.request("DELETE", self._url(f"instances/{rental_id}/"), headers=self._headers())
