@@ -55,8 +55,10 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "gateway.json"
 KEY_FILE = "private.key"
-#: Seconds between saves of the peer set while it changes (a restart resyncs what is newer).
-SAVE_INTERVAL = 2.0
+#: Seconds between saves of the peer set while it changes: short, because a gateway restarted
+#: while the coordinator is down starts from what was saved (changes within the last interval
+#: come back only when the coordinator does); long enough that a burst of changes is one save.
+SAVE_INTERVAL = 0.1
 
 
 @dataclass
