@@ -614,7 +614,7 @@ async def run_selector(args: argparse.Namespace) -> None:
             print(f"{(time.perf_counter() - t0) * 1000:.1f} {body['explanation']['offers_considered']}", flush=True)
 
 
-def cpu_seconds(pid: int) -> float:
+def precise_cpu_seconds(pid: int) -> float:
     """CPU time of process ``pid`` so far, its live threads together (its children not): from each
     thread's ``schedstat`` (nanoseconds), else ``stat`` (clock ticks)."""
     total = 0
@@ -631,9 +631,9 @@ def cpu_seconds(pid: int) -> float:
 
 def timed_loadgen(url: str, args: argparse.Namespace, pid: int) -> tuple[dict, float, float]:
     """The open-loop heartbeat result, and the coordinator's CPU seconds and the wall seconds it took."""
-    cpu, wall = cpu_seconds(pid), time.perf_counter()
+    cpu, wall = precise_cpu_seconds(pid), time.perf_counter()
     result = run_loadgen(url, args, "heartbeats")["open_loop"]
-    return result, cpu_seconds(pid) - cpu, time.perf_counter() - wall
+    return result, precise_cpu_seconds(pid) - cpu, time.perf_counter() - wall
 
 
 # The fake provider and the selecting client stand for other machines (the provider's API, the
@@ -664,9 +664,9 @@ def bench_selection_stall(args: argparse.Namespace) -> dict:
             with tempfile.TemporaryDirectory() as tmp:
                 proc, url = start_coordinator(f"sqlite:///{Path(tmp) / 'bench.db'}", Path(tmp), [], env, root)
                 try:
-                    idle_cpu = cpu_seconds(proc.pid)
+                    idle_cpu = precise_cpu_seconds(proc.pid)
                     time.sleep(2.0)
-                    idle_cpu_per_s = (cpu_seconds(proc.pid) - idle_cpu) / 2.0  # background tasks only
+                    idle_cpu_per_s = (precise_cpu_seconds(proc.pid) - idle_cpu) / 2.0  # background tasks only
                     quiet, quiet_cpu, quiet_wall = timed_loadgen(url, args, proc.pid)
                     run: dict = {"without_selection": {**quiet, "coordinator_cpu_ms_per_s":
                                                        round(1000 * quiet_cpu / quiet_wall, 1)}}
@@ -688,10 +688,10 @@ def bench_selection_stall(args: argparse.Namespace) -> dict:
                     selector = start_selector(url)
                     try:
                         selector.stdout.readline()
-                        cpu, wall = cpu_seconds(proc.pid), time.perf_counter()
+                        cpu, wall = precise_cpu_seconds(proc.pid), time.perf_counter()
                         for _ in range(SELECTIONS_TIMED):
                             selector.stdout.readline()
-                        alone = cpu_seconds(proc.pid) - cpu - idle_cpu_per_s * (time.perf_counter() - wall)
+                        alone = precise_cpu_seconds(proc.pid) - cpu - idle_cpu_per_s * (time.perf_counter() - wall)
                     finally:
                         selector.terminate()
                         selector.communicate(timeout=30)
