@@ -42,6 +42,30 @@ def clients(provider: str, policy: HttpPolicy) -> tuple[JsonClient, JsonClient]:
     return JsonClient(provider, policy=replace(uncached, attempts=1)), JsonClient(provider, policy=uncached)
 
 
+class ProviderClient:
+    """What every provider's rental client shares: its two HTTP clients (:func:`clients`), URLs
+    under ``base_url``, and the bearer-key headers. Close with :meth:`aclose`."""
+
+    def __init__(self, provider: str, base_url: str, api_key: str, policy: HttpPolicy,
+                 clients_: tuple[JsonClient, JsonClient] | None = None) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._rent_client, self._client = clients_ or clients(provider, policy)
+
+    async def aclose(self) -> None:
+        await self._rent_client.close()
+        await self._client.close()
+
+    def _url(self, path: str) -> str:
+        return f"{self._base_url}/{path.lstrip('/')}"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+
 def error_text(body: str) -> str:
     """One short line from a provider's error body: its error code and message when it is a
     JSON object (``error``/``msg``/``message``/``detail``), else the text itself."""

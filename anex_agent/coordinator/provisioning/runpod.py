@@ -117,27 +117,14 @@ def rental_from_pod(raw: Mapping, offer_id: str | None = None) -> Rental:
     )
 
 
-class RunPodRentals:
+class RunPodRentals(provider_http.ProviderClient):
     """:class:`~.rentals.RentalProvider` for RunPod. Close with :meth:`aclose`."""
 
     name = NAME
 
     def __init__(self, config: RunPodRentalConfig, *, clients: tuple[JsonClient, JsonClient] | None = None) -> None:
         self.config = config
-        self._rent_client, self._client = clients or provider_http.clients(NAME, config.policy)
-
-    async def aclose(self) -> None:
-        await self._rent_client.close()
-        await self._client.close()
-
-    def _url(self, path: str) -> str:
-        return f"{self.config.rest_url.rstrip('/')}/{path.lstrip('/')}"
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
-        return headers
+        super().__init__(NAME, config.rest_url, config.api_key, config.policy, clients)
 
     async def rent(self, request: RentRequest) -> Rental:
         offer = parse_offer(str(request.offer_id))

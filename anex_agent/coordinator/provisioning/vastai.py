@@ -80,27 +80,14 @@ def rental_from_instance(raw: Mapping) -> Rental:
     )
 
 
-class VastAIRentals:
+class VastAIRentals(provider_http.ProviderClient):
     """:class:`~.rentals.RentalProvider` for Vast.AI. Close with :meth:`aclose`."""
 
     name = NAME
 
     def __init__(self, config: VastAIConfig, *, clients: tuple[JsonClient, JsonClient] | None = None) -> None:
         self.config = config
-        self._rent_client, self._client = clients or provider_http.clients(NAME, config.policy)
-
-    async def aclose(self) -> None:
-        await self._rent_client.close()
-        await self._client.close()
-
-    def _url(self, path: str) -> str:
-        return f"{self.config.base_url.rstrip('/')}/{path.lstrip('/')}"
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
-        return headers
+        super().__init__(NAME, config.base_url, config.api_key, config.policy, clients)
 
     async def rent(self, request: RentRequest) -> Rental:
         offer = str(request.offer_id)
