@@ -32,10 +32,16 @@ What is measured, read back from each gateway's wireguard-go:
   ms resolution; the same line times joins too), then one dump per gateway confirms none
   is listed any more.
 
+Each measured join is sent by a client that has its connection open and the coordinator's
+key read (as a started node does), so ``join_answered`` (the coordinator's answer) splits
+the delay into the coordinator's part and the fan-out to the gateways; ``cpu_ms_per_join``
+is the CPU that every process of the run spent per measured join (the 2 cores are shared by
+all of them, so that is what a tail is made of).
+
 ``reference``: the gateway as shipped before incremental apply (``--reference-rev``,
-default ``main``, checked out with ``git archive`` unless ``--reference-root`` names a
-checkout): every event re-reads the whole device over UAPI, diffs the whole set and saves
-the whole set to disk. Run it with fewer samples (``--reference-samples``): each event
+default :data:`REFERENCE_REV`, checked out with ``git archive`` unless ``--reference-root``
+names a checkout): every event re-reads the whole device over UAPI, diffs the whole set and
+saves the whole set to disk. Run it with fewer samples (``--reference-samples``): each event
 costs it O(peers) on every gateway at once.
 
     sudo .venv/bin/python bench/bench_gateway_apply.py --nodes 10000 --gateways 10
@@ -62,6 +68,8 @@ sys.path.insert(0, str(ROOT))
 
 ADMIN = "anexadm_bench_admin_token_0123456789abcdef"
 SOCKET_DIR = "/var/run/wireguard"
+#: The last commit whose gateway rewrote the whole set per event (the reference).
+REFERENCE_REV = "6c05fc4"
 POLL = 0.005  # seconds between two UAPI dumps of one gateway while a change is awaited
 PROBE = 0.003  # seconds between two handshake initiations to one gateway while a join is awaited
 
@@ -85,6 +93,15 @@ def rss_mib(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children(pid: int) -> list[int]:
@@ -222,6 +239,10 @@ class Gateway:
         engine = [rss_mib(c) for c in children(self.proc.pid)]
         return {"gateway_mib": rss_mib(self.proc.pid), "wireguard_go_mib": sum(v for v in engine if v) or None}
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the gateway process and of its wireguard-go."""
+        return {"gateway": cpu_s(self.proc.pid), "wireguard_go": sum(cpu_s(c) for c in children(self.proc.pid))}
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -260,14 +281,28 @@ class Fleet:
         self.url, self.token = url, token
         self.nodes: list[tuple[str, str]] = []  # (node_id, key hex)
 
-    async def join_one(self, name: str, pair=None) -> tuple[str, bytes]:
+    async def join_one(self, name: str, pair=None, client=None) -> tuple[str, bytes]:
+        """Join one node; with ``client`` (a warm :func:`warm_client`) the request is the join alone."""
         from anex_agent import keys
         from anex_agent.client import CoordinatorClient
 
         pair = pair or keys.KeyPair(keys.generate_private_key())
-        async with CoordinatorClient(self.url) as client:
+        if client is not None:
             joined = await client.join(self.token, pair, name, "other")
+        else:
+            async with CoordinatorClient(self.url) as fresh:
+                joined = await fresh.join(self.token, pair, name, "other")
         return joined.node_id, keys.decode_key(pair.public_b64).hex().encode()
+
+    async def warm_client(self):
+        """A client whose connection is open and which knows the coordinator's key (read once), so
+        a measured join is the join request itself, as a node that has started sends it."""
+        from anex_agent.client import CoordinatorClient
+
+        client = CoordinatorClient(self.url)
+        await client.__aenter__()
+        await client._coordinator_key()
+        return client
 
     async def grow_to(self, count: int, concurrency: int = 32) -> float:
         started = time.perf_counter()
@@ -323,17 +358,20 @@ class Answers(asyncio.DatagramProtocol):
 
 
 async def answered_everywhere(gateways: list[Gateway], publics: list[bytes], fleet: Fleet, name: str,
-                              timeout: float) -> tuple[list[float], str, bytes]:
-    """Join one node; per gateway, seconds from the join request to its handshake answer."""
+                              timeout: float, client) -> tuple[list[float], float, str, bytes]:
+    """Join one node; per gateway, seconds from the join request to its handshake answer, and
+    the seconds the coordinator took to answer the join."""
     from anex_agent import keys
 
     pair = keys.KeyPair(keys.generate_private_key())
     messages = [initiation(pair.private, public, 1000 + i) for i, public in enumerate(publics)]
     loop = asyncio.get_running_loop()
     transport, answers = await loop.create_datagram_endpoint(Answers, local_addr=("127.0.0.1", 0))
+    answered: list[float] = []
     try:
         t0 = time.perf_counter()
-        joining = asyncio.ensure_future(fleet.join_one(name, pair))
+        joining = asyncio.ensure_future(fleet.join_one(name, pair, client))
+        joining.add_done_callback(lambda _: answered.append(time.perf_counter()))
         deadline = t0 + timeout
         while len(answers.arrived) < len(gateways):
             if time.perf_counter() > deadline:
@@ -347,7 +385,7 @@ async def answered_everywhere(gateways: list[Gateway], publics: list[bytes], fle
             except asyncio.TimeoutError:
                 pass
         node_id, key_hex = await joining
-        return [answers.arrived[1000 + i] - t0 for i in range(len(gateways))], node_id, key_hex
+        return [answers.arrived[1000 + i] - t0 for i in range(len(gateways))], answered[0] - t0, node_id, key_hex
     finally:
         transport.close()
 
@@ -382,7 +420,7 @@ def summary(rows: list[list[float]]) -> dict:
 
 
 async def bench_mode(result: dict, mode: str, root: Path, args, workdir: Path, url: str, gw_token: str,
-                     fleet: Fleet) -> None:
+                     fleet: Fleet, coordinator_pid: int) -> None:
     """Fills ``result`` as it goes (a failure keeps what was measured before it)."""
     samples = args.samples if mode == "ours" else args.reference_samples
     first = Gateway(workdir, url, gw_token, root, mode, 0)
@@ -401,17 +439,37 @@ async def bench_mode(result: dict, mode: str, root: Path, args, workdir: Path, u
         result["uapi_dump_ms"] = ms(time.perf_counter() - dump_started)
         publics = [gw.public_key() for gw in gateways]
         joined: list[tuple[str, bytes]] = []
-        rows, logged = [], []
+        rows, logged, answers = [], [], []
+        client = await fleet.warm_client()
+
+        def cpu_now() -> dict[str, float]:
+            per = [gw.cpu() for gw in gateways]
+            mine = os.times()
+            return {"coordinator": cpu_s(coordinator_pid), "gateways": sum(c["gateway"] for c in per),
+                    "wireguard_go": sum(c["wireguard_go"] for c in per), "bench": mine.user + mine.system}
+
+        cpu_before, wall_before = cpu_now(), time.perf_counter()
         for i in range(samples):
             before = [len(gw.log_times(b"peer_added v")) for gw in gateways]
             t_wall = time.time()
-            row, node_id, key_hex = await answered_everywhere(gateways, publics, fleet, f"{mode}-sample-{i}",
-                                                              args.timeout)
+            try:
+                row, answer, node_id, key_hex = await answered_everywhere(
+                    gateways, publics, fleet, f"{mode}-sample-{i}", args.timeout, client)
+            except BaseException:
+                await client.close()
+                raise
             rows.append(row)
+            answers.append([answer])
             logged.append(await logged_everywhere(gateways, b"peer_added v", before, t_wall, args.timeout))
             joined.append((node_id, key_hex))
             await asyncio.sleep(args.gap)
+        cpu_after, wall = cpu_now(), time.perf_counter() - wall_before
+        result["cpu_ms_per_join"] = {**{k: round((cpu_after[k] - cpu_before[k]) * 1000 / samples, 1) for k in cpu_after},
+                                     "wall": round(wall * 1000 / samples, 1)}
+        await client.close()
         result["join_to_peer_configured"] = {"measured_by": "handshake answer of each gateway", **summary(rows)}
+        result["join_answered"] = {"measured_by": "the coordinator's answer to the join request",
+                                   **summary(answers)}
         result["join_to_applied_logged"] = {"measured_by": "the gateway's log line once its engine write returned",
                                             **summary(logged)}
         dumps = [await gw.dump() for gw in gateways]
@@ -522,7 +580,7 @@ async def inside(args) -> dict:
         for mode, root in modes:
             out[mode] = {}
             try:
-                await bench_mode(out[mode], mode, root, args, workdir, url, gw_token, fleet)
+                await bench_mode(out[mode], mode, root, args, workdir, url, gw_token, fleet, coordinator.pid)
             except RuntimeError as err:  # keep what was measured; say what stopped it
                 out[mode]["error"] = str(err)[:2000]
         out["loadavg_end"] = os.getloadavg()[0]
@@ -552,7 +610,8 @@ def main() -> None:
     parser.add_argument("--uapi-samples", type=int, default=5, help="joins timed by UAPI polling")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between two measured changes")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a change may take on one gateway")
-    parser.add_argument("--reference-rev", default="main", help="git revision of the reference gateway")
+    parser.add_argument("--reference-rev", default=REFERENCE_REV, help="git revision of the reference gateway "
+                        "(default: the last one that rewrote the whole set per event)")
     parser.add_argument("--reference-root", help="a checkout to run the reference gateway from")
     parser.add_argument("--no-reference", action="store_true")
     parser.add_argument("--fleet-cache", help="a directory keeping the joined fleet (the coordinator's state) "

@@ -13,8 +13,9 @@ Start order (teardown runs in reverse, also after errors):
    peers it names only (:meth:`Engine.update_peers`: one small UAPI/netlink write, the
    other peers neither read nor rewritten); a snapshot (first connect, or a gap the
    coordinator cannot replay) is diffed against the device itself, so the hub converges
-   to exactly the coordinator's set. The peer set is saved to the state dir at most every
-   :data:`SAVE_INTERVAL` seconds, off the apply path. On disconnect it reconnects with
+   to exactly the coordinator's set. Each change is journaled in the state dir (one line,
+   written in a thread at most every :data:`SAVE_INTERVAL` seconds; the whole set is
+   rewritten only now and then: :mod:`anex_agent.gateway.state`). On disconnect it reconnects with
    jittered backoff, asking for ``since=<version>``, and keeps the last peers meanwhile
    (fail static). A refused credential (401) makes it register again (token and key
    proof); when that is refused too it says so and stops;
@@ -27,106 +28,32 @@ Every task is named and owned by one TaskGroup; SIGTERM/SIGINT end it cleanly.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import json
+import dataclasses
 import logging
 import signal
-import threading
 import time
 from contextlib import AsyncExitStack
-import dataclasses
-from dataclasses import dataclass
-from pathlib import Path
 
 from anex_agent import keys
 from anex_agent.backoff import Backoff
-from anex_agent.private_file import write_private
 from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineError
 from anex_agent.gateway import forwarding, nft
 from anex_agent.gateway.dns import DnsForwarder
 from anex_agent.gateway.link import GatewayLink
 from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
+from anex_agent.gateway.state import GatewayState, Registration
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, Engine, choose_engine
-from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, MeshPeer, PeerSet, read
+from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, WatchEvent
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "gateway.json"
-KEY_FILE = "private.key"
-#: Seconds between saves of the peer set while it changes: short, because a gateway restarted
-#: while the coordinator is down starts from what was saved (changes within the last interval
-#: come back only when the coordinator does); long enough that a burst of changes is one save.
+#: Seconds between two writes of the journal while the peer set changes: short, because a
+#: gateway restarted while the coordinator is down starts from what was written (changes
+#: within the last interval come back only when the coordinator does); long enough that a
+#: burst of changes is one write.
 SAVE_INTERVAL = 0.1
-
-
-@dataclass
-class Registration:
-    """What registration gave us, saved to the state dir (0600; holds the credential)."""
-
-    coordinator_url: str
-    gateway_id: str
-    credential: str
-    address: str
-    network: str
-    mtu: int
-
-    def __repr__(self) -> str:
-        return f"Registration(gateway_id={self.gateway_id!r}, address={self.address!r})"
-
-    @property
-    def interface_address(self) -> str:
-        return f"{self.address}/{ipaddress.ip_network(self.network, strict=False).prefixlen}"
-
-
-class GatewayState:
-    """The state dir: key pair, last registration and last peer set."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._save_lock = threading.Lock()  # the loop and the saving thread may both save
-        self._fragments: dict[str, tuple[MeshPeer, str]] = {}  # node id -> (peer, its JSON)
-
-    def ensure(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-    def keypair(self) -> keys.KeyPair:
-        return keys.load_or_create(self.path / KEY_FILE)
-
-    def load(self, coordinator_url: str) -> tuple[Registration, PeerSet] | None:
-        try:
-            doc = json.loads((self.path / STATE_FILE).read_text())
-        except (OSError, ValueError):
-            return None
-        if doc.get("registration", {}).get("coordinator_url") != coordinator_url:
-            return None  # another coordinator: not ours to reuse
-        try:
-            return Registration(**doc["registration"]), read(PeerSet, doc["peers"])
-        except (TypeError, KeyError, ValueError):
-            log.warning("ignoring unreadable %s", self.path / STATE_FILE)
-            return None
-
-    def save(self, registration: Registration, peers: PeerSet) -> None:
-        """Write the registration and the peers (sorted by node id); safe in a thread.
-
-        Each peer's JSON is kept from one save to the next (peers are immutable), so a save
-        of 10,000 peers encodes only those that changed, and it is built from many small
-        steps: a thread running it never holds the interpreter for long (one encoding call
-        for the whole set would stall the event loop that applies watch events)."""
-        with self._save_lock:
-            fragments: dict[str, tuple[MeshPeer, str]] = {}
-            texts = []
-            for peer in sorted(peers.peers, key=lambda p: p.node_id):
-                cached = self._fragments.get(peer.node_id)
-                if cached is None or cached[0] is not peer:
-                    cached = (peer, json.dumps(peer.model_dump(mode="json")))
-                fragments[peer.node_id] = cached
-                texts.append(cached[1])
-            self._fragments = fragments
-            text = (f'{{"registration": {json.dumps(registration.__dict__)},\n"peers": {{"version": {peers.version}, '
-                    f'"peers": [\n' + ",\n".join(texts) + "]}}\n")
-            write_private(self.path / STATE_FILE, text)
 
 
 class _Stop(Exception):
@@ -162,7 +89,7 @@ class Gateway:
         self.ready = asyncio.Event()
         self.rotate_in = 3600.0  # seconds between credential renewals (the coordinator says)
         self.relay = None  # the WebSocket relay, when --ws-listen is set
-        self._unsaved = asyncio.Event()  # the peer set changed since the last save
+        self._unsaved = asyncio.Event()  # changes recorded for the journal since the last write
 
     def stop(self) -> None:
         self._stop.set()
@@ -203,7 +130,7 @@ class Gateway:
             async with self._apply_lock:
                 self.registration.credential = renewal.credential
                 self.link.set_credential(renewal.credential)
-                self.state.save(self.registration, self.book.to_peer_set())
+                self.save_now()
             self.rotate_in = delay = renewal.rotate_in
             log.info("gateway credential rotated")
 
@@ -286,46 +213,59 @@ class Gateway:
             log.info("hub configured with %d peers in %.3f s", len(self.book.peers), time.perf_counter() - started)
             self.save_now()
 
-    async def _apply_delta(self, delta: PeerDelta) -> None:
-        """Only the peers ``delta`` names to the hub; the whole config when the engine cannot."""
+    async def _apply_delta(self, delta: PeerDelta, event: WatchEvent) -> None:
+        """Only the peers ``delta`` names to the hub, and ``event`` to the journal; the whole
+        config (and a whole save) when the engine cannot change peers one by one."""
         assert self.engine is not None
         async with self._apply_lock:
             done = await self.engine.update_peers(delta.peer_configs(), delta.remove)
         if not done:
             await self._apply_peers()
             return
+        self.state.record(event)
         self._unsaved.set()
 
     def save_now(self) -> None:
-        """Save the registration and the peer set now (fail-static restarts start from it)."""
+        """Save the registration and the whole peer set now (fail-static restarts start from it)."""
         self._unsaved.clear()
         if self.registration is not None:
             self.state.save(self.registration, self.book.to_peer_set())
 
+    def _write_pending(self) -> None:
+        """On the way out: the recorded changes to the journal (the whole set when there is none yet)."""
+        if not self._unsaved.is_set():
+            return
+        self._unsaved.clear()
+        if not self.state.flush() and not self.state.journal_id:
+            self.save_now()
+
     async def _save_loop(self) -> None:
-        """Save the peer set when it changed, at most every :data:`SAVE_INTERVAL` s and in a
-        thread (a 10,000-peer file is 1.8 MB, 0.1-0.3 s of CPU to write: never per event, never
-        on the loop that applies the events); also when the loop ends."""
+        """Write the recorded changes at most every :data:`SAVE_INTERVAL` s, in a thread: a
+        journal line per change, the whole set only when the journal outgrew it (never on
+        the loop that applies the events, never per event); also when the loop ends."""
         try:
             while True:
                 await self._unsaved.wait()
                 await asyncio.sleep(SAVE_INTERVAL)
                 self._unsaved.clear()
-                if self.registration is not None:
-                    registration = dataclasses.replace(self.registration)
-                    peers = PeerSet(version=self.book.version, peers=list(self.book.peers.values()))
-                    await asyncio.to_thread(self.state.save, registration, peers)
+                if self.registration is None:
+                    continue
+                if self.state.journal_id and not self.state.journal_full(len(self.book.peers)):
+                    await asyncio.to_thread(self.state.flush)
+                    continue
+                registration = dataclasses.replace(self.registration)
+                peers = PeerSet.model_construct(version=self.book.version, peers=list(self.book.peers.values()))
+                if not await asyncio.to_thread(self.state.save, registration, peers, self.state.recorded):
+                    self._unsaved.set()  # a flush wrote past this copy first: a fresher copy next time
         finally:
-            if self._unsaved.is_set():
-                self.save_now()
+            self._write_pending()
 
     async def _watch_loop(self) -> None:
-        """Follow the watch stream until stopped; a pending save of the peer set is done on the way out."""
+        """Follow the watch stream until stopped; pending changes are written on the way out."""
         try:
             await self._follow()
         finally:
-            if self._unsaved.is_set():
-                self.save_now()
+            self._write_pending()
 
     async def _follow(self) -> None:
         backoff = Backoff(base=0.5, cap=15)
@@ -341,7 +281,7 @@ class Gateway:
                         if event.type == "snapshot":
                             await self._apply_peers()  # a resync: converge on the device's actual peers
                         else:
-                            await self._apply_delta(delta)
+                            await self._apply_delta(delta, event)
                     except EngineError as err:
                         log.error("could not apply peers after %s v%d: %s", event.type, event.version, err)
                     else:
@@ -356,8 +296,7 @@ class Gateway:
                         return
                     try:
                         self._adopt(await self._register_once())
-                        assert self.registration is not None
-                        self.state.save(self.registration, self.book.to_peer_set())
+                        self.save_now()
                         log.info("credential refreshed by registering again")
                     except CoordinatorError as reg_err:
                         if not reg_err.retryable:
