@@ -28,7 +28,8 @@ into this tree only at I/O edges, never deep inside pure code.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -54,6 +55,24 @@ def config_value(source: str, parser: Callable[..., T], text: str, **options: An
         return parser(text, **options)
     except ValueError as err:
         raise ConfigError(source, f"{text!r} {err}") from None
+
+
+def env_value(environ: Mapping[str, str], name: str, parser: Callable[..., T], default: T, **options: Any) -> T:
+    """The variable ``name`` of ``environ`` read by ``parser`` (see :func:`config_value`), or
+    ``default`` when it is unset or empty."""
+    text = environ.get(name)
+    if text is None or text == "":
+        return default
+    return config_value(name, parser, text, **options)
+
+
+def env_number(environ: Mapping[str, str], name: str, default: float, *, minimum: float,
+               integer: bool = False) -> float:
+    """The variable ``name`` as a number of at least ``minimum`` (:func:`anex_agent.parse.number`),
+    ``default`` when unset or empty; else ConfigError naming the variable."""
+    from anex_agent import parse
+
+    return env_value(environ, name, parse.number, default, minimum=minimum, integer=integer)
 
 
 class ProtocolError(AnexError):

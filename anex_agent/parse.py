@@ -10,6 +10,7 @@ Which function for which value:
 * :func:`listen` -- where to listen: an IP address or ``localhost`` and a port; port 0
   ("any free port") only where the caller says so.
 * :func:`cidr` -- a network.
+* :func:`number` -- a decimal amount (seconds, counts) with a lower bound.
 
 Every form writes an IPv6 address in brackets when a port follows it (``[fd00::1]:53``).
 
@@ -46,6 +47,7 @@ HOSTNAME_MAX = 253
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
 _DIGITS_RE = re.compile(r"[0-9]+")
+_DECIMAL_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 
 # HOST:PORT as a JSON schema / OpenAPI pattern (the exact check is :func:`host_port`).
 HOST_PORT_PATTERN = r"^(\[[0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$"
@@ -60,6 +62,19 @@ def integer(text: str, *, minimum: int | None = None, maximum: int | None = None
     value = int(text)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(_range_text(minimum, maximum))
+    return value
+
+
+def number(text: str, *, minimum: float, integer: bool = False) -> float:
+    """A decimal number in ASCII digits (``12``, ``0.5``, ``.5``; no sign, exponent, ``nan`` or
+    ``inf``) of at least ``minimum``; with ``integer``, digits only and an int is returned."""
+    kind = "an integer" if integer else "a number"
+    if (not isinstance(text, str) or len(text) > MAX_INT_DIGITS * 2
+            or not (_DIGITS_RE if integer else _DECIMAL_RE).fullmatch(text)):
+        raise ValueError(f"must be {kind} of at least {minimum:g}, in ASCII digits")
+    value = int(text) if integer else float(text)
+    if value < minimum:
+        raise ValueError(f"must be {kind} of at least {minimum:g}, in ASCII digits")
     return value
 
 

@@ -218,3 +218,28 @@ def test_is_integer_accepts_ascii_digits_only():
     assert parse.is_integer("0") and parse.is_integer("123456")
     for text in ("", "-1", "+1", " 1", "1_000", "²", "١٢", "1.0", None, 12):
         assert not parse.is_integer(text), text
+
+
+@pytest.mark.parametrize("text", ["", "nan", "inf", "-1", "1e3", "1,5", "٣", "３", " 1", "1.", "0x10", "1_000"])
+def test_number_refuses_everything_but_ascii_decimals(text):
+    with pytest.raises(ValueError, match="must be a number of at least 0"):
+        parse.number(text, minimum=0)
+
+
+def test_number_bounds_and_integers():
+    assert parse.number("0.25", minimum=0.1) == 0.25 and parse.number(".5", minimum=0) == 0.5
+    assert parse.number("12", minimum=1, integer=True) == 12 and isinstance(parse.number("12", minimum=1, integer=True), int)
+    with pytest.raises(ValueError, match="an integer of at least 1"):
+        parse.number("1.5", minimum=1, integer=True)
+    with pytest.raises(ValueError, match="at least 0.05"):
+        parse.number("0.01", minimum=0.05)
+
+
+def test_env_number_names_the_variable_and_keeps_the_default():
+    from anex_agent.errors import ConfigError, env_number
+
+    assert env_number({}, "ANEX_X", 5.0, minimum=1) == 5.0 and env_number({"ANEX_X": ""}, "ANEX_X", 5.0, minimum=1) == 5.0
+    assert env_number({"ANEX_X": "7"}, "ANEX_X", 5.0, minimum=1) == 7.0
+    with pytest.raises(ConfigError) as info:
+        env_number({"ANEX_X": "soon"}, "ANEX_X", 5.0, minimum=1)
+    assert info.value.source == "ANEX_X" and "'soon' must be a number of at least 1" in str(info.value)

@@ -20,12 +20,11 @@ On-prem nodes are always a source. Keys are never logged and never shown by ``re
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from anex_agent.config_secrets import SecretSpec, pick_secret
-from anex_agent.errors import ConfigError
+from anex_agent.errors import ConfigError, env_number
 from anex_agent.selection.bans import DEFAULT_BAN_SECONDS
 from anex_agent.selection.providers.http import HttpPolicy
 from anex_agent.selection.qualification import DEFAULT_POLICY, parse_policy
@@ -45,22 +44,9 @@ class SelectionConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "SelectionConfig":
-        def number(name: str, default: float, *, minimum: float, integer: bool = False) -> float:
-            raw = environ.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                value = int(raw) if integer else float(raw)
-            except ValueError:
-                value = math.nan
-            if not math.isfinite(value) or value < minimum:
-                kind = "an integer" if integer else "a number"
-                raise ConfigError(name, f"{raw!r} is not valid; accepted: {kind} >= {minimum:g}")
-            return value
-
-        policy = HttpPolicy(timeout=number("ANEX_SELECTION_TIMEOUT", 15.0, minimum=0.1),
-                            attempts=int(number("ANEX_SELECTION_ATTEMPTS", 4, minimum=1, integer=True)),
-                            cache_ttl=number("ANEX_SELECTION_CACHE_TTL", 30.0, minimum=0))
+        policy = HttpPolicy(timeout=env_number(environ, "ANEX_SELECTION_TIMEOUT", 15.0, minimum=0.1),
+                            attempts=int(env_number(environ, "ANEX_SELECTION_ATTEMPTS", 4, minimum=1, integer=True)),
+                            cache_ttl=env_number(environ, "ANEX_SELECTION_CACHE_TTL", 30.0, minimum=0))
         vast_key = pick_secret(SecretSpec(None, "ANEX_VASTAI_API_KEY"), environ)[0] or ""
         runpod_key = pick_secret(SecretSpec(None, "ANEX_RUNPOD_API_KEY"), environ)[0] or ""
         vast_url, runpod_url = environ.get("ANEX_VASTAI_URL", ""), environ.get("ANEX_RUNPOD_URL", "")
@@ -81,7 +67,7 @@ class SelectionConfig:
             if (vast_key or vast_url) else None,
             runpod=RunPodConfig(api_key=runpod_key, url=runpod_url or RUNPOD_URL, policy=policy)
             if (runpod_key or runpod_url) else None,
-            ban_seconds=number("ANEX_SELECTION_BAN_SECONDS", DEFAULT_BAN_SECONDS, minimum=1),
+            ban_seconds=env_number(environ, "ANEX_SELECTION_BAN_SECONDS", DEFAULT_BAN_SECONDS, minimum=1),
             policy=policy,
             ordering=ordering,
             qualification=policy_text,

@@ -29,13 +29,12 @@ the client module only then; :func:`register` adds or replaces a factory (tests)
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from anex_agent.coordinator.provisioning.rentals import RentalProvider
-from anex_agent.errors import ConfigError
+from anex_agent.errors import ConfigError, env_number
 from anex_agent.selection.config import SelectionConfig
 
 log = logging.getLogger(__name__)
@@ -94,19 +93,6 @@ class ProvisioningSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ProvisioningSettings:
-        def number(name: str, default: float, *, minimum: float, integer: bool = False) -> float:
-            raw = environ.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                value = int(raw) if integer else float(raw)
-            except ValueError:
-                value = math.nan
-            if not math.isfinite(value) or value < minimum:
-                kind = "an integer" if integer else "a number"
-                raise ConfigError(name, f"{raw!r} is not valid; accepted: {kind} >= {minimum:g}")
-            return value
-
         url = environ.get("ANEX_PROVISION_COORDINATOR_URL", "").strip()
         if url and not url.startswith(("http://", "https://")):
             raise ConfigError("ANEX_PROVISION_COORDINATOR_URL", f"{url!r} is not an http(s) URL")
@@ -115,10 +101,10 @@ class ProvisioningSettings:
             raise ConfigError("ANEX_RUNPOD_REST_URL", f"{rest!r} is not an http(s) URL")
         return cls(
             coordinator_url=url.rstrip("/"),
-            boot_timeout=number("ANEX_PROVISION_BOOT_TIMEOUT", 900.0, minimum=10),
-            max_attempts=int(number("ANEX_PROVISION_MAX_ATTEMPTS", 5, minimum=1, integer=True)),
-            reconcile_interval=number("ANEX_PROVISION_RECONCILE_INTERVAL", 60.0, minimum=1),
-            lease=number("ANEX_PROVISION_LEASE", 30.0, minimum=1),
-            backoff=number("ANEX_PROVISION_BACKOFF", 2.0, minimum=0.05),
+            boot_timeout=env_number(environ, "ANEX_PROVISION_BOOT_TIMEOUT", 900.0, minimum=10),
+            max_attempts=int(env_number(environ, "ANEX_PROVISION_MAX_ATTEMPTS", 5, minimum=1, integer=True)),
+            reconcile_interval=env_number(environ, "ANEX_PROVISION_RECONCILE_INTERVAL", 60.0, minimum=1),
+            lease=env_number(environ, "ANEX_PROVISION_LEASE", 30.0, minimum=1),
+            backoff=env_number(environ, "ANEX_PROVISION_BACKOFF", 2.0, minimum=0.05),
             runpod_rest_url=rest.rstrip("/") or cls.runpod_rest_url,
         )
