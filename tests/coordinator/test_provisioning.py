@@ -77,6 +77,15 @@ async def _booting_request(api: Api, vast: FakeRentals, pid: str):
     return view, vast.requests[view["rental_id"]]
 
 
+async def _ready_provision(harness, api: Api, vast: FakeRentals):
+    """A provision created, rented, booted and ready: its id and the joined node."""
+    pid = (await api.create())["id"]
+    _view, request = await _booting_request(api, vast, pid)
+    _client, joined = await boot_node(harness, request)
+    await api.state(pid, "ready")
+    return pid, joined
+
+
 async def test_refused_first_candidate_then_second_rented_and_ready(tmp_path, database_url, shift):
     vast = FakeRentals()
     vast.faults["rent"] = ["refuse"]
@@ -248,10 +257,7 @@ async def test_delete_destroys_then_removes_node_idempotent(tmp_path, database_u
     harness = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1")))
     api = Api(harness)
     try:
-        pid = (await api.create())["id"]
-        _view, request = await _booting_request(api, vast, pid)
-        _client, joined = await boot_node(harness, request)
-        await api.state(pid, "ready")
+        pid, joined = await _ready_provision(harness, api, vast)
         vast.faults["destroy"] = ["unavailable"]  # the provider is briefly away: retried
         status, body = await api.call("DELETE", f"/v1/provisions/{pid}")
         assert status == 202 and body["state"] == "deleting"
@@ -276,10 +282,7 @@ async def test_reconciler_prunes_dangling_and_marks_vanished_lost(tmp_path, data
     harness = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1")))
     api = Api(harness)
     try:
-        pid = (await api.create())["id"]
-        _view, request = await _booting_request(api, vast, pid)
-        _client, joined = await boot_node(harness, request)
-        await api.state(pid, "ready")
+        pid, joined = await _ready_provision(harness, api, vast)
         cluster = await store.cluster_id(harness.ctx.db)
         # a rental of ours that no provision owns, and one of another cluster (left alone)
         vast.rentals["stray"] = Rental("vastai", "stray", rental_label(cluster, "pv-gone"), "o9", 0.3)
@@ -488,10 +491,7 @@ async def test_a_ready_provision_whose_node_goes_is_lost_and_its_rental_destroye
                           FakeSelector(offers("o1")))
     api = Api(harness)
     try:
-        pid = (await api.create())["id"]
-        _view, request = await _booting_request(api, vast, pid)
-        _client, joined = await boot_node(harness, request)
-        await api.state(pid, "ready")
+        pid, joined = await _ready_provision(harness, api, vast)
         if how == "deleted":
             await harness.admin.delete_node(joined.node_id)
         else:
