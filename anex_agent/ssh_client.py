@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ ADMIN_TOKEN = SecretSpec(None, "ANEX_ADMIN_TOKEN", file_flag="--admin-token-file
 ISSUER_TOKEN = SecretSpec(None, "ANEX_SSH_ISSUER_TOKEN")  # good only for certificates: NODE must be a node id
 FAILED = 255  # as OpenSSH's ssh: the session itself failed
 CONNECT_TIMEOUT = 15.0
+NODE_ID = re.compile(r"n-[0-9a-f]{12}")  # what the coordinator gives as node ids (credentials.new_id)
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,13 @@ async def resolve_node(client, node: str) -> str:
     ``node`` is taken as a node id."""
     if not getattr(client, "lists_nodes", True):
         return node
+    if NODE_ID.fullmatch(node):  # an id is one lookup; only a name needs the list (a large fleet's is long)
+        try:
+            return (await client.get_node(node)).id
+        except CoordinatorError as err:
+            if err.status != 404:
+                raise
     listed = await client.list_nodes()
-    if any(n.id == node for n in listed.nodes):
-        return node
     named = [n.id for n in listed.nodes if n.name == node]
     if len(named) == 1:
         return named[0]

@@ -48,7 +48,20 @@ async def test_names_and_remote_paths(coord):
     with pytest.raises(Exception) as err:
         await ssh_client.resolve_node(coord.admin, "twin")
     assert a.node_id in str(err.value) and b.node_id in str(err.value)
+    listed = []
+    list_nodes = coord.admin.list_nodes
+
+    async def counted():
+        listed.append(1)
+        return await list_nodes()
+
+    coord.admin.list_nodes = counted
     assert await ssh_client.resolve_node(coord.admin, a.node_id) == a.node_id
+    assert listed == []  # an id is looked up alone, never by listing the fleet
+    _, c, _ = await coord.join("solo")
+    assert await ssh_client.resolve_node(coord.admin, "solo") == c.node_id and listed == [1]
+    with pytest.raises(Exception, match="no node 'n-000000000000'"):
+        await ssh_client.resolve_node(coord.admin, "n-000000000000")  # id-shaped, unknown: not a name either
     assert ssh_client_cp.split_remote("web-1:/tmp/x") == ("web-1", "/tmp/x")
     assert ssh_client_cp.split_remote("./local:file") is None
     assert ssh_client_cp.split_remote("plain") is None
