@@ -15,7 +15,9 @@ local and must not act on itself through the agent (e.g. write files as the agen
   without ``..``, NUL or empty components, inside one of the configured directories
   (``ANEX_PUSH_DIRS``; none: every push is refused). It is resolved component by component
   from that directory with ``O_NOFOLLOW``, so no symbolic link (a directory or the file
-  itself) leads outside; missing directories are not created (409).
+  itself) leads outside; missing directories are not created (409). When the workload runs
+  as another account (``--user``), the file is that account's (owner and group), as if the
+  workload had written it; else it is the agent's.
 
 Without a workload (``daemon``): 404. Workload not running: 409. Bad parameters: 400 naming
 the field. Errors are RFC 9457 problem documents.
@@ -78,8 +80,10 @@ def confine(roots: Sequence[str], path: str) -> tuple[str, list[str], str]:
     raise PushRefused(403, f"{path!r} is outside the directories files may be pushed to: {', '.join(roots)}")
 
 
-def write_confined(roots: Sequence[str], path: str, chunks: list[bytes], mode: int) -> int:
-    """Write ``chunks`` to ``path`` atomically with ``mode`` (see the module docstring); bytes written."""
+def write_confined(roots: Sequence[str], path: str, chunks: list[bytes], mode: int,
+                   owner: tuple[int, int] | None = None) -> int:
+    """Write ``chunks`` to ``path`` atomically with ``mode`` and, when given, ``owner`` (uid,
+    gid) (see the module docstring); bytes written."""
     root, dirs, name = confine(roots, path)
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -105,6 +109,8 @@ def write_confined(roots: Sequence[str], path: str, chunks: list[bytes], mode: i
                     n = os.write(out, view)
                     view = view[n:]
                     written += n
+            if owner is not None:
+                os.fchown(out, *owner)
             os.fchmod(out, mode)
             os.fsync(out)
         except BaseException:
@@ -170,10 +176,13 @@ def add_routes(api, workload: Callable[[], object | None], *, push_dirs: Sequenc
                 if size > max_bytes:
                     raise PushRefused(413, f"the file is larger than {max_bytes} bytes", "body")
                 chunks.append(chunk)
-            written = write_confined(push_dirs, path, chunks, mode)
+            account = getattr(workload(), "account", None)
+            owner = (account.uid, account.gid) if account is not None else None
+            written = write_confined(push_dirs, path, chunks, mode, owner)
         except PushRefused as err:
             return _problem(err.status, err.detail, field=err.field)
-        log.info("agent API: the cluster pushed %s (%d bytes, mode %o)", path, written, mode)
+        log.info("agent API: the cluster pushed %s (%d bytes, mode %o%s)", path, written, mode,
+                 f", owner {account.name}" if account is not None else "")
         return json_response({"path": path, "bytes": written, "mode": f"{mode:04o}"}, status=201)
 
     api.app.router.add_post("/signal", send_signal)

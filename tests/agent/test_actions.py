@@ -161,3 +161,30 @@ def test_symbolic_links_do_not_lead_outside(tmp_path):
     with pytest.raises(PushRefused):
         write_confined([str(tmp_path / "root-link")], f"{tmp_path}/root-link/target", [b"evil"], 0o644)
     assert (outside / "target").read_text() == "keep"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another account needs root")
+async def test_a_pushed_file_belongs_to_the_workload_account(tmp_path):
+    import pwd
+
+    from anex_agent.agent.workload import resolve_account
+
+    nobody = pwd.getpwnam("nobody")
+    account = resolve_account("nobody", "--user", euid=0)
+    w = Workload([sys.executable, "-c", "import time; time.sleep(30)"], account=account)
+    root = tmp_path / "inbox"
+    root.mkdir()
+    client = await _client(make_api(w, [root]))
+    try:
+        resp = await client.put(f"/files?path={root}/job.yaml&mode=0600", data=b"epochs: 3\n", headers=auth())
+        assert resp.status == 201, await resp.text()
+        st = (root / "job.yaml").stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (nobody.pw_uid, account.gid, 0o600)
+    finally:
+        await client.close()
+    client = await _client(make_api(None, [root]))  # no workload account: the agent's own
+    try:
+        assert (await client.put(f"/files?path={root}/mine", data=b"x", headers=auth())).status == 201
+        assert (root / "mine").stat().st_uid == os.geteuid()
+    finally:
+        await client.close()
