@@ -11,7 +11,7 @@ What is measured, read back from each gateway's wireguard-go:
 
 * through its UAPI socket as ``wg show`` does (``get=1``; wireguard-go serializes a set and
   a get, so the first dump listing a key started after the key was set). A dump of 10,000
-  peers takes wireguard-go 100-300 ms here, so polling it is coarse and slows the sets it
+  peers takes wireguard-go 25-300 ms here, so polling it is coarse and slows the sets it
   waits for: it times deletions, a few joins, and confirms every measured join;
 * by the data plane, for joins: the new node's WireGuard handshake initiation is sent to
   each gateway every :data:`PROBE` seconds from before the join; wireguard-go answers only
