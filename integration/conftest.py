@@ -180,3 +180,25 @@ def ns_state(ns) -> dict:
         "nft_tables": [t for t in nft if t.startswith("anex")],
         "pids": ns.pids(),
     }
+
+
+def assert_agent_api_needs_the_cluster_token(mesh, status: dict) -> None:
+    """The agent API at the node's mesh address, called from the cluster: no token 401, a
+    forged one 403, an issued one 200 once (a replay 401)."""
+    url = f"http://{status['address']}:9555/status"
+    code = (
+        "import sys,urllib.request,urllib.error\n"
+        "req=urllib.request.Request(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]} if sys.argv[2] else {})\n"
+        "try: print(urllib.request.urlopen(req,timeout=5).status)\n"
+        "except urllib.error.HTTPError as e: print(e.code)\n"
+    )
+
+    def call(token: str) -> int:
+        return int(mesh.cluster.run([sys.executable, "-c", code, url, token]).stdout.strip())
+
+    assert call("") == 401
+    assert call("anexat.forged.token") == 403
+    issued = mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")
+    assert call(issued["token"]) == 200
+    assert call(issued["token"]) == 401  # one token, one call: a replay is refused
+    assert call(mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")["token"]) == 200

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-
-import pytest
 
 from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, wait_until
-from integration.conftest import TUNNEL_1, TUNNEL_2, client
+from integration.conftest import TUNNEL_1, TUNNEL_2, assert_agent_api_needs_the_cluster_token, client
 from integration.netns import read_line
 
 PROXY = "127.0.0.1:3128"
@@ -105,24 +102,7 @@ def test_status_reports_engine_path_handshake_and_tunnels(node):
 
 
 def test_agent_api_on_the_mesh_needs_the_cluster_token(mesh, node):
-    status = node.status()
-    url = f"http://{status['address']}:9555/status"
-    code = (
-        "import sys,urllib.request,urllib.error\n"
-        "req=urllib.request.Request(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]} if sys.argv[2] else {})\n"
-        "try: print(urllib.request.urlopen(req,timeout=5).status)\n"
-        "except urllib.error.HTTPError as e: print(e.code)\n"
-    )
-
-    def call(token: str) -> int:
-        return int(mesh.cluster.run([sys.executable, "-c", code, url, token]).stdout.strip())
-
-    assert call("") == 401
-    assert call("anexat.forged.token") == 403
-    issued = mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")
-    assert call(issued["token"]) == 200
-    assert call(issued["token"]) == 401  # one token, one call: a replay is refused
-    assert call(mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")["token"]) == 200
+    assert_agent_api_needs_the_cluster_token(mesh, node.status())
 
 
 def test_node_is_ready_at_the_coordinator(mesh, node):

@@ -17,7 +17,7 @@ import pytest
 
 from anex_agent.demo.mesh import (CLUSTER_IP, HTTP_PORT, SERVICE2_NAME, SERVICE_NAME, SINK_PORT, SOURCE_PORT,
                                   UNPRIVILEGED, UNPRIVILEGED_UID, wait_until)
-from integration.conftest import TUNNEL_1, TUNNEL_2, client
+from integration.conftest import TUNNEL_1, TUNNEL_2, assert_agent_api_needs_the_cluster_token, client
 from integration.netns import read_line
 
 PROXY = "127.0.0.1:3128"
@@ -195,23 +195,7 @@ def test_many_concurrent_proxy_connections_complete_with_bounded_memory(unode):
 
 def test_agent_api_on_the_mesh_needs_the_cluster_token(mesh, unode):
     """Served by the engine's stack at the mesh address: the caller is the cluster, not loopback."""
-    status = unode.status()
-    url = f"http://{status['address']}:9555/status"
-    code = (
-        "import sys,urllib.request,urllib.error\n"
-        "req=urllib.request.Request(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]} if sys.argv[2] else {})\n"
-        "try: print(urllib.request.urlopen(req,timeout=5).status)\n"
-        "except urllib.error.HTTPError as e: print(e.code)\n"
-    )
-
-    def call(token: str) -> int:
-        return int(mesh.cluster.run([sys.executable, "-c", code, url, token]).stdout.strip())
-
-    assert call("") == 401
-    assert call("anexat.forged.token") == 403
-    issued = mesh.admin("POST", f"/v1/nodes/{status['node_id']}/access-token")
-    assert call(issued["token"]) == 200
-    assert call(issued["token"]) == 401  # one token, one call
+    assert_agent_api_needs_the_cluster_token(mesh, unode.status())
 
 
 @pytest.fixture(scope="module")

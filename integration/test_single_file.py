@@ -14,6 +14,7 @@ Needs what ``scripts/test-single-file`` prepares and names in the environment:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
@@ -63,6 +64,32 @@ def _procs_in(ns_id: str) -> list[tuple[int, str, str]]:
     return out
 
 
+def _reaches_the_cluster(node, tag: str) -> None:
+    """The workload's two ways into the cluster work: the HTTP proxy and the GW_TUNNEL forward."""
+    got = client(node.ns, "get", f"http://{SERVICE_NAME}:{HTTP_PORT}/{tag}", "--proxy", "127.0.0.1:3128")
+    assert got.get("status") == 200, got
+    got = client(node.ns, "get", f"http://127.0.0.1:{TUNNEL}/{tag}-tunnel")
+    assert got.get("status") == 200, got
+
+
+@contextlib.contextmanager
+def _killed_on_failure(proc: subprocess.Popen):
+    """Kill ``proc`` when the block fails (a test that failed leaves no namespace's PID 1 behind)."""
+    try:
+        yield
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+        raise
+
+
+def _terminate(proc: subprocess.Popen, pid: int, seen: str) -> str:
+    """SIGTERM to ``pid`` (the namespace's PID 1); all that ``proc`` printed, ``seen`` first."""
+    os.kill(pid, signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    return seen + rest.decode(errors="replace")
+
+
 @pytest.fixture
 def rootfs(tmp_path):
     root = Path(ROOTFS)
@@ -91,7 +118,7 @@ def test_single_file_agent_as_pid1_without_python(mesh, rootfs):
     inner = f"{mount} --bind /dev {root}/dev && exec {chroot} {root} /usr/local/bin/anex-agent run -- /bin/sh -c \"{WORKLOAD}\""
     proc = node.ns.popen([unshare, "--pid", "--fork", "--mount", f"--mount-proc={root}/proc", "sh", "-c", inner],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=False)
-    try:
+    with _killed_on_failure(proc):
         lines = read_until(proc, lambda ls: any(l.startswith("WORKLOAD-UP") for l in ls), 90)
         text = "".join(lines)
         assert any(l.startswith("WORKLOAD-UP") for l in lines), text
@@ -106,10 +133,7 @@ def test_single_file_agent_as_pid1_without_python(mesh, rootfs):
         assert nspid.split()[-1] == "1", nspid
         assert os.readlink(f"/proc/{pid1}/exe").endswith("/usr/local/bin/anex-agent")
 
-        got = client(node.ns, "get", f"http://{SERVICE_NAME}:{HTTP_PORT}/via-proxy", "--proxy", "127.0.0.1:3128")
-        assert got.get("status") == 200, got
-        got = client(node.ns, "get", f"http://127.0.0.1:{TUNNEL}/via-tunnel")
-        assert got.get("status") == 200, got
+        _reaches_the_cluster(node, "via-proxy")
 
         # the orphaned sleep exited and was reaped: no zombie left in the namespace
         deadline = time.monotonic() + 10
@@ -117,13 +141,7 @@ def test_single_file_agent_as_pid1_without_python(mesh, rootfs):
             time.sleep(0.2)
         assert not [p for p in _procs_in(ns_id) if p[2] == "Z"], _procs_in(ns_id)
 
-        os.kill(pid1, signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
-    except BaseException:
-        if proc.poll() is None:
-            proc.kill()
-        raise
-    out = text + rest.decode(errors="replace")
+        out = _terminate(proc, pid1, text)
     assert proc.returncode == 42, out
     assert "WORKLOAD-TERM" in out and "Traceback" not in out, out
 
@@ -202,7 +220,7 @@ def test_start_script_boots_the_agent_from_the_coordinator_without_python_curl_o
         env={"ANEX_ENGINE": "wireguard-go", "ANEX_PROVIDER": "vastai", "ANEX_NODE_NAME": "rented-single-file",
              f"GW_TUNNEL_{TUNNEL}": f"{SERVICE_NAME}:{HTTP_PORT}"})
     proc = _run_start_script(node, root, script)
-    try:
+    with _killed_on_failure(proc):
         lines = read_until(proc, lambda ls: any(l.startswith("BOOT-WORKLOAD-UP") for l in ls), 120)
         text = "".join(lines)
         assert f"BOOT-WORKLOAD-UP {len(HOSTILE_ARGS)}" in text, text
@@ -213,18 +231,9 @@ def test_start_script_boots_the_agent_from_the_coordinator_without_python_curl_o
         assert node_id, "the node did not join with the provision's token"
         view = mesh.admin("GET", f"/v1/nodes/{node_id}")
         assert view["labels"][bootstrap.PROVISION_LABEL] == "pr-single-file" and view["provider"] == "vastai"
-        got = client(node.ns, "get", f"http://{SERVICE_NAME}:{HTTP_PORT}/via-boot", "--proxy", "127.0.0.1:3128")
-        assert got.get("status") == 200, got
-        got = client(node.ns, "get", f"http://127.0.0.1:{TUNNEL}/via-boot-tunnel")
-        assert got.get("status") == 200, got
+        _reaches_the_cluster(node, "via-boot")
         children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
-        os.kill(children[0], signal.SIGTERM)  # PID 1 of the namespace: the agent the script exec'd
-        rest, _ = proc.communicate(timeout=60)
-    except BaseException:
-        if proc.poll() is None:
-            proc.kill()
-        raise
-    out = text + rest.decode(errors="replace")
+        out = _terminate(proc, children[0], text)  # PID 1 of the namespace: the agent the script exec'd
     assert proc.returncode == 43, out
     assert creds.secret not in out and "Traceback" not in out, out
 

@@ -147,6 +147,27 @@ def udp_ports(node) -> set[int]:
     return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()}
 
 
+def over_websocket_and_back(mesh, n, label: str) -> None:
+    """UDP blocked mid-session: traffic (asked for all along) flows again within 10 s over the
+    relay; unblocked: the agent returns to UDP and traffic still flows."""
+    mesh.block_udp(n)
+    blocked_at = time.monotonic()
+    while not get_ok(n.ns, "/during", timeout=2):
+        assert time.monotonic() - blocked_at < 10, n.status().get("path_choice")
+    took = time.monotonic() - blocked_at
+    status = n.status()
+    assert status["path"] == "websocket", status["path_choice"]
+    assert "nothing received from the gateways" in status["path_choice"]["reason"]
+    print(f"{label}, UDP blocked: traffic flowing again over WebSocket after {took:.1f} s")
+
+    mesh.unblock_udp(n)
+    unblocked_at = time.monotonic()
+    wait_until(lambda: n.status()["path"] == "udp", 60, "the agent returning to UDP")
+    print(f"{label}, UDP unblocked: back on UDP after {time.monotonic() - unblocked_at:.1f} s")
+    assert "UDP works again" in n.status()["path_choice"]["reason"]
+    assert get_ok(n.ns, "/back")
+
+
 def test_udp_blocked_mid_session_then_unblocked(mesh):
     n = mesh.add_node_namespace()
     mesh.start_agent(n, mesh.agent_env(n, ANEX_PATH="auto", ANEX_PATH_PROBE_INTERVAL="5"))
@@ -159,23 +180,7 @@ def test_udp_blocked_mid_session_then_unblocked(mesh):
         wait_until(lambda: hub_endpoint_port(mesh, n) in udp_ports(n), 6, "the hub back on the engine's socket",
                    interval=0.2)
         assert get_ok(n.ns, "/udp")
-        mesh.block_udp(n)
-        blocked_at = time.monotonic()
-        # traffic keeps being asked for; it must flow again within 10 s, over the relay
-        while not get_ok(n.ns, "/during", timeout=2):
-            assert time.monotonic() - blocked_at < 10, n.status().get("path_choice")
-        took = time.monotonic() - blocked_at
-        status = n.status()
-        assert status["path"] == "websocket", status["path_choice"]
-        assert "nothing received from the gateways" in status["path_choice"]["reason"]
-        print(f"UDP blocked: traffic flowing again over WebSocket after {took:.1f} s")
-
-        mesh.unblock_udp(n)
-        unblocked_at = time.monotonic()
-        wait_until(lambda: n.status()["path"] == "udp", 60, "the agent returning to UDP")
-        print(f"UDP unblocked: back on UDP after {time.monotonic() - unblocked_at:.1f} s")
-        assert "UDP works again" in n.status()["path_choice"]["reason"]
-        assert get_ok(n.ns, "/back")
+        over_websocket_and_back(mesh, n, "wireguard-go")
         assert not n.status()["path_choice"]["relays"]
     finally:
         mesh.unblock_udp(n)

@@ -20,7 +20,7 @@ import pytest
 
 from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
 from integration.conftest import TUNNEL_1, client
-from integration.test_websocket import PROXY, URL, get_ok, hub_endpoint_port, udp_ports
+from integration.test_websocket import PROXY, URL, get_ok, hub_endpoint_port, over_websocket_and_back, udp_ports
 
 
 def _unprivileged_agent(mesh, node, **env) -> None:
@@ -89,22 +89,7 @@ def test_udp_blocked_mid_session_then_unblocked(mesh):
         ping = mesh.cluster.run(["ping", "-c", "1", "-W", "2", status["address"]], check=False)
         assert ping.returncode == 0, ping.stdout + ping.stderr
         assert get_ok(n.ns, "/udp")
-        mesh.block_udp(n)
-        blocked_at = time.monotonic()
-        while not get_ok(n.ns, "/during", timeout=2):
-            assert time.monotonic() - blocked_at < 10, n.status().get("path_choice")
-        took = time.monotonic() - blocked_at
-        status = n.status()
-        assert status["path"] == "websocket", status["path_choice"]
-        assert "nothing received from the gateways" in status["path_choice"]["reason"]
-        print(f"userspace, UDP blocked: traffic flowing again over WebSocket after {took:.1f} s")
-
-        mesh.unblock_udp(n)
-        unblocked_at = time.monotonic()
-        wait_until(lambda: n.status()["path"] == "udp", 60, "the agent returning to UDP")
-        print(f"userspace, UDP unblocked: back on UDP after {time.monotonic() - unblocked_at:.1f} s")
-        assert "UDP works again" in n.status()["path_choice"]["reason"]
-        assert get_ok(n.ns, "/back")
+        over_websocket_and_back(mesh, n, "userspace")
     finally:
         mesh.unblock_udp(n)
         mesh.stop_agent(n)
