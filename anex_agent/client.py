@@ -87,6 +87,7 @@ class CoordinatorClient:
         self.credential = credential
         self.admin_token = admin_token
         self.coordinator_key: bytes | None = None  # X25519 public key, from GET /v1/coordinator
+        self.watch_connected = False  # a watch stream is open now (metrics, status)
         self._clock = clock
         self._timeout = timeout
         self._max_response_bytes = max_response_bytes
@@ -418,6 +419,7 @@ class CoordinatorClient:
         except (WebSocketException, OSError) as err:
             raise CoordinatorError(f"watch: {err}", retryable=True) from None
         connected.append(True)
+        self.watch_connected = True
         try:
             try:
                 async for message in ws:
@@ -433,6 +435,7 @@ class CoordinatorClient:
             if ws.close_code == CLOSE_REVOKED:
                 raise CoordinatorError("watch: credential revoked", status=401, retryable=False)
         finally:
+            self.watch_connected = False
             with contextlib.suppress(OSError, WebSocketException):  # closing a connection already lost
                 await ws.close()
 

@@ -4,7 +4,7 @@ Checks what only the whole process shows: registration, peers following the watc
 stream (join -> peer appears, delete -> peer goes), fail static (coordinator stopped:
 peers stay; gateway restarted while the coordinator is down: starts from its saved
 state), and a clean exit on SIGTERM (no interface, nft table, socket; sysctl restored).
-The hub's peers are read with ``wg show`` (wireguard-tools speaks UAPI too).
+The hub's peers are read with ``wg show`` (wireguard-tools speaks UAPI too), its metrics with curl.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 PORT = 8711
 URL = f"http://127.0.0.1:{PORT}"
 ADMIN = "admin-" + unique("") + unique("") + unique("")
+METRICS = "127.0.0.1:9109"
 
 
 def _argv(*args: str) -> list[str]:
@@ -81,8 +82,13 @@ class Rig:
         self.gateway = self.ns.popen(_argv("gateway", "--coordinator", URL, "--token", self.token or "",
                                            "--state-dir", str(self.workdir / "gw"), "--listen-udp", "0.0.0.0:51820",
                                            "--endpoint", "192.0.2.1:51820", "--route", "172.29.0.0/24",
-                                           "--dns-upstream", "127.0.0.1:5353"),
+                                           "--dns-upstream", "127.0.0.1:5353", "--metrics-listen", METRICS),
                                      stdout=self.log("gateway"), stderr=subprocess.STDOUT)
+
+    def metrics(self) -> str:
+        """``GET /metrics`` of the gateway, with curl as a scraper would (empty when not served yet)."""
+        out = self.ns.run(["curl", "-sS", "--max-time", "5", f"http://{METRICS}/metrics"], check=False)
+        return out.stdout if out.returncode == 0 else ""
 
     def gateway_ifname(self) -> str | None:
         links = self.ns.check_output(["ip", "-o", "link"])
@@ -136,6 +142,9 @@ def test_gateway_follows_the_coordinator_and_exits_clean(rig):
     node1 = rig.join(k1, "n1")
     wait_for(lambda: encode_key(public_key(k1)) in rig.hub_peers(ifname), 10, "joined node as hub peer")
     print(f"join -> hub peer: {time.monotonic() - started:.3f} s")
+    metrics = wait_for(lambda: (text := rig.metrics()) and 'changes_total{type="peer_added"} 1.0' in text and text,
+                       10, "the join counted on /metrics")
+    assert "anex_gateway_peers 1.0" in metrics and "anex_gateway_watch_connected 1.0" in metrics, metrics
 
     # deleted: it goes
     rig.call("DELETE", f"/v1/nodes/{node1}")

@@ -14,6 +14,8 @@ Flags (environment fallback in brackets):
     --ws-listen HOST:PORT   serve the WebSocket relay there (plain, or TLS with --tls-cert/--tls-key)
     --tls-cert FILE         PEM certificate (chain) of the relay
     --tls-key FILE          PEM private key of the relay
+    --metrics-listen IP:PORT serve Prometheus metrics there (GET /metrics, no token: bind loopback or a
+                            cluster-only address) [ANEX_GATEWAY_METRICS_LISTEN]
     --route CIDR            a cluster network nodes may reach (repeat)
     --dns-upstream IP[:PORT] cluster DNS to forward mesh queries to
     --state-dir DIR         key pair and last registration   [ANEX_STATE_DIR] (default /var/lib/anex-gateway)
@@ -51,6 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="serve the WebSocket relay for UDP-blocked nodes on HOST:PORT")
     parser.add_argument("--tls-cert", default=None, metavar="FILE", help="PEM certificate chain of the relay (TLS)")
     parser.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of the relay (TLS)")
+    parser.add_argument("--metrics-listen", default=None, metavar="IP:PORT",
+                        help="serve Prometheus metrics on IP:PORT (GET /metrics, no token: bind loopback or an "
+                             "address only the cluster reaches) [ANEX_GATEWAY_METRICS_LISTEN]")
     parser.add_argument("--route", action="append", default=[], metavar="CIDR", help="cluster network to route (repeat)")
     parser.add_argument("--dns-upstream", default=None, metavar="IP[:PORT]", help="cluster DNS server")
     parser.add_argument("--state-dir", default=None, help="state directory [ANEX_STATE_DIR]")

@@ -8,7 +8,9 @@ Start order (teardown runs in reverse, also after errors):
    in the state dir, start from it (fail static) and keep trying in the background;
 3. the WireGuard hub (kernel or wireguard-go engine) with the saved/received peers;
 4. IP forwarding on (restored on exit if we changed it) and our nftables table;
-5. the DNS forwarder on the mesh address (when ``--dns-upstream`` is set);
+5. the WebSocket relay (``--ws-listen``), the metrics (``--metrics-listen``,
+   :mod:`anex_agent.gateway.metrics`) and the DNS forwarder on the mesh address
+   (``--dns-upstream``), each when set;
 6. the watch loop: events are applied to the hub as they come, each as a change of the
    peers it names only (:meth:`Engine.update_peers`: one small UAPI/netlink write, the
    other peers neither read nor rewritten); a snapshot (first connect, or a gap the
@@ -40,6 +42,7 @@ from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineEr
 from anex_agent.gateway import forwarding, nft
 from anex_agent.gateway.dns import DnsForwarder
 from anex_agent.gateway.link import GatewayLink
+from anex_agent.gateway.metrics import GatewayMetrics
 from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
 from anex_agent.gateway.state import GatewayState, Registration
@@ -90,6 +93,7 @@ class Gateway:
         self.rotate_in = 3600.0  # seconds between credential renewals (the coordinator says)
         self.relay = None  # the WebSocket relay, when --ws-listen is set
         self._unsaved = asyncio.Event()  # changes recorded for the journal since the last write
+        self.metrics = GatewayMetrics(self)  # served with --metrics-listen
 
     def stop(self) -> None:
         self._stop.set()
@@ -277,14 +281,18 @@ class Gateway:
                         delta = self.book.apply(event)
                     if not delta:
                         continue
+                    started = time.perf_counter()
                     try:
                         if event.type == "snapshot":
                             await self._apply_peers()  # a resync: converge on the device's actual peers
                         else:
                             await self._apply_delta(delta, event)
                     except EngineError as err:
+                        self.metrics.apply_errors.inc()
                         log.error("could not apply peers after %s v%d: %s", event.type, event.version, err)
                     else:
+                        self.metrics.apply_seconds.observe(time.perf_counter() - started)
+                        self.metrics.changes.labels(event.type).inc()
                         log.info("%s v%d%s applied: %d peers", event.type, event.version,
                                  f" ({event.peer.name})" if event.peer is not None else "", len(self.book.peers))
             except CoordinatorError as err:
@@ -389,6 +397,9 @@ class Gateway:
         assert self.registration is not None
         dns: DnsForwarder | None = None
         await self._start_relay(stack)
+        if self.settings.metrics_listen is not None:
+            await self.metrics.serve(*self.settings.metrics_listen)
+            stack.push_async_callback(self.metrics.close)
         try:
             async with asyncio.TaskGroup() as tg:
                 if self.settings.dns_upstream is not None:

@@ -39,6 +39,7 @@ class GatewaySettings:
     ws_listen: tuple[str, int] | None = None   # the WebSocket relay's HOST:PORT; None: no relay
     tls_cert: Path | None = None         # the relay serves TLS with these (PEM); None: plain
     tls_key: Path | None = None
+    metrics_listen: tuple[str, int] | None = None  # IP:PORT serving GET /metrics; None: not served
 
 
 def parse_listen_udp(text: str) -> tuple[str, int]:
@@ -56,7 +57,7 @@ def build_settings(
     dns_upstream: str | None = None, state_dir: str | None = None, engine: str = "auto",
     name: str | None = None, interface: str | None = None, ca_file: str | None = None,
     allow_insecure: bool = False, ws_listen: str | None = None, tls_cert: str | None = None,
-    tls_key: str | None = None,
+    tls_key: str | None = None, metrics_listen: str | None = None,
 ) -> GatewaySettings:
     """Check every value (ConfigError naming its flag) and build the settings; see :func:`from_args` for the CLI."""
     if not coordinator_url:
@@ -89,6 +90,8 @@ def build_settings(
         name=name or socket.gethostname(),
         interface=interface,
         ca_file=ca_path,
+        metrics_listen=(config_value("--metrics-listen", parse.listen, metrics_listen, empty_host=parse.LOCALHOST)
+                        if metrics_listen else None),
         **relay,
     )
 
@@ -126,6 +129,7 @@ def from_args(args, environ: Mapping[str, str]) -> GatewaySettings:
         allow_insecure=args.allow_insecure or transport.allow_insecure_from(environ),
         ws_listen=getattr(args, "ws_listen", None), tls_cert=getattr(args, "tls_cert", None),
         tls_key=getattr(args, "tls_key", None),
+        metrics_listen=getattr(args, "metrics_listen", None) or environ.get("ANEX_GATEWAY_METRICS_LISTEN") or None,
     )
 
 

@@ -153,6 +153,12 @@ async def test_a_join_is_one_peer_set_and_a_removal_one_remove(coordinator, tmp_
         await admin.delete_node(node_id)
         await wait_for(lambda: node_key not in engine.device, 5, "deleted node leaves the hub")
         assert engine.updates[1:] == [((), (node_key,))] and engine.applies == 1
+        # what the metrics tell of it: one change of each kind, timed; the stream open
+        text = gateway.metrics.exposition().decode()
+        assert 'anex_gateway_changes_total{type="peer_added"} 1.0' in text
+        assert 'anex_gateway_changes_total{type="peer_removed"} 1.0' in text
+        assert "anex_gateway_apply_seconds_count 2.0" in text and "anex_gateway_watch_connected 1.0" in text
+        assert "anex_gateway_peers 1.0" in text
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
