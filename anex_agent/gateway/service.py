@@ -217,17 +217,23 @@ class Gateway:
             log.info("hub configured with %d peers in %.3f s", len(self.book.peers), time.perf_counter() - started)
             self.save_now()
 
-    async def _apply_delta(self, delta: PeerDelta, event: WatchEvent) -> None:
-        """Only the peers ``delta`` names to the hub, and ``event`` to the journal; the whole
-        config (and a whole save) when the engine cannot change peers one by one."""
+    def _take(self, event: WatchEvent) -> PeerDelta:
+        """Apply ``event`` to the peer book and queue it for the journal: the state dir follows
+        the book, whatever the engine then makes of the change. A snapshot is saved whole
+        (:meth:`_apply_peers`), not journaled."""
+        delta = self.book.apply(event)
+        if delta and event.type != "snapshot":
+            self.state.record(event)
+            self._unsaved.set()
+        return delta
+
+    async def _apply_delta(self, delta: PeerDelta) -> None:
+        """Only the peers ``delta`` names to the hub; the whole config when the engine cannot."""
         assert self.engine is not None
         async with self._apply_lock:
             done = await self.engine.update_peers(delta.peer_configs(), delta.remove)
         if not done:
             await self._apply_peers()
-            return
-        self.state.record(event)
-        self._unsaved.set()
 
     def save_now(self) -> None:
         """Save the registration and the whole peer set now (fail-static restarts start from it)."""
@@ -278,7 +284,7 @@ class Gateway:
                 async for event in self.link.watch(self.book.version):
                     backoff.reset()
                     async with self._apply_lock:
-                        delta = self.book.apply(event)
+                        delta = self._take(event)
                     if not delta:
                         continue
                     started = time.perf_counter()
@@ -286,7 +292,7 @@ class Gateway:
                         if event.type == "snapshot":
                             await self._apply_peers()  # a resync: converge on the device's actual peers
                         else:
-                            await self._apply_delta(delta, event)
+                            await self._apply_delta(delta)
                     except EngineError as err:
                         self.metrics.apply_errors.inc()
                         log.error("could not apply peers after %s v%d: %s", event.type, event.version, err)

@@ -8,11 +8,14 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
+from anex_agent.errors import EngineError
 from anex_agent.gateway.peers import PeerBook
 from anex_agent.gateway.service import Gateway
+from anex_agent.gateway.settings import build_settings
 from anex_agent.gateway.state import JOURNAL_MIN, GatewayState, Registration
 from anex_agent.keys import encode_key
-from anex_agent.gateway.settings import build_settings
 from anex_agent.wire import MeshPeer, PeerSet, WatchEvent
 
 REG = Registration(coordinator_url="http://127.0.0.1:8700", gateway_id="g1", credential="secret-credential",
@@ -50,8 +53,6 @@ def test_desired_config_of_the_hub(tmp_path):
     gateway.state.ensure()
     gateway.keypair = gateway.state.keypair()
     gateway.registration = REG
-    from anex_agent.gateway.peers import PeerBook
-
     gateway.book = PeerBook.from_peer_set(PEERS)
     desired = gateway.desired()
     assert desired.address == "10.254.0.1/16" and desired.listen_port == 51999 and desired.mtu == 1420
@@ -224,13 +225,16 @@ def test_saved_peers_follow_replacements_through_the_kept_encodings(tmp_path):
 
 
 class CountingEngine:
-    """The one engine call :meth:`Gateway._apply_delta` makes."""
+    """The one engine call :meth:`Gateway._apply_delta` makes (``fail``: it raises, as a broken device would)."""
 
     def __init__(self) -> None:
         self.updates = 0
+        self.fail = False
 
     async def update_peers(self, upsert, remove) -> bool:
         self.updates += 1
+        if self.fail:
+            raise EngineError("the device is gone")
         return True
 
 
@@ -248,15 +252,17 @@ async def test_changes_are_journaled_once_per_interval_off_the_event_path(tmp_pa
     try:
         for i in range(5):  # five events in a row: nothing written yet, then one write of five lines
             event = added(mp(f"n{i}", i + 1), i + 1)
-            await gateway._apply_delta(gateway.book.apply(event), event)
+            await gateway._apply_delta(gateway._take(event))
             await asyncio.sleep(0.01)
         assert engine.updates == 5 and len(journal_lines(tmp_path)) == 1
         await asyncio.sleep(0.5)
         assert [line["peer"]["node_id"] for line in journal_lines(tmp_path)[1:]] == ["n0", "n1", "n2", "n3", "n4"]
         await asyncio.sleep(0.4)
         assert len(journal_lines(tmp_path)) == 6  # nothing changed since: nothing written
+        engine.fail = True  # the engine refuses the next change: the journal still follows the book
         event = removed(mp("n0", 1), 9)
-        await gateway._apply_delta(gateway.book.apply(event), event)
+        with pytest.raises(EngineError):
+            await gateway._apply_delta(gateway._take(event))
     finally:
         saver.cancel()
         await asyncio.gather(saver, return_exceptions=True)
@@ -279,7 +285,7 @@ async def test_the_whole_set_is_rewritten_when_the_journal_outgrew_it(tmp_path, 
     try:
         for i in range(4):  # one node, re-keyed: the set stays one peer, the journal grows
             event = added(mp("n1", i + 1), i + 1)
-            await gateway._apply_delta(gateway.book.apply(event), event)
+            await gateway._apply_delta(gateway._take(event))
             await asyncio.sleep(0.15)  # one write each
             assert gateway.state.journal_lines == [1, 2, 3, 0][i]
         # three lines filled the journal (max(JOURNAL_MIN, 1 peer)): the fourth change came
