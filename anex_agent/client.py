@@ -38,11 +38,21 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from anex_agent import keys, proof, ssh_wire, wire
+from anex_agent import keys, proof, wire
+
+if TYPE_CHECKING:
+    from anex_agent import ssh_wire
+
+
+def _ssh_wire():
+    """The remote-access models, imported at the first SSH call (most processes never make one)."""
+    from anex_agent import ssh_wire
+
+    return ssh_wire
 from anex_agent.errors import CoordinatorError
 from anex_agent.http_client import DEFAULT_MAX_BODY, HttpClient, HttpError, with_query
 
@@ -339,35 +349,35 @@ class CoordinatorClient:
     # ------------------------------------------------------------ remote access (anex_agent.ssh_wire)
 
     async def ssh_ca(self) -> ssh_wire.SshCa:
-        return await self._call("GET", "/v1/ssh/ca", ssh_wire.SshCa, auth=None)
+        return await self._call("GET", "/v1/ssh/ca", _ssh_wire().SshCa, auth=None)
 
     async def create_ssh_certificate(self, node_id: str, request: ssh_wire.SshCertificateRequest) -> ssh_wire.SshCertificate:
-        return await self._call("POST", f"/v1/nodes/{node_id}/ssh-certificates", ssh_wire.SshCertificate,
+        return await self._call("POST", f"/v1/nodes/{node_id}/ssh-certificates", _ssh_wire().SshCertificate,
                                 auth="admin", body=request)
 
     async def list_ssh_certificates(self, node_id: str | None = None) -> ssh_wire.SshCertificateList:
         query = f"?node_id={node_id}" if node_id else ""
-        return await self._call("GET", f"/v1/ssh/certificates{query}", ssh_wire.SshCertificateList, auth="admin")
+        return await self._call("GET", f"/v1/ssh/certificates{query}", _ssh_wire().SshCertificateList, auth="admin")
 
     async def revoke_ssh_certificate(self, serial: int) -> ssh_wire.SshCertificateRecord:
-        return await self._call("POST", f"/v1/ssh/certificates/{serial}/revoke", ssh_wire.SshCertificateRecord,
+        return await self._call("POST", f"/v1/ssh/certificates/{serial}/revoke", _ssh_wire().SshCertificateRecord,
                                 auth="admin")
 
     async def ssh_host_certificate(self, node_id: str, public_key: str) -> ssh_wire.SshHostCertificate:
-        return await self._call("POST", f"/v1/nodes/{node_id}/ssh-host-certificate", ssh_wire.SshHostCertificate,
-                                auth="credential", body=ssh_wire.SshHostCertificateRequest(public_key=public_key))
+        return await self._call("POST", f"/v1/nodes/{node_id}/ssh-host-certificate", _ssh_wire().SshHostCertificate,
+                                auth="credential", body=_ssh_wire().SshHostCertificateRequest(public_key=public_key))
 
     async def ssh_revocations(self, node_id: str) -> ssh_wire.SshRevocations:
         auth = "credential" if self.credential else "admin"
-        return await self._call("GET", f"/v1/nodes/{node_id}/ssh-revocations", ssh_wire.SshRevocations, auth=auth)
+        return await self._call("GET", f"/v1/nodes/{node_id}/ssh-revocations", _ssh_wire().SshRevocations, auth=auth)
 
     async def report_ssh_sessions(self, node_id: str, sessions: list[ssh_wire.SshSession]) -> None:
         await self._call("POST", f"/v1/nodes/{node_id}/ssh-sessions", None, auth="credential",
-                         body=ssh_wire.SshSessionReport(sessions=sessions))
+                         body=_ssh_wire().SshSessionReport(sessions=sessions))
 
     async def list_ssh_sessions(self, node_id: str | None = None) -> ssh_wire.SshSessionList:
         query = f"?node_id={node_id}" if node_id else ""
-        return await self._call("GET", f"/v1/ssh/sessions{query}", ssh_wire.SshSessionList, auth="admin")
+        return await self._call("GET", f"/v1/ssh/sessions{query}", _ssh_wire().SshSessionList, auth="admin")
 
     async def watch(self, since: int = 0) -> AsyncIterator[wire.WatchEvent]:
         """Yield watch events forever, reconnecting and resuming from the last version seen."""

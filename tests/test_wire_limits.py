@@ -75,3 +75,11 @@ def test_readers_ignore_fields_a_newer_coordinator_added_at_any_depth_and_reques
     assert wire.read(wire.WatchEvent, event).config.node_id == "n1"
     with pytest.raises(pydantic.ValidationError):
         wire.Heartbeat.model_validate_json('{"config_version": 1, "surprise": 2}', strict=True)
+    peer = {"node_id": "n1", "name": "n1", "public_key": "A" * 43 + "=", "allowed_ips": ["10.254.0.7/32"]}
+    registered = {"gateway_id": "g1", "credential": "c" * 40, "address": "10.254.0.1", "network": "10.254.0.0/16",
+                  "mtu": 1420, "peers": {"version": 2, "peers": [peer, {**peer, "node_id": "n2", "later": [1]}],
+                                         "new": 0}}
+    answer = wire.read(wire.GatewayRegisterResponse, json.dumps(registered))
+    assert [p.node_id for p in answer.peers.peers] == ["n1", "n2"] and answer.peers.version == 2
+    event = json.dumps({"type": "peer_added", "version": 4, "peer": {**peer, "region": "eu"}})
+    assert wire.read(wire.WatchEvent, event).peer.node_id == "n1"

@@ -28,20 +28,13 @@ import dns.exception
 import dns.message
 import dns.rcode
 
-from anex_agent import parse
-from anex_agent.errors import config_value
+from anex_agent.gateway.settings import DNS_PORT
 
 log = logging.getLogger(__name__)
 
-DNS_PORT = 53
 #: RFC 1035 §4.2.2: TCP messages carry a two-byte length prefix.
 TCP_LENGTH = struct.Struct("!H")
 TCP_IDLE_TIMEOUT = 30.0
-
-
-def parse_upstream(text: str) -> tuple[str, int]:
-    """``IP`` or ``IP:PORT`` / ``[IPv6]:PORT`` -> (ip, port). ConfigError naming --dns-upstream otherwise."""
-    return config_value("--dns-upstream", parse.ip_port, text.strip(), default_port=DNS_PORT)
 
 
 def error_reply(query_wire: bytes, rcode: int) -> bytes | None:

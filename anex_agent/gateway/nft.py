@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from anex_agent.errors import EngineError
+from anex_agent.gateway.settings import DNS_PORT
 
 TABLE_PREFIX = "anex_gw_"
-DNS_PORT = 53
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ from anex_agent import keys
 from anex_agent.backoff import Backoff
 from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineError
 from anex_agent.gateway import forwarding, nft
-from anex_agent.gateway.dns import DnsForwarder
 from anex_agent.gateway.link import GatewayLink
 from anex_agent.gateway.metrics import GatewayMetrics
 from anex_agent.gateway.peers import PeerBook, PeerDelta
@@ -206,16 +205,19 @@ class Gateway:
             peers=self.book.peer_configs(), routes=(),
         )
 
-    async def _apply_peers(self, book: PeerBook | None = None, *, replace: bool = False) -> None:
-        """The whole config to the hub, diffed against the device (start, snapshot, re-registration)."""
+    async def _apply_peers(self, book: PeerBook | None = None, *, replace: bool = False, save: bool = True) -> None:
+        """The whole config to the hub, diffed against the device (start, snapshot, re-registration).
+        The whole set is saved first, so the state dir follows the book whatever the engine
+        does (``save`` False: at start, where the registration or the loaded state is on disk)."""
         async with self._apply_lock:
             if book is not None and replace:
                 self.book = book
+            if save:
+                self.save_now()
             assert self.engine is not None
             started = time.perf_counter()
             await self.engine.apply(self.desired())
             log.info("hub configured with %d peers in %.3f s", len(self.book.peers), time.perf_counter() - started)
-            self.save_now()
 
     def _take(self, event: WatchEvent) -> PeerDelta:
         """Apply ``event`` to the peer book and queue it for the journal: the state dir follows
@@ -355,7 +357,7 @@ class Gateway:
             self.engine = engine_cls(ifname=self.ifname)
             stack.push_async_callback(self.engine.stop)
             await self.engine.start(tasks)
-            await self._apply_peers()
+            await self._apply_peers(save=False)  # registering saved the set (or it was loaded from there)
             previous = forwarding.enable()
             stack.callback(forwarding.restore, previous)
             assert self.registration is not None
@@ -401,7 +403,7 @@ class Gateway:
     async def _serve(self, stack: AsyncExitStack, registered: bool) -> None:
         """The long-running part: DNS, watch, background registration, until asked to stop."""
         assert self.registration is not None
-        dns: DnsForwarder | None = None
+        dns = None  # the DNS forwarder, with --dns-upstream
         await self._start_relay(stack)
         if self.settings.metrics_listen is not None:
             await self.metrics.serve(*self.settings.metrics_listen)
@@ -409,6 +411,8 @@ class Gateway:
         try:
             async with asyncio.TaskGroup() as tg:
                 if self.settings.dns_upstream is not None:
+                    from anex_agent.gateway.dns import DnsForwarder  # dnspython: only with --dns-upstream
+
                     dns = DnsForwarder(listen_host=self.registration.address, upstream=self.settings.dns_upstream)
                     try:
                         await dns.serve(tg)

@@ -14,10 +14,10 @@ from pathlib import Path
 from anex_agent import parse, transport
 from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
-from anex_agent.gateway.dns import parse_upstream
 from anex_agent.tunnels.base import IFNAME_PREFIX, check_ifname
 
 DEFAULT_LISTEN_UDP = "0.0.0.0:51820"
+DNS_PORT = 53  # RFC 1035 §4.2: the upstream's port when --dns-upstream names none
 GATEWAY_ENGINES = ("auto", "kernel", "wireguard-go")
 GATEWAY_TOKEN = SecretSpec("--token", "ANEX_GATEWAY_TOKEN")
 
@@ -45,6 +45,11 @@ class GatewaySettings:
 def parse_listen_udp(text: str) -> tuple[str, int]:
     """--listen-udp: ``IP:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (every address; host "")."""
     return config_value("--listen-udp", parse.listen, text, empty_host="")
+
+
+def parse_upstream(text: str) -> tuple[str, int]:
+    """--dns-upstream: ``IP`` or ``IP:PORT`` / ``[IPv6]:PORT`` -> (ip, port)."""
+    return config_value("--dns-upstream", parse.ip_port, text.strip(), default_port=DNS_PORT)
 
 
 def parse_route(text: str) -> str:

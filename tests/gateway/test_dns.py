@@ -14,7 +14,8 @@ import dns.rrset
 import pytest
 
 from anex_agent.errors import ConfigError
-from anex_agent.gateway.dns import DnsForwarder, error_reply, parse_upstream
+from anex_agent.gateway.dns import DnsForwarder, error_reply
+from anex_agent.gateway.settings import parse_upstream
 
 ZONE = {"web.default.svc.cluster.local.": "10.96.0.42"}
 
