@@ -357,7 +357,8 @@ class Gateway:
             self.engine = engine_cls(ifname=self.ifname)
             stack.push_async_callback(self.engine.stop)
             await self.engine.start(tasks)
-            await self._apply_peers(save=False)  # registering saved the set (or it was loaded from there)
+            # registering saved the set; one loaded from the state dir is saved whole again (a clean journal)
+            await self._apply_peers(save=not registered)
             previous = forwarding.enable()
             stack.callback(forwarding.restore, previous)
             assert self.registration is not None

@@ -151,6 +151,7 @@ class GatewayState:
             except ValueError:
                 log.warning("%s: line %d is incomplete or unreadable; %d changes after the snapshot "
                             "replayed, the rest comes from the coordinator", path, number, applied)
+                self.journal_id = ""  # nothing is appended after a torn line: the next write is a whole save
                 break
             book.apply(event)
             applied += 1

@@ -145,9 +145,19 @@ def test_a_torn_last_line_ends_the_replay(tmp_path, caplog):
     state.flush()
     with open(tmp_path / "peers.journal", "ab") as journal:  # killed while appending the next one
         journal.write(b'{"type":"peer_added","version":3,"peer":{"node_id":"n2","na')
-    loaded = GatewayState(tmp_path).load(REG.coordinator_url)[1]
+    reader = GatewayState(tmp_path)
+    loaded = reader.load(REG.coordinator_url)[1]
     assert [p.node_id for p in loaded.peers] == ["n1"] and loaded.version == 2
     assert "line 3 is incomplete" in caplog.text
+    # nothing is appended after the torn line: the next write is a whole save with a new journal
+    assert reader.journal_id == ""
+    book = PeerBook.from_peer_set(loaded)
+    applied(book, reader, added(mp("n3", 3), 4))
+    assert reader.flush() == 0
+    reader.save(REG, book.to_peer_set())
+    applied(book, reader, added(mp("n4", 4), 5))
+    assert reader.flush() == 1
+    assert [p.node_id for p in GatewayState(tmp_path).load(REG.coordinator_url)[1].peers] == ["n1", "n3", "n4"]
 
 
 def test_a_rewrite_keeps_later_changes_and_refuses_a_copy_older_than_the_journal(tmp_path):
