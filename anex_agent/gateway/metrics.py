@@ -7,7 +7,7 @@ only: no key, node name or address. Off by default.
     anex_gateway_peers                          peers in the hub's set
     anex_gateway_peer_set_version               version of the set (the coordinator's change feed)
     anex_gateway_changes_total{type}            watch events applied (peer_added, peer_removed, snapshot)
-    anex_gateway_apply_seconds                  engine write per event (histogram)
+    anex_gateway_apply_seconds                  applying one event to the hub (histogram; a snapshot includes its whole save)
     anex_gateway_apply_errors_total             events the engine could not apply (logged)
     anex_gateway_watch_connected                1 while the watch stream is open
     anex_gateway_journal_lines                  changes in the state dir's journal since its snapshot
@@ -89,7 +89,7 @@ class GatewayMetrics:
         self.registry = registry = CollectorRegistry()
         self.changes = Counter("anex_gateway_changes", "watch events applied to the hub", ["type"],
                                registry=registry)
-        self.apply_seconds = Histogram("anex_gateway_apply_seconds", "engine write per applied event",
+        self.apply_seconds = Histogram("anex_gateway_apply_seconds", "time to apply one watch event to the hub",
                                        buckets=APPLY_BUCKETS, registry=registry)
         self.apply_errors = Counter("anex_gateway_apply_errors", "watch events the engine could not apply",
                                     registry=registry)
