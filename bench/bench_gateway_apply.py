@@ -68,6 +68,8 @@ sys.path.insert(0, str(ROOT))
 
 ADMIN = "anexadm_bench_admin_token_0123456789abcdef"
 SOCKET_DIR = "/var/run/wireguard"
+#: Seconds the simulated fleet, which never heartbeats, stays registered (a cached fleet is reused for days).
+FLEET_LIFETIME = 30 * 86400
 #: The last commit whose gateway rewrote the whole set per event (the reference).
 REFERENCE_REV = "6c05fc4"
 POLL = 0.005  # seconds between two UAPI dumps of one gateway while a change is awaited
@@ -257,7 +259,9 @@ def start_coordinator(workdir: Path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "ANEX_ADMIN_TOKEN": ADMIN, "ANEX_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "anex_agent", "coordinator", "--listen", f"127.0.0.1:{port}",
-         "--state-dir", str(workdir / "coordinator")],
+         "--state-dir", str(workdir / "coordinator"),
+         # the simulated nodes never heartbeat: they must not expire (and leave every hub) mid-run
+         "--not-ready-after", str(FLEET_LIFETIME), "--expired-after", str(FLEET_LIFETIME + 1)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(workdir / "coordinator.log", "wb"),
     )
     url = f"http://127.0.0.1:{port}"
