@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TICK = 0.002  # open-loop scheduling granularity (s)
+WINDOW = 5.0  # seconds of the open-loop schedule per p99 figure in the time series
 ADMIN = "anexadm_bench_admin_token_0123456789abcdef"
 
 
@@ -449,16 +450,21 @@ async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
     stop_at = time.perf_counter() + args.open_seconds * 1.5 + 1
     unsent: list[float] = []
 
+    by_window: dict[int, list[float]] = {}  # WINDOW-second slice of the schedule -> its latencies
+
     async def open_worker(conn: RawHttp) -> None:
         while True:
             scheduled = await queue.get()
             if scheduled is None:
                 return
+            window = by_window.setdefault(int((scheduled - start) // WINDOW), [])
             if time.perf_counter() > stop_at:
                 unsent.append(stop_at - scheduled)
+                window.append(stop_at - scheduled)
                 continue
             await beat(conn)
             open_lat.append(time.perf_counter() - scheduled)
+            window.append(open_lat[-1])
 
     workers = [asyncio.create_task(open_worker(c)) for c in conns]
     start = time.perf_counter()
@@ -494,6 +500,9 @@ async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
             "p99_ms": round(percentile(open_lat + unsent, 0.99) * ms, 2),
             "not_sent_by_deadline": len(unsent),
             "errors": open_errors,
+            # p99 of the heartbeats scheduled in each WINDOW seconds of the run, in order
+            # (where a long run falls behind shows here: the start, or later)
+            f"p99_ms_per_{WINDOW:g}_s": [round(percentile(by_window[w], 0.99) * ms, 1) for w in sorted(by_window)],
         },
         "closed_loop": {
             "connections": args.concurrency,
