@@ -108,7 +108,7 @@ def loadgen_argv(url: str, args: argparse.Namespace, mode: str, credentials_file
     return [sys.executable, __file__, "--role", "loadgen", "--url", url, "--mode", mode,
             "--nodes", str(args.nodes), "--rate", str(rate or args.rate), "--seconds", str(args.seconds),
             "--open-seconds", str(open_seconds or args.seconds), "--concurrency", str(concurrency or args.concurrency),
-            "--shard", shard, *extra]
+            "--shard", shard, "--telemetry", args.telemetry, *extra]
 
 
 def run_loadgen(url: str, args: argparse.Namespace, mode: str, credentials_file: Path | None = None, **kw) -> dict:
@@ -166,6 +166,7 @@ def bench_cold_fleet(args: argparse.Namespace) -> dict:
     import shutil
 
     result: dict = {"fleet": args.fleet, "rate_per_s": args.rate, "cold_seconds": args.cold_seconds,
+                    "telemetry": args.telemetry, "body_bytes": len(heartbeat_body(0, args.telemetry)),
                     "first_heartbeats_only": args.rate * args.cold_seconds <= args.fleet}
     variants = [("ours", ROOT, []), ("write_through", ROOT, ["--heartbeat-flush-interval", "0"])]
     if args.reference_root:
@@ -173,7 +174,7 @@ def bench_cold_fleet(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "fleet.db"
         started = time.perf_counter()
-        credentials_file = preload_fleet(f"sqlite:///{base}", Path(tmp), args.fleet)
+        credentials_file = preload_fleet(f"sqlite:///{base}", Path(tmp), args.fleet, telemetry=args.telemetry)
         result["preload_s"] = round(time.perf_counter() - started, 1)
         result["db_mib"] = round(base.stat().st_size / 2**20, 1)
         for name, root, extra in variants:
@@ -287,7 +288,8 @@ def bench_scale_out(args: argparse.Namespace, database: str) -> dict:
     return result
 
 
-def preload_fleet(database: str, state_dir: Path, count: int, *, network: str = FLEET_NETWORK) -> Path:
+def preload_fleet(database: str, state_dir: Path, count: int, *, network: str = FLEET_NETWORK,
+                  telemetry: str = "small") -> Path:
     """Write ``count`` nodes straight into the database (joining them over REST would take
     minutes), as a join and then heartbeats leave them: state ``ready``, heard from within the
     last heartbeat interval, status, telemetry and health of a heartbeat, credential issued
@@ -300,7 +302,7 @@ def preload_fleet(database: str, state_dir: Path, count: int, *, network: str = 
     from anex_agent.coordinator.db import open_database
     from anex_agent.coordinator.migrations import CORE, apply
 
-    beat = json.loads(heartbeat_body(0))
+    beat = json.loads(heartbeat_body(0, telemetry))
     status = json.dumps(beat["status"])
     telemetry = json.dumps(beat["telemetry"])
 
@@ -359,11 +361,40 @@ async def setup_nodes(client, count: int) -> list[tuple[str, str]]:
     return nodes
 
 
-def heartbeat_body(i: int) -> bytes:
+GPUS = 8  # GPUs of the "8gpu" telemetry block
+
+
+def telemetry_8gpu(i: int) -> dict:
+    """An 8-GPU block shaped like the agent's (anex_agent.gpu.telemetry): every DCGM-style
+    reading of each GPU, the inventory and the host, about 8 KB of JSON; valid on intake."""
+    from anex_agent.gpu.exposition import DCGM_FIELDS
+
+    gpus = []
+    for g in range(GPUS):
+        entry = {"index": g, "uuid": f"GPU-{i:06d}-{g}", "state": "ok", "last_xid": 0}
+        for _name, key, _kind, _doc in DCGM_FIELDS:
+            entry[key] = (i + g) % 97
+        gpus.append(entry)
+    inventory = {"driver_version": "550.54.15", "cuda_version": "12.4", "gpu_count": GPUS,
+                 "gpus": [{"index": g, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:06d}-{g}",
+                           "pci_bus_id": f"00000000:{g:02X}:00.0", "memory_total_bytes": 85899345920,
+                           "compute_capability": "9.0", "pcie_gen": 5, "pcie_width": 16,
+                           "power_limit_w": 700.0, "mig_mode": "disabled", "form_factor": "sxm"} for g in range(GPUS)]}
+    return {"v": 1, "taken_at": 1_790_000_000.0 + i, "hostname": f"host-{i}",
+            "health": {"verdict": "healthy", "reasons": []}, "nvml": {"state": "ok"}, "inventory": inventory,
+            "gpus": gpus, "xids": [],
+            "host": {"cpu_count": 128, "cpu_util_pct": 12.5, "mem_total_bytes": 2 * 1024**4}, "sample_seconds": 0.001}
+
+
+def heartbeat_body(i: int, telemetry: str = "small") -> bytes:
+    """A heartbeat as an agent sends it: ``small`` telemetry (one GPU, three readings) or
+    ``8gpu`` (:func:`telemetry_8gpu`, what an 8-GPU server's agent sends)."""
+    block = telemetry_8gpu(i) if telemetry == "8gpu" else {
+        "gpus": [{"index": 0, "util": 87, "mem_used_mb": 20000}], "health": {"verdict": "healthy"}}
     return json.dumps({
         "status": {"engine": "userspace", "path": "udp", "last_handshake_age": 4.2, "rx_bytes": i, "tx_bytes": i},
         "config_version": 1,
-        "telemetry": {"gpus": [{"index": 0, "util": 87, "mem_used_mb": 20000}], "health": {"verdict": "healthy"}},
+        "telemetry": block,
     }).encode()
 
 
@@ -410,7 +441,7 @@ async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
         async with CoordinatorClient(args.url, admin_token=ADMIN) as admin:
             nodes = await setup_nodes(admin, args.nodes)
     parts = urlsplit(args.url)
-    bodies = [heartbeat_body(i) for i in range(64)]
+    bodies = [heartbeat_body(i, args.telemetry) for i in range(64)]
     conns = [RawHttp(parts.hostname, parts.port) for _ in range(args.concurrency)]
     await asyncio.gather(*(c.connect() for c in conns))
     counter = 0
@@ -736,6 +767,9 @@ def main() -> None:
                         help="open-loop seconds right after that restart (default 6; rate x seconds <= fleet: every "
                              "heartbeat is a node's first since the start)")
     parser.add_argument("--fleet-only", action="store_true", help="only the restart under --fleet nodes")
+    parser.add_argument("--telemetry", choices=["small", "8gpu"], default="small",
+                        help="the telemetry each heartbeat carries: small (one GPU, three readings; the default) or "
+                             "8gpu (an 8-GPU server's block, about 8 KB of JSON)")
     parser.add_argument("--scale-out", type=int, default=0, metavar="NODES",
                         help="only PostgreSQL scale-out: 1 and 2 coordinator processes on one port (SO_REUSEPORT) "
                              "under this many preloaded nodes")

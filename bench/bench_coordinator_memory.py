@@ -10,7 +10,7 @@ Per node (``--nodes``, default 10000,50000,150000): RSS once started (the creden
 is preloaded at start) and the fleet metrics cache has read the table, against the same
 with no node: ``rss_per_node_kib``; then after ``--heartbeats`` heartbeats (flat is the goal).
 ``--telemetry small`` (default) sends and preloads the load generator's small telemetry block,
-``8gpu`` an 8-GPU block of about 7.4 KB (the fleet metrics cache keeps each node's latest
+``8gpu`` an 8-GPU block of about 8 KB (the fleet metrics cache keeps each node's latest
 telemetry text, so RSS per node then grows by about that size).
 
 Per watcher (``--watchers``, default 0,1000,5000, over a fleet of the largest count): RSS
@@ -37,31 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_coordinator import (ADMIN, FLEET_NETWORK, RawHttp, heartbeat_body, preload_fleet,  # noqa: E402
-                                    rss_mib, start_coordinator, stop)
+                                    rss_mib, start_coordinator, stop, telemetry_8gpu)
 
-GPUS = 8
 REFRESH_WAIT = 6.0  # the fleet metrics look at the table every 5 s
 LIST_NODES_UP_TO = 50_000  # GET /v1/nodes is timed up to this fleet size (it renders every node)
-
-
-def telemetry_block(i: int) -> dict:
-    """An 8-GPU block shaped like the agent's (anex_agent.gpu.telemetry), about 7 KB of JSON."""
-    from anex_agent.gpu.exposition import DCGM_FIELDS
-
-    gpus = []
-    for g in range(GPUS):
-        entry = {"index": g, "uuid": f"GPU-{i:06d}-{g}", "state": "ok", "last_xid": 0}
-        for _name, key, _kind, _doc in DCGM_FIELDS:
-            entry[key] = float((i + g) % 97)
-        gpus.append(entry)
-    inventory = {"driver_version": "550.54.15", "cuda_version": "12.4", "gpu_count": GPUS,
-                 "gpus": [{"index": g, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:06d}-{g}",
-                           "pci_bus_id": f"00000000:{g:02X}:00.0", "memory_total_bytes": 85899345920,
-                           "compute_capability": "9.0", "pcie_gen": 5, "pcie_width": 16,
-                           "power_limit_w": 700.0, "mig_mode": "disabled", "form_factor": "sxm"} for g in range(GPUS)]}
-    return {"v": 1, "taken_at": time.time(), "hostname": f"host-{i}", "health": {"verdict": "healthy", "reasons": []},
-            "nvml": {"state": "ok"}, "inventory": inventory, "gpus": gpus, "xids": [],
-            "host": {"cpu_count": 128, "cpu_util_pct": 12.5, "mem_total_bytes": 2 * 1024**4}, "sample_seconds": 0.001}
 
 
 def start(root: Path, database: str, state_dir: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
@@ -112,10 +91,7 @@ VARIANTS = {"ours": [], "write_through": ["--heartbeat-flush-interval", "0"]}
 
 
 def bodies_for(kind: str) -> list[bytes]:
-    if kind == "small":
-        return [heartbeat_body(i) for i in range(64)]
-    return [json.dumps({"status": {"engine": "userspace", "path": "udp"}, "config_version": 1,
-                        "telemetry": telemetry_block(i)}).encode() for i in range(64)]
+    return [heartbeat_body(i, kind) for i in range(64)]
 
 
 def fleet_db(tmp: Path, nodes: int, telemetry: str) -> tuple[Path, list[tuple[str, str]]]:
@@ -126,7 +102,7 @@ def fleet_db(tmp: Path, nodes: int, telemetry: str) -> tuple[Path, list[tuple[st
         import sqlite3
 
         with sqlite3.connect(base) as conn:  # the 8-GPU block as each node's stored telemetry
-            conn.execute("UPDATE nodes SET telemetry = ?", (json.dumps(telemetry_block(0)),))
+            conn.execute("UPDATE nodes SET telemetry = ?", (json.dumps(telemetry_8gpu(0)),))
     elif not nodes:
         asyncio.run(_migrate(f"sqlite:///{base}"))
     return base, creds
