@@ -78,7 +78,7 @@ class Block(BaseModel):
     the unknown keys, nothing invented (a plain ``model_dump`` would add ``null`` for every
     field not sent)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False, defer_build=True)
 
     def as_sent(self) -> dict[str, Any]:
         """The block as it was given: set fields and unknown keys, JSON types."""
