@@ -191,3 +191,17 @@ def test_an_expired_node_leaves_the_hub(rig):
     print(f"join -> expired and off the hub: {time.monotonic() - started:.1f} s")
     assert node not in {n["id"] for n in rig.call("GET", "/v1/nodes")["nodes"]}
     assert rig.stop(rig.gateway) == 0, rig.tail("gateway")
+
+
+def test_a_refused_registration_ends_the_start_and_leaves_nothing(rig):
+    """The engine starts while the coordinator answers the registration: a refused token
+    ends the start with one clear line, and the engine started meanwhile is gone again."""
+    rig.token = "anexgt_" + unique("") + "x" * 40  # no gateway token the coordinator issued
+    rig.start_gateway()
+    assert rig.gateway.wait(timeout=30) != 0
+    log = rig.tail("gateway")
+    assert "401" in log and "Traceback" not in log, log
+    assert rig.gateway_ifname() is None, rig.ns.check_output(["ip", "-o", "link"])
+    assert not [name for name in os.listdir("/var/run/wireguard") if name.startswith("anxgw")] \
+        if os.path.isdir("/var/run/wireguard") else True
+    assert "anex_gw_" not in rig.ns.check_output(["nft", "list", "tables"])

@@ -4,9 +4,11 @@ Start order (teardown runs in reverse, also after errors):
 
 1. key pair from the state dir (``private.key``, 0600; only the public key leaves);
 2. register with the coordinator (``POST /v1/gateways``; the same key gives the same
-   gateway). If the coordinator cannot be reached and a previous registration is saved
-   in the state dir, start from it (fail static) and keep trying in the background;
-3. the WireGuard hub (kernel or wireguard-go engine) with the saved/received peers;
+   gateway) while the WireGuard engine (kernel or wireguard-go) starts beside it. If the
+   coordinator cannot be reached and a previous registration is saved in the state dir,
+   start from it (fail static) and keep trying in the background;
+3. the hub configured with the received/saved peers, while a thread writes that set whole
+   to the state dir;
 4. IP forwarding on (restored on exit if we changed it) and our nftables table;
 5. the WebSocket relay (``--ws-listen``), the metrics (``--metrics-listen``,
    :mod:`anex_agent.gateway.metrics`) and the DNS forwarder on the mesh address
@@ -172,7 +174,6 @@ class Gateway:
                 continue
             self._adopt(response)
             self.book = PeerBook.from_peer_set(response.peers)
-            self.state.save(self.registration, self.book.to_peer_set())
             log.info("registered as gateway %s, mesh address %s, %d peers",
                      response.gateway_id, response.address, len(response.peers.peers))
             return True
@@ -208,7 +209,7 @@ class Gateway:
     async def _apply_peers(self, book: PeerBook | None = None, *, replace: bool = False, save: bool = True) -> None:
         """The whole config to the hub, diffed against the device (start, snapshot, re-registration).
         The whole set is saved first, so the state dir follows the book whatever the engine
-        does (``save`` False: at start, where the registration or the loaded state is on disk)."""
+        does (``save`` False: at start, where :meth:`_run` saves it beside the apply)."""
         async with self._apply_lock:
             if book is not None and replace:
                 self.book = book
@@ -348,17 +349,27 @@ class Gateway:
         log.info("gateway public key %s", self.keypair.public_b64)
         async with AsyncExitStack() as stack:
             stack.push_async_callback(self.link.close)
-            registered = await self._initial_registration()
-            if registered is None:
-                return 0
             engine_cls, tried = choose_engine(self.settings.engine)
             log.info("engine: %s (%s)", engine_cls.name, tried[engine_cls.name].reason)
             self.ifname = self.ifname or interface_for(self.keypair.public_b64)
             self.engine = engine_cls(ifname=self.ifname)
             stack.push_async_callback(self.engine.stop)
-            await self.engine.start(tasks)
-            # registering saved the set; one loaded from the state dir is saved whole again (a clean journal)
-            await self._apply_peers(save=not registered)
+            # the engine starts while the coordinator answers (it needs nothing from it); a
+            # failure of either cancels the other, and the stack stops what was started
+            async with asyncio.TaskGroup() as starting:
+                registering = starting.create_task(self._initial_registration(), name="gateway-register")
+                starting.create_task(self.engine.start(tasks), name="gateway-engine-start")
+            registered = registering.result()
+            if registered is None:
+                return 0
+            # the whole set to the state dir (a registration's, or a clean journal after a start
+            # from the state dir), written by a thread while the hub takes the same set
+            assert self.registration is not None
+            saving = asyncio.to_thread(self.state.save, dataclasses.replace(self.registration),
+                                       self.book.to_peer_set())
+            async with asyncio.TaskGroup() as first:
+                first.create_task(saving, name="gateway-save")
+                first.create_task(self._apply_peers(save=False), name="gateway-hub")
             previous = forwarding.enable()
             stack.callback(forwarding.restore, previous)
             assert self.registration is not None

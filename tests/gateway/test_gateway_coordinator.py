@@ -120,6 +120,7 @@ async def test_restart_with_the_coordinator_down_uses_the_saved_state(coordinato
     first, _ = make_gateway(url, tmp_path / "gw", token)
     node_id, key = await join_node(url, admin, "n1")
     assert await first._initial_registration() is True
+    first.save_now()  # what the start does beside configuring the hub
     await first.link.close()
     assert key in {p.public_key for p in first.book.peer_configs()}
 
