@@ -7,8 +7,8 @@ Start order (teardown runs in reverse, also after errors):
    gateway) while the WireGuard engine (kernel or wireguard-go) starts beside it. If the
    coordinator cannot be reached and a previous registration is saved in the state dir,
    start from it (fail static) and keep trying in the background;
-3. the hub configured with the received/saved peers, while a thread writes that set whole
-   to the state dir;
+3. the hub configured with the received/saved peers; then a thread writes that set whole
+   to the state dir while the next steps run (the watch loop waits for it);
 4. IP forwarding on (restored on exit if we changed it) and our nftables table;
 5. the WebSocket relay (``--ws-listen``), the metrics (``--metrics-listen``,
    :mod:`anex_agent.gateway.metrics`) and the DNS forwarder on the mesh address
@@ -76,6 +76,11 @@ def _first_anex_error(group: BaseExceptionGroup) -> AnexError | None:
     return None
 
 
+async def _settle(task: asyncio.Task) -> None:
+    """Wait for ``task`` on the way out, whatever it ended with (its error, if any, was raised where it was awaited)."""
+    await asyncio.gather(task, return_exceptions=True)
+
+
 class Gateway:
     """One gateway process. ``await Gateway(settings).run()`` until SIGTERM/SIGINT or :meth:`stop`."""
 
@@ -95,6 +100,7 @@ class Gateway:
         self.relay = None  # the WebSocket relay, when --ws-listen is set
         self._unsaved = asyncio.Event()  # changes recorded for the journal since the last write
         self.metrics = GatewayMetrics(self)  # served with --metrics-listen
+        self._first_save: asyncio.Task | None = None  # the start's whole save (a thread)
 
     def stop(self) -> None:
         self._stop.set()
@@ -275,6 +281,8 @@ class Gateway:
 
     async def _watch_loop(self) -> None:
         """Follow the watch stream until stopped; pending changes are written on the way out."""
+        if self._first_save is not None:
+            await self._first_save  # a start's whole save comes before any journaled change
         try:
             await self._follow()
         finally:
@@ -362,14 +370,15 @@ class Gateway:
             registered = registering.result()
             if registered is None:
                 return 0
+            await self._apply_peers(save=False)
             # the whole set to the state dir (a registration's, or a clean journal after a start
-            # from the state dir), written by a thread while the hub takes the same set
+            # from the state dir), by a thread while the rules go in and serving starts; the
+            # watch loop applies no event before it is written
             assert self.registration is not None
-            saving = asyncio.to_thread(self.state.save, dataclasses.replace(self.registration),
-                                       self.book.to_peer_set())
-            async with asyncio.TaskGroup() as first:
-                first.create_task(saving, name="gateway-save")
-                first.create_task(self._apply_peers(save=False), name="gateway-hub")
+            self._first_save = asyncio.create_task(asyncio.to_thread(
+                self.state.save, dataclasses.replace(self.registration), self.book.to_peer_set()),
+                name="gateway-first-save")
+            stack.push_async_callback(_settle, self._first_save)
             previous = forwarding.enable()
             stack.callback(forwarding.restore, previous)
             assert self.registration is not None
