@@ -76,11 +76,6 @@ def _first_anex_error(group: BaseExceptionGroup) -> AnexError | None:
     return None
 
 
-async def _settle(task: asyncio.Task) -> None:
-    """Wait for ``task`` on the way out, whatever it ended with (its error, if any, was raised where it was awaited)."""
-    await asyncio.gather(task, return_exceptions=True)
-
-
 class Gateway:
     """One gateway process. ``await Gateway(settings).run()`` until SIGTERM/SIGINT or :meth:`stop`."""
 
@@ -215,7 +210,7 @@ class Gateway:
     async def _apply_peers(self, book: PeerBook | None = None, *, replace: bool = False, save: bool = True) -> None:
         """The whole config to the hub, diffed against the device (start, snapshot, re-registration).
         The whole set is saved first, so the state dir follows the book whatever the engine
-        does (``save`` False: at start, where :meth:`_run` saves it beside the apply)."""
+        does (``save`` False: at start, where :meth:`_run` saves it after the apply)."""
         async with self._apply_lock:
             if book is not None and replace:
                 self.book = book
@@ -375,13 +370,12 @@ class Gateway:
             # from the state dir), by a thread while the rules go in and serving starts; the
             # watch loop applies no event before it is written
             assert self.registration is not None
-            self._first_save = asyncio.create_task(asyncio.to_thread(
-                self.state.save, dataclasses.replace(self.registration), self.book.to_peer_set()),
-                name="gateway-first-save")
-            stack.push_async_callback(_settle, self._first_save)
+            registration, peers = dataclasses.replace(self.registration), self.book.to_peer_set()
+            self._first_save = tasks.spawn("gateway-first-save",
+                                           lambda: asyncio.to_thread(self.state.save, registration, peers),
+                                           on_failure="fail")
             previous = forwarding.enable()
             stack.callback(forwarding.restore, previous)
-            assert self.registration is not None
             table = table_for(self.ifname)
             stack.callback(nft.remove, table)
             nft.install(nft.GatewayRules(
