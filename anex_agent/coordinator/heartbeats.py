@@ -11,9 +11,9 @@ Contract:
   (``json_each``), so the writer thread leaves the interpreter's lock once per flush.
   ``executemany`` takes it back after every row, and while the event loop is busy each
   take waits up to the switch interval: on two cores, with the loop busy, executemany
-  committed 5,500 to 7,500 rows of a 150,000-node table in 8 s (about 1 ms a row), one
-  statement per flush every row offered (22,000). The rows written are the same either
-  way; PostgreSQL (asyncpg, on the loop) uses executemany.
+  committed 5,500 to 7,500 rows of a 150,000-node table in 8 s (about 1 ms a row), while
+  one statement per flush committed every row offered (22,000). The rows written are the
+  same either way; PostgreSQL (asyncpg, on the loop) uses executemany.
 * Telemetry arrives validated as :class:`anex_agent.telemetry.Telemetry` and is stored as
   the node sent it (latest JSON per node); the node's health is taken from
   ``telemetry.health.verdict`` (and ``.reasons``) when it is one this version knows, else left as is.
