@@ -57,6 +57,20 @@ async def test_one_statement_writes_what_one_update_per_row_writes(coord):
     assert third["health"] == "unknown"
 
 
+async def test_a_batch_larger_than_one_statement_is_written_whole(coord, monkeypatch):
+    monkeypatch.setattr(heartbeats, "SQLITE_BATCH_ROWS", 2)  # three statements for five rows
+    for i in range(5):
+        await coord.join(f"n{i}")
+    buffer = coord.ctx.heartbeats
+    ids = [row["id"] for row in await coord.ctx.db.fetch("SELECT id FROM nodes ORDER BY name")]
+    for i, node_id in enumerate(ids):
+        buffer.record(node_id, wire.Heartbeat.model_validate_json(json.dumps(BEATS[0]), strict=True), 100.0 + i)
+    assert await buffer.flush() == 5
+    rows = await _rows(coord)
+    assert [row["last_heartbeat_at"] for row in rows] == [100.0, 101.0, 102.0, 103.0, 104.0]
+    assert {row["state"] for row in rows} == {"ready"} and {row["health"] for row in rows} == {"degraded"}
+
+
 async def test_a_flush_keeps_the_telemetry_a_later_beat_without_one_does_not_replace(coord):
     await coord.join("n0")
     buffer = coord.ctx.heartbeats
