@@ -185,13 +185,26 @@ async def test_a_heartbeat_being_written_still_counts_as_pending(coord):
     await client.heartbeat(joined.node_id, wire.Heartbeat())
     buffer = coord.ctx.heartbeats
     seen = []
-    real = buffer._db.executemany
 
-    async def slow_write(sql, rows):
-        seen.append(buffer.pending_for(joined.node_id))
-        await real(sql, rows)
+    class Watching:
+        """The database, noting what is pending as a write starts (one statement per batch
+        in a transaction on SQLite, executemany on PostgreSQL)."""
 
-    buffer._db = type("Db", (), {"executemany": staticmethod(slow_write)})()
+        def __init__(self, db) -> None:
+            self._db = db
+
+        def __getattr__(self, name):
+            return getattr(self._db, name)
+
+        async def executemany(self, sql, rows):
+            seen.append(buffer.pending_for(joined.node_id))
+            await self._db.executemany(sql, rows)
+
+        def transaction(self):
+            seen.append(buffer.pending_for(joined.node_id))
+            return self._db.transaction()
+
+    buffer._db = Watching(coord.ctx.db)
     try:
         assert await buffer.flush() == 1
     finally:
