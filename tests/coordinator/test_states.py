@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -108,16 +109,31 @@ async def test_flush_waits_for_a_flush_in_flight(coord):
     background flusher is in the middle of writing its batch."""
     client, joined, _ = await coord.join()
     buffer = coord.ctx.heartbeats
-    db = coord.ctx.db
-    original = db.executemany
     entered, release = asyncio.Event(), asyncio.Event()
 
-    async def slow_executemany(sql, rows):
-        entered.set()
-        await release.wait()
-        await original(sql, rows)
+    class Stalling:
+        """The database, each write held until released (the flush writes a transaction of
+        batch statements on SQLite, executemany on PostgreSQL)."""
 
-    db.executemany = slow_executemany
+        def __init__(self, db) -> None:
+            self._db = db
+
+        def __getattr__(self, name):
+            return getattr(self._db, name)
+
+        async def executemany(self, sql, rows):
+            entered.set()
+            await release.wait()
+            await self._db.executemany(sql, rows)
+
+        @contextlib.asynccontextmanager
+        async def transaction(self):
+            entered.set()
+            await release.wait()
+            async with self._db.transaction() as tx:
+                yield tx
+
+    buffer._db = Stalling(coord.ctx.db)
     try:
         await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"n": 1}))
         background = asyncio.create_task(buffer.flush())  # the periodic flusher, stalled mid-write
@@ -129,5 +145,5 @@ async def test_flush_waits_for_a_flush_in_flight(coord):
         await background
         await reader
     finally:
-        db.executemany = original
+        buffer._db = coord.ctx.db
     assert (await coord.admin.get_telemetry(joined.node_id)).telemetry == {"n": 1}
