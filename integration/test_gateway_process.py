@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from anex_agent.client import proven_body
-from anex_agent.keys import KeyPair, encode_key, generate_private_key, public_key
+from anex_agent.gateway.settings import interface_for
+from anex_agent.keys import KeyPair, encode_key, generate_private_key, load_or_create, public_key
 from anex_agent.wire import NodeJoinRequest
 from integration.netns import Netns, missing_prerequisites, unique
 from tests.polling import wait_for
@@ -202,6 +203,8 @@ def test_a_refused_registration_ends_the_start_and_leaves_nothing(rig):
     log = rig.tail("gateway")
     assert "401" in log and "Traceback" not in log, log
     assert rig.gateway_ifname() is None, rig.ns.check_output(["ip", "-o", "link"])
-    assert not [name for name in os.listdir("/var/run/wireguard") if name.startswith("anxgw")] \
-        if os.path.isdir("/var/run/wireguard") else True
+    # this gateway's engine (its name follows the key in its state dir): no process, no socket
+    ifname = interface_for(load_or_create(rig.workdir / "gw" / "private.key").public_b64)
+    assert subprocess.run(["pgrep", "-f", f"wireguard-go -f {ifname}"], capture_output=True).returncode == 1
+    assert not os.path.exists(f"/var/run/wireguard/{ifname}.sock")
     assert "anex_gw_" not in rig.ns.check_output(["nft", "list", "tables"])

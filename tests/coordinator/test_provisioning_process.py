@@ -329,7 +329,9 @@ def test_dangling_rental_pruned_and_vanished_rental_lost(tmp_path, provider):
         provider.fake.vanish(rental.rental_id)
         lost = coord.state(pid, "lost", 15)
         assert "no longer lists" in lost["reason"] and lost["attempts"][-1]["outcome"] == "lost"
-        assert node_id not in [n["id"] for n in coord.nodes()]
+        # the node is revoked right after the provision is marked lost (two steps: a reader
+        # between them still lists it)
+        _until(lambda: node_id not in [n["id"] for n in coord.nodes()], "the lost provision's node revoked", 10)
     finally:
         coord.stop()
 
