@@ -105,6 +105,29 @@ async def database_url(request, tmp_path: Path):
         yield url
 
 
+class HookedWrites:
+    """A database whose writes first await ``before()``: a transaction (how the heartbeat
+    flush writes on SQLite) and ``executemany`` (on PostgreSQL); everything else passes
+    through. Lets a test see or hold the moment a write starts, whatever form it takes."""
+
+    def __init__(self, db, before) -> None:
+        self._db = db
+        self._before = before
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+    async def executemany(self, sql, rows):
+        await self._before()
+        await self._db.executemany(sql, rows)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self):
+        await self._before()
+        async with self._db.transaction() as tx:
+            yield tx
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

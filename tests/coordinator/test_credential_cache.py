@@ -12,7 +12,7 @@ from anex_agent import wire
 from anex_agent.coordinator import auth, credentials, states, sweeper
 from anex_agent.errors import CoordinatorError
 
-from .conftest import start_harness, stop_harness
+from .conftest import HookedWrites, start_harness, stop_harness
 
 # rotation well before expiry, so a rotated node is still there when the clock has moved
 TIMINGS = states.Timings(heartbeat_interval=15, not_ready_after=60, expired_after=3600, credential_rotation=100,
@@ -186,25 +186,10 @@ async def test_a_heartbeat_being_written_still_counts_as_pending(coord):
     buffer = coord.ctx.heartbeats
     seen = []
 
-    class Watching:
-        """The database, noting what is pending as a write starts (one statement per batch
-        in a transaction on SQLite, executemany on PostgreSQL)."""
+    async def note_pending() -> None:  # as the flush's write starts
+        seen.append(buffer.pending_for(joined.node_id))
 
-        def __init__(self, db) -> None:
-            self._db = db
-
-        def __getattr__(self, name):
-            return getattr(self._db, name)
-
-        async def executemany(self, sql, rows):
-            seen.append(buffer.pending_for(joined.node_id))
-            await self._db.executemany(sql, rows)
-
-        def transaction(self):
-            seen.append(buffer.pending_for(joined.node_id))
-            return self._db.transaction()
-
-    buffer._db = Watching(coord.ctx.db)
+    buffer._db = HookedWrites(coord.ctx.db, note_pending)
     try:
         assert await buffer.flush() == 1
     finally:

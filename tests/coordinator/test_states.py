@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 
@@ -11,6 +10,7 @@ from anex_agent import wire
 from anex_agent.coordinator import states, sweeper
 from anex_agent.errors import CoordinatorError
 from anex_agent.wire import NodeState
+from tests.coordinator.conftest import HookedWrites
 
 T = states.Timings(heartbeat_interval=10, not_ready_after=30, expired_after=300)
 
@@ -111,29 +111,11 @@ async def test_flush_waits_for_a_flush_in_flight(coord):
     buffer = coord.ctx.heartbeats
     entered, release = asyncio.Event(), asyncio.Event()
 
-    class Stalling:
-        """The database, each write held until released (the flush writes a transaction of
-        batch statements on SQLite, executemany on PostgreSQL)."""
+    async def stall() -> None:  # each write held until released
+        entered.set()
+        await release.wait()
 
-        def __init__(self, db) -> None:
-            self._db = db
-
-        def __getattr__(self, name):
-            return getattr(self._db, name)
-
-        async def executemany(self, sql, rows):
-            entered.set()
-            await release.wait()
-            await self._db.executemany(sql, rows)
-
-        @contextlib.asynccontextmanager
-        async def transaction(self):
-            entered.set()
-            await release.wait()
-            async with self._db.transaction() as tx:
-                yield tx
-
-    buffer._db = Stalling(coord.ctx.db)
+    buffer._db = HookedWrites(coord.ctx.db, stall)
     try:
         await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"n": 1}))
         background = asyncio.create_task(buffer.flush())  # the periodic flusher, stalled mid-write
