@@ -112,7 +112,7 @@ async def resolve_node(client, node: str) -> str:
         return named[0]
     if named:
         raise ConfigError("NODE", f"{len(named)} nodes are called {node!r} ({', '.join(named)}); give the node id")
-    raise ConfigError("NODE", f"no node {node!r}; see GET /v1/nodes")
+    raise ConfigError("NODE", f"no node {node!r}; see anex-agent admin nodes list")
 
 
 async def certify(client, node: str, *, validity: int | None = None, requested_for: str = "") -> Target:
