@@ -40,3 +40,26 @@ def test_the_error_tree_docstring_names_every_family():
     for cls in families:
         named = [cls, *cls.__subclasses__()] if cls is errors.ProtocolError else [cls]
         assert any(f":class:`{c.__name__}`" in doc for c in named), cls.__name__
+
+
+def test_no_error_raised_through_the_cli_carries_the_cli_s_prefix():
+    """``anex-agent COMMAND: `` is added once, by :func:`anex_agent.cli.main`, to every
+    AnexError it prints: an error's own text (or a ConfigError's source) starting with it
+    would print it twice (``anex-agent demo: anex-agent demo: needs root``)."""
+    import ast
+
+    from anex_agent import cli
+
+    prefixes = tuple(f"anex-agent {name}" for name in cli.COMMANDS)
+    found = []
+    for path in sorted((ROOT / "anex_agent").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+                continue
+            first = node.exc.args[0]
+            text = first.value if isinstance(first, ast.Constant) else (
+                first.values[0].value if isinstance(first, ast.JoinedStr) and first.values
+                and isinstance(first.values[0], ast.Constant) else None)
+            if isinstance(text, str) and text.startswith(prefixes):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text}")
+    assert found == []
