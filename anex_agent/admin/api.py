@@ -116,8 +116,10 @@ class AdminApi:
             named = []
             for entry in problem["errors"]:
                 name = str(entry.get("field", ""))
-                flag = (fields or {}).get(name.split(".", 1)[0], name) if name else "the request"
-                named.append((flag, str(entry.get("message", ""))))
+                top, _, inner = name.partition(".")  # env.GW_TUNNEL_X: the flag of env, and which variable
+                flag = (fields or {}).get(top, name) if name else "the request"
+                message = str(entry.get("message", ""))
+                named.append((flag, f"{inner}: {message}" if inner and top in (fields or {}) else message))
             return ConfigError(named[0][0], "; ".join(f"{m}" if i == 0 else f"{f}: {m}"
                                                       for i, (f, m) in enumerate(named)))
         return err

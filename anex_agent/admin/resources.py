@@ -196,8 +196,7 @@ async def gateways_delete(api: AdminApi, args: Any) -> Shown:
 # ---------------------------------------------------------------- provisions
 
 PROVISION_FIELDS = {"name": "--name", "image": "--image", "annotations": "--annotation", "env": "--env",
-                    "ports": "--port", "disk_gb": "--disk-gb", "agent": "--agent", "command": "COMMAND",
-                    "args": "--file (args)"}
+                    "ports": "--port", "disk_gb": "--disk-gb", "agent": "--agent", "command": "COMMAND"}
 
 
 def _provision_file(path: str) -> dict[str, Any]:
@@ -271,7 +270,13 @@ async def provisions_show(api: AdminApi, args: Any) -> Shown:
 
 
 async def provisions_create(api: AdminApi, args: Any) -> Shown:
-    return _one(await api.call("POST", "/v1/provisions", body=provision_body(args), fields=PROVISION_FIELDS))
+    body = provision_body(args)
+    given = {"name": args.name, "image": args.image, "annotations": args.annotation, "env": args.env,
+             "ports": args.port, "disk_gb": args.disk_gb, "agent": args.agent, "command": args.command}
+    # a refused field is named by the flag that set it, else as the --file's field
+    fields = {name: PROVISION_FIELDS[name] if given.get(name) not in (None, [], "") else f"--file ({name})"
+              for name in body}
+    return _one(await api.call("POST", "/v1/provisions", body=body, fields=fields))
 
 
 async def provisions_delete(api: AdminApi, args: Any) -> Shown:

@@ -198,6 +198,11 @@ def test_provisions_create_from_a_file_and_flags_list_show_delete(admin, tmp_pat
     assert status == 2 and "--name: is required" in err
     status, _, err = admin("provisions", "create", "--name", "Bad Name", "--image", "x")
     assert status == 2 and err.startswith("anex-agent admin: --name:")
+    (tmp_path / "env.json").write_text(json.dumps({"name": "bad-env", "image": "x", "env": {"ANEX_JOIN_TOKEN": "t"}}))
+    status, _, err = admin("provisions", "create", "--file", str(tmp_path / "env.json"))
+    assert status == 2 and err.startswith("anex-agent admin: --file (env): ANEX_JOIN_TOKEN: set by the coordinator")
+    status, _, err = admin("provisions", "create", "--name", "bad-env", "--image", "x", "--env", "ANEX_JOIN_TOKEN=t")
+    assert status == 2 and err.startswith("anex-agent admin: --env: ANEX_JOIN_TOKEN: set by the coordinator")
     (tmp_path / "bad.json").write_text("[1, 2")
     status, _, err = admin("provisions", "create", "--file", str(tmp_path / "bad.json"))
     assert status == 2 and "--file:" in err and "not JSON" in err
