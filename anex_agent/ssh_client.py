@@ -11,6 +11,11 @@ With a terminal on stdin and no command, or with ``-t``, the session gets a PTY 
 terminal's size (resizes follow), the local terminal is put in raw mode meanwhile. The exit
 status is the remote command's (128+N when a signal N ended it; 255 when the session failed).
 
+Quiet unless asked: asyncssh's connection log shows with ``-v`` (``anex-agent -v ssh ...``), its
+debug lines with ``-vv``; a failure is one line (:func:`failure`: why, and for a connection
+that failed, whether the coordinator has the node offline). Standard input may be a terminal,
+a pipe, a file or a character device such as ``/dev/null`` (:func:`stdin_source`).
+
 Settings: ``--coordinator`` / ``ANEX_COORDINATOR_URL``; the admin token from
 ``ANEX_ADMIN_TOKEN`` or ``ANEX_ADMIN_TOKEN_FILE`` (or ``--admin-token-file``), else the SSH
 issuer token (``ANEX_SSH_ISSUER_TOKEN`` / ``_FILE``; NODE must then be a node id);
@@ -150,9 +155,9 @@ def failure(target: Target, err: BaseException, *, connected: bool = False) -> s
     view = target.node
     where = f"node {target.node_id}" + (f" ({view.name})" if view is not None and view.name else "")
     line = f"{where} at {target.address}:{target.port}: {why}"
-    state = getattr(getattr(view, "state", None), "value", None)
     if connected:
         return line
+    state = getattr(getattr(view, "state", None), "value", None)
     if state is not None and state != "ready":
         last = view.last_heartbeat_at
         since = f"last heartbeat {last:%Y-%m-%d %H:%M:%SZ}" if last is not None else "no heartbeat since it joined"
