@@ -347,8 +347,8 @@ class Agent:
             await workload.start()
 
     async def _when_ready(self) -> None:
-        while not await self.dataplane.wait_handshake(3600.0):
-            pass
+        assert self.dataplane is not None
+        await self.dataplane.handshake()  # waits for a gateway first when none is registered yet
         self._ready_now()
 
     def _ready_now(self) -> None:
