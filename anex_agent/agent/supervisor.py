@@ -18,7 +18,8 @@ so the proxy already serves while they load.
 Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` (join
 retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
 the agent exits with 128+N), then ``heartbeat``, ``watch``, ``ssh`` (the SSH server's upkeep, :mod:`.ssh_access`), ``gpu-telemetry`` (when
-:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` throughout.
+:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` and ``loop-watchdog`` (:mod:`anex_agent.loop_watchdog`: a step of the
+event loop over 1 s is logged with the task that took it) throughout.
 The data plane and its engine spawn theirs (``endpoint-follow``, an engine's own loops)
 through :class:`anex_agent.tasks.Tasks` over the same TaskGroup: a failure is logged and
 the task restarted with backoff.
@@ -61,6 +62,7 @@ from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.agent.reaper import Reaper, become_subreaper
 from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
+from anex_agent.loop_watchdog import LoopWatchdog
 from anex_agent.tasks import Tasks
 from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
 
@@ -364,6 +366,7 @@ class Agent:
             async with asyncio.TaskGroup() as tg:
                 self.tasks = Tasks(tg, role="agent")
                 stopper = tg.create_task(self._stop.wait(), name="stop-wait")
+                tg.create_task(LoopWatchdog().run(), name="loop-watchdog")
                 if self.notifier.watchdog_interval is not None:
                     tg.create_task(self.notifier.watchdog(), name="watchdog")
                 startup = tg.create_task(self._start_up(pubkey, facts, workload), name="start-up")
