@@ -323,6 +323,9 @@ class Agent:
             finally:  # ours until the end of the teardown: a second signal cuts it short
                 for signum in FORWARDED:
                     loop.remove_signal_handler(signum)
+                if self.exit_deadline.enabled:  # the process is on its way out (within the deadline):
+                    for signum in TERMINATING:  # a late signal neither kills it nor raises KeyboardInterrupt
+                        signal.signal(signum, signal.SIG_IGN)
 
     async def _start_up(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> None:
         """Join (or re-use), data plane, API, then the workload. Cancelled by a stop signal."""
@@ -422,7 +425,8 @@ class Agent:
         assert self.tasks is not None
         me = asyncio.current_task()
         await cancel_and_wait([t for t in self.tasks.live() if t is not me])
-        if workload is not None and workload.proc is not None and self.identity is not None:
+        if workload is not None and workload.proc is not None and self.identity is not None \
+                and not self._teardown_steps.hurried:
             await self._teardown_steps.step("the last heartbeat", lambda: last_heartbeat(self),
                                             timeout=LAST_HEARTBEAT_TIMEOUT + 1.0)
 
