@@ -166,14 +166,15 @@ def test_every_way_out_ends_the_agent_within_the_bound(gateway, way, engine, att
         if way == "coordinator-lost":
             _blackhole_coordinator(mesh, node)
         elif way == "gateway-deleted":
+            mesh.stop_gateway()  # first: a running gateway registers again (a new one for the next test)
             for gw in mesh.admin("GET", "/v1/gateways")["gateways"]:
                 mesh.admin("DELETE", f"/v1/gateways/{gw['id']}")
-            mesh.stop_gateway()  # a new one for the next test (the gateway fixture)
             wait_until(lambda: node.status()["gateways"] == [], 30, "the agent dropping the deleted gateway")
 
         started = time.monotonic()
         if way == "workload-exit":
-            proc.stdin.close()
+            proc.stdin.close()  # the workload reads to the end of its input, then exits
+            proc.stdin = None
         elif way in ("sigint",):
             proc.send_signal(signal.SIGINT)
         elif way in ("second-sigterm", "daemon-second-sigint"):

@@ -8,8 +8,15 @@ Order of start (each step only after the previous one worked)::
 
 Fail static: once the data plane is up, coordinator failures only make heartbeats and
 the watch stream back off (with jitter) and retry; the tunnel, proxy and forwards keep
-the last good config. Teardown (always, also on errors): workload, API, front-ends,
-engine.stop(), so nothing of ours is left.
+the last good config.
+
+Stopping is bounded (:mod:`.stopping`): once the stop begins (the workload ended, or a stop
+signal without one) an exit deadline is armed (:data:`~.stopping.STOP_MARGIN` s), every task
+started through :attr:`Agent.tasks` is cancelled and waited for (bounded; one that goes on is
+cancelled again), the last heartbeat carries the workload's end (``run``, bounded), then the
+teardown (always, also on errors), each step bounded: workload, API, SSH, front-ends,
+engine.stop(), so nothing of ours is left. A second SIGTERM/SIGINT while stopping kills the
+workload, skips the last heartbeat and cuts every step short.
 
 The agent API's and the GPU telemetry's modules (aiohttp's server, prometheus_client,
 psutil, :mod:`anex_agent.gpu`) are imported once the data plane is up, in a worker thread,
@@ -29,7 +36,7 @@ interface of this host, on the mesh address too; that listener follows the addre
 the coordinator changes it.
 Signals: with a running workload they are forwarded to it (see :mod:`.workload`);
 otherwise SIGTERM/SIGINT/SIGHUP/SIGQUIT stop the agent (``daemon`` exits 0 after a clean
-stop) and the others are ignored. With a workload the agent is child subreaper and the task
+stop; a second one while stopping hurries it) and the others are ignored. With a workload the agent is child subreaper and the task
 ``reaper`` reaps orphaned processes (:mod:`.reaper`). The workload starts once a gateway
 handshake completed, ``wait_ready`` seconds at most (None: the data plane's default, 20 s;
 0: at once); when none came by then it starts anyway and the task ``ready-wait`` logs when
@@ -365,6 +372,7 @@ class Agent:
             await workload.start()
 
     async def _when_ready(self) -> None:
+        """Task ``ready-wait``: once a gateway answers (it may register long after the agent started)."""
         assert self.dataplane is not None
         await self.dataplane.handshake()  # waits for a gateway first when none is registered yet
         self._ready_now()
