@@ -193,6 +193,7 @@ def test_every_way_out_ends_the_agent_within_the_bound(gateway, way, engine, att
             finish(node.ns, proc, timeout=0.1)
         node.proc = None
     text = "".join(lines) + rest
+    print(f"{way} ({engine}): status {code}, exited {took:.1f} s after the event")
     assert code == expected, (code, text[-4000:])
     assert took < BOUND, (took, text[-4000:])
     assert "stopping did not finish in time" not in text, text[-4000:]  # the deadline was not needed
