@@ -9,6 +9,10 @@ last good config. Neither ever raises out of its loop except on cancellation.
   the wire model :class:`anex_agent.telemetry.Telemetry`);
   it waits ``next_heartbeat_in`` from the ack. When the ack says the coordinator holds
   a newer config than ours, it fetches and applies it (a watch event may have been lost).
+* :func:`final_heartbeat` sends one more heartbeat once the workload of ``run`` has exited,
+  before the agent stops, so the coordinator's node view ends with the workload's
+  ``terminated`` state (exit code, reason) rather than the last ``running`` one; one try,
+  bounded by :data:`FINAL_HEARTBEAT_TIMEOUT`, a failure only logged.
 * :func:`watch_loop` follows ``GET /v1/watch?since=<version>`` and applies every
   ``snapshot`` / ``config`` / ``gateway_changed`` event's config; ``ssh_revoked`` events go to
   the SSH server (:mod:`.ssh_access`), which also reloads its revoked serials after a snapshot.
@@ -66,6 +70,7 @@ DEFAULT_INTERVAL = 10.0  # seconds, until the coordinator says otherwise
 MIN_INTERVAL = 1.0
 FIRST_SAMPLE_WAIT = 5.0  # seconds the first heartbeat waits for the first telemetry sample
 MAX_BACKOFF = 60.0
+FINAL_HEARTBEAT_TIMEOUT = 5.0  # seconds the agent may spend telling the coordinator how the workload ended
 
 
 def start_telemetry(state_dir: str, registry, options: Any = None) -> Any | None:
@@ -154,6 +159,30 @@ def _revoked(agent: Agent, why: str) -> bool:
     return False
 
 
+async def _beat(agent: Agent) -> tuple[Any, int]:
+    """Send one heartbeat (transport status, the workload's state, telemetry); the ack and our config version."""
+    assert agent.identity is not None and agent.dataplane is not None
+    status = await agent.dataplane.transport_status()
+    agent.last_transport = status
+    if agent.workload is not None:
+        status = status.model_copy(update={"workload": agent.workload.state})
+    version = agent.dataplane.config.version if agent.dataplane.config else 0
+    beat = Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
+    return await agent.link.heartbeat(agent.identity.node_id, beat), version
+
+
+async def final_heartbeat(agent: Agent, timeout: float = FINAL_HEARTBEAT_TIMEOUT) -> bool:
+    """One heartbeat carrying the exited workload's state (see the module docstring); True when sent."""
+    if agent.identity is None or agent.dataplane is None or agent.credential_revoked:
+        return False
+    try:
+        await asyncio.wait_for(_beat(agent), timeout)
+    except (AnexError, TimeoutError) as err:
+        log.warning("could not tell the coordinator how the workload ended: %s", err or "timed out")
+        return False
+    return True
+
+
 async def heartbeat_loop(agent: Agent) -> None:
     backoff = Backoff(base=1.0, cap=MAX_BACKOFF)
     interval = DEFAULT_INTERVAL
@@ -162,13 +191,7 @@ async def heartbeat_loop(agent: Agent) -> None:
     while True:
         assert agent.identity is not None and agent.dataplane is not None
         try:
-            status = await agent.dataplane.transport_status()
-            agent.last_transport = status
-            if agent.workload is not None:
-                status = status.model_copy(update={"workload": agent.workload.state})
-            version = agent.dataplane.config.version if agent.dataplane.config else 0
-            beat = Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
-            ack = await agent.link.heartbeat(agent.identity.node_id, beat)
+            ack, version = await _beat(agent)
             if ack.credential:
                 adopt_credential(agent, ack.credential)
             if not agent.coordinator_reachable:

@@ -53,7 +53,7 @@ from anex_agent import __version__
 from anex_agent.sdnotify import Notifier
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
-from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
+from anex_agent.agent.heartbeat import final_heartbeat, heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.client_link import CoordinatorLink
 from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.settings import AgentSettings, check_ports_free
@@ -382,6 +382,8 @@ class Agent:
                     waiter = tg.create_task(workload.wait(), name="workload")
                     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                     exit_code = waiter.result() if waiter.done() else 1
+                    if waiter.done():  # the coordinator's node view ends with how it ended
+                        await final_heartbeat(self)
                 else:
                     await stopper
                 raise _Done  # leaving the group cancels heartbeat, watch and the waiters
