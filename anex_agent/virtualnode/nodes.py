@@ -4,8 +4,9 @@
 one), then keeps it alive: every ``lease_interval`` (10 s) it asks the coordinator whether it
 answers and renews each Node's Lease in ``kube-node-lease``; every ``status_interval`` (60 s),
 and at once when the coordinator's answer changed, it writes each Node's status (capacity from
-the provider's offers now, ``Ready`` only while the coordinator answers). A failed API call is
-logged in one line and tried again at the next tick; the loop itself never ends on one.
+the provider's offers now, ``Ready`` only while the coordinator answers). A Node deleted
+under it is made again at the next tick. A failed API call is logged in one line and tried
+again at the next tick; the loop itself never ends on one.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class NodeKeeper:
         while True:
             await asyncio.sleep(self.settings.lease_interval)
             changed = await self.probe()
+            if not self.ensured.is_set():  # a Node was deleted under us: make it again
+                try:
+                    await self.ensure_nodes()
+                    changed = True
+                except KubeError as err:
+                    log.warning("cannot create the virtual nodes again yet: %s", err)
             if loop.time() >= next_status:
                 await self.refresh_capacity()
                 next_status = loop.time() + self.settings.status_interval
@@ -113,7 +120,11 @@ class NodeKeeper:
             try:
                 self.nodes[name] = await self.kube.patch_node_status(name, status)
             except KubeError as err:
-                log.warning("node %s: status not written: %s", name, err)
+                if err.status == 404:
+                    log.warning("node %s was deleted; it is made again at the next tick", name)
+                    self.ensured.clear()
+                else:
+                    log.warning("node %s: status not written: %s", name, err)
 
     async def renew_leases(self) -> None:
         for name in self.names.values():

@@ -173,6 +173,8 @@ class FakeKube:
 
     async def patch_node_status(self, name: str, status: dict) -> dict:
         self._check("patch", "nodes/status")
+        if name not in self.nodes:
+            raise KubeError(f'patch nodes/status: 404 nodes "{name}" not found', status=404, reason="NotFound")
         self.nodes[name]["status"] = status
         await self._notify()
         return copy.deepcopy(self.nodes[name])

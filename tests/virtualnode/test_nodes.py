@@ -80,3 +80,14 @@ async def test_a_missing_permission_is_logged_and_not_raised(caplog):
     with caplog.at_level(logging.WARNING):
         await keeper.write_statuses()  # no exception: the next tick tries again
     assert any("status not written" in r.message and "403" in r.message for r in caplog.records)
+
+
+async def test_a_deleted_node_is_made_again():
+    kube, coordinator = FakeKube(), Coordinator()
+    keeper = NodeKeeper(SETTINGS, kube, coordinator, clock)
+    await keeper.ensure_nodes()
+    del kube.nodes["anex-vastai"]
+    await keeper.write_statuses()
+    assert not keeper.ensured.is_set()
+    await keeper.ensure_nodes()
+    assert "anex-vastai" in kube.nodes
