@@ -115,3 +115,27 @@ async def test_no_answer_is_a_retryable_kube_error():
         assert err.value.retryable and err.value.status is None
     finally:
         await kube.close()
+
+
+async def test_connect_reads_a_kubeconfig_and_names_what_is_wrong(tmp_path, monkeypatch):
+    from anex_agent.errors import ConfigError
+    from anex_agent.virtualnode.kube import connect
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t0ken"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    api_client = await connect(str(path))
+    try:
+        assert api_client.configuration.host == "https://127.0.0.1:6443"
+    finally:
+        await api_client.close()
+    with pytest.raises(ConfigError) as missing:
+        await connect(str(tmp_path / "absent"))
+    assert str(missing.value).startswith("--kubeconfig")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError) as outside:
+        await connect(None)
+    assert str(outside.value).startswith("KUBECONFIG") and "--kubeconfig" in str(outside.value)
