@@ -136,7 +136,7 @@ def virtual_node(control_plane, simulated):
     env["ANEX_ADMIN_TOKEN"] = mesh.admin_token  # the environment, never argv
     log = open(workdir / "virtual-node.log", "ab", buffering=0)
     proc = subprocess.Popen([*anex_argv(), "virtual-node", "--kubeconfig", str(kubeconfig), "--coordinator", url,
-                             "--providers", "vastai", "--internal-ip", "127.0.0.1", "--poll-interval", "0.5"],
+                             "--providers", "vastai", "--internal-ip", "192.0.2.10", "--poll-interval", "0.5"],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def node_ready() -> bool:

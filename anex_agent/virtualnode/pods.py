@@ -38,6 +38,7 @@ from anex_agent.errors import CoordinatorError, KubeError
 from anex_agent.provision_wire import ProvisionState, ProvisionView
 from anex_agent.virtualnode import podspec, podstatus
 from anex_agent.virtualnode.events import Recorder
+from anex_agent.virtualnode.kube import MERGE_PATCH
 from anex_agent.virtualnode.workqueue import WorkQueue
 from anex_agent.wire import ContainerState
 
@@ -316,8 +317,6 @@ class PodController:
         """Write the pod's finalizers (merge patch guarded by its resourceVersion: a 409 retries)."""
         meta = _meta(pod)
         patch = {"metadata": {"finalizers": finalizers or None, "resourceVersion": meta.get("resourceVersion")}}
-        from anex_agent.virtualnode.kube import MERGE_PATCH
-
         return await self.kube.patch_pod(meta.get("namespace"), meta.get("name"), patch, content_type=MERGE_PATCH)
 
     async def _delete_provision(self, view: ProvisionView, pod: dict[str, Any] | None) -> None:
