@@ -14,6 +14,8 @@ Contract:
   command, args, env with ``valueFrom``/``envFrom`` resolved, container ports, the pod's
   selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
   how many GPUs) and warnings about what is accepted but not carried to the machine.
+  ``$(VAR)`` in ``command``, ``args`` and ``env`` values is expanded as the kubelet expands it
+  (:func:`expand`).
 * Pods are plain dicts (the API's JSON); nothing here depends on a Kubernetes client.
 """
 
@@ -159,6 +161,27 @@ def _key_ref(kind: str, ref: Mapping[str, Any], objects: Mapping[tuple[str, str]
     return data[key]
 
 
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: a defined variable is replaced, ``$$`` is one ``$`` (so
+    ``$$(VAR)`` stays ``$(VAR)``), a reference to an undefined variable is left as it is."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+            continue
+        if text.startswith("$(", i):
+            end = text.find(")", i + 2)
+            if end != -1 and text[i + 2:end] in env:
+                out.append(env[text[i + 2:end]])
+                i = end + 1
+                continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
 def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
                  objects: Mapping[tuple[str, str], dict[str, str] | None], warnings: list[str]) -> dict[str, str]:
     env: dict[str, str] = {}
@@ -185,7 +208,7 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         name = var.get("name", "")
         source = var.get("valueFrom")
         if source is None:
-            env[name] = str(var.get("value", ""))
+            env[name] = expand(str(var.get("value", "")), env)  # what is defined before it
             continue
         value: str | None
         if "secretKeyRef" in source:
@@ -273,7 +296,8 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
         raise Refusal("metadata.uid", "is missing")
     try:
         spec = ProvisionCreate(name=provision_name(prefix, uid), image=container["image"].strip(),
-                               command=list(container.get("command") or []), args=list(container.get("args") or []),
+                               command=[expand(str(a), env) for a in container.get("command") or []],
+                               args=[expand(str(a), env) for a in container.get("args") or []],
                                env=env, ports=ports, annotations=_annotations(pod, container))
     except ValidationError as err:
         detail = err.errors()[0].get("msg", "is not accepted") if err.errors() else "is not accepted"

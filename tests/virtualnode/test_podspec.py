@@ -117,3 +117,13 @@ def test_a_pure_module():
                  for a in n.names} | {n.module for n in ast.walk(ast.parse(inspect.getsource(module)))
                                       if isinstance(n, ast.ImportFrom)}
         assert not names & {"asyncio", "socket", "time", "kubernetes_asyncio"}
+
+
+def test_dollar_references_expand_as_the_kubelet_expands_them():
+    assert podspec.expand("$(A)-$(B)-$$(A)-$(NONE)-$$-$(", {"A": "1", "B": "2"}) == "1-2-$(A)-$(NONE)-$-$("
+    pod = seed(command=["sh", "-c", "echo $(GREETING) $$(HOME)"], args=["--epochs=$(EPOCHS)"],
+               env=[{"name": "EPOCHS", "value": "3"}, {"name": "GREETING", "value": "hello x$(EPOCHS)"},
+                    {"name": "EARLY", "value": "$(LATE)"}, {"name": "LATE", "value": "late"}])
+    spec = translate(pod, {}, prefix="vk-").spec
+    assert spec.command == ["sh", "-c", "echo hello x3 $(HOME)"] and spec.args == ["--epochs=3"]
+    assert spec.env["GREETING"] == "hello x3" and spec.env["EARLY"] == "$(LATE)"  # only what is defined before
