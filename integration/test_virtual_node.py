@@ -23,6 +23,7 @@ import secrets
 import socket
 import subprocess
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _answers(url: str) -> bool:
+    with urllib.request.urlopen(f"{url}/v1/coordinator", timeout=3) as answer:
+        return answer.status == 200
+
+
 @pytest.fixture(scope="module")
 def simulated():
     """The mesh with provisioning from the simulated Vast.AI, its offers matching the seed pod's filters."""
@@ -109,7 +115,9 @@ def simulated():
         port = _free_port()
         bridge = subprocess.Popen(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
                                    f"UNIX-CONNECT:{sock}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        yield mesh, provider, f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(url), 15, "the coordinator through the bridge")
+        yield mesh, provider, url
         bridge.terminate()
         bridge.wait(10)
     finally:
