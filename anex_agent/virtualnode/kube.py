@@ -156,7 +156,7 @@ class KubeApi:
             while True:
                 try:
                     line = await response.content.readline()
-                except (ClientError, OSError, asyncio.TimeoutError) as err:
+                except (ClientError, OSError, asyncio.TimeoutError, ValueError) as err:  # ValueError: a line too long
                     raise KubeError(f"watch pods: connection lost ({err or type(err).__name__})") from None
                 if not line:
                     return
