@@ -152,16 +152,22 @@ def virtual_node(control_plane, simulated):
         node = cp.kubectl_json("get", "node", "anex-vastai")
         return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
 
+    namespace = f"vn-{secrets.token_hex(4)}"
     try:
         wait_until(node_ready, 60, "the node anex-vastai Ready")
-        namespace = f"vn-{secrets.token_hex(4)}"
         cp.kubectl("create", "namespace", namespace)
         yield cp, namespace, workdir / "virtual-node.log"
+        # the pods carry our finalizer: the virtual node lets them go before it stops
+        cp.kubectl("-n", namespace, "delete", "pods", "--all", "--wait=false")
+        wait_until(lambda: not cp.kubectl_json("-n", namespace, "get", "pods")["items"], 60, "the test's pods gone")
     finally:
         proc.terminate()
         proc.wait(30)
-        cp.kubectl("delete", "node", "anex-vastai", "--ignore-not-found", check=False)
-        cp.kubectl("delete", "-f", str(REPO / "deploy" / "rbac.yaml"), "--ignore-not-found", check=False)
+        log.close()
+        for args in (("delete", "namespace", namespace), ("delete", "node", "anex-vastai"),
+                     ("delete", "-f", str(REPO / "deploy" / "rbac.yaml")),
+                     ("delete", "-f", str(REPO / "deploy" / "namespace.yaml"))):
+            cp.kubectl(*args, "--ignore-not-found", "--wait=false", check=False)
 
 
 def _apply(cp, namespace: str, name: str, command: list[str], extra_annotation: str = "") -> None:
