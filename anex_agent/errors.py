@@ -1,7 +1,7 @@
 """The one error tree of anex-agent.
 
 Every exception the package raises on purpose derives from :class:`AnexError`.
-The tree separates six families, because callers handle them differently:
+The tree separates seven families, because callers handle them differently:
 
 * :class:`ConfigError` -- bad local input (flags, environment, files). The message
   names the input and says what is accepted. Raised at the edge where config is
