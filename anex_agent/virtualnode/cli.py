@@ -49,7 +49,7 @@ async def run(settings: settings_mod.Settings) -> int:
     from anex_agent.virtualnode.nodes import NodeKeeper
     from anex_agent.virtualnode.pods import PodController
 
-    api_client = await kube.connect(settings.kubeconfig)
+    api_client = await kube.connect(settings.kubeconfig, settings.kubeconfig_source)
     kapi = kube.KubeApi(api_client)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

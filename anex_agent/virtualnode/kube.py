@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from anex_agent.errors import ConfigError, KubeError
@@ -33,11 +34,14 @@ WATCH_TIMEOUT = 300  # seconds the API server keeps one pod watch open (then we 
 REQUEST_TIMEOUT = 30
 
 
-async def connect(kubeconfig: str | None):
-    """An ``ApiClient``: from ``kubeconfig`` when given, else the in-cluster service account."""
+async def connect(kubeconfig: str | None, source: str = "--kubeconfig"):
+    """An ``ApiClient``: from ``kubeconfig`` when given (``source`` names where it came from), else
+    the in-cluster service account."""
     from kubernetes_asyncio import client, config
     from kubernetes_asyncio.config.config_exception import ConfigException
 
+    if kubeconfig and not Path(kubeconfig).is_file():
+        raise ConfigError(source, f"{kubeconfig}: no such file; expected a kubeconfig")
     configuration = client.Configuration()
     try:
         if kubeconfig:
@@ -45,10 +49,10 @@ async def connect(kubeconfig: str | None):
         else:
             config.load_incluster_config(client_configuration=configuration)
     except (ConfigException, OSError, ValueError) as err:
-        source = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+        what = kubeconfig if kubeconfig else "the in-cluster service account"
         hint = "" if kubeconfig else " (outside a cluster, give --kubeconfig or KUBECONFIG)"
-        raise ConfigError("--kubeconfig" if kubeconfig else "KUBECONFIG",
-                          f"cannot load {source}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        raise ConfigError(source if kubeconfig else "KUBECONFIG",
+                          f"cannot load {what}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
                           f"{hint}") from None
     return client.ApiClient(configuration)
 

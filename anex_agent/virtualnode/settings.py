@@ -60,6 +60,7 @@ class Settings:
     fallback: Capacity = Capacity(pods=100, cpu=256, memory_mib=1024 * 1024, gpus=64)
     offers_limit: int = 100
     poll_interval: float = 2.0
+    kubeconfig_source: str = "--kubeconfig"  # or KUBECONFIG: what a message about it names
     lease_interval: float = LEASE_INTERVAL
     status_interval: float = STATUS_INTERVAL
 
@@ -166,4 +167,4 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
                     internal_ip=internal_ip, ca_file=args.ca_file, node_prefix=args.node_prefix,
                     kubelet_port=kubelet_port, provision_prefix=args.provision_prefix, max_pods=max_pods,
                     fallback=fallback, offers_limit=_int("--offers-limit", args.offers_limit, 1, 1000),
-                    poll_interval=poll)
+                    poll_interval=poll, kubeconfig_source="--kubeconfig" if args.kubeconfig else "KUBECONFIG")

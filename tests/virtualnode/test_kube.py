@@ -133,8 +133,8 @@ async def test_connect_reads_a_kubeconfig_and_names_what_is_wrong(tmp_path, monk
     finally:
         await api_client.close()
     with pytest.raises(ConfigError) as missing:
-        await connect(str(tmp_path / "absent"))
-    assert str(missing.value).startswith("--kubeconfig")
+        await connect(str(tmp_path / "absent"), "KUBECONFIG")
+    assert str(missing.value).startswith("KUBECONFIG: ") and "no such file" in str(missing.value)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError) as outside:
         await connect(None)

@@ -46,3 +46,21 @@ def test_a_bad_value_names_its_source(argv, env, source):
     with pytest.raises(ConfigError) as err:
         parse(*argv, env=env)
     assert str(err.value).startswith(source)
+
+
+def test_the_command_says_what_is_wrong_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}, **ENV}
+    out = subprocess.run([sys.executable, "-m", "anex_agent", "virtual-node", "--kubeconfig", str(tmp_path / "absent")],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"anex-agent virtual-node: --kubeconfig: {tmp_path / 'absent'}: no such file; expected a kubeconfig"]
+    (tmp_path / "bad").write_text("{}")
+    out = subprocess.run([sys.executable, "-m", "anex_agent", "virtual-node"], env={**env, "KUBECONFIG": str(
+        tmp_path / "bad")}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith(f"anex-agent virtual-node: KUBECONFIG: cannot load {tmp_path / 'bad'}: ")
