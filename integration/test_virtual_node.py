@@ -207,6 +207,8 @@ def test_the_seed_pod_runs_on_a_rented_machine_and_succeeds(virtual_node, simula
     done = _wait_pod(cp, namespace, "seed", lambda p: p["status"].get("phase") == "Succeeded",
                      "the seed pod Succeeded", log)
     assert _terminated(done)["exitCode"] == 0 and _terminated(done)["reason"] == "Completed"
+    events = cp.kubectl_json("-n", namespace, "get", "events", "--field-selector", "involvedObject.name=seed")
+    assert {"Rented", "Started", "Completed"} <= {e["reason"] for e in events["items"]}
     wait_until(lambda: not provider.rentals, 60, "the machine released")
 
 
