@@ -64,7 +64,7 @@ def _price(view: ProvisionView) -> str:
     return f" at ${view.price_per_hour:g}/h" if view.price_per_hour is not None else ""
 
 
-def _conditions(pod: Mapping[str, Any], ready: bool, now: str) -> list[dict[str, Any]]:
+def _conditions(pod: Mapping[str, Any], ready: bool, now: str, *, ended: bool = False) -> list[dict[str, Any]]:
     before = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
     wanted = {"PodScheduled": True, "Initialized": True, "ContainersReady": ready, "Ready": ready}
     out = []
@@ -74,7 +74,9 @@ def _conditions(pod: Mapping[str, Any], ready: bool, now: str) -> list[dict[str,
         since = old.get("lastTransitionTime") if old.get("status") == status and old.get("lastTransitionTime") else now
         condition: dict[str, Any] = {"type": kind, "status": status, "lastTransitionTime": since,
                                      "lastProbeTime": None}
-        if not value:
+        if not value and ended:
+            condition.update(reason="PodCompleted", message="the container has ended")
+        elif not value:
             condition.update(reason="ContainersNotReady", message="the container is not running")
         out.append(condition)
     return out
@@ -162,7 +164,7 @@ def observe(pod: Mapping[str, Any], view: ProvisionView | None, workload: Contai
         terminated["signal"] = workload.signal
     terminated = {k: v for k, v in terminated.items() if v is not None}
     phase = "Succeeded" if code == 0 else "Failed"
-    status = {**with_ip, "phase": phase, "conditions": _conditions(pod, False, stamp),
+    status = {**with_ip, "phase": phase, "conditions": _conditions(pod, False, stamp, ended=True),
               "containerStatuses": [_container(pod, {"terminated": terminated}, ready=False, started=False,
                                                restarts=restarts, container_id=container_id)]}
     kind = NORMAL if code == 0 else WARNING

@@ -80,6 +80,8 @@ def test_terminated_with_exit_code_reason_and_phase(code, reason, signal, phase)
     assert terminated["startedAt"] == "2026-11-27T11:59:51Z" and terminated["finishedAt"] == "2026-11-27T11:59:59Z"
     assert terminated.get("signal") == signal
     assert podstatus.is_terminal({"status": obs.status})
+    ready = {c["type"]: c for c in obs.status["conditions"]}["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "PodCompleted"
     assert obs.event[0] == ("Normal" if code == 0 else "Warning")
 
 
