@@ -1,7 +1,7 @@
 """The virtual node against a real control plane, end to end.
 
 A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager
-with the node lifecycle controller: :class:`integration.kube.ControlPlane`), the demo's mesh with the simulated
+with the node lifecycle controller: the ``control_plane`` fixture of :mod:`integration.kube`), the demo's mesh with the simulated
 Vast.AI whose rentals are node namespaces running the real agent with the pod's command
 (:class:`anex_agent.demo.provision.SimulatedProvider`), and ``anex-agent virtual-node`` as a
 process with a token of its own ServiceAccount (deploy/rbac.yaml, through the TokenRequest
@@ -72,6 +72,7 @@ spec:
       value: "true"
       effect: "NoSchedule"
 """
+LIFECYCLE = "node-lifecycle-controller"
 WAIT = 120.0  # seconds for a pod to reach a state (a rental boots an agent in a namespace)
 
 
@@ -126,15 +127,18 @@ def simulated():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A control plane of our own, with the node lifecycle controller: the API server taints a new
-    Node not-ready (TaintNodesByCondition) and only that controller lifts the taint once the Node
-    is Ready, as in a real cluster."""
+def cluster(request):
+    """The shared control plane when it runs the node lifecycle controller, else one of our own that
+    does: the API server taints a new Node not-ready (TaintNodesByCondition) and only that
+    controller lifts the taint once the Node is Ready, as in a real cluster."""
+    if LIFECYCLE in DEFAULT_CONTROLLERS:
+        yield request.getfixturevalue("control_plane")
+        return
     reason = kube_skip_reason()
     if reason:
         pytest.skip(reason)
     workdir = Path(tempfile.mkdtemp(prefix="anex-vn-cp-"))
-    with ControlPlane(workdir, controllers=(*DEFAULT_CONTROLLERS, "node-lifecycle-controller")) as cp:
+    with ControlPlane(workdir, controllers=(*DEFAULT_CONTROLLERS, LIFECYCLE)) as cp:
         yield cp
 
 
