@@ -40,6 +40,7 @@ class FakeKube:
         self.changed = asyncio.Condition()
         self._version = itertools.count(1)
         self._watchers: list[tuple[str, asyncio.Queue]] = []
+        self.list_gate: asyncio.Event | None = None  # when set, a pod list waits for it (a slow API server)
 
     # ------------------------------------------------------------ helpers for tests
 
@@ -90,6 +91,8 @@ class FakeKube:
 
     async def list_pods(self, field_selector: str) -> dict:
         self._check("list", "pods")
+        if self.list_gate is not None:
+            await self.list_gate.wait()
         node = field_selector.split("=", 1)[1]
         return {"metadata": {"resourceVersion": "1"},
                 "items": [copy.deepcopy(p) for p in self.pods.values() if p["spec"].get("nodeName") == node]}
