@@ -349,8 +349,8 @@ class PodController:
             patched = await self._set_finalizers(pod, [f for f in meta["finalizers"] if f != FINALIZER])
             if patched is None:
                 return
-        await self.kube.delete_pod(meta.get("namespace"), meta.get("name"), meta["uid"], grace=0)
-        log.info("pod %s/%s deleted: nothing of it is left rented", meta.get("namespace"), meta.get("name"))
+        if await self.kube.delete_pod(meta.get("namespace"), meta.get("name"), meta["uid"], grace=0):
+            log.info("pod %s/%s deleted: nothing of it is left rented", meta.get("namespace"), meta.get("name"))
 
 
 def _problem_text(err: CoordinatorError) -> str:

@@ -134,17 +134,18 @@ class FakeKube:
         await self._emit("MODIFIED", self._stamp(pod))
         return copy.deepcopy(pod)
 
-    async def delete_pod(self, namespace: str, name: str, uid: str, *, grace: int = 0) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str, *, grace: int = 0) -> bool:
         self._check("delete", "pods")
         pod = self.pods.get(uid)
         if pod is None:
-            return
+            return False
         if pod["metadata"].get("finalizers"):
             pod["metadata"].setdefault("deletionTimestamp", "2026-11-27T12:00:00Z")
             await self._emit("MODIFIED", self._stamp(pod))
-            return
+            return True
         del self.pods[uid]
         await self._emit("DELETED", pod)
+        return True
 
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         self._check("get", "secrets")
