@@ -1,7 +1,7 @@
 """The virtual node against a real control plane, end to end.
 
-A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager
-with the node lifecycle controller: the ``control_plane`` fixture of :mod:`integration.kube`), the demo's mesh with the simulated
+A real Kubernetes control plane (the ``control_plane`` fixture, :mod:`integration.kube`: etcd,
+kube-apiserver, kube-scheduler, kube-controller-manager with the node lifecycle controller), the demo's mesh with the simulated
 Vast.AI whose rentals are node namespaces running the real agent with the pod's command
 (:class:`anex_agent.demo.provision.SimulatedProvider`), and ``anex-agent virtual-node`` as a
 process with a token of its own ServiceAccount (deploy/rbac.yaml, through the TokenRequest
@@ -32,11 +32,6 @@ import pytest
 from anex_agent.demo.mesh import Mesh, anex_argv, wait_until
 from anex_agent.demo.netlab import missing_prerequisites
 from integration.conftest import mesh_skip_reason
-
-try:
-    from integration.kube import DEFAULT_CONTROLLERS, ControlPlane, kube_skip_reason
-except ImportError:
-    pytest.skip("the control plane fixture (integration/kube.py) is not in this build", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_POD = """
@@ -73,7 +68,6 @@ spec:
       value: "true"
       effect: "NoSchedule"
 """
-LIFECYCLE = "node-lifecycle-controller"
 WAIT = 120.0  # seconds for a pod to reach a state (a rental boots an agent in a namespace)
 
 
@@ -128,26 +122,10 @@ def simulated():
 
 
 @pytest.fixture(scope="module")
-def cluster(request):
-    """The shared control plane when it runs the node lifecycle controller, else one of our own that
-    does: the API server taints a new Node not-ready (TaintNodesByCondition) and only that
-    controller lifts the taint once the Node is Ready, as in a real cluster."""
-    if LIFECYCLE in DEFAULT_CONTROLLERS:
-        yield request.getfixturevalue("control_plane")
-        return
-    reason = kube_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    workdir = Path(tempfile.mkdtemp(prefix="anex-vn-cp-"))
-    with ControlPlane(workdir, controllers=(*DEFAULT_CONTROLLERS, LIFECYCLE)) as cp:
-        yield cp
-
-
-@pytest.fixture(scope="module")
-def virtual_node(cluster, simulated):
+def virtual_node(control_plane, simulated):
     """``anex-agent virtual-node`` with its ServiceAccount's token; the Node anex-vastai Ready."""
     mesh, _provider, url = simulated
-    cp = cluster
+    cp = control_plane  # its node lifecycle controller lifts the not-ready taint the API server puts on a new Node
     cp.kubectl("apply", "-f", str(REPO / "deploy" / "namespace.yaml"), "-f", str(REPO / "deploy" / "rbac.yaml"))
     token = cp.kubectl("-n", "anex-system", "create", "token", "anex-virtual-node", "--duration=2h").stdout.strip()
     workdir = Path(tempfile.mkdtemp(prefix="anex-vn-kube-"))
