@@ -26,6 +26,8 @@ from anex_agent.errors import AnexError, ConfigError
 COMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("anex_agent.coordinator.cli", "run the coordinator REST service"),
     "gateway": ("anex_agent.gateway.cli", "run the cluster-side gateway (WireGuard hub, relay, routes, DNS)"),
+    "virtual-node": ("anex_agent.virtualnode.cli", "run the virtual node: Kubernetes Nodes whose pods run on rented "
+                     "machines"),
     "run": ("anex_agent.agent.cli_run", "join the mesh and run a workload: anex-agent run -- CMD ARGS..."),
     "daemon": ("anex_agent.agent.cli_daemon", "join the mesh and keep it up (for systemd on on-prem nodes)"),
     "detect": ("anex_agent.agent.cli_detect", "probe which WireGuard engines and paths work here"),
