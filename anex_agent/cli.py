@@ -69,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"anex-agent: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ModuleNotFoundError as err:  # a build without this role's libraries (the single-file agent)
+        print(f"anex-agent {name}: not available in this build: the module {err.name!r} is missing; "
+              "install the anex-agent package with pip to use this command", file=sys.stderr)
+        return 1
     parser = argparse.ArgumentParser(prog=f"anex-agent {name}", description=COMMANDS[name][1])
     parser.add_argument("-v", "--verbose", action="count", default=verbosity, help="log debug messages")
     module.configure(parser)
