@@ -224,11 +224,18 @@ def listen(text: str, *, empty_host: str | None = None, any_port: bool = False) 
     return _ip_host(name, accepted), number
 
 
-def cidr(text: str, *, strict: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    """A network in CIDR form (``10.96.0.0/12``); host bits are cleared unless ``strict``."""
+def cidr(text: str, *, strict: bool = False, prefix_required: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A network in CIDR form (``10.96.0.0/12``); host bits are cleared unless ``strict``.
+
+    A bare address is one host (``/32`` or ``/128``) unless ``prefix_required``: where a
+    person means a network (a route), ``10.96.0.0`` alone is far more often a forgotten
+    ``/12`` than one address, so it is refused, showing both forms."""
     if not isinstance(text, str) or len(text) > CIDR_MAX or not text.isascii():
         raise ValueError("must be a network in CIDR form, for example 10.96.0.0/12")
     address, sep, prefix = text.partition("/")
+    if not sep and prefix_required:
+        raise ValueError(f"has no prefix length: write the network in CIDR form, for example {address}/12 for a "
+                         f"network or {address}/{128 if ':' in address else 32} for this one address")
     if sep and not _DIGITS_RE.fullmatch(prefix):  # ipaddress itself reads int() of the prefix
         raise ValueError("must be a network in CIDR form, for example 10.96.0.0/12")
     try:

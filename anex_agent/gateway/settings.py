@@ -27,7 +27,7 @@ class GatewaySettings:
     coordinator_url: str
     token: str = field(default="", repr=False)  # secret
     listen_port: int = 51820
-    endpoint: str | None = None          # what nodes dial (HOST:PORT); None: the coordinator decides
+    endpoint: str | None = None          # what nodes dial (HOST:PORT); build_settings always sets it
     ws_url: str | None = None
     routes: tuple[str, ...] = ()
     dns_upstream: tuple[str, int] | None = None
@@ -53,7 +53,8 @@ def parse_upstream(text: str) -> tuple[str, int]:
 
 
 def parse_route(text: str) -> str:
-    return str(config_value("--route", parse.cidr, text))
+    """--route: a network with its prefix length (``10.96.0.0/12``; one address: ``/32``)."""
+    return str(config_value("--route", parse.cidr, text, prefix_required=True))
 
 
 def build_settings(
@@ -75,8 +76,11 @@ def build_settings(
     host, port = parse_listen_udp(listen_udp)
     if endpoint is None and host and host not in ("0.0.0.0", "::"):
         endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if endpoint is not None:
-        config_value("--endpoint", parse.host_port, endpoint)  # the UDP address nodes dial
+    if endpoint is None:  # registering no endpoint would leave every node without a UDP address to dial
+        raise ConfigError("--endpoint", f"is required: --listen-udp {listen_udp} names no address nodes could dial; "
+                                        f"give the public HOST:PORT of this gateway's UDP port, e.g. --endpoint "
+                                        f"gw.example.com:{port}, or --listen-udp PUBLIC_IP:{port}")
+    config_value("--endpoint", parse.host_port, endpoint)  # the UDP address nodes dial
     if engine not in GATEWAY_ENGINES:
         raise ConfigError("--engine", f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} (a hub needs an OS interface)")
     if interface is not None:
@@ -105,6 +109,12 @@ def _relay_settings(ws_listen: str | None, tls_cert: str | None, tls_key: str | 
     """``--ws-listen``, ``--tls-cert``, ``--tls-key`` (and ``--ws-url``'s scheme) checked together."""
     if ws_url is not None and not ws_url.startswith(("ws://", "wss://")):
         raise ConfigError("--ws-url", f"{ws_url!r} must start with ws:// or wss://")
+    if ws_url is not None and ws_listen is None:
+        # the relay exists only inside this process (it authenticates nodes with the hub's key and
+        # the watched peer set): advertising one without serving it sends UDP-blocked nodes nowhere
+        raise ConfigError("--ws-url", "advertises a WebSocket relay, but this gateway serves none: give --ws-listen "
+                                      "HOST:PORT too (the relay runs in the gateway; behind a TLS-terminating proxy "
+                                      "or ingress, --ws-listen is where it forwards to and --ws-url its public URL)")
     if (tls_cert is None) != (tls_key is None):
         raise ConfigError("--tls-key" if tls_key is None else "--tls-cert", "--tls-cert and --tls-key go together")
     if ws_listen is None:

@@ -48,7 +48,8 @@ def test_corrupt_state_is_ignored(tmp_path):
 
 
 def test_desired_config_of_the_hub(tmp_path):
-    settings = build_settings(coordinator_url="http://127.0.0.1:8700", token="t", state_dir=str(tmp_path), listen_udp="0.0.0.0:51999")
+    settings = build_settings(coordinator_url="http://127.0.0.1:8700", token="t", state_dir=str(tmp_path), listen_udp="0.0.0.0:51999",
+                              endpoint="192.0.2.1:51999")
     gateway = Gateway(settings)
     gateway.state.ensure()
     gateway.keypair = gateway.state.keypair()
