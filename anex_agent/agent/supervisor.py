@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from anex_agent import __version__
 from anex_agent.sdnotify import Notifier
 from anex_agent.backoff import Backoff
+from anex_agent.agent import join_token
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.client_link import CoordinatorLink
@@ -152,6 +153,9 @@ class Agent:
                     saved_config = None
                     continue
                 if not err.retryable:
+                    refused = join_token.refusal(self.settings.join_token_source, err)
+                    if refused is not None:
+                        raise refused from None
                     raise
                 self.note_reachable(False, str(err))
                 if saved_config is not None and self.identity is not None:

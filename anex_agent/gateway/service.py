@@ -352,7 +352,7 @@ class Gateway:
         log.info("gateway public key %s", self.keypair.public_b64)
         async with AsyncExitStack() as stack:
             stack.push_async_callback(self.link.close)
-            engine_cls, tried = choose_engine(self.settings.engine)
+            engine_cls, tried = choose_engine(self.settings.engine, source=self.settings.engine_source)
             log.info("engine: %s (%s)", engine_cls.name, tried[engine_cls.name].reason)
             self.ifname = self.ifname or interface_for(self.keypair.public_b64)
             self.engine = engine_cls(ifname=self.ifname)

@@ -40,6 +40,7 @@ class GatewaySettings:
     tls_cert: Path | None = None         # the relay serves TLS with these (PEM); None: plain
     tls_key: Path | None = None
     metrics_listen: tuple[str, int] | None = None  # IP:PORT serving GET /metrics; None: not served
+    engine_source: str = "--engine"      # the flag or variable ``engine`` came from (for error messages)
 
 
 def parse_listen_udp(text: str) -> tuple[str, int]:
@@ -63,7 +64,7 @@ def build_settings(
     dns_upstream: str | None = None, state_dir: str | None = None, engine: str = "auto",
     name: str | None = None, interface: str | None = None, ca_file: str | None = None,
     allow_insecure: bool = False, ws_listen: str | None = None, tls_cert: str | None = None,
-    tls_key: str | None = None, metrics_listen: str | None = None,
+    tls_key: str | None = None, metrics_listen: str | None = None, engine_source: str = "--engine",
 ) -> GatewaySettings:
     """Check every value (ConfigError naming its flag) and build the settings; see :func:`from_args` for the CLI."""
     if not coordinator_url:
@@ -82,7 +83,7 @@ def build_settings(
                                         f"gw.example.com:{port}, or --listen-udp PUBLIC_IP:{port}")
     config_value("--endpoint", parse.host_port, endpoint)  # the UDP address nodes dial
     if engine not in GATEWAY_ENGINES:
-        raise ConfigError("--engine", f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} (a hub needs an OS interface)")
+        raise ConfigError(engine_source, f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} (a hub needs an OS interface)")
     if interface is not None:
         check_ifname(interface)
     relay = _relay_settings(ws_listen, tls_cert, tls_key, ws_url)
@@ -96,6 +97,7 @@ def build_settings(
         dns_upstream=parse_upstream(dns_upstream) if dns_upstream else None,
         state_dir=Path(state_dir) if state_dir else GatewaySettings.state_dir,
         engine=engine,
+        engine_source=engine_source,
         name=name or socket.gethostname(),
         interface=interface,
         ca_file=ca_path,
@@ -139,7 +141,8 @@ def from_args(args, environ: Mapping[str, str]) -> GatewaySettings:
         coordinator_url=args.coordinator or environ.get("ANEX_COORDINATOR_URL"), token=token,
         listen_udp=args.listen_udp, endpoint=args.endpoint, ws_url=args.ws_url, routes=args.route,
         dns_upstream=args.dns_upstream, state_dir=args.state_dir or environ.get("ANEX_STATE_DIR"),
-        engine=args.engine or environ.get("ANEX_ENGINE") or "auto", name=args.name, interface=args.interface,
+        engine=args.engine or environ.get("ANEX_ENGINE") or "auto",
+        engine_source="--engine" if args.engine else "ANEX_ENGINE", name=args.name, interface=args.interface,
         ca_file=args.ca_file or environ.get(transport.CA_FILE_VAR),
         allow_insecure=args.allow_insecure or transport.allow_insecure_from(environ),
         ws_listen=getattr(args, "ws_listen", None), tls_cert=getattr(args, "tls_cert", None),
