@@ -1,4 +1,4 @@
-"""Parsing of small textual values, once for the whole product: integers, ports, HOST:PORT, CIDRs.
+"""Parsing of small textual values, once for the whole product: integers, ports, HOST:PORT, CIDRs, booleans.
 
 Which function for which value:
 
@@ -11,6 +11,9 @@ Which function for which value:
   ("any free port") only where the caller says so.
 * :func:`cidr` -- a network.
 * :func:`number` -- a decimal amount (seconds, counts) with a lower bound.
+* :func:`boolean` -- on or off: every boolean variable, flag value and query parameter
+  (``ANEX_ALLOW_INSECURE``, ``ANEX_LOGS``, ``ANEX_PROXY_ENV``,
+  ``ANEX_METRICS_PCIE_THROUGHPUT``, the agent API's ``follow`` / ``timestamps``).
 
 Every form writes an IPv6 address in brackets when a port follows it (``[fd00::1]:53``).
 
@@ -63,6 +66,24 @@ def integer(text: str, *, minimum: int | None = None, maximum: int | None = None
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(_range_text(minimum, maximum))
     return value
+
+
+#: The words :func:`boolean` accepts, either case, surrounding spaces ignored.
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+BOOLEAN_ACCEPTED = "1/0, true/false, yes/no or on/off (any case)"
+
+
+def boolean(text: str) -> bool:
+    """``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``, any case, surrounding
+    spaces ignored. (Unset or empty is the caller's default:
+    :func:`anex_agent.errors.env_value`.)"""
+    word = text.strip().lower() if isinstance(text, str) and len(text) <= 16 else None
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"must be one of {BOOLEAN_ACCEPTED}")
 
 
 def number(text: str, *, minimum: float, integer: bool = False) -> float:

@@ -258,7 +258,8 @@ def test_run_options_defaults_flags_and_variables():
     (("--grace-period", "1e3"), {}, "--grace-period"),
     ((), {"ANEX_GRACE_PERIOD": "٣"}, "ANEX_GRACE_PERIOD"),
     (("--wait-ready", "3601"), {}, "--wait-ready"),
-    ((), {"ANEX_PROXY_ENV": "yes"}, "ANEX_PROXY_ENV"),
+    ((), {"ANEX_PROXY_ENV": "maybe"}, "ANEX_PROXY_ENV"),
+    ((), {"ANEX_LOGS": "2"}, "ANEX_LOGS"),
     ((), {"ANEX_PUSH_DIRS": "relative/dir"}, "ANEX_PUSH_DIRS"),
     ((), {"ANEX_PUSH_DIRS": "/srv/in:/srv/../etc"}, "ANEX_PUSH_DIRS"),
 ])
