@@ -30,7 +30,7 @@ import dataclasses
 import logging
 from typing import Any, Protocol
 
-from anex_agent.agent import join_token
+from anex_agent import join_token
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.backoff import Backoff

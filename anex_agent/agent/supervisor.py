@@ -49,10 +49,9 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from anex_agent import __version__
+from anex_agent import __version__, join_token
 from anex_agent.sdnotify import Notifier
 from anex_agent.backoff import Backoff
-from anex_agent.agent import join_token
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
 from anex_agent.client_link import CoordinatorLink

@@ -41,6 +41,7 @@ class GatewaySettings:
     tls_key: Path | None = None
     metrics_listen: tuple[str, int] | None = None  # IP:PORT serving GET /metrics; None: not served
     engine_source: str = "--engine"      # the flag or variable ``engine`` came from (for error messages)
+    token_source: str = "ANEX_GATEWAY_TOKEN"  # the flag, variable or file the token came from (a refusal names it)
 
 
 def parse_listen_udp(text: str) -> tuple[str, int]:
@@ -65,6 +66,7 @@ def build_settings(
     name: str | None = None, interface: str | None = None, ca_file: str | None = None,
     allow_insecure: bool = False, ws_listen: str | None = None, tls_cert: str | None = None,
     tls_key: str | None = None, metrics_listen: str | None = None, engine_source: str = "--engine",
+    token_source: str = "ANEX_GATEWAY_TOKEN",
 ) -> GatewaySettings:
     """Check every value (ConfigError naming its flag) and build the settings; see :func:`from_args` for the CLI."""
     if not coordinator_url:
@@ -98,6 +100,7 @@ def build_settings(
         state_dir=Path(state_dir) if state_dir else GatewaySettings.state_dir,
         engine=engine,
         engine_source=engine_source,
+        token_source=token_source,
         name=name or socket.gethostname(),
         interface=interface,
         ca_file=ca_path,
@@ -136,13 +139,14 @@ def _relay_settings(ws_listen: str | None, tls_cert: str | None, tls_key: str | 
 
 def from_args(args, environ: Mapping[str, str]) -> GatewaySettings:
     """Settings from the gateway CLI's ``args`` (flags win over ``environ``); see :mod:`anex_agent.gateway.cli`."""
-    token, _ = pick_secret(GATEWAY_TOKEN, environ, flag_value=args.token, file_value=args.token_file)
+    token, token_source = pick_secret(GATEWAY_TOKEN, environ, flag_value=args.token, file_value=args.token_file)
     return build_settings(
         coordinator_url=args.coordinator or environ.get("ANEX_COORDINATOR_URL"), token=token,
         listen_udp=args.listen_udp, endpoint=args.endpoint, ws_url=args.ws_url, routes=args.route,
         dns_upstream=args.dns_upstream, state_dir=args.state_dir or environ.get("ANEX_STATE_DIR"),
         engine=args.engine or environ.get("ANEX_ENGINE") or "auto",
-        engine_source="--engine" if args.engine else "ANEX_ENGINE", name=args.name, interface=args.interface,
+        engine_source="--engine" if args.engine else "ANEX_ENGINE", token_source=token_source or "ANEX_GATEWAY_TOKEN",
+        name=args.name, interface=args.interface,
         ca_file=args.ca_file or environ.get(transport.CA_FILE_VAR),
         allow_insecure=args.allow_insecure or transport.allow_insecure_from(environ),
         ws_listen=getattr(args, "ws_listen", None), tls_cert=getattr(args, "tls_cert", None),

@@ -144,16 +144,22 @@ async def test_restart_with_the_coordinator_down_uses_the_saved_state(coordinato
 
 
 async def test_bad_token_without_saved_state_is_a_clear_error(coordinator, tmp_path):
-    url, _ = coordinator
-    gateway, _ = make_gateway(url, tmp_path / "gw", "not-a-token")
-    from anex_agent.errors import CoordinatorError
+    """One line naming where the token came from, why it was refused, and how to get one that lasts."""
+    url, admin = coordinator
+    from anex_agent.errors import ConfigError
 
-    try:
-        with pytest.raises(CoordinatorError) as info:
-            await gateway._initial_registration()
-        assert info.value.status == 401 and not info.value.retryable
-    finally:
-        await gateway.link.close()
+    for token, why in (("not-a-token", "not valid"),
+                       ((await admin.create_join_token()).token, "it is a node join token; this needs a gateway")):
+        gateway, _ = make_gateway(url, tmp_path / "gw", token)
+        try:
+            with pytest.raises(ConfigError) as info:
+                await gateway._initial_registration()
+        finally:
+            await gateway.link.close()
+        text = str(info.value)
+        assert info.value.source == "ANEX_GATEWAY_TOKEN" and why in text
+        assert '{"kind": "gateway", "reusable": true, "expires_in": 31536000}' in text
+        assert text.endswith("set it in ANEX_GATEWAY_TOKEN")
 
 
 async def test_renews_its_credential_and_saves_it(coordinator, tmp_path):
