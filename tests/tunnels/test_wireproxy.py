@@ -10,7 +10,6 @@ import os
 import socket
 import stat
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from anex_agent.tunnels.wireproxy import (
     render_config,
     write_config,
 )
+from tests.polling import eventually
 
 FAKE = Path(__file__).with_name("fake_wireproxy.py")
 PRIV = bytes(range(32))
@@ -189,15 +189,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def eventually(predicate, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 class Control:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -284,7 +275,7 @@ async def test_restarts_when_unhealthy(rig, mode, reason):
     await wait_healthy(engine)
     first_pid = control.starts()[0]["pid"]
     control.readyz(mode)
-    await eventually(lambda: len(control.starts()) >= 2, timeout=20, what=f"restart after readyz={mode}")
+    await eventually(lambda: len(control.starts()) >= 2, what=f"restart after readyz={mode}")
     control.readyz("200")
     assert engine.supervision.restarts[0] == reason
     assert control.starts()[1]["pid"] != first_pid
