@@ -145,8 +145,31 @@ class CoordinatorClient:
         auth: str | None,
         body: BaseModel | None = None,
     ) -> M | None:
-        url = self.base_url + path
         data = body.model_dump_json(exclude_unset=False).encode() if body is not None else None
+        status, raw = await self._send(method, path, data, auth)
+        if model is None:
+            return None
+        try:
+            return wire.read(model, raw)  # fields a newer coordinator added: ignored
+        except ValidationError as err:
+            raise CoordinatorError(f"{method} {path}: unexpected response: {err}", status=status) from None
+
+    async def call_json(self, method: str, path: str, *, body: Any = None, auth: str | None = "admin") -> Any:
+        """One call with a JSON ``body`` (any JSON value, or None for none); the answer's JSON, or
+        None for an empty answer (204). For tools that show what the coordinator answered as it
+        is (``anex-agent admin``); errors as every other call."""
+        data = json.dumps(body).encode() if body is not None else None
+        status, raw = await self._send(method, path, data, auth)
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise CoordinatorError(f"{method} {path}: the answer is not JSON", status=status) from None
+
+    async def _send(self, method: str, path: str, data: bytes | None, auth: str | None) -> tuple[int, bytes]:
+        """``(status, body)`` of a 1xx-3xx answer; CoordinatorError for a 4xx/5xx or no answer."""
+        url = self.base_url + path
         headers = self._headers(auth)
         if data is not None:
             headers["Content-Type"] = "application/json"
@@ -168,12 +191,7 @@ class CoordinatorClient:
             raise CoordinatorError(
                 f"{method} {path}: {status} {detail}", status=status, retryable=_retryable_status(status), problem=problem
             )
-        if model is None:
-            return None
-        try:
-            return wire.read(model, raw)  # fields a newer coordinator added: ignored
-        except ValidationError as err:
-            raise CoordinatorError(f"{method} {path}: unexpected response: {err}", status=status) from None
+        return status, raw
 
     # ------------------------------------------------------------ proofs
 

@@ -14,10 +14,11 @@ from anex_agent.errors import ConfigError, CoordinatorError
 
 #: How an operator gets a join token of each kind (docs/coordinator.md, "Join tokens").
 NEW_TOKEN = {
-    "node": 'get a new one from the coordinator (POST /v1/join-tokens with the admin token and the body '
-            '{"kind": "node"})',
-    "gateway": 'get a new one from the coordinator (POST /v1/join-tokens with the admin token and the body '
-               '{"kind": "gateway", "reusable": true, "expires_in": 31536000}: a gateway presents it at every start)',
+    "node": "get a new one with the coordinator's admin token (anex-agent admin tokens create --kind node, or "
+            'POST /v1/join-tokens with {"kind": "node"})',
+    "gateway": "get a new one with the coordinator's admin token (anex-agent admin tokens create --kind gateway "
+               '--reusable --ttl 365d, or POST /v1/join-tokens with {"kind": "gateway", "reusable": true, '
+               '"expires_in": 31536000}: a gateway presents it at every start)',
 }
 
 

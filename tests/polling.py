@@ -3,11 +3,12 @@
 Contract: :func:`wait_for` calls ``predicate`` every ``interval`` seconds until it returns a
 truthy value, which it returns; after ``timeout`` seconds it raises AssertionError naming
 ``what``. An exception raised by ``predicate`` is not "not yet": it propagates at once.
-:func:`eventually` is the same for a test running on the event loop (``predicate`` may be
-a coroutine function).
+:func:`wait_until` is the same for a test running on an event loop (the loop runs meanwhile;
+``predicate`` may be a coroutine function).
 
 The deadline is how long the test gives up after, never what it measures: pick it so that a
-machine running the suite on two busy cores still sees the event long before it.
+machine running the suite on two busy cores still sees the event long before it
+(:data:`GENEROUS`, the default of :func:`wait_until`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def wait_for(predicate: Callable[[], T], timeout: float = 15.0, what: str = "con
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-async def eventually(predicate: Callable[[], T | Awaitable[T]], timeout: float = GENEROUS,
+async def wait_until(predicate: Callable[[], T | Awaitable[T]], timeout: float = GENEROUS,
                      what: str = "condition", *, interval: float = 0.05) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

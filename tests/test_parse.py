@@ -291,3 +291,23 @@ def test_every_boolean_variable_reads_the_same_words(variable, read):
     with pytest.raises(ConfigError) as info:
         read({variable: "maybe"})
     assert info.value.source == variable and "yes/no" in str(info.value)
+
+
+# ---------------------------------------------------------------- durations
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("15m", 900), ("12h", 43200), ("7d", 604800)])
+def test_duration_accepts_seconds_and_units(text, seconds):
+    assert parse.duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "1.5h", "-5m", "5 m", "5w", "h", "５m", "1h30m", "9" * 40])
+def test_duration_refuses(text):
+    with pytest.raises(ValueError, match="90s, 15m, 12h or 7d"):
+        parse.duration(text)
+
+
+def test_duration_bounds():
+    assert parse.duration("365d", maximum=365 * 86400) == 365 * 86400
+    with pytest.raises(ValueError, match="to 31536000 s"):
+        parse.duration("366d", maximum=365 * 86400)

@@ -79,8 +79,8 @@ class DataPlane:
 
     @property
     def path(self) -> str:
-        """The datagram path in use: ``udp`` or ``websocket`` (see :mod:`anex_agent.agent.path`)."""
-        return self.paths.path
+        """The datagram path in use: ``udp``, ``websocket`` or ``none`` (see :mod:`anex_agent.agent.path`)."""
+        return self.paths.current()
 
     def choose_engine(self) -> type[Engine]:
         cls, tried = choose_engine(self.settings.engine, for_workload=True, source=self.settings.engine_source)
@@ -250,7 +250,7 @@ class DataPlane:
         return TransportStatus(
             engine=self.engine_cls.name if self.engine_cls else "",
             path=self.path,
-            path_reason=self.paths.reason[:PATH_REASON_MAX],
+            path_reason=self.paths.current_reason()[:PATH_REASON_MAX],
             last_handshake_age=max(0.0, round(min(ages), 3)) if ages else None,  # never negative (clock steps)
             rx_bytes=sum(p.rx_bytes for p in status.peers) if status else 0,
             tx_bytes=sum(p.tx_bytes for p in status.peers) if status else 0,

@@ -106,11 +106,12 @@ async def plane(tmp_path):
     async with asyncio.TaskGroup() as group:
         tasks = Tasks(group, role="agent", base=0.05, cap=0.2)
 
-        async def make(engine_cls):
+        async def make(engine_cls, **overrides):
             settings = AgentSettings(coordinator_url="http://c", join_token="", state_dir=Path(tmp_path),
                                      proxy_listen=ListenAddress("127.0.0.1", free_port()),
                                      tunnels=(TunnelSetting("GW_TUNNEL_X", TunnelSpec(listen_port=free_port(),
-                                                                                      target="db.local:5432")),))
+                                                                                      target="db.local:5432")),),
+                                     **overrides)
             dp = DataPlane(settings, KeyPair(generate_private_key()), {}, endpoint_resolve=resolve, resolve_interval=0.05)
             dp.engine_cls = engine_cls  # what choose_engine() would have picked
             await dp.start(config(), tasks)
@@ -303,6 +304,16 @@ async def test_the_engine_starts_while_the_path_is_chosen(plane, monkeypatch):
 
     dp, tasks = await make(StartsAlongsideThePathChoice)
     assert dp.engine.started_with is tasks and dp.path == "udp"
+
+
+async def test_status_says_udp_when_websocket_is_asked_for_and_no_gateway_offers_a_relay(plane):
+    make, _ = plane
+    dp, _ = await make(ContractEngine, path="websocket")  # the test config's gateway has no ws_url
+    doc = await dp.status_doc()
+    assert doc["path"] == "udp" and doc["path_choice"]["current"] == "udp"
+    assert "ANEX_PATH=websocket, but no gateway offers a WebSocket relay" in doc["path_choice"]["reason"]
+    status = await dp.transport_status()
+    assert status.path == "udp" and status.path_reason == doc["path_choice"]["reason"]
 
 
 async def test_an_engine_that_fails_to_start_raises_its_own_error(plane):

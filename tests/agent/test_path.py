@@ -22,7 +22,7 @@ from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 from anex_agent.tunnels.udp_probe import probe_gateway
 from anex_agent.tunnels.userspace import UserspaceEngine
-from tests.polling import GENEROUS, eventually
+from tests.polling import GENEROUS, wait_until
 
 IP_NODE, IP_HUB = "10.45.0.2", "10.45.0.1"
 
@@ -206,12 +206,12 @@ async def test_blocked_mid_session_moves_to_websocket_and_returns_when_unblocked
     world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset))
 
     world.blocker.blocked = True
-    await eventually(lambda: manager.path == "websocket", what="the watch moving to the WebSocket path")
+    await wait_until(lambda: manager.path == "websocket", what="the watch moving to the WebSocket path")
     await traffic_flows(world, b"after the block")
     assert manager.switches[-1]["to"] == "websocket" and "nothing received" in manager.switches[-1]["reason"]
 
     world.blocker.blocked = False
-    await eventually(lambda: manager.path == "udp", what="the watch returning to UDP")
+    await wait_until(lambda: manager.path == "udp", what="the watch returning to UDP")
     assert "UDP works again" in manager.reason
     await traffic_flows(world, b"udp again")
     assert not manager.relays  # the relay connection is closed on return
@@ -227,6 +227,48 @@ async def test_udp_mode_never_switches_and_websocket_mode_never_probes(world):
     ws = PathManager(PathSettings(mode="websocket", probe_timeout=0.3), world.keypair)
     assert await ws.choose_initial(world.desired, world.config, world.tasks) == "websocket" and ws.last_probe is None
     await ws.close()
+
+
+async def test_udp_blocked_and_no_relay_offered_is_path_none_with_the_reason(world):
+    """No gateway offers a relay: UDP is the only path; blocked, the node has none and says why;
+    unblocked, it is on UDP again."""
+    world.config = SimpleNamespace(gateways=[SimpleNamespace(public_key=world.config.gateways[0].public_key,
+                                                             ws_url=None)])
+    # probe_timeout: the probes that must succeed (the first choice, the return); watch_probe_timeout:
+    # the one that must fail once UDP is blocked
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=0.5, probe_interval=1,
+                                       stall_after=0.5, check_every=0.1), world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
+    reapply, counters, reset = wire(world, manager)
+    await reapply()
+    await traffic_flows(world, b"udp")
+    assert manager.current() == "udp"
+    world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset))
+
+    world.blocker.blocked = True
+    await wait_until(lambda: manager.current() == "none", what="path none")
+    report = manager.report()
+    assert report["current"] == "none" and manager.path == "udp"  # nothing to steer to
+    assert "no gateway offers a WebSocket relay" in report["reason"] and "within 0.5 s" in report["reason"]
+    assert report["switches"][-1]["to"] == "none"
+
+    world.blocker.blocked = False
+    await wait_until(lambda: manager.current() == "udp", what="UDP again")
+    assert "UDP works again" in manager.report()["reason"] and manager.report()["switches"][-1]["to"] == "udp"
+    await traffic_flows(world, b"udp again")
+    await manager.close()
+
+
+async def test_websocket_asked_for_but_no_relay_offered_says_udp(world):
+    world.config = SimpleNamespace(gateways=[SimpleNamespace(public_key=world.config.gateways[0].public_key,
+                                                             ws_url=None)])
+    manager = PathManager(PathSettings(mode="websocket"), world.keypair)
+    await manager.choose_initial(world.desired, world.config, world.tasks)
+    routed = await manager.route(world.desired, world.config)
+    assert routed.peers[0].endpoint == world.udp_endpoint  # what the engine really uses
+    assert manager.current() == "udp" and manager.report()["current"] == "udp"
+    assert "no gateway offers a WebSocket relay" in manager.report()["reason"]
+    await manager.close()
 
 
 async def test_an_engine_that_takes_a_bind_switches_inside_it_with_no_local_hop(world, tasks):
@@ -289,14 +331,14 @@ async def test_a_keepalive_pulls_the_hub_back_after_a_probe_on_an_engine_without
     assert (await manager.probe_udp(GENEROUS)).ok
     sent_before = len(world.blocker.to_client)
     world.hub.tunnel.send_packet(ipv4(IP_HUB, IP_NODE, b"to the probe's socket"))
-    await eventually(lambda: len(world.blocker.to_client) > sent_before, what="the hub sending the packet")
+    await wait_until(lambda: len(world.blocker.to_client) > sent_before, what="the hub sending the packet")
     assert world.blocker.to_client[-1] != node_address  # the gap the keepalive closes: it went to the probe's socket
 
     hub_pub = world.config.gateways[0].public_key
     since = len(world.blocker.from_client)
     assert world.node.send_keepalive({hub_pub: IP_HUB}) is True
     assert world.node.send_keepalive({keys.encode_key(bytes(32)): "10.45.0.9"}) is False  # not a peer: nothing
-    first = (await eventually(lambda: world.blocker.sent_by(node_address, since), what="the node's keepalive"))[0]
+    first = (await wait_until(lambda: world.blocker.sent_by(node_address, since), what="the node's keepalive"))[0]
     assert is_keepalive(first), f"the node's first datagram was of type {first[0]}, not a keepalive"
     await hub_reaches_the_node(world, b"pulled back")
     assert world.blocker.to_client[-1] == node_address
@@ -338,9 +380,9 @@ async def test_the_watch_pulls_the_hub_back_after_a_quiet_probe(world):
         nudges.append(len(world.blocker.from_client))
         return world.node.send_keepalive({hub_pub: IP_HUB})
     world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset, nudge))
-    await eventually(lambda: nudges, what="a probe, done and answered, then the nudge")
+    await wait_until(lambda: nudges, what="a probe, done and answered, then the nudge")
     assert probes, "the watch nudged without probing"
-    first = (await eventually(lambda: world.blocker.sent_by(node_address, nudges[0]), what="the node's keepalive"))[0]
+    first = (await wait_until(lambda: world.blocker.sent_by(node_address, nudges[0]), what="the node's keepalive"))[0]
     assert is_keepalive(first), f"the node's first datagram after the nudge was of type {first[0]}, not a keepalive"
     await hub_reaches_the_node(world, b"after the probe")
     assert manager.path == "udp"

@@ -13,7 +13,7 @@ import pytest
 
 from anex_agent import wire
 from anex_agent.errors import CoordinatorError
-from tests.polling import GENEROUS, eventually
+from tests.polling import GENEROUS, wait_until
 
 
 async def next_event(stream, timeout=GENEROUS) -> wire.WatchEvent:
@@ -180,7 +180,7 @@ async def test_delivery_survives_losing_the_notify_connection(coord):
         assert event.type == "peer_added" and event.peer.node_id == joined.node_id
     finally:
         coord.ctx.feed.poke = original_poke
-    await eventually(db.listening, what="the NOTIFY connection coming back")
+    await wait_until(db.listening, what="the NOTIFY connection coming back")
     await stream.aclose()
 
 

@@ -17,7 +17,7 @@ from anex_agent.gateway.settings import build_settings
 from anex_agent.gateway.state import JOURNAL_MIN, GatewayState, Registration
 from anex_agent.keys import encode_key
 from anex_agent.wire import MeshPeer, PeerSet, WatchEvent
-from tests.polling import eventually
+from tests.polling import wait_until
 
 REG = Registration(coordinator_url="http://127.0.0.1:8700", gateway_id="g1", credential="secret-credential",
                    address="10.254.0.1", network="10.254.0.0/16", mtu=1420)
@@ -267,9 +267,9 @@ async def test_changes_are_journaled_once_per_interval_off_the_event_path(tmp_pa
             event = added(mp(f"n{i}", i + 1), i + 1)
             await gateway._apply_delta(gateway._take(event))
         assert engine.updates == 5 and len(journal_lines(tmp_path)) == 1
-        await eventually(lambda: len(journal_lines(tmp_path)) >= 6, what="the journal write of five lines")
+        await wait_until(lambda: len(journal_lines(tmp_path)) >= 6, what="the journal write of five lines")
         assert [line["peer"]["node_id"] for line in journal_lines(tmp_path)[1:]] == ["n0", "n1", "n2", "n3", "n4"]
-        await eventually(lambda: not gateway._unsaved.is_set(), what="the saver idle")
+        await wait_until(lambda: not gateway._unsaved.is_set(), what="the saver idle")
         assert len(journal_lines(tmp_path)) == 6  # nothing changed since: nothing pending, nothing more written
         engine.fail = True  # the engine refuses the next change: the journal still follows the book
         event = removed(mp("n0", 1), 9)
@@ -298,7 +298,7 @@ async def test_the_whole_set_is_rewritten_when_the_journal_outgrew_it(tmp_path, 
         for i in range(4):  # one node, re-keyed: the set stays one peer, the journal grows
             event = added(mp("n1", i + 1), i + 1)
             await gateway._apply_delta(gateway._take(event))
-            await eventually(lambda: gateway.state.journal_lines == [1, 2, 3, 0][i], what=f"write {i + 1}")
+            await wait_until(lambda: gateway.state.journal_lines == [1, 2, 3, 0][i], what=f"write {i + 1}")
         # three lines filled the journal (max(JOURNAL_MIN, 1 peer)): the fourth change came
         # with a rewrite of the whole set and a fresh journal
         assert len(journal_lines(tmp_path)) == 1

@@ -13,7 +13,7 @@ from anex_agent.errors import EngineError
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig, engine_classes
 from anex_agent.tunnels.userspace import UserspaceEngine
 from anex_agent.wg.routing import packet_addresses
-from tests.polling import GENEROUS, eventually
+from tests.polling import GENEROUS, wait_until
 
 IP_A, IP_B = "10.44.0.1", "10.44.0.2"
 
@@ -99,7 +99,7 @@ async def test_persistent_keepalive_peer_handshakes_at_once(engines):
     await a.apply(desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{port_b}", persistent_keepalive=25))
     async def handshaken():
         return (await b.status()).peers[0].last_handshake is not None
-    await eventually(handshaken, what="a handshake with no packet sent")
+    await wait_until(handshaken, what="a handshake with no packet sent")
 
 
 async def test_stop_releases_the_port_and_is_idempotent(engines):
@@ -143,9 +143,9 @@ async def test_a_failing_packet_handler_does_not_stop_the_tunnel(engines):
 
     b.tunnel.on_packet = handler
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"first"))
-    await eventually(lambda: calls, what="the first packet at the handler")
+    await wait_until(lambda: calls, what="the first packet at the handler")
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"second"))
-    await eventually(lambda: len(calls) == 2, what="the second packet at the handler")
+    await wait_until(lambda: len(calls) == 2, what="the second packet at the handler")
     assert [c[20:] for c in calls] == [b"first", b"second"]
     assert b.tunnel.drop_reasons["packet handler failed"] == 1
 
@@ -188,7 +188,7 @@ async def test_follows_an_endpoint_whose_name_resolves_elsewhere(tasks):
         dns["gw.test"] = "127.0.0.2"  # the gateway moved to another host
         async def moved():
             return (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}"
-        await eventually(moved, what="the endpoint following the name")
+        await wait_until(moved, what="the endpoint following the name")
         del dns["gw.test"]  # DNS failing later keeps the last good address
         await asyncio.sleep(0.2)
         assert (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}"

@@ -25,7 +25,7 @@ from anex_agent.tunnels.wireproxy import (
     render_config,
     write_config,
 )
-from tests.polling import eventually
+from tests.polling import wait_until
 
 FAKE = Path(__file__).with_name("fake_wireproxy.py")
 PRIV = bytes(range(32))
@@ -236,7 +236,7 @@ WORKLOAD = WorkloadConfig(proxy_address=f"127.0.0.1:{free_port()}", gateways=("1
 
 
 async def wait_healthy(engine):
-    await eventually(lambda: engine.supervision.last_health == 200, what="/readyz 200")
+    await wait_until(lambda: engine.supervision.last_health == 200, what="/readyz 200")
 
 
 async def test_starts_with_the_flags_and_reports_metrics(rig):
@@ -261,7 +261,7 @@ async def test_same_config_twice_does_not_restart_and_a_change_does(rig):
     assert len(control.starts()) == 1
     assert await engine.apply(desired(), WorkloadConfig(proxy_address=engine.options.proxy_address,
                                                         forwards=(Forward(15432, "db:5432"),))) is True
-    await eventually(lambda: len(control.starts()) == 2, what="restart on config change")
+    await wait_until(lambda: len(control.starts()) == 2, what="restart on config change")
     assert "Target = db:5432" in engine.config_path.read_text()
     assert engine.supervision.restarts == ["config changed"]
 
@@ -275,7 +275,7 @@ async def test_restarts_when_unhealthy(rig, mode, reason):
     await wait_healthy(engine)
     first_pid = control.starts()[0]["pid"]
     control.readyz(mode)
-    await eventually(lambda: len(control.starts()) >= 2, what=f"restart after readyz={mode}")
+    await wait_until(lambda: len(control.starts()) >= 2, what=f"restart after readyz={mode}")
     control.readyz("200")
     assert engine.supervision.restarts[0] == reason
     assert control.starts()[1]["pid"] != first_pid
@@ -289,7 +289,7 @@ async def test_no_restart_during_start_grace(rig):
     engine.start_grace = 3600
     control.readyz("503")
     await engine.apply(desired())
-    await eventually(lambda: engine.supervision.last_health == 503, what="a 503 seen")
+    await wait_until(lambda: engine.supervision.last_health == 503, what="a 503 seen")
     await asyncio.sleep(0.5)
     assert len(control.starts()) == 1 and engine.supervision.restarts == []
 
@@ -311,7 +311,7 @@ async def test_restarts_when_the_endpoint_resolves_elsewhere(rig, tasks):
     assert len(control.starts()) == 1  # same address: nothing happens
     assert control.starts()[0]["endpoints"] == ["192.0.2.1:51820"]
     addresses["gw.example.com"] = ["198.51.100.7"]
-    await eventually(lambda: len(control.starts()) == 2, what="restart after DNS change")
+    await wait_until(lambda: len(control.starts()) == 2, what="restart after DNS change")
     assert engine.supervision.restarts == ["config changed"]
     assert control.starts()[1]["endpoints"] == ["198.51.100.7:51820"]
     del addresses["gw.example.com"]  # DNS failure later: keep running
@@ -333,12 +333,12 @@ async def test_survives_a_failed_restart_and_comes_back(rig, tmp_path, tasks, ca
     hidden = wrapper.with_name("hidden")
     wrapper.rename(hidden)  # the binary is gone...
     control.readyz("exit")  # ...and the process exits
-    await eventually(lambda: tasks.failures["wireproxy-supervisor"] >= 2, what="failed restarts, logged")
+    await wait_until(lambda: tasks.failures["wireproxy-supervisor"] >= 2, what="failed restarts, logged")
     assert "cannot start" in caplog.text and "wireproxy-supervisor failed" in caplog.text
     assert not engine.running
     control.readyz("200")
     hidden.rename(wrapper)  # the binary is back
-    await eventually(lambda: len(control.starts()) == 2 and engine.running, what="wireproxy running again")
+    await wait_until(lambda: len(control.starts()) == 2 and engine.running, what="wireproxy running again")
     await wait_healthy(engine)
     assert "not running (its last start failed)" in engine.supervision.restarts
 
