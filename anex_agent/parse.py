@@ -264,7 +264,8 @@ def listen(text: str, *, empty_host: str | None = None, any_port: bool = False) 
     return _ip_host(name, accepted), number
 
 
-def cidr(text: str, *, strict: bool = False, prefix_required: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def cidr(text: str, *, strict: bool = False,
+         prefix_required: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """A network in CIDR form (``10.96.0.0/12``); host bits are cleared unless ``strict``.
 
     A bare address is one host (``/32`` or ``/128``) unless ``prefix_required``: where a

@@ -254,7 +254,8 @@ class Authenticator:
 
 
 async def precheck_join(db: Database, secret: str, kind: str, *, now: float) -> None:
-    """Raise the token's 401 (:func:`tokens.lookup`: saying why) unless ``secret`` is an unexpired join token of ``kind``.
+    """Raise the token's 401 (:func:`tokens.lookup`: saying why) unless ``secret`` is an unexpired
+    join token of ``kind``.
 
     A secret without the join-token prefix is refused without any database access; else a
     plain read: SQLite's read-only connection, a pooled PostgreSQL connection; no lock and

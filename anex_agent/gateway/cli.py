@@ -58,7 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-listen", default=None, metavar="IP:PORT",
                         help="serve Prometheus metrics on IP:PORT (GET /metrics, no token: bind loopback or an "
                              "address only the cluster reaches) [ANEX_GATEWAY_METRICS_LISTEN]")
-    parser.add_argument("--route", action="append", default=[], metavar="CIDR", help="cluster network to route, in CIDR form with its prefix length (10.96.0.0/12; repeat)")
+    parser.add_argument("--route", action="append", default=[], metavar="CIDR",
+                        help="cluster network to route, in CIDR form with its prefix length (10.96.0.0/12; repeat)")
     parser.add_argument("--dns-upstream", default=None, metavar="IP[:PORT]", help="cluster DNS server")
     parser.add_argument("--state-dir", default=None, help="state directory [ANEX_STATE_DIR]")
     parser.add_argument("--engine", default=None, choices=GATEWAY_ENGINES, help="default auto [ANEX_ENGINE]")

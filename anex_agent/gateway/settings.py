@@ -85,7 +85,8 @@ def build_settings(
                                         f"gw.example.com:{port}, or --listen-udp PUBLIC_IP:{port}")
     config_value("--endpoint", parse.host_port, endpoint)  # the UDP address nodes dial
     if engine not in GATEWAY_ENGINES:
-        raise ConfigError(engine_source, f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} (a hub needs an OS interface)")
+        raise ConfigError(engine_source, f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} "
+                                         "(a hub needs an OS interface)")
     if interface is not None:
         check_ifname(interface)
     relay = _relay_settings(ws_listen, tls_cert, tls_key, ws_url)

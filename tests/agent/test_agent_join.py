@@ -105,7 +105,8 @@ async def refused_line(url: str, state: Path, token: str, source: str = "ANEX_JO
     with pytest.raises(ConfigError) as info:  # not retried: exit status 2 and this one line
         await asyncio.wait_for(join(make_agent_from(url, state, source, token)), 30)
     assert info.value.source == source and "\n" not in str(info.value)
-    assert "anex-agent admin tokens create --kind node, or POST /v1/join-tokens" in str(info.value) and f"set it in {source}" in str(info.value)
+    assert "anex-agent admin tokens create --kind node, or POST /v1/join-tokens" in str(info.value)
+    assert f"set it in {source}" in str(info.value)
     return str(info.value)
 
 
