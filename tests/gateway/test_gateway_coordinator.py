@@ -20,6 +20,7 @@ from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
 from anex_agent.keys import KeyPair, generate_private_key
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support
+from tests.polling import wait_until
 
 
 class RecordingEngine(Engine):
@@ -67,13 +68,6 @@ def make_gateway(url: str, state: Path, token: str) -> tuple[Gateway, RecordingE
     return gateway, engine
 
 
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 async def join_node(url: str, admin: CoordinatorClient, name: str) -> tuple[str, str]:
     token = (await admin.create_join_token()).token
     pair = KeyPair(generate_private_key())
@@ -98,11 +92,11 @@ async def test_registers_and_follows_the_watch_stream(coordinator, tmp_path):
         try:
             started = time.monotonic()
             node_id, key = await join_node(url, admin, "n1")
-            await wait_for(lambda: key in engine.peer_keys(), 5, "joined node reaches the hub")
+            await wait_until(lambda: key in engine.peer_keys(), what="joined node reaches the hub")
             latency = time.monotonic() - started
             assert engine.applied[-1].peers[0].allowed_ips[0].endswith("/32")
             await admin.delete_node(node_id)
-            await wait_for(lambda: key not in engine.peer_keys(), 5, "deleted node leaves the hub")
+            await wait_until(lambda: key not in engine.peer_keys(), what="deleted node leaves the hub")
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
@@ -172,7 +166,7 @@ async def test_renews_its_credential_and_saves_it(coordinator, tmp_path):
         gateway.rotate_in = 0.05
         renewer = asyncio.create_task(gateway._renew_loop(), name="test-gateway-renew")
         try:
-            await wait_for(lambda: gateway.registration.credential != first, 5, "renewed credential")
+            await wait_until(lambda: gateway.registration.credential != first, what="renewed credential")
         finally:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
