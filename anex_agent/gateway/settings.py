@@ -79,25 +79,30 @@ def build_settings(
     host, port = parse_listen_udp(listen_udp)
     if endpoint is None and host and host not in ("0.0.0.0", "::"):
         endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if endpoint is None:  # registering no endpoint would leave every node without a UDP address to dial
-        raise ConfigError("--endpoint", f"is required: --listen-udp {listen_udp} names no address nodes could dial; "
-                                        f"give the public HOST:PORT of this gateway's UDP port, e.g. --endpoint "
-                                        f"gw.example.com:{port}, or --listen-udp PUBLIC_IP:{port}")
-    config_value("--endpoint", parse.host_port, endpoint)  # the UDP address nodes dial
+    if endpoint is not None:
+        config_value("--endpoint", parse.host_port, endpoint)  # the UDP address nodes dial
     if engine not in GATEWAY_ENGINES:
         raise ConfigError(engine_source, f"{engine!r} is not one of {', '.join(GATEWAY_ENGINES)} "
                                          "(a hub needs an OS interface)")
     if interface is not None:
         check_ifname(interface)
+    parsed_routes = tuple(dict.fromkeys(parse_route(r) for r in routes or ()))
+    upstream = parse_upstream(dns_upstream) if dns_upstream else None
+    metrics = (config_value("--metrics-listen", parse.listen, metrics_listen, empty_host=parse.LOCALHOST)
+               if metrics_listen else None)
     relay = _relay_settings(ws_listen, tls_cert, tls_key, ws_url)
+    if endpoint is None:  # every value given is well formed; registering no endpoint would leave nodes nothing to dial
+        raise ConfigError("--endpoint", f"is required: --listen-udp {listen_udp} names no address nodes could dial; "
+                                        f"give the public HOST:PORT of this gateway's UDP port, e.g. --endpoint "
+                                        f"gw.example.com:{port}, or --listen-udp PUBLIC_IP:{port}")
     return GatewaySettings(
         coordinator_url=coordinator_url.rstrip("/"),
         token=token or "",
         listen_port=port,
         endpoint=endpoint,
         ws_url=ws_url,
-        routes=tuple(dict.fromkeys(parse_route(r) for r in routes or ())),
-        dns_upstream=parse_upstream(dns_upstream) if dns_upstream else None,
+        routes=parsed_routes,
+        dns_upstream=upstream,
         state_dir=Path(state_dir) if state_dir else GatewaySettings.state_dir,
         engine=engine,
         engine_source=engine_source,
@@ -105,8 +110,7 @@ def build_settings(
         name=name or socket.gethostname(),
         interface=interface,
         ca_file=ca_path,
-        metrics_listen=(config_value("--metrics-listen", parse.listen, metrics_listen, empty_host=parse.LOCALHOST)
-                        if metrics_listen else None),
+        metrics_listen=metrics,
         **relay,
     )
 
