@@ -409,12 +409,13 @@ class CoordinatorClient:
         while True:
             connected: list[bool] = []
             try:
-                async for event in self._watch_once(version, connected):
-                    # a snapshot is the whole state as of its version, also when that version is
-                    # lower than ours (the coordinator's change log started over): resume from it
-                    version = event.version if event.type == "snapshot" else max(version, event.version)
-                    backoff = WATCH_BACKOFF_INITIAL
-                    yield event
+                async with contextlib.aclosing(self._watch_once(version, connected)) as stream:  # closed when we end
+                    async for event in stream:
+                        # a snapshot is the whole state as of its version, also when that version is
+                        # lower than ours (the coordinator's change log started over): resume from it
+                        version = event.version if event.type == "snapshot" else max(version, event.version)
+                        backoff = WATCH_BACKOFF_INITIAL
+                        yield event
                 err: CoordinatorError | None = CoordinatorError("watch stream closed by the coordinator", retryable=True)
             except CoordinatorError as exc:
                 if not exc.retryable:
@@ -469,8 +470,21 @@ class CoordinatorClient:
                 raise CoordinatorError("watch: credential revoked", status=401, retryable=False)
         finally:
             self.watch_connected = False
-            with contextlib.suppress(OSError, WebSocketException):  # closing a connection already lost
-                await ws.close()
+            try:  # bounded: websockets' close waits for the send buffer to drain, unbounded
+                async with asyncio.timeout(WATCH_CLOSE_TIMEOUT):
+                    await ws.close()
+            except (OSError, WebSocketException, TimeoutError):  # a connection already lost, or one that does not answer
+                _drop(ws)
+            except asyncio.CancelledError:  # cancelled again while closing: drop the connection, end now
+                _drop(ws)
+                raise
+
+
+def _drop(ws: Any) -> None:
+    """Close a WebSocket's connection at once, without the closing handshake."""
+    transport = getattr(ws, "transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 def proven_body(
