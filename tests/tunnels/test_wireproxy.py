@@ -395,4 +395,4 @@ async def test_with_no_gateway_nothing_runs_until_one_registers(rig):
     assert await engine.apply(no_gateway) is True  # and is deleted: the process goes, the key file too
     assert not (await engine.status()).running and not engine.config_path.exists()
     assert await engine.apply(desired()) is True
-    await eventually(lambda: len(control.starts()) == 2, what="wireproxy started again")
+    await wait_until(lambda: len(control.starts()) == 2, what="wireproxy started again")
