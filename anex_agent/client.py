@@ -177,14 +177,19 @@ class CoordinatorClient:
             headers["Content-Type"] = "application/json"
         session = self._get_session()
         try:
-            status, _, raw = await session.request(method, url, body=data, headers=headers, timeout=self._timeout)
+            status, answer_headers, raw = await session.request(method, url, body=data, headers=headers,
+                                                                 timeout=self._timeout)
         except TimeoutError:
             raise CoordinatorError(f"{method} {path}: timed out", retryable=True) from None
         except HttpError as err:
             raise CoordinatorError(f"{method} {path}: {err}", retryable=not _too_large(err)) from None
+        if is_html(answer_headers, raw):  # a web server or proxy, not the coordinator: its page says nothing to us
+            raise CoordinatorError(f"URL {self.base_url} answered {status} with HTML to {method} {path}: "
+                                   "is it the coordinator's URL?",
+                                   status=status, retryable=_retryable_status(status))
         if status >= 400:
             problem = _problem(raw)
-            detail = problem.get("detail") or problem.get("title") or raw[:200].decode("utf-8", "replace")
+            detail = problem.get("detail") or problem.get("title") or _text_excerpt(raw)
             raise CoordinatorError(
                 f"{method} {path}: {status} {detail}", status=status, retryable=_retryable_status(status), problem=problem
             )
@@ -560,6 +565,24 @@ def _too_large(err: HttpError) -> bool:
     from anex_agent.http_client import BodyTooLarge
 
     return isinstance(err, BodyTooLarge)
+
+
+def is_html(headers: dict[str, str], raw: bytes) -> bool:
+    """Whether an answer is a web page (``Content-Type: text/html``, or a body that opens like
+    one): what a web server, proxy or ingress in front of the wrong URL sends, never the
+    coordinator (JSON, problem+json)."""
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in ("text/html", "application/xhtml+xml"):
+        return True
+    start = raw[:64].lstrip().lower()
+    return start.startswith((b"<!doctype html", b"<html"))
+
+
+def _text_excerpt(raw: bytes, limit: int = 120) -> str:
+    """The first line of a non-problem answer, printable and short (it may be any server's)."""
+    line = raw[:limit * 4].decode("utf-8", "replace").strip().split("\n", 1)[0]
+    line = "".join(c if c.isprintable() else "?" for c in line)
+    return line[:limit] + ("..." if len(line) > limit else "")
 
 
 def _problem(raw: bytes) -> dict[str, Any]:
