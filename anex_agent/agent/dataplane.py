@@ -29,7 +29,7 @@ from typing import Any
 
 from anex_agent.agent import engine_frontends
 from anex_agent.agent.desired import merge_tunnels
-from anex_agent.agent.liveness import DeadPeerWatch, demote
+from anex_agent.agent.liveness import DeadPeerWatch, assign
 from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
@@ -153,7 +153,7 @@ class DataPlane:
         """The engine's part of ``config``: the tunnel with endpoint names resolved, and the workload."""
         assert self.engine is not None
         async with self._lock:
-            desired = demote(await self.paths.route(await self._resolved(config), config), self._demoted)
+            desired = assign(await self.paths.route(await self._resolved(config), config), self._demoted)
             workload = engine_frontends.workload_config(config, self.settings)
             changed = await self.engine.apply(desired, workload)
             self._desired, self._workload = desired, workload
@@ -176,13 +176,13 @@ class DataPlane:
                 for p in (status.peers if status else ())}
 
     async def _steer(self, demoted: frozenset[str]) -> bool:
-        """Move the traffic of the ``demoted`` gateways to the others (see :func:`liveness.demote`):
+        """Move the traffic of the ``demoted`` gateways to the others (see :func:`liveness.assign`):
         the peers re-added with the shared networks on the others only; True once a handshake came."""
         if self.engine is None or self.config is None:
             return False
         async with self._lock:
             self._demoted = demoted
-            desired = demote(await self.paths.route(await self._resolved(self.config), self.config), demoted)
+            desired = assign(await self.paths.route(await self._resolved(self.config), self.config), demoted)
             self._desired = desired
             return await self.engine.reset_sessions(desired, within=RESET_RETRY, every=RESET_RETRY)
 

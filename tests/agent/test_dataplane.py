@@ -267,10 +267,11 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
             break
         await asyncio.sleep(0.02)
     steered = {p.public_key: p.allowed_ips for p in dp.engine.reset_with[0].peers}
-    assert steered[GW] == () and steered[GW2] == ("10.254.0.0/16",)  # the other gateway carries the mesh now
+    # the other gateway carries the mesh now; each keeps its own address
+    assert steered[GW] == ("10.254.0.1/32",) and steered[GW2] == ("10.254.0.0/16", "10.254.0.2/32")
     assert "traffic moved to gateway" in (await dp.status_doc())["dead_peer"]["events"][0]["reason"]
     await dp.apply(config(version=2))  # a config push keeps the traffic on the gateway that answers
-    assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ()
+    assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ("10.254.0.1/32",)
 
 
 @pytest.mark.parametrize("engine_cls", [ContractEngine, SelfServingEngine])
