@@ -1,0 +1,123 @@
+"""Two gateways announcing the same route: a node's traffic survives either one going away.
+
+The session mesh's gateway carries the nodes' traffic (it is the oldest); a standby gateway
+in a namespace of its own offers the same route. A workload on the node fetches a cluster
+service through the agent's proxy every 0.2 s. The carrying gateway is SIGKILLed (or
+stopped with SIGTERM), with the coordinator up and down: the first answer after the kill must
+come within 3 s; then it is started again and the traffic goes back to it. On wireguard-go
+(root) and on the built-in user-space engine (an agent with no privileges at all). The gaps
+are printed (``failover:`` lines) with their median and maximum.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+
+import pytest
+
+from anex_agent.demo.mesh import wait_until
+from integration.test_self_healing import Workload
+
+GOAL = 3.0
+ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def standby(mesh):
+    mesh.add_standby_gateway()
+    mesh.start_standby()
+    yield
+    mesh.stop_standby()
+    for gw in (mesh.admin("GET", "/v1/gateways") or {}).get("gateways", []):
+        if gw["name"] == "standby":  # later modules see one gateway again
+            mesh.admin("DELETE", f"/v1/gateways/{gw['id']}")
+
+
+@pytest.fixture(scope="module", params=["wireguard-go", "userspace"])
+def hanode(mesh, standby, request):
+    if request.param == "userspace" and shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    n = mesh.add_node_namespace()
+    env = mesh.agent_env(n, ANEX_PATH="udp", ANEX_ENGINE="auto" if request.param == "userspace" else "wireguard-go")
+    mesh.start_agent(n, env, unprivileged=request.param == "userspace")
+    wait_until(lambda: len((n.status().get("gateways") or [])) == 2, 30, "the node's config listing both gateways",
+               interval=0.3)
+    assert n.status()["engine"] == request.param
+    yield n
+    mesh.stop_agent(n)
+
+
+def _carrier(node) -> str:
+    """The public key of the gateway peer that holds the cluster route on the node."""
+    for peer in node.status()["peers"]:
+        if any(a == "10.77.0.0/24" for a in peer["allowed_ips"]):
+            return peer["public_key"]
+    return ""
+
+
+def _primary_key(mesh) -> str:
+    return next(g["public_key"] for g in mesh.admin("GET", "/v1/gateways")["gateways"] if g["name"] != "standby")
+
+
+def _one_round(mesh, node, *, how: str, coordinator_up: bool) -> float:
+    """Take the carrying gateway away (``kill``: SIGKILL, ``stop``: SIGTERM); the seconds from
+    then to the workload's first answer; then start it again and wait for the traffic to go back."""
+    primary = _primary_key(mesh) if coordinator_up else None
+    workload = Workload(node.ns)
+    try:
+        wait_until(lambda: workload.first_ok_after(time.time() - 1.0), 20, "the workload getting answers")
+        gone = time.time()
+        if how == "kill":
+            mesh.kill_gateway()
+        else:
+            mesh.stop_gateway()
+        answered = wait_until(lambda: workload.first_ok_after(gone), 20, "an answer through the standby", interval=0.05)
+        gap = answered - gone
+        mesh.start_gateway(registered=coordinator_up)
+        if primary:  # the traffic goes back to the first gateway once it answers again
+            wait_until(lambda: _carrier(node) == primary, 60, "the traffic back on the first gateway", interval=0.5)
+        back = time.time()
+        wait_until(lambda: workload.first_ok_after(back), 20, "answers after the first gateway is back")
+        return gap
+    finally:
+        workload.stop()
+
+
+def _rounds(mesh, node, *, how: str, coordinator_up: bool) -> list[float]:
+    gaps = [_one_round(mesh, node, how=how, coordinator_up=coordinator_up) for _ in range(ROUNDS)]
+    print("failover:", json.dumps({
+        "engine": node.status()["engine"], "how": how, "coordinator": "up" if coordinator_up else "down",
+        "gaps_s": [round(g, 2) for g in gaps], "median_s": round(statistics.median(gaps), 2),
+        "max_s": round(max(gaps), 2)}))
+    return gaps
+
+
+def test_the_carrying_gateway_killed_the_standby_answers_within_3_s_and_the_traffic_goes_back(mesh, hanode):
+    assert _carrier(hanode) == _primary_key(mesh)  # the oldest gateway carries; the standby waits
+    gaps = _rounds(mesh, hanode, how="kill", coordinator_up=True)
+    assert max(gaps) <= GOAL, gaps
+    assert "traffic moved to gateway" in hanode.log()
+
+
+def test_the_carrying_gateway_stopped_leaves_the_nodes_configs_and_they_move_within_3_s(mesh, hanode):
+    gaps = _rounds(mesh, hanode, how="stop", coordinator_up=True)
+    assert max(gaps) <= GOAL, gaps
+    assert "the coordinator knows this gateway stopped" in (mesh.workdir / "gateway.log").read_text()
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_with_the_coordinator_down_the_node_moves_by_itself_within_3_s(mesh, hanode, how):
+    mesh.stop_coordinator()
+    try:
+        gaps = _rounds(mesh, hanode, how=how, coordinator_up=False)
+    finally:
+        mesh.start_coordinator()
+    assert max(gaps) <= GOAL, gaps
+    wait_until(lambda: hanode.status()["coordinator"]["reachable"] is True, 90,
+               "the agent reaching the coordinator again", interval=0.5)
+    # the first gateway registered again with the coordinator that is back (its watch may sit in a backoff)
+    mesh.stop_gateway()
+    mesh.start_gateway()
