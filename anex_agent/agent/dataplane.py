@@ -17,6 +17,9 @@ resets and engine-specific report facts all come from the contract's methods.
 
 Front-ends never see the engine: they hold the dialer, whose resolver is a
 :class:`~anex_agent.resolver.ResolverSlot` that gets a new resolver when the DNS config changes.
+The engine's dialer is wrapped in a :class:`~anex_agent.dialer.RedialDialer`: when a gateway
+network moves to another peer (a failover, a gateway gone from the config), connection
+attempts in flight start again at once instead of after their SYN's retransmission timeout.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from anex_agent.agent.liveness import DeadPeerWatch, assign
 from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
-from anex_agent.dialer import Dialer
+from anex_agent.dialer import Dialer, RedialDialer, RouteChanges
 from anex_agent.errors import EngineError
 from anex_agent.keys import KeyPair
 from anex_agent.resolver import Resolver, ResolverSlot
@@ -68,6 +71,7 @@ class DataPlane:
         self.resolve_interval = resolve_interval
         self.resolver = ResolverSlot()
         self.dialer: Dialer | None = None
+        self.route_changes = RouteChanges()  # a gateway network moved: dials in flight start again
         self.forwards = None
         self.proxy = None
         self._desired: DesiredConfig | None = None  # as last applied (endpoints resolved)
@@ -117,7 +121,8 @@ class DataPlane:
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None  # the engine's (or the path's) own error, as before
         await self._apply_engine(config)
-        self.dialer = self.engine.dialer(self.resolver)
+        dialer = self.engine.dialer(self.resolver)
+        self.dialer = RedialDialer(dialer, self.route_changes) if dialer is not None else None
         if self.dialer is not None:  # the engine gives a dialer: our proxy and forwards serve the workload
             self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer))
             await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
@@ -156,7 +161,9 @@ class DataPlane:
             desired = assign(await self.paths.route(await self._resolved(config), config), self._demoted)
             workload = engine_frontends.workload_config(config, self.settings)
             changed = await self.engine.apply(desired, workload)
-            self._desired, self._workload = desired, workload
+            before, self._desired, self._workload = self._desired, desired, workload
+            if before is not None and _routes(before) != _routes(desired):
+                self.route_changes.moved()
             return changed
 
     async def _resolved(self, config: NodeConfig) -> DesiredConfig:
@@ -184,7 +191,9 @@ class DataPlane:
             self._demoted = demoted
             desired = assign(await self.paths.route(await self._resolved(self.config), self.config), demoted)
             self._desired = desired
-            return await self.engine.reset_sessions(desired, within=RESET_RETRY, every=RESET_RETRY)
+            healed = await self.engine.reset_sessions(desired, within=RESET_RETRY, every=RESET_RETRY)
+            self.route_changes.moved()  # SYNs lost to the silent gateway go again now, not after their RTO
+            return healed
 
     def _nudge(self) -> None:
         """Make the engine send to each gateway now (:meth:`Engine.send_keepalive`): after a UDP
@@ -313,6 +322,11 @@ class DataPlane:
             f"address={config.address if config else '?'} proxy={self.settings.proxy_listen}"
             + (f" tunnels=[{tunnels}]" if tunnels else "")
         )
+
+
+def _routes(desired: DesiredConfig) -> dict[str, frozenset[str]]:
+    """Which gateway peer holds which networks."""
+    return {p.public_key: p.allowed_set() for p in desired.peers}
 
 
 def _forward_manager(dialer: Dialer):

@@ -157,7 +157,7 @@ async def test_an_engine_that_gives_a_dialer_gets_our_proxy_and_forwards(plane):
     assert dp.tunnels()[pushed.listen_port] == "redis.local:6379"
     assert await dp.apply(config(version=3, tunnels=[pushed])) is False  # same again: nothing changed
     assert "contract-dialer" not in await dp.status_doc()  # no engine report: no key
-    assert dp.dialer.resolver is dp.resolver  # the dialer keeps the slot; a DNS change refills it
+    assert dp.dialer.inner.resolver is dp.resolver  # the dialer keeps the slot; a DNS change refills it
     assert await dp.apply(config(version=4, tunnels=[pushed], dns=("10.254.0.2",))) is True
     assert [str(s) for s in dp.resolver.current.cluster_dns] == ["10.254.0.2"]
 
@@ -270,6 +270,7 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
     # the other gateway carries the mesh now; each keeps its own address
     assert steered[GW] == ("10.254.0.1/32",) and steered[GW2] == ("10.254.0.0/16", "10.254.0.2/32")
     assert "traffic moved to gateway" in (await dp.status_doc())["dead_peer"]["events"][0]["reason"]
+    assert dp.route_changes.moves >= 1  # dials in flight (SYNs lost to the silent gateway) start again
     await dp.apply(config(version=2))  # a config push keeps the traffic on the gateway that answers
     assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ("10.254.0.1/32",)
 
