@@ -14,15 +14,28 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import sys
 import time
 
 import pytest
 
 from anex_agent.demo.mesh import wait_until
-from integration.test_self_healing import Workload
+from integration.test_self_healing import PROXY, URL, Workload
 
 GOAL = 3.0
 ROUNDS = 3
+
+#: One request through the proxy (10 s timeout); prints whether it got 200 and how long it took.
+ONE_REQUEST = r"""
+import json, sys, time, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": "http://" + sys.argv[2]}))
+start = time.time()
+try:
+    ok = opener.open(sys.argv[1] + "/idle", timeout=10).status == 200
+except Exception:
+    ok = False
+print(json.dumps({"ok": ok, "seconds": time.time() - start}))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +135,24 @@ def test_with_the_coordinator_down_the_node_moves_by_itself_within_3_s(mesh, han
     # the first gateway registered again with the coordinator that is back (its watch may sit in a backoff)
     mesh.stop_gateway()
     mesh.start_gateway()
+
+
+def test_an_idle_node_whose_gateway_died_gets_its_next_answer_within_3_s(mesh, hanode):
+    """No traffic when the carrying gateway dies: the node cannot know; the workload's next
+    request must still be answered within 3 s of being sent (the failover, then its SYN sent
+    again at once rather than after the TCP retransmission timeout)."""
+    primary = _primary_key(mesh)
+    took = []
+    for _ in range(ROUNDS):
+        wait_until(lambda: _carrier(hanode) == primary, 60, "the first gateway carrying the traffic", interval=0.5)
+        mesh.kill_gateway()
+        out = hanode.ns.run([sys.executable, "-c", ONE_REQUEST, URL, PROXY], check=False, timeout=30)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["ok"], (result, out.stderr[-500:])
+        took.append(result["seconds"])
+        mesh.start_gateway()
+    print("failover:", json.dumps({
+        "engine": hanode.status()["engine"], "how": "kill, idle node", "coordinator": "up",
+        "gaps_s": [round(t, 2) for t in took], "median_s": round(statistics.median(took), 2),
+        "max_s": round(max(took), 2)}))
+    assert max(took) <= GOAL, took

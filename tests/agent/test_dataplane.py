@@ -259,6 +259,7 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
     two = config()
     two.gateways.append(GatewayPeer(id="g2", public_key=GW2, endpoint="192.0.2.2:51820",
                                     allowed_ips=["10.254.0.0/16"], mesh_address="10.254.0.2"))
+    two = two.model_copy(update={"dns": ["10.254.0.1", "10.254.0.2"]})  # each gateway serves DNS on its address
     make, _ = plane
     monkeypatch.setattr(sys.modules[__name__], "config", lambda *a, **k: two)
     dp, _ = await make(OneSilentOfTwoEngine)
@@ -271,6 +272,8 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
     assert steered[GW] == ("10.254.0.1/32",) and steered[GW2] == ("10.254.0.0/16", "10.254.0.2/32")
     assert "traffic moved to gateway" in (await dp.status_doc())["dead_peer"]["events"][0]["reason"]
     assert dp.route_changes.moves >= 1  # dials in flight (SYNs lost to the silent gateway) start again
+    # and names are asked of the gateway that answers first
+    assert [s.address for s in dp.resolver.current.cluster_dns] == ["10.254.0.2", "10.254.0.1"]
     await dp.apply(config(version=2))  # a config push keeps the traffic on the gateway that answers
     assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ("10.254.0.1/32",)
 
