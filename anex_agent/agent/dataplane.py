@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -183,18 +184,29 @@ class DataPlane:
                 for p in (status.peers if status else ())}
 
     async def _steer(self, demoted: frozenset[str]) -> bool:
-        """Move the traffic of the ``demoted`` gateways to the others (see :func:`liveness.assign`):
-        the peers re-added with the shared networks on the others only; True once a handshake came."""
+        """Move the traffic of the ``demoted`` gateways to the others (see :func:`liveness.assign`).
+
+        The other gateways keep their sessions (one handshook lately; WireGuard rekeys by itself
+        when a session is old): re-adding them would drop what is queued for them and cost a
+        handshake. The demoted ones are re-added (dropped, then added again with their own
+        address only), so they start handshaking at once, and keep at it, until they answer:
+        the dead-peer watch then gives their traffic back. True when a gateway that takes
+        traffic has a session (a handshake within READY_HANDSHAKE_AGE s)."""
         if self.engine is None or self.config is None:
             return False
         async with self._lock:
             self._demoted = demoted
             self.resolver.use(self._resolver_for(self.config))
             desired = assign(await self.paths.route(await self._resolved(self.config), self.config), demoted)
+            if demoted:
+                others = tuple(p for p in desired.peers if p.public_key not in demoted)
+                await self.engine.apply(dataclasses.replace(desired, peers=others), self._workload)
+            await self.engine.apply(desired, self._workload)
             self._desired = desired
-            healed = await self.engine.reset_sessions(desired, within=RESET_RETRY, every=RESET_RETRY)
-            self.route_changes.moved()  # SYNs lost to the silent gateway go again now, not after their RTO
-            return healed
+        self.route_changes.moved()  # SYNs lost to the silent gateway go again now, not after their RTO
+        ages = await self._gateway_counters()
+        return any(c.handshake_age is not None and c.handshake_age <= READY_HANDSHAKE_AGE
+                   for key, c in ages.items() if key not in demoted)
 
     def _resolver_for(self, config: NodeConfig) -> Resolver:
         """The config's resolver, the DNS servers of the gateways whose traffic others carry asked

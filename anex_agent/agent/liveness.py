@@ -31,8 +31,8 @@ is given each network on one gateway's peer (:func:`assign`: the first in the co
 and the others are standbys (each keeps its own mesh address). When the gateway carrying a
 network is silent for ``after`` x :data:`FAIL_OVER_SHARE` s and another handshook within
 :data:`FRESH_HANDSHAKE` s, the silent one is *demoted*: its networks go to the next gateway
-that offers them, and the peers are re-added (fresh handshakes). It goes back once the
-silent one handshakes again. Without another gateway, fresh handshakes are started after
+that offers them (the others keep their sessions), and the silent one's peer is re-added, so
+it handshakes again as soon as it answers; its traffic then goes back to it. Without another gateway, fresh handshakes are started after
 ``after`` s as above.
 
 Each detection is logged with its reason and outcome and kept (:meth:`DeadPeerWatch.report`:
