@@ -4,7 +4,9 @@ The session mesh's gateway carries the nodes' traffic (it is the oldest); a stan
 in a namespace of its own offers the same route. A workload on the node fetches a cluster
 service through the agent's proxy every 0.2 s. The carrying gateway is SIGKILLed (or
 stopped with SIGTERM), with the coordinator up and down: the first answer after the kill must
-come within 3 s; then it is started again and the traffic goes back to it. On wireguard-go
+come within 3 s (a stop: from when the process has ended); then it is started again and the
+traffic goes back to it. And an idle node: its gateway killed, its next request answered
+within 3 s of being sent. On wireguard-go
 (root) and on the built-in user-space engine (an agent with no privileges at all). The gaps
 are printed (``failover:`` lines) with their median and maximum.
 """
@@ -77,16 +79,18 @@ def _primary_key(mesh) -> str:
 
 def _one_round(mesh, node, primary: str, *, how: str, coordinator_up: bool) -> float:
     """Take the carrying gateway away (``kill``: SIGKILL, ``stop``: SIGTERM); the seconds from
-    then to the workload's first answer; then start it again and wait for the traffic to go back."""
+    the kill (from the end of the stop) to the first answer to a request sent afterwards; then
+    start it again and wait for the traffic to go back."""
     workload = Workload(node.ns)
     try:
         wait_until(lambda: _carrier(node) == primary, 60, "the first gateway carrying the traffic", interval=0.5)
         wait_until(lambda: workload.first_ok_after(time.time() - 1.0), 20, "the workload getting answers")
-        gone = time.time()
         if how == "kill":
+            gone = time.time()
             mesh.kill_gateway()
-        else:
+        else:  # from when it has stopped: until then it answers (and tells the coordinator, when it can)
             mesh.stop_gateway()
+            gone = time.time()
         answered = wait_until(lambda: workload.first_ok_after(gone), 20, "an answer through the standby", interval=0.05)
         gap = answered - gone
         mesh.start_gateway(registered=coordinator_up)

@@ -150,6 +150,8 @@ class DeadPeerWatch:
     fail_over_after: float = -1.0  # < 0: half of ``after`` (see FAIL_OVER_SHARE)
     demoted: dict[str, float] = field(default_factory=dict)  # public key -> when its traffic was moved away
     _silences: dict[str, Silence] = field(default_factory=dict, repr=False)
+    _no_session: dict[str, float] = field(default_factory=dict, repr=False)  # key -> first look without a handshake
+    sessionless: frozenset[str] = frozenset()  # of the last verdict: gateways that never handshook
     events: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=EVENTS_KEPT))
 
     def __post_init__(self) -> None:
@@ -198,27 +200,49 @@ class DeadPeerWatch:
         else ``(dead, others)``: the silent gateways (seconds of silence), and those to move
         their traffic to (empty: start fresh handshakes instead). A silent gateway's traffic
         moves after :attr:`fail_over_after` s when another answers; without one (or
-        ``can_steer`` False) handshakes start after :attr:`after` s."""
-        dead = {}
+        ``can_steer`` False) handshakes start after :attr:`after` s.
+
+        A gateway with no session (no handshake since its peer was added) for
+        :attr:`fail_over_after` s is silent too when another answers: what is sent to it waits
+        in WireGuard's queue for a handshake (no byte counted) that it retries only every 5 s
+        (REKEY_TIMEOUT, whitepaper §6.4), so its counters would tell nothing for that long."""
+        dead: dict[str, float] = {}
+        sessionless: dict[str, float] = {}
         for key, c in seen.items():
+            if c.handshake_age is None:
+                since = self._no_session.setdefault(key, now)
+            else:
+                self._no_session.pop(key, None)
             quiet = self._silences.setdefault(key, Silence(after=self.fail_over_after)).observe(c.rx, c.tx, now)
-            if quiet is not None and key not in self.demoted:  # a demoted one gets no data, only retries
+            if key in self.demoted:  # a demoted one gets no data, only retries
+                continue
+            if quiet is not None:
                 dead[key] = quiet
-        if not dead:
+            elif c.handshake_age is None and now - since >= self.fail_over_after:
+                sessionless[key] = now - since
+        if not dead and not sessionless:
             return None
-        others = sorted(k for k, c in seen.items() if k not in dead and k not in self.demoted
+        others = sorted(k for k, c in seen.items() if k not in dead and k not in sessionless and k not in self.demoted
                         and c.handshake_age is not None and c.handshake_age <= FRESH_HANDSHAKE)
         if can_steer and others:
-            return dead, others
+            self.sessionless = frozenset(sessionless)
+            return {**dead, **sessionless}, others
+        if not dead:
+            return None  # a gateway that never answered and no other: WireGuard's own retries
         if max(dead.values()) >= self.after:
             return dead, []
         return None  # no other gateway to move to: wait the whole ``after`` before handshaking again
 
     async def _fail_over(self, dead: dict[str, float], others: list[str],
                          steer: Callable[[frozenset[str]], Awaitable[bool]]) -> None:
-        names = ", ".join(k[:8] for k in sorted(dead))
-        reason = (f"data sent to gateway {names} and nothing received for {max(dead.values()):.1f} s; "
-                  f"traffic moved to gateway {', '.join(k[:8] for k in others)}")
+        silent = sorted(k for k in dead if k not in self.sessionless)
+        whys = [f"data sent to gateway {', '.join(k[:8] for k in silent)} and nothing received "
+                f"for {max(dead[k] for k in silent):.1f} s"] if silent else []
+        unanswered = sorted(k for k in dead if k in self.sessionless)
+        if unanswered:
+            whys.append(f"no handshake with gateway {', '.join(k[:8] for k in unanswered)} "
+                        f"for {max(dead[k] for k in unanswered):.1f} s")
+        reason = f"{'; '.join(whys)}; traffic moved to gateway {', '.join(k[:8] for k in others)}"
         log.warning("dead peer: %s", reason)
         self.detections += 1
         at = time.monotonic()

@@ -227,3 +227,18 @@ def test_a_silent_gateway_s_traffic_moves_after_half_the_dead_peer_time_a_lone_o
     verdicts = [stale.judge({A: Counters(1000, tx, 1.0), B: Counters(500, 500, 400.0)}, t, can_steer=True)
                 for t, tx in looks]
     assert verdicts[3] is None and verdicts[5] == ({A: 2.0}, [])
+
+
+def test_a_carrying_gateway_that_never_handshook_is_silent_when_another_answers():
+    """What goes to a gateway without a session waits for a handshake WireGuard retries every
+    5 s, and no byte is counted meanwhile: 1 s without a session is enough when another answers."""
+    watch = DeadPeerWatch(after=2.0)
+    standby = Counters(500, 500, 30.0)
+    verdicts = [watch.judge({A: Counters(0, 148, None), B: standby}, t, can_steer=True) for t in (0.0, 0.5, 1.0)]
+    assert verdicts == [None, None, ({A: 1.0}, [B])] and watch.sessionless == {A}
+    lone = DeadPeerWatch(after=2.0)  # nobody to move to: WireGuard's own retries, no fresh handshakes of ours
+    assert [lone.judge({A: Counters(0, 148, None)}, t, can_steer=True) for t in (0.0, 1.0, 5.0)] == [None] * 3
+    fresh = DeadPeerWatch(after=2.0)  # a handshake in time: nothing to do
+    assert fresh.judge({A: Counters(0, 148, None), B: standby}, 0.0, can_steer=True) is None
+    assert fresh.judge({A: Counters(92, 240, 0.1), B: standby}, 0.5, can_steer=True) is None
+    assert fresh.judge({A: Counters(92, 240, 0.6), B: standby}, 1.5, can_steer=True) is None
