@@ -182,7 +182,7 @@ class DeadPeerWatch:
             await asyncio.sleep(self.check_every)
             seen = await counters()
             if steer is not None and self.demoted and await self._restore(seen, steer):
-                self._silences.clear()
+                self.rebase(seen)
                 continue
             verdict = self.judge(seen, time.monotonic(), can_steer=steer is not None)
             if verdict is None:
@@ -191,9 +191,17 @@ class DeadPeerWatch:
             if others:
                 assert steer is not None
                 await self._fail_over(dead, others, steer)
+                self.rebase(seen)
             else:
                 await self._revive(max(dead.values()), counters, reset)
-            self._silences.clear()
+                self._silences.clear()  # the sessions were reset: the next look is the baseline
+
+    def rebase(self, seen: dict[str, Counters]) -> None:
+        """After the traffic moved: judge on from ``seen`` (the counters read before the move),
+        pending sends forgotten. Not from the next look: a request sent meanwhile (a workload
+        waking up just then) would be taken for the baseline and go unnoticed until it is sent
+        again, a second or more later."""
+        self._silences = {key: Silence(after=self.fail_over_after, rx=c.rx, tx=c.tx) for key, c in seen.items()}
 
     def judge(self, seen: dict[str, Counters], now: float, *, can_steer: bool) -> tuple[dict[str, float], list[str]] | None:
         """Pure but for the silences it keeps: one look at the counters. None: nothing to do;

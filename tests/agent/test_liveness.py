@@ -242,3 +242,14 @@ def test_a_carrying_gateway_that_never_handshook_is_silent_when_another_answers(
     assert fresh.judge({A: Counters(0, 148, None), B: standby}, 0.0, can_steer=True) is None
     assert fresh.judge({A: Counters(92, 240, 0.1), B: standby}, 0.5, can_steer=True) is None
     assert fresh.judge({A: Counters(92, 240, 0.6), B: standby}, 1.5, can_steer=True) is None
+
+
+def test_a_send_right_after_the_traffic_moved_is_not_taken_for_the_baseline():
+    watch = DeadPeerWatch(after=2.0)
+    standby = Counters(500, 500, 1.0)
+    watch.demoted[A] = 0.0
+    watch.rebase({A: Counters(92, 180, 0.2), B: standby})  # A answered again; its traffic went back to it
+    del watch.demoted[A]
+    # a DNS query went to A (then it died) before the next look: that look must count it
+    assert watch.judge({A: Counters(92, 404, 0.4), B: standby}, 10.0, can_steer=True) is None
+    assert watch.judge({A: Counters(92, 404, 0.9), B: standby}, 11.0, can_steer=True) == ({A: 1.0}, [B])
