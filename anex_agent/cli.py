@@ -26,6 +26,8 @@ from anex_agent.errors import AnexError, ConfigError
 COMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("anex_agent.coordinator.cli", "run the coordinator REST service"),
     "gateway": ("anex_agent.gateway.cli", "run the cluster-side gateway (WireGuard hub, relay, routes, DNS)"),
+    "virtual-node": ("anex_agent.virtualnode.cli", "run the virtual node: Kubernetes Nodes whose pods run on rented "
+                     "machines"),
     "run": ("anex_agent.agent.cli_run", "join the mesh and run a workload: anex-agent run -- CMD ARGS..."),
     "daemon": ("anex_agent.agent.cli_daemon", "join the mesh and keep it up (for systemd on on-prem nodes)"),
     "detect": ("anex_agent.agent.cli_detect", "probe which WireGuard engines and paths work here"),
@@ -33,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "qualify": ("anex_agent.gpu.qualify_cli", "check an on-prem server against the hardware rules"),
     "ssh": ("anex_agent.ssh_client", "a shell or command on a node with a short-lived certificate: ssh NODE [-- CMD]"),
     "cp": ("anex_agent.ssh_client_cp", "copy files to or from a node over SFTP: cp [-r] SRC DST (one is NODE:PATH)"),
+    "admin": ("anex_agent.admin.cli", "manage a coordinator: tokens, nodes, gateways, provisions, bans (list, show, create, delete)"),
     "demo": ("anex_agent.demo", "build a local end-to-end mesh in network namespaces and check it (root)"),
 }
 

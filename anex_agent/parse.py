@@ -11,6 +11,8 @@ Which function for which value:
   ("any free port") only where the caller says so.
 * :func:`cidr` -- a network.
 * :func:`number` -- a decimal amount (seconds, counts) with a lower bound.
+* :func:`duration` -- a whole number of seconds written with an optional unit (``90``,
+  ``90s``, ``15m``, ``12h``, ``7d``), within bounds.
 
 Every form writes an IPv6 address in brackets when a port follows it (``[fd00::1]:53``).
 
@@ -75,6 +77,23 @@ def number(text: str, *, minimum: float, integer: bool = False) -> float:
     value = int(text) if integer else float(text)
     if value < minimum:
         raise ValueError(f"must be {kind} of at least {minimum:g}, in ASCII digits")
+    return value
+
+
+_DURATION_RE = re.compile(r"([0-9]+)([smhd]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """Seconds from ``N``, ``Ns``, ``Nm``, ``Nh`` or ``Nd`` (ASCII digits, one unit), within the bounds."""
+    accepted = ("must be a duration such as 90, 90s, 15m, 12h or 7d" +
+                (f", from {minimum} s to {maximum} s" if maximum is not None else f", at least {minimum} s"))
+    match = _DURATION_RE.fullmatch(text) if isinstance(text, str) and len(text) <= MAX_INT_DIGITS else None
+    if match is None:
+        raise ValueError(accepted)
+    value = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(accepted)
     return value
 
 

@@ -11,6 +11,11 @@ With a terminal on stdin and no command, or with ``-t``, the session gets a PTY 
 terminal's size (resizes follow), the local terminal is put in raw mode meanwhile. The exit
 status is the remote command's (128+N when a signal N ended it; 255 when the session failed).
 
+Quiet unless asked: asyncssh's connection log shows with ``-v`` (``anex-agent -v ssh ...``), its
+debug lines with ``-vv``; a failure is one line (:func:`failure`: why, and for a connection
+that failed, whether the coordinator has the node offline). Standard input may be a terminal,
+a pipe, a file or a character device such as ``/dev/null`` (:func:`stdin_source`).
+
 Settings: ``--coordinator`` / ``ANEX_COORDINATOR_URL``; the admin token from
 ``ANEX_ADMIN_TOKEN`` or ``ANEX_ADMIN_TOKEN_FILE`` (or ``--admin-token-file``), else the SSH
 issuer token (``ANEX_SSH_ISSUER_TOKEN`` / ``_FILE``; NODE must then be a node id);
@@ -52,6 +57,7 @@ class Target:
     certificate: Any = field(repr=False)
     known_hosts: tuple[str, ...]
     serial: int
+    node: Any = None  # the node as the coordinator listed it (wire.NodeView), None with the SSH issuer token
 
 
 def add_coordinator_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,21 +104,29 @@ async def resolve_node(client, node: str) -> str:
 
     With the SSH issuer token (which may not list nodes: ``client.lists_nodes`` False)
     ``node`` is taken as a node id."""
+    return (await lookup_node(client, node))[0]
+
+
+async def lookup_node(client, node: str):
+    """``(id, view)``: as :func:`resolve_node`, with the node's ``wire.NodeView`` (None with the
+    SSH issuer token, which may not read nodes)."""
     if not getattr(client, "lists_nodes", True):
-        return node
+        return node, None
     if NODE_ID.fullmatch(node):  # an id is one lookup; only a name needs the list (a large fleet's is long)
         try:
-            return (await client.get_node(node)).id
+            view = await client.get_node(node)
+            return view.id, view
         except CoordinatorError as err:
             if err.status != 404:
                 raise
     listed = await client.list_nodes()
-    named = [n.id for n in listed.nodes if n.name == node]
+    named = [n for n in listed.nodes if n.name == node]
     if len(named) == 1:
-        return named[0]
+        return named[0].id, named[0]
     if named:
-        raise ConfigError("NODE", f"{len(named)} nodes are called {node!r} ({', '.join(named)}); give the node id")
-    raise ConfigError("NODE", f"no node {node!r}; see GET /v1/nodes")
+        ids = ", ".join(n.id for n in named)
+        raise ConfigError("NODE", f"{len(named)} nodes are called {node!r} ({ids}); give the node id")
+    raise ConfigError("NODE", f"no node {node!r}; see anex-agent admin nodes list")
 
 
 async def certify(client, node: str, *, validity: int | None = None, requested_for: str = "") -> Target:
@@ -121,13 +135,44 @@ async def certify(client, node: str, *, validity: int | None = None, requested_f
 
     asyncssh = load()
 
-    node_id = await resolve_node(client, node)
+    node_id, view = await lookup_node(client, node)
     key = asyncssh.generate_private_key("ssh-ed25519")
     answer = await client.create_ssh_certificate(node_id, ssh_wire.SshCertificateRequest(
         public_key=key.export_public_key().decode(), validity=validity,
         requested_for=requested_for or f"{os.environ.get('USER', 'anex-agent')} via anex-agent"[:128]))
     return Target(node_id, answer.address, answer.port, key, asyncssh.import_certificate(answer.certificate),
-                  tuple(answer.known_hosts), answer.serial)
+                  tuple(answer.known_hosts), answer.serial, view)
+
+
+def failure(target: Target, err: BaseException, *, connected: bool = False) -> str:
+    """One line saying why the session with ``target`` failed: the error (a timeout says how long it
+    waited, an OS error names its path as text), then, when the connection failed and the coordinator
+    does not have the node ready, that it is offline, its state and its last heartbeat."""
+    if isinstance(err, TimeoutError) and not str(err):
+        why = f"no answer within {CONNECT_TIMEOUT:g} s"
+    else:
+        why = describe_os_error(err) if isinstance(err, OSError) else (str(err) or type(err).__name__)
+    view = target.node
+    where = f"node {target.node_id}" + (f" ({view.name})" if view is not None and view.name else "")
+    line = f"{where} at {target.address}:{target.port}: {why}"
+    if connected:
+        return line
+    state = getattr(getattr(view, "state", None), "value", None)
+    if state is not None and state != "ready":
+        last = view.last_heartbeat_at
+        since = f"last heartbeat {last:%Y-%m-%d %H:%M:%SZ}" if last is not None else "no heartbeat since it joined"
+        line += (f"; the node is offline: the coordinator has it {state.replace('_', ' ')} ({since}); "
+                 "see anex-agent admin nodes show " + target.node_id)
+    elif isinstance(err, TimeoutError):
+        line += "; this machine needs a route to the mesh (through a gateway) to reach the node's address"
+    return line
+
+
+def describe_os_error(err: OSError) -> str:
+    """``err`` as text, its paths decoded (asyncssh gives them as bytes): ``/tmp/x: No such file or directory``."""
+    paths = [os.fsdecode(p) for p in (err.filename, err.filename2) if p is not None]
+    text = err.strerror or str(err) or type(err).__name__
+    return f"{' -> '.join(paths)}: {text}" if paths else text
 
 
 async def connect(target: Target):
@@ -167,7 +212,8 @@ async def _session(conn, command: str | None, want_tty: bool) -> int:
         loop.add_signal_handler(signal.SIGWINCH, lambda: process.change_terminal_size(
             *os.get_terminal_size(stdin_fd)))
     try:
-        await process.redirect(stdin=os.dup(stdin_fd), stdout=os.dup(stdout_fd), stderr=os.dup(sys.stderr.fileno()))
+        await process.redirect(stdin=stdin_source(stdin_fd), stdout=os.dup(stdout_fd),
+                               stderr=os.dup(sys.stderr.fileno()))
         result = await process.wait(check=False)
     finally:
         if restore is not None:
@@ -176,6 +222,40 @@ async def _session(conn, command: str | None, want_tty: bool) -> int:
             loop.remove_signal_handler(signal.SIGWINCH)
             termios.tcsetattr(stdin_fd, termios.TCSADRAIN, restore)
     return exit_code(result.exit_status, result.exit_signal)
+
+
+class _ThreadReader:
+    """A file descriptor the event loop cannot watch (``/dev/null`` and other character devices
+    that are not terminals: epoll refuses them), read in a thread for asyncssh's redirect."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    async def read(self, size: int) -> bytes:
+        return await asyncio.to_thread(os.read, self._fd, size)
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def stdin_source(fd: int):
+    """What the session reads its input from: a copy of ``fd`` (a terminal, pipe, socket or regular
+    file), or a :class:`_ThreadReader` for another character device such as ``/dev/null``."""
+    import stat
+
+    copy = os.dup(fd)
+    if stat.S_ISCHR(os.fstat(copy).st_mode) and not os.isatty(copy):
+        return _ThreadReader(copy)
+    return copy
+
+
+def quiet_asyncssh(verbose: int) -> None:
+    """asyncssh logs each step of a connection at INFO: shown with ``-v``, its debug lines with ``-vv``."""
+    import logging
+
+    logging.getLogger("asyncssh").setLevel(logging.WARNING if not verbose else
+                                           logging.INFO if verbose == 1 else logging.DEBUG)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -194,7 +274,12 @@ async def run(args: argparse.Namespace) -> int:
     import asyncssh
 
     try:
-        async with await connect(target) as conn:
+        conn = await connect(target)
+    except (asyncssh.Error, OSError, TimeoutError) as err:
+        print(f"anex-agent ssh: {failure(target, err)}", file=sys.stderr)
+        return FAILED
+    try:
+        async with conn:
             listeners = []
             for spec in args.forwards:
                 local, host, port = _forward_spec(spec)
@@ -204,7 +289,7 @@ async def run(args: argparse.Namespace) -> int:
                 return 0
             return await _session(conn, text, want_tty)
     except (asyncssh.Error, OSError, TimeoutError) as err:
-        print(f"anex-agent ssh: node {target.node_id} at {target.address}:{target.port}: {err}", file=sys.stderr)
+        print(f"anex-agent ssh: {failure(target, err, connected=True)}", file=sys.stderr)
         return FAILED
 
 
@@ -220,6 +305,7 @@ def _forward_spec(spec: str) -> tuple[int, str, int]:
 
 
 def main(args: argparse.Namespace) -> int:
+    quiet_asyncssh(getattr(args, "verbose", 0))
     try:
         return asyncio.run(run(args))
     except CoordinatorError as err:

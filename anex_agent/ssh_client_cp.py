@@ -12,7 +12,8 @@ import asyncio
 import sys
 
 from anex_agent.errors import ConfigError, CoordinatorError
-from anex_agent.ssh_client import FAILED, add_coordinator_arguments, certify, connect, coordinator_client
+from anex_agent.ssh_client import (FAILED, add_coordinator_arguments, certify, connect, coordinator_client,
+                                   describe_os_error, failure, quiet_asyncssh)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -43,19 +44,31 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await client.close()
     try:
-        async with await connect(target) as conn:
-            async with conn.start_sftp_client() as sftp:
-                if src is not None:
-                    await sftp.get(src[1], args.destination, recurse=args.recursive, preserve=True)
-                else:
-                    await sftp.put(args.source, dst[1], recurse=args.recursive, preserve=True)
+        conn = await connect(target)
     except (asyncssh.Error, OSError, TimeoutError) as err:
-        print(f"anex-agent cp: {err}", file=sys.stderr)
+        print(f"anex-agent cp: {failure(target, err)}", file=sys.stderr)
+        return FAILED
+    remote = f"{node}:{(src or dst)[1]}"
+    try:
+        async with conn, conn.start_sftp_client() as sftp:
+            if src is not None:
+                await sftp.get(src[1], args.destination, recurse=args.recursive, preserve=True)
+            else:
+                await sftp.put(args.source, dst[1], recurse=args.recursive, preserve=True)
+    except asyncssh.SFTPError as err:  # the node's side: its path
+        print(f"anex-agent cp: {remote}: {err.reason or type(err).__name__}", file=sys.stderr)
+        return 1
+    except OSError as err:  # this machine's side: the path in the error (bytes from asyncssh) as text
+        print(f"anex-agent cp: {describe_os_error(err)}", file=sys.stderr)
+        return 1
+    except (asyncssh.Error, TimeoutError) as err:
+        print(f"anex-agent cp: {failure(target, err)}", file=sys.stderr)
         return 1
     return 0
 
 
 def main(args: argparse.Namespace) -> int:
+    quiet_asyncssh(getattr(args, "verbose", 0))
     try:
         return asyncio.run(run(args))
     except CoordinatorError as err:

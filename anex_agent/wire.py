@@ -484,7 +484,7 @@ class ContainerState(Model):
 class TransportStatus(Model):
     engine: ShortText = ""
     path: ShortText = ""
-    path_reason: str = Field("", max_length=PATH_REASON_MAX, description="why the node is on this path (udp|websocket)")
+    path_reason: str = Field("", max_length=PATH_REASON_MAX, description="why the node is on this path (udp|websocket), or has none (none)")
     last_handshake_age: float | None = Field(None, ge=0, description="seconds since the last handshake, None if never")
     rx_bytes: Counter = 0
     tx_bytes: Counter = 0

@@ -23,3 +23,14 @@ def test_every_command_module_imports_and_configures():
         module = importlib.import_module(module_name)
         module.configure(argparse.ArgumentParser(prog=name))
         assert callable(module.main)
+
+
+def test_a_command_error_is_prefixed_once(monkeypatch, capsys):
+    """The dispatcher adds ``anex-agent COMMAND: ``; a command's error must not carry it again."""
+    from anex_agent.demo import netlab
+
+    monkeypatch.setattr(netlab, "missing_prerequisites", lambda *tools: "needs root (network namespaces)")
+    assert cli.main(["demo", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("anex-agent demo: needs root (network namespaces); run it as root")
+    assert err.count("anex-agent demo") == 1 and len(err.strip().splitlines()) == 1

@@ -215,7 +215,7 @@ async def test_watch_losing_the_connection_while_receiving_is_retryable(monkeypa
 
         monkeypatch.setattr(websockets.asyncio.client, "connect", connect)
         client = CoordinatorClient("http://127.0.0.1:9", credential="c")
-        stream = client._watch_once(0, [])
+        stream = client._watch_once("/v1/watch?since=0", wire.WatchEvent, "credential", [])
         if isinstance(error, OSError):
             with pytest.raises(CoordinatorError) as info:
                 await stream.__anext__()

@@ -243,3 +243,20 @@ def test_env_number_names_the_variable_and_keeps_the_default():
     with pytest.raises(ConfigError) as info:
         env_number({"ANEX_X": "soon"}, "ANEX_X", 5.0, minimum=1)
     assert info.value.source == "ANEX_X" and "'soon' must be a number of at least 1" in str(info.value)
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("15m", 900), ("12h", 43200), ("7d", 604800)])
+def test_duration_accepts_seconds_and_units(text, seconds):
+    assert parse.duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "1.5h", "-5m", "5 m", "5w", "h", "５m", "1h30m", "9" * 40])
+def test_duration_refuses(text):
+    with pytest.raises(ValueError, match="90s, 15m, 12h or 7d"):
+        parse.duration(text)
+
+
+def test_duration_bounds():
+    assert parse.duration("365d", maximum=365 * 86400) == 365 * 86400
+    with pytest.raises(ValueError, match="to 31536000 s"):
+        parse.duration("366d", maximum=365 * 86400)

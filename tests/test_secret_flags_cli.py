@@ -65,3 +65,17 @@ def test_agent_token_flag_warns_and_file_twins_work(tmp_path):
 def test_agent_refuses_a_public_plain_http_coordinator(tmp_path):
     out = anex("daemon", "--state-dir", str(tmp_path), env={"ANEX_COORDINATOR_URL": "http://8.8.8.8:8700"})
     assert out.returncode == 2 and "ANEX_COORDINATOR_URL" in out.stderr and "ANEX_ALLOW_INSECURE=1" in out.stderr
+
+
+def test_admin_takes_the_admin_token_from_a_file_or_the_environment_never_the_command_line(tmp_path):
+    out = anex("admin", "--coordinator", "http://127.0.0.1:1", "nodes", "list", "--token", "anexadm_S3CRET")
+    assert out.returncode == 2 and "--token: the admin token is not taken on the command line" in out.stderr
+    assert "S3CRET" not in out.stderr and "--token-file" in out.stderr
+    (tmp_path / "e").write_text("\n")
+    out = anex("admin", "--coordinator", "http://127.0.0.1:1", "nodes", "list", "--token-file", str(tmp_path / "e"))
+    assert out.returncode == 2 and "--token-file" in out.stderr and "empty" in out.stderr
+    out = anex("admin", "nodes", "list", env={"ANEX_COORDINATOR_URL": "http://127.0.0.1:1",
+                                              "ANEX_ADMIN_TOKEN_FILE": str(tmp_path / "missing")})
+    assert out.returncode == 2 and "ANEX_ADMIN_TOKEN_FILE" in out.stderr and "no such file" in out.stderr
+    out = anex("admin", "nodes", "list", env={"ANEX_COORDINATOR_URL": "http://8.8.8.8:8700", "ANEX_ADMIN_TOKEN": "t"})
+    assert out.returncode == 2 and "ANEX_COORDINATOR_URL" in out.stderr and "--allow-insecure" in out.stderr

@@ -42,6 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from anex_agent.agent.cli_detect import detect_report
+    from anex_agent.agent.stopping import ExitDeadline
     from anex_agent.agent.supervisor import Agent
 
     command = list(args.command)
@@ -66,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
                         tracker=StateTracker(_memory_events()), logs=logs)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
     agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
-                  push_dirs=options.push_dirs)
+                  push_dirs=options.push_dirs, exit_deadline=ExitDeadline(enabled=True))
     return asyncio.run(agent.run(workload))
 
 

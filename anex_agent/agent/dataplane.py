@@ -55,6 +55,8 @@ RESET_RETRY = 1.0
 #: At start-up, how long the workload waits for the first gateway handshake before it starts anyway.
 FIRST_HANDSHAKE_WAIT = 20.0
 RESET_WINDOW = 10.0
+#: How often a wait for the first handshake looks at the engine's status (seconds).
+HANDSHAKE_POLL = 0.05
 
 
 class DataPlane:
@@ -79,13 +81,14 @@ class DataPlane:
         self._workload: WorkloadConfig | None = None
         self._demoted: frozenset[str] = frozenset()  # gateways whose traffic the others carry (dead-peer watch)
         self._lock = asyncio.Lock()  # one engine apply at a time (config changes, endpoint moves, resets)
+        self._has_gateway = asyncio.Event()  # set while the config names a gateway (start() and apply())
         self._stack = contextlib.AsyncExitStack()
         self.route_guard = RouteGuard(settings.coordinator_url)  # gateway routes never cover the coordinator
 
     @property
     def path(self) -> str:
-        """The datagram path in use: ``udp`` or ``websocket`` (see :mod:`anex_agent.agent.path`)."""
-        return self.paths.path
+        """The datagram path in use: ``udp``, ``websocket`` or ``none`` (see :mod:`anex_agent.agent.path`)."""
+        return self.paths.current()
 
     def choose_engine(self) -> type[Engine]:
         cls, tried = choose_engine(self.settings.engine, for_workload=True, source=self.settings.engine_source)
@@ -128,7 +131,7 @@ class DataPlane:
             self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer))
             await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
             self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
-        self.config = config
+        self._set_config(config)
         tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
         tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions,
                                                             self._nudge))
@@ -150,7 +153,7 @@ class DataPlane:
             before = dict(self.forwards.active)
             await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
             changed |= dict(self.forwards.active) != before
-        self.config = config
+        self._set_config(config)
         log.info("applied config version %d (%d gateway(s), %d tunnel(s)) to %s%s", config.version,
                  len(config.gateways), len(self.tunnels()), self.engine.name, "" if changed else ": nothing changed")
         return changed
@@ -243,21 +246,42 @@ class DataPlane:
         async with self._lock:
             return await self.engine.reset_sessions(self._desired, within=within, every=every)
 
+    def _set_config(self, config: NodeConfig) -> None:
+        self.config = config
+        if config.gateways:
+            self._has_gateway.set()
+        else:
+            self._has_gateway.clear()
+
     async def wait_handshake(self, timeout: float = FIRST_HANDSHAKE_WAIT) -> bool:
         """Wait until some gateway handshake completed (True), or ``timeout`` s passed (False).
 
         Used before starting the workload, so that its first request does not race the
         first handshake. The engines initiate at once (persistent keepalive), so on a healthy
-        mesh this takes milliseconds; a gateway that is down costs at most ``timeout``.
+        mesh this takes milliseconds; a gateway that is down costs at most ``timeout``. With
+        no gateway in the config it returns False at once (nothing to wait for yet).
         """
-        deadline = time.monotonic() + timeout
+        if not (self.config and self.config.gateways):
+            return False
+        try:
+            async with asyncio.timeout(timeout):
+                await self.handshake()
+        except TimeoutError:
+            return False
+        return True
+
+    async def handshake(self) -> None:
+        """Return once some gateway handshake completed, however long that takes.
+
+        Never busy: while the config names no gateway it waits for a config that does (set by
+        :meth:`start` / :meth:`apply`), and between looks at the engine's status it sleeps
+        :data:`HANDSHAKE_POLL` s, so the event loop (heartbeats, the watch, the API, signals)
+        runs meanwhile whatever the engine's ``status()`` does."""
         while True:
-            transport = await self.transport_status()
-            if transport.last_handshake_age is not None:
-                return True
-            if time.monotonic() >= deadline or not (self.config and self.config.gateways):
-                return False
-            await asyncio.sleep(0.05)
+            await self._has_gateway.wait()
+            if (await self.transport_status()).last_handshake_age is not None:
+                return
+            await asyncio.sleep(HANDSHAKE_POLL)
 
     async def stop(self) -> None:
         await self._stack.aclose()
@@ -279,7 +303,7 @@ class DataPlane:
         return TransportStatus(
             engine=self.engine_cls.name if self.engine_cls else "",
             path=self.path,
-            path_reason=self.paths.reason[:PATH_REASON_MAX],
+            path_reason=self.paths.current_reason()[:PATH_REASON_MAX],
             last_handshake_age=max(0.0, round(min(ages), 3)) if ages else None,  # never negative (clock steps)
             rx_bytes=sum(p.rx_bytes for p in status.peers) if status else 0,
             tx_bytes=sum(p.tx_bytes for p in status.peers) if status else 0,

@@ -18,8 +18,18 @@
   - on WebSocket: every ``path_probe_interval`` s (``ANEX_PATH_PROBE_INTERVAL``, default
     :data:`PROBE_INTERVAL`) it probes UDP and returns when a handshake completes.
 
+Where no gateway offers a relay (or ``ANEX_PATH=udp``) UDP is the only path, and it is
+watched the same way (``ANEX_PATH=udp`` alone is never probed at start): when nothing came
+back for a while and a probe's handshake fails, the node has **no path** -- reported as
+``none`` with the reason -- until datagrams arrive from the gateways again or a probe (every
+``path_probe_interval`` s) completes. ``ANEX_PATH=websocket`` with no relay offered is on UDP,
+and says so.
+
 Every switch is logged with its reason and kept (:meth:`PathManager.report`: ``/status``,
-the heartbeat's transport status, the coordinator's node view).
+the heartbeat's transport status, the coordinator's node view). :meth:`PathManager.current`
+is what is true now: ``udp``, ``websocket`` or ``none``; :attr:`PathManager.path` is only
+which transport the engine is steered to (a gateway without a relay stays on UDP whatever it
+says).
 
 How the engine is put on the WebSocket path: the native engines own their UDP socket, so
 each gateway gets a :class:`~anex_agent.tunnels.ws_bind.LocalRelay` (a UDP socket on
@@ -71,6 +81,7 @@ QUIET_PROBE_MAX = 30.0
 #: A handshake older than this means handshakes stopped (REJECT_AFTER_TIME, whitepaper §6.1).
 HANDSHAKE_STALE = 180.0
 SWITCHES_KEPT = 20
+NO_RELAY = "no gateway offers a WebSocket relay (ws_url) to fall back to"
 
 
 @dataclass
@@ -146,6 +157,9 @@ class PathManager:
         self._stall = SilenceWatch(after=settings.stall_after, wait=settings.stall_after)
         self._switch: SwitchBind | None = None  # the engine's Bind, when it takes one
         self._takes_bind = False
+        self.udp_down: str | None = None  # why UDP, the only path, does not work (None: it does, or not known)
+        self._rx_when_down = 0
+        self._next_udp_probe = 0.0
 
     # ---------------------------------------------------------------- the engine's config
 
@@ -247,15 +261,79 @@ class PathManager:
         self._tasks = tasks
         self.learn(desired, config)
         if self.settings.mode == "websocket":
-            self._set("websocket", "ANEX_PATH=websocket")
-            if not self._ws_urls:
-                log.warning("ANEX_PATH=websocket, but no gateway advertises a WebSocket relay URL: staying on UDP")
+            if self._ws_urls:
+                self._set("websocket", "ANEX_PATH=websocket")
+            else:
+                self.reason = ("ANEX_PATH=websocket, but no gateway offers a WebSocket relay (ws_url): on UDP "
+                               "until one does")
+                log.warning("path: %s", self.reason)
         elif self.can_switch():
             result = await self.probe_udp()
             self._set("udp" if result.ok else "websocket", result.reason)
         elif self.settings.mode == "auto":
             self.reason = "auto: no gateway advertises a WebSocket relay, UDP is the only path"
         return self.path
+
+    def current(self) -> str:
+        """The path datagrams take now: ``websocket`` (through a relay), ``udp``, or ``none`` (UDP is
+        the only path and it does not work)."""
+        if self.path == "websocket" and self._ws_urls:
+            return "websocket"
+        return "none" if self.udp_down is not None else "udp"
+
+    def current_reason(self) -> str:
+        return self.udp_down if self.current() == "none" and self.udp_down else self.reason
+
+    def _udp_only(self) -> bool:
+        """UDP is the only path: no relay to switch to (or not allowed to), and not steered to one."""
+        return not self.can_switch() and self.current() != "websocket"
+
+    def _mark_udp(self, down: str | None, rx: int = 0) -> None:
+        """Record that UDP, the only path, stopped (``down``: why) or works again (None)."""
+        before = self.current()
+        self.udp_down = down
+        self._rx_when_down = rx
+        self._next_udp_probe = time.monotonic() + self.settings.probe_interval
+        after = self.current()
+        if after != before:
+            reason = down or "UDP works again"
+            self.switches.append({"at": round(time.time(), 3), "from": before, "to": after, "reason": reason})
+            log.warning("path: %s -> %s: %s", before, after, reason)
+            self.since = time.time()
+
+    async def _watch_udp_only(self, counters: Callable[[], Awaitable[Counters]], nudge: Callable[[], None]) -> None:
+        """One look at UDP when it is the only path: notice it stopped (a failed probe after silence)
+        or works again (datagrams from the gateways, or a probe that completes)."""
+        seen = await counters()
+        now = time.monotonic()
+        if self.udp_down is not None:
+            if seen.rx > self._rx_when_down:
+                self._mark_udp(None)
+                self.reason = "UDP works again: datagrams arrive from the gateways"
+            elif now >= self._next_udp_probe:
+                result = await self.probe_udp()
+                self._next_udp_probe = time.monotonic() + self.settings.probe_interval
+                if result.ok:
+                    nudge()
+                    self._mark_udp(None)
+                    self.reason = f"UDP works again: {result.reason}"
+            return
+        quiet = now - self._stall.since
+        stalled = self._stall.observe(seen.rx, now)
+        stale = seen.handshake_age is not None and seen.handshake_age > HANDSHAKE_STALE
+        if not (stalled or stale):
+            return
+        why = (f"nothing received from the gateways for {quiet:.0f} s"
+               if stalled else f"last handshake {seen.handshake_age:.0f} s ago")
+        result = await self.probe_udp(self.settings.watch_probe_timeout)
+        if result.ok:
+            nudge()
+            self._stall.probed_ok(time.monotonic())
+            return
+        self._stall.reset()
+        relay = (NO_RELAY if self.settings.mode != "udp" or not self._ws_urls
+                 else "ANEX_PATH=udp keeps the node off the gateways' WebSocket relays")
+        self._mark_udp(f"{why}; {result.reason}; {relay}", seen.rx)
 
     def _set(self, path: str, reason: str) -> bool:
         changed = path != self.path
@@ -279,7 +357,11 @@ class PathManager:
         while True:
             await asyncio.sleep(self.settings.check_every)
             if not self.can_switch():
+                if self._udp_only():
+                    await self._watch_udp_only(counters, nudge)
                 continue
+            if self.udp_down is not None:  # a relay came: the regular watch takes over
+                self._mark_udp(None)
             if self.path == "udp":
                 seen = await counters()
                 quiet = time.monotonic() - self._stall.since
@@ -320,8 +402,8 @@ class PathManager:
     def report(self) -> dict[str, Any]:
         return {
             "mode": self.settings.mode,
-            "current": self.path,
-            "reason": self.reason,
+            "current": self.current(),
+            "reason": self.current_reason(),
             "since": round(self.since, 3),
             "probe_interval": self.settings.probe_interval,
             "last_udp_probe": self.last_probe.to_dict() if self.last_probe else None,

@@ -34,7 +34,7 @@ from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegist
 from anex_agent.selection import models
 from anex_agent.selection.annotations import AnnotationError, Filters, parse_annotations
 from anex_agent.selection.bans import BANS_TABLE_SQL, Ban, BanStore
-from anex_agent.selection.config import SelectionConfig
+from anex_agent.selection.config import SelectionConfig, not_configured
 from anex_agent.selection.worker import (InProcessWorker, JobFailed, SelectionWorker, WorkerBusy, WorkerError,
                                          WorkerTimeout)
 from anex_agent.selection.worker_process import OFFERS, SELECT, Job
@@ -100,17 +100,16 @@ class SelectionRoutes:
         return out
 
     def _providers(self, wanted: list[str] | None) -> tuple[tuple[str, ...], dict[str, Any]]:
-        """The configured providers to ask and, for those asked for but not configured, what to report."""
+        """The configured providers to ask and, for those asked for (all by default) but not configured,
+        what to report: that they are not configured and which variable sets their key."""
         names = list(dict.fromkeys(wanted)) if wanted else list(ALL_PROVIDERS)
         report = {}
         chosen = []
         for name in names:
             if name in self.configured:
                 chosen.append(name)
-            elif wanted:  # asked for explicitly but not configured
-                variable = {"vastai": "ANEX_VASTAI_API_KEY", "runpod": "ANEX_RUNPOD_API_KEY"}.get(name, "")
-                report[name] = {"offers": 0, "error": f"{name} is not configured on this coordinator (set {variable})",
-                                "retryable": False}
+            else:
+                report[name] = {"offers": 0, "configured": False, "error": not_configured(name), "retryable": False}
         return tuple(chosen), report
 
     async def _answer(self, op: str, filters: Filters, wanted: list[str] | None, limit: int) -> web.Response:

@@ -260,11 +260,12 @@ def main(args: argparse.Namespace) -> int:
     from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, Mesh
     from anex_agent.demo.provision import SimulatedProvider
     from anex_agent.demo.netlab import missing_prerequisites
-    from anex_agent.errors import ConfigError
+    from anex_agent.errors import NotSupported
 
     reason = missing_prerequisites("wireguard-go", "nft", "socat", "wg")
-    if reason:
-        raise ConfigError("anex-agent demo", f"{reason}; run it as root on Linux with wireguard-go and nftables (bash scripts/demo installs them)")
+    if reason:  # the CLI prints it after "anex-agent demo: "
+        raise NotSupported(f"{reason}; run it as root on Linux with wireguard-go, nftables, socat and wg "
+                           "(bash scripts/demo installs them)")
     workdir = Path(args.keep_logs) if args.keep_logs else Path(tempfile.mkdtemp(prefix="anex-demo-"))
     rows: list[Row] = []
     started = time.monotonic()

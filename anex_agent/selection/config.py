@@ -33,6 +33,21 @@ from anex_agent.selection.providers.runpod import DEFAULT_URL as RUNPOD_URL, Run
 from anex_agent.selection.providers.vastai import DEFAULT_URL as VASTAI_URL, VastAIConfig
 
 
+# how to switch on a provider that is not configured, for answers that say it is not
+HOW_TO_CONFIGURE = {
+    "vastai": "set ANEX_VASTAI_API_KEY (or ANEX_VASTAI_API_KEY_FILE, a file holding the key) in the coordinator's "
+              "environment and restart it",
+    "runpod": "set ANEX_RUNPOD_API_KEY (or ANEX_RUNPOD_API_KEY_FILE, a file holding the key) in the coordinator's "
+              "environment and restart it",
+}
+
+
+def not_configured(name: str) -> str:
+    """Why provider ``name`` gave no offers when it is not configured, and what to do."""
+    how = HOW_TO_CONFIGURE.get(name)
+    return f"{name} is not configured on this coordinator" + (f": {how}" if how else "")
+
+
 @dataclass(frozen=True)
 class SelectionConfig:
     vastai: VastAIConfig | None = None

@@ -161,11 +161,20 @@ def attach_provider_report(selection: Selection, report: dict[str, Any]) -> None
     if selection.explanation["offers_considered"] == 0:
         parts = []
         for name, r in report.items():
-            if "error" in r:
+            if r.get("configured") is False:
+                parts.append(str(r.get("error") or f"{name} is not configured"))
+            elif "error" in r:
                 parts.append(f"{name} failed: {r['error']}")
             elif r.get("applied_by_provider"):
                 parts.append(f"{name} had no offers matching {', '.join(r['applied_by_provider'])} "
                              "(filters its API applies)")
+            elif name == "onprem" and r.get("skipped"):
+                skipped = r["skipped"]
+                first = next(iter(skipped.items()))
+                parts.append(f"onprem had no offers: {len(skipped)} on-prem node(s) not offered ({first[0]}: "
+                             f"{first[1]}{', ...' if len(skipped) > 1 else ''})")
+            elif name == "onprem":
+                parts.append("onprem had no offers: no on-prem node has joined this coordinator")
             else:
                 parts.append(f"{name} had no offers")
         selection.explanation["emptied_by"] = "; ".join(parts) or "no provider was asked"

@@ -106,11 +106,12 @@ async def plane(tmp_path):
     async with asyncio.TaskGroup() as group:
         tasks = Tasks(group, role="agent", base=0.05, cap=0.2)
 
-        async def make(engine_cls):
+        async def make(engine_cls, **overrides):
             settings = AgentSettings(coordinator_url="http://c", join_token="", state_dir=Path(tmp_path),
                                      proxy_listen=ListenAddress("127.0.0.1", free_port()),
                                      tunnels=(TunnelSetting("GW_TUNNEL_X", TunnelSpec(listen_port=free_port(),
-                                                                                      target="db.local:5432")),))
+                                                                                      target="db.local:5432")),),
+                                     **overrides)
             dp = DataPlane(settings, KeyPair(generate_private_key()), {}, endpoint_resolve=resolve, resolve_interval=0.05)
             dp.engine_cls = engine_cls  # what choose_engine() would have picked
             await dp.start(config(), tasks)
@@ -313,6 +314,16 @@ async def test_the_engine_starts_while_the_path_is_chosen(plane, monkeypatch):
     assert dp.engine.started_with is tasks and dp.path == "udp"
 
 
+async def test_status_says_udp_when_websocket_is_asked_for_and_no_gateway_offers_a_relay(plane):
+    make, _ = plane
+    dp, _ = await make(ContractEngine, path="websocket")  # the test config's gateway has no ws_url
+    doc = await dp.status_doc()
+    assert doc["path"] == "udp" and doc["path_choice"]["current"] == "udp"
+    assert "ANEX_PATH=websocket, but no gateway offers a WebSocket relay" in doc["path_choice"]["reason"]
+    status = await dp.transport_status()
+    assert status.path == "udp" and status.path_reason == doc["path_choice"]["reason"]
+
+
 async def test_an_engine_that_fails_to_start_raises_its_own_error(plane):
     from anex_agent.errors import EngineError
 
@@ -324,3 +335,53 @@ async def test_an_engine_that_fails_to_start_raises_its_own_error(plane):
 
     with pytest.raises(EngineError, match="no TUN device here"):
         await make(Broken)
+
+
+class NoYieldEngine(ContractEngine):
+    """Its ``status()`` never suspends (as the built-in userspace engine's): a caller that asks it
+    again without letting the event loop run in between would starve every other task, which
+    this engine refuses loudly. A handshake shows once it was given a gateway peer."""
+
+    name = "contract-no-yield"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.loop_ran = True
+
+    def _ran(self) -> None:
+        self.loop_ran = True
+
+    async def status(self) -> EngineStatus:
+        import time
+
+        from anex_agent.tunnels.base import PeerStatus
+
+        assert self.loop_ran, "status() asked again without the event loop running in between"
+        self.loop_ran = False
+        asyncio.get_running_loop().call_soon(self._ran)
+        peers = self.applied[-1][0].peers if self.applied else ()
+        return EngineStatus(self.name, None, 0, True,
+                            tuple(PeerStatus(p.public_key, None, time.time(), 1, 1) for p in peers))
+
+
+async def test_the_wait_for_the_tunnel_lets_the_loop_run_with_no_gateway_and_ends_when_one_registers(plane):
+    from anex_agent.agent.supervisor import Agent
+
+    make, _ = plane
+    dp, _ = await make(NoYieldEngine)
+    await dp.apply(config(version=2).model_copy(update={"gateways": []}))  # the gateway is gone, or never was
+    assert not await dp.wait_handshake(5.0)  # start-up: nothing to wait for, at once
+    agent = Agent(dp.settings)
+    agent.dataplane = dp
+    ready = asyncio.Event()
+    agent.on_ready = ready.set
+    waiter = asyncio.create_task(agent._when_ready(), name="ready-wait")
+    others_ran = asyncio.Event()
+    asyncio.get_running_loop().call_soon(others_ran.set)
+    await others_ran.wait()  # the loop keeps running other work while no gateway exists
+    assert not waiter.done() and not ready.is_set()
+    await dp.apply(config(version=3))  # a gateway registers
+    readied = asyncio.create_task(ready.wait())
+    await asyncio.wait({waiter, readied}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    assert ready.is_set() and waiter.done() and waiter.exception() is None
+    readied.cancel()

@@ -16,6 +16,7 @@ from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 from anex_agent.tunnels.udp_probe import probe_gateway
 from anex_agent.tunnels.userspace import UserspaceEngine
+from tests.polling import wait_until
 
 IP_NODE, IP_HUB = "10.45.0.2", "10.45.0.1"
 
@@ -201,6 +202,46 @@ async def test_udp_mode_never_switches_and_websocket_mode_never_probes(world):
     ws = PathManager(PathSettings(mode="websocket", probe_timeout=0.3), world.keypair)
     assert await ws.choose_initial(world.desired, world.config, world.tasks) == "websocket" and ws.last_probe is None
     await ws.close()
+
+
+async def test_udp_blocked_and_no_relay_offered_is_path_none_with_the_reason(world):
+    """No gateway offers a relay: UDP is the only path; blocked, the node has none and says why;
+    unblocked, it is on UDP again."""
+    world.config = SimpleNamespace(gateways=[SimpleNamespace(public_key=world.config.gateways[0].public_key,
+                                                             ws_url=None)])
+    manager = PathManager(PathSettings(probe_timeout=1, watch_probe_timeout=0.5, probe_interval=1, stall_after=0.5,
+                                       check_every=0.1), world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
+    reapply, counters, reset = wire(world, manager)
+    await reapply()
+    await traffic_flows(world, b"udp", 5)
+    assert manager.current() == "udp"
+    world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset))
+
+    world.blocker.blocked = True
+    await wait_until(lambda: manager.current() == "none", 20, "path none")
+    report = manager.report()
+    assert report["current"] == "none" and manager.path == "udp"  # nothing to steer to
+    assert "no gateway offers a WebSocket relay" in report["reason"] and "within 0.5 s" in report["reason"]
+    assert report["switches"][-1]["to"] == "none"
+
+    world.blocker.blocked = False
+    await wait_until(lambda: manager.current() == "udp", 20, "UDP again")
+    assert "UDP works again" in manager.report()["reason"] and manager.report()["switches"][-1]["to"] == "udp"
+    await traffic_flows(world, b"udp again", 5)
+    await manager.close()
+
+
+async def test_websocket_asked_for_but_no_relay_offered_says_udp(world):
+    world.config = SimpleNamespace(gateways=[SimpleNamespace(public_key=world.config.gateways[0].public_key,
+                                                             ws_url=None)])
+    manager = PathManager(PathSettings(mode="websocket"), world.keypair)
+    await manager.choose_initial(world.desired, world.config, world.tasks)
+    routed = await manager.route(world.desired, world.config)
+    assert routed.peers[0].endpoint == world.udp_endpoint  # what the engine really uses
+    assert manager.current() == "udp" and manager.report()["current"] == "udp"
+    assert "no gateway offers a WebSocket relay" in manager.report()["reason"]
+    await manager.close()
 
 
 async def test_an_engine_that_takes_a_bind_switches_inside_it_with_no_local_hop(world, tasks):

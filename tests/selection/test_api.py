@@ -66,10 +66,13 @@ async def api(tmp_path, database_url, request):
     fake.runpod_data = runpod_data()
     fake_server = TestServer(fake.app(), host="127.0.0.1")
     await fake_server.start_server()
-    config = SelectionConfig(
-        vastai=VastAIConfig(api_key=fake.api_key, base_url=str(fake_server.make_url("/api/v0")), policy=POLICY),
-        runpod=RunPodConfig(api_key=fake.api_key, url=str(fake_server.make_url("/graphql")), policy=POLICY),
-        ban_seconds=BAN_SECONDS, policy=POLICY, ordering=getattr(request, "param", "price"))
+    if getattr(request, "param", None) == "no-provider-keys":  # the coordinator's environment sets no key
+        config = SelectionConfig(ban_seconds=BAN_SECONDS, policy=POLICY)
+    else:
+        config = SelectionConfig(
+            vastai=VastAIConfig(api_key=fake.api_key, base_url=str(fake_server.make_url("/api/v0")), policy=POLICY),
+            runpod=RunPodConfig(api_key=fake.api_key, url=str(fake_server.make_url("/graphql")), policy=POLICY),
+            ban_seconds=BAN_SECONDS, policy=POLICY, ordering=getattr(request, "param", "price"))
     clock = FakeClock()
     settings = Settings.for_tests(tmp_path, database_url, poll_interval=0.2, sweep_interval=3600)
     ctx = await Coordinator.open(settings, clock=clock, environ={}, extra_migrations=routes_selection.MIGRATIONS)
@@ -232,6 +235,23 @@ async def test_providers_subset_and_unconfigured_is_reported(api, tmp_path):
     assert {c["provider"] for c in body["candidates"]} == {"runpod"} and len(body["candidates"]) == 2
     assert set(body["explanation"]["providers"]) == {"runpod"}
     assert body["explanation"]["matched"] > 2 and body["explanation"]["returned"] == 2
+
+
+@pytest.mark.parametrize("api", ["no-provider-keys"], indirect=True)
+async def test_no_provider_keys_says_which_providers_are_not_configured_and_how(api):
+    status, _, body = await api.call("POST", "/v1/selections", {"annotations": CURRENT_EXAMPLE_POD})
+    assert status == 200 and body["candidates"] == []
+    emptied = body["explanation"]["emptied_by"]
+    assert "onprem had no offers: no on-prem node has joined this coordinator" in emptied
+    assert "vastai is not configured on this coordinator: set ANEX_VASTAI_API_KEY (or ANEX_VASTAI_API_KEY_FILE" \
+        in emptied
+    assert "runpod is not configured on this coordinator: set ANEX_RUNPOD_API_KEY (or ANEX_RUNPOD_API_KEY_FILE" \
+        in emptied
+    providers = body["explanation"]["providers"]
+    assert providers["vastai"]["configured"] is False and providers["runpod"]["configured"] is False
+    assert providers["onprem"] == {"offers": 0}
+    status, _, body = await api.call("GET", "/v1/offers")
+    assert status == 200 and body["offers"] == [] and "ANEX_RUNPOD_API_KEY" in body["providers"]["runpod"]["error"]
 
 
 async def test_offers_inspection(api):

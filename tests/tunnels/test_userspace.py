@@ -258,3 +258,37 @@ async def test_drop_reasons_stay_bounded_under_garbage(engines):
         b.tunnel.handle(b.tunnel.device.receive_datagram(bytes([i % 256]) + bytes(3) + bytes(i), ("192.0.2.1", 1), 0.0))
     assert sum(b.tunnel.drop_reasons.values()) == 200
     assert len(b.tunnel.drop_reasons) < 10
+
+
+async def test_stopping_a_task_never_swallows_the_caller_s_own_cancellation():
+    """The engine's stop waits for its receive task; when the caller (the agent's watch task
+    applying a config, a TaskGroup leaving) is cancelled meanwhile, it must end cancelled, not
+    carry on as if nothing happened."""
+    from anex_agent.tunnels.userspace import _cancelled
+
+    started, inner_cancelled, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow_to_end():
+        try:
+            started.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            inner_cancelled.set()
+            await release.wait()  # its own clean-up takes a while
+            raise
+
+    carried_on = []
+
+    async def caller(task):
+        await _cancelled(task)
+        carried_on.append(True)
+
+    inner = asyncio.create_task(slow_to_end(), name="inner")
+    await started.wait()
+    outer = asyncio.create_task(caller(inner), name="caller")
+    await inner_cancelled.wait()
+    outer.cancel()
+    release.set()
+    await asyncio.wait({outer})
+    assert outer.cancelled() and carried_on == []
+    assert inner.cancelled()

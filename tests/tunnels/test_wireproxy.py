@@ -4,6 +4,7 @@ of a real child process (tests/tunnels/fake_wireproxy.py, a stand-in taking wire
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import base64
 import json
 import os
@@ -389,3 +390,18 @@ def test_options_for_node_from_the_wire_config():
     opts = WireproxyOptions.from_workload(workload_config(config, settings))
     assert render_config(desired(), opts) == GOLDEN.replace(
         "[TCPClientTunnel]\nBindAddress = 127.0.0.1:6379\nTarget = 10.96.0.20:6379\n\n", "")
+
+
+async def test_with_no_gateway_nothing_runs_until_one_registers(rig):
+    """A node that joins before any gateway exists: wireproxy needs a peer, so it waits for one."""
+    engine, control, _ = rig
+    no_gateway = dataclasses.replace(desired(), peers=())
+    assert await engine.apply(no_gateway) is False
+    assert control.starts() == [] and not (await engine.status()).running
+    assert await engine.apply(desired()) is True  # the gateway registers
+    await wait_healthy(engine)
+    assert len(control.starts()) == 1
+    assert await engine.apply(no_gateway) is True  # and is deleted: the process goes, the key file too
+    assert not (await engine.status()).running and not engine.config_path.exists()
+    assert await engine.apply(desired()) is True
+    await eventually(lambda: len(control.starts()) == 2, what="wireproxy started again")
