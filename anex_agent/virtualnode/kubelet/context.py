@@ -9,13 +9,14 @@ never check who is calling again. ``request[USER_KEY]`` holds the :class:`User` 
 A handler that needs the machine behind a pod asks ``context.pods.find(namespace, name)`` for
 its :class:`PodTarget` (the pod must be bound to ``context.node_name`` and its provision ready),
 or gets a :class:`TargetError` whose ``status`` and ``message`` are fit to answer with as-is
-(404 no such pod here, 400 the container is not this pod's, 503 the machine is not ready yet).
+(404 no such pod or container here, 503 the machine is not ready yet).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -63,7 +64,7 @@ class PodTarget:
 
 
 class TargetError(Exception):
-    """No usable target: ``status`` (404, 400, 503) and ``message`` are what the client is answered."""
+    """No usable target: ``status`` (404, 502, 503) and ``message`` are what the client is answered."""
 
     def __init__(self, status: int, message: str) -> None:
         self.status = status
@@ -72,8 +73,14 @@ class TargetError(Exception):
 
 
 class PodLocator(Protocol):
+    provision_prefix: str
+
+    def bound(self) -> list[Mapping[str, Any]]:
+        """The pods bound to this Node, as the virtual node last saw them."""
+        ...
+
     async def find(self, namespace: str, name: str, container: str | None = None) -> PodTarget:
-        """The pod's target; with ``container``, also checks that the pod has it (else 400).
+        """The pod's target; with ``container``, also checks that the pod has it (else 404).
         Raises :class:`TargetError`."""
         ...
 
