@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from anex_agent.client import CoordinatorClient
     from anex_agent.tasks import Tasks
 
-#: ``request[USER_KEY]``: the :class:`User` the request was authenticated as.
-USER_KEY = "anex.kubelet.user"
 #: ``app[CONTEXT_KEY]``: the :class:`KubeletContext` of the application.
 CONTEXT_KEY = web.AppKey("kubelet_context", object)
 
@@ -38,6 +36,10 @@ class User:
     groups: tuple[str, ...] = ()
     uid: str = ""
     extra: dict[str, list[str]] = field(default_factory=dict, hash=False, compare=False)
+
+
+#: ``request[USER_KEY]``: the :class:`User` the request was authenticated as.
+USER_KEY = web.RequestKey("kubelet_user", User) if hasattr(web, "RequestKey") else "kubelet_user"
 
 
 @dataclass(frozen=True)

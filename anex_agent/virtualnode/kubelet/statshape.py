@@ -211,7 +211,7 @@ def resource_metrics(samples: Sequence[PodSample], counters: CpuCounters, now: f
         start = _start_seconds(sample.start_time, u.taken_at)
         for name in sample.containers:
             labels = _labels(container=name, **pod)
-            rows["container_start_time_seconds"].append(f"container_start_time_seconds{labels} {start:.9g} {ms}")
+            rows["container_start_time_seconds"].append(f"container_start_time_seconds{labels} {start:.3f} {ms}")
             if u.core_nano_seconds is not None:
                 rows["container_cpu_usage_seconds_total"].append(
                     f"container_cpu_usage_seconds_total{labels} {u.core_nano_seconds / 1e9:.9f} {ms}")
