@@ -1,7 +1,7 @@
 """Starting the kubelet port of each virtual Node under the role's TaskGroup.
 
-Per Node (the Nth in ``--providers`` order listens on ``--kubelet-port`` + N, on the
-``--internal-ip`` its Node names), two tasks: ``kubelet-cert-<node>`` gets the serving
+Per Node (the Nth in ``--providers`` order listens on ``--kubelet-port`` + N, the port its Node
+names, on ``--kubelet-address``), two tasks: ``kubelet-cert-<node>`` gets the serving
 certificate (files, or the CSR API, renewed at 80 % of its life: :mod:`.certs`) and
 ``kubelet-<node>`` serves once the first one is there (:mod:`.server`).
 """
@@ -9,7 +9,6 @@ certificate (files, or the CSR API, renewed at 80 % of its life: :mod:`.certs`) 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import ssl
 import time
@@ -62,7 +61,7 @@ class NodeListener:
     async def serve(self) -> None:
         await self.ready.wait()
         assert self.tls is not None
-        await server.serve(self.context, self.settings.internal_ip, self.port, self.tls)
+        await server.serve(self.context, self.kubelet.address, self.port, self.tls)
 
 
 def spawn(tasks: Any, settings: Any, kubelet: KubeletSettings, kube: Any, coordinator: Any, pods: Any,
@@ -76,6 +75,6 @@ def spawn(tasks: Any, settings: Any, kubelet: KubeletSettings, kube: Any, coordi
                                  coordinator=coordinator, limits=Limits(), tasks=tasks)
         listener = NodeListener(settings, kubelet, context, kubelet_port(settings.kubelet_port, index), kube)
         tasks.spawn(f"kubelet-cert-{name}", listener.keep_certificate)
-        tasks.spawn(f"kubelet-{name}", functools.partial(listener.serve), on_failure="fail")
+        tasks.spawn(f"kubelet-{name}", listener.serve)
         listeners.append(listener)
     return listeners

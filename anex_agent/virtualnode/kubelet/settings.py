@@ -9,17 +9,21 @@ flag                                meaning
 ``--kubelet-client-ca-file FILE``   the CA of client certificates (the API server's
                                     ``--kubelet-client-certificate``); without it, only bearer
                                     tokens authenticate
+``--kubelet-address IP``            the address the kubelet ports listen on (default: all of
+                                    this host's, as a kubelet's ``--address``); every request is
+                                    authenticated and authorized all the same
 ``--kubelet-cert-dir DIR``          where a certificate from the CSR API and its key are kept
                                     (mode 0600; default: a fresh private temporary folder)
 ==================================  ============================================================
 
-The port of the Nth Node (in ``--providers`` order) is ``--kubelet-port`` + N; each listens on
-``--internal-ip``, the address its Node names.
+The port of the Nth Node (in ``--providers`` order) is ``--kubelet-port`` + N (the port its
+Node names); the API server reaches it at the Node's InternalIP (``--internal-ip``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +36,7 @@ class KubeletSettings:
     tls_key: Path | None = None
     client_ca: Path | None = None
     cert_dir: Path | None = None
+    address: str = "0.0.0.0"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubelet-client-ca-file", type=Path, metavar="FILE",
                         help="CA whose client certificates the kubelet port accepts (the API server's kubelet "
                              "client certificate's CA)")
+    parser.add_argument("--kubelet-address", metavar="IP",
+                        help="the address the kubelet ports listen on (default: 0.0.0.0, every address)")
     parser.add_argument("--kubelet-cert-dir", type=Path, metavar="DIR",
                         help="where a serving certificate from the CSR API is kept (default: a private temporary "
                              "folder)")
@@ -69,4 +76,9 @@ def from_args(args: argparse.Namespace) -> KubeletSettings:
     cert_dir = getattr(args, "kubelet_cert_dir", None)
     if cert_dir is not None and not cert_dir.is_dir():
         raise ConfigError("--kubelet-cert-dir", f"{cert_dir}: not a folder; expected an existing folder")
-    return KubeletSettings(tls_cert=cert, tls_key=key, client_ca=client_ca, cert_dir=cert_dir)
+    address = getattr(args, "kubelet_address", None) or "0.0.0.0"
+    try:
+        address = str(ipaddress.ip_address(address))
+    except ValueError:
+        raise ConfigError("--kubelet-address", f"{address!r}: expected an IPv4 or IPv6 address") from None
+    return KubeletSettings(tls_cert=cert, tls_key=key, client_ca=client_ca, cert_dir=cert_dir, address=address)
