@@ -155,6 +155,8 @@ def test_kubectl_logs_and_its_options(ticker):
     assert re.fullmatch(r"line \d+", line)
     assert abs(datetime.fromisoformat(stamp.replace("Z", "+00:00")) - datetime.now(timezone.utc)) < timedelta(minutes=5)
     assert _numbers(logs("--since=1h").stdout)[0] == 1
+    # line 1 is at least 5.5 s old once line 12 is written (a line every 0.5 s or slower)
+    wait_until(lambda: len(_numbers(logs().stdout)) >= 12, 60, "twelve lines of the ticker's log")
     recent = _numbers(logs("--since=2s").stdout)
     assert recent and recent[0] > 1  # not from the start
     previous = cp.kubectl("-n", namespace, "logs", "ticker", "--previous", check=False)
