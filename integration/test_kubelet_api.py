@@ -1,7 +1,7 @@
 """The virtual node's kubelet port against a real API server, end to end.
 
-Its own control plane (the shared fixture's controllers plus the node lifecycle controller and
-the CSR signer: ``kubernetes.io/kubelet-serving`` certificates are signed by the cluster CA, the
+Its own control plane (the shared fixture's controllers, the node lifecycle controller among
+them, plus the CSR signer: ``kubernetes.io/kubelet-serving`` certificates are signed by the cluster CA, the
 CA the API server's ``--kubelet-certificate-authority`` names), the simulated Vast.AI mesh of
 :mod:`integration.test_virtual_node`, and ``anex-agent virtual-node`` with its ServiceAccount's
 token, the RBAC of deploy/ (rbac.yaml and kubelet-rbac.yaml), ``--kubelet-client-ca-file`` the
@@ -41,7 +41,8 @@ from integration.kube import DEFAULT_CONTROLLERS, ControlPlane, free_port, kube_
 from integration.test_virtual_node import REPO, _apply, _wait_pod, simulated  # noqa: F401  (a fixture)
 
 NODE = "anex-vastai"
-CONTROLLERS = (*DEFAULT_CONTROLLERS, "node-lifecycle-controller", "certificatesigningrequest-signing-controller")
+CONTROLLERS = tuple(dict.fromkeys((*DEFAULT_CONTROLLERS, "node-lifecycle-controller",
+                                   "certificatesigningrequest-signing-controller")))
 TICKER = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo line $i; sleep 0.5; done"]
 
 
