@@ -14,7 +14,9 @@ refuses loopback addresses such as 127.0.0.1), removed afterwards.
 Checked: ``kubectl logs`` with ``--tail``, ``--timestamps``, ``--since``, ``--limit-bytes`` and
 ``-f`` on a pod that runs on a rented machine; ``--previous`` answered as the kubelet answers
 when there is none; ``/stats/summary``, ``/metrics/resource`` and ``/pods`` through the API
-server's node proxy (the path metrics-server takes); on the port itself: no certificate 401, a
+server's node proxy; ``kubectl top pod`` and ``kubectl top node`` through metrics-server (a
+process, registered as metrics.k8s.io; skipped where ``scripts/install-tools metrics-server``
+has not built it); on the port itself: no certificate 401, a
 certificate of another CA refused in the handshake, a cluster-CA certificate of a user without
 RBAC 403, a ServiceAccount token with and without ``nodes/proxy``, the API server's kubelet
 client certificate let in.
@@ -37,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from anex_agent.demo.mesh import anex_argv, wait_until
-from integration.kube import DEFAULT_CONTROLLERS, ControlPlane, free_port, kube_skip_reason
+from integration.kube import DEFAULT_CONTROLLERS, ControlPlane, find_program, free_port, kube_skip_reason
 from integration.test_virtual_node import REPO, _apply, _wait_pod, simulated  # noqa: F401  (a fixture)
 
 NODE = "anex-vastai"
@@ -60,12 +62,49 @@ def node_address():
         subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], check=False)
 
 
+class _ControlPlane(ControlPlane):
+    """The API server routes aggregated APIs (metrics.k8s.io) to their endpoints' addresses: there
+    is no kube-proxy to carry a Service's cluster IP."""
+
+    def _popen(self, name: str, args: list[str]) -> subprocess.Popen:
+        if name == "kube-apiserver":
+            args = [*args, "--enable-aggregator-routing=true"]
+        return super()._popen(name, args)
+
+    def start_metrics_server(self, address: str) -> None:
+        """metrics-server on ``address`` (a process, with the admin's credentials, which the kubelet
+        port lets in as any client certificate of the cluster CA), registered as metrics.k8s.io."""
+        port = free_port()
+        self._popen("metrics-server", [
+            f"--secure-port={port}", f"--bind-address={address}", f"--cert-dir={self.workdir / 'metrics-server'}",
+            f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}", "--kubelet-preferred-address-types=InternalIP",
+            "--kubelet-use-node-status-port", f"--kubelet-certificate-authority={self.ca_file}",
+            "--metric-resolution=10s"])
+        objects = [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "metrics-server", "namespace": "kube-system"},
+             "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]}},
+            {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "metrics-server", "namespace": "kube-system"},
+             "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": "https", "port": port}]}]},
+            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+             "metadata": {"name": "metrics-server-1", "namespace": "kube-system",
+                          "labels": {"kubernetes.io/service-name": "metrics-server"}},
+             "addressType": "IPv4", "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+             "ports": [{"name": "https", "port": port, "protocol": "TCP"}]},
+            {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+             "metadata": {"name": "v1beta1.metrics.k8s.io"},
+             "spec": {"service": {"name": "metrics-server", "namespace": "kube-system", "port": 443},
+                      "group": "metrics.k8s.io", "version": "v1beta1", "insecureSkipTLSVerify": True,
+                      "groupPriorityMinimum": 100, "versionPriority": 100}}]
+        self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+
+
 @pytest.fixture(scope="module")
 def cluster():
     reason = kube_skip_reason()
     if reason:
         pytest.skip(reason)
-    with ControlPlane(Path(tempfile.mkdtemp(prefix="anex-kl-cp-")), controllers=CONTROLLERS) as cp:
+    with _ControlPlane(Path(tempfile.mkdtemp(prefix="anex-kl-cp-")), controllers=CONTROLLERS) as cp:
         yield cp
 
 
@@ -207,6 +246,28 @@ def test_stats_metrics_and_pods_through_the_api_servers_node_proxy(ticker):
     assert text.rstrip().endswith("scrape_error 0")
     pods = json.loads(_raw(cp, "/pods"))
     assert pods["kind"] == "PodList" and "ticker" in [p["metadata"]["name"] for p in pods["items"]]
+
+
+def test_kubectl_top_through_metrics_server(ticker, kubelet):
+    cp, namespace, _logs = ticker
+    if find_program("metrics-server") is None:
+        pytest.skip("metrics-server is not built (scripts/install-tools metrics-server)")
+    _cp, _namespace, address, _port, _log = kubelet
+    cp.start_metrics_server(address)
+
+    def top(*args: str) -> str | None:
+        out = cp.kubectl("top", *args, "--no-headers", check=False)
+        return out.stdout if out.returncode == 0 and out.stdout.strip() else None
+
+    try:
+        pods = wait_until(lambda: top("pod", "-n", namespace), 180, "kubectl top pod (two scrapes of the port)",
+                          interval=2)
+    except TimeoutError as err:
+        raise AssertionError(f"{err}; metrics-server: {(cp.workdir / 'metrics-server.log').read_text()[-3000:]}")
+    name, cpu, memory = pods.split()[:3]
+    assert name == "ticker" and re.fullmatch(r"\d+m", cpu) and re.fullmatch(r"\d+Mi", memory)
+    node = wait_until(lambda: top("node", NODE), 120, "kubectl top node", interval=2)
+    assert node.split()[0] == NODE
 
 
 def _get(url: str, ctx: ssl.SSLContext, token: str | None = None) -> tuple[int, str]:
