@@ -9,14 +9,16 @@ never check who is calling again. ``request[USER_KEY]`` holds the :class:`User` 
 A handler that needs the machine behind a pod asks ``context.pods.find(namespace, name)`` for
 its :class:`PodTarget` (the pod must be bound to ``context.node_name`` and its provision ready),
 or gets a :class:`TargetError` whose ``status`` and ``message`` are fit to answer with as-is
-(404 no such pod or container here, 503 the machine is not ready yet).
+(404 no such pod or container here, 503 the machine is not ready yet). A long-lived stream
+(exec, attach, port-forward, a followed log) holds one of ``context.slots`` while it is open
+(none free: answer 429).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
