@@ -74,6 +74,10 @@ def spawn(tasks: Any, settings: Any, kubelet: KubeletSettings, kube: Any, coordi
     """Start the kubelet port of each of ``node_names`` (``pods``: the PodController)."""
     listeners = []
     reviews = KubeReviews(kube)
+    if kubelet.client_ca is None:
+        log.warning("kubelet port: no --kubelet-client-ca-file: only bearer tokens are accepted, not the API "
+                    "server's kubelet client certificate, so kubectl logs and top through the API server fail "
+                    "with 401; give the CA of the API server's --kubelet-client-certificate")
     for index, name in enumerate(node_names):
         locator = CoordinatorPodLocator(name, lambda: list(pods.pods.values()), coordinator, settings.provision_prefix)
         context = KubeletContext(node_name=name, authorizer=ClusterAuthorizer(name, reviews), pods=locator,

@@ -183,3 +183,11 @@ async def test_followed_logs_hold_a_stream_slot_and_none_free_is_429():
         assert third.status == 200 and await third.content.readline() == b"again\n"
         assert ctx.slots.open == 1
         third.close()
+
+
+async def test_a_coordinator_that_cannot_be_read_is_503_naming_the_pod(kubelet):
+    client, coordinator = kubelet
+    coordinator.down = True
+    answer = await client.get("/containerLogs/ml/train/training", headers=ADMIN)
+    assert answer.status == 503
+    assert 'the machine of pod "train" cannot be found now' in await answer.text()
