@@ -11,12 +11,12 @@ admin (``kubectl certificate approve``), as an admin would.
 The Node's InternalIP is an address added to this host's ``lo`` (the API server's node proxy
 refuses loopback addresses such as 127.0.0.1), removed afterwards.
 
-Checked: ``kubectl logs`` with ``--tail``, ``--timestamps``, ``--since``, ``--limit-bytes`` and
-``-f`` on a pod that runs on a rented machine; ``--previous`` answered as the kubelet answers
+Checked: ``kubectl logs`` with ``--tail``, ``--timestamps``, ``--since``, ``--since-time``,
+``--limit-bytes`` and ``-f`` on a pod that runs on a rented machine; ``--previous`` answered as the kubelet answers
 when there is none; ``/stats/summary``, ``/metrics/resource`` and ``/pods`` through the API
 server's node proxy; ``kubectl top pod`` and ``kubectl top node`` through metrics-server (a
 process, registered as metrics.k8s.io; skipped where ``scripts/install-tools metrics-server``
-has not built it); on the port itself: no certificate 401, a
+has not built it); a user without RBAC refused by the API server itself; on the port itself: no certificate 401, a
 certificate of another CA refused in the handshake, a cluster-CA certificate of a user without
 RBAC 403, a ServiceAccount token with and without ``nodes/proxy``, the API server's kubelet
 client certificate let in.
@@ -199,6 +199,12 @@ def test_kubectl_logs_and_its_options(ticker):
     wait_until(lambda: len(_numbers(logs().stdout)) >= 12, 60, "twelve lines of the ticker's log")
     recent = _numbers(logs("--since=2s").stdout)
     assert recent and recent[0] > 1  # not from the start
+    # --since-time goes to the API server as a whole second: the first line of that second on
+    stamps = [datetime.fromisoformat(row.split()[0].replace("Z", "+00:00")[:19] + "+00:00")
+              for row in logs("--timestamps").stdout.splitlines()]
+    second = stamps[5]
+    first = next(n for n, stamp in enumerate(stamps, 1) if stamp >= second)
+    assert _numbers(logs(f"--since-time={second.strftime('%Y-%m-%dT%H:%M:%SZ')}").stdout)[0] == first > 1
     previous = cp.kubectl("-n", namespace, "logs", "ticker", "--previous", check=False)
     assert previous.returncode != 0
     assert 'previous terminated container "training" in pod "ticker" not found' in previous.stderr
@@ -302,6 +308,11 @@ def test_who_may_use_the_port_itself(kubelet):
     dev = cp.issue_cert("kl-dev", "kl-dev", ["kl-developers"])
     status, text = _get(url, context(dev))
     assert status == 403 and "user=kl-dev, verb=get, resource=nodes, subresource(s)=[pods proxy]" in text
+
+    # through the API server, the same user is refused by the API server's own RBAC first
+    for args in (("get", "--raw", f"/api/v1/nodes/{NODE}/proxy/pods"), ("-n", namespace, "logs", "ticker")):
+        refused = cp.kubectl("--as", "kl-dev", "--as-group", "kl-developers", *args, check=False)
+        assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
 
     cp.kubectl("-n", namespace, "create", "serviceaccount", "reader")
     reader = cp.kubectl("-n", namespace, "create", "token", "reader").stdout.strip()
