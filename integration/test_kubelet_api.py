@@ -12,14 +12,14 @@ The Node's InternalIP is an address added to this host's ``lo`` (the API server'
 refuses loopback addresses such as 127.0.0.1), removed afterwards.
 
 Checked: ``kubectl logs`` with ``--tail``, ``--timestamps``, ``--since``, ``--since-time``,
-``--limit-bytes`` and ``-f`` on a pod that runs on a rented machine; ``--previous`` answered as the kubelet answers
-when there is none; ``/stats/summary``, ``/metrics/resource`` and ``/pods`` through the API
-server's node proxy; ``kubectl top pod`` and ``kubectl top node`` through metrics-server (a
-process, registered as metrics.k8s.io; skipped where ``scripts/install-tools metrics-server``
-has not built it); a user without RBAC refused by the API server itself; on the port itself: no certificate 401, a
-certificate of another CA refused in the handshake, a cluster-CA certificate of a user without
-RBAC 403, a ServiceAccount token with and without ``nodes/proxy``, the API server's kubelet
-client certificate let in.
+``--limit-bytes`` and ``-f`` on a pod that runs on a rented machine; ``--previous`` answered as
+the kubelet answers when there is none; ``/stats/summary``, ``/metrics/resource`` and ``/pods``
+through the API server's node proxy; ``kubectl top pod`` and ``kubectl top node`` through
+metrics-server (a process, registered as metrics.k8s.io; skipped where ``scripts/install-tools
+metrics-server`` has not built it); a user without RBAC refused by the API server itself; on the
+port itself: no certificate 401, a certificate of another CA refused in the handshake, a
+cluster-CA certificate of a user without RBAC 403, a ServiceAccount token with and without
+``nodes/proxy``, the API server's kubelet client certificate let in.
 """
 
 from __future__ import annotations
