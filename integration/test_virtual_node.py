@@ -1,7 +1,7 @@
 """The virtual node against a real control plane, end to end.
 
-A real Kubernetes control plane (``control_plane``: etcd, kube-apiserver, kube-scheduler,
-kube-controller-manager, from :mod:`integration.kube`), the demo's mesh with the simulated
+A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager
+with the node lifecycle controller: the ``control_plane`` fixture of :mod:`integration.kube`), the demo's mesh with the simulated
 Vast.AI whose rentals are node namespaces running the real agent with the pod's command
 (:class:`anex_agent.demo.provision.SimulatedProvider`), and ``anex-agent virtual-node`` as a
 process with a token of its own ServiceAccount (deploy/rbac.yaml, through the TokenRequest
@@ -33,7 +33,7 @@ from anex_agent.demo.netlab import missing_prerequisites
 from integration.conftest import mesh_skip_reason
 
 try:
-    import integration.kube  # noqa: F401  (the control_plane fixture's module)
+    from integration.kube import DEFAULT_CONTROLLERS, ControlPlane, kube_skip_reason
 except ImportError:
     pytest.skip("the control plane fixture (integration/kube.py) is not in this build", allow_module_level=True)
 
@@ -72,6 +72,7 @@ spec:
       value: "true"
       effect: "NoSchedule"
 """
+LIFECYCLE = "node-lifecycle-controller"
 WAIT = 120.0  # seconds for a pod to reach a state (a rental boots an agent in a namespace)
 
 
@@ -126,10 +127,26 @@ def simulated():
 
 
 @pytest.fixture(scope="module")
-def virtual_node(control_plane, simulated):
+def cluster(request):
+    """The shared control plane when it runs the node lifecycle controller, else one of our own that
+    does: the API server taints a new Node not-ready (TaintNodesByCondition) and only that
+    controller lifts the taint once the Node is Ready, as in a real cluster."""
+    if LIFECYCLE in DEFAULT_CONTROLLERS:
+        yield request.getfixturevalue("control_plane")
+        return
+    reason = kube_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    workdir = Path(tempfile.mkdtemp(prefix="anex-vn-cp-"))
+    with ControlPlane(workdir, controllers=(*DEFAULT_CONTROLLERS, LIFECYCLE)) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def virtual_node(cluster, simulated):
     """``anex-agent virtual-node`` with its ServiceAccount's token; the Node anex-vastai Ready."""
     mesh, _provider, url = simulated
-    cp = control_plane
+    cp = cluster
     cp.kubectl("apply", "-f", str(REPO / "deploy" / "namespace.yaml"), "-f", str(REPO / "deploy" / "rbac.yaml"))
     token = cp.kubectl("-n", "anex-system", "create", "token", "anex-virtual-node", "--duration=2h").stdout.strip()
     workdir = Path(tempfile.mkdtemp(prefix="anex-vn-kube-"))
@@ -185,7 +202,8 @@ def _wait_pod(cp, namespace: str, name: str, predicate, what: str, log: Path) ->
         return wait_until(lambda: (p := _pod(cp, namespace, name)) is not None and predicate(p) and p, WAIT, what,
                           interval=0.3)
     except TimeoutError as err:
-        raise AssertionError(f"{err}; pod: {_pod(cp, namespace, name)}; virtual node log: "
+        node = cp.kubectl("get", "node", "anex-vastai", "-o", "json", check=False).stdout
+        raise AssertionError(f"{err}; pod: {_pod(cp, namespace, name)}; node: {node}; virtual node log: "
                              f"{log.read_text(errors='replace')[-3000:]}") from None
 
 

@@ -17,6 +17,7 @@ import functools
 import logging
 import signal
 from datetime import datetime, timezone
+from typing import Any
 
 from anex_agent.virtualnode import settings as settings_mod
 
@@ -27,11 +28,16 @@ WORKERS = 4
 
 def configure(parser: argparse.ArgumentParser) -> None:
     settings_mod.configure(parser)
+    from anex_agent.virtualnode.kubelet import settings as kubelet_settings  # the kubelet port's flags
+
+    kubelet_settings.configure(parser)
 
 
 def main(args: argparse.Namespace) -> int:
+    from anex_agent.virtualnode.kubelet import settings as kubelet_settings
+
     settings = settings_mod.from_args(args)
-    return asyncio.run(run(settings))
+    return asyncio.run(run(settings, kubelet_settings.from_args(args)))
 
 
 def _now() -> datetime:
@@ -42,7 +48,8 @@ class _Stop(Exception):
     """Leaves the TaskGroup: cancels every task."""
 
 
-async def run(settings: settings_mod.Settings) -> int:
+async def run(settings: settings_mod.Settings, kubelet: Any = None) -> int:
+    """The role until SIGTERM/SIGINT; with ``kubelet`` (KubeletSettings), each Node's kubelet port too."""
     from anex_agent.client import CoordinatorClient
     from anex_agent.tasks import Tasks
     from anex_agent.virtualnode import kube
@@ -72,6 +79,10 @@ async def run(settings: settings_mod.Settings) -> int:
                     tasks.spawn("workload-poll", pods.poll_workloads)
                     for n in range(WORKERS):
                         tasks.spawn(f"pod-worker-{n}", pods.worker)
+                    if kubelet is not None:  # the kubelet port of each Node (kubelet/runner.py)
+                        from anex_agent.virtualnode.kubelet import runner
+
+                        runner.spawn(tasks, settings, kubelet, kapi, coordinator, pods, list(nodes.names.values()))
                     await stop.wait()
                     raise _Stop
             except* _Stop:

@@ -112,11 +112,11 @@ class NodeKeeper:
                 self.capacity.setdefault(name, self.settings.fallback)
 
     async def write_statuses(self) -> None:
-        for name in self.names.values():
+        for index, name in enumerate(self.names.values()):
             status = nodeobject.node_status(
                 self.nodes.get(name), self.capacity.get(name, self.settings.fallback),
                 coordinator_ok=self.coordinator_ok, why=self.why, internal_ip=self.settings.internal_ip,
-                kubelet_port=self.settings.kubelet_port, name=name, now=self.clock())
+                kubelet_port=self.settings.kubelet_port + index, name=name, now=self.clock())  # kubelet/runner.py
             try:
                 self.nodes[name] = await self.kube.patch_node_status(name, status)
             except KubeError as err:

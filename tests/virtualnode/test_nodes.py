@@ -91,3 +91,15 @@ async def test_a_deleted_node_is_made_again():
     assert not keeper.ensured.is_set()
     await keeper.ensure_nodes()
     assert "anex-vastai" in kube.nodes
+
+
+async def test_each_node_names_its_own_kubelet_port():
+    """One kubelet port per Node (the Nth in --providers order: --kubelet-port + N), so that a
+    request to a port is about one Node (kubelet/runner.py listens there)."""
+    kube = FakeKube()
+    keeper = NodeKeeper(SETTINGS, kube, Coordinator(), clock)
+    await keeper.ensure_nodes()
+    await keeper.write_statuses()
+    ports = {name: kube.nodes[name]["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+             for name in ("anex-vastai", "anex-runpod")}
+    assert ports == {"anex-vastai": 10250, "anex-runpod": 10251}
