@@ -3,7 +3,7 @@ kube-scheduler and kube-controller-manager on 127.0.0.1, no kubelet, no containe
 
 API::
 
-    from integration.kube import ControlPlane, kube_skip_reason
+    from integration.kube import ControlPlane, kube_skip_reason, require_kube
 
     with ControlPlane(workdir) as cp:                        # started and ready when the block begins
         cp.create_namespace("t-1a2b3c")                      # returns once pods can be made in it
@@ -16,7 +16,8 @@ API::
 
 * Programs are looked up in ``$ANEX_TOOLS_BIN_DIR`` (default ``/var/cache/anex-agent/tools/bin``,
   where ``scripts/install-tools kube etcd`` links them), then on PATH.
-  :func:`kube_skip_reason` says which are missing (``None`` when all are there).
+  :func:`kube_skip_reason` says which are missing (``None`` when all are there);
+  :func:`require_kube` is the matching ``pytest.mark.skipif`` marker.
 * Every port is a free loopback port picked at start; all state (etcd's data, certificates,
   kubeconfigs, each program's log ``<name>.log``) lives in ``workdir``.
 * Certificates are made here with ``cryptography`` (EC P-256): the cluster CA, the API
@@ -54,6 +55,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -91,6 +93,14 @@ def kube_skip_reason() -> str | None:
         return (f"needs {', '.join(missing)} in {TOOLS_BIN_DIR} or on PATH "
                 "(build them with scripts/install-tools kube etcd)")
     return None
+
+
+def require_kube() -> Any:
+    """A pytest skip marker: skip with the reason when a control-plane program is missing."""
+    import pytest
+
+    reason = kube_skip_reason()
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 
 def free_port() -> int:

@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from integration.kube import require_kube
 from integration.netns import unique
 from tests.polling import wait_for
+
+pytestmark = require_kube()
 
 EXAMPLE_POD = Path(__file__).with_name("example_pod.yaml")
 EXAMPLE_POD_NAME = "my-gpu-workload"

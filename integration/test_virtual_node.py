@@ -1,7 +1,7 @@
 """The virtual node against a real control plane, end to end.
 
-A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager
-with the node lifecycle controller: the ``control_plane`` fixture of :mod:`integration.kube`), the demo's mesh with the simulated
+A real Kubernetes control plane (the ``control_plane`` fixture, :mod:`integration.kube`: etcd,
+kube-apiserver, kube-scheduler, kube-controller-manager with the node lifecycle controller), the demo's mesh with the simulated
 Vast.AI whose rentals are node namespaces running the real agent with the pod's command
 (:class:`anex_agent.demo.provision.SimulatedProvider`), and ``anex-agent virtual-node`` as a
 process with a token of its own ServiceAccount (deploy/rbac.yaml, through the TokenRequest
@@ -12,7 +12,8 @@ Checked, each state waited for with a deadline: the seed's example pod (its anno
 scheduling fields unchanged; a short command) is scheduled by the real scheduler to
 ``anex-vastai``, rented, Running with the machine's mesh address as pod IP, then Succeeded
 with exit code 0; ``exit 3`` gives Failed / Error / 3; ``kubectl delete pod`` of a running pod
-leaves no rental and no pod; a bad annotation fails the pod naming it, nothing rented.
+leaves no rental and no pod; a virtual node SIGKILLed while the pod's machine is rented and
+started again rents nothing more; a bad annotation fails the pod naming it, nothing rented.
 """
 
 from __future__ import annotations
@@ -31,11 +32,6 @@ import pytest
 from anex_agent.demo.mesh import Mesh, anex_argv, wait_until
 from anex_agent.demo.netlab import missing_prerequisites
 from integration.conftest import mesh_skip_reason
-
-try:
-    from integration.kube import DEFAULT_CONTROLLERS, ControlPlane, kube_skip_reason
-except ImportError:
-    pytest.skip("the control plane fixture (integration/kube.py) is not in this build", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_POD = """
@@ -72,7 +68,6 @@ spec:
       value: "true"
       effect: "NoSchedule"
 """
-LIFECYCLE = "node-lifecycle-controller"
 WAIT = 120.0  # seconds for a pod to reach a state (a rental boots an agent in a namespace)
 
 
@@ -127,26 +122,10 @@ def simulated():
 
 
 @pytest.fixture(scope="module")
-def cluster(request):
-    """The shared control plane when it runs the node lifecycle controller, else one of our own that
-    does: the API server taints a new Node not-ready (TaintNodesByCondition) and only that
-    controller lifts the taint once the Node is Ready, as in a real cluster."""
-    if LIFECYCLE in DEFAULT_CONTROLLERS:
-        yield request.getfixturevalue("control_plane")
-        return
-    reason = kube_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    workdir = Path(tempfile.mkdtemp(prefix="anex-vn-cp-"))
-    with ControlPlane(workdir, controllers=(*DEFAULT_CONTROLLERS, LIFECYCLE)) as cp:
-        yield cp
-
-
-@pytest.fixture(scope="module")
-def virtual_node(cluster, simulated):
+def virtual_node(control_plane, simulated):
     """``anex-agent virtual-node`` with its ServiceAccount's token; the Node anex-vastai Ready."""
     mesh, _provider, url = simulated
-    cp = cluster
+    cp = control_plane  # its node lifecycle controller lifts the not-ready taint the API server puts on a new Node
     cp.kubectl("apply", "-f", str(REPO / "deploy" / "namespace.yaml"), "-f", str(REPO / "deploy" / "rbac.yaml"))
     token = cp.kubectl("-n", "anex-system", "create", "token", "anex-virtual-node", "--duration=2h").stdout.strip()
     workdir = Path(tempfile.mkdtemp(prefix="anex-vn-kube-"))
@@ -160,12 +139,24 @@ def virtual_node(cluster, simulated):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}
     env["ANEX_ADMIN_TOKEN"] = mesh.admin_token  # the environment, never argv
     log = open(workdir / "virtual-node.log", "ab", buffering=0)
-    proc = subprocess.Popen([*anex_argv(), "virtual-node", "--kubeconfig", str(kubeconfig), "--coordinator", url,
-                             "--providers", "vastai", "--internal-ip", "192.0.2.10", "--poll-interval", "0.5"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen(
+            [*anex_argv(), "virtual-node", "--kubeconfig", str(kubeconfig), "--coordinator", url, "--providers",
+             "vastai", "--internal-ip", "192.0.2.10", "--poll-interval", "0.5"],
+            env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    def kill_and_start() -> None:
+        """SIGKILL the virtual node (no clean-up of any kind) and start a fresh one."""
+        procs[-1].kill()
+        procs[-1].wait(10)
+        start()
+
+    start()
 
     def node_ready() -> bool:
-        assert proc.poll() is None, (workdir / "virtual-node.log").read_text()[-3000:]
+        assert procs[-1].poll() is None, (workdir / "virtual-node.log").read_text()[-3000:]
         node = cp.kubectl_json("get", "node", "anex-vastai")
         return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
 
@@ -173,13 +164,13 @@ def virtual_node(cluster, simulated):
     try:
         wait_until(node_ready, 60, "the node anex-vastai Ready")
         cp.kubectl("create", "namespace", namespace)
-        yield cp, namespace, workdir / "virtual-node.log"
+        yield cp, namespace, workdir / "virtual-node.log", kill_and_start
         # the pods carry our finalizer: the virtual node lets them go before it stops
         cp.kubectl("-n", namespace, "delete", "pods", "--all", "--wait=false")
         wait_until(lambda: not cp.kubectl_json("-n", namespace, "get", "pods")["items"], 60, "the test's pods gone")
     finally:
-        proc.terminate()
-        proc.wait(30)
+        procs[-1].terminate()
+        procs[-1].wait(30)
         log.close()
         for args in (("delete", "namespace", namespace), ("delete", "node", "anex-vastai"),
                      ("delete", "-f", str(REPO / "deploy" / "rbac.yaml")),
@@ -212,7 +203,7 @@ def _terminated(pod: dict) -> dict:
 
 
 def test_the_seed_pod_runs_on_a_rented_machine_and_succeeds(virtual_node, simulated):
-    cp, namespace, log = virtual_node
+    cp, namespace, log, _restart = virtual_node
     mesh, provider, _url = simulated
     _apply(cp, namespace, "seed", ["sh", "-c", "echo hello; sleep 5; exit 0"])
     running = _wait_pod(cp, namespace, "seed", lambda p: p["status"].get("phase") == "Running", "the seed pod Running",
@@ -231,14 +222,14 @@ def test_the_seed_pod_runs_on_a_rented_machine_and_succeeds(virtual_node, simula
 
 
 def test_exit_3_fails_the_pod_with_error_and_its_code(virtual_node):
-    cp, namespace, log = virtual_node
+    cp, namespace, log, _restart = virtual_node
     _apply(cp, namespace, "three", ["sh", "-c", "exit 3"])
     failed = _wait_pod(cp, namespace, "three", lambda p: p["status"].get("phase") == "Failed", "the pod Failed", log)
     assert _terminated(failed)["exitCode"] == 3 and _terminated(failed)["reason"] == "Error"
 
 
 def test_deleting_a_running_pod_leaves_no_rental_and_no_pod(virtual_node, simulated):
-    cp, namespace, log = virtual_node
+    cp, namespace, log, _restart = virtual_node
     _mesh, provider, _url = simulated
     _apply(cp, namespace, "long", ["sleep", "3600"])
     _wait_pod(cp, namespace, "long", lambda p: p["status"].get("phase") == "Running", "the long pod Running", log)
@@ -248,8 +239,26 @@ def test_deleting_a_running_pod_leaves_no_rental_and_no_pod(virtual_node, simula
     assert not provider.rentals
 
 
+def test_a_virtual_node_killed_while_renting_never_rents_twice(virtual_node, simulated):
+    cp, namespace, log, kill_and_start = virtual_node
+    mesh, provider, _url = simulated
+    before = set(provider.rentals)
+    _apply(cp, namespace, "again", ["sleep", "3600"])
+    _wait_pod(cp, namespace, "again", lambda p: (p["status"].get("containerStatuses") or [{}])[0].get(
+        "state", {}).get("waiting", {}).get("reason") in ("Renting", "Booting"), "the pod renting or booting", log)
+    kill_and_start()  # SIGKILL: the new one finds the provision by the pod's uid
+    running = _wait_pod(cp, namespace, "again", lambda p: p["status"].get("phase") == "Running",
+                        "the pod Running after the restart", log)
+    name = f"vk-{running['metadata']['uid']}"
+    provisions = [p for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"] if p["name"] == name]
+    assert len(provisions) == 1 and len(set(provider.rentals) - before) == 1
+    cp.kubectl("-n", namespace, "delete", "pod", "again", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "again") is None, WAIT, "the pod gone", interval=0.3)
+    assert set(provider.rentals) <= before
+
+
 def test_a_bad_annotation_fails_the_pod_naming_it_and_rents_nothing(virtual_node, simulated):
-    cp, namespace, log = virtual_node
+    cp, namespace, log, _restart = virtual_node
     mesh, provider, _url = simulated
     before = set(provider.rentals)
     _apply(cp, namespace, "typo", ["true"], extra_annotation='\n    anex.sh/gpu-cont: "1"')

@@ -127,4 +127,4 @@ def test_an_unknown_tool_is_one_line_naming_what_is_accepted(env):
     result = run(env, "kubernetes")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        "install-tools: unknown tool 'kubernetes' (accepted: kube etcd wireproxy wstunnel)"]
+        "install-tools: unknown tool 'kubernetes' (accepted: kube etcd wireproxy wstunnel metrics-server)"]

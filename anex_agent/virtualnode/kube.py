@@ -187,16 +187,17 @@ class KubeApi:
         return await self._json("patch", "pods/status", self.core.patch_namespaced_pod_status, name, namespace,
                                 {"status": status}, missing_ok=True, _content_type=MERGE_PATCH)
 
-    async def delete_pod(self, namespace: str, name: str, uid: str, *, grace: int = 0) -> None:
-        """Delete this very pod (``uid`` precondition) with ``grace`` seconds; a pod already gone is fine."""
+    async def delete_pod(self, namespace: str, name: str, uid: str, *, grace: int = 0) -> bool:
+        """Delete this very pod (``uid`` precondition) with ``grace`` seconds; False when it was gone already."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace,
                 "preconditions": {"uid": uid}}
         try:
-            await self._json("delete", "pods", self.core.delete_namespaced_pod, name, namespace, body=body,
-                             missing_ok=True)
+            return await self._json("delete", "pods", self.core.delete_namespaced_pod, name, namespace, body=body,
+                                    missing_ok=True) is not None
         except KubeError as err:
             if err.status != 409:  # a precondition failed: another pod of that name now; not ours to delete
                 raise
+            return False
 
     # ------------------------------------------------------------ what pods refer to, and events
 

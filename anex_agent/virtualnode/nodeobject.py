@@ -7,8 +7,9 @@ Contract:
   the taint ``virtual-kubelet.io/provider=<provider>:NoSchedule`` (:func:`node_object`).
 * :func:`node_status` is the status subresource as a merge patch: capacity and allocatable,
   the conditions (``Ready`` True only while the coordinator answers; no memory, disk or PID
-  pressure: each pod gets a machine of its own), the addresses (InternalIP: where the API
-  server reaches the virtual node; Hostname), ``daemonEndpoints.kubeletEndpoint.Port``,
+  pressure: each pod gets a machine of its own), the address (InternalIP only: where the API
+  server reaches the kubelet port; a Hostname address would come first in the API server's
+  default ``--kubelet-preferred-address-types`` and name a host no DNS knows), ``daemonEndpoints.kubeletEndpoint.Port``,
   ``nodeInfo``. Conditions keep ``lastTransitionTime`` while their status stays the same.
 * :func:`capacity_from_offers` sums what the provider can rent now (``GET /v1/offers``:
   GPUs, CPU cores, RAM of every listed offer); :class:`Capacity` holds the configured
@@ -116,7 +117,7 @@ def node_status(node: Mapping[str, Any] | None, capacity: Capacity, *, coordinat
     ]
     resources = capacity.resources()
     return {"capacity": resources, "allocatable": resources, "conditions": conditions,
-            "addresses": [{"type": "InternalIP", "address": internal_ip}, {"type": "Hostname", "address": name}],
+            "addresses": [{"type": "InternalIP", "address": internal_ip}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
             "nodeInfo": {"machineID": name, "systemUUID": name, "bootID": "", "kernelVersion": "",
                          "osImage": "rented machines (anex-agent)", "containerRuntimeVersion": "anex://" + __version__,

@@ -72,6 +72,8 @@ class PodController:
         self.written: dict[str, dict[str, Any]] = {}  # uid -> the status last written
         self.synced_nodes: set[str] = set()
         self.provisions_synced = False
+        self.snapshot_seen = asyncio.Event()  # the first provisions snapshot is in
+        self.pods_listed = asyncio.Event()  # every Node's pods are listed
         self._retries: dict[str, Backoff] = {}
 
     # ------------------------------------------------------------ what the caches hold
@@ -117,6 +119,8 @@ class PodController:
                         del self.pods[uid]  # deleted while we were not watching
                         self.queue.add(uid)
                 self.synced_nodes.add(node)
+                if not set(self.node_names) - self.synced_nodes:
+                    self.pods_listed.set()
                 self.queue.add(RECONCILE)
                 backoff.reset()
                 while True:
@@ -166,6 +170,7 @@ class PodController:
         for uid in self.pods:
             self.queue.add(uid)
         self.provisions_synced = True
+        self.snapshot_seen.set()
         self.queue.add(RECONCILE)
 
     async def poll_workloads(self) -> None:
@@ -223,6 +228,8 @@ class PodController:
         pod = self.pods.get(key)
         view = self.view_of(key)
         if pod is None:
+            if set(self.node_names) - self.synced_nodes:
+                return  # not every Node's pods are listed yet: "no pod" may only mean "not seen yet"
             if view is not None and view.state not in GONE:
                 log.info("pod %s is gone: deleting its provision %s", key, view.id)
                 await self._delete_provision(view, None)
@@ -342,8 +349,8 @@ class PodController:
             patched = await self._set_finalizers(pod, [f for f in meta["finalizers"] if f != FINALIZER])
             if patched is None:
                 return
-        await self.kube.delete_pod(meta.get("namespace"), meta.get("name"), meta["uid"], grace=0)
-        log.info("pod %s/%s deleted: nothing of it is left rented", meta.get("namespace"), meta.get("name"))
+        if await self.kube.delete_pod(meta.get("namespace"), meta.get("name"), meta["uid"], grace=0):
+            log.info("pod %s/%s deleted: nothing of it is left rented", meta.get("namespace"), meta.get("name"))
 
 
 def _problem_text(err: CoordinatorError) -> str:

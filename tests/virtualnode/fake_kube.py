@@ -40,6 +40,7 @@ class FakeKube:
         self.changed = asyncio.Condition()
         self._version = itertools.count(1)
         self._watchers: list[tuple[str, asyncio.Queue]] = []
+        self.list_gate: asyncio.Event | None = None  # when set, a pod list waits for it (a slow API server)
 
     # ------------------------------------------------------------ helpers for tests
 
@@ -90,6 +91,8 @@ class FakeKube:
 
     async def list_pods(self, field_selector: str) -> dict:
         self._check("list", "pods")
+        if self.list_gate is not None:
+            await self.list_gate.wait()
         node = field_selector.split("=", 1)[1]
         return {"metadata": {"resourceVersion": "1"},
                 "items": [copy.deepcopy(p) for p in self.pods.values() if p["spec"].get("nodeName") == node]}
@@ -131,17 +134,18 @@ class FakeKube:
         await self._emit("MODIFIED", self._stamp(pod))
         return copy.deepcopy(pod)
 
-    async def delete_pod(self, namespace: str, name: str, uid: str, *, grace: int = 0) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str, *, grace: int = 0) -> bool:
         self._check("delete", "pods")
         pod = self.pods.get(uid)
         if pod is None:
-            return
+            return False
         if pod["metadata"].get("finalizers"):
             pod["metadata"].setdefault("deletionTimestamp", "2026-11-27T12:00:00Z")
             await self._emit("MODIFIED", self._stamp(pod))
-            return
+            return True
         del self.pods[uid]
         await self._emit("DELETED", pod)
+        return True
 
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         self._check("get", "secrets")

@@ -192,3 +192,28 @@ async def test_start_reconciles_orphans_and_never_rents_twice(world):
         await pods.sync(uid)
     names = [p.name for p in (await harness.admin.list_provisions()).provisions]
     assert names == [provision_name("vk-", uid)] and len(vast.rent_calls) == calls
+
+
+async def test_provisions_seen_before_the_pods_are_listed_are_not_taken_for_orphans(world):
+    """A restart where the coordinator answers before the API server lists the pods."""
+    harness, vast, kube, spy = world
+    pod = new_pod()
+    uid = pod["metadata"]["uid"]
+    await kube.add_pod(pod)
+    async with controller(kube, spy):
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod provisioned")
+    kube.list_gate = asyncio.Event()  # the pods' list is slow to come
+    pods = PodController(SETTINGS, kube, spy, now, [NODE])
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(pods.watch_provisions(), name="provisions"),
+                 group.create_task(pods.watch_node_pods(NODE), name="pods")]
+        await asyncio.wait_for(pods.snapshot_seen.wait(), 10)
+        await pods.sync(uid)  # what a worker does with the uid the snapshot queued
+        await pods.reconcile()
+        assert spy.deleted == []
+        kube.list_gate.set()
+        await asyncio.wait_for(pods.pods_listed.wait(), 10)
+        await pods.sync(uid)
+        for task in tasks:
+            task.cancel()
+    assert spy.deleted == [] and len((await harness.admin.list_provisions()).provisions) == 1

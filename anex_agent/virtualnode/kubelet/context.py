@@ -9,13 +9,16 @@ never check who is calling again. ``request[USER_KEY]`` holds the :class:`User` 
 A handler that needs the machine behind a pod asks ``context.pods.find(namespace, name)`` for
 its :class:`PodTarget` (the pod must be bound to ``context.node_name`` and its provision ready),
 or gets a :class:`TargetError` whose ``status`` and ``message`` are fit to answer with as-is
-(404 no such pod or container here, 503 the machine is not ready yet).
+(404 no such pod or container here, 503 the machine is not ready yet). A long-lived stream
+(exec, attach, port-forward, a followed log) holds one of ``context.slots`` while it is open
+(none free: answer 429).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
@@ -101,7 +104,7 @@ class Authorizer(Protocol):
 class Limits:
     """Bounds of the kubelet port (a stranger may reach it: what it can hold is bounded)."""
 
-    #: streams (exec, attach, port-forward, follow logs) open at once; more answer 429
+    #: streams (exec, attach, port-forward, followed logs) open at once; more answer 429 (:class:`StreamSlots`)
     max_streams: int = 64
     #: a stream with no traffic either way this long is closed (the kubelet's
     #: --streaming-connection-idle-timeout default: 4 hours)
@@ -112,6 +115,34 @@ class Limits:
     connect_timeout: float = 15.0
     #: bytes of a request's headers and body the server reads (no verb here takes a large body)
     max_request_bytes: int = 64 * 1024
+
+
+class StreamSlots:
+    """At most ``limit`` long-lived streams open at once on one Node's port (followed logs, exec,
+    attach, port-forward): :meth:`take` before opening one (False: answer 429), :meth:`give` once
+    it ended, or ``with slots.held() as ok:``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def take(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def give(self) -> None:
+        self.open = max(self.open - 1, 0)
+
+    @contextmanager
+    def held(self) -> Iterator[bool]:
+        ok = self.take()
+        try:
+            yield ok
+        finally:
+            if ok:
+                self.give()
 
 
 @dataclass(frozen=True)
@@ -125,3 +156,9 @@ class KubeletContext:
     limits: Limits = Limits()
     #: the role's task owner, for any task a handler must leave running (named, supervised)
     tasks: Tasks | None = None
+    #: the long-lived streams open now (limit: ``limits.max_streams``)
+    slots: StreamSlots = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.slots is None:
+            object.__setattr__(self, "slots", StreamSlots(self.limits.max_streams))

@@ -10,7 +10,8 @@ not parse: 400 ``Unable to decode query.``; one that parses but is invalid (nega
 The text comes from the node through the coordinator's ``GET /v1/nodes/{id}/logs`` (the
 agent's log ring; ``follow``, ``tail``, ``since``, ``stream``, ``timestamps``) and is written
 chunk by chunk as it comes: nothing holds the whole log. ``limitBytes`` cuts the answer
-after that many bytes. ``previous`` is answered 400 ``previous terminated container "c" in pod
+after that many bytes. A followed log holds one of the Node's stream slots
+(``Limits.max_streams``; none free: 429). ``previous`` is answered 400 ``previous terminated container "c" in pod
 "p" not found`` (the kubelet's answer when there is none): the machine keeps the log of the
 current run only.
 """
@@ -136,6 +137,17 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
     if options.previous:
         return web.Response(status=400, text=f'previous terminated container "{container}" in pod "{pod}" not found',
                             content_type="text/plain")
+    if not options.follow:
+        return await _stream(request, context, target, options, namespace, pod, container)
+    with context.slots.held() as ok:
+        if not ok:
+            return web.Response(status=429, text=f"too many streams open on this node (at most "
+                                f"{context.slots.limit}); try again later", content_type="text/plain")
+        return await _stream(request, context, target, options, namespace, pod, container)
+
+
+async def _stream(request: web.Request, context: KubeletContext, target, options: LogOptions, namespace: str,
+                  pod: str, container: str) -> web.StreamResponse:
     chunks = context.coordinator.node_logs(target.node_id, **options.agent_params(datetime.now(timezone.utc)))
     response = web.StreamResponse(headers={"Content-Type": "text/plain", "Cache-Control": "no-cache"})
     response.enable_chunked_encoding()

@@ -39,6 +39,11 @@ class NodeListener:
         self.kube = kube
         self.tls: ssl.SSLContext | None = None
         self.ready = asyncio.Event()
+        self.clock = time.time
+        self.sleep = asyncio.sleep
+
+    def issuer(self) -> certs.CsrIssuer:
+        return certs.CsrIssuer(self.kube, self.context.node_name, self.settings.internal_ip, self.kubelet.cert_dir)
 
     def _install(self, issued: certs.Issued) -> None:
         if self.tls is None:
@@ -52,11 +57,11 @@ class NodeListener:
         if self.kubelet.tls_cert is not None and self.kubelet.tls_key is not None:
             self._install(certs.from_files(self.kubelet.tls_cert, self.kubelet.tls_key))
             return
-        issuer = certs.CsrIssuer(self.kube, self.context.node_name, self.settings.internal_ip, self.kubelet.cert_dir)
+        issuer = self.issuer()
         while True:
             issued = await issuer.issue()
             self._install(issued)
-            await asyncio.sleep(max(certs.renew_at(issued.not_before, issued.not_after) - time.time(), 1.0))
+            await self.sleep(max(certs.renew_at(issued.not_before, issued.not_after) - self.clock(), 1.0))
 
     async def serve(self) -> None:
         await self.ready.wait()

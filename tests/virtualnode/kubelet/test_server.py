@@ -163,3 +163,23 @@ async def test_the_streams_module_adds_its_routes_when_present(monkeypatch):
     async with TestClient(TestServer(app)) as client:
         assert (await client.post("/exec/ml/train/training")).status == 401  # auth still comes first
         assert await (await client.post("/exec/ml/train/training", headers=ADMIN)).text() == "streams"
+
+
+async def test_followed_logs_hold_a_stream_slot_and_none_free_is_429():
+    coordinator = fakes.FakeCoordinator()
+    coordinator.views = [fakes.view("u1")]
+    ctx = fakes.context(coordinator, [fakes.pod("train", "u1")])
+    ctx.slots.limit = 1
+    async with TestClient(TestServer(server.build_app(ctx))) as client:
+        coordinator.log_chunks.put_nowait(b"first\n")
+        first = await client.get("/containerLogs/ml/train/training?follow=true", headers=ADMIN)
+        assert await first.content.readline() == b"first\n"
+        second = await client.get("/containerLogs/ml/train/training?follow=true", headers=ADMIN)
+        assert second.status == 429 and "at most 1" in await second.text()
+        coordinator.log_chunks.put_nowait(None)  # the first ends: its slot is free again
+        assert await first.read() == b""
+        coordinator.log_chunks.put_nowait(b"again\n")
+        third = await client.get("/containerLogs/ml/train/training?follow=true", headers=ADMIN)
+        assert third.status == 200 and await third.content.readline() == b"again\n"
+        assert ctx.slots.open == 1
+        third.close()

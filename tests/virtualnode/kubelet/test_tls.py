@@ -140,3 +140,57 @@ def test_the_request_asks_for_the_nodes_name_group_and_address():
     assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("192.0.2.10")]
     assert sans.get_values_for_type(x509.DNSName) == ["anex-vastai"]
     assert b"PRIVATE KEY" in key_pem
+
+
+class _Renewed(Exception):
+    pass
+
+
+async def test_the_csr_certificate_is_asked_again_at_eighty_percent_and_swapped_in(tmp_path):
+    from types import SimpleNamespace
+
+    from anex_agent.virtualnode.kubelet.runner import NodeListener
+    from anex_agent.virtualnode.kubelet.settings import KubeletSettings
+
+    cluster = Ca(tmp_path, "cluster-ca")
+    first = cluster.issue("first", "system:node:anex-vastai", ["system:nodes", "first"], server_ip="127.0.0.1")
+    second = cluster.issue("second", "system:node:anex-vastai", ["system:nodes", "second"], server_ip="127.0.0.1")
+    answers = [certs.Issued(first[0], first[1], 1000.0, 2000.0), certs.Issued(second[0], second[1], 1800.0, 2800.0)]
+    waits = []
+
+    class Issuer:
+        async def issue(self):
+            return answers.pop(0)
+
+    listener = NodeListener(SimpleNamespace(internal_ip="127.0.0.1"), KubeletSettings(client_ca=cluster.file),
+                            fakes.context(fakes.FakeCoordinator(), []), 0, kube=None)
+    listener.issuer = Issuer
+    listener.clock = lambda: 1100.0
+
+    async def sleep(seconds):
+        waits.append(seconds)
+        if len(waits) == 1:
+            assert listener.ready.is_set()
+            return
+        raise _Renewed
+
+    listener.sleep = sleep
+    before = listener.tls
+    with pytest.raises(_Renewed):
+        await listener.keep_certificate()
+    assert before is None and waits == [700.0, 1500.0]  # 80 % of each life, from the clock
+    der = None
+    port = free_port()
+    started = asyncio.Event()
+    task = asyncio.create_task(server.serve(listener.context, "127.0.0.1", port, listener.tls, started), name="t")
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context(cluster),
+                                                        server_hostname="127.0.0.1")
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    orgs = x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+    assert [o.value for o in orgs] == ["system:nodes", "second"]
