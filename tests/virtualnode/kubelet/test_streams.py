@@ -191,6 +191,34 @@ async def test_too_many_streams_on_one_pod_answer_429(kubelet, monkeypatch):
                                            EXEC_PROTOCOLS)
         assert status == 429 and b"too many streams" in body
         await first.close()
+        await node.closed.wait()
+    finally:
+        await second.close()
+
+
+async def test_streams_hold_the_nodes_slots_shared_with_followed_logs(kubelet):
+    server, node, _ = kubelet
+    app = web.Application()
+    coordinator = fakes.FakeCoordinator()
+    coordinator.views = [fakes.view("u1")]
+    context = fakes.context(coordinator, [fakes.pod("train", "u1")])
+    streams_mod.add_routes(app, context, connect=node.connect)
+    second = TestServer(app)
+    await second.start_server()
+    try:
+        assert context.slots.take()  # e.g. a followed log
+        context.slots.limit = 1
+        status, _, body, _ = await connect(second.host, second.port, "/exec/ml/train/training?command=ls&stdout=1",
+                                           EXEC_PROTOCOLS)
+        assert status == 429
+        context.slots.give()
+        client = await start_exec(second, ["true"], stdout="1")
+        assert context.slots.open == 1
+        error = await client.open(streamType="error")
+        await client.open(streamType="stdout")
+        await error.ended.wait()
+        await client.closed.wait()
+        await node.closed.wait()
     finally:
         await second.close()
 

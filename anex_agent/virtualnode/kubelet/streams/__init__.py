@@ -8,8 +8,9 @@ options, the protocol, the pod and its machine, the bounds) and answered with th
 status and wording when something is wrong; then it is upgraded to SPDY/3.1 and bridged to the
 node over the mesh (:mod:`.remotecommand`, :mod:`.portforward`, through :mod:`.node_ssh`).
 
-Bounds: :attr:`~..context.Limits.max_streams` streaming requests at once on the Node and
-:data:`MAX_PER_POD` per pod (more answer 429); a session idle for
+Bounds: each streaming request holds one of the Node's stream slots (``context.slots``,
+:attr:`~..context.Limits.max_streams`, shared with followed logs) and one of :data:`MAX_PER_POD`
+per pod (none free: 429); a session idle for
 :attr:`~..context.Limits.stream_idle_timeout` is closed; the client's streams must come within
 :attr:`~..context.Limits.stream_creation_timeout`.
 """
@@ -25,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from anex_agent.errors import CoordinatorError
-from anex_agent.virtualnode.kubelet.context import USER_KEY, KubeletContext, PodTarget, TargetError
+from anex_agent.virtualnode.kubelet.context import USER_KEY, KubeletContext, PodTarget, StreamSlots, TargetError
 from anex_agent.virtualnode.kubelet.streams import channels, node_ssh, portforward, remotecommand
 from anex_agent.virtualnode.kubelet.streams.bridge import StreamsMissing, collect_streams, run_bridged
 from anex_agent.virtualnode.kubelet.streams.session import SpdySession
@@ -40,22 +41,23 @@ Connect = Callable[[PodTarget, str], Any]
 
 
 class Gate:
-    """Counts open streaming requests, in all and per pod."""
+    """Holds one of the Node's stream slots (shared with followed logs) and one of the pod's."""
 
-    def __init__(self, total: int, per_pod: int) -> None:
-        self.total, self.per_pod = total, per_pod
+    def __init__(self, slots: StreamSlots, per_pod: int) -> None:
+        self.slots, self.per_pod = slots, per_pod
         self.open: collections.Counter[str] = collections.Counter()
 
     @contextlib.contextmanager
     def hold(self, pod: str) -> Iterator[bool]:
         """Yields False (and holds nothing) when a bound is reached."""
-        if sum(self.open.values()) >= self.total or self.open[pod] >= self.per_pod:
+        if self.open[pod] >= self.per_pod or not self.slots.take():
             yield False
             return
         self.open[pod] += 1
         try:
             yield True
         finally:
+            self.slots.give()
             self.open[pod] -= 1
             if not self.open[pod]:
                 del self.open[pod]
@@ -75,7 +77,7 @@ def _refuse_protocol(offered: list[str], supported: tuple[str, ...]) -> web.Resp
 class Handlers:
     def __init__(self, context: KubeletContext, connect: Connect | None = None) -> None:
         self.context = context
-        self.gate = Gate(context.limits.max_streams, MAX_PER_POD)
+        self.gate = Gate(context.slots, MAX_PER_POD)
         self.connect = connect or self._ssh_connect
 
     async def _ssh_connect(self, target: PodTarget, requested_for: str) -> Any:
