@@ -86,21 +86,23 @@ async def test_exec_success_and_stdin_through_sha256sum(kubelet):
     assert stdout.data.split()[0].decode() == hashlib.sha256(payload).hexdigest()
 
 
-async def test_exec_with_a_tty_follows_resizes(kubelet):
+async def test_exec_with_a_tty_starts_at_the_clients_size_and_follows_resizes(kubelet):
     server, node, _ = kubelet
-    client = await start_exec(server, ["sh", "-c", "read line; stty size"], stdin="1", stdout="1", tty="1")
+    client = await start_exec(server, ["sh", "-c", "stty size; read line; stty size"], stdin="1", stdout="1",
+                              tty="1")
     error = await client.open(streamType="error")
     stdin = await client.open(streamType="stdin")
     stdout = await client.open(streamType="stdout")
     resize = await client.open(streamType="resize")
+    await client.send(resize, b'{"Width":101,"Height":33}')
+    await client.wait_for(lambda: b"33 101" in stdout.data)  # the first size, before the command started
     await client.send(resize, b'{"Width":100,"Height":40}')
-    await node.started.wait()
     await node.processes[0].resized.wait()
     assert node.processes[0].sizes == [(100, 40)]
     await client.send(stdin, b"go\n")
     await error.ended.wait()
     await stdout.ended.wait()
-    assert b"40 100" in stdout.data
+    assert b"40 100" in stdout.data.split(b"33 101")[1]
     assert json.loads(error.data)["status"] == "Success"
 
 

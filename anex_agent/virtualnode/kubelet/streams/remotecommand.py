@@ -6,7 +6,8 @@ Contract:
   session: ``create_process`` of an asyncssh connection, argv joined as the node's shell reads
   it). stdin is copied to the command and closed when the client closes it (no stdin asked
   for: closed at once); stdout and stderr are copied back, each stream ended when the command's
-  ends; with a TTY the command gets a PTY, sized by the resize stream as it changes. When the
+  ends; with a TTY the command gets a PTY of the size in the client's first resize message
+  (waited for up to :data:`FIRST_SIZE_WAIT` s), resized as later messages say. When the
   command is done the error stream carries the kubelet's ``metav1.Status`` (Success, or Failure
   ``NonZeroExitCode`` with the exit code; 128+N for a signal N, as a container runtime reports)
   and every stream is ended. A command that could not start, or a node that went away, is a
@@ -35,7 +36,8 @@ from anex_agent.virtualnode.kubelet.streams.session import SpdyStream
 log = logging.getLogger(__name__)
 
 READ_SIZE = 64 * 1024
-DEFAULT_SIZE = (80, 24)  # the PTY's size until the client's first resize message
+DEFAULT_SIZE = (80, 24)  # the PTY's size when the client sends none
+FIRST_SIZE_WAIT = 5.0  # seconds a TTY command waits for the client's first size before it starts
 TERM = "xterm"
 
 OpenProcess = Callable[[str, "str | None", "tuple[int, int] | None"], Awaitable[Any]]
@@ -67,8 +69,21 @@ async def _copy_in(stream: SpdyStream | None, process: Any) -> None:
         log.debug("stdin copy ended: %s", err)
 
 
-async def _resizes(stream: SpdyStream, process: Any) -> None:
-    decoder = channels.ResizeDecoder()
+async def _first_size(stream: SpdyStream, decoder: channels.ResizeDecoder) -> tuple[int, int]:
+    """The size in the client's first resize message (kubectl sends it as soon as its streams are
+    up), so the command starts on a terminal of the right size; DEFAULT_SIZE if none comes soon."""
+    try:
+        async with asyncio.timeout(FIRST_SIZE_WAIT):
+            while data := await stream.read():
+                sizes = decoder.feed(data)
+                if sizes:
+                    return sizes[-1]
+    except (TimeoutError, RemoteProtocolError):
+        pass
+    return DEFAULT_SIZE
+
+
+async def _resizes(stream: SpdyStream, process: Any, decoder: channels.ResizeDecoder) -> None:
     try:
         while data := await stream.read():
             for width, height in decoder.feed(data):
@@ -92,8 +107,12 @@ async def exec_body(streams: dict[str, SpdyStream], options: ExecOptions, open_p
     """See the module docstring; ``where`` names the node in messages."""
     command = shlex.join(options.command)
     term = TERM if options.tty else None
+    decoder = channels.ResizeDecoder()
+    size = None
+    if options.tty:
+        size = await _first_size(streams[RESIZE], decoder) if RESIZE in streams else DEFAULT_SIZE
     try:
-        process = await open_process(command, term, DEFAULT_SIZE if options.tty else None)
+        process = await open_process(command, term, size)
     except NodeFailure as err:
         await _finish(streams, channels.status_json(None, message=str(err), reason="InternalError"))
         return
@@ -106,7 +125,7 @@ async def exec_body(streams: dict[str, SpdyStream], options: ExecOptions, open_p
                 group.create_task(_copy_out(process.stderr, streams[STDERR]), name="exec: stderr")
             resize = None
             if RESIZE in streams:
-                resize = group.create_task(_resizes(streams[RESIZE], process), name="exec: resize")
+                resize = group.create_task(_resizes(streams[RESIZE], process, decoder), name="exec: resize")
             result = await process.wait(check=False)
             stdin.cancel()  # the command is done: what the client still types goes nowhere
             if resize is not None:
