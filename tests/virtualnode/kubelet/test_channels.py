@@ -19,22 +19,24 @@ def test_negotiation_takes_the_clients_first_supported_protocol():
 
 
 def test_exec_options_as_the_api_server_sends_them():
-    query = [("command", "sh"), ("command", "-c"), ("command", "exit 7"), ("stdin", "1"), ("stdout", "1"),
-             ("stderr", "1"), ("tty", "1")]
+    query = [("command", "sh"), ("command", "-c"), ("command", "exit 7"), ("input", "1"), ("output", "1"),
+             ("error", "1"), ("tty", "1")]
     options = channels.exec_options(query, needs_command=True)
     assert options.command == ("sh", "-c", "exit 7")
     assert (options.stdin, options.stdout, options.stderr, options.tty) == (True, True, False, True)
     assert options.stream_types(channels.V5) == {"error", "stdin", "stdout", "resize"}
-    plain = channels.exec_options({"command": "ls", "stdout": "true", "stderr": "true"}, needs_command=True)
+    plain = channels.exec_options({"command": "ls", "output": "true", "error": "true"}, needs_command=True)
     assert plain.stream_types(channels.V4) == {"error", "stdout", "stderr"}
 
 
 def test_exec_options_refuse_nonsense():
     with pytest.raises(ValueError, match="command"):
-        channels.exec_options({"stdout": "1"}, needs_command=True)
+        channels.exec_options({"output": "1"}, needs_command=True)
     with pytest.raises(ValueError, match="at least 1 of stdin, stdout, stderr"):
         channels.exec_options({"command": "ls"}, needs_command=True)
-    assert channels.exec_options({"stdout": "1"}, needs_command=False).command == ()
+    assert channels.exec_options({"output": "1"}, needs_command=False).command == ()
+    with pytest.raises(ValueError, match="at least 1"):  # the pod API's names are not the kubelet's
+        channels.exec_options({"command": "ls", "stdout": "1", "stdin": "1"}, needs_command=True)
 
 
 def test_the_exit_status_is_the_kubelets_json():

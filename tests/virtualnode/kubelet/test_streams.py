@@ -52,7 +52,7 @@ async def start_exec(server, command, **flags):
 
 async def test_exec_exit_status_7_is_the_kubelets_failure_status(kubelet):
     server, node, _ = kubelet
-    client = await start_exec(server, ["sh", "-c", "echo out; echo err >&2; exit 7"], stdout="1", stderr="1")
+    client = await start_exec(server, ["sh", "-c", "echo out; echo err >&2; exit 7"], output="1", error="1")
     error = await client.open(streamType="error")
     stdout = await client.open(streamType="stdout")
     stderr = await client.open(streamType="stderr")
@@ -71,7 +71,7 @@ async def test_exec_exit_status_7_is_the_kubelets_failure_status(kubelet):
 
 async def test_exec_success_and_stdin_through_sha256sum(kubelet):
     server, node, _ = kubelet
-    client = await start_exec(server, ["sha256sum"], stdin="1", stdout="1", stderr="1")
+    client = await start_exec(server, ["sha256sum"], input="1", output="1", error="1")
     error = await client.open(streamType="error")
     stdin = await client.open(streamType="stdin")
     stdout = await client.open(streamType="stdout")
@@ -88,7 +88,7 @@ async def test_exec_success_and_stdin_through_sha256sum(kubelet):
 
 async def test_exec_with_a_tty_starts_at_the_clients_size_and_follows_resizes(kubelet):
     server, node, _ = kubelet
-    client = await start_exec(server, ["sh", "-c", "stty size; read line; stty size"], stdin="1", stdout="1",
+    client = await start_exec(server, ["sh", "-c", "stty size; read line; stty size"], input="1", output="1",
                               tty="1")
     error = await client.open(streamType="error")
     stdin = await client.open(streamType="stdin")
@@ -108,7 +108,7 @@ async def test_exec_with_a_tty_starts_at_the_clients_size_and_follows_resizes(ku
 
 async def test_a_client_that_goes_away_hangs_the_command_up(kubelet):
     server, node, _ = kubelet
-    client = await start_exec(server, ["sh", "-c", "echo started; sleep 600"], stdout="1", stderr="1")
+    client = await start_exec(server, ["sh", "-c", "echo started; sleep 600"], output="1", error="1")
     await client.open(streamType="error")
     stdout = await client.open(streamType="stdout")
     await client.open(streamType="stderr")
@@ -123,7 +123,7 @@ async def test_a_client_that_goes_away_hangs_the_command_up(kubelet):
 async def test_a_node_that_cannot_be_reached_is_a_failure_status(kubelet):
     server, node, _ = kubelet
     node.refuse = "node node-1 at 100.64.0.7:2222: connection refused"
-    client = await start_exec(server, ["true"], stdout="1")
+    client = await start_exec(server, ["true"], output="1")
     error = await client.open(streamType="error")
     stdout = await client.open(streamType="stdout")
     await error.ended.wait()
@@ -134,13 +134,13 @@ async def test_a_node_that_cannot_be_reached_is_a_failure_status(kubelet):
 
 
 @pytest.mark.parametrize("path, protocols, status, text", [
-    ("/exec/ml/train/training?command=ls&stdout=1", "v3.channel.k8s.io, channel.k8s.io", 403,
+    ("/exec/ml/train/training?command=ls&output=1", "v3.channel.k8s.io, channel.k8s.io", 403,
      "unable to negotiate protocol"),
     ("/exec/ml/train/training?command=ls", EXEC_PROTOCOLS, 400, "at least 1 of stdin, stdout, stderr"),
-    ("/exec/ml/nope/training?command=ls&stdout=1", EXEC_PROTOCOLS, 404, 'pod "nope" does not exist'),
-    ("/exec/ml/train/other?command=ls&stdout=1", EXEC_PROTOCOLS, 404, 'container "other" not found'),
-    ("/exec/ml/waiting/training?command=ls&stdout=1", EXEC_PROTOCOLS, 503, "no running machine yet"),
-    ("/attach/ml/train/training?stdin=1&stdout=1", EXEC_PROTOCOLS, 400, "stdin cannot be attached"),
+    ("/exec/ml/nope/training?command=ls&output=1", EXEC_PROTOCOLS, 404, 'pod "nope" does not exist'),
+    ("/exec/ml/train/other?command=ls&output=1", EXEC_PROTOCOLS, 404, 'container "other" not found'),
+    ("/exec/ml/waiting/training?command=ls&output=1", EXEC_PROTOCOLS, 503, "no running machine yet"),
+    ("/attach/ml/train/training?input=1&output=1", EXEC_PROTOCOLS, 400, "stdin cannot be attached"),
     ("/portForward/ml/train", "v4.channel.k8s.io", 403, "unable to negotiate protocol"),
 ])
 async def test_requests_are_checked_before_the_upgrade(kubelet, path, protocols, status, text):
@@ -154,7 +154,7 @@ async def test_requests_are_checked_before_the_upgrade(kubelet, path, protocols,
 async def test_a_plain_request_is_told_to_upgrade(kubelet):
     server, _, _ = kubelet
     reader, writer = await asyncio.open_connection(server.host, server.port)
-    writer.write(b"GET /exec/ml/train/training?command=ls&stdout=1 HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n")
+    writer.write(b"GET /exec/ml/train/training?command=ls&output=1 HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n")
     answer = await reader.read()
     writer.close()
     assert answer.startswith(b"HTTP/1.1 400") and b"Upgrade request required" in answer
@@ -162,7 +162,7 @@ async def test_a_plain_request_is_told_to_upgrade(kubelet):
 
 async def test_attach_streams_the_workloads_new_output(kubelet):
     server, _, coordinator = kubelet
-    status, _, _, client = await connect(server.host, server.port, "/attach/ml/train/training?stdout=1&tty=1",
+    status, _, _, client = await connect(server.host, server.port, "/attach/ml/train/training?output=1&tty=1",
                                          EXEC_PROTOCOLS)
     assert status == 101
     error = await client.open(streamType="error")
@@ -186,14 +186,15 @@ async def test_too_many_streams_on_one_pod_answer_429(kubelet, monkeypatch):
     second = TestServer(app)
     await second.start_server()
     try:
-        first = await start_exec(second, ["sh", "-c", "sleep 600"], stdout="1")
+        first = await start_exec(second, ["sh", "-c", "sleep 600"], output="1")
         await first.open(streamType="error")
         await first.open(streamType="stdout")
-        status, _, body, _ = await connect(second.host, second.port, "/exec/ml/train/training?command=ls&stdout=1",
+        status, _, body, _ = await connect(second.host, second.port, "/exec/ml/train/training?command=ls&output=1",
                                            EXEC_PROTOCOLS)
         assert status == 429 and b"too many streams" in body
         await first.close()
         await node.closed.wait()
+        await node.processes[0].proc.wait()  # hung up
     finally:
         await second.close()
 
@@ -210,11 +211,11 @@ async def test_streams_hold_the_nodes_slots_shared_with_followed_logs(kubelet):
     try:
         assert context.slots.take()  # e.g. a followed log
         context.slots.limit = 1
-        status, _, body, _ = await connect(second.host, second.port, "/exec/ml/train/training?command=ls&stdout=1",
+        status, _, body, _ = await connect(second.host, second.port, "/exec/ml/train/training?command=ls&output=1",
                                            EXEC_PROTOCOLS)
         assert status == 429
         context.slots.give()
-        client = await start_exec(second, ["true"], stdout="1")
+        client = await start_exec(second, ["true"], output="1")
         assert context.slots.open == 1
         error = await client.open(streamType="error")
         await client.open(streamType="stdout")

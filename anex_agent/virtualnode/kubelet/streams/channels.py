@@ -8,8 +8,9 @@ over SPDY streams or WebSocket channels (``k8s.io/apimachinery/pkg/util/remoteco
   and ``v4.channel.k8s.io`` (v4 and older write other error formats; kubectl and the API server
   always offer v5 and v4 first), port-forward ``portforward.k8s.io`` (SPDY) and
   ``v4.channel.k8s.io`` / ``SPDY/3.1+portforward.k8s.io`` are what the API server tunnels.
-* :func:`exec_options`: the query of ``/exec`` and ``/attach`` (``command`` repeated,
-  ``stdin``/``stdout``/``stderr``/``tty`` as ``1`` or ``true``), checked as the kubelet does.
+* :func:`exec_options`: the query of ``/exec`` and ``/attach`` as the API server writes it for a
+  kubelet (``command`` repeated; ``input``, ``output``, ``error``, ``tty`` = ``1``: stdin,
+  stdout, stderr, a terminal; ``true`` is taken too), checked as the kubelet does.
 * :func:`status_json`: the ``metav1.Status`` the error stream carries at the end (v4/v5), byte
   for byte as the kubelet's JSON encoder writes it.
 * :class:`ResizeDecoder`: terminal sizes from the resize stream (back-to-back JSON objects
@@ -40,6 +41,7 @@ CHANNEL_NAMES = {number: name for name, number in CHANNELS.items()}
 CLOSE_CHANNEL = 255  # v5 only
 MAX_RESIZE_BUFFER = 4096  # a resize message is some 30 bytes; more unparsed than this is garbage
 TRUE_VALUES = frozenset({"1", "true", "True"})
+QUERY_FLAGS = ("input", "output", "error", "tty")  # core/v1 ExecStdinParam, ExecStdoutParam, ...
 
 
 def offered(values: Iterable[str]) -> list[str]:
@@ -83,14 +85,14 @@ def exec_options(query: Mapping[str, str] | Iterable[tuple[str, str]], *, needs_
     Raises ValueError with a line fit for the caller when they make no sense."""
     pairs = list(query.items()) if isinstance(query, Mapping) else list(query)
     command = tuple(value for name, value in pairs if name == "command")
-    flags = {name: value for name, value in pairs if name in ("stdin", "stdout", "stderr", "tty")}
+    flags = {name: value for name, value in pairs if name in QUERY_FLAGS}
 
     def flag(name: str) -> bool:
         return flags.get(name, "") in TRUE_VALUES
 
     if needs_command and not command:
         raise ValueError("command: at least one command argument is required")
-    stdin, stdout, stderr, tty = flag("stdin"), flag("stdout"), flag("stderr"), flag("tty")
+    stdin, stdout, stderr, tty = flag("input"), flag("output"), flag("error"), flag("tty")
     if not (stdin or stdout or stderr):
         raise ValueError("you must specify at least 1 of stdin, stdout, stderr")
     return ExecOptions(command, stdin, stdout, stderr and not tty, tty)
