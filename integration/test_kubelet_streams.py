@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from anex_agent.demo.mesh import wait_until
 from anex_agent.demo.netlab import missing_prerequisites, unique
 from integration.test_kubelet_api import cluster, kubelet, node_address  # noqa: F401  (fixtures)
 from integration.test_virtual_node import _apply, _wait_pod, simulated  # noqa: F401  (a fixture)
@@ -158,3 +159,46 @@ def test_kubectl_cp_both_ways(web):
         assert (local / "down.bin").read_bytes() == (files / "down.bin").read_bytes()
     finally:
         shutil.rmtree(local, ignore_errors=True)
+
+
+def test_a_killed_kubectl_exec_leaves_no_process_on_the_machine(web):
+    cp, namespace, files, log = web
+    marker = files / f"pid-{secrets.token_hex(4)}"
+    exec_ = subprocess.Popen([cp._program("kubectl"), f"--kubeconfig={cp.kubeconfig}", "-n", namespace, "exec",
+                              "web", "--", "sh", "-c", f"echo $$ > {marker}; exec sleep 600"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid = int(wait_until(lambda: marker.exists() and marker.read_text().strip(), 60, "the command's pid"))
+    finally:
+        exec_.kill()
+        exec_.wait(30)
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)  # the machine's processes are this host's
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(gone, 60, "the command hung up once kubectl went away")
+
+
+def test_kubectl_attach_streams_the_workloads_output(kubelet, mesh_way):  # noqa: F811
+    cp, namespace, _address, _port, log = kubelet
+    _apply(cp, namespace, "ticker", ["sh", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.5; done"])
+    _wait_pod(cp, namespace, "ticker", lambda p: p["status"].get("phase") == "Running", "the ticker pod Running", log)
+    refused = _kubectl(cp, "-n", namespace, "attach", "-i", "ticker", timeout=60, stdin=subprocess.DEVNULL)
+    assert refused.returncode != 0 and b"stdin cannot be attached" in refused.stderr, _explain(refused, log)
+    attach = subprocess.Popen([cp._program("kubectl"), f"--kubeconfig={cp.kubeconfig}", "-n", namespace, "attach",
+                               "ticker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in attach.stdout:  # blocks on the open stream; the ticker writes twice a second
+            seen += re.findall(r"^tick (\d+)$", line, re.M)
+            if len(seen) >= 3:
+                break
+        assert len(seen) >= 3, attach.stderr.read() if attach.poll() is not None else seen
+        assert [int(n) for n in seen] == list(range(int(seen[0]), int(seen[0]) + len(seen)))  # new lines, in order
+    finally:
+        attach.terminate()
+        attach.wait(30)
