@@ -33,11 +33,6 @@ async def kubelet():
     await server.close()
 
 
-def query(*command: str, **flags: str) -> str:
-    parts = [f"command={c}" for c in command] + [f"{name}={value}" for name, value in flags.items()]
-    return "?" + "&".join(parts)
-
-
 async def start_exec(server, command, **flags):
     from urllib.parse import quote
 
@@ -271,3 +266,37 @@ async def test_port_forward_to_a_closed_port_says_so_on_the_error_stream(kubelet
     await bad.ended.wait()
     assert b"invalid port 'http'" in bytes(bad.data)
     await client.close()
+
+
+async def test_exec_over_a_websocket_v5_with_its_close_signal(kubelet):
+    from websockets.asyncio.client import connect as ws_connect
+
+    server, node, _ = kubelet
+    url = f"ws://{server.host}:{server.port}/exec/ml/train/training?command=sh&command=-c&command=cat%3B%20exit%203" \
+          "&input=1&output=1&error=1"
+    async with ws_connect(url, subprotocols=["v5.channel.k8s.io", "v4.channel.k8s.io"]) as ws:
+        assert ws.subprotocol == "v5.channel.k8s.io"
+        await ws.send(b"\x00hello ")
+        await ws.send(b"\x00websocket")
+        await ws.send(b"\xff\x00")  # v5: no more stdin
+        received: dict[int, bytes] = {}
+        async for message in ws:
+            received[message[0]] = received.get(message[0], b"") + message[1:]
+    assert received[1] == b"hello websocket"
+    status = json.loads(received[3])
+    assert status["reason"] == "NonZeroExitCode" and status["details"]["causes"][0]["message"] == "3"
+    assert ws.close_code == 1000
+    await node.closed.wait()
+
+
+async def test_a_websocket_without_our_subprotocols_is_refused(kubelet):
+    from websockets.asyncio.client import connect as ws_connect
+    from websockets.exceptions import InvalidStatus
+
+    server, node, _ = kubelet
+    with pytest.raises(InvalidStatus) as refused:
+        async with ws_connect(f"ws://{server.host}:{server.port}/exec/ml/train/training?command=ls&output=1",
+                              subprotocols=["base64.channel.k8s.io"]):
+            pass
+    assert refused.value.response.status_code == 403
+    assert node.connects == []

@@ -5,8 +5,9 @@
 kubelet serves them) on one Node's kubelet application; the server's middleware has already
 authenticated and authorized the caller. Each request is checked before it is upgraded (the
 options, the protocol, the pod and its machine, the bounds) and answered with the kubelet's
-status and wording when something is wrong; then it is upgraded to SPDY/3.1 and bridged to the
-node over the mesh (:mod:`.remotecommand`, :mod:`.portforward`, through :mod:`.node_ssh`).
+status and wording when something is wrong; then it is upgraded to SPDY/3.1 (exec and attach
+also to a WebSocket, ``v5.channel.k8s.io``/``v4.channel.k8s.io``: :mod:`.websocket`) and bridged
+to the node over the mesh (:mod:`.remotecommand`, :mod:`.portforward`, through :mod:`.node_ssh`).
 
 Bounds: each streaming request holds one of the Node's stream slots (``context.slots``,
 :attr:`~..context.Limits.max_streams`, shared with followed logs) and one of :data:`MAX_PER_POD`
@@ -27,10 +28,10 @@ from aiohttp import web
 
 from anex_agent.errors import CoordinatorError
 from anex_agent.virtualnode.kubelet.context import USER_KEY, KubeletContext, PodTarget, StreamSlots, TargetError
-from anex_agent.virtualnode.kubelet.streams import channels, node_ssh, portforward, remotecommand
+from anex_agent.virtualnode.kubelet.streams import channels, node_ssh, portforward, remotecommand, websocket
 from anex_agent.virtualnode.kubelet.streams.bridge import StreamsMissing, collect_streams, run_bridged
 from anex_agent.virtualnode.kubelet.streams.session import SpdySession
-from anex_agent.virtualnode.kubelet.streams.upgrade import PROTOCOL_HEADER, upgrade, wants_spdy
+from anex_agent.virtualnode.kubelet.streams.upgrade import PROTOCOL_HEADER, spdy_headers, upgrade, wants_spdy
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +90,29 @@ class Handlers:
         name = getattr(user, "name", "") or "unknown"
         return f"kubectl {verb} {target.namespace}/{target.name} by {name} via {self.context.node_name}"
 
-    async def _prepare(self, request: web.Request, supported: tuple[str, ...], container: str | None
-                       ) -> tuple[str, PodTarget] | web.Response:
-        if not wants_spdy(request):
-            return _text(400, "Upgrade request required: this endpoint speaks SPDY/3.1 "
-                              "(Connection: Upgrade, Upgrade: SPDY/3.1)")
-        offered = channels.offered(request.headers.getall(PROTOCOL_HEADER, []))
-        protocol = channels.negotiate(offered, supported)
-        if protocol is None:
-            return _refuse_protocol(offered, supported)
+    async def _prepare(self, request: web.Request, supported: tuple[str, ...], container: str | None, *,
+                       websockets: bool = False) -> tuple[str, dict[str, str], PodTarget] | web.Response:
+        """(protocol, the 101's headers, target), or the answer refusing the request."""
+        if wants_spdy(request):
+            offered = channels.offered(request.headers.getall(PROTOCOL_HEADER, []))
+            protocol = channels.negotiate(offered, supported)
+            if protocol is None:
+                return _refuse_protocol(offered, supported)
+            headers = spdy_headers(protocol)
+        elif websockets and websocket.wants_websocket(request):
+            answer = websocket.handshake(request, supported)
+            if isinstance(answer, web.Response):
+                return answer
+            protocol, headers = answer
+        else:
+            return _text(400, "Upgrade request required: this endpoint speaks SPDY/3.1 (Connection: Upgrade, "
+                              "Upgrade: SPDY/3.1)" + (" or a WebSocket" if websockets else ""))
         try:
             target = await self.context.pods.find(request.match_info["namespace"], request.match_info["pod"],
                                                   container)
         except TargetError as err:
             return _text(err.status, err.message)
-        return protocol, target
+        return protocol, headers, target
 
     async def exec(self, request: web.Request) -> web.StreamResponse:
         return await self._remote_command(request, attach=False)
@@ -121,26 +130,34 @@ class Handlers:
             return _text(400, "attach: the workload's stdin cannot be attached on rented pods (the node "
                               "does not pipe it); attach without -i, or use kubectl exec -i")
         container = request.match_info["container"]
-        prepared = await self._prepare(request, channels.EXEC_PROTOCOLS, container)
+        prepared = await self._prepare(request, channels.EXEC_PROTOCOLS, container, websockets=True)
         if isinstance(prepared, web.Response):
             return prepared
-        protocol, target = prepared
+        protocol, headers, target = prepared
         key = f"{target.namespace}/{target.name}"
         with self.gate.hold(key) as admitted:
             if not admitted:
                 return _text(429, f"too many streams open on pod {key} or this node; try again later")
-            pipe = await upgrade(request, protocol)
-            session = SpdySession(pipe.reader, pipe, name=f"{verb} {key}")
+            pipe = await upgrade(request, headers)
             where = f"node {target.node_id}"
             limits = self.context.limits
+            session: SpdySession | websocket.WsSession
+            if wants_spdy(request):
+                session = SpdySession(pipe.reader, pipe, name=f"{verb} {key}")
+            else:
+                session = websocket.WsSession(pipe.reader, pipe, protocol, options.stream_types(protocol),
+                                              name=f"{verb} {key} (WebSocket)")
 
             async def body() -> None:
-                try:
-                    streams = await collect_streams(session, options.stream_types(protocol),
-                                                    limits.stream_creation_timeout)
-                except StreamsMissing as err:
-                    log.info("%s: %s", session.name, err)
-                    return
+                if isinstance(session, websocket.WsSession):
+                    streams: dict[str, Any] = dict(session.streams)
+                else:
+                    try:
+                        streams = await collect_streams(session, options.stream_types(protocol),
+                                                        limits.stream_creation_timeout)
+                    except StreamsMissing as err:
+                        log.info("%s: %s", session.name, err)
+                        return
                 if attach:
                     await remotecommand.attach_body(streams, options, self._follow(target), where)
                     return
@@ -180,12 +197,12 @@ class Handlers:
         prepared = await self._prepare(request, (channels.PORT_FORWARD,), None)
         if isinstance(prepared, web.Response):
             return prepared
-        protocol, target = prepared
+        _protocol, headers, target = prepared
         key = f"{target.namespace}/{target.name}"
         with self.gate.hold(key) as admitted:
             if not admitted:
                 return _text(429, f"too many streams open on pod {key} or this node; try again later")
-            pipe = await upgrade(request, protocol)
+            pipe = await upgrade(request, headers)
             session = SpdySession(pipe.reader, pipe, name=f"port-forward {key}")
             connection: list[Any] = []
 

@@ -1,6 +1,7 @@
 """Running one upgraded streaming request: the SPDY session and the work behind it, bounded.
 
-Contract: :func:`run_bridged` reads the session and runs ``body`` together, as named tasks of
+Contract: :func:`run_bridged` reads the session (SPDY, :class:`~.session.SpdySession`, or
+WebSocket, :class:`~.websocket.WsSession`: a :class:`Session`) and runs ``body`` together, as named tasks of
 one TaskGroup. Whichever ends first ends the other: ``body`` returning closes the session
 (GOAWAY, then the connection); the client going away (EOF, a broken protocol) or no traffic
 either way for ``idle_timeout`` seconds cancels ``body``, whose ``finally`` closes what it
@@ -18,11 +19,22 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from anex_agent.virtualnode.kubelet.streams.channels import STREAM_TYPE
 from anex_agent.virtualnode.kubelet.streams.session import SpdySession, SpdyStream
 
 log = logging.getLogger(__name__)
+
+
+class Session(Protocol):
+    name: str
+    closed: asyncio.Event
+    last_activity: float  # loop time of the last traffic either way
+
+    async def run(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class StreamsMissing(Exception):
@@ -49,7 +61,7 @@ async def collect_streams(session: SpdySession, wanted: set[str], timeout: float
     return streams
 
 
-async def _idle(session: SpdySession, idle_timeout: float) -> None:
+async def _idle(session: Session, idle_timeout: float) -> None:
     loop = asyncio.get_running_loop()
     while True:
         remaining = session.last_activity + idle_timeout - loop.time()
@@ -59,14 +71,14 @@ async def _idle(session: SpdySession, idle_timeout: float) -> None:
         await asyncio.sleep(remaining)
 
 
-async def _guarded(session: SpdySession, body: Callable[[], Awaitable[None]]) -> None:
+async def _guarded(session: Session, body: Callable[[], Awaitable[None]]) -> None:
     try:
         await body()
     except Exception:  # a bug in a bridge ends its request only, logged; the client sees the stream end
         log.exception("%s: the bridge failed", session.name)
 
 
-async def run_bridged(session: SpdySession, body: Callable[[], Awaitable[None]], *, idle_timeout: float) -> None:
+async def run_bridged(session: Session, body: Callable[[], Awaitable[None]], *, idle_timeout: float) -> None:
     """See the module docstring."""
     async with asyncio.TaskGroup() as group:
         reader = group.create_task(session.run(), name=f"{session.name}: read")

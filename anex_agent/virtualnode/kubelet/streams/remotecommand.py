@@ -29,7 +29,7 @@ from typing import Any
 
 from anex_agent.errors import CoordinatorError, RemoteProtocolError
 from anex_agent.ssh_client import exit_code
-from anex_agent.virtualnode.kubelet.streams import channels
+import anex_agent.virtualnode.kubelet.streams.channels as channels
 from anex_agent.virtualnode.kubelet.streams.channels import ERROR, RESIZE, STDERR, STDIN, STDOUT, ExecOptions
 from anex_agent.virtualnode.kubelet.streams.session import SpdyStream
 

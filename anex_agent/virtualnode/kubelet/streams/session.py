@@ -27,7 +27,7 @@ import logging
 from typing import Protocol
 
 from anex_agent.errors import LocalProtocolError
-from anex_agent.virtualnode.kubelet.streams import spdy
+import anex_agent.virtualnode.kubelet.streams.spdy as spdy
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""Taking over an aiohttp request's connection after ``101 Switching Protocols`` (SPDY/3.1).
+"""Taking over an aiohttp request's connection after ``101 Switching Protocols`` (SPDY/3.1, WebSocket).
 
-Contract: :func:`upgrade` answers 101 with ``Connection: Upgrade``, ``Upgrade: SPDY/3.1`` and
-``X-Stream-Protocol-Version: <protocol>`` (as ``httpstream/spdy``'s response upgrader does), then
-returns an :class:`UpgradedPipe`: what the client sends next arrives on its ``reader`` (EOF when
+Contract: :func:`upgrade` answers 101 with the headers it is given (for SPDY, :func:`spdy_headers`:
+``Connection: Upgrade``, ``Upgrade: SPDY/3.1`` and ``X-Stream-Protocol-Version: <protocol>``, as
+``httpstream/spdy``'s response upgrader does; for a WebSocket, the handshake's), then returns an :class:`UpgradedPipe`: what the client sends next arrives on its ``reader`` (EOF when
 the client goes away), what is written goes to the client raw. Reading pauses the socket when
 the reader holds more than its limit. The handler keeps the connection until it returns; aiohttp
 then closes it (no keep-alive after an upgrade).
@@ -62,9 +62,14 @@ class UpgradedPipe:
             self._transport.close()
 
 
-async def upgrade(request: web.Request, protocol: str) -> UpgradedPipe:
-    response = web.StreamResponse(status=101, headers={
-        "Connection": "Upgrade", "Upgrade": SPDY, PROTOCOL_HEADER: protocol})
+def spdy_headers(protocol: str) -> dict[str, str]:
+    return {"Connection": "Upgrade", "Upgrade": SPDY, PROTOCOL_HEADER: protocol}
+
+
+async def upgrade(request: web.Request, headers: dict[str, str]) -> UpgradedPipe:
+    """Answer 101 with ``headers`` (:func:`spdy_headers`, or a WebSocket handshake's) and take the
+    connection over."""
+    response = web.StreamResponse(status=101, headers=headers)
     await response.prepare(request)
     reader = asyncio.StreamReader(limit=READER_LIMIT)
     if request.transport is not None:
