@@ -266,3 +266,19 @@ def test_a_bad_annotation_fails_the_pod_naming_it_and_rents_nothing(virtual_node
     assert failed["status"]["reason"] == "ProvisioningRefused" and "anex.sh/gpu-cont" in failed["status"]["message"]
     names = [p["name"] for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"]]
     assert f"vk-{failed['metadata']['uid']}" not in names and set(provider.rentals) <= before
+
+
+def test_the_manifests_apply_and_grant_no_more_than_the_role_needs(virtual_node):
+    cp, _namespace, _log, _restart = virtual_node
+    applied = cp.kubectl("apply", "-k", str(REPO / "deploy"), "--dry-run=server").stdout
+    assert "deployment.apps/anex-virtual-node" in applied and "server dry run" in applied
+    who = "--as=system:serviceaccount:anex-system:anex-virtual-node"
+
+    def can(*args: str) -> bool:
+        return cp.kubectl("auth", "can-i", *args, who, check=False).stdout.strip() == "yes"
+
+    assert can("create", "nodes") and can("patch", "nodes/status") and can("watch", "pods")
+    assert can("patch", "pods/status") and can("delete", "pods") and can("create", "events")
+    assert can("get", "secrets") and can("update", "leases", "-n", "kube-node-lease")
+    assert not can("list", "secrets") and not can("update", "leases", "-n", "default")
+    assert not can("create", "pods") and not can("delete", "nodes") and not can("create", "pods/exec")

@@ -12,7 +12,8 @@ Syncing a pod:
 * **new or running**: our finalizer (``anex.sh/provision``) is added first, so a deletion waits
   for us; a pod without a provision gets one (:mod:`.podspec`: refused pods fail at once, with
   the field named, and nothing is rented; a 400/422 of the coordinator fails the pod with its
-  message); the status is written (:mod:`.podstatus`) and an Event recorded for each new step.
+  message; another failure, a 503 or no answer, is a Warning Event ``ProvisioningDelayed`` once
+  and a retry); the status is written (:mod:`.podstatus`) and an Event recorded for each new step.
 * **Succeeded or Failed**: the provision is deleted (the machine is released; the pod stays).
 * **being deleted**: the provision is deleted (an Event ``Killing``) and, once the coordinator
   says ``deleted`` (the rental destroyed, the node removed), the finalizer is removed and the
@@ -291,6 +292,10 @@ class PodController:
                 await self._fail(pod, "ProvisioningRefused", f"the coordinator refused the pod: {_problem_text(err)}")
                 return
             if err.status != 409:
+                if self.steps.get(meta["uid"]) != "Delayed":  # said once; the worker retries with backoff
+                    self.steps[meta["uid"]] = "Delayed"
+                    await self.recorder.record(pod, podstatus.WARNING, "ProvisioningDelayed",
+                                               f"the coordinator cannot take the pod yet: {err}; trying again")
                 raise
             # another body under our name: the pod's env changed since (a Secret); the provision stands
             listed = await self.coordinator.list_provisions()

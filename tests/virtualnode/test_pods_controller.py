@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from anex_agent import wire
+from anex_agent.errors import CoordinatorError
 from anex_agent.provision_wire import ProvisionCreate
 from anex_agent.virtualnode.pods import FINALIZER, PodController
 from anex_agent.virtualnode.podspec import provision_name
@@ -217,3 +218,23 @@ async def test_provisions_seen_before_the_pods_are_listed_are_not_taken_for_orph
         for task in tasks:
             task.cancel()
     assert spy.deleted == [] and len((await harness.admin.list_provisions()).provisions) == 1
+
+
+async def test_a_coordinator_that_cannot_take_the_pod_yet_is_said_once_and_retried(world):
+    harness, vast, kube, spy = world
+    refusals = []
+
+    class Unavailable(Spy):
+        async def create_provision(self, spec):
+            if len(refusals) < 2:
+                refusals.append(spec.name)
+                raise CoordinatorError("POST /v1/provisions: 503 provisioning is not configured", status=503,
+                                       retryable=True)
+            return await self.client.create_provision(spec)
+
+    async with controller(kube, Unavailable(harness.admin)):
+        pod = new_pod()
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod provisioned after the retries")
+    assert len(refusals) == 2 and kube.reasons(uid).count("ProvisioningDelayed") == 1
