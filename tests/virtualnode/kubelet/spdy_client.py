@@ -67,7 +67,11 @@ class Client:
         stream_id = self.conn.open_stream(headers)
         stream = self.streams[stream_id] = ClientStream(stream_id)
         await self.flush()
-        await stream.replied.wait()  # as spdystream's CreateStream waits for the reply
+        replied = asyncio.ensure_future(stream.replied.wait())
+        closed = asyncio.ensure_future(self.closed.wait())
+        await asyncio.wait({replied, closed}, return_when=asyncio.FIRST_COMPLETED)  # as spdystream waits
+        replied.cancel()
+        closed.cancel()
         return stream
 
     async def send(self, stream: ClientStream, data: bytes, *, fin: bool = False) -> None:

@@ -300,3 +300,45 @@ async def test_a_websocket_without_our_subprotocols_is_refused(kubelet):
             pass
     assert refused.value.response.status_code == 403
     assert node.connects == []
+
+
+async def _bounded_server(node, **limits):
+    from anex_agent.virtualnode.kubelet.context import KubeletContext, Limits
+
+    coordinator = fakes.FakeCoordinator()
+    coordinator.views = [fakes.view("u1")]
+    base = fakes.context(coordinator, [fakes.pod("train", "u1")])
+    context = KubeletContext(node_name=base.node_name, authorizer=base.authorizer, pods=base.pods,
+                             coordinator=coordinator, limits=Limits(**limits))
+    app = web.Application()
+    streams_mod.add_routes(app, context, connect=node.connect)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def test_an_idle_session_is_closed_and_its_command_hung_up():
+    node = LocalNode()
+    server = await _bounded_server(node, stream_idle_timeout=0.5)
+    try:
+        client = await start_exec(server, ["sleep", "600"], output="1")
+        await client.open(streamType="error")
+        await client.open(streamType="stdout")
+        await asyncio.wait_for(client.closed.wait(), 60)  # nothing flows: the port closes it
+        if node.processes:  # it may close before the command even started
+            assert await asyncio.wait_for(node.processes[0].proc.wait(), 60) == -1
+    finally:
+        await server.close()
+
+
+async def test_a_client_that_never_opens_its_streams_is_let_go():
+    node = LocalNode()
+    server = await _bounded_server(node, stream_creation_timeout=0.2)
+    try:
+        client = await start_exec(server, ["true"], output="1", error="1")
+        await client.open(streamType="error")  # stdout and stderr never come
+        await asyncio.wait_for(client.goaway.wait(), 60)
+        await asyncio.wait_for(client.closed.wait(), 60)
+        assert node.connects == []  # nothing was started on the machine
+    finally:
+        await server.close()
