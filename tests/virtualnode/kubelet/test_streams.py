@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from anex_agent.virtualnode.kubelet import streams as streams_mod
 from tests.virtualnode.kubelet import fakes
 from tests.virtualnode.kubelet.local_node import LocalNode
-from tests.virtualnode.kubelet.spdy_client import connect
+from tests.virtualnode.kubelet.spdy_client import Client, connect
 
 EXEC_PROTOCOLS = "v5.channel.k8s.io, v4.channel.k8s.io, v3.channel.k8s.io, v2.channel.k8s.io, channel.k8s.io"
 
@@ -342,3 +342,31 @@ async def test_a_client_that_never_opens_its_streams_is_let_go():
         assert node.connects == []  # nothing was started on the machine
     finally:
         await server.close()
+
+
+async def test_a_long_port_forward_session_keeps_no_finished_streams():
+    from anex_agent.virtualnode.kubelet.streams.session import SpdySession
+
+    server_side, client_side = await _socket_pair()
+    session = SpdySession(*server_side, name="test")
+    reader = asyncio.ensure_future(session.run())
+    client = Client(*client_side)
+    for _ in range(5):
+        opened = await client.open(streamType="data")
+        stream = await session.accept()
+        await client.send(opened, b"x", fin=True)
+        assert await stream.read() == b"x" and await stream.read() == b""
+        await stream.close()
+    assert session.streams == {}
+    await session.close()
+    await client.closed.wait()
+    reader.cancel()
+
+
+async def _socket_pair():
+    ready: asyncio.Future = asyncio.get_running_loop().create_future()
+    listener = await asyncio.start_server(lambda r, w: ready.set_result((r, w)), "127.0.0.1", 0)
+    client = await asyncio.open_connection(*listener.sockets[0].getsockname()[:2])
+    server = await ready
+    listener.close()
+    return server, client

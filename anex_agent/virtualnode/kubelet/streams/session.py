@@ -113,6 +113,7 @@ class SpdyStream:
             return
         self.local_ended = True
         self.session.conn.end_stream(self.id)
+        self.session._forget_if_done(self)
         await self.session.flush()
 
     async def abort(self) -> None:
@@ -121,6 +122,7 @@ class SpdyStream:
             self.reset = self.local_ended = True
             self.session.conn.reset_stream(self.id, spdy.CANCEL)
             self._end(reset=True)
+            self.session._forget_if_done(self)
             if not self.session.closed.is_set():
                 await self.session.flush()
 
@@ -198,6 +200,7 @@ class SpdySession:
             stream = self.streams.get(event.stream_id)
             if stream is not None:
                 stream._end()
+                self._forget_if_done(stream)
         elif isinstance(event, spdy.StreamReset):
             stream = self.streams.pop(event.stream_id, None)
             if stream is not None:
@@ -210,6 +213,11 @@ class SpdySession:
             self._incoming.put_nowait(None)
         elif isinstance(event, spdy.ConnectionFailed):
             self.failure = event.reason
+
+    def _forget_if_done(self, stream: SpdyStream) -> None:
+        """A stream closed both ways leaves the table (its reader keeps the unread bytes)."""
+        if stream.local_ended and stream.remote_ended:
+            self.streams.pop(stream.id, None)
 
     async def accept(self) -> SpdyStream | None:
         """The next stream the peer opens; None once the connection ended or the peer said GOAWAY."""
