@@ -68,10 +68,10 @@ class Client:
         stream = self.streams[stream_id] = ClientStream(stream_id)
         await self.flush()
         replied = asyncio.ensure_future(stream.replied.wait())
-        closed = asyncio.ensure_future(self.closed.wait())
-        await asyncio.wait({replied, closed}, return_when=asyncio.FIRST_COMPLETED)  # as spdystream waits
+        ended = asyncio.ensure_future(stream.ended.wait())  # reset, or the connection closed
+        await asyncio.wait({replied, ended}, return_when=asyncio.FIRST_COMPLETED)  # as spdystream waits
         replied.cancel()
-        closed.cancel()
+        ended.cancel()
         return stream
 
     async def send(self, stream: ClientStream, data: bytes, *, fin: bool = False) -> None:

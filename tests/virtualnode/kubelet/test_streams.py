@@ -370,3 +370,21 @@ async def _socket_pair():
     server = await ready
     listener.close()
     return server, client
+
+
+async def test_streams_beyond_the_sessions_bound_are_refused(monkeypatch):
+    from anex_agent.virtualnode.kubelet.streams import session as session_mod
+
+    monkeypatch.setattr(session_mod, "MAX_STREAMS", 2)
+    server_side, client_side = await _socket_pair()
+    session = session_mod.SpdySession(*server_side, name="test")
+    reader = asyncio.ensure_future(session.run())
+    client = Client(*client_side)
+    await client.open(streamType="data")
+    await client.open(streamType="data")
+    third = await client.open(streamType="data")  # never replied: reset
+    assert third.reset and not third.replied.is_set()
+    assert sorted(session.streams) == [1, 3]
+    await session.close()
+    await client.closed.wait()
+    reader.cancel()

@@ -7,6 +7,7 @@ Contract:
   :class:`asyncio.StreamWriter` or :class:`~.upgrade.UpgradedPipe`). :meth:`SpdySession.run`
   reads until the peer goes away, fails the protocol, or :meth:`SpdySession.close` is called;
   run it as a named task of the handler's TaskGroup.
+* At most :data:`MAX_STREAMS` streams are open at once; more are refused (RST_STREAM).
 * Streams the peer opens are replied to at once (``moby/spdystream`` waits for the reply before
   it returns a stream) and come out of :meth:`SpdySession.accept` (None once the connection
   ended). A stream's headers are its SYN_STREAM's (lower-case names).
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 READ_SIZE = 64 * 1024
 MAX_BUFFER = 1 << 20  # unread bytes one stream may hold before the connection is no longer read
+MAX_STREAMS = 512  # streams open at once on one connection; more are refused (RST_STREAM REFUSED_STREAM)
 
 
 class Writer(Protocol):
@@ -184,6 +186,9 @@ class SpdySession:
 
     def _dispatch(self, event: spdy.Event) -> None:
         if isinstance(event, spdy.StreamOpened):
+            if len(self.streams) >= MAX_STREAMS:
+                self.conn.reset_stream(event.stream_id, spdy.REFUSED_STREAM)
+                return
             stream = SpdyStream(self, event.stream_id, event.headers)
             self.streams[event.stream_id] = stream
             self.conn.reply(event.stream_id)
