@@ -110,13 +110,15 @@ class LocalNode:
         self.processes: list[LocalProcess] = []
         self.started = asyncio.Event()
         self.connects: list[str] = []
+        self.features: list[list[str]] = []  # the certificate features each connection asked for
         self.closed = asyncio.Event()
         self.refuse: str | None = None
 
-    async def connect(self, target, requested_for):
+    async def connect(self, target, requested_for, features):
         from anex_agent.virtualnode.kubelet.streams.node_ssh import NodeUnreachable
 
         self.connects.append(requested_for)
+        self.features.append(features)
         if self.refuse:
             raise NodeUnreachable(self.refuse)
         return self

@@ -62,6 +62,7 @@ async def test_exec_exit_status_7_is_the_kubelets_failure_status(kubelet):
     await client.closed.wait()
     assert node.closed.is_set()
     assert node.connects == ["kubectl exec ml/train by unknown via anex-vastai"]
+    assert node.features == [[]]  # no terminal: the certificate grants nothing beyond a session
 
 
 async def test_exec_success_and_stdin_through_sha256sum(kubelet):
@@ -98,6 +99,7 @@ async def test_exec_with_a_tty_starts_at_the_clients_size_and_follows_resizes(ku
     await error.ended.wait()
     await stdout.ended.wait()
     assert b"40 100" in stdout.data.split(b"33 101")[1]
+    assert node.features == [["pty"]]
     assert json.loads(error.data)["status"] == "Success"
 
 
@@ -243,7 +245,7 @@ async def test_port_forward_pairs_streams_and_copies_both_ways(kubelet):
         await data.ended.wait()
         await error.ended.wait()
         assert bytes(data.data) == f"got hello {request}".encode() and bytes(error.data) == b""
-    assert len(node.connects) == 1  # one SSH connection for the session
+    assert len(node.connects) == 1 and node.features == [["port-forwarding"]]  # one SSH connection, one feature
     await client.close()
     upstream.close()
     await node.closed.wait()

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 MAX_PER_POD = 16  # streaming requests open at once on one pod
 
-# connect(target, requested_for) -> an asyncssh client connection to the pod's node
+# connect(target, requested_for, features) -> an asyncssh client connection to the pod's node
 Connect = Callable[[PodTarget, str], Any]
 
 
@@ -81,9 +81,9 @@ class Handlers:
         self.gate = Gate(context.slots, MAX_PER_POD)
         self.connect = connect or self._ssh_connect
 
-    async def _ssh_connect(self, target: PodTarget, requested_for: str) -> Any:
+    async def _ssh_connect(self, target: PodTarget, requested_for: str, features: list[str]) -> Any:
         return await node_ssh.connect(self.context.coordinator, target, requested_for=requested_for,
-                                      timeout=self.context.limits.connect_timeout)
+                                      timeout=self.context.limits.connect_timeout, features=features)
 
     def _who(self, request: web.Request, verb: str, target: PodTarget) -> str:
         user = request.get(USER_KEY)
@@ -165,7 +165,8 @@ class Handlers:
 
                 async def open_process(command: str, term: str | None, size: tuple[int, int] | None) -> Any:
                     try:
-                        conn = await self.connect(target, self._who(request, verb, target))
+                        conn = await self.connect(target, self._who(request, verb, target),
+                                                  ["pty"] if options.tty else [])
                     except node_ssh.NodeUnreachable as err:
                         raise remotecommand.NodeFailure(str(err)) from None
                     connection.append(conn)
@@ -209,7 +210,8 @@ class Handlers:
             async def dial(port: int) -> tuple[Any, Any]:
                 try:
                     if not connection:
-                        connection.append(await self.connect(target, self._who(request, "port-forward", target)))
+                        connection.append(await self.connect(target, self._who(request, "port-forward", target),
+                                                             ["port-forwarding"]))
                     return await connection[0].open_connection("127.0.0.1", port)
                 except node_ssh.NodeUnreachable as err:
                     raise portforward.DialFailed(str(err)) from None

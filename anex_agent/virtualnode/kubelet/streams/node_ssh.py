@@ -3,7 +3,8 @@
 Contract: :func:`connect` asks the coordinator (the virtual node's admin token) for a short-lived
 user certificate for the pod's node (``POST /v1/nodes/{id}/ssh-certificates``, a fresh Ed25519
 key kept in memory only, principal = the node id, :data:`CERT_VALIDITY` s: it only has to be
-valid when the session logs in) and opens an asyncssh connection to the node's SSH server at its
+valid when the session logs in; only the features the verb needs: ``pty`` for exec with a
+terminal, ``port-forwarding`` for port-forward, never ``sftp``) and opens an asyncssh connection to the node's SSH server at its
 mesh address, verifying the node's host certificate against the coordinator's CA. The
 connection is the caller's to close. Failures are :class:`NodeUnreachable` with a line fit for
 kubectl (no secret, no traceback).
@@ -30,15 +31,17 @@ class NodeUnreachable(Exception):
     """The node's SSH server could not be reached or refused us; ``str()`` says which node and why."""
 
 
-async def connect(coordinator: Any, target: PodTarget, *, requested_for: str, timeout: float) -> Any:
-    """An asyncssh client connection to ``target``'s node (see the module docstring)."""
+async def connect(coordinator: Any, target: PodTarget, *, requested_for: str, timeout: float,
+                  features: list[str]) -> Any:
+    """An asyncssh client connection to ``target``'s node (see the module docstring), with a
+    certificate granting only ``features`` (``pty`` for a terminal, ``port-forwarding``)."""
     from anex_agent.ssh_asyncssh import load
 
     asyncssh = load()
     where = f'node {target.node_id} of pod "{target.namespace}/{target.name}"'
     try:
         cert = await ssh_client.certify(coordinator, target.node_id, validity=CERT_VALIDITY,
-                                        requested_for=requested_for[:128])
+                                        requested_for=requested_for[:128], features=features)
     except CoordinatorError as err:
         raise NodeUnreachable(f"{where}: no SSH certificate from the coordinator: {err}") from None
     if not cert.port:
