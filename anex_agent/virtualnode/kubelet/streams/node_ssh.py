@@ -21,7 +21,7 @@ import asyncio
 from typing import Any
 
 from anex_agent import ssh_client
-from anex_agent.errors import CoordinatorError
+from anex_agent.errors import ConfigError, CoordinatorError
 from anex_agent.virtualnode.kubelet.context import PodTarget
 
 CERT_VALIDITY = 60
@@ -42,7 +42,7 @@ async def connect(coordinator: Any, target: PodTarget, *, requested_for: str, ti
     try:
         cert = await ssh_client.certify(coordinator, target.node_id, validity=CERT_VALIDITY,
                                         requested_for=requested_for[:128], features=features)
-    except CoordinatorError as err:
+    except (CoordinatorError, ConfigError) as err:  # ConfigError: the node is gone from the coordinator
         raise NodeUnreachable(f"{where}: no SSH certificate from the coordinator: {err}") from None
     if not cert.port:
         raise NodeUnreachable(f"{where} runs no SSH server")
