@@ -1,4 +1,4 @@
-"""exec and attach over a SPDY session: the client's streams bridged to the node.
+"""exec and attach over a SPDY or WebSocket session: the client's streams bridged to the node.
 
 Contract:
 
