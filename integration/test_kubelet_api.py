@@ -80,7 +80,7 @@ class _ControlPlane(ControlPlane):
             f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
             f"--authorization-kubeconfig={self.kubeconfig}", "--kubelet-preferred-address-types=InternalIP",
             "--kubelet-use-node-status-port", f"--kubelet-certificate-authority={self.ca_file}",
-            "--metric-resolution=10s"])
+            "--metric-resolution=15s"])
         objects = [
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "metrics-server", "namespace": "kube-system"},
              "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]}},
