@@ -129,8 +129,10 @@ async def lookup_node(client, node: str):
     raise ConfigError("NODE", f"no node {node!r}; see anex-agent admin nodes list")
 
 
-async def certify(client, node: str, *, validity: int | None = None, requested_for: str = "") -> Target:
-    """A fresh in-memory key and a certificate for it on ``node`` (an id or a unique name)."""
+async def certify(client, node: str, *, validity: int | None = None, requested_for: str = "",
+                  features: list[str] | None = None) -> Target:
+    """A fresh in-memory key and a certificate for it on ``node`` (an id or a unique name);
+    ``features`` (``pty``, ``port-forwarding``, ``sftp``) default to the coordinator's: all."""
     from anex_agent.ssh_asyncssh import load
 
     asyncssh = load()
@@ -139,7 +141,8 @@ async def certify(client, node: str, *, validity: int | None = None, requested_f
     key = asyncssh.generate_private_key("ssh-ed25519")
     answer = await client.create_ssh_certificate(node_id, ssh_wire.SshCertificateRequest(
         public_key=key.export_public_key().decode(), validity=validity,
-        requested_for=requested_for or f"{os.environ.get('USER', 'anex-agent')} via anex-agent"[:128]))
+        requested_for=requested_for or f"{os.environ.get('USER', 'anex-agent')} via anex-agent"[:128],
+        **({"features": features} if features is not None else {})))
     return Target(node_id, answer.address, answer.port, key, asyncssh.import_certificate(answer.certificate),
                   tuple(answer.known_hosts), answer.serial, view)
 
