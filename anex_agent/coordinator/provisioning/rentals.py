@@ -69,6 +69,8 @@ class RentRequest:
     ports: tuple[int, ...] = ()
     disk_gb: float = 20.0
     gpu_count: int = 1
+    interruptible: bool = False  # interruptible (Vast.AI: a bid) or spot (RunPod) capacity
+    bid_per_hour: float | None = None  # interruptible: the price to bid, USD/hour (the selection's offer price)
 
 
 @dataclass(frozen=True)
