@@ -119,6 +119,8 @@ class ProvisionView(Model):
     attempts: list[AttemptView] = Field(default_factory=list)
     retries: int = Field(0, description="retries the recovery policy started since the provision was last ready")
     next_retry_at: datetime | None = Field(None, description="when the next retry starts (waiting for it)")
+    idle_since: datetime | None = Field(None, description="since when every GPU of the ready machine is below the "
+                                        "idle threshold (anex.sh/idle-release counts from then)")
 
 
 class ProvisionList(Model):

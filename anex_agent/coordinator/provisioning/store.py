@@ -200,6 +200,7 @@ def view_of(row: dict, attempts: list[dict], *, now: float) -> models.ProvisionV
             running_at=tokens.to_datetime(a.get("running_at")), joined_at=tokens.to_datetime(a.get("joined_at")),
         ) for a in attempts],
         retries=int(row.get("retries") or 0),
+        idle_since=tokens.to_datetime(row.get("idle_since")),
         next_retry_at=tokens.to_datetime(row["next_try_at"]) if row["state"] == "selecting" and row.get(
             "retries") and row["next_try_at"] > now else None,
     )
