@@ -178,7 +178,7 @@ class Provisioner:
                 await self._lose(row, row["provider"], row["rental_id"],
                                  f"its node {row['node_id']} expired (no heartbeat)", destroy=True)
             elif (fault := recovery.gpu_fault(node)) is not None:
-                await self._lose(row, row["provider"], row["rental_id"], f"unhealthy: {fault}", destroy=True,
+                await self._lose(row, row["provider"], row["rental_id"], fault, destroy=True,
                                  outcome="unhealthy", event=ERROR, ban=True)
             elif (late := recovery.workload_late(policy, node, row["ready_at"], now)) is not None:
                 await self._lose(row, row["provider"], row["rental_id"], late, destroy=True, outcome="deadline",
@@ -497,7 +497,8 @@ class Provisioner:
                     " WHERE provision_id = $1 AND number = $2", pid, attempt["number"], joined)
                 attempt = {**attempt, "joined_at": joined, "running_at": attempt["running_at"] or joined}
         elif attempt is not None and attempt["running_at"] is None:
-            status = await self._provider_status(pid, attempt, now)
+            due = (attempt["rented_at"] or now) + self.policy_of(row).deadline("running")
+            status = await self._provider_status(pid, attempt, now, force=now >= due)
             if status is not None and recovery.interrupted(status):
                 return await self._fail_attempt(row, attempt, node, "interrupted", recovery.interrupted(status))
             if status is not None and recovery.running(status):
@@ -515,9 +516,10 @@ class Provisioner:
         poll = JOINED_POLL if node is not None else self.settings.poll_interval
         return max(0.0, min(poll, self.settings.poll_interval, deadline - now, phase - now))
 
-    async def _provider_status(self, pid: str, attempt: dict, now: float) -> Rental | None:
-        """The attempt's rental as its provider lists it (every ``status_interval`` s at most), else None."""
-        if now < self._status_at.get(pid, float("-inf")) + self.settings.status_interval:
+    async def _provider_status(self, pid: str, attempt: dict, now: float, *, force: bool = False) -> Rental | None:
+        """The attempt's rental as its provider lists it (every ``status_interval`` s at most, unless
+        ``force``: the running deadline passed, ask once more before failing), else None."""
+        if not force and now < self._status_at.get(pid, float("-inf")) + self.settings.status_interval:
             return None
         self._status_at[pid] = now
         provider = self.providers.get(attempt["provider"])
