@@ -213,6 +213,32 @@ async def asyncio_forever() -> None:
     await asyncio.Event().wait()
 
 
+async def test_workload_not_started_within_its_deadline(tmp_path, database_url, shift):
+    vast = FakeRentals()
+    harness = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1", "o2")), RETRY)
+    api = Api(harness)
+    loop = provisioner_of(harness.ctx)
+    try:
+        pid = (await api.create(spec(**{"anex.sh/deadline-workload": "2m"})))["id"]
+        await api.state(pid, "booting")
+        client, joined = await boot_node(harness, vast.requests["r1"], heartbeat=False)
+        waiting = wire.Heartbeat(status=wire.TransportStatus(workload=wire.ContainerState(
+            state="waiting", reason="ContainerCreating")))
+        await client.heartbeat(joined.node_id, waiting)
+        await api.state(pid, "ready")
+        shift.advance(119)
+        await loop.check_ready_nodes()
+        assert (await api.get(pid))["state"] == "ready"
+        shift.advance(2)
+        await loop.check_ready_nodes()
+        view = await api.until(pid, lambda v: v["rental_id"] == "r2", "the next candidate")
+        attempt = view["attempts"][0]
+        assert attempt["outcome"] == "deadline" and attempt["reason"].startswith("phase workload:")
+        assert "ContainerCreating" in attempt["reason"] and vast.destroyed == ["r1"]
+    finally:
+        await stop_harness(harness)
+
+
 # ---------------------------------------------------------------------- interruptible
 
 

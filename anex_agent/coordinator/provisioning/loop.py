@@ -155,7 +155,8 @@ class Provisioner:
         """Look at the node of every ready provision. Deleted (by an administrator): ``lost``. Expired (its
         heartbeats stopped): ``lost``, event ``interruption``. A GPU that needs a reset (a hardware XID) or a
         failed health check: the attempt ends ``unhealthy`` (event ``error``), the machine is banned (Vast.AI).
-        A workload that did not start within its deadline: ``deadline`` (``error``). GPUs idle for the
+        A workload that did not start within its deadline: ``deadline``, the machine banned, the next candidate
+        (as every boot phase). GPUs idle for the
         policy's window: ``released``. The rental is destroyed and the node removed in every case; the
         policy decides whether another attempt starts."""
         rows = await self.ctx.db.fetch(
@@ -182,7 +183,7 @@ class Provisioner:
                                  outcome="unhealthy", event=ERROR, ban=True)
             elif (late := recovery.workload_late(policy, node, row["ready_at"], now)) is not None:
                 await self._lose(row, row["provider"], row["rental_id"], late, destroy=True, outcome="deadline",
-                                 event=ERROR, ban=True)
+                                 event=None, ban=True, final=S.selecting)  # a boot phase: the next candidate
             elif policy.idle_release is not None:
                 await self._check_idle(row, node, policy, now)
 
