@@ -107,6 +107,10 @@ async def test_no_capacity_retried_for_the_window_exactly(tmp_path, database_url
         waiting = await api.until(pid, lambda v: v["retries"] == 1, "the first retry")
         assert waiting["state"] == "selecting" and waiting["next_retry_at"] and "no-capacity" in waiting["reason"]
         assert vast.rent_calls == ["o1", "o2"]
+        loop = provisioner_of(harness.ctx)
+        await loop._refresh_metrics(shift())  # what the scheduler does on every pass
+        metrics = loop.render_metrics().decode()
+        assert f'anex_provision_retries{{provision="{pid}",name="train-1"}} 1' in metrics
         shift.advance(60)
         await api.until(pid, lambda v: v["retries"] == 2, "the second retry")
         assert vast.rent_calls == ["o1", "o2"] * 2
