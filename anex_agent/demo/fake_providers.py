@@ -357,7 +357,8 @@ class FakeVastAI(_FakeProvider):
         return web.json_response({"instances": [
             {"id": int(r.rental_id), "label": r.label, "actual_status": r.status,
              "intended_status": r.intended_status, "status_msg": r.status_msg or None, "is_bid": r.interruptible,
-             "cur_state": r.status, "dph_total": r.price_per_hour,
+             "cur_state": "stopped" if r.intended_status == "stopped" else "running",  # the contract's state
+             "dph_total": r.price_per_hour,
              "machine_id": self.machines.get(r.offer_id) or 70000 + int(r.rental_id) % 1000,
              "gpu_name": "RTX 4090", "num_gpus": 1, "image_uuid": r.image}
             for r in self.rentals.values()]})

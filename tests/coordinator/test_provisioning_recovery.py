@@ -79,6 +79,48 @@ def test_backoff_is_one_backoff_with_equal_jitter():
         assert ceiling / 2 <= p.delay(n) <= ceiling
 
 
+def test_provider_status_and_gpu_faults_are_read_as_documented():
+    from anex_agent.coordinator.provisioning import recovery
+    from anex_agent.coordinator.provisioning.rentals import Rental
+    from anex_agent.coordinator.provisioning.runpod import rental_from_pod
+    from anex_agent.coordinator.provisioning.vastai import rental_from_instance
+
+    def vast(**raw) -> Rental:
+        return rental_from_instance({"id": 1, "label": "l", "cur_state": "running", "intended_status": "running",
+                                     **raw})
+
+    loading = vast(actual_status="loading")
+    assert not recovery.running(loading) and recovery.interrupted(loading) is None
+    assert not recovery.running(vast())  # the contract says running, the machine does not yet
+    assert recovery.running(vast(actual_status="running"))
+    outbid = vast(actual_status="exited", intended_status="stopped", cur_state="stopped", status_msg="outbid")
+    assert "outbid" in recovery.interrupted(outbid)
+    assert recovery.interrupted(rental_from_pod({"id": "p", "name": "l", "desiredStatus": "EXITED"}))
+    assert recovery.running(rental_from_pod({"id": "p", "name": "l", "desiredStatus": "RUNNING"}))
+    for xid in (48, 63, 64, 79):
+        assert f"XID {xid}" in recovery.gpu_fault({"telemetry": _telemetry(last_xid=xid).as_sent_json()})
+    assert recovery.gpu_fault({"telemetry": _telemetry(last_xid=13).as_sent_json(), "health": "healthy"}) is None
+    assert "reset_required" in recovery.gpu_fault({"telemetry": _telemetry(state="reset_required").as_sent_json()})
+    assert "unhealthy" in recovery.gpu_fault({"telemetry": None, "health": "unhealthy",
+                                              "health_reasons": '["nvml: gpu_lost"]'})
+    assert recovery.idle({"telemetry": _telemetry(gpu_util_pct=3).as_sent_json()}, 5) is True
+    assert recovery.idle({"telemetry": _telemetry(gpu_util_pct=30).as_sent_json()}, 5) is False
+    assert recovery.idle({"telemetry": _telemetry().as_sent_json()}, 5) is None
+
+
+def test_interruptible_rent_bodies():
+    from anex_agent.coordinator.provisioning.rentals import RentRequest
+    from anex_agent.coordinator.provisioning.runpod import create_body, parse_offer
+    from anex_agent.coordinator.provisioning.vastai import rent_body
+
+    base = RentRequest(provision_id="pv-1", label="l", offer_id="1", image="i", env={})
+    assert "price" not in rent_body(base)
+    bid = dataclasses.replace(base, interruptible=True, bid_per_hour=0.21)
+    assert rent_body(bid)["price"] == 0.21
+    offer = parse_offer("NVIDIA GeForce RTX 4090@EU-RO-1/SECURE/x1")
+    assert create_body(base, offer)["interruptible"] is False and create_body(bid, offer)["interruptible"] is True
+
+
 async def test_bad_policy_annotation_is_400_before_anything_is_rented(tmp_path, shift):
     vast = FakeRentals()
     harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": vast},

@@ -9,8 +9,11 @@ coordinator at a time (a lease in its row).
 Steps, per state (every attempt is recorded with how it ended):
 
 * ``selecting``: a live offer search (:class:`.selector.Selector`), skipping offers this
-  provision already tried; the first candidate becomes attempt *n* and the state
-  ``renting``. No candidate, or ``max_attempts`` reached: ``failed`` with the reason.
+  provision already tried in this round; any rental of the provision still listed is
+  destroyed (never two machines); the first candidate becomes attempt *n* and the state
+  ``renting``. No candidate, or ``max_attempts`` reached in the round: the recovery policy
+  (:mod:`.policy`, :func:`.recovery.decide`) retries after its backoff (a new round) when it
+  retries on the round's event within its window, else ``failed`` with the reason.
 * ``renting``: the rent call is counted in the row *before* it is made. When an earlier call
   of this attempt may have rented (the provider was unavailable, or the coordinator died
   during the call), the provider's rentals carrying the provision's label are listed first
@@ -18,6 +21,7 @@ Steps, per state (every attempt is recorded with how it ended):
   credentials are issued (:class:`.boot.BootIssuer`: a single-use join token bound to the
   provision that expires at the boot deadline, in the environment or in a start script that
   downloads the agent, as the provision's ``agent`` says) and the offer is rented.
+  A rent call unanswered within the ``rent`` phase deadline: the attempt ends ``deadline``.
   :class:`~.rentals.RentRefused`: the attempt ends ``refused``, next candidate.
   :class:`~.rentals.NoCapacity`: listed at once; nothing found: ``refused``, next candidate.
   :class:`~.rentals.ProviderUnavailable` (or any other error: the outcome is unknown):
@@ -27,19 +31,27 @@ Steps, per state (every attempt is recorded with how it ended):
 * :class:`~.rentals.KeyRefused` in any step: ``failed`` with the reason (``deleting``: stays,
   retried slowly, the reason says why).
 * ``booting``: the node that joined with the provision's token is its node; once it is
-  ``ready`` (it heartbeats) the provision is ``ready``. A ready provision whose node was deleted
-  or expired is ``lost`` (checked every :data:`NODE_CHECK_INTERVAL` s by the scheduler), its
-  rental destroyed. At the boot deadline the rental is
-  destroyed, the node removed, a Vast.AI machine banned, and the attempt ends
-  ``boot_timeout``: next candidate.
+  ``ready`` (it heartbeats) the provision is ``ready``. Each phase has its deadline (the
+  machine running at its provider, asked every ``status_interval`` s; the join; the first
+  heartbeat: :func:`.recovery.late_phase`), and the boot deadline caps them all: past one, the
+  rental is destroyed, the node removed, a Vast.AI machine banned, and the attempt ends
+  ``deadline`` (the phase named) or ``boot_timeout``: next candidate. A machine the provider
+  reports stopped ends ``interrupted``: next candidate.
+* ``ready`` (:meth:`Provisioner.check_ready_nodes`, every :data:`NODE_CHECK_INTERVAL` s): a node
+  deleted is ``lost``; expired (event ``interruption``), a GPU fault (``unhealthy``, banned,
+  event ``error``): the rental destroyed, the node removed, then the policy retries or the
+  provision is ``lost``; a workload not started within its deadline: ``deadline``, the next
+  candidate; GPUs idle for the policy's window: ``released``.
 * ``deleting``: the rental is destroyed first (retried until the provider confirms; an
   unknown rent outcome is settled by listing), then the node removed: ``deleted``.
 
 The reconciler (every ``reconcile_interval``, and once at start) lists each provider's
 rentals with the cluster's label prefix: a rental of no live provision (unknown, failed,
 lost, deleted, or not the provision's current rental) is destroyed; a booting or ready
-provision whose rental is missing ``lost_after`` times in a row is ``lost`` and its node
-revoked (removed). Provisions in ``renting`` are left alone: their own step adopts.
+provision whose rental is missing ``lost_after`` times in a row is ``lost`` (event
+``interruption``: the policy may retry) and its node revoked (removed); one whose rental the
+provider lists stopped (outbid, preempted) ends ``interrupted`` the same way. Provisions in
+``renting`` and ``selecting`` are left alone: their own step adopts or destroys.
 """
 
 from __future__ import annotations
@@ -69,6 +81,7 @@ log = logging.getLogger(__name__)
 
 NODE_CHECK_INTERVAL = 2.0  # seconds between looks at the nodes of ready provisions
 JOINED_POLL = 0.1  # seconds between looks at a joined node that has not heartbeated yet
+POLICY_CACHE = 4096  # parsed recovery policies kept (by provision body)
 ACTIVE = (S.selecting.value, S.renting.value, S.booting.value, S.deleting.value)
 
 
@@ -90,6 +103,7 @@ class Provisioner:
         self._failures: dict[str, int] = {}  # provision -> provider failures in a row (destroy backoff)
         self._missing: dict[str, int] = {}  # rental id -> reconciliations in a row it was not listed
         self._status_at: dict[str, float] = {}  # provision -> when its booting machine's status was last asked
+        self._policies: dict[str, RecoveryPolicy] = {}  # provision body (JSON) -> its recovery policy
         self._reconciled = asyncio.Event()
         self.metrics_rows: list[dict] = []  # cost snapshot for /metrics (refreshed by the scheduler)
         self.started = asyncio.Event()
@@ -308,11 +322,18 @@ class Provisioner:
         return True
 
     def policy_of(self, row: dict) -> RecoveryPolicy:
-        """The provision's recovery policy: its annotations over the coordinator's defaults."""
-        try:
-            return parse_policy(store.spec_of(row).annotations, self.settings.policy)
-        except AnnotationError:  # checked at POST; not expected
-            return self.settings.policy
+        """The provision's recovery policy: its annotations over the coordinator's defaults (parsed once per
+        provision body)."""
+        found = self._policies.get(row["spec"])
+        if found is None:
+            try:
+                found = parse_policy(store.spec_of(row).annotations, self.settings.policy)
+            except AnnotationError:  # checked at POST; not expected
+                found = self.settings.policy
+            if len(self._policies) >= POLICY_CACHE:
+                self._policies.clear()
+            self._policies[row["spec"]] = found
+        return found
 
     async def _end_or_retry(self, pid: str, expected: S | tuple[S, ...], final: S, event: str | None, reason: str,
                             *, end: tuple[int, str, str] | None = None, **columns: Any) -> bool:

@@ -9,9 +9,10 @@ phases and what the machine's provider status and GPUs say.
   open, else None (the provision ends). The window starts at the first event since the
   provision was last ``ready`` (``provisions.retry_since``); the delay is the policy's backoff
   for the retries made so far (``provisions.retries``).
-* :func:`interrupted`: a provider status that says the machine was outbid or preempted
-  (Vast.AI ``intended_status``/``actual_status`` stopped or exited, ``status_msg`` saying
-  outbid; RunPod ``desiredStatus`` EXITED or TERMINATED).
+* :func:`interrupted`: a provider status that says the machine was stopped under us: outbid or
+  preempted (Vast.AI ``intended_status``/``actual_status`` stopped, exited or offline,
+  ``status_msg`` saying outbid; RunPod ``desiredStatus`` EXITED or TERMINATED).
+* :func:`running`: the provider reports the machine running (Vast.AI ``actual_status``).
 * :func:`gpu_fault`: a node's telemetry saying a GPU needs a reset (an XID that is a hardware
   fault, a GPU lost or needing a reset) or the health verdict ``unhealthy``.
 * :func:`idle`: whether the node's GPUs are all below the idle threshold.
@@ -96,6 +97,10 @@ def interrupted(rental: Rental) -> str | None:
 
 
 def running(rental: Rental) -> bool:
+    """Whether the provider reports the machine running (Vast.AI: ``actual_status``, not the contract's
+    ``cur_state``, which says running while the image still loads)."""
+    if rental.provider == "vastai" and rental.details is not None and "cur_state" in rental.details:
+        return str(rental.details.get("actual_status") or "").lower() == "running"
     return (rental.status or "").lower() == "running"
 
 

@@ -80,8 +80,9 @@ def rental_from_instance(raw: Mapping) -> Rental:
         offer_id=None,
         price_per_hour=float(price) if isinstance(price, (int, float)) and not isinstance(price, bool) else None,
         status=str(raw.get("actual_status") or raw.get("cur_state") or "unknown"),
-        details={key: raw.get(key) for key in ("machine_id", "intended_status", "cur_state", "gpu_name", "num_gpus",
-                                                "public_ipaddr", "status_msg") if raw.get(key) is not None},
+        details={key: raw.get(key) for key in ("machine_id", "actual_status", "intended_status", "cur_state",
+                                                "gpu_name", "num_gpus", "public_ipaddr", "status_msg", "is_bid")
+                 if raw.get(key) is not None},
     )
 
 
