@@ -128,6 +128,8 @@ async def test_bad_policy_annotation_is_400_before_anything_is_rented(tmp_path, 
     try:
         status, problem = await Api(harness).call("POST", "/v1/provisions", spec(**{"anex.sh/retry-for": "ever"}))
         assert status == 400 and problem["errors"][0]["field"] == "annotations.anex.sh/retry-for"
+        assert "invalid annotations: anex.sh/retry-for" in problem["detail"]
+        assert "duration" in problem["errors"][0]["message"]
         status, listed = await Api(harness).call("GET", "/v1/provisions")
         assert listed["provisions"] == [] and vast.rent_calls == []
     finally:

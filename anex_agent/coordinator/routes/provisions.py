@@ -102,7 +102,7 @@ def check_spec(spec: models.ProvisionCreate) -> None:
     if found:
         from anex_agent.coordinator.routes_selection import annotation_problem
 
-        raise annotation_problem(AnnotationError(found))
+        raise annotation_problem(AnnotationError(found), "annotations")
 
 
 class ProvisionRoutes:
