@@ -522,7 +522,8 @@ class Provisioner:
             due = (attempt["rented_at"] or now) + self.policy_of(row).deadline("running")
             status = await self._provider_status(pid, attempt, now, force=now >= due)
             if status is not None and recovery.interrupted(status):
-                return await self._fail_attempt(row, attempt, node, "interrupted", recovery.interrupted(status))
+                return await self._fail_attempt(row, attempt, node, "interrupted", recovery.interrupted(status),
+                                                ban=False)  # outbid: the machine itself is not at fault
             if status is not None and recovery.running(status):
                 await self.ctx.db.execute("UPDATE provision_attempts SET running_at = $3"
                                           " WHERE provision_id = $1 AND number = $2", pid, attempt["number"], now)
@@ -555,15 +556,16 @@ class Provisioner:
         return found if found is not None and found.rental_id == attempt["rental_id"] else None
 
     async def _fail_attempt(self, row: dict, attempt: dict | None, node: dict | None, outcome: str,
-                            reason: str) -> float:
+                            reason: str, *, ban: bool = True) -> float:
         """The booting attempt failed (a phase past its deadline, the machine interrupted): destroy its rental
-        (never paid for twice), remove its node, ban a Vast.AI machine, and try the next candidate."""
+        (never paid for twice), remove its node, ban a Vast.AI machine (``ban``), and try the next candidate."""
         pid = row["id"]
         log.warning("provision %s: %s; destroying the rental and trying the next candidate", pid, reason)
         await self._release_rental(pid, attempt)
         if node is not None:
             await self._remove_node(node["id"])
-        await self._ban(attempt, reason)
+        if ban:
+            await self._ban(attempt, reason)
         self._status_at.pop(pid, None)
         await self._transition(pid, S.booting, S.selecting, end=(int(row["attempt"]), outcome, reason),
                                node_id=None, address=None, boot_deadline=None)
