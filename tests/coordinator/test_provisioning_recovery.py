@@ -25,6 +25,7 @@ from anex_agent.telemetry import Telemetry
 from tests.coordinator.conftest import stop_harness
 from tests.coordinator.provisioning_fakes import FAST, FakeRentals, FakeSelector, ShiftClock, boot_node, offers, start
 from tests.coordinator.test_provisioning import SPEC, Api
+from tests.polling import wait_until
 
 #: retries wait 30-60 s (one Backoff, equal jitter, capped at 60 s); boot overall cap far away
 RETRY = dataclasses.replace(FAST, boot_timeout=900, policy=RecoveryPolicy(backoff=60, backoff_max=60))
@@ -282,7 +283,8 @@ async def test_workload_not_started_within_its_deadline(tmp_path, database_url, 
         view = await api.until(pid, lambda v: v["rental_id"] == "r2", "the next candidate")
         attempt = view["attempts"][0]
         assert attempt["outcome"] == "deadline" and attempt["reason"].startswith("phase workload:")
-        assert "ContainerCreating" in attempt["reason"] and vast.destroyed == ["r1"]
+        assert "ContainerCreating" in attempt["reason"]
+        await wait_until(lambda: vast.destroyed == ["r1"], 10, "the rental destroyed")
     finally:
         await stop_harness(harness)
 
@@ -307,12 +309,30 @@ async def test_interruptible_outbid_is_replaced_by_policy(tmp_path, database_url
         vast.interrupt("r1")  # outbid: stopped, still listed
         await provisioner_of(harness.ctx).reconcile()
         waiting = await api.until(pid, lambda v: v["retries"] == 1, "a retry")
-        assert waiting["state"] == "selecting" and vast.destroyed == ["r1"]
+        await wait_until(lambda: vast.destroyed == ["r1"], 10, "the rental destroyed")
+        assert waiting["state"] == "selecting"
         assert (waiting["attempts"][0]["outcome"], waiting["attempts"][0]["event"]) == ("interrupted", "interruption")
         assert "outbid" in waiting["attempts"][0]["reason"]
         shift.advance(60)
         view = await api.until(pid, lambda v: v["state"] == "booting", "the replacement")
         assert view["rental_id"] == "r2" and vast.alive_at_rent == [0, 0]
+    finally:
+        await stop_harness(harness)
+
+
+async def test_outbid_while_booting_tries_the_next_without_a_ban(tmp_path, database_url, shift):
+    vast = FakeRentals(boot_status="loading")
+    harness = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1", "o2")), RETRY)
+    api = Api(harness)
+    try:
+        pid = (await api.create(spec(**{"anex.sh/interruptible": "true"})))["id"]
+        await api.state(pid, "booting")
+        vast.interrupt("r1")
+        shift.advance(RETRY.status_interval + 1)  # the next look at the machine's status
+        view = await api.until(pid, lambda v: v["rental_id"] == "r2", "the next candidate")
+        assert (view["attempts"][0]["outcome"], view["attempts"][0]["event"]) == ("interrupted", "interruption")
+        assert vast.destroyed == ["r1"] and max(vast.alive_at_rent) == 0
+        assert "m-o1" not in await BanStore(harness.ctx.db, clock=shift).banned_machines()
     finally:
         await stop_harness(harness)
 
@@ -329,7 +349,8 @@ async def test_interruption_without_policy_is_lost(tmp_path, database_url, shift
         vast.interrupt("r1")
         await provisioner_of(harness.ctx).reconcile()
         view = await api.state(pid, "lost")
-        assert view["attempts"][0]["outcome"] == "interrupted" and vast.rentals == {} and vast.rent_calls == ["o1"]
+        await wait_until(lambda: vast.rentals == {}, 10, "the rental destroyed")
+        assert view["attempts"][0]["outcome"] == "interrupted" and vast.rent_calls == ["o1"]
     finally:
         await stop_harness(harness)
 
@@ -355,8 +376,8 @@ async def test_xid_79_bans_the_machine_and_reprovisions(tmp_path, database_url, 
         waiting = await api.until(pid, lambda v: v["retries"] == 1, "a retry after the GPU fault")
         attempt = waiting["attempts"][0]
         assert attempt["outcome"] == "unhealthy" and attempt["event"] == "error" and "XID 79" in attempt["reason"]
+        await wait_until(lambda: vast.destroyed == ["r1"], 10, "the rental destroyed")  # right after the state
         assert "m-o1" in await BanStore(harness.ctx.db, clock=shift).banned_machines()
-        assert vast.destroyed == ["r1"]
         assert joined.node_id not in [n.id for n in (await harness.admin.list_nodes()).nodes]
         shift.advance(60)
         view = await api.until(pid, lambda v: v["state"] == "booting", "re-provisioned")
@@ -385,7 +406,8 @@ async def test_idle_gpus_release_the_machine_after_the_window(tmp_path, database
         await loop.check_ready_nodes()
         view = await api.state(pid, "released")
         assert view["attempts"][0]["outcome"] == "idle" and view["attempts"][0]["event"] is None
-        assert "below 5% utilization for 1800s" in view["reason"] and vast.rentals == {}
+        assert "below 5% utilization for 1800s" in view["reason"]
+        await wait_until(lambda: vast.rentals == {}, 10, "the rental destroyed")
     finally:
         await stop_harness(harness)
 
