@@ -34,6 +34,7 @@ import dataclasses
 import logging
 from typing import Any, Protocol
 
+from anex_agent import join_token
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.backoff import Backoff
@@ -142,8 +143,10 @@ async def rejoin(agent: Agent, refused: CoordinatorError) -> bool | None:
         if err.retryable:
             log.warning("joining again failed (%s); will retry", err)
             return None
+        refused = join_token.refusal(agent.settings.join_token_source, err)
+        why = f"{refused}" if refused is not None else f"{err}; a new join token is needed"
         return _revoked(agent, f"the coordinator refused the credential of node {old} and joining again was "
-                               f"refused too ({err}); a new join token is needed")
+                               f"refused too: {why}")
     agent.identity = NodeIdentity(agent.settings.coordinator_url, joined.node_id, joined.credential)
     agent.state.save_identity(agent.identity)
     agent.link.set_credential(joined.credential)

@@ -57,7 +57,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from anex_agent import __version__
+from anex_agent import __version__, join_token
 from anex_agent.sdnotify import Notifier
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
@@ -171,6 +171,9 @@ class Agent:
                     saved_config = None
                     continue
                 if not err.retryable:
+                    refused = join_token.refusal(self.settings.join_token_source, err)
+                    if refused is not None:
+                        raise refused from None
                     raise
                 self.note_reachable(False, str(err))
                 if saved_config is not None and self.identity is not None:

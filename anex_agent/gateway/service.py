@@ -38,7 +38,7 @@ import signal
 import time
 from contextlib import AsyncExitStack
 
-from anex_agent import keys
+from anex_agent import join_token, keys
 from anex_agent.backoff import Backoff
 from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineError
 from anex_agent.gateway import forwarding, nft
@@ -167,6 +167,9 @@ class Gateway:
                     self.book = PeerBook.from_peer_set(peer_set)
                     return False
                 if not err.retryable:
+                    refused = join_token.refusal(self.settings.token_source, err, "gateway")
+                    if refused is not None:  # one line naming where the token came from, why, what to do
+                        raise refused from None
                     raise
                 delay = backoff.next_delay()
                 log.warning("cannot register with %s (%s); retrying in %.1f s", self.settings.coordinator_url, err, delay)
@@ -352,7 +355,7 @@ class Gateway:
         log.info("gateway public key %s", self.keypair.public_b64)
         async with AsyncExitStack() as stack:
             stack.push_async_callback(self.link.close)
-            engine_cls, tried = choose_engine(self.settings.engine)
+            engine_cls, tried = choose_engine(self.settings.engine, source=self.settings.engine_source)
             log.info("engine: %s (%s)", engine_cls.name, tried[engine_cls.name].reason)
             self.ifname = self.ifname or interface_for(self.keypair.public_b64)
             self.engine = engine_cls(ifname=self.ifname)

@@ -37,7 +37,9 @@ from dataclasses import dataclass, replace
 from anex_agent import parse
 from anex_agent.backoff import Backoff
 from anex_agent.errors import ConfigError, config_value
-from anex_agent.selection.annotations import PROVISIONING_NAMES, SHARED, AnnotationError, AnnotationProblem
+from anex_agent.selection.annotations import (
+    BOOL_WORDS, PROVISIONING_NAMES, SHARED, AnnotationError, AnnotationProblem,
+)
 
 NO_CAPACITY, ERROR, INTERRUPTION = "no-capacity", "error", "interruption"
 EVENTS = (NO_CAPACITY, ERROR, INTERRUPTION)
@@ -107,10 +109,11 @@ def _percent(text: str) -> float:
 
 
 def _bool(text: str) -> bool:
-    word = text.strip().lower()
-    if word not in ("true", "false"):
-        raise ValueError('accepted: "true" or "false"')
-    return word == "true"
+    """As the selection's boolean annotations: ``true`` or ``false``."""
+    value = BOOL_WORDS.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f'{text!r} is not a boolean; accepted: "true" or "false"')
+    return value
 
 
 @dataclass(frozen=True)
