@@ -337,6 +337,24 @@ async def test_outbid_while_booting_tries_the_next_without_a_ban(tmp_path, datab
         await stop_harness(harness)
 
 
+async def test_running_machine_stopped_before_its_node_joined_tries_the_next(tmp_path, database_url, shift):
+    """Seen by the reconciler (the machine already runs, so booting no longer asks its status)."""
+    vast = FakeRentals()
+    harness = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1", "o2")), RETRY)
+    api = Api(harness)
+    try:
+        pid = (await api.create())["id"]
+        await api.until(pid, lambda v: v["state"] == "booting" and v["attempts"][0]["running_at"], "running")
+        vast.interrupt("r1")
+        await provisioner_of(harness.ctx).reconcile()
+        view = await api.until(pid, lambda v: v["rental_id"] == "r2", "the next candidate")
+        assert view["attempts"][0]["outcome"] == "interrupted" and view["retries"] == 0
+        await wait_until(lambda: "r1" in vast.destroyed, 10, "the stopped rental destroyed")
+        assert max(vast.alive_at_rent) == 0
+    finally:
+        await stop_harness(harness)
+
+
 async def test_interruption_without_policy_is_lost(tmp_path, database_url, shift):
     vast = FakeRentals()
     harness = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1", "o2")), RETRY)

@@ -664,7 +664,10 @@ class Provisioner:
                         "SELECT p.id, p.node_id, p.spec, a.number, a.machine_id, a.offer_id, a.provider FROM provisions"
                         " p JOIN provision_attempts a ON a.provision_id = p.id AND a.number = p.attempt"
                         " WHERE p.id = $1", row["id"])
-                    if full is not None:
+                    if full is not None and row["state"] == S.booting.value:  # as while booting: the next candidate
+                        await self._lose(full, name, rental.rental_id, why, destroy=True, outcome="interrupted",
+                                         event=None, final=S.selecting)
+                    elif full is not None:
                         await self._lose(full, name, rental.rental_id, why, destroy=True, outcome="interrupted")
                 continue
             try:
