@@ -5,8 +5,10 @@ time from the failure to the replacement attempt's rental measured (printed: run
 Failure kinds: a machine that never runs at its provider, one that runs but whose agent never
 joins, an interruptible machine outbid/preempted (the provider lists it stopped), a GPU that
 reports XID 79, a machine the host takes back (no longer listed). The interruptible rent carries
-the bid (Vast.AI ``price``) or ``"interruptible": true`` (RunPod). Deadlines, backoff and the
-reconciliation are shortened through the coordinator's environment (whole seconds).
+the bid (Vast.AI ``price``) or ``"interruptible": true`` (RunPod). The running deadline, the
+backoff and the reconciliation are shortened through the coordinator's environment (whole
+seconds), the join deadline through the annotation of the one provision nobody joins: the
+test's own joins never race a deadline.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from anex_agent.demo.fake_providers import vast_bundle
 from anex_agent.telemetry import Telemetry
 from tests.coordinator.test_provisioning_process import SPEC, Coordinator, _call, _until, provider  # noqa: F401
 
-DEADLINE = 2  # seconds, running and join phases
+DEADLINE = 2  # seconds: the running phase (every provision), the join phase (the one whose agents never join)
 BACKOFF = 1  # seconds: retries wait 0.5-1 s
-ENV = {"ANEX_PROVISION_DEADLINE_RUNNING": str(DEADLINE), "ANEX_PROVISION_DEADLINE_JOIN": str(DEADLINE),
+ENV = {"ANEX_PROVISION_DEADLINE_RUNNING": str(DEADLINE),
        "ANEX_PROVISION_RETRY_ON": "error,interruption", "ANEX_PROVISION_RETRY_BACKOFF": str(BACKOFF),
        "ANEX_PROVISION_RETRY_BACKOFF_MAX": str(BACKOFF), "ANEX_PROVISION_RECONCILE_INTERVAL": "1",
        "ANEX_PROVISION_MAX_ATTEMPTS": "20"}
@@ -61,7 +63,10 @@ def test_each_failure_kind_is_replaced_and_timed(tmp_path, provider):  # noqa: F
     figures: dict[str, float] = {}
     try:
         coord.start()
-        spec = {**SPEC, "annotations": {"anex.sh/interruptible": "true"}}
+        # machines nobody joins: a provision with a short join deadline (the others keep the default, so
+        # the test's own joins never race it)
+        spec = {**SPEC, "name": "silent", "annotations": {"anex.sh/interruptible": "true",
+                                                          "anex.sh/deadline-join": f"{DEADLINE}s"}}
 
         def replaced(pid: str, n: int) -> dict:
             return _until(lambda: (v := coord.view(pid)) and len(v["attempts"]) > n and v["attempts"][n]["rented_at"]
@@ -90,16 +95,21 @@ def test_each_failure_kind_is_replaced_and_timed(tmp_path, provider):  # noqa: F
         assert second["outcome"] == "deadline" and second["reason"].startswith("phase join:"), second
         figures["never joins"] = _t(view["attempts"][2]["rented_at"]) - (_t(second["running_at"]) + DEADLINE)
         assert len(provider.rentals) == 1
+        status, _ = _call(coord.url, "DELETE", f"/v1/provisions/{pid}")
+        assert status == 202
+        coord.state(pid, "deleted")
 
         # outbid / preempted once ready
+        pid = coord.create({**SPEC, "name": "job-2", "annotations": {"anex.sh/interruptible": "true"}})
+        coord.state(pid, "booting")
         (rental,) = provider.rentals.values()
         asyncio.run(_join(coord.url, rental.env))
         coord.state(pid, "ready")
         provider.fake.interrupt(rental.rental_id)
         at = time.time()
-        view = replaced(pid, 3)
-        assert (view["attempts"][2]["outcome"], view["attempts"][2]["event"]) == ("interrupted", "interruption")
-        figures["outbid / preempted"] = _t(view["attempts"][3]["rented_at"]) - at
+        view = replaced(pid, 1)
+        assert (view["attempts"][0]["outcome"], view["attempts"][0]["event"]) == ("interrupted", "interruption")
+        figures["outbid / preempted"] = _t(view["attempts"][1]["rented_at"]) - at
         assert rental.rental_id in provider.fake.destroyed and len(provider.rentals) == 1
 
         # a GPU falls off the bus (XID 79)
@@ -108,12 +118,12 @@ def test_each_failure_kind_is_replaced_and_timed(tmp_path, provider):  # noqa: F
         coord.state(pid, "ready")
         asyncio.run(_xid(coord.url, node_id, credential))
         at = time.time()
-        view = replaced(pid, 4)
-        assert view["attempts"][3]["outcome"] == "unhealthy" and "XID 79" in view["attempts"][3]["reason"]
-        figures["GPU XID 79"] = _t(view["attempts"][4]["rented_at"]) - at
+        view = replaced(pid, 2)
+        assert view["attempts"][1]["outcome"] == "unhealthy" and "XID 79" in view["attempts"][1]["reason"]
+        figures["GPU XID 79"] = _t(view["attempts"][2]["rented_at"]) - at
         if provider.kind == "vastai":
             _status, bans = _call(coord.url, "GET", "/v1/bans")
-            assert view["attempts"][3]["machine_id"] in [b["machine_id"] for b in bans["bans"]]
+            assert view["attempts"][1]["machine_id"] in [b["machine_id"] for b in bans["bans"]]
 
         # the host takes the machine back
         (rental,) = provider.rentals.values()
@@ -121,9 +131,9 @@ def test_each_failure_kind_is_replaced_and_timed(tmp_path, provider):  # noqa: F
         coord.state(pid, "ready")
         provider.fake.vanish(rental.rental_id)
         at = time.time()
-        view = replaced(pid, 5)
-        assert view["attempts"][4]["outcome"] == "lost" and view["attempts"][4]["event"] == "interruption"
-        figures["taken back (vanished)"] = _t(view["attempts"][5]["rented_at"]) - at
+        view = replaced(pid, 3)
+        assert view["attempts"][2]["outcome"] == "lost" and view["attempts"][2]["event"] == "interruption"
+        figures["taken back (vanished)"] = _t(view["attempts"][3]["rented_at"]) - at
         assert len(provider.rentals) == 1
     finally:
         coord.stop()
