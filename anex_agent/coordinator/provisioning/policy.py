@@ -88,8 +88,8 @@ def _events(text: str) -> frozenset[str]:
         return frozenset()
     bad = [w for w in words if w not in EVENTS]
     if bad:
-        raise ValueError(f"unknown event {', '.join(map(repr, bad))}; accepted: a comma-separated list of "
-                         f"{', '.join(EVENTS)}, or none")
+        raise ValueError(f"must be a comma-separated list of {', '.join(EVENTS)}, or none (unknown: "
+                         f"{', '.join(map(repr, bad))})")
     return frozenset(words)
 
 
