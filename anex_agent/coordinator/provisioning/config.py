@@ -5,7 +5,7 @@ registry that builds a :class:`~.rentals.RentalProvider` for each configured pro
 |---|---|---|
 | ``ANEX_PROVISION_COORDINATOR_URL`` | unset | the coordinator URL rented machines join (``https://...``); provisioning is off without it |
 | ``ANEX_PROVISION_BOOT_TIMEOUT`` | 900 | seconds a rented machine has to join and report ready |
-| ``ANEX_PROVISION_MAX_ATTEMPTS`` | 5 | offers tried per provision before it fails |
+| ``ANEX_PROVISION_MAX_ATTEMPTS`` | 5 | offers tried per round (:mod:`.policy`: a provision without retries has one) |
 | ``ANEX_PROVISION_RECONCILE_INTERVAL`` | 60 | seconds between comparisons of the providers' rentals with the provisions |
 | ``ANEX_PROVISION_BACKOFF`` | 2 | seconds before the first retry of a provider that was unavailable (doubles, up to 60) |
 | ``ANEX_PROVISION_LEASE`` | 30 | seconds a coordinator holds a provision it works on (another takes over after a crash) |
