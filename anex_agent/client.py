@@ -283,6 +283,11 @@ class CoordinatorClient:
     async def get_peers(self, gateway_id: str) -> wire.PeerSet:
         return await self._call("GET", f"/v1/gateways/{gateway_id}/peers", wire.PeerSet, auth="credential")
 
+    async def gateway_gone(self, gateway_id: str, *, auth: str | None = "credential") -> wire.GatewayView:
+        """Mark the gateway gone (it stops): nodes leave it out until it is back. ``auth``:
+        ``credential`` (the gateway itself) or ``admin``."""
+        return await self._call("POST", f"/v1/gateways/{gateway_id}/gone", wire.GatewayView, auth=auth)
+
     async def renew_gateway_credential(self, gateway_id: str) -> wire.CredentialRenewal:
         """Rotate the gateway's credential; remembers the new one (the caller persists it)."""
         renewal = await self._call(

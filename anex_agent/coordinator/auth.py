@@ -52,6 +52,7 @@ class Auth(str, Enum):
     gateway = "gateway"
     node_or_admin = "node_or_admin"
     node_or_gateway = "node_or_gateway"
+    gateway_or_admin = "gateway_or_admin"
     ssh_issuer = "ssh_issuer"  # the admin, or the SSH issuer token (SSH user certificates only)
 
 
@@ -93,6 +94,7 @@ _ALLOWED: dict[Auth, frozenset[str]] = {
     Auth.gateway: frozenset({"gateway"}),
     Auth.node_or_admin: frozenset({"node", "admin"}),
     Auth.node_or_gateway: frozenset({"node", "gateway"}),
+    Auth.gateway_or_admin: frozenset({"gateway", "admin"}),
     Auth.ssh_issuer: frozenset({"admin", "ssh-issuer"}),
 }
 

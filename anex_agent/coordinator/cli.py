@@ -68,6 +68,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a node without heartbeat for this long is not_ready (default 60)")
     parser.add_argument("--expired-after", type=float, default=3600.0, metavar="SECONDS",
                         help="a node without heartbeat for this long is expired (default 3600)")
+    parser.add_argument("--gateway-gone-after", type=float, default=60.0, metavar="SECONDS",
+                        help="a gateway not heard of for this long (no open watch stream) is gone: nodes leave it "
+                             "out until it is back (default 60, at least 5)")
     parser.add_argument("--credential-rotation", type=float, default=3600.0, metavar="SECONDS",
                         help="node and gateway credentials are replaced this often (default 3600)")
     parser.add_argument("--credential-grace", type=float, default=300.0, metavar="SECONDS",
@@ -209,6 +212,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         flags = "--heartbeat-interval/--credential-rotation/--credential-grace" if "credential" in str(err) else \
             "--heartbeat-interval/--not-ready-after/--expired-after"
         raise ConfigError(flags, str(err)) from None
+    if not 5 <= args.gateway_gone_after <= 86400:  # also NaN
+        raise ConfigError("--gateway-gone-after", f"{args.gateway_gone_after} is out of range; use 5..86400 seconds")
     if not args.address_quarantine >= 0:  # also NaN: it would make a freed address never (or randomly) reusable
         raise ConfigError("--address-quarantine", "must be 0 or more seconds")
     if not 0 <= args.heartbeat_flush_interval <= 5:
@@ -236,6 +241,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         access_token_ttl=args.access_token_ttl,
         heartbeat_flush_interval=args.heartbeat_flush_interval,
         gateway_routes=routes,
+        gateway_gone_after=args.gateway_gone_after,
         **secret_fields,
         metrics_token_file=args.metrics_token_file,
         limits=Limits(trusted_proxies=proxies),

@@ -20,6 +20,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -263,6 +264,9 @@ def test_a_node_that_joins_before_any_gateway_heartbeats_and_starts_wireproxy_wh
     })
     agent = subprocess.Popen([sys.executable, "-m", "anex_agent", "daemon", "--engine", "wireproxy"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []  # the agent's output as it comes (read by a thread: the test waits for a line)
+    reader = threading.Thread(target=lambda: lines.extend(agent.stdout), daemon=True, name="agent-output")
+    reader.start()
     try:
         node_id = wait_for(lambda: http("GET", f"http://{api}/status")[1]["node_id"], 60, "the agent API")
         beats: set[str] = set()
@@ -285,12 +289,17 @@ def test_a_node_that_joins_before_any_gateway_heartbeats_and_starts_wireproxy_wh
         assert status in (200, 201)
         wait_for(lambda: starts(control), 60, "wireproxy started once the gateway registered")
         wait_for(lambda: http("GET", f"http://{api}/readyz")[0] == 200, 60, "the agent ready")
+        # the ready-wait saw the gateway's handshake (its line may follow /readyz by a look or two)
+        wait_for(lambda: any("tunnel ready: a gateway answered" in line for line in list(lines)), 60,
+                 "the agent's 'tunnel ready' line")
         agent.send_signal(signal.SIGTERM)
-        out, _ = agent.communicate(timeout=60)
+        agent.wait(timeout=60)
+        reader.join(60)
     except BaseException:
         agent.kill()
-        out, _ = agent.communicate()
-        print("--- agent\n" + out[-6000:])
+        agent.wait()
+        reader.join(10)
+        print("--- agent\n" + "".join(lines)[-6000:])
         raise
+    out = "".join(lines)
     assert agent.returncode == 0, out
-    assert "tunnel ready: a gateway answered" in out

@@ -158,7 +158,7 @@ async def test_an_engine_that_gives_a_dialer_gets_our_proxy_and_forwards(plane):
     assert dp.tunnels()[pushed.listen_port] == "redis.local:6379"
     assert await dp.apply(config(version=3, tunnels=[pushed])) is False  # same again: nothing changed
     assert "contract-dialer" not in await dp.status_doc()  # no engine report: no key
-    assert dp.dialer.resolver is dp.resolver  # the dialer keeps the slot; a DNS change refills it
+    assert dp.dialer.inner.resolver is dp.resolver  # the dialer keeps the slot; a DNS change refills it
     assert await dp.apply(config(version=4, tunnels=[pushed], dns=("10.254.0.2",))) is True
     assert [str(s) for s in dp.resolver.current.cluster_dns] == ["10.254.0.2"]
 
@@ -226,7 +226,7 @@ GW2 = KeyPair(generate_private_key()).public_b64
 
 class OneSilentOfTwoEngine(ContractEngine):
     """Two gateways: GW carries the traffic (tx grows) and never answers; GW2 is a standby that
-    handshook recently. Records the desired config of each session reset."""
+    handshook recently. Records the desired config of each session reset (there should be none)."""
 
     name = "contract-two"
 
@@ -260,18 +260,26 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
     two = config()
     two.gateways.append(GatewayPeer(id="g2", public_key=GW2, endpoint="192.0.2.2:51820",
                                     allowed_ips=["10.254.0.0/16"], mesh_address="10.254.0.2"))
+    two = two.model_copy(update={"dns": ["10.254.0.1", "10.254.0.2"]})  # each gateway serves DNS on its address
     make, _ = plane
     monkeypatch.setattr(sys.modules[__name__], "config", lambda *a, **k: two)
     dp, _ = await make(OneSilentOfTwoEngine)
     for _ in range(100):
-        if dp.engine.reset_with:
+        if dp.liveness.demoted:
             break
         await asyncio.sleep(0.02)
-    steered = {p.public_key: p.allowed_ips for p in dp.engine.reset_with[0].peers}
-    assert steered[GW] == () and steered[GW2] == ("10.254.0.0/16",)  # the other gateway carries the mesh now
+    steered = {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}
+    # the other gateway carries the mesh now; each keeps its own address
+    assert steered[GW] == ("10.254.0.1/32",) and steered[GW2] == ("10.254.0.0/16", "10.254.0.2/32")
+    # the silent one was dropped and added again (it handshakes anew), the standby kept throughout
+    assert [p.public_key for p in dp.engine.applied[-2][0].peers] == [GW2]
+    assert dp.engine.reset_with == []
     assert "traffic moved to gateway" in (await dp.status_doc())["dead_peer"]["events"][0]["reason"]
+    assert dp.route_changes.moves >= 1  # dials in flight (SYNs lost to the silent gateway) start again
+    # and names are asked of the gateway that answers first
+    assert [s.address for s in dp.resolver.current.cluster_dns] == ["10.254.0.2", "10.254.0.1"]
     await dp.apply(config(version=2))  # a config push keeps the traffic on the gateway that answers
-    assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ()
+    assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ("10.254.0.1/32",)
 
 
 @pytest.mark.parametrize("engine_cls", [ContractEngine, SelfServingEngine])

@@ -191,3 +191,38 @@ async def test_a_refused_credential_without_a_token_stops_the_watch_with_an_erro
         assert any("no gateway token" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
     finally:
         await gateway.link.close()
+
+
+async def test_a_stop_tells_the_coordinator_the_gateway_is_gone(coordinator, tmp_path):
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway", reusable=True)).token
+    gateway, _ = make_gateway(url, tmp_path / "gw", token)
+    try:
+        assert await gateway._initial_registration() is True
+        await gateway._leave()
+        (listed,) = (await admin.list_gateways()).gateways
+        assert listed.gone_at is not None and listed.gone_reason == "stopped"
+    finally:
+        await gateway.link.close()
+
+
+async def test_a_stop_does_not_hang_on_a_coordinator_that_does_not_answer(coordinator, tmp_path, monkeypatch, caplog):
+    from anex_agent.gateway import service
+
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway", reusable=True)).token
+    gateway, _ = make_gateway(url, tmp_path / "gw", token)
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        try:
+            assert await gateway._initial_registration() is True
+            await gateway.link.close()
+            gateway.link = type(gateway.link)(f"http://127.0.0.1:{silent.getsockname()[1]}")
+            gateway.link.set_credential(gateway.registration.credential)
+            monkeypatch.setattr(service, "LEAVE_TIMEOUT", 0.2)
+            await asyncio.wait_for(gateway._leave(), 30)  # bounded by LEAVE_TIMEOUT, not by the client's own timeout
+        finally:
+            await gateway.link.close()
+    assert "did not take this gateway's stop" in caplog.text
+    assert (await admin.list_gateways()).gateways[0].gone_at is None
