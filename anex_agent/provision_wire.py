@@ -10,7 +10,10 @@
     GET    /v1/provisions/watch      admin  WebSocket of ProvisionEvent
 
 States: ``selecting`` -> ``renting`` -> ``booting`` -> ``ready``; ``failed`` (``reason`` says why);
-``lost`` (the provider took the machine back: the node was revoked); ``deleting`` -> ``deleted``.
+``lost`` (the provider took the machine back: the node was revoked); ``released`` (its GPUs stayed
+idle for the idle window: the machine was destroyed); ``deleting`` -> ``deleted``. A recovery policy
+(annotations ``anex.sh/retry-on``, ``anex.sh/retry-for``: docs/provisioning.md) may send a failed or
+lost provision back to ``selecting``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class ProvisionState(str, Enum):
     ready = "ready"
     failed = "failed"
     lost = "lost"
+    released = "released"
     deleting = "deleting"
     deleted = "deleted"
 
@@ -85,9 +89,14 @@ class AttemptView(Model):
     started_at: datetime
     rented_at: datetime | None = None
     ended_at: datetime | None = None
-    outcome: str | None = Field(None, description="null while running; refused, unavailable, boot_timeout, lost, "
-                                "deleted, failed")
+    outcome: str | None = Field(None, description="null while running; refused, unavailable, boot_timeout, "
+                                "deadline (a boot phase past its deadline, named in reason), interrupted (outbid or "
+                                "preempted), unhealthy (a GPU fault), lost, idle, deleted, failed")
     reason: str | None = None
+    event: str | None = Field(None, description="the recovery event the outcome is: no-capacity, error, "
+                              "interruption; null when none")
+    running_at: datetime | None = Field(None, description="when the provider first reported the machine running")
+    joined_at: datetime | None = Field(None, description="when the machine's agent joined")
     cost_usd: float = Field(0.0, description="what this rental cost so far (price x time rented)")
 
 
@@ -110,6 +119,10 @@ class ProvisionView(Model):
     address: str | None = Field(None, description="the node's mesh address once it joined")
     ready_at: datetime | None = None
     attempts: list[AttemptView] = Field(default_factory=list)
+    retries: int = Field(0, description="retries the recovery policy started since the provision was last ready")
+    next_retry_at: datetime | None = Field(None, description="when the next retry starts (waiting for it)")
+    idle_since: datetime | None = Field(None, description="since when every GPU of the ready machine is below the "
+                                        "idle threshold (anex.sh/idle-release counts from then)")
 
 
 class ProvisionList(Model):

@@ -50,11 +50,11 @@ def _ban_view(ban: Ban) -> models.BanView:
                           expires_at=ban.expires_at)
 
 
-def annotation_problem(err: AnnotationError) -> problems.Problem:
+def annotation_problem(err: AnnotationError, what: str = "selection annotations") -> problems.Problem:
     errors = [{"field": f"annotations.{p.annotation}", "annotation": p.annotation, "message": p.message}
               for p in err.problems]
     names = ", ".join(dict.fromkeys(p.annotation for p in err.problems))
-    return problems.Problem(400, "Bad Request", f"invalid selection annotations: {names}; see errors[] for what "
+    return problems.Problem(400, "Bad Request", f"invalid {what}: {names}; see errors[] for what "
                             "each one accepts", slug="bad-annotations", errors=errors)
 
 

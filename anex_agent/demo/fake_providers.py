@@ -29,7 +29,16 @@ Faults (each counts down and then the server behaves again):
   (the caller must list before renting again);
 * :meth:`vanish` a rental (the host reclaimed it: gone without a destroy);
 * :meth:`no_capacity` for the next ``times`` rents: a 500 saying no machine is available
-  (RunPod's answer when the stock ran out; nothing is rented).
+  (RunPod's answer when the stock ran out; nothing is rented);
+* :meth:`interrupt` a rental (outbid or preempted: Vast.AI lists it ``actual_status`` ``exited``,
+  ``intended_status`` ``stopped``, ``status_msg`` saying it was outbid; RunPod ``desiredStatus``
+  ``EXITED``); it stays listed until destroyed, as the providers do;
+* ``boot_status``: the status of a new rental (``running``; ``loading``: a machine that never
+  boots) and :meth:`set_status` of one rental.
+
+Interruptible capacity: a Vast.AI rent whose body carries ``price`` (a bid) and a RunPod pod
+created with ``"interruptible": true`` are recorded as interruptible (``FakeRental.interruptible``,
+``bid``); RunPod lists them with ``"interruptible": true``, Vast.AI with ``is_bid``.
 
 Serving: ``await fake.start()`` on the caller's event loop, or :class:`ThreadedFake` on a
 thread of its own (a synchronous caller, or a test that blocks its own loop), on TCP or a
@@ -72,6 +81,10 @@ class FakeRental:
     body: dict[str, Any]
     status: str = "running"
     handle: Any = None  # the hook's own state (e.g. the process it started)
+    intended_status: str = "running"
+    status_msg: str = ""
+    interruptible: bool = False
+    bid: float | None = None  # Vast.AI: the bid of an interruptible instance, USD/hour
 
 
 @dataclass
@@ -114,6 +127,7 @@ class _FakeProvider:
         self.faults = _Faults()
         self._ids = itertools.count(1000)
         self._runner: web.AppRunner | None = None
+        self.boot_status = "running"  # the status of a new rental
         self.url = ""
 
     # ---------------------------------------------------------------- faults
@@ -135,6 +149,19 @@ class _FakeProvider:
     def lose_answer(self, times: int = 1) -> None:
         """The next ``times`` rents create the rental, then answer 500 (the answer is lost)."""
         self.faults.lost_answers += times
+
+    def set_status(self, rental_id: str, status: str) -> FakeRental:
+        """The provider reports the rental ``status`` (``running``, ``loading``, ...)."""
+        rental = self.rentals[str(rental_id)]
+        rental.status = status
+        return rental
+
+    def interrupt(self, rental_id: str) -> FakeRental:
+        """Outbid (Vast.AI) or preempted (RunPod): the machine stops and stays listed, stopped."""
+        rental = self.rentals[str(rental_id)]
+        rental.status, rental.intended_status = "exited", "stopped"
+        rental.status_msg = "Instance outbid: a higher bid took the machine"
+        return rental
 
     def vanish(self, rental_id: str) -> FakeRental:
         """The rental disappears without a destroy (the host reclaimed the machine); no hook runs."""
@@ -217,7 +244,7 @@ class _FakeProvider:
             return None, self.error(500, "There are no longer any instances available with the requested "
                                          "specifications. Please refresh and try again.", "no_capacity")
         rental = FakeRental(str(next(self._ids)), offer_id, label, image, env, onstart, command,
-                            self.prices.get(offer_id, self.default_price), body)
+                            self.prices.get(offer_id, self.default_price), body, status=self.boot_status)
         self.rentals[rental.rental_id] = rental
         await _call(self.on_rent, rental)
         if self.faults.lost_answers > 0:
@@ -301,6 +328,8 @@ class FakeVastAI(_FakeProvider):
                                               body.get("onstart"), [str(a) for a in body.get("args") or []], body)
         if rental is not None:
             self.rented_offers.add(offer_id)
+            if isinstance(body.get("price"), (int, float)) and not isinstance(body.get("price"), bool):
+                rental.interruptible, rental.bid = True, float(body["price"])
         if response is not None:
             return response
         assert rental is not None
@@ -326,8 +355,10 @@ class FakeVastAI(_FakeProvider):
         if injected is not None:
             return injected
         return web.json_response({"instances": [
-            {"id": int(r.rental_id), "label": r.label, "actual_status": r.status, "intended_status": "running",
-             "cur_state": r.status, "dph_total": r.price_per_hour,
+            {"id": int(r.rental_id), "label": r.label, "actual_status": r.status,
+             "intended_status": r.intended_status, "status_msg": r.status_msg or None, "is_bid": r.interruptible,
+             "cur_state": "stopped" if r.intended_status == "stopped" else "running",  # the contract's state
+             "dph_total": r.price_per_hour,
              "machine_id": self.machines.get(r.offer_id) or 70000 + int(r.rental_id) % 1000,
              "gpu_name": "RTX 4090", "num_gpus": 1, "image_uuid": r.image}
             for r in self.rentals.values()]})
@@ -381,7 +412,7 @@ class FakeRunPod(_FakeProvider):
         return {"id": rental.rental_id, "name": rental.label, "desiredStatus": rental.status.upper(),
                 "costPerHr": rental.price_per_hour, "adjustedCostPerHr": rental.price_per_hour,
                 "machineId": f"m{rental.rental_id}", "gpuCount": rental.body.get("gpuCount", 1),
-                "image": rental.image, "env": rental.env}
+                "image": rental.image, "env": rental.env, "interruptible": rental.interruptible}
 
     async def _graphql(self, request: web.Request) -> web.Response:
         injected = self._injected("list")
@@ -411,6 +442,8 @@ class FakeRunPod(_FakeProvider):
         rental, response = await self._create(self.offer_of(body), str(body["name"]), str(body["imageName"]),
                                               dict(env), onstart, [str(a) for a in body.get("dockerStartCmd") or []],
                                               body)
+        if rental is not None and body.get("interruptible") is True:
+            rental.interruptible = True
         if response is not None:
             return response
         assert rental is not None

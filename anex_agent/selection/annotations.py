@@ -162,6 +162,11 @@ def _shared_names() -> set[str]:
     return names
 
 
+#: ``anex.sh/`` names the provisioning loop reads (its recovery policy:
+#: :mod:`anex_agent.coordinator.provisioning.policy`); accepted here, not filters
+PROVISIONING_NAMES = frozenset({"retry-on", "retry-for", "interruptible", "idle-release", "idle-threshold",
+                                "deadline-rent", "deadline-running", "deadline-join", "deadline-heartbeat",
+                                "deadline-workload"})
 _SHARED_NAMES = _shared_names() | {"ordering"}
 _VAST_NAMES = {"verified-only", "datacenter-only", "dlperf", "dlperf-min", "dlperf-max"}
 _RUNPOD_NAMES = {"cloud-type", "datacenter-ids", "keep-gpu-type-priority"}
@@ -198,8 +203,11 @@ def _canonical(annotations: Mapping[str, str], out: _Collector,
                 continue
         else:
             known = {SHARED: _SHARED_NAMES, VASTAI: _VAST_NAMES, RUNPOD: _RUNPOD_NAMES}[prefix]
+            if prefix == SHARED and name in PROVISIONING_NAMES:
+                continue  # the provisioning loop's, parsed there
             if name not in known:
-                out.add(key, f"unknown annotation; {prefix} accepts: {', '.join(sorted(known))}")
+                accepted = known | PROVISIONING_NAMES if prefix == SHARED else known
+                out.add(key, f"unknown annotation; {prefix} accepts: {', '.join(sorted(accepted))}")
                 continue
             target = key
         if not isinstance(value, str):

@@ -18,6 +18,7 @@ none yet, ``selecting``         Pending    waiting ``Selecting``
                                 / Failed   exitCode, signal, ``Error`` / ``OOMKilled``
 ``failed``                      Failed     waiting ``ProvisioningFailed`` (pod reason too)
 ``lost``                        Failed     waiting ``MachineLost`` (pod reason too)
+``released``                    Failed     waiting ``MachineReleased`` (idle GPUs: the machine was released)
 ``deleting``/``deleted``        Failed     waiting ``ProvisionDeleted`` (deleted outside the cluster)
 ==============================  =========  ===============================================
 
@@ -138,6 +139,8 @@ def observe(pod: Mapping[str, Any], view: ProvisionView | None, workload: Contai
         return failed("ProvisioningFailed", view.reason or "the coordinator could not provision a machine")
     if view.state == ProvisionState.lost:
         return failed("MachineLost", view.reason or "the provider took the machine back")
+    if view.state == ProvisionState.released:
+        return failed("MachineReleased", view.reason or "its GPUs stayed idle: the machine was released")
     if view.state in (ProvisionState.deleting, ProvisionState.deleted):
         return failed("ProvisionDeleted", "the pod's provision was deleted outside the cluster "
                       f"({view.reason or view.state.value}); the machine is gone")

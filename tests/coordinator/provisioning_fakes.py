@@ -6,7 +6,9 @@
 ``"unavailable"`` (ProviderUnavailable, nothing rented), ``"rent-then-unavailable"`` (the
 rental is made but the answer is lost), ``"key-refused"`` (KeyRefused), ``"no-capacity"``
 (NoCapacity, nothing rented), ``None`` (normal). Same for ``"destroy"`` and
-``"list"`` with ``"unavailable"``.
+``"list"`` with ``"unavailable"``. ``boot_status``: the status of new rentals (``loading``: a
+machine that never boots); :meth:`FakeRentals.interrupt`: outbid (stopped, still listed);
+``alive_at_rent``: how many of its rentals were alive at each rent call (never two per provision).
 """
 
 from __future__ import annotations
@@ -54,7 +56,18 @@ class FakeRentals:
     destroyed: list[str] = field(default_factory=list)
     faults: dict[str, list] = field(default_factory=lambda: {"rent": [], "destroy": [], "list": []})
     prices: dict[str, float] = field(default_factory=dict)
+    boot_status: str = "running"
+    alive_at_rent: list[int] = field(default_factory=list)
     _n: int = 0
+
+    def interrupt(self, rental_id: str) -> None:
+        r = self.rentals[rental_id]
+        self.rentals[rental_id] = Rental(r.provider, r.rental_id, r.label, r.offer_id, r.price_per_hour, "exited",
+                                         {"intended_status": "stopped", "status_msg": "Instance outbid"})
+
+    def set_status(self, rental_id: str, status: str) -> None:
+        r = self.rentals[rental_id]
+        self.rentals[rental_id] = Rental(r.provider, r.rental_id, r.label, r.offer_id, r.price_per_hour, status)
 
     def _fault(self, kind: str):
         return self.faults[kind].pop(0) if self.faults[kind] else None
@@ -62,6 +75,7 @@ class FakeRentals:
     async def rent(self, request: RentRequest) -> Rental:
         await asyncio.sleep(0)
         self.rent_calls.append(request.offer_id)
+        self.alive_at_rent.append(sum(r.label == request.label for r in self.rentals.values()))
         fault = self._fault("rent")
         if fault == "refuse":
             raise RentRefused(self.name, request.offer_id, "offer is no longer available")
@@ -73,7 +87,7 @@ class FakeRentals:
             raise NoCapacity(self.name, "HTTP 500: There are no longer any instances available")
         self._n += 1
         rental = Rental(self.name, f"r{self._n}", request.label, request.offer_id,
-                        self.prices.get(request.offer_id, 0.5), "running")
+                        self.prices.get(request.offer_id, 0.5), self.boot_status)
         self.rentals[rental.rental_id] = rental
         self.requests[rental.rental_id] = request
         if fault == "rent-then-unavailable":

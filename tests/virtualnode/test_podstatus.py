@@ -85,7 +85,8 @@ def test_terminated_with_exit_code_reason_and_phase(code, reason, signal, phase)
     assert obs.event[0] == ("Normal" if code == 0 else "Warning")
 
 
-@pytest.mark.parametrize("state, reason", [("failed", "ProvisioningFailed"), ("lost", "MachineLost")])
+@pytest.mark.parametrize("state, reason", [("failed", "ProvisioningFailed"), ("lost", "MachineLost"),
+                                           ("released", "MachineReleased")])
 def test_failed_and_lost_provisions_fail_the_pod_with_their_reason(state, reason):
     obs = observe(seed(), view(state, reason="no offer matches: gpu-names removed all"), None, host_ip=HOST, now=NOW)
     assert obs.status["phase"] == "Failed" and obs.status["reason"] == reason

@@ -5,10 +5,11 @@ registry that builds a :class:`~.rentals.RentalProvider` for each configured pro
 |---|---|---|
 | ``ANEX_PROVISION_COORDINATOR_URL`` | unset | the coordinator URL rented machines join (``https://...``); provisioning is off without it |
 | ``ANEX_PROVISION_BOOT_TIMEOUT`` | 900 | seconds a rented machine has to join and report ready |
-| ``ANEX_PROVISION_MAX_ATTEMPTS`` | 5 | offers tried per provision before it fails |
+| ``ANEX_PROVISION_MAX_ATTEMPTS`` | 5 | offers tried per round (:mod:`.policy`: a provision without retries has one) |
 | ``ANEX_PROVISION_RECONCILE_INTERVAL`` | 60 | seconds between comparisons of the providers' rentals with the provisions |
 | ``ANEX_PROVISION_BACKOFF`` | 2 | seconds before the first retry of a provider that was unavailable (doubles, up to 60) |
 | ``ANEX_PROVISION_LEASE`` | 30 | seconds a coordinator holds a provision it works on (another takes over after a crash) |
+| ``ANEX_PROVISION_RETRY_*``, ``_DEADLINE_*``, ``_IDLE_*`` | see :mod:`.policy` | the recovery policy of provisions that do not say |
 | ``ANEX_RUNPOD_REST_URL`` | ``https://rest.runpod.io/v1`` | RunPod's REST API, where pods are rented (offers come from ``ANEX_RUNPOD_URL``) |
 
 Where each provider is reached: Vast.AI offers and rentals at ``ANEX_VASTAI_URL``; RunPod
@@ -33,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from anex_agent.coordinator.provisioning.policy import PolicyDefaults, RecoveryPolicy
 from anex_agent.coordinator.provisioning.rentals import RentalProvider
 from anex_agent.errors import ConfigError, env_number
 from anex_agent.selection.config import SelectionConfig
@@ -90,6 +92,8 @@ class ProvisioningSettings:
     lease: float = 30.0  # seconds a coordinator holds a provision it drives (renewed while it works on it)
     lost_after: int = 2  # reconciliations in a row a rental must be missing from its provider's list to be lost
     runpod_rest_url: str = "https://rest.runpod.io/v1"  # where RunPod pods are rented
+    policy: RecoveryPolicy = RecoveryPolicy()  # the recovery policy of provisions that do not say (policy.py)
+    status_interval: float = 10.0  # seconds between looks at a booting machine's status at its provider
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ProvisioningSettings:
@@ -107,4 +111,5 @@ class ProvisioningSettings:
             lease=env_number(environ, "ANEX_PROVISION_LEASE", 30.0, minimum=1),
             backoff=env_number(environ, "ANEX_PROVISION_BACKOFF", 2.0, minimum=0.05),
             runpod_rest_url=rest.rstrip("/") or cls.runpod_rest_url,
+            policy=PolicyDefaults.from_env(environ).policy,
         )

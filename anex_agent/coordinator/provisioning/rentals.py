@@ -17,6 +17,9 @@ Contract of every :class:`RentalProvider`:
   key is wrong or lacks the right; no retry or other offer helps: the loop fails the
   provision) and :class:`NoCapacity` (a 5xx saying the provider has no machine for this offer,
   as RunPod answers: once listing shows nothing was rented, the loop tries the next candidate).
+* ``request.interruptible``: rent interruptible / spot capacity, bidding ``request.bid_per_hour``
+  where the provider takes a bid (Vast.AI); a rental the provider then stops (outbid,
+  preempted) is listed with a status that says so (:func:`.recovery.interrupted`).
 * Every rental carries ``request.label`` where the provider keeps a label, so
   :meth:`RentalProvider.list_rentals` finds it after a coordinator crash.
 * ``destroy(rental_id)`` is idempotent: a rental that is already gone is success.
@@ -69,6 +72,8 @@ class RentRequest:
     ports: tuple[int, ...] = ()
     disk_gb: float = 20.0
     gpu_count: int = 1
+    interruptible: bool = False  # interruptible (Vast.AI: a bid) or spot (RunPod) capacity
+    bid_per_hour: float | None = None  # interruptible: the price to bid, USD/hour (the selection's offer price)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def create_body(request: RentRequest, offer: Offer) -> dict:
         "env": {str(k): str(v) for k, v in request.env.items()},
         "ports": [f"{int(p)}/tcp" for p in request.ports],
         "containerDiskInGb": max(1, math.ceil(request.disk_gb)),
-        "interruptible": False,
+        "interruptible": bool(request.interruptible),  # spot capacity (anex.sh/interruptible)
     }
     if request.onstart is not None:
         body["dockerEntrypoint"] = ["/bin/sh", "-c", request.onstart]

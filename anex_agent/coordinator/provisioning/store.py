@@ -196,8 +196,13 @@ def view_of(row: dict, attempts: list[dict], *, now: float) -> models.ProvisionV
             price_per_hour=a["price_per_hour"], rental_id=a["rental_id"],
             started_at=tokens.to_datetime(a["started_at"]), rented_at=tokens.to_datetime(a["rented_at"]),
             ended_at=tokens.to_datetime(a["ended_at"]), outcome=a["outcome"], reason=a["reason"],
-            cost_usd=round(attempt_cost(a, now), 6),
+            cost_usd=round(attempt_cost(a, now), 6), event=a.get("event"),
+            running_at=tokens.to_datetime(a.get("running_at")), joined_at=tokens.to_datetime(a.get("joined_at")),
         ) for a in attempts],
+        retries=int(row.get("retries") or 0),
+        idle_since=tokens.to_datetime(row.get("idle_since")),
+        next_retry_at=tokens.to_datetime(row["next_try_at"]) if row["state"] == "selecting" and row.get(
+            "retries") and row["next_try_at"] > now else None,
     )
 
 

@@ -1,13 +1,16 @@
 """Vast.AI rentals (``https://console.vast.ai/api/v0``, API key as ``Authorization: Bearer``).
 
 * rent: ``PUT /asks/{offer_id}/`` with ``{"client_id": "me", "image", "env", "disk" (GB),
-  "label", "runtype", "onstart"?, "args"?}``; the answer ``{"success": true,
+  "label", "runtype", "onstart"?, "args"?, "price"?}``; the answer ``{"success": true,
   "new_contract": <instance id>}``. ``env`` is the API's dict form of docker options: one
   ``NAME: value`` per variable and ``"-p PORT:PORT": "1"`` per published port (what the
   vast CLI makes of ``--env '-e K=V -p P:P'``). With a start script (``onstart``) the
   runtype is ``ssh``, as upstream rents (Vast.AI runs the script at container start);
   without one it is ``args``: the image's own entrypoint runs with the command as its
-  arguments (the agent image).
+  arguments (the agent image). ``price`` (USD/hour) makes it an interruptible instance bidding
+  that much (``anex.sh/interruptible``: the offer's price the selection chose); a higher bid
+  takes the machine: the instance is then listed ``intended_status``/``actual_status``
+  ``stopped`` (the loop's event ``interruption``).
 * destroy: ``DELETE /instances/{id}/``; 404 (or ``no_such_instance``) means already gone.
 * list: ``GET /instances/?owner=me`` -> ``{"instances": [...]}``, kept when ``label``
   starts with the prefix; the price is the instance's ``dph_total`` (USD/hour).
@@ -55,6 +58,8 @@ def rent_body(request: RentRequest) -> dict:
         "disk": max(1, math.ceil(request.disk_gb)),
         "label": request.label,
     }
+    if request.interruptible and request.bid_per_hour is not None:
+        body["price"] = round(float(request.bid_per_hour), 6)  # a bid: an interruptible instance
     if request.onstart is not None:
         body["runtype"] = "ssh"
         body["onstart"] = request.onstart
@@ -75,8 +80,9 @@ def rental_from_instance(raw: Mapping) -> Rental:
         offer_id=None,
         price_per_hour=float(price) if isinstance(price, (int, float)) and not isinstance(price, bool) else None,
         status=str(raw.get("actual_status") or raw.get("cur_state") or "unknown"),
-        details={key: raw.get(key) for key in ("machine_id", "intended_status", "cur_state", "gpu_name", "num_gpus",
-                                                "public_ipaddr", "status_msg") if raw.get(key) is not None},
+        details={key: raw.get(key) for key in ("machine_id", "actual_status", "intended_status", "cur_state",
+                                                "gpu_name", "num_gpus", "public_ipaddr", "status_msg", "is_bid")
+                 if raw.get(key) is not None},
     )
 
 

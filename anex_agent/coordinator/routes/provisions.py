@@ -9,7 +9,8 @@
     DELETE /v1/provisions/{id}     -> ProvisionView (202; the rental is destroyed, then the node removed;
                                    idempotent)
 
-Mounted through ``ROUTE_MODULES``; ``MIGRATIONS`` (400-449) are :mod:`..provisioning.store`'s.
+Mounted through ``ROUTE_MODULES``; ``MIGRATIONS`` (400-449) are :mod:`..provisioning.store`'s and
+:mod:`..provisioning.recovery`'s (420).
 :func:`make_setup` takes injected providers, selector and boot issuer (tests);
 :func:`setup` builds them from the coordinator's environment (:mod:`..provisioning.config`),
 the issuer being :func:`default_issuer` (the bootstrap's, with the ``--agent-binary`` files).
@@ -33,10 +34,11 @@ from aiohttp import web
 from anex_agent import parse
 from anex_agent.coordinator import problems
 from anex_agent.coordinator.auth import Auth
-from anex_agent.coordinator.provisioning import boot, models, store
+from anex_agent.coordinator.provisioning import boot, models, recovery, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings, build_providers
 from anex_agent.coordinator.provisioning.loop import Provisioner
 from anex_agent.coordinator.provisioning.models import ProvisionState as S
+from anex_agent.coordinator.provisioning.policy import parse_policy
 from anex_agent.coordinator.provisioning.rentals import RentalProvider
 from anex_agent.coordinator.provisioning.selector import LiveSelector, Selector
 from anex_agent.coordinator.registry import Call, Route, RouteRegistry
@@ -44,7 +46,7 @@ from anex_agent.selection.annotations import AnnotationError, parse_annotations
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS = store.MIGRATIONS
+MIGRATIONS = [*store.MIGRATIONS, recovery.MIGRATION]
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TUNNEL_PREFIX = "GW_TUNNEL_"
 _PROVISIONERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -91,12 +93,16 @@ def check_spec(spec: models.ProvisionCreate) -> None:
                 parse.host_port(value.strip())
             except ValueError as err:
                 raise _invalid(field, f"the value {err}") from None
-    try:
-        parse_annotations(spec.annotations)
-    except AnnotationError as err:
+    found = []
+    for parser in (parse_annotations, parse_policy):
+        try:
+            parser(spec.annotations)
+        except AnnotationError as err:
+            found.extend(err.problems)
+    if found:
         from anex_agent.coordinator.routes_selection import annotation_problem
 
-        raise annotation_problem(err) from None
+        raise annotation_problem(AnnotationError(found), "annotations")
 
 
 class ProvisionRoutes:
