@@ -37,3 +37,14 @@ def test_bad_relay_flags_name_the_flag(kwargs, flag):
     with pytest.raises(ConfigError) as err:
         build_settings(**BASE, **kwargs)
     assert err.value.source == flag
+
+
+def test_trusted_proxies_are_networks_and_need_the_relay():
+    s = build_settings(**BASE, ws_listen="0.0.0.0:8443", ws_trusted_proxies=["10.0.0.7", "10.0.0.0/8", "fd00::/64"])
+    assert s.ws_trusted_proxies == ("10.0.0.7/32", "10.0.0.0/8", "fd00::/64")
+    assert build_settings(**BASE, ws_listen="0.0.0.0:8443").ws_trusted_proxies == ()
+    for bad in ({"ws_listen": "0.0.0.0:8443", "ws_trusted_proxies": ["proxy.example"]},
+                {"ws_trusted_proxies": ["10.0.0.0/8"]}):
+        with pytest.raises(ConfigError) as err:
+            build_settings(**BASE, **bad)
+        assert err.value.source == "--ws-trusted-proxy"
