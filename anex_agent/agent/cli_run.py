@@ -44,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
     from anex_agent.agent.cli_detect import detect_report
     from anex_agent.agent.supervisor import Agent
 
+    childenv.take_out_of_process_environ(os.environ)  # /proc/<pid>/environ: no secret, used or not
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
