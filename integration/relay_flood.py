@@ -4,7 +4,8 @@ CLIENTS concurrent raw TCP clients, spread over the SOURCE addresses, each doing
 upgrade with the relay's subprotocol, reading the challenge and never answering; whenever the
 relay ends one (deadline, eviction, refusal at the accept) it reconnects at once, for SECONDS.
 Prints ``flooding`` once every client has made its first attempt, then one JSON line of counts:
-connects, challenged (got 101 and the challenge), refused_http (another status), ended_by_relay.
+connects, connect_failed (reset before the connect returned: the relay refuses at accept),
+challenged (got 101 and the challenge), refused_http (another status), ended_by_relay.
 Test and benchmark helper; a minimal asyncio Protocol, so one process generates thousands.
 """
 

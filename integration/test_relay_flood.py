@@ -7,9 +7,9 @@ the challenge and never answer, reconnecting whenever the relay ends them
 (``integration/relay_node.py``). The node's connect time is measured quiet, then again and
 again for as long as the flood lasts; every connect must succeed within
 :data:`GOAL_SECONDS`. ``ANEX_FLOOD_CLIENTS`` / ``ANEX_FLOOD_SECONDS`` scale the flood
-(default 2000 clients for 20 s from 4 addresses: what one Python process generates on a
-small shared machine, about 500 connections a second; the relay's own limit is its CPU at
-about 150 µs a refused connection); the figures are printed (``-s``).
+(default 5000 clients for 20 s from 4 addresses; one Python process on a small shared
+machine makes about 1,500 attempts a second, most of them reset by the relay at accept);
+the figures are printed (``-s``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def connect(node: subprocess.Popen) -> dict:
 
 
 def test_a_node_gets_in_within_the_goal_while_strangers_flood_the_relay():
-    clients = int(os.environ.get("ANEX_FLOOD_CLIENTS", "2000"))
+    clients = int(os.environ.get("ANEX_FLOOD_CLIENTS", "5000"))
     seconds = float(os.environ.get("ANEX_FLOOD_SECONDS", "20"))
     k_gw, k_node = keys.generate_private_key(), keys.generate_private_key()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
@@ -76,9 +76,10 @@ def test_a_node_gets_in_within_the_goal_while_strangers_flood_the_relay():
     print(json.dumps(figures))
     assert loaded, figures
     failed = [r for r in loaded if not r["ok"] or r["seconds"] > GOAL_SECONDS]
-    assert not failed, figures
+    assert not failed, (failed, figures)
     # the flood was real: it kept the pre-authentication budget busy and was refused or timed out by the thousand
-    assert flood_stats["challenged"] > 0 and flood_stats["connects"] > clients, figures
+    attempts = flood_stats.get("connects", 0) + flood_stats.get("connect_failed", 0)  # reset at accept: failed
+    assert flood_stats["challenged"] > 0 and attempts > clients, figures
     assert report["accepted"] == len(quiet) + len(loaded), figures
     assert report.get("refused_source", 0) + report.get("refused_timeout", 0) + report.get("refused_evicted", 0) \
         >= clients, figures

@@ -47,6 +47,7 @@ from websockets.exceptions import ConnectionClosed
 
 from anex_agent import relay_protocol as rp
 from anex_agent.gateway.admission import Admission, Network, forwarded_source, is_trusted, source_key
+from anex_agent.gateway.relay_listener import listen
 from anex_agent.keys import public_key as derive_public
 from anex_agent.peer_log import LogBudget, peer_text
 from anex_agent.tunnels.ws_bind import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
@@ -126,13 +127,15 @@ class Relay:
         return next(iter(self._server.sockets)).getsockname()[1]
 
     async def start(self) -> None:
+        sock = listen(self.host, self.port, LISTEN_BACKLOG)
+        sock.refuse = self._refused_at_accept
         self._server = await serve(
-            self._handle, self.host, self.port, ssl=self.ssl_context, subprotocols=list(rp.SUBPROTOCOLS),
+            self._handle, sock=sock, ssl=self.ssl_context, subprotocols=list(rp.SUBPROTOCOLS),
             process_request=self._admit, ping_interval=self.limits.ping_interval,
             ping_timeout=self.limits.ping_timeout, max_size=rp.MAX_MESSAGE, max_queue=64,
             write_limit=self.limits.write_limit, compression=None, server_header=None,
             create_connection=lambda *args, **kwargs: RelayServerConnection(self, *args, **kwargs),
-            open_timeout=self.limits.auth_timeout, logger=_ws_log, backlog=LISTEN_BACKLOG,
+            open_timeout=self.limits.auth_timeout, logger=_ws_log,
         )
         log.info("WebSocket relay listening on %s:%d (%s), relaying to the hub at %s:%d", self.host, self.bound_port,
                  "TLS" if self.ssl_context else "plain; put TLS in front of it", *self.hub)
@@ -144,6 +147,17 @@ class Relay:
             self._server = None
 
     # -- admission (before authentication) --
+
+    def _refused_at_accept(self, peer: Any) -> bool:
+        """The listening socket's fast path: a source that already has its share waiting is
+        refused before anything is built for its connection (:mod:`.relay_listener`)."""
+        address = str(peer[0]) if peer else ""
+        if is_trusted(address, self.limits.trusted_proxies):
+            return False
+        if self._admission.from_source(source_key(address) or address) < self.limits.max_pending_per_source:
+            return False
+        self._refuse("source", None, "too many connections from this source wait for authentication", peer=peer)
+        return True
 
     def _arrive(self, conn: RelayServerConnection, transport: asyncio.BaseTransport) -> bool:
         """A TCP connection was accepted: whether it may wait for authentication (see the module)."""
@@ -176,7 +190,7 @@ class Relay:
     def _gone(self, conn: RelayServerConnection) -> None:
         self._settled(conn)
 
-    def _refuse(self, reason: str, conn: ServerConnection | None, why: str) -> None:
+    def _refuse(self, reason: str, conn: ServerConnection | None, why: str, *, peer: Any = None) -> None:
         """Count a refusal (``refused_<reason>``) and log it within the budget."""
         self.counters[f"refused_{reason}"] += 1
         skipped = self._refusal_log.take()
@@ -184,7 +198,8 @@ class Relay:
             return
         more = (f" ({skipped} more refusals not logged; anex_gateway_relay_refused_total counts them all)"
                 if skipped else "")
-        log.info("relay: refused a connection from %s: %s%s", _peer_name(conn), why, more)
+        where = _peer_name(conn) if conn is not None or not peer else f"{peer[0]}:{peer[1]}"
+        log.info("relay: refused a connection from %s: %s%s", where, why, more)
 
     def _admit(self, connection: ServerConnection, request: Any):
         assert isinstance(connection, RelayServerConnection)

@@ -39,9 +39,13 @@ class World:
         return await check_relay(target, private_key=self.k_node, public_key=self.node_pub, timeout=10)
 
     async def stranger(self, *, source: str = STRANGER, upgrade: bool = True,
-                       forwarded_for: str | None = None) -> tuple[asyncio.StreamReader, bytes]:
-        """A connection that never answers the challenge: what the relay said before it waits."""
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.relay.bound_port, local_addr=(source, 0))
+                       forwarded_for: str | None = None) -> tuple[asyncio.StreamReader | None, bytes]:
+        """A connection that never answers the challenge: what the relay said before it waits
+        (no reader: reset before the connect returned)."""
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.relay.bound_port, local_addr=(source, 0))
+        except ConnectionResetError:  # refused at the accept before the connect returned
+            return None, b""
         self.writers.append(writer)
         if not upgrade:
             return reader, b""
@@ -72,8 +76,10 @@ async def world(request):
         await w.relay.close()
 
 
-async def closed_by_relay(reader: asyncio.StreamReader) -> bool:
+async def closed_by_relay(reader: asyncio.StreamReader | None) -> bool:
     """Whether the relay ends this connection (EOF or reset) within a generous deadline."""
+    if reader is None:
+        return True
     try:
         while await asyncio.wait_for(reader.read(4096), 15):
             pass
