@@ -6,9 +6,10 @@ advertised ``--ws-url`` is the ingress URL). Per connection (protocol:
 :mod:`anex_agent.relay_protocol`):
 
 0. who may wait for authentication is bounded apart from the nodes' slots
-   (:mod:`anex_agent.gateway.admission`): per source address (refused at the TCP accept,
-   before any byte is read) and in all (the oldest waiting connection is dropped), each
-   within :attr:`RelayLimits.auth_timeout` seconds of its accept;
+   (:mod:`anex_agent.gateway.admission`): per source address (reset at the TCP accept by the
+   listening socket, :mod:`anex_agent.gateway.relay_listener`, before anything is built for
+   it) and in all (the oldest waiting connection is dropped), each within
+   :attr:`RelayLimits.auth_timeout` seconds of its accept;
 1. the upgrade must offer the ``anex-wg.v2`` (batched) or ``anex-wg.v1`` subprotocol; when
    :attr:`RelayLimits.max_connections` authenticated nodes are connected the upgrade is
    answered 503;
@@ -52,7 +53,6 @@ from anex_agent.keys import public_key as derive_public
 from anex_agent.peer_log import LogBudget, peer_text
 from anex_agent.tunnels.ws_bind import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
 
-
 log = logging.getLogger(__name__)
 _ws_log = log.getChild("websocket")  # the library's per-connection lines ("connection open") are not kept
 _ws_log.setLevel(logging.WARNING)
@@ -64,8 +64,9 @@ CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455 §7.4.1 / IANA registry: the relay hold
 class RelayServerConnection(DirectBinary, ServerConnection):
     """A relay connection: binary messages go to the hub straight from the protocol's event.
 
-    Admission happens at the TCP accept (:meth:`connection_made`): a connection the relay does
-    not admit is aborted there, before the library reads a byte or starts a task for it.
+    Admission is decided when the TCP connection is made (:meth:`connection_made`, after the
+    listening socket's fast path): a connection the relay does not admit is aborted there,
+    before the library reads a byte or starts a task for it.
     """
 
     def __init__(self, relay: Relay, *args: Any, **kwargs: Any) -> None:
@@ -84,7 +85,7 @@ class RelayServerConnection(DirectBinary, ServerConnection):
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.relay._gone(self)
+        self.relay._settled(self)
         if not self.refused:
             super().connection_lost(exc)
 
@@ -186,9 +187,6 @@ class Relay:
         if conn.deadline is not None:
             conn.deadline.cancel()
             conn.deadline = None
-
-    def _gone(self, conn: RelayServerConnection) -> None:
-        self._settled(conn)
 
     def _refuse(self, reason: str, conn: ServerConnection | None, why: str, *, peer: Any = None) -> None:
         """Count a refusal (``refused_<reason>``) and log it within the budget."""
