@@ -309,7 +309,7 @@ class _ClientSession:
                 if failure.started:
                     return False  # the client saw part of a response: only closing tells it
                 if reused and attempt == 0 and core.may_retry(request.method, with_body):
-                    log.debug("proxy: reused connection to %s:%d was stale; retrying", dest.host, dest.port)
+                    log.debug("proxy: reused connection to %s:%d was stale; retrying", peer_text(dest.host), dest.port)
                     continue
                 await self.reply_error(
                     502, core.unreachable_text(dest.host, dest.port, "the connection closed before a response")
