@@ -41,15 +41,15 @@ class FilteringSocket(socket.socket):
 
 
 def listen(host: str, port: int, backlog: int) -> FilteringSocket:
-    """A non-blocking :class:`FilteringSocket` bound to ``host:port`` (the first address ``host``
-    resolves to; ``::`` serves IPv4 too) and listening. OSError when it cannot."""
+    """A non-blocking :class:`FilteringSocket` bound to ``host:port`` (the first address a name
+    resolves to; an IPv6 address serves IPv6 only, as before) and listening. OSError when it cannot."""
     family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                                          flags=socket.AI_PASSIVE)[0]
     sock = FilteringSocket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6 and host in ("", "::"):
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        if family == socket.AF_INET6:  # as asyncio's servers: an IPv6 address serves IPv6 only
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
         sock.listen(backlog)
         sock.setblocking(False)

@@ -42,3 +42,15 @@ def test_refusals_are_spread_over_wake_ups():
         for c in clients:
             c.close()
         server.close()
+
+
+def test_an_ipv6_address_listens_on_ipv6_only():
+    try:
+        server = listen("::1", 0, 16)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        assert server.family == socket.AF_INET6
+        assert server.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 1
+    finally:
+        server.close()
