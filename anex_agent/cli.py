@@ -26,6 +26,8 @@ from anex_agent.errors import AnexError, ConfigError
 COMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("anex_agent.coordinator.cli", "run the coordinator REST service"),
     "gateway": ("anex_agent.gateway.cli", "run the cluster-side gateway (WireGuard hub, relay, routes, DNS)"),
+    "virtual-node": ("anex_agent.virtualnode.cli", "run the virtual node: Kubernetes Nodes whose pods run on rented "
+                     "machines"),
     "run": ("anex_agent.agent.cli_run", "join the mesh and run a workload: anex-agent run -- CMD ARGS..."),
     "daemon": ("anex_agent.agent.cli_daemon", "join the mesh and keep it up (for systemd on on-prem nodes)"),
     "detect": ("anex_agent.agent.cli_detect", "probe which WireGuard engines and paths work here"),
@@ -67,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"anex-agent: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ModuleNotFoundError as err:  # a build without this role's libraries (the single-file agent)
+        print(f"anex-agent {name}: not available in this build: the module {err.name!r} is missing; "
+              "install the anex-agent package with pip to use this command", file=sys.stderr)
+        return 1
     parser = argparse.ArgumentParser(prog=f"anex-agent {name}", description=COMMANDS[name][1])
     parser.add_argument("-v", "--verbose", action="count", default=verbosity, help="log debug messages")
     module.configure(parser)

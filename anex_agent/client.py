@@ -26,6 +26,8 @@ Contract:
   stream is a WebSocket of the ``websockets`` library (ping every 20 s; the same headers, TLS
   context and proxy); close code 4001 means the credential was revoked.
   :meth:`node_logs` streams (only the connect and the answer's head are timed).
+* :meth:`watch_provisions` (admin) yields :class:`provision_wire.ProvisionEvent` forever the same
+  way: each (re)connection starts with a ``snapshot`` of every provision.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from anex_agent import keys, proof, wire
+from anex_agent import keys, proof, provision_wire, wire
 
 if TYPE_CHECKING:
     from anex_agent import ssh_wire
@@ -175,14 +177,19 @@ class CoordinatorClient:
             headers["Content-Type"] = "application/json"
         session = self._get_session()
         try:
-            status, _, raw = await session.request(method, url, body=data, headers=headers, timeout=self._timeout)
+            status, answer_headers, raw = await session.request(method, url, body=data, headers=headers,
+                                                                 timeout=self._timeout)
         except TimeoutError:
             raise CoordinatorError(f"{method} {path}: timed out", retryable=True) from None
         except HttpError as err:
             raise CoordinatorError(f"{method} {path}: {err}", retryable=not _too_large(err)) from None
+        if is_html(answer_headers, raw):  # a web server or proxy, not the coordinator: its page says nothing to us
+            raise CoordinatorError(f"URL {self.base_url} answered {status} with HTML to {method} {path}: "
+                                   "is it the coordinator's URL?",
+                                   status=status, retryable=_retryable_status(status))
         if status >= 400:
             problem = _problem(raw)
-            detail = problem.get("detail") or problem.get("title") or raw[:200].decode("utf-8", "replace")
+            detail = problem.get("detail") or problem.get("title") or _text_excerpt(raw)
             raise CoordinatorError(
                 f"{method} {path}: {status} {detail}", status=status, retryable=_retryable_status(status), problem=problem
             )
@@ -276,6 +283,11 @@ class CoordinatorClient:
     async def get_peers(self, gateway_id: str) -> wire.PeerSet:
         return await self._call("GET", f"/v1/gateways/{gateway_id}/peers", wire.PeerSet, auth="credential")
 
+    async def gateway_gone(self, gateway_id: str, *, auth: str | None = "credential") -> wire.GatewayView:
+        """Mark the gateway gone (it stops): nodes leave it out until it is back. ``auth``:
+        ``credential`` (the gateway itself) or ``admin``."""
+        return await self._call("POST", f"/v1/gateways/{gateway_id}/gone", wire.GatewayView, auth=auth)
+
     async def renew_gateway_credential(self, gateway_id: str) -> wire.CredentialRenewal:
         """Rotate the gateway's credential; remembers the new one (the caller persists it)."""
         renewal = await self._call(
@@ -356,6 +368,34 @@ class CoordinatorClient:
         except HttpError as err:
             raise CoordinatorError(f"GET {url}: {err}", retryable=True) from None
 
+    # ------------------------------------------------------------ provisions (admin)
+
+    async def create_provision(self, spec: provision_wire.ProvisionCreate) -> provision_wire.ProvisionView:
+        """``POST /v1/provisions``: idempotent by ``spec.name`` (the same body again answers the
+        existing provision; another body under the name is a 409 CoordinatorError)."""
+        return await self._call("POST", "/v1/provisions", provision_wire.ProvisionView, auth="admin", body=spec)
+
+    async def list_provisions(self) -> provision_wire.ProvisionList:
+        return await self._call("GET", "/v1/provisions", provision_wire.ProvisionList, auth="admin")
+
+    async def get_provision(self, provision_id: str) -> provision_wire.ProvisionView:
+        return await self._call("GET", f"/v1/provisions/{provision_id}", provision_wire.ProvisionView, auth="admin")
+
+    async def delete_provision(self, provision_id: str) -> provision_wire.ProvisionView:
+        """``DELETE /v1/provisions/{id}``: idempotent; the rental is destroyed, then the node removed."""
+        return await self._call("DELETE", f"/v1/provisions/{provision_id}", provision_wire.ProvisionView,
+                                auth="admin")
+
+    async def list_offers(self, providers: list[str], limit: int = 100) -> dict[str, Any]:
+        """``GET /v1/offers`` (admin): every normalized offer of ``providers``, cheapest first, as the
+        JSON document (``offers[].specs`` in annotation units, docs/selection.md)."""
+        query = with_query("/v1/offers", {"provider": ",".join(providers), "limit": str(limit)})
+        _, raw = await self._send("GET", query, None, "admin")
+        doc = _problem(raw)  # a JSON object, or {}
+        if not isinstance(doc.get("offers"), list):
+            raise CoordinatorError(f"GET {query}: unexpected response: no offers list")
+        return doc
+
     async def list_gateways(self) -> wire.GatewayList:
         return await self._call("GET", "/v1/gateways", wire.GatewayList, auth="admin")
 
@@ -404,12 +444,14 @@ class CoordinatorClient:
         while True:
             connected: list[bool] = []
             try:
-                async for event in self._watch_once(version, connected):
-                    # a snapshot is the whole state as of its version, also when that version is
-                    # lower than ours (the coordinator's change log started over): resume from it
-                    version = event.version if event.type == "snapshot" else max(version, event.version)
-                    backoff = WATCH_BACKOFF_INITIAL
-                    yield event
+                async with contextlib.aclosing(self._watch_once(f"/v1/watch?since={version}", wire.WatchEvent, "credential",
+                                                                connected)) as stream:  # closed when we end
+                    async for event in stream:
+                        # a snapshot is the whole state as of its version, also when that version is
+                        # lower than ours (the coordinator's change log started over): resume from it
+                        version = event.version if event.type == "snapshot" else max(version, event.version)
+                        backoff = WATCH_BACKOFF_INITIAL
+                        yield event
                 err: CoordinatorError | None = CoordinatorError("watch stream closed by the coordinator", retryable=True)
             except CoordinatorError as exc:
                 if not exc.retryable:
@@ -422,13 +464,39 @@ class CoordinatorClient:
             await asyncio.sleep(delay)
             backoff = min(backoff * 2, WATCH_BACKOFF_MAX)
 
-    async def _watch_once(self, since: int, connected: list[bool]) -> AsyncIterator[wire.WatchEvent]:
-        """One stream; appends True to ``connected`` once the WebSocket handshake succeeded."""
+    async def watch_provisions(self) -> AsyncIterator[provision_wire.ProvisionEvent]:
+        """Yield ``/v1/provisions/watch`` events forever (admin), reconnecting with jittered backoff;
+        every connection starts with a ``snapshot``. Raises a non-retryable error (401, 403)."""
+        backoff = WATCH_BACKOFF_INITIAL
+        while True:
+            connected: list[bool] = []
+            try:
+                async with contextlib.aclosing(self._watch_once("/v1/provisions/watch", provision_wire.ProvisionEvent,
+                                                                "admin", connected)) as stream:  # closed when we end
+                    async for event in stream:
+                        backoff = WATCH_BACKOFF_INITIAL
+                        yield event
+                err = CoordinatorError("provisions watch stream closed by the coordinator", retryable=True)
+            except CoordinatorError as exc:
+                if not exc.retryable:
+                    raise
+                err = exc
+            if connected:
+                backoff = WATCH_BACKOFF_INITIAL
+            delay = random.uniform(backoff / 2, backoff)
+            log.info("provisions watch: %s; reconnecting in %.1fs", err, delay)
+            await asyncio.sleep(delay)
+            backoff = min(backoff * 2, WATCH_BACKOFF_MAX)
+
+    async def _watch_once(self, path: str, model: type[M], auth: str,
+                          connected: list[bool]) -> AsyncIterator[M]:
+        """One stream of ``model`` events from ``path``; appends True to ``connected`` once the
+        WebSocket handshake succeeded."""
         from websockets.asyncio.client import connect
         from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-        url = "ws" + self.base_url.removeprefix("http") + f"/v1/watch?since={since}"
-        headers = self._headers("credential")
+        url = "ws" + self.base_url.removeprefix("http") + path
+        headers = self._headers(auth)
         kwargs: dict[str, Any] = {"ssl": self._ssl_context()} if url.startswith("wss://") else {}
         try:
             ws = await connect(
@@ -453,7 +521,7 @@ class CoordinatorClient:
                 async for message in ws:
                     if isinstance(message, str):
                         try:
-                            yield wire.read(wire.WatchEvent, message)
+                            yield wire.read(model, message)
                         except ValidationError as err:
                             raise CoordinatorError(f"watch: unexpected event: {err}") from None
             except ConnectionClosed:
@@ -464,8 +532,21 @@ class CoordinatorClient:
                 raise CoordinatorError("watch: credential revoked", status=401, retryable=False)
         finally:
             self.watch_connected = False
-            with contextlib.suppress(OSError, WebSocketException):  # closing a connection already lost
-                await ws.close()
+            try:  # bounded: websockets' close waits for the send buffer to drain, unbounded
+                async with asyncio.timeout(WATCH_CLOSE_TIMEOUT):
+                    await ws.close()
+            except (OSError, WebSocketException, TimeoutError):  # a connection already lost, or one that does not answer
+                _drop(ws)
+            except asyncio.CancelledError:  # cancelled again while closing: drop the connection, end now
+                _drop(ws)
+                raise
+
+
+def _drop(ws: Any) -> None:
+    """Close a WebSocket's connection at once, without the closing handshake."""
+    transport = getattr(ws, "transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 def proven_body(
@@ -489,6 +570,24 @@ def _too_large(err: HttpError) -> bool:
     from anex_agent.http_client import BodyTooLarge
 
     return isinstance(err, BodyTooLarge)
+
+
+def is_html(headers: dict[str, str], raw: bytes) -> bool:
+    """Whether an answer is a web page (``Content-Type: text/html``, or a body that opens like
+    one): what a web server, proxy or ingress in front of the wrong URL sends, never the
+    coordinator (JSON, problem+json)."""
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in ("text/html", "application/xhtml+xml"):
+        return True
+    start = raw[:64].lstrip().lower()
+    return start.startswith((b"<!doctype html", b"<html"))
+
+
+def _text_excerpt(raw: bytes, limit: int = 120) -> str:
+    """The first line of a non-problem answer, printable and short (it may be any server's)."""
+    line = raw[:limit * 4].decode("utf-8", "replace").strip().split("\n", 1)[0]
+    line = "".join(c if c.isprintable() else "?" for c in line)
+    return line[:limit] + ("..." if len(line) > limit else "")
 
 
 def _problem(raw: bytes) -> dict[str, Any]:

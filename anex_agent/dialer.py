@@ -258,3 +258,67 @@ class OSDialer:
             sock.close()
             raise
         return SocketConnection(sock)
+
+
+class RouteChanges:
+    """Says when the node's routes moved (a network now goes through another gateway), so that
+    connection attempts in flight can start again (:class:`RedialDialer`)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.moves = 0
+
+    def moved(self) -> None:
+        """The routes moved: every attempt waiting on :meth:`current` starts again."""
+        self.moves += 1
+        self._event.set()
+        self._event = asyncio.Event()
+
+    def current(self) -> asyncio.Event:
+        """Set when the routes move next."""
+        return self._event
+
+
+class RedialDialer:
+    """A :class:`Dialer` around another whose connection attempts start again when the routes move.
+
+    A SYN that went to a gateway that died is lost; the TCP stack (the kernel's or the
+    built-in one) sends it again only after its retransmission timeout: 1 s, then 3 s and 7 s
+    after the first (RFC 6298 §2.1/§5.5: initial RTO 1 s, doubling). When the node moved its
+    routes to another gateway meanwhile (:class:`RouteChanges`), the attempt is given up and a
+    new one starts at once, through the gateway that answers, at most :attr:`restarts` times.
+    Nothing was sent to the destination yet (the connection was not open), so nothing is
+    repeated. Errors are those of the inner dialer."""
+
+    def __init__(self, inner: Dialer, changes: RouteChanges, *, restarts: int = 3) -> None:
+        self.inner = inner
+        self.changes = changes
+        self.restarts = restarts
+
+    async def open_connection(self, host: str, port: int) -> Connection:
+        for _ in range(self.restarts):
+            moved = self.changes.current()
+            async with asyncio.TaskGroup() as group:
+                attempt = group.create_task(self._attempt(host, port), name=f"dial-{host}:{port}")
+                waiter = group.create_task(moved.wait(), name=f"dial-{host}:{port}-routes")
+                await asyncio.wait({attempt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if attempt.done():
+                    waiter.cancel()
+                else:
+                    attempt.cancel()
+            if attempt.cancelled():
+                log.debug("dial %s:%d: the routes moved; starting again", host, port)
+                continue
+            result = attempt.result()
+            if isinstance(result, DialError):
+                raise result
+            return result
+        return await self.inner.open_connection(host, port)
+
+    async def _attempt(self, host: str, port: int) -> Connection | DialError:
+        """One attempt; its DialError is returned, not raised (the task group is there for
+        cancellation only, and would wrap it in an ExceptionGroup)."""
+        try:
+            return await self.inner.open_connection(host, port)
+        except DialError as err:
+            return err

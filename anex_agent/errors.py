@@ -1,7 +1,7 @@
 """The one error tree of anex-agent.
 
 Every exception the package raises on purpose derives from :class:`AnexError`.
-The tree separates six families, because callers handle them differently:
+The tree separates seven families, because callers handle them differently:
 
 * :class:`ConfigError` -- bad local input (flags, environment, files). The message
   names the input and says what is accepted. Raised at the edge where config is
@@ -13,6 +13,9 @@ The tree separates six families, because callers handle them differently:
 * :class:`CoordinatorError` -- a call to the coordinator failed. ``retryable``
   says whether trying again later may succeed (network errors, 5xx, 429) or not
   (401/403/400: the request itself is wrong).
+* :class:`KubeError` -- a call to the Kubernetes API server failed (the virtual node);
+  ``status`` and ``retryable`` as for the coordinator, ``forbidden`` for a 403 (a missing
+  RBAC permission: logged once, naming the verb and resource).
 * :class:`EngineError` -- a tunnel engine could not be brought up or changed.
 * :class:`NotSupported` -- a capability is not available on this machine; ``reason``
   says why (engine and path probes, ``anex-agent detect``).
@@ -107,6 +110,22 @@ class CoordinatorError(AnexError):
         self.retryable = retryable
         self.problem = problem or {}
         super().__init__(message)
+
+
+class KubeError(AnexError):
+    """A Kubernetes API call failed. ``status`` is the HTTP status (None: no answer), ``retryable``
+    whether the same call may succeed later (no answer, 5xx, 429, a 409 conflict), ``reason`` the
+    API server's ``reason`` (``NotFound``, ``Conflict``, ``Forbidden``, ``Expired``...)."""
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+        self.status = status
+        self.reason = reason
+        self.retryable = status is None or status >= 500 or status in (409, 429)
+        super().__init__(message)
+
+    @property
+    def forbidden(self) -> bool:
+        return self.status == 403
 
 
 class EngineError(AnexError):

@@ -1,4 +1,4 @@
-"""Parsing of small textual values, once for the whole product: integers, ports, HOST:PORT, CIDRs.
+"""Parsing of small textual values, once for the whole product: integers, ports, HOST:PORT, CIDRs, booleans.
 
 Which function for which value:
 
@@ -11,6 +11,9 @@ Which function for which value:
   ("any free port") only where the caller says so.
 * :func:`cidr` -- a network.
 * :func:`number` -- a decimal amount (seconds, counts) with a lower bound.
+* :func:`boolean` -- on or off: every boolean variable, flag value and query parameter
+  (``ANEX_ALLOW_INSECURE``, ``ANEX_LOGS``, ``ANEX_PROXY_ENV``,
+  ``ANEX_METRICS_PCIE_THROUGHPUT``, the agent API's ``follow`` / ``timestamps``).
 * :func:`duration` -- a whole number of seconds written with an optional unit (``90``,
   ``90s``, ``15m``, ``12h``, ``7d``), within bounds.
 
@@ -65,6 +68,24 @@ def integer(text: str, *, minimum: int | None = None, maximum: int | None = None
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(_range_text(minimum, maximum))
     return value
+
+
+#: The words :func:`boolean` accepts, either case, surrounding spaces ignored.
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+BOOLEAN_ACCEPTED = "1/0, true/false, yes/no or on/off (any case)"
+
+
+def boolean(text: str) -> bool:
+    """``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``, any case, surrounding
+    spaces ignored. (Unset or empty is the caller's default:
+    :func:`anex_agent.errors.env_value`.)"""
+    word = text.strip().lower() if isinstance(text, str) and len(text) <= 16 else None
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"must be one of {BOOLEAN_ACCEPTED}")
 
 
 def number(text: str, *, minimum: float, integer: bool = False) -> float:
@@ -243,11 +264,19 @@ def listen(text: str, *, empty_host: str | None = None, any_port: bool = False) 
     return _ip_host(name, accepted), number
 
 
-def cidr(text: str, *, strict: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    """A network in CIDR form (``10.96.0.0/12``); host bits are cleared unless ``strict``."""
+def cidr(text: str, *, strict: bool = False,
+         prefix_required: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A network in CIDR form (``10.96.0.0/12``); host bits are cleared unless ``strict``.
+
+    A bare address is one host (``/32`` or ``/128``) unless ``prefix_required``: where a
+    person means a network (a route), ``10.96.0.0`` alone is far more often a forgotten
+    ``/12`` than one address, so it is refused, showing both forms."""
     if not isinstance(text, str) or len(text) > CIDR_MAX or not text.isascii():
         raise ValueError("must be a network in CIDR form, for example 10.96.0.0/12")
     address, sep, prefix = text.partition("/")
+    if not sep and prefix_required:
+        raise ValueError(f"has no prefix length: write the network in CIDR form, for example {address}/12 for a "
+                         f"network or {address}/{128 if ':' in address else 32} for this one address")
     if sep and not _DIGITS_RE.fullmatch(prefix):  # ipaddress itself reads int() of the prefix
         raise ValueError("must be a network in CIDR form, for example 10.96.0.0/12")
     try:

@@ -5,7 +5,9 @@ Every role (``anex-agent run``/``daemon``, ``gateway``, ``coordinator``) calls
 before it registers, touches an interface, a firewall rule, a socket or a file of its
 state. A second instance on the same state directory gets :class:`StateDirInUse` (a
 :class:`~anex_agent.errors.ConfigError`: the CLI prints it and exits with status 2) and
-has changed nothing.
+has changed nothing. A state directory this process may not create or write (an unprivileged
+user and a root-owned default) is a :class:`~anex_agent.errors.ConfigError` too, naming the
+path and what to do (:func:`unusable`).
 
 The lock is ``flock(LOCK_EX | LOCK_NB)`` on :data:`LOCK_NAME` inside the state directory
 (created 0700 if missing). The kernel releases it when the holder's last descriptor
@@ -59,9 +61,12 @@ class StateLock:
 def acquire(state_dir: Path | str, role: str) -> StateLock:
     """Take the state directory's lock for ``role`` or raise :class:`StateDirInUse`; never blocks."""
     state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = state_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise unusable(path, err) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
@@ -73,6 +78,16 @@ def acquire(state_dir: Path | str, role: str) -> StateLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {role}\n".encode(), 0)
     return StateLock(state_dir, fd)
+
+
+def unusable(path: Path, err: OSError) -> ConfigError:
+    """The one line for a state directory (or a file in it) this process may not use: the path,
+    why, and what to do (every role takes ``--state-dir`` and ``ANEX_STATE_DIR``)."""
+    what = f"{path}: {err.strerror or err}"
+    if isinstance(err, PermissionError):
+        return ConfigError("state dir", f"{what}: run as root (or as the user who owns it), or give a state "
+                                        "directory this user may write with --state-dir or ANEX_STATE_DIR")
+    return ConfigError("state dir", f"{what}: give a usable state directory with --state-dir or ANEX_STATE_DIR")
 
 
 def _holder(fd: int) -> str:

@@ -13,6 +13,10 @@ is decided when it is spawned, and it is never silent:
   the role's other tasks and the role stops with that error.
 
 A task that returns, or is cancelled (its owner's ``stop()``), simply ends.
+
+:meth:`Tasks.create` starts a task that is not restarted (a plain ``create_task`` in the
+group, named); :meth:`Tasks.live` lists what was started through this object and still
+runs, so that the role can cancel it all within a bound when it stops.
 """
 
 from __future__ import annotations
@@ -46,13 +50,25 @@ class Tasks:
         self._rng = rng or random.Random()
         #: failures seen per task name (restarted or not)
         self.failures: collections.Counter[str] = collections.Counter()
+        self._live: set[asyncio.Task] = set()
 
     def spawn(self, name: str, run: Callable[[], Awaitable[None]], *,
               on_failure: Literal["restart", "fail"] = "restart") -> asyncio.Task[None]:
         """Start ``run()`` as task ``name``. ``run`` is called again for each restart (a fresh coroutine)."""
         if on_failure not in ("restart", "fail"):
             raise ValueError(f"on_failure must be 'restart' or 'fail', not {on_failure!r}")
-        return self.group.create_task(self._guard(name, run, on_failure), name=name)
+        return self.create(name, self._guard(name, run, on_failure))
+
+    def create(self, name: str, coro) -> asyncio.Task:
+        """Start ``coro`` as task ``name`` in the group, as it is: not restarted, its failure is the group's."""
+        task = self.group.create_task(coro, name=name)
+        self._live.add(task)
+        task.add_done_callback(self._live.discard)
+        return task
+
+    def live(self) -> list[asyncio.Task]:
+        """The tasks started here that have not ended yet."""
+        return [t for t in self._live if not t.done()]
 
     async def _guard(self, name: str, run: Callable[[], Awaitable[None]], on_failure: str) -> None:
         loop = asyncio.get_running_loop()

@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from anex_agent.errors import ConfigError
+from anex_agent import parse
+from anex_agent.errors import ConfigError, env_value
 
 HOST_LABELS = ("hostname", "Hostname")
 HOST_LABEL_VAR = "ANEX_METRICS_HOST_LABEL"
@@ -52,7 +53,5 @@ def exposition_options(environ: Mapping[str, str]) -> ExpositionOptions:
     host = environ.get(HOST_LABEL_VAR, "").strip() or DEFAULT.host_label
     if host not in HOST_LABELS:
         raise ConfigError(HOST_LABEL_VAR, f"is {host!r}; expected one of {', '.join(HOST_LABELS)}")
-    pcie = environ.get(PCIE_THROUGHPUT_VAR, "").strip() or "0"
-    if pcie not in ("0", "1"):
-        raise ConfigError(PCIE_THROUGHPUT_VAR, f"is {pcie!r}; expected 0 or 1")
-    return ExpositionOptions(host_label=host, pcie_throughput=pcie == "1")
+    pcie = env_value(environ, PCIE_THROUGHPUT_VAR, parse.boolean, False)
+    return ExpositionOptions(host_label=host, pcie_throughput=pcie)

@@ -27,32 +27,20 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from anex_agent.errors import ConfigError
+from anex_agent import parse
+from anex_agent.errors import ConfigError, env_value
 
 log = logging.getLogger(__name__)
 
 ALLOW_INSECURE_VAR = "ANEX_ALLOW_INSECURE"
 CA_FILE_VAR = "ANEX_CA_FILE"
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
-
 Resolver = Callable[[str], Iterable[str]]
 
 
-def parse_flag(value: str | None, source: str) -> bool:
-    """``1/true/yes/on`` or ``0/false/no/off`` (empty = false); ConfigError naming ``source`` otherwise."""
-    text = (value or "").strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ConfigError(source, f"{value!r}: expected 1 or 0")
-
-
 def allow_insecure_from(environ: Mapping[str, str]) -> bool:
-    """``ANEX_ALLOW_INSECURE`` as a bool."""
-    return parse_flag(environ.get(ALLOW_INSECURE_VAR), ALLOW_INSECURE_VAR)
+    """``ANEX_ALLOW_INSECURE`` as a bool (:func:`anex_agent.parse.boolean`; unset or empty: false)."""
+    return env_value(environ, ALLOW_INSECURE_VAR, parse.boolean, False)
 
 
 def _resolve(host: str) -> list[str]:

@@ -614,6 +614,9 @@ class GatewayView(Model):
     routes: list[Cidr]
     created_at: datetime
     last_seen_at: datetime | None = None
+    gone_at: datetime | None = Field(None, description="when it stopped or was found silent; nodes leave it "
+                                                       "out until it is back (None: present)")
+    gone_reason: str | None = None
 
 
 class GatewayList(Model):

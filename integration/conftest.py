@@ -8,6 +8,11 @@
   with them every veth link) deleted.
 * ``node`` (module): one node namespace with ``anex-agent daemon`` up and ready (a
   handshake with the gateway), two ``GW_TUNNEL_*`` forwards.
+* ``control_plane`` (session): a real Kubernetes control plane on 127.0.0.1 (etcd,
+  kube-apiserver, kube-scheduler, kube-controller-manager; no kubelet), ready, with an admin
+  kubeconfig for ``kubectl``: see :mod:`integration.kube`. Skipped, with the reason, where
+  its programs are missing (``scripts/install-tools kube etcd`` builds them). Tests share it:
+  each works in its own namespace and removes the cluster-scoped objects it made.
 * ``in_ns(ns, *args)``: run ``python -m anex_agent.demo.client ARGS`` inside a namespace
   and return its JSON result.
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +35,7 @@ import pytest
 
 from anex_agent.demo.mesh import Mesh, SERVICE2_NAME, SERVICE_NAME, HTTP2_PORT, HTTP_PORT, anex_argv
 from anex_agent.demo.netlab import missing_prerequisites
+from integration.kube import ControlPlane, kube_skip_reason
 
 TUNNEL_1 = 18080
 TUNNEL_2 = 18081
@@ -72,6 +79,19 @@ def mesh():
         built.close()
 
 
+@pytest.fixture(scope="session")
+def control_plane():
+    reason = kube_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    workdir = Path(tempfile.mkdtemp(prefix="anex-kube-"))
+    try:
+        with ControlPlane(workdir) as cp:
+            yield cp
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def node(mesh):
     """A node running ``anex-agent daemon`` with two GW_TUNNEL forwards, ready."""
@@ -97,8 +117,11 @@ def pytest_runtest_makereport(item, call):
     """On a failed integration test, attach the tail of every process log to the report."""
     outcome = yield
     report = outcome.get_result()
-    if report.failed and "mesh" in getattr(item, "funcargs", {}):
-        report.sections.append(("mesh process logs", dump_logs(item.funcargs["mesh"])))
+    funcargs = getattr(item, "funcargs", {})
+    if report.failed and "mesh" in funcargs:
+        report.sections.append(("mesh process logs", dump_logs(funcargs["mesh"])))
+    if report.failed and "control_plane" in funcargs:
+        report.sections.append(("control plane logs", funcargs["control_plane"].logs()))
 
 
 def read_until(proc: subprocess.Popen, predicate, timeout: float) -> list[str]:

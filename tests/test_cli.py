@@ -34,3 +34,17 @@ def test_a_command_error_is_prefixed_once(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("anex-agent demo: needs root (network namespaces); run it as root")
     assert err.count("anex-agent demo") == 1 and len(err.strip().splitlines()) == 1
+
+
+def test_a_role_left_out_of_the_build_says_so_in_one_line(monkeypatch, capsys):
+    """The single-file agent leaves the virtual node and its Kubernetes client out: the command
+    names what is missing instead of a traceback."""
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith("anex_agent.virtualnode.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "anex_agent.virtualnode", None)  # as PyInstaller's --exclude-module leaves it
+    assert cli.main(["virtual-node", "--help"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("anex-agent virtual-node: not available in this build: the module 'anex_agent.virtualnode"), err
+    assert len(err.strip().splitlines()) == 1

@@ -55,10 +55,22 @@ async def server():
             await ws.close(code=4001, message=b"credential revoked")
         return ws
 
+    async def nginx(request):  # another service at the coordinator's URL
+        code = int(request.match_info["code"])
+        return web.Response(status=code, content_type="text/html",
+                            text="<html><head><title>404 Not Found</title></head><body><center><h1>404 Not Found"
+                                 "</h1></center><hr><center>nginx/1.22.1</center></body></html>\n")
+
+    async def bare_html(request):  # no Content-Type worth the name, a page all the same
+        return web.Response(status=200, body=b"  <!DOCTYPE html>\n<html><body>Welcome</body></html>",
+                            content_type="application/octet-stream")
+
     app = web.Application()
     app.router.add_get("/v1/nodes/{node}/config", garbage)
-    app.router.add_post("/v1/nodes/{node}/heartbeat", slow)
     app.router.add_get("/v1/gateways/{code}/peers", status)
+    app.router.add_get("/v1/nodes/{code}/ssh-revocations", nginx)
+    app.router.add_get("/v1/coordinator", bare_html)
+    app.router.add_post("/v1/nodes/{node}/heartbeat", slow)
     app.router.add_get("/v1/watch", watch)
     srv = TestServer(app)
     await srv.start_server()
@@ -76,6 +88,26 @@ async def test_http_errors_are_classified(server, code, retryable):
     assert err.value.status == code
     assert err.value.retryable is retryable
     assert err.value.problem["detail"] == f"status {code}"
+
+
+@pytest.mark.parametrize("code, retryable", [(404, False), (502, True)])
+async def test_an_html_answer_says_the_url_may_be_wrong_without_the_page(server, code, retryable):
+    base = str(server.make_url("")).rstrip("/")
+    async with CoordinatorClient(base, credential="anexnc_x") as client:
+        with pytest.raises(CoordinatorError) as err:
+            await client.ssh_revocations(str(code))
+    text = str(err.value)
+    assert text == (f"URL {base} answered {code} with HTML to GET /v1/nodes/{code}/ssh-revocations: "
+                    "is it the coordinator's URL?")
+    assert err.value.status == code and err.value.retryable is retryable
+
+
+async def test_an_html_page_with_status_200_is_no_coordinator_either(server):
+    base = str(server.make_url("")).rstrip("/")
+    async with CoordinatorClient(base) as client:
+        with pytest.raises(CoordinatorError) as err:
+            await client.coordinator_info()
+    assert "answered 200 with HTML" in str(err.value) and "<" not in str(err.value)
 
 
 async def test_unexpected_response_is_not_retryable(server):
@@ -215,7 +247,7 @@ async def test_watch_losing_the_connection_while_receiving_is_retryable(monkeypa
 
         monkeypatch.setattr(websockets.asyncio.client, "connect", connect)
         client = CoordinatorClient("http://127.0.0.1:9", credential="c")
-        stream = client._watch_once(0, [])
+        stream = client._watch_once("/v1/watch?since=0", wire.WatchEvent, "credential", [])
         if isinstance(error, OSError):
             with pytest.raises(CoordinatorError) as info:
                 await stream.__anext__()

@@ -109,3 +109,55 @@ async def test_stream_connection_has_no_socket_and_half_closes():
             assert events == ["eof"]
         finally:
             await conn.aclose()
+
+
+class _Held:
+    """An inner dialer whose attempts wait until released (a SYN lost to a dead gateway), counted."""
+
+    def __init__(self, outcome) -> None:
+        self.started: list[asyncio.Event] = []
+        self.first = asyncio.Event()
+        self.cancelled = 0
+        self.outcome = outcome  # what an attempt after the first gives (a connection, or a DialError raised)
+
+    async def open_connection(self, host: str, port: int):
+        started = asyncio.Event()
+        self.started.append(started)
+        started.set()
+        self.first.set()
+        if len(self.started) == 1:
+            try:
+                await asyncio.Event().wait()  # never answered
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome
+
+
+async def test_a_dial_in_flight_starts_again_when_the_routes_move():
+    from anex_agent.dialer import RedialDialer, RouteChanges
+
+    changes, conn = RouteChanges(), object()
+    inner = _Held(conn)
+    dialer = RedialDialer(inner, changes)
+    assert isinstance(dialer, Dialer)
+    dial = asyncio.create_task(dialer.open_connection("echo.default.svc", 80))
+    await asyncio.wait_for(inner.first.wait(), 10)  # the first attempt is under way
+    assert not dial.done()
+    changes.moved()  # the node moved its routes to a gateway that answers
+    assert await asyncio.wait_for(dial, 10) is conn
+    assert len(inner.started) == 2 and inner.cancelled == 1
+
+
+async def test_a_dial_error_after_a_move_is_the_inner_dialer_s():
+    from anex_agent.dialer import RedialDialer, RouteChanges
+
+    changes = RouteChanges()
+    inner = _Held(DialRefused("echo", 80, "connection refused"))
+    dial = asyncio.create_task(RedialDialer(inner, changes).open_connection("echo", 80))
+    await asyncio.wait_for(inner.first.wait(), 10)
+    changes.moved()
+    with pytest.raises(DialRefused):
+        await asyncio.wait_for(dial, 10)

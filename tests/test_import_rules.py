@@ -1,4 +1,4 @@
-"""The three roles do not import each other, and the coordinator's and agent's modules form no import cycle.
+"""The four roles do not import each other, and the coordinator's and agent's modules form no import cycle.
 
 Read from the source with :mod:`ast` (nothing is imported): every ``import`` and
 ``from ... import`` of every module under ``anex_agent/``, at any depth (a function-level
@@ -22,16 +22,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "anex_agent"
 # routes and providers), so it counts as the coordinator's: it reads the telemetry model,
 # never the agent's GPU package.
 FORBIDDEN = {
-    "anex_agent.agent": ("anex_agent.gateway", "anex_agent.coordinator"),
-    "anex_agent.gateway": ("anex_agent.agent", "anex_agent.coordinator", "anex_agent.gpu"),
-    "anex_agent.coordinator": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu"),
-    "anex_agent.selection": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu"),
+    "anex_agent.agent": ("anex_agent.gateway", "anex_agent.coordinator", "anex_agent.virtualnode"),
+    "anex_agent.gateway": ("anex_agent.agent", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode"),
+    "anex_agent.coordinator": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu", "anex_agent.virtualnode"),
+    "anex_agent.selection": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu", "anex_agent.virtualnode"),
+    # the virtual node reaches the coordinator through its REST API only (anex_agent.client)
+    "anex_agent.virtualnode": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator",
+                               "anex_agent.selection", "anex_agent.gpu", "anex_agent.demo"),
 }
 # the shared modules every role may import must not pull a role in behind its back
 SHARED = ("anex_agent.wire", "anex_agent.client", "anex_agent.client_link", "anex_agent.backoff",
           "anex_agent.private_file", "anex_agent.telemetry", "anex_agent.telemetry_bounds",
-          "anex_agent.telemetry_exposition")
-ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu")
+          "anex_agent.telemetry_exposition", "anex_agent.provision_wire")
+ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode")
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -183,7 +186,7 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("package", ["anex_agent.coordinator", "anex_agent.agent"])
+@pytest.mark.parametrize("package", ["anex_agent.coordinator", "anex_agent.agent", "anex_agent.virtualnode"])
 def test_no_import_cycles(package):
     graph = {name: {t for t in edges if not t.endswith("__init__") and t != package}
              for name, edges in _graph(package).items() if name != package}

@@ -245,6 +245,57 @@ def test_env_number_names_the_variable_and_keeps_the_default():
     assert info.value.source == "ANEX_X" and "'soon' must be a number of at least 1" in str(info.value)
 
 
+# ---------------------------------------------------------------- booleans: one reader everywhere
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("true", True), ("TRUE", True), ("Yes", True), (" on ", True),
+                                         ("0", False), ("false", False), ("No", False), ("OFF", False)])
+def test_boolean_accepts_one_documented_set_in_any_case(text, value):
+    assert parse.boolean(text) is value
+
+
+@pytest.mark.parametrize("text", ["", " ", "2", "y", "n", "enable", "１", "yes please", "t" * 100])
+def test_boolean_refuses_the_rest_saying_what_is_accepted(text):
+    with pytest.raises(ValueError, match="must be one of 1/0, true/false, yes/no or on/off"):
+        parse.boolean(text)
+
+
+def _boolean_readers():
+    """Every reader of a boolean variable: (variable, read(environ) -> bool)."""
+    from anex_agent import telemetry_options, transport
+    from anex_agent.agent import run_options
+
+    def run(name):
+        import argparse
+
+        from anex_agent.agent import cli_run
+        parser = argparse.ArgumentParser()
+        cli_run.configure(parser)
+        args = parser.parse_args(["--", "true"])
+        return lambda env: getattr(run_options.from_args(args, env), name)
+    return [
+        ("ANEX_ALLOW_INSECURE", transport.allow_insecure_from),
+        ("ANEX_LOGS", run("capture_logs")),
+        ("ANEX_PROXY_ENV", run("proxy_env")),
+        ("ANEX_METRICS_PCIE_THROUGHPUT", lambda env: telemetry_options.exposition_options(env).pcie_throughput),
+    ]
+
+
+@pytest.mark.parametrize("variable, read", _boolean_readers(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_boolean_variable_reads_the_same_words(variable, read):
+    from anex_agent.errors import ConfigError
+
+    for text, value in (("yes", True), ("true", True), ("1", True), ("On", True),
+                        ("no", False), ("false", False), ("0", False), ("OFF", False)):
+        assert read({variable: text}) is value, (variable, text)
+    with pytest.raises(ConfigError) as info:
+        read({variable: "maybe"})
+    assert info.value.source == variable and "yes/no" in str(info.value)
+
+
+# ---------------------------------------------------------------- durations
+
+
 @pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("15m", 900), ("12h", 43200), ("7d", 604800)])
 def test_duration_accepts_seconds_and_units(text, seconds):
     assert parse.duration(text) == seconds

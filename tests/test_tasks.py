@@ -68,3 +68,19 @@ def test_backoff_doubles_up_to_the_cap():
     tasks = Tasks(None, role="agent", base=1.0, cap=8.0)  # type: ignore[arg-type]
     for attempt, ceiling in [(0, 1.0), (1, 2.0), (2, 4.0), (3, 8.0), (10, 8.0)]:
         assert ceiling / 2 <= tasks.delay(attempt) <= ceiling
+
+
+async def test_live_lists_what_still_runs_of_what_was_started_here():
+    release = asyncio.Event()
+    async with asyncio.TaskGroup() as group:
+        tasks = Tasks(group, role="test")
+        quick = tasks.create("quick", _nothing())
+        waiting = tasks.spawn("waiting", release.wait)
+        await quick
+        assert tasks.live() == [waiting] and waiting.get_name() == "waiting"
+        release.set()
+    assert tasks.live() == []
+
+
+async def _nothing() -> None:
+    return None

@@ -94,7 +94,8 @@ def test_https_is_accepted_without_resolving():
     assert resolve.calls == []
 
 
-@pytest.mark.parametrize("value, expected", [("1", True), ("true", True), ("", False), ("0", False), (None, False)])
+@pytest.mark.parametrize("value, expected", [("1", True), ("true", True), ("YES", True), (" on ", True), ("", False),
+                                             ("0", False), ("off", False), (None, False)])
 def test_allow_insecure_variable(value, expected):
     env = {} if value is None else {"ANEX_ALLOW_INSECURE": value}
     assert transport.allow_insecure_from(env) is expected
@@ -104,6 +105,7 @@ def test_allow_insecure_variable_rejects_other_values():
     with pytest.raises(ConfigError) as info:
         transport.allow_insecure_from({"ANEX_ALLOW_INSECURE": "maybe"})
     assert info.value.source == "ANEX_ALLOW_INSECURE"
+    assert "1/0, true/false, yes/no or on/off" in str(info.value)
 
 
 def test_client_context_verifies_with_tls_1_2_or_newer():

@@ -22,6 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from anex_agent.agent.cli_detect import detect_report
+    from anex_agent.agent.stopping import ExitDeadline
     from anex_agent.agent.supervisor import Agent
 
     childenv.take_out_of_process_environ(os.environ)  # /proc/<pid>/environ: no secret, used or not
@@ -31,5 +32,5 @@ def main(args: argparse.Namespace) -> int:
     childenv.scrub_environ(os.environ)  # nothing the agent starts inherits a secret
     notifier = Notifier.from_environ(os.environ)  # Type=notify: READY=1 once the tunnel is up, watchdog
     Notifier.scrub(os.environ)
-    agent = Agent(settings, detect_report=detect_report, notifier=notifier)
+    agent = Agent(settings, detect_report=detect_report, notifier=notifier, exit_deadline=ExitDeadline(enabled=True))
     return asyncio.run(agent.run(None))

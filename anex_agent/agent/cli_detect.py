@@ -6,7 +6,9 @@ request. When the state dir holds a joined node (its key and last config), ``det
 tests each gateway for real (:func:`gateway_report`): a WireGuard handshake over UDP
 (:mod:`anex_agent.tunnels.udp_probe`: proves datagrams get there and back, which opening a
 socket does not), and a connection to its WebSocket relay (authenticated with the node's
-key, through ``HTTPS_PROXY``/``HTTP_PROXY`` unless ``NO_PROXY`` says otherwise).
+key, through ``HTTPS_PROXY``/``HTTP_PROXY`` unless ``NO_PROXY`` says otherwise). A state dir
+it may not read (an unprivileged user, root's state dir) leaves the engine report standing
+and ends with one line naming the path and what to do.
 """
 
 from __future__ import annotations
@@ -41,10 +43,14 @@ async def gateway_report(state_dir: Path, environ: dict[str, str]) -> dict[str, 
     from anex_agent.tunnels.ws_bind import RelayTarget, check_relay, proxy_for
 
     state = StateDir(state_dir)
-    config = state.load_config() if (state_dir / KEY_FILE).exists() else None
+    try:
+        config = state.load_config() if (state_dir / KEY_FILE).exists() else None
+        pair = state.keypair() if config is not None else None
+    except OSError as err:  # an unprivileged user and root's state dir: the engines' report still stands
+        return {"note": f"cannot read {err.filename or state_dir}: {err.strerror or err}: the gateways were not "
+                        "tested (run as root, or give the node's state dir with --state-dir or ANEX_STATE_DIR)"}
     if config is None:
         return {"note": f"no joined node in {state_dir}: the gateways were not tested (join first, or give --state-dir)"}
-    pair = state.keypair()
     ca = environ.get("ANEX_CA_FILE")
     context = client_ssl_context(Path(ca)) if ca else None
     loop = asyncio.get_running_loop()
@@ -104,9 +110,9 @@ def main(args: argparse.Namespace) -> int:
         if serves is False:
             reason += f"; workload: {item.get('workload_reason', '')}"
         print(f"{name:<{width}}  {'yes' if item.get('supported') else 'no':<9}  {workload:<8}  {reason}")
-    if "note" in report["gateways"]:
-        print(report["gateways"]["note"])
     for name, why in (report.get("auto_skipped") or {}).items():
         print(f"auto skips {name}: {why}")
     print(f"auto picks: {report.get('auto') or 'nothing (no engine here can serve the workload)'}")
+    if "note" in report["gateways"]:
+        print(report["gateways"]["note"])
     return 0

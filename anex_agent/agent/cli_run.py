@@ -43,6 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from anex_agent.agent.cli_detect import detect_report
+    from anex_agent.agent.stopping import ExitDeadline
     from anex_agent.agent.supervisor import Agent
 
     childenv.take_out_of_process_environ(os.environ)  # /proc/<pid>/environ: no secret, used or not
@@ -69,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
                         record=WorkloadRecord(settings.state_dir / RECORD_FILE))
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
     agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
-                  push_dirs=options.push_dirs)
+                  push_dirs=options.push_dirs, exit_deadline=ExitDeadline(enabled=True))
     return asyncio.run(agent.run(workload))
 
 

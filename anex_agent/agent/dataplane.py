@@ -17,23 +17,27 @@ resets and engine-specific report facts all come from the contract's methods.
 
 Front-ends never see the engine: they hold the dialer, whose resolver is a
 :class:`~anex_agent.resolver.ResolverSlot` that gets a new resolver when the DNS config changes.
+The engine's dialer is wrapped in a :class:`~anex_agent.dialer.RedialDialer`: when a gateway
+network moves to another peer (a failover, a gateway gone from the config), connection
+attempts in flight start again at once instead of after their SYN's retransmission timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
 
 from anex_agent.agent import engine_frontends
 from anex_agent.agent.desired import merge_tunnels
-from anex_agent.agent.liveness import DeadPeerWatch, demote
+from anex_agent.agent.liveness import DeadPeerWatch, assign
 from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
-from anex_agent.dialer import Dialer
+from anex_agent.dialer import Dialer, RedialDialer, RouteChanges
 from anex_agent.errors import EngineError
 from anex_agent.keys import KeyPair
 from anex_agent.resolver import Resolver, ResolverSlot
@@ -51,6 +55,8 @@ RESET_RETRY = 1.0
 #: At start-up, how long the workload waits for the first gateway handshake before it starts anyway.
 FIRST_HANDSHAKE_WAIT = 20.0
 RESET_WINDOW = 10.0
+#: How often a wait for the first handshake looks at the engine's status (seconds).
+HANDSHAKE_POLL = 0.05
 
 
 class DataPlane:
@@ -68,12 +74,14 @@ class DataPlane:
         self.resolve_interval = resolve_interval
         self.resolver = ResolverSlot()
         self.dialer: Dialer | None = None
+        self.route_changes = RouteChanges()  # a gateway network moved: dials in flight start again
         self.forwards = None
         self.proxy = None
         self._desired: DesiredConfig | None = None  # as last applied (endpoints resolved)
         self._workload: WorkloadConfig | None = None
         self._demoted: frozenset[str] = frozenset()  # gateways whose traffic the others carry (dead-peer watch)
         self._lock = asyncio.Lock()  # one engine apply at a time (config changes, endpoint moves, resets)
+        self._has_gateway = asyncio.Event()  # set while the config names a gateway (start() and apply())
         self._stack = contextlib.AsyncExitStack()
         self.route_guard = RouteGuard(settings.coordinator_url)  # gateway routes never cover the coordinator
 
@@ -117,12 +125,13 @@ class DataPlane:
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None  # the engine's (or the path's) own error, as before
         await self._apply_engine(config)
-        self.dialer = self.engine.dialer(self.resolver)
+        dialer = self.engine.dialer(self.resolver)
+        self.dialer = RedialDialer(dialer, self.route_changes) if dialer is not None else None
         if self.dialer is not None:  # the engine gives a dialer: our proxy and forwards serve the workload
             self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer))
             await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
             self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
-        self.config = config
+        self._set_config(config)
         tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
         tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions,
                                                             self._nudge))
@@ -138,13 +147,13 @@ class DataPlane:
         old = self.config
         changed = await self._apply_engine(config)
         if old is None or (old.dns, old.search_domains) != (config.dns, config.search_domains):
-            self.resolver.use(Resolver.from_node_config(config))
+            self.resolver.use(self._resolver_for(config))
             changed = True
         if self.forwards is not None:
             before = dict(self.forwards.active)
             await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
             changed |= dict(self.forwards.active) != before
-        self.config = config
+        self._set_config(config)
         log.info("applied config version %d (%d gateway(s), %d tunnel(s)) to %s%s", config.version,
                  len(config.gateways), len(self.tunnels()), self.engine.name, "" if changed else ": nothing changed")
         return changed
@@ -153,10 +162,12 @@ class DataPlane:
         """The engine's part of ``config``: the tunnel with endpoint names resolved, and the workload."""
         assert self.engine is not None
         async with self._lock:
-            desired = demote(await self.paths.route(await self._resolved(config), config), self._demoted)
+            desired = assign(await self.paths.route(await self._resolved(config), config), self._demoted)
             workload = engine_frontends.workload_config(config, self.settings)
             changed = await self.engine.apply(desired, workload)
-            self._desired, self._workload = desired, workload
+            before, self._desired, self._workload = self._desired, desired, workload
+            if before is not None and _routes(before) != _routes(desired):
+                self.route_changes.moved()
             return changed
 
     async def _resolved(self, config: NodeConfig) -> DesiredConfig:
@@ -176,15 +187,36 @@ class DataPlane:
                 for p in (status.peers if status else ())}
 
     async def _steer(self, demoted: frozenset[str]) -> bool:
-        """Move the traffic of the ``demoted`` gateways to the others (see :func:`liveness.demote`):
-        the peers re-added with the shared networks on the others only; True once a handshake came."""
+        """Move the traffic of the ``demoted`` gateways to the others (see :func:`liveness.assign`).
+
+        The other gateways keep their sessions (one handshook lately; WireGuard rekeys by itself
+        when a session is old): re-adding them would drop what is queued for them and cost a
+        handshake. The demoted ones are re-added (dropped, then added again with their own
+        address only), so they start handshaking at once, and keep at it, until they answer:
+        the dead-peer watch then gives their traffic back. True when a gateway that takes
+        traffic has a session (a handshake within READY_HANDSHAKE_AGE s)."""
         if self.engine is None or self.config is None:
             return False
         async with self._lock:
             self._demoted = demoted
-            desired = demote(await self.paths.route(await self._resolved(self.config), self.config), demoted)
+            self.resolver.use(self._resolver_for(self.config))
+            desired = assign(await self.paths.route(await self._resolved(self.config), self.config), demoted)
+            if demoted:
+                others = tuple(p for p in desired.peers if p.public_key not in demoted)
+                await self.engine.apply(dataclasses.replace(desired, peers=others), self._workload)
+            await self.engine.apply(desired, self._workload)
             self._desired = desired
-            return await self.engine.reset_sessions(desired, within=RESET_RETRY, every=RESET_RETRY)
+        self.route_changes.moved()  # SYNs lost to the silent gateway go again now, not after their RTO
+        ages = await self._gateway_counters()
+        return any(c.handshake_age is not None and c.handshake_age <= READY_HANDSHAKE_AGE
+                   for key, c in ages.items() if key not in demoted)
+
+    def _resolver_for(self, config: NodeConfig) -> Resolver:
+        """The config's resolver, the DNS servers of the gateways whose traffic others carry asked
+        last (a query to a silent one costs a whole attempt, 1.7 s, before the next server)."""
+        silent = {gw.mesh_address for gw in config.gateways if gw.public_key in self._demoted}
+        dns = sorted(config.dns, key=lambda server: server in silent)  # stable: the config's order otherwise
+        return Resolver.from_node_config(config.model_copy(update={"dns": dns}) if dns != config.dns else config)
 
     def _nudge(self) -> None:
         """Make the engine send to each gateway now (:meth:`Engine.send_keepalive`): after a UDP
@@ -214,21 +246,42 @@ class DataPlane:
         async with self._lock:
             return await self.engine.reset_sessions(self._desired, within=within, every=every)
 
+    def _set_config(self, config: NodeConfig) -> None:
+        self.config = config
+        if config.gateways:
+            self._has_gateway.set()
+        else:
+            self._has_gateway.clear()
+
     async def wait_handshake(self, timeout: float = FIRST_HANDSHAKE_WAIT) -> bool:
         """Wait until some gateway handshake completed (True), or ``timeout`` s passed (False).
 
         Used before starting the workload, so that its first request does not race the
         first handshake. The engines initiate at once (persistent keepalive), so on a healthy
-        mesh this takes milliseconds; a gateway that is down costs at most ``timeout``.
+        mesh this takes milliseconds; a gateway that is down costs at most ``timeout``. With
+        no gateway in the config it returns False at once (nothing to wait for yet).
         """
-        deadline = time.monotonic() + timeout
+        if not (self.config and self.config.gateways):
+            return False
+        try:
+            async with asyncio.timeout(timeout):
+                await self.handshake()
+        except TimeoutError:
+            return False
+        return True
+
+    async def handshake(self) -> None:
+        """Return once some gateway handshake completed, however long that takes.
+
+        Never busy: while the config names no gateway it waits for a config that does (set by
+        :meth:`start` / :meth:`apply`), and between looks at the engine's status it sleeps
+        :data:`HANDSHAKE_POLL` s, so the event loop (heartbeats, the watch, the API, signals)
+        runs meanwhile whatever the engine's ``status()`` does."""
         while True:
-            transport = await self.transport_status()
-            if transport.last_handshake_age is not None:
-                return True
-            if time.monotonic() >= deadline or not (self.config and self.config.gateways):
-                return False
-            await asyncio.sleep(0.05)
+            await self._has_gateway.wait()
+            if (await self.transport_status()).last_handshake_age is not None:
+                return
+            await asyncio.sleep(HANDSHAKE_POLL)
 
     async def stop(self) -> None:
         await self._stack.aclose()
@@ -313,6 +366,11 @@ class DataPlane:
             f"address={config.address if config else '?'} proxy={self.settings.proxy_listen}"
             + (f" tunnels=[{tunnels}]" if tunnels else "")
         )
+
+
+def _routes(desired: DesiredConfig) -> dict[str, frozenset[str]]:
+    """Which gateway peer holds which networks."""
+    return {p.public_key: p.allowed_set() for p in desired.peers}
 
 
 def _forward_manager(dialer: Dialer):

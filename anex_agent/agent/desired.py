@@ -3,7 +3,10 @@
 * the interface address is the node's mesh address with the mesh network's prefix
   length (``10.254.0.5/16``), so the kernel's connected route covers the whole mesh;
 * one peer per gateway: its key, UDP endpoint, allowed IPs and keepalive
-  (whitepaper §6.5, PersistentKeepalive keeps NAT mappings of rented hosts open);
+  (whitepaper §6.5, PersistentKeepalive keeps NAT mappings of rented hosts open); its
+  allowed IPs also hold the gateway's own mesh address (a /32 or /128), so what the node
+  sends to that gateway (DNS, keepalives) reaches it whichever gateway carries the mesh
+  network (:func:`anex_agent.agent.liveness.assign` gives each network to one of them);
 * extra routes: the networks a gateway offers outside the mesh network (the cluster's
   service and pod networks), routed into the WireGuard interface, but only those the
   node admits (:func:`admit_routes`); a refused network is neither routed nor in the
@@ -110,11 +113,12 @@ def desired_from_config(config: NodeConfig, private_key: bytes, protected: Itera
     for gw, allowed_ips in zip(config.gateways, admitted):
         if not gw.endpoint:
             continue  # a gateway reachable only over WebSocket: nodes have no WebSocket path yet, so it is skipped
+        own = str(ipaddress.ip_network(gw.mesh_address))  # a host network: /32 or /128
         peers.append(
             PeerConfig(
                 public_key=gw.public_key,
                 endpoint=gw.endpoint,
-                allowed_ips=allowed_ips,
+                allowed_ips=allowed_ips if own in allowed_ips else (*allowed_ips, own),
                 persistent_keepalive=gw.persistent_keepalive,
             )
         )

@@ -13,6 +13,9 @@ last good config. Neither ever raises out of its loop except on cancellation.
   ``snapshot`` / ``config`` / ``gateway_changed`` event's config; ``ssh_revoked`` events go to
   the SSH server (:mod:`.ssh_access`), which also reloads its revoked serials after a snapshot.
 
+:func:`last_heartbeat` sends one more, bounded (:data:`LAST_HEARTBEAT_TIMEOUT`), when the
+workload of ``run`` ended: the coordinator's node view then shows its terminated state.
+
 Credentials: an ack carrying a rotated credential is adopted and saved in the state dir
 (0600, atomically) before anything else. A 401 is not an outage: the node expired or was
 deleted (or its credential was rotated away). The heartbeat loop then joins again
@@ -26,10 +29,12 @@ new join token. The watch loop leaves re-joining to the heartbeat loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from typing import Any, Protocol
 
+from anex_agent import join_token
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.backoff import Backoff
@@ -66,6 +71,7 @@ DEFAULT_INTERVAL = 10.0  # seconds, until the coordinator says otherwise
 MIN_INTERVAL = 1.0
 FIRST_SAMPLE_WAIT = 5.0  # seconds the first heartbeat waits for the first telemetry sample
 MAX_BACKOFF = 60.0
+LAST_HEARTBEAT_TIMEOUT = 2.0  # seconds the last heartbeat (the workload's end) may hold the exit
 
 
 def start_telemetry(state_dir: str, registry, options: Any = None) -> Any | None:
@@ -137,8 +143,10 @@ async def rejoin(agent: Agent, refused: CoordinatorError) -> bool | None:
         if err.retryable:
             log.warning("joining again failed (%s); will retry", err)
             return None
+        refused = join_token.refusal(agent.settings.join_token_source, err)
+        why = f"{refused}" if refused is not None else f"{err}; a new join token is needed"
         return _revoked(agent, f"the coordinator refused the credential of node {old} and joining again was "
-                               f"refused too ({err}); a new join token is needed")
+                               f"refused too: {why}")
     agent.identity = NodeIdentity(agent.settings.coordinator_url, joined.node_id, joined.credential)
     agent.state.save_identity(agent.identity)
     agent.link.set_credential(joined.credential)
@@ -154,6 +162,35 @@ def _revoked(agent: Agent, why: str) -> bool:
     return False
 
 
+async def heartbeat_of(agent: Agent) -> Heartbeat:
+    """The heartbeat to send now: transport status, the workload's state, telemetry."""
+    status = await agent.dataplane.transport_status()
+    agent.last_transport = status
+    if agent.workload is not None:
+        status = status.model_copy(update={"workload": agent.workload.state})
+    version = agent.dataplane.config.version if agent.dataplane.config else 0
+    return Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
+
+
+async def last_heartbeat(agent: Agent, timeout: float = LAST_HEARTBEAT_TIMEOUT) -> bool:
+    """One more heartbeat before the agent exits, so that the coordinator learns the workload's
+    end (terminated, exit code, finished_at); ``timeout`` s at most, so that a coordinator that
+    is down or slow never holds the exit. True when it was acknowledged."""
+    if agent.identity is None or agent.dataplane is None or agent.credential_revoked:
+        return False
+    try:
+        async with asyncio.timeout(timeout):
+            await agent.link.heartbeat(agent.identity.node_id, await heartbeat_of(agent))
+    except TimeoutError:
+        log.warning("last heartbeat: no answer from the coordinator within %g s; exiting without it", timeout)
+        return False
+    except AnexError as err:
+        log.warning("last heartbeat failed (%s); exiting without it", err)
+        return False
+    log.info("last heartbeat sent: the coordinator knows the workload's end")
+    return True
+
+
 async def heartbeat_loop(agent: Agent) -> None:
     backoff = Backoff(base=1.0, cap=MAX_BACKOFF)
     interval = DEFAULT_INTERVAL
@@ -162,12 +199,8 @@ async def heartbeat_loop(agent: Agent) -> None:
     while True:
         assert agent.identity is not None and agent.dataplane is not None
         try:
-            status = await agent.dataplane.transport_status()
-            agent.last_transport = status
-            if agent.workload is not None:
-                status = status.model_copy(update={"workload": agent.workload.state})
-            version = agent.dataplane.config.version if agent.dataplane.config else 0
-            beat = Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
+            beat = await heartbeat_of(agent)
+            version = beat.config_version
             ack = await agent.link.heartbeat(agent.identity.node_id, beat)
             if ack.credential:
                 adopt_credential(agent, ack.credential)
@@ -215,14 +248,15 @@ async def watch_loop(agent: Agent) -> None:
         assert agent.dataplane is not None
         since = agent.dataplane.config.version if agent.dataplane.config else 0
         try:
-            async for event in agent.link.watch(since):
-                backoff.reset()
-                agent.note_reachable(True)
-                if event.config is not None and event.type in ("snapshot", "config", "gateway_changed"):
-                    log.info("watch: %s event, config version %d", event.type, event.version)
-                    await agent.apply_config(event.config, gateways_changed=event.type == "gateway_changed")
-                if getattr(agent, "ssh", None) is not None:
-                    await ssh_event(agent, event)
+            async with contextlib.aclosing(agent.link.watch(since)) as events:  # its connection closes with us
+                async for event in events:
+                    backoff.reset()
+                    agent.note_reachable(True)
+                    if event.config is not None and event.type in ("snapshot", "config", "gateway_changed"):
+                        log.info("watch: %s event, config version %d", event.type, event.version)
+                        await agent.apply_config(event.config, gateways_changed=event.type == "gateway_changed")
+                    if getattr(agent, "ssh", None) is not None:
+                        await ssh_event(agent, event)
             delay = backoff.next_delay()
             log.info("watch stream closed; reconnecting in %.1f s", delay)
         except CoordinatorError as err:

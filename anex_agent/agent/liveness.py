@@ -25,10 +25,15 @@ come costs one handshake per ``after`` s of silence at most. The default is shor
 that traffic is back within 3 s of a gateway that restarted at once (the silence began at
 the crash, the gateway is back half a second later).
 
-Each gateway is judged by its own counters. With several gateways (all offer the mesh
-network; WireGuard gives a network to one peer only, so one carries the traffic) a silent one's
-traffic moves to another that handshook within :data:`FRESH_HANDSHAKE` s (:func:`demote`, then
-fresh handshakes with the peers re-added), and goes back once the silent one handshakes again.
+Each gateway is judged by its own counters. With several gateways every one offers the mesh
+network (and often the same routes); WireGuard gives a network to one peer only, so the engine
+is given each network on one gateway's peer (:func:`assign`: the first in the config's order),
+and the others are standbys (each keeps its own mesh address). When the gateway carrying a
+network is silent for ``after`` x :data:`FAIL_OVER_SHARE` s and another handshook within
+:data:`FRESH_HANDSHAKE` s, the silent one is *demoted*: its networks go to the next gateway
+that offers them (the others keep their sessions), and the silent one's peer is re-added, so
+it handshakes again as soon as it answers; its traffic then goes back to it. Without another gateway, fresh handshakes are started after
+``after`` s as above.
 
 Each detection is logged with its reason and outcome and kept (:meth:`DeadPeerWatch.report`:
 ``/status`` ``dead_peer``, the heartbeat's ``status.dead_peer``).
@@ -60,29 +65,41 @@ RETRY = 1.0
 #: ...for this long; afterwards every RETRY_SLOW s (WireGuard's own REKEY_TIMEOUT).
 FAST_FOR = 30.0
 RETRY_SLOW = 5.0
+#: Share of ``after`` after which a silent gateway's traffic moves to another that answers:
+#: cheap and undone when the silent one handshakes again, and it must beat the workload's own
+#: retries (a lost TCP SYN is sent again after 1 s, then 3 s).
+FAIL_OVER_SHARE = 0.5
 EVENTS_KEPT = 20
 #: A gateway whose last handshake is at most this old may take the traffic of a silent one
 #: (an idle standby handshakes every two minutes, whitepaper §6.2: REKEY_AFTER_TIME).
 FRESH_HANDSHAKE = 180.0
 
 
-def demote(desired: DesiredConfig, demoted: frozenset[str]) -> DesiredConfig:
-    """Pure: ``desired`` with the networks the ``demoted`` gateways share with another gateway
-    taken from them, so the others carry that traffic. Unchanged when no other gateway is left.
+def assign(desired: DesiredConfig, demoted: frozenset[str] = frozenset()) -> DesiredConfig:
+    """Pure: ``desired`` with every network on exactly one gateway peer.
 
-    Every gateway offers the mesh network (and often the same routes); WireGuard gives a network
-    to one peer only, so the demoted peer must not list it for another to get it."""
-    if not demoted:
-        return desired
-    keep = [p for p in desired.peers if p.public_key not in demoted]
-    if not keep:
-        return desired
-    offered = frozenset().union(*(p.allowed_set() for p in keep))
+    WireGuard routes a network to one peer only (cryptokey routing, whitepaper §2): set on a
+    second peer, it moves there and the first lists it no more. Every gateway offers the mesh
+    network, and gateways often offer the same routes, so a config that listed a network on
+    each of them left the engine with whichever peer was written last (``(none)`` on the
+    others), not one that answers; and every later write of one peer moved it again. So the
+    engine is never given a network twice: each goes to the first gateway (in the config's
+    order) that offers it and is not ``demoted``; a network only ``demoted`` gateways offer
+    goes to the first of them. Networks of different lengths are no conflict (the longest
+    prefix wins): a gateway's own address (a /32 inside the mesh network) stays its own.
+    Non-gateway peers are not changed (the node has none)."""
+    owner: dict[str, str] = {}
+    for healthy in (True, False):
+        for peer in desired.peers:
+            if (peer.public_key not in demoted) == healthy:
+                for network in peer.allowed_set():
+                    owner.setdefault(network, peer.public_key)
     peers = tuple(
         dataclasses.replace(p, allowed_ips=tuple(c for c in p.allowed_ips
-                                                 if str(ipaddress.ip_network(c, strict=False)) not in offered))
-        if p.public_key in demoted else p
+                                                 if owner[str(ipaddress.ip_network(c, strict=False))] == p.public_key))
         for p in desired.peers)
+    if peers == desired.peers:
+        return desired
     return dataclasses.replace(desired, peers=peers)
 
 
@@ -130,8 +147,16 @@ class DeadPeerWatch:
     fast_for: float = FAST_FOR
     retry_slow: float = RETRY_SLOW
     detections: int = 0
+    fail_over_after: float = -1.0  # < 0: half of ``after`` (see FAIL_OVER_SHARE)
     demoted: dict[str, float] = field(default_factory=dict)  # public key -> when its traffic was moved away
+    _silences: dict[str, Silence] = field(default_factory=dict, repr=False)
+    _no_session: dict[str, float] = field(default_factory=dict, repr=False)  # key -> first look without a handshake
+    sessionless: frozenset[str] = frozenset()  # of the last verdict: gateways that never handshook
     events: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=EVENTS_KEPT))
+
+    def __post_init__(self) -> None:
+        if self.fail_over_after < 0:
+            self.fail_over_after = self.after * FAIL_OVER_SHARE
 
     def last(self) -> str:
         """The last detection in one line (for the heartbeat), '' if none."""
@@ -153,34 +178,79 @@ class DeadPeerWatch:
         starts fresh handshakes and waits up to ``within`` s for one (True when it came).
         ``steer(demoted)``: move the traffic of the ``demoted`` gateways to the others (None: one
         gateway only, or an engine that cannot)."""
-        silences: dict[str, Silence] = {}
         while True:
             await asyncio.sleep(self.check_every)
             seen = await counters()
-            now = time.monotonic()
             if steer is not None and self.demoted and await self._restore(seen, steer):
-                silences.clear()
+                self.rebase(seen)
                 continue
-            dead = {}
-            for key, c in seen.items():
-                quiet = silences.setdefault(key, Silence(after=self.after)).observe(c.rx, c.tx, now)
-                if quiet is not None and key not in self.demoted:  # a demoted one gets no data, only retries
-                    dead[key] = quiet
-            if not dead:
+            verdict = self.judge(seen, time.monotonic(), can_steer=steer is not None)
+            if verdict is None:
                 continue
-            others = sorted(k for k, c in seen.items() if k not in dead and k not in self.demoted
-                            and c.handshake_age is not None and c.handshake_age <= FRESH_HANDSHAKE)
-            if steer is not None and others:
+            dead, others = verdict
+            if others:
+                assert steer is not None
                 await self._fail_over(dead, others, steer)
+                self.rebase(seen)
             else:
                 await self._revive(max(dead.values()), counters, reset)
-            silences.clear()
+                self._silences.clear()  # the sessions were reset: the next look is the baseline
+
+    def rebase(self, seen: dict[str, Counters]) -> None:
+        """After the traffic moved: judge on from ``seen`` (the counters read before the move),
+        pending sends forgotten. Not from the next look: a request sent meanwhile (a workload
+        waking up just then) would be taken for the baseline and go unnoticed until it is sent
+        again, a second or more later."""
+        self._silences = {key: Silence(after=self.fail_over_after, rx=c.rx, tx=c.tx) for key, c in seen.items()}
+
+    def judge(self, seen: dict[str, Counters], now: float, *, can_steer: bool) -> tuple[dict[str, float], list[str]] | None:
+        """Pure but for the silences it keeps: one look at the counters. None: nothing to do;
+        else ``(dead, others)``: the silent gateways (seconds of silence), and those to move
+        their traffic to (empty: start fresh handshakes instead). A silent gateway's traffic
+        moves after :attr:`fail_over_after` s when another answers; without one (or
+        ``can_steer`` False) handshakes start after :attr:`after` s.
+
+        A gateway with no session (no handshake since its peer was added) for
+        :attr:`fail_over_after` s is silent too when another answers: what is sent to it waits
+        in WireGuard's queue for a handshake (no byte counted) that it retries only every 5 s
+        (REKEY_TIMEOUT, whitepaper §6.4), so its counters would tell nothing for that long."""
+        dead: dict[str, float] = {}
+        sessionless: dict[str, float] = {}
+        for key, c in seen.items():
+            if c.handshake_age is None:
+                since = self._no_session.setdefault(key, now)
+            else:
+                self._no_session.pop(key, None)
+            quiet = self._silences.setdefault(key, Silence(after=self.fail_over_after)).observe(c.rx, c.tx, now)
+            if key in self.demoted:  # a demoted one gets no data, only retries
+                continue
+            if quiet is not None:
+                dead[key] = quiet
+            elif c.handshake_age is None and now - since >= self.fail_over_after:
+                sessionless[key] = now - since
+        if not dead and not sessionless:
+            return None
+        others = sorted(k for k, c in seen.items() if k not in dead and k not in sessionless and k not in self.demoted
+                        and c.handshake_age is not None and c.handshake_age <= FRESH_HANDSHAKE)
+        if can_steer and others:
+            self.sessionless = frozenset(sessionless)
+            return {**dead, **sessionless}, others
+        if not dead:
+            return None  # a gateway that never answered and no other: WireGuard's own retries
+        if max(dead.values()) >= self.after:
+            return dead, []
+        return None  # no other gateway to move to: wait the whole ``after`` before handshaking again
 
     async def _fail_over(self, dead: dict[str, float], others: list[str],
                          steer: Callable[[frozenset[str]], Awaitable[bool]]) -> None:
-        names = ", ".join(k[:8] for k in sorted(dead))
-        reason = (f"data sent to gateway {names} and nothing received for {max(dead.values()):.1f} s; "
-                  f"traffic moved to gateway {', '.join(k[:8] for k in others)}")
+        silent = sorted(k for k in dead if k not in self.sessionless)
+        whys = [f"data sent to gateway {', '.join(k[:8] for k in silent)} and nothing received "
+                f"for {max(dead[k] for k in silent):.1f} s"] if silent else []
+        unanswered = sorted(k for k in dead if k in self.sessionless)
+        if unanswered:
+            whys.append(f"no handshake with gateway {', '.join(k[:8] for k in unanswered)} "
+                        f"for {max(dead[k] for k in unanswered):.1f} s")
+        reason = f"{'; '.join(whys)}; traffic moved to gateway {', '.join(k[:8] for k in others)}"
         log.warning("dead peer: %s", reason)
         self.detections += 1
         at = time.monotonic()

@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable
 from datetime import datetime
 
+from anex_agent import parse
 from anex_agent.agent.logs import STREAMS, LogStore
 from anex_agent.http_server import Request, Response, StreamResponse, problem
 
@@ -43,9 +44,10 @@ def parse_query(query) -> dict:
     out: dict = {}
     for flag in ("follow", "timestamps"):
         value = query.get(flag, "0")
-        if value not in ("0", "1", "true", "false"):
-            raise BadParameter(flag, f"{value!r} is not accepted; expected 0 or 1")
-        out[flag] = value in ("1", "true")
+        try:
+            out[flag] = parse.boolean(value)
+        except ValueError as err:
+            raise BadParameter(flag, f"{value[:40]!r} is not accepted; {err}") from None
     tail = query.get("tail")
     if tail is not None:
         if not _DIGITS.fullmatch(tail) or int(tail) > MAX_TAIL:

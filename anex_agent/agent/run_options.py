@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from anex_agent.agent.workload import DEFAULT_GRACE
-from anex_agent.errors import ConfigError
+from anex_agent import parse
+from anex_agent.errors import ConfigError, env_value
 
 #: hosts the workload reaches directly when ANEX_PROXY_ENV=1
 NO_PROXY = "localhost,127.0.0.1,::1"
@@ -59,12 +60,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RunOption
 
     grace, source = pick(args.grace_period, "--grace-period", "ANEX_GRACE_PERIOD")
     wait, wsource = pick(args.wait_ready, "--wait-ready", "ANEX_WAIT_READY")
-    proxy = environ.get("ANEX_PROXY_ENV", "0").strip()
-    if proxy not in ("0", "1", ""):
-        raise ConfigError("ANEX_PROXY_ENV", f"{proxy!r} is not accepted; expected 0 or 1")
-    capture = environ.get("ANEX_LOGS", "1").strip()
-    if capture not in ("0", "1", ""):
-        raise ConfigError("ANEX_LOGS", f"{capture!r} is not accepted; expected 0 or 1")
+    proxy = env_value(environ, "ANEX_PROXY_ENV", parse.boolean, False)
+    capture = env_value(environ, "ANEX_LOGS", parse.boolean, True)
     push_dirs = []
     for entry in filter(None, environ.get("ANEX_PUSH_DIRS", "").split(":")):
         if not entry.startswith("/") or "\0" in entry or ".." in entry.split("/"):
@@ -72,10 +69,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RunOption
         push_dirs.append(os.path.realpath(entry))
     return RunOptions(
         push_dirs=tuple(push_dirs),
-        capture_logs=capture != "0",
+        capture_logs=capture,
         grace=_seconds(grace, source, 86400) if grace else DEFAULT_GRACE,
         wait_ready=_seconds(wait, wsource, 3600) if wait else None,
-        proxy_env=proxy == "1",
+        proxy_env=proxy,
     )
 
 

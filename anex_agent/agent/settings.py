@@ -100,6 +100,8 @@ class AgentSettings:
     inbound_ports: tuple[int, ...] = ()
     #: the flag or variable ``engine`` came from (for error messages)
     engine_source: str = "ANEX_ENGINE"
+    #: the flag, variable or file the join token came from (a refused token names it)
+    join_token_source: str = "ANEX_JOIN_TOKEN"
     #: PEM CA certificates trusted for an https:// coordinator (and a wss:// relay) besides the system store
     ca_file: Path | None = None
     #: seconds between UDP probes while on the WebSocket path (ANEX_PATH_PROBE_INTERVAL)
@@ -243,8 +245,8 @@ PROXY_AUTH = SecretSpec("--proxy-auth", "ANEX_PROXY_AUTH")
 
 def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = True) -> AgentSettings:
     """Build settings from argparse ``args`` (see :func:`add_arguments`) and ``environ``."""
-    token, _ = pick_secret(JOIN_TOKEN, environ, flag_value=getattr(args, "token", None),
-                           file_value=getattr(args, "token_file", None))
+    token, token_source = pick_secret(JOIN_TOKEN, environ, flag_value=getattr(args, "token", None),
+                                      file_value=getattr(args, "token_file", None))
     auth_text, src_u = pick_secret(PROXY_AUTH, environ, flag_value=getattr(args, "proxy_auth", None),
                                    file_value=getattr(args, "proxy_auth_file", None))
     ca, src_c = _pick(getattr(args, "ca_file", None), "--ca-file", environ, transport.CA_FILE_VAR, None)
@@ -299,6 +301,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     return AgentSettings(
         coordinator_url=url,
         join_token=(token or "").strip(),
+        join_token_source=token_source or "ANEX_JOIN_TOKEN",
         state_dir=Path(state) if state else default_state_dir(environ),
         engine=engine,
         engine_source=src_e,

@@ -8,8 +8,15 @@ Order of start (each step only after the previous one worked)::
 
 Fail static: once the data plane is up, coordinator failures only make heartbeats and
 the watch stream back off (with jitter) and retry; the tunnel, proxy and forwards keep
-the last good config. Teardown (always, also on errors): workload, API, front-ends,
-engine.stop(), so nothing of ours is left.
+the last good config.
+
+Stopping is bounded (:mod:`.stopping`): once the stop begins (the workload ended, or a stop
+signal without one) an exit deadline is armed (:data:`~.stopping.STOP_MARGIN` s), every task
+started through :attr:`Agent.tasks` is cancelled and waited for (bounded; one that goes on is
+cancelled again), the last heartbeat carries the workload's end (``run``, bounded), then the
+teardown (always, also on errors), each step bounded: workload, API, SSH, front-ends,
+engine.stop(), so nothing of ours is left. A second SIGTERM/SIGINT while stopping kills the
+workload, skips the last heartbeat and cuts every step short.
 
 The agent API's and the GPU telemetry's modules (aiohttp's server, prometheus_client,
 psutil, :mod:`anex_agent.gpu`) are imported once the data plane is up, in a worker thread,
@@ -18,7 +25,8 @@ so the proxy already serves while they load.
 Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` (join
 retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
 the agent exits with 128+N), then ``heartbeat``, ``watch``, ``ssh`` (the SSH server's upkeep, :mod:`.ssh_access`), ``gpu-telemetry`` (when
-:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` throughout.
+:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` and ``loop-watchdog`` (:mod:`anex_agent.loop_watchdog`: a step of the
+event loop over 1 s is logged with the task that took it) throughout.
 The data plane and its engine spawn theirs (``endpoint-follow``, an engine's own loops)
 through :class:`anex_agent.tasks.Tasks` over the same TaskGroup: a failure is logged and
 the task restarted with backoff.
@@ -28,7 +36,7 @@ interface of this host, on the mesh address too; that listener follows the addre
 the coordinator changes it.
 Signals: with a running workload they are forwarded to it (see :mod:`.workload`);
 otherwise SIGTERM/SIGINT/SIGHUP/SIGQUIT stop the agent (``daemon`` exits 0 after a clean
-stop) and the others are ignored. With a workload the agent is child subreaper and the task
+stop; a second one while stopping hurries it) and the others are ignored. With a workload the agent is child subreaper and the task
 ``reaper`` reaps orphaned processes (:mod:`.reaper`). The workload starts once a gateway
 handshake completed, ``wait_ready`` seconds at most (None: the data plane's default, 20 s;
 0: at once); when none came by then it starts anyway and the task ``ready-wait`` logs when
@@ -49,11 +57,12 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from anex_agent import __version__
+from anex_agent import __version__, join_token
 from anex_agent.sdnotify import Notifier
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
-from anex_agent.agent.heartbeat import heartbeat_loop, start_telemetry, watch_loop
+from anex_agent.agent.heartbeat import LAST_HEARTBEAT_TIMEOUT, heartbeat_loop, last_heartbeat, start_telemetry, watch_loop
+from anex_agent.agent.stopping import HURRY_MARGIN, STOP_MARGIN, ExitDeadline, Teardown, cancel_and_wait
 from anex_agent.client_link import CoordinatorLink
 from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.settings import AgentSettings, check_ports_free
@@ -61,6 +70,7 @@ from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.agent.reaper import Reaper, become_subreaper
 from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
+from anex_agent.loop_watchdog import LoopWatchdog
 from anex_agent.tasks import Tasks
 from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
 
@@ -71,6 +81,11 @@ log = logging.getLogger("anex_agent.agent")
 
 #: How long a start-up call to the coordinator may take before we fall back (fail static).
 STARTUP_TIMEOUT = 10.0
+#: Teardown: SIGTERM to a workload still running, then SIGKILL after this (s); the step's bound.
+TERMINATE_GRACE = 10.0
+WORKLOAD_STOP = TERMINATE_GRACE + 2.0
+#: Teardown: the data plane's stop (an engine's process gets 5 s to exit before SIGKILL).
+DATAPLANE_STOP = 7.0
 
 
 class Agent:
@@ -78,7 +93,7 @@ class Agent:
 
     def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None,
                  wait_ready: float | None = None, notifier: Notifier | None = None,
-                 push_dirs: tuple[str, ...] = ()) -> None:
+                 push_dirs: tuple[str, ...] = (), exit_deadline: ExitDeadline | None = None) -> None:
         self.settings = settings
         self.push_dirs = push_dirs  # where the cluster may push files (run: ANEX_PUSH_DIRS)
         self.notifier = notifier or Notifier(None)  # systemd: READY=1 once the tunnel is up, STATUS=, watchdog
@@ -95,6 +110,10 @@ class Agent:
         self._detect = detect_report
         self._stop = asyncio.Event()
         self._stop_signal: int | None = None
+        self.exit_deadline = exit_deadline or ExitDeadline()  # the CLI's is enabled: see .stopping
+        self._stopping = False  # the stop began (workload ended, stop signal, error): see _begin_stop
+        self._exit_code = 1
+        self._teardown_steps = Teardown()
         self.api: AgentApi | None = None
         self.telemetry = None  # anex_agent.gpu.monitor.TelemetryMonitor when available
         self.last_transport = None  # wire.TransportStatus, refreshed by heartbeats and /status (for /metrics)
@@ -153,6 +172,9 @@ class Agent:
                     saved_config = None
                     continue
                 if not err.retryable:
+                    refused = join_token.refusal(self.settings.join_token_source, err)
+                    if refused is not None:
+                        raise refused from None
                     raise
                 self.note_reachable(False, str(err))
                 if saved_config is not None and self.identity is not None:
@@ -319,9 +341,15 @@ class Agent:
             # one line for the CLI: the first real error out of the TaskGroup, not the group
             raise _first_error(group) from None
         finally:
-            for signum in FORWARDED:
-                loop.remove_signal_handler(signum)
-            await self._teardown(workload)
+            self._begin_stop(self._exit_code, workload)  # already begun unless an error ended the group
+            try:
+                await self._teardown(workload)
+            finally:  # ours until the end of the teardown: a second signal cuts it short
+                for signum in FORWARDED:
+                    loop.remove_signal_handler(signum)
+                if self.exit_deadline.enabled:  # the process is on its way out (within the deadline):
+                    for signum in TERMINATING:  # a late signal neither kills it nor raises KeyboardInterrupt
+                        signal.signal(signum, signal.SIG_IGN)
 
     async def _start_up(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> None:
         """Join (or re-use), data plane, API, then the workload. Cancelled by a stop signal."""
@@ -361,8 +389,9 @@ class Agent:
             await workload.start()
 
     async def _when_ready(self) -> None:
-        while not await self.dataplane.wait_handshake(3600.0):
-            pass
+        """Task ``ready-wait``: once a gateway answers (it may register long after the agent started)."""
+        assert self.dataplane is not None
+        await self.dataplane.handshake()  # waits for a gateway first when none is registered yet
         self._ready_now()
 
     def _ready_now(self) -> None:
@@ -373,39 +402,64 @@ class Agent:
             self.on_ready()
 
     async def _supervise(self, pubkey: str, facts: NodeFacts, workload: Workload | None) -> int:
-        exit_code = 0
         try:
             async with asyncio.TaskGroup() as tg:
-                self.tasks = Tasks(tg, role="agent")
-                stopper = tg.create_task(self._stop.wait(), name="stop-wait")
+                self.tasks = tasks = Tasks(tg, role="agent")
+                stopper = tasks.create("stop-wait", self._stop.wait())
+                tasks.create("loop-watchdog", LoopWatchdog().run())
                 if self.notifier.watchdog_interval is not None:
-                    tg.create_task(self.notifier.watchdog(), name="watchdog")
-                startup = tg.create_task(self._start_up(pubkey, facts, workload), name="start-up")
+                    tasks.create("watchdog", self.notifier.watchdog())
+                startup = tasks.create("start-up", self._start_up(pubkey, facts, workload))
                 await asyncio.wait({startup, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if not startup.done():  # a signal before the workload ran: stop, with the shell's status
-                    exit_code = 128 + (self._stop_signal or signal.SIGTERM)
+                    await self._wind_down(128 + (self._stop_signal or signal.SIGTERM), None)
                     raise _Done
-                tg.create_task(heartbeat_loop(self), name="heartbeat")
-                tg.create_task(watch_loop(self), name="watch")
+                tasks.create("heartbeat", heartbeat_loop(self))
+                tasks.create("watch", watch_loop(self))
                 if self.ssh is not None:
-                    tg.create_task(self.ssh.run(self.link.client, self._ssh_identity), name="ssh")
+                    tasks.create("ssh", self.ssh.run(self.link.client, self._ssh_identity))
                 if self.telemetry is not None:
-                    tg.create_task(self.telemetry.run(), name="gpu-telemetry")
+                    tasks.create("gpu-telemetry", self.telemetry.run())
                 if workload is not None:
-                    tg.create_task(Reaper().run(), name="reaper")
-                    waiter = tg.create_task(workload.wait(), name="workload")
+                    tasks.create("reaper", Reaper().run())
+                    waiter = tasks.create("workload", workload.wait())
                     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                    exit_code = waiter.result() if waiter.done() else 1
+                    await self._wind_down(waiter.result() if waiter.done() else 1, workload)
                 else:
                     await stopper
-                raise _Done  # leaving the group cancels heartbeat, watch and the waiters
+                    await self._wind_down(0, None)
+                raise _Done  # every task has ended (or was logged and left to the exit deadline)
         except BaseExceptionGroup as group:
             if _first_error(group) is not None:
                 raise
-        return exit_code
+        return self._exit_code
+
+    def _begin_stop(self, exit_code: int, workload: Workload | None) -> None:
+        """The stop begins: from now on the process exits within :data:`STOP_MARGIN` s (plus the
+        workload's stop when it still runs), whatever hangs."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._exit_code = exit_code
+        running = workload is not None and workload.proc is not None and workload.proc.returncode is None
+        self.exit_deadline.arm(STOP_MARGIN + (WORKLOAD_STOP if running else 0.0), exit_code)
+
+    async def _wind_down(self, exit_code: int, workload: Workload | None) -> None:
+        """End every task of ours (bounded), then, when a workload ran, the last heartbeat with its end."""
+        self._begin_stop(exit_code, workload)
+        assert self.tasks is not None
+        me = asyncio.current_task()
+        await cancel_and_wait([t for t in self.tasks.live() if t is not me])
+        if workload is not None and workload.proc is not None and self.identity is not None \
+                and not self._teardown_steps.hurried:
+            await self._teardown_steps.step("the last heartbeat", lambda: last_heartbeat(self),
+                                            timeout=LAST_HEARTBEAT_TIMEOUT + 1.0)
 
     def _on_signal(self, signum: int, workload: Workload | None) -> None:
-        if workload is not None and workload.proc is not None and workload.proc.returncode is None:
+        running = workload is not None and workload.proc is not None and workload.proc.returncode is None
+        if signum in TERMINATING and (self._stopping or self._stop.is_set()):
+            self._hurry(signum, workload if running else None)
+        elif running:
             workload.forward(signum)
         elif signum not in TERMINATING:
             log.info("received %s: nothing to forward it to", signal.Signals(signum).name)
@@ -414,21 +468,36 @@ class Agent:
             self._stop_signal = self._stop_signal or signum
             self._stop.set()
 
-    async def _teardown(self, workload: Workload | None) -> None:
-        self.notifier.notify(STOPPING=1, STATUS="stopping")
+    def _hurry(self, signum: int, workload: Workload | None) -> None:
+        """A second stop signal while stopping: kill the workload, cut the teardown short."""
+        log.warning("received %s while stopping: stopping at once", signal.Signals(signum).name)
         if workload is not None:
-            with contextlib.suppress(ProcessLookupError):
-                await workload.terminate()
+            workload.kill_group()
+        self._teardown_steps.hurry()
+        code = self._exit_code if self._stopping else 128 + (self._stop_signal or signum)
+        self.exit_deadline.arm(HURRY_MARGIN, code)
+
+    async def _teardown(self, workload: Workload | None) -> None:
+        """Workload, API, SSH, telemetry, data plane, coordinator connection: each step bounded."""
+        self.notifier.notify(STOPPING=1, STATUS="stopping")
+        steps = self._teardown_steps
+        if workload is not None:
+            await steps.step("stopping the workload", lambda: _terminate(workload), timeout=WORKLOAD_STOP)
         if self.api is not None:
-            await self.api.close()
+            await steps.step("closing the agent API", self.api.close)
         if self.ssh is not None:
-            await self.ssh.close()
+            await steps.step("closing the SSH server", self.ssh.close)
         if self.telemetry is not None:
             self.telemetry.close()
         if self.dataplane is not None:
-            await self.dataplane.stop()
-        await self.link.close()
+            await steps.step("stopping the data plane", self.dataplane.stop, timeout=DATAPLANE_STOP)
+        await steps.step("closing the coordinator connection", self.link.close)
         log.info("agent stopped; interfaces, routes and listeners removed")
+
+
+async def _terminate(workload: Workload) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        await workload.terminate(TERMINATE_GRACE)
 
 
 class _Done(Exception):

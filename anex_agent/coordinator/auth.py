@@ -52,6 +52,7 @@ class Auth(str, Enum):
     gateway = "gateway"
     node_or_admin = "node_or_admin"
     node_or_gateway = "node_or_gateway"
+    gateway_or_admin = "gateway_or_admin"
     ssh_issuer = "ssh_issuer"  # the admin, or the SSH issuer token (SSH user certificates only)
 
 
@@ -93,6 +94,7 @@ _ALLOWED: dict[Auth, frozenset[str]] = {
     Auth.gateway: frozenset({"gateway"}),
     Auth.node_or_admin: frozenset({"node", "admin"}),
     Auth.node_or_gateway: frozenset({"node", "gateway"}),
+    Auth.gateway_or_admin: frozenset({"gateway", "admin"}),
     Auth.ssh_issuer: frozenset({"admin", "ssh-issuer"}),
 }
 
@@ -254,11 +256,12 @@ class Authenticator:
 
 
 async def precheck_join(db: Database, secret: str, kind: str, *, now: float) -> None:
-    """Raise the one 401 unless ``secret`` is an unexpired join token of ``kind``.
+    """Raise the token's 401 (:func:`tokens.lookup`: saying why) unless ``secret`` is an unexpired
+    join token of ``kind``.
 
     A secret without the join-token prefix is refused without any database access; else a
     plain read: SQLite's read-only connection, a pooled PostgreSQL connection; no lock and
     no transaction is held, so a flood of bad tokens never delays a writer."""
     if not credentials.has_prefix(secret, credentials.JOIN_TOKEN):
-        raise problems.unauthenticated()
+        raise tokens.unknown()
     await tokens.lookup(db, secret, wire.TokenKind(kind), now=now)

@@ -6,7 +6,8 @@ credential, join routes a join token in the body; /healthz, /readyz, /metrics an
 /v1/openapi.json need nothing (/metrics adds the fleet's series for the admin or metrics token).
 Listen on a wider address only with TLS: ``--tls-cert``/``--tls-key`` (the
 coordinator serves HTTPS itself) or a reverse proxy / ingress in front: bearer secrets
-travel in headers.
+travel in headers. A non-loopback ``--listen`` without ``--tls-cert`` starts, with a
+warning saying so and how to fix it (:func:`plain_http_warning`).
 
 Secrets never need the command line (every user of the host sees it in ``ps``): the
 admin token comes from ``ANEX_ADMIN_TOKEN`` or ``ANEX_ADMIN_TOKEN_FILE`` (else the state
@@ -67,6 +68,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a node without heartbeat for this long is not_ready (default 60)")
     parser.add_argument("--expired-after", type=float, default=3600.0, metavar="SECONDS",
                         help="a node without heartbeat for this long is expired (default 3600)")
+    parser.add_argument("--gateway-gone-after", type=float, default=60.0, metavar="SECONDS",
+                        help="a gateway not heard of for this long (no open watch stream) is gone: nodes leave it "
+                             "out until it is back (default 60, at least 5)")
     parser.add_argument("--credential-rotation", type=float, default=3600.0, metavar="SECONDS",
                         help="node and gateway credentials are replaced this often (default 3600)")
     parser.add_argument("--credential-grace", type=float, default=300.0, metavar="SECONDS",
@@ -164,6 +168,26 @@ def _secrets_and_tls(args: argparse.Namespace, env) -> dict:
             "metrics_token": env.get("ANEX_METRICS_TOKEN") or None}
 
 
+def plain_http_warning(host: str, port: int, tls: bool) -> str | None:
+    """The warning for plain HTTP on an address other machines reach (None: loopback, or TLS).
+
+    Join tokens, node and gateway credentials and the admin token travel in headers: over
+    plain HTTP past this host anyone on the path reads them. Not refused: behind a
+    TLS-terminating proxy on a private network it is how some run it."""
+    if tls:
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return (f"--listen {where} without --tls-cert: plain HTTP reachable from other machines, so join tokens, "
+            "credentials and the admin token would cross the network in clear text; give --tls-cert FILE and "
+            "--tls-key FILE (agents and gateways then use https://), or listen on 127.0.0.1 behind a "
+            "TLS-terminating reverse proxy or ingress")
+
+
 def _listen(value: str) -> tuple[str, int]:
     """--listen: port 0 is allowed and means any free port (the bound address is printed)."""
     return config_value("--listen", parse.listen, value, any_port=True)
@@ -188,6 +212,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         flags = "--heartbeat-interval/--credential-rotation/--credential-grace" if "credential" in str(err) else \
             "--heartbeat-interval/--not-ready-after/--expired-after"
         raise ConfigError(flags, str(err)) from None
+    if not 5 <= args.gateway_gone_after <= 86400:  # also NaN
+        raise ConfigError("--gateway-gone-after", f"{args.gateway_gone_after} is out of range; use 5..86400 seconds")
     if not args.address_quarantine >= 0:  # also NaN: it would make a freed address never (or randomly) reusable
         raise ConfigError("--address-quarantine", "must be 0 or more seconds")
     if not 0 <= args.heartbeat_flush_interval <= 5:
@@ -215,6 +241,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         access_token_ttl=args.access_token_ttl,
         heartbeat_flush_interval=args.heartbeat_flush_interval,
         gateway_routes=routes,
+        gateway_gone_after=args.gateway_gone_after,
         **secret_fields,
         metrics_token_file=args.metrics_token_file,
         limits=Limits(trusted_proxies=proxies),
@@ -279,6 +306,9 @@ def main(args: argparse.Namespace) -> int:
     host, port = _listen(args.listen)
     settings = settings_from(args)
     lock = statelock.acquire(settings.state_dir, "coordinator")  # noqa: F841 - held until exit; one instance per state dir
+    warning = plain_http_warning(host, port, settings.tls_cert is not None)
+    if warning:
+        log.warning("%s", warning)
     from anex_agent.sdnotify import Notifier, supervised
 
     notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once listening, watchdog

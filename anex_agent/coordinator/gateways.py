@@ -9,6 +9,14 @@ Contract:
   working for ``credential_grace`` seconds.
 * Registering or changing a gateway is a ``gateway_changed`` for every node (their
   config lists the gateways) and bumps ``counters.gateways_version``.
+* Presence: a gateway is *gone* when it said so as it stopped (:func:`mark_gone`, by its own
+  credential or the admin's) or when nothing was heard of it for ``gateway_gone_after`` s
+  (:func:`expire_silent`, from the sweeper). Heard of it: it registered, opened its watch
+  stream or read its peers (:func:`seen`), and every ``touch_interval(settings)`` s while its
+  watch stream stays open (:func:`touch`). A gone gateway keeps its row, address and
+  credential but is left out of the nodes' configs (``gone_at`` set, a ``gateway_changed``);
+  the first of those calls brings it back (another ``gateway_changed``). A touch never
+  brings one back: a stop is not undone by the stream it just closed.
 * :func:`peer_set` reads the version *before* the peers: a change committed in between
   is replayed to a watcher that resumes from that version, and replaying an add or a
   remove is harmless, so a snapshot plus replay is never missing anything.
@@ -17,6 +25,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from anex_agent import wire
@@ -28,6 +37,8 @@ from anex_agent.coordinator.nodes import mesh_peer
 if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which imports the services
     from anex_agent.coordinator.context import Coordinator
 
+log = logging.getLogger(__name__)
+
 
 async def peer_set(tx: Conn) -> wire.PeerSet:
     version = await changes.current_version(tx)
@@ -38,8 +49,75 @@ async def peer_set(tx: Conn) -> wire.PeerSet:
 async def peers(ctx: Coordinator, gateway_id: str) -> wire.PeerSet:
     now = ctx.clock()
     async with ctx.db.transaction() as tx:
-        await tx.execute("UPDATE gateways SET last_seen_at = $2 WHERE id = $1", gateway_id, now)
-        return await peer_set(tx)
+        back = await seen(ctx, tx, gateway_id, now)
+        snapshot = await peer_set(tx)
+    if back:
+        ctx.committed()
+    return snapshot
+
+
+def touch_interval(settings) -> float:
+    """Seconds between two ``last_seen_at`` writes while a gateway's watch stream is open:
+    a third of ``gateway_gone_after``, at most 10 s (a missed write or two is no absence)."""
+    return min(10.0, settings.gateway_gone_after / 3)
+
+
+async def seen(ctx: Coordinator, tx: Conn, gateway_id: str, now: float) -> bool | None:
+    """The gateway called (its watch stream, its peers): ``last_seen_at`` now, and back when it
+    was gone. None: no such gateway; True: it was gone and is back (call ``ctx.committed()``
+    after the commit); False: it was present."""
+    if not await tx.execute("UPDATE gateways SET last_seen_at = $2, gone_at = NULL, gone_reason = NULL"
+                            " WHERE id = $1 AND gone_at IS NOT NULL", gateway_id, now):
+        if not await tx.execute("UPDATE gateways SET last_seen_at = $2 WHERE id = $1", gateway_id, now):
+            return None
+        return False
+    await _gateways_changed(ctx, tx, now)
+    log.info("gateway %s is back: nodes route through it again", gateway_id)
+    return True
+
+
+async def touch(ctx: Coordinator, gateway_id: str) -> None:
+    """While its watch stream is open: the gateway is still there (a gone one stays gone)."""
+    await ctx.db.execute("UPDATE gateways SET last_seen_at = $2 WHERE id = $1 AND gone_at IS NULL",
+                         gateway_id, ctx.clock())
+
+
+async def mark_gone(ctx: Coordinator, gateway_id: str, reason: str, *, last_seen_at: float | None = None) -> bool:
+    """Leave the gateway out of the nodes' configs (it stays registered). ``last_seen_at``: only
+    if it was not heard of since (the sweeper's judgement). False when it was gone already (or
+    heard of meanwhile); NotFound (a problem) when there is no such gateway."""
+    now = ctx.clock()
+    async with ctx.db.transaction() as tx:
+        if last_seen_at is None:
+            done = await tx.execute("UPDATE gateways SET gone_at = $2, gone_reason = $3 WHERE id = $1 AND gone_at IS NULL",
+                                    gateway_id, now, reason)
+        else:
+            done = await tx.execute("UPDATE gateways SET gone_at = $2, gone_reason = $3 WHERE id = $1"
+                                    " AND gone_at IS NULL AND last_seen_at = $4", gateway_id, now, reason, last_seen_at)
+        if not done:
+            if last_seen_at is None and await tx.fetchval("SELECT COUNT(*) FROM gateways WHERE id = $1", gateway_id) == 0:
+                raise problems.not_found(f"gateway {gateway_id}")
+            return False
+        await _gateways_changed(ctx, tx, now)
+    ctx.committed()
+    log.info("gateway %s is gone (%s): nodes route through the other gateways until it is back", gateway_id, reason)
+    return True
+
+
+async def expire_silent(ctx: Coordinator) -> int:
+    """Mark gone every present gateway not heard of for ``gateway_gone_after`` s; how many.
+    Not before this process has listened that long (a restart is not the gateways' silence)."""
+    now = ctx.clock()
+    after = ctx.settings.gateway_gone_after
+    if now - ctx.started_at < after:
+        return 0
+    rows = await ctx.db.fetch("SELECT id, last_seen_at FROM gateways WHERE gone_at IS NULL AND last_seen_at <= $1",
+                              now - after)
+    gone = 0
+    for row in rows:
+        gone += await mark_gone(ctx, row["id"], f"nothing heard of it for {after:.0f} s",
+                                last_seen_at=row["last_seen_at"])
+    return gone
 
 
 async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wire.GatewayRegisterResponse:
@@ -58,7 +136,7 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
             await tx.execute(
                 "UPDATE gateways SET credential_hash = $2, name = $3, endpoint = $4, ws_url = $5, routes = $6,"
                 " last_seen_at = $7, credential_issued_at = $7, previous_credential_hash = NULL,"
-                " previous_valid_until = NULL WHERE id = $1",
+                " previous_valid_until = NULL, gone_at = NULL, gone_reason = NULL WHERE id = $1",
                 gateway_id,
                 credentials.hash_secret(credential),
                 *fields,
@@ -140,7 +218,16 @@ def view_of(row: dict) -> wire.GatewayView:
         routes=json.loads(row["routes"]),
         created_at=tokens.to_datetime(row["created_at"]),
         last_seen_at=tokens.to_datetime(row["last_seen_at"]),
+        gone_at=tokens.to_datetime(row.get("gone_at")),
+        gone_reason=row.get("gone_reason"),
     )
+
+
+async def view(ctx: Coordinator, gateway_id: str) -> wire.GatewayView:
+    row = await ctx.db.fetchrow("SELECT * FROM gateways WHERE id = $1", gateway_id)
+    if row is None:
+        raise problems.not_found(f"gateway {gateway_id}")
+    return view_of(row)
 
 
 async def list_views(ctx: Coordinator) -> wire.GatewayList:

@@ -54,7 +54,7 @@ class Metrics:
             registry=self.registry,
         )
         self.nodes = Gauge("anex_coordinator_nodes", "nodes by state (all coordinators)", ["state"], registry=self.registry)
-        self.gateways = Gauge("anex_coordinator_gateways", "registered gateways", registry=self.registry)
+        self.gateways = Gauge("anex_coordinator_gateways", "registered gateways, those marked gone left out", registry=self.registry)
         self.changes_delivered = Counter(
             "anex_coordinator_changes", "change-log entries seen by this process", registry=self.registry
         )

@@ -177,6 +177,16 @@ CORE: list[Migration] = [
         DROP INDEX nodes_state
         """,
     ),
+    # a gateway that stopped, or went silent for --gateway-gone-after, is left out of the
+    # nodes' configs until it is back (its row, address and credential are kept)
+    Migration(
+        5,
+        "gateways: gone",
+        """
+        ALTER TABLE gateways ADD COLUMN gone_at DOUBLE PRECISION;
+        ALTER TABLE gateways ADD COLUMN gone_reason TEXT
+        """,
+    ),
 ]
 
 

@@ -37,7 +37,7 @@ def mesh_peer(row: dict) -> wire.MeshPeer:
 
 
 async def gateway_peers(ctx: Coordinator, tx: Conn) -> list[wire.GatewayPeer]:
-    rows = await tx.fetch("SELECT * FROM gateways ORDER BY created_at, id")
+    rows = await tx.fetch("SELECT * FROM gateways WHERE gone_at IS NULL ORDER BY created_at, id")
     return [
         wire.GatewayPeer(
             id=row["id"],

@@ -69,6 +69,26 @@ def unauthenticated() -> Problem:
     return Problem(401, "Unauthorized", UNAUTHENTICATED_DETAIL, slug="unauthorized", headers={"WWW-Authenticate": "Bearer"})
 
 
+#: Why a join token was refused (``reason`` of :func:`join_token_refused`'s problem).
+TOKEN_REASONS = ("unknown", "kind", "expired", "used_up")
+
+
+def join_token_refused(reason: str, message: str) -> Problem:
+    """The 401 of a join or gateway registration whose token itself is refused, saying why.
+
+    ``reason`` is one of :data:`TOKEN_REASONS`; ``message`` the sentence for ``errors``.
+    A token that does not exist (never issued, or revoked) is ``unknown``; only a caller
+    presenting a real token learns more (expired, used up, of the other kind), and only about
+    that token: tokens carry 256 random bits, so the answer cannot be used to find one, and
+    a holder of a spent token can do nothing more with it than before. The proof of key
+    possession and a replayed nonce keep the generic :func:`unauthenticated`.
+    """
+    assert reason in TOKEN_REASONS
+    return Problem(401, "Unauthorized", f"join token refused: {message}", slug="unauthorized",
+                   headers={"WWW-Authenticate": "Bearer"}, errors=[{"field": "token", "message": message}],
+                   reason=reason)
+
+
 def forbidden(detail: str) -> Problem:
     return Problem(403, "Forbidden", detail, slug="forbidden")
 

@@ -8,7 +8,8 @@ Contract (inside the caller's join transaction):
   one 401. Its nonce is recorded (``proof_nonces``, primary key ``(public_key, nonce)``,
   shared by every coordinator on the database) until the window has passed, so a replayed
   request is the same 401;
-* the join token must exist, be of ``kind`` and not be expired (else the one 401);
+* the join token must exist, be of ``kind`` and not be expired (else a 401 saying which:
+  :func:`anex_agent.coordinator.tokens.lookup`);
 * the public key is looked up among the caller's own kind (``own_table``): a match is a
   re-join of that node or gateway; a used single-use token is only good for that owner;
 * a public key of the other kind (``other_table``) is a 409 naming ``public_key``: every

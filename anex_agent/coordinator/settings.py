@@ -47,6 +47,9 @@ class Settings:
     sweep_interval: float = 1.0
     change_retention: int = 100_000
     persistent_keepalive: int = 25
+    #: seconds without a sign of a gateway (its watch stream open, a call of its own) after
+    #: which it is gone: left out of the nodes' configs until it is back (--gateway-gone-after)
+    gateway_gone_after: float = 60.0
     limits: Limits = field(default_factory=Limits)
     metrics_token_file: Path | None = None  # else $ANEX_METRICS_TOKEN; none: /metrics needs the admin token
     gateway_routes: tuple[str, ...] = DEFAULT_GATEWAY_ROUTES  # networks gateways may offer (--gateway-route)

@@ -1,5 +1,6 @@
-"""Periodic upkeep: node state transitions (expiry removes the node), gauges, pruning of
-the change log and of spent join-proof nonces.
+"""Periodic upkeep: node state transitions (expiry removes the node), silent gateways marked
+gone (:func:`.gateways.expire_silent`), gauges, pruning of the change log and of spent
+join-proof nonces.
 
 State rules live in :mod:`.states` (pure); SQL here only pre-selects candidates and
 writes a new state with a conditional update (the row must still have the heartbeat
@@ -21,7 +22,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from anex_agent.coordinator import changes, nodes, registration, states
+from anex_agent.coordinator import changes, gateways, nodes, registration, states
 from anex_agent.wire import NodeState
 
 if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which imports the services
@@ -104,7 +105,7 @@ async def update_gauges(ctx: Coordinator) -> None:
         counts[row["state"]] = int(row["n"])
     for state, n in counts.items():
         ctx.metrics.nodes.labels(state=state).set(n)
-    ctx.metrics.gateways.set(int(await ctx.db.fetchval("SELECT COUNT(*) FROM gateways")))
+    ctx.metrics.gateways.set(int(await ctx.db.fetchval("SELECT COUNT(*) FROM gateways WHERE gone_at IS NULL")))
     ctx.metrics.watchers.set(ctx.feed.watcher_count)
 
 
@@ -118,6 +119,7 @@ async def run(ctx: Coordinator) -> None:
             async with ctx.db.exclusive(SWEEP_LOCK) as mine:
                 if mine:
                     await sweep(ctx)
+                    await gateways.expire_silent(ctx)
                     if rounds % _PRUNE_EVERY == 0:
                         await changes.prune(ctx.db, keep=ctx.settings.change_retention)
                         await registration.prune_nonces(ctx.db, now=ctx.clock())

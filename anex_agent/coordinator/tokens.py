@@ -14,9 +14,13 @@ Contract:
   use with one conditional update (``uses = uses + 1 ... WHERE uses < max_uses``), so
   concurrent joins, also on several coordinators sharing PostgreSQL, never exceed
   ``max_uses``; and it checks the provider the joined node was written with.
-* Every failure of the token itself is the same 401 (:func:`problems.unauthenticated`); a node
-  token naming a provider it does not allow is a 403 naming ``provider`` (the caller holds the
-  token, so it learns nothing it did not know).
+* A failure of the token itself is a 401 that says why (:func:`problems.join_token_refused`,
+  ``errors[0].field == "token"``): ``unknown`` (never issued, or revoked: no more is said),
+  ``kind`` (a node token at the gateway registration or the reverse), ``expired``, or
+  ``used_up``. Only the holder of a real token learns which, and only about that token (see
+  that function for why this gives a stranger nothing). A node token naming a provider it
+  does not allow is a 403 naming ``provider`` (the caller holds the token, so it learns
+  nothing it did not know).
 """
 
 from __future__ import annotations
@@ -108,22 +112,38 @@ async def create_for_provision(
 
 
 async def lookup(tx: Conn, secret: str, kind: wire.TokenKind, *, now: float) -> dict:
-    """The token row for ``secret`` if it exists, is of ``kind`` and not expired; else 401."""
+    """The token row for ``secret`` if it exists, is of ``kind`` and not expired; else the 401 saying which."""
     row = await tx.fetchrow("SELECT * FROM join_tokens WHERE token_hash = $1", credentials.hash_secret(secret))
-    if row is None or row["kind"] != kind.value or row["expires_at"] <= now:
-        raise problems.unauthenticated()
+    if row is None:
+        raise unknown()
+    if row["kind"] != kind.value:
+        raise problems.join_token_refused("kind", f"it is a {row['kind']} join token; this needs a {kind.value} "
+                                                  "join token")
+    if row["expires_at"] <= now:
+        expired = to_datetime(row["expires_at"]).strftime("%Y-%m-%d %H:%M:%S UTC")
+        raise problems.join_token_refused("expired", f"it expired at {expired}")
     return row
+
+
+def unknown() -> problems.Problem:
+    """The 401 of a secret that is no join token (never issued, revoked, or not even of the form)."""
+    return problems.join_token_refused("unknown", "not valid (no such token: never issued, or revoked)")
 
 
 def _used_up(token: dict) -> bool:
     return token["max_uses"] is not None and token["uses"] >= token["max_uses"]
 
 
+def used_up() -> problems.Problem:
+    return problems.join_token_refused("used_up", "it is used up (it admitted as many nodes or gateways as it "
+                                                  "allows; only those may present it again)")
+
+
 def check_unused_or_owner(token: dict, owner_id: str | None) -> None:
     """Before doing work: a used-up token is only good for a re-join (``owner_id`` = the row
     already holding the key); :func:`redeem` decides whether the token admitted that owner."""
     if owner_id is None and _used_up(token):
-        raise problems.unauthenticated()
+        raise used_up()
 
 
 async def _check_provider(tx: Conn, token: dict, owner_id: str) -> None:
@@ -141,7 +161,7 @@ async def _check_provider(tx: Conn, token: dict, owner_id: str) -> None:
 async def redeem(tx: Conn, token: dict, owner_id: str, *, now: float) -> None:
     """Count the join of ``owner_id`` (inside the join transaction, after its row is written).
 
-    A first join by ``owner_id`` uses one use, atomically: 401 when none is left (the
+    A first join by ``owner_id`` uses one use, atomically: 401 ``used_up`` when none is left (the
     transaction then writes nothing). A re-join by an owner the token already admitted only
     bumps ``use_count``. 403 naming ``provider`` when the node's provider is not allowed."""
     await _check_provider(tx, token, owner_id)
@@ -159,7 +179,7 @@ async def redeem(tx: Conn, token: dict, owner_id: str, *, now: float) -> None:
         owner_id,
     )
     if changed != 1:
-        raise problems.unauthenticated()
+        raise used_up()
     await tx.execute(
         "INSERT INTO join_token_uses (token_id, owner_id, used_at) VALUES ($1, $2, $3)", token["id"], owner_id, now
     )

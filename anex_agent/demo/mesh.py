@@ -54,6 +54,10 @@ COORDINATOR_PORT = 8700
 WG_PORT = 51820
 WS_PORT = 8443  # the gateway's WebSocket relay (plain: the demo has no TLS ingress)
 WS_URL = f"ws://{UNDERLAY_GW}:{WS_PORT}/relay"
+#: A standby gateway (:meth:`Mesh.add_standby_gateway`): its own namespace on the nodes' bridge,
+#: its own link to the cluster, the same --route.
+STANDBY_UNDERLAY = "192.168.100.250"
+STANDBY_CLUSTER_GW, STANDBY_CLUSTER_IP = "10.78.0.1", "10.78.0.2"
 
 
 def anex_argv() -> list[str]:
@@ -136,6 +140,8 @@ class Mesh:
         self.coordinator_args: list[str] = []  # more flags for every start of the coordinator (--agent-binary ...)
         self.gateway_proc: subprocess.Popen | None = None
         self.gateway_token: str | None = None
+        self.standby: Namespace | None = None  # a second gateway's namespace (add_standby_gateway)
+        self.standby_proc: subprocess.Popen | None = None
         self._service_procs: list[subprocess.Popen] = []
         self._private_dirs: list[Path] = []  # state directories of unprivileged agents (outside workdir)
         self._next_node = 1
@@ -270,9 +276,57 @@ class Mesh:
             wait_until(self._gateway_registered, 30, "the gateway registering with the coordinator")
         wait_until(self._gateway_up, 30, "the gateway's WireGuard interface")
 
-    def gateway_interfaces(self) -> list[str]:
-        """Our WireGuard interfaces in the gateway namespace."""
-        lines = self.gateway.run(["ip", "-o", "link"]).stdout.splitlines()
+    def add_standby_gateway(self) -> None:
+        """A namespace for a second gateway offering the same route: on the nodes' bridge at
+        :data:`STANDBY_UNDERLAY`, with a link of its own to the cluster (start it with
+        :meth:`start_standby`)."""
+        self.standby = Namespace("gs")
+        self.standby.create()
+        self.namespaces.append(self.standby)
+        link(self.gateway, self.standby, None, f"{STANDBY_UNDERLAY}/24", bridge_a="br-nodes")
+        link(self.cluster, self.standby, f"{STANDBY_CLUSTER_IP}/24", f"{STANDBY_CLUSTER_GW}/24")
+        self.standby.run(["ip", "route", "add", CLUSTER_NET, "via", STANDBY_CLUSTER_IP])
+
+    def start_standby(self, *, registered: bool = True) -> None:
+        """``anex-agent gateway`` in the standby namespace, the same --route as the first."""
+        assert self.standby is not None, "add_standby_gateway() first"
+        state = self.workdir / "gateway-standby"
+        state.mkdir(exist_ok=True)
+        argv = [
+            *anex_argv(), "gateway", "--name", "standby",
+            "--coordinator", f"http://{UNDERLAY_GW}:{COORDINATOR_PORT}",
+            "--state-dir", str(state),
+            "--listen-udp", f"0.0.0.0:{WG_PORT}",
+            "--endpoint", f"{STANDBY_UNDERLAY}:{WG_PORT}",
+            "--route", CLUSTER_NET,
+            "--dns-upstream", f"{CLUSTER_IP}:{DNS_PORT}",
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}
+        env["ANEX_GATEWAY_TOKEN"] = self.gateway_token or self.join_token("gateway", reusable=True)
+        self.standby_proc = self.standby.popen(argv, stdout=self._logfile("gateway-standby"), stderr=subprocess.STDOUT,
+                                               env=env)
+        if registered:
+            wait_until(lambda: any(g["name"] == "standby" and not g.get("gone_at")
+                                   for g in (self.admin("GET", "/v1/gateways") or {}).get("gateways", [])),
+                       30, "the standby gateway registering with the coordinator")
+        wait_until(lambda: bool(self.gateway_interfaces(self.standby)), 30, "the standby gateway's WireGuard interface")
+
+    def kill_standby(self) -> None:
+        if self.standby_proc is not None:
+            self.standby_proc.kill()
+            self.standby_proc.wait(timeout=10)
+            self.standby_proc = None
+        assert self.standby is not None
+        wait_until(lambda: not self.gateway_interfaces(self.standby), 10, "the standby interface to disappear")
+
+    def stop_standby(self) -> None:
+        if self.standby_proc is not None:
+            stop_processes([self.standby_proc])
+            self.standby_proc = None
+
+    def gateway_interfaces(self, ns: Namespace | None = None) -> list[str]:
+        """Our WireGuard interfaces in the gateway namespace (or ``ns``)."""
+        lines = (ns or self.gateway).run(["ip", "-o", "link"]).stdout.splitlines()
         return [l.split(": ")[1].split("@")[0] for l in lines if ": anx" in l and "anxd" not in l]
 
     def _gateway_up(self) -> bool:
@@ -400,6 +454,7 @@ class Mesh:
         for node in self.nodes:
             node.proc = None
         self.stop_gateway()
+        self.stop_standby()
         self.stop_coordinator()
         stop_processes(self._service_procs)
         for ns in reversed(self.namespaces):

@@ -9,8 +9,8 @@ Flags (environment fallback in brackets):
     --ca-file FILE          PEM CA certificates trusted for an https:// coordinator [ANEX_CA_FILE]
     --allow-insecure        accept plain http:// to a public coordinator address [ANEX_ALLOW_INSECURE=1]
     --listen-udp ADDR       WireGuard UDP IP:PORT or :PORT (default 0.0.0.0:51820; the engine binds the port on all addresses)
-    --endpoint HOST:PORT    what nodes dial (default: --listen-udp when it names an address)
-    --ws-url URL            WebSocket relay URL advertised to UDP-blocked nodes (ws:// or wss://)
+    --endpoint HOST:PORT    what nodes dial (default: --listen-udp when it names an address; required otherwise)
+    --ws-url URL            WebSocket relay URL advertised to UDP-blocked nodes (ws:// or wss://; needs --ws-listen)
     --ws-listen HOST:PORT   serve the WebSocket relay there (plain, or TLS with --tls-cert/--tls-key)
     --tls-cert FILE         PEM certificate (chain) of the relay
     --tls-key FILE          PEM private key of the relay
@@ -18,7 +18,7 @@ Flags (environment fallback in brackets):
                             client (repeat; without it the header is ignored)
     --metrics-listen IP:PORT serve Prometheus metrics there (GET /metrics, no token: bind loopback or a
                             cluster-only address) [ANEX_GATEWAY_METRICS_LISTEN]
-    --route CIDR            a cluster network nodes may reach (repeat)
+    --route CIDR            a cluster network nodes may reach (repeat; with its prefix length: 10.96.0.0/12)
     --dns-upstream IP[:PORT] cluster DNS to forward mesh queries to
     --state-dir DIR         key pair and last registration   [ANEX_STATE_DIR] (default /var/lib/anex-gateway)
     --engine E              auto | kernel | wireguard-go
@@ -47,10 +47,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-insecure", action="store_true",
                         help="accept a plain http:// coordinator URL to a public address [ANEX_ALLOW_INSECURE=1]")
     parser.add_argument("--listen-udp", default=DEFAULT_LISTEN_UDP, help="WireGuard UDP IP:PORT, [IPv6]:PORT or :PORT, port 1..65535")
-    parser.add_argument("--endpoint", default=None, help="UDP HOST:PORT nodes dial (default: --listen-udp)")
+    parser.add_argument("--endpoint", default=None,
+                        help="UDP HOST:PORT nodes dial (default: --listen-udp when it names an address; required "
+                             "when it listens on every address)")
     parser.add_argument("--ws-url", default=None,
                         help="WebSocket relay URL advertised to UDP-blocked nodes (ws:// or wss://; behind a "
-                             "TLS-terminating proxy or ingress: its public URL)")
+                             "TLS-terminating proxy or ingress: its public URL); needs --ws-listen")
     parser.add_argument("--ws-listen", default=None, metavar="HOST:PORT",
                         help="serve the WebSocket relay for UDP-blocked nodes on HOST:PORT")
     parser.add_argument("--tls-cert", default=None, metavar="FILE", help="PEM certificate chain of the relay (TLS)")
@@ -61,7 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-listen", default=None, metavar="IP:PORT",
                         help="serve Prometheus metrics on IP:PORT (GET /metrics, no token: bind loopback or an "
                              "address only the cluster reaches) [ANEX_GATEWAY_METRICS_LISTEN]")
-    parser.add_argument("--route", action="append", default=[], metavar="CIDR", help="cluster network to route (repeat)")
+    parser.add_argument("--route", action="append", default=[], metavar="CIDR",
+                        help="cluster network to route, in CIDR form with its prefix length (10.96.0.0/12; repeat)")
     parser.add_argument("--dns-upstream", default=None, metavar="IP[:PORT]", help="cluster DNS server")
     parser.add_argument("--state-dir", default=None, help="state directory [ANEX_STATE_DIR]")
     parser.add_argument("--engine", default=None, choices=GATEWAY_ENGINES, help="default auto [ANEX_ENGINE]")

@@ -5,6 +5,8 @@
                                                                    a proof of possession of the key pair)
     peers(gateway_id) -> PeerSet                                   GET /v1/gateways/{id}/peers (credential)
     renew(gateway_id) -> CredentialRenewal                         POST /v1/gateways/{id}/credential (rotation)
+    gone(gateway_id)                                               POST /v1/gateways/{id}/gone (credential; as
+                                                                   it stops: nodes leave it out until it is back)
     watch(since) -> async iterator of WatchEvent                   GET /v1/watch (credential; the client
                                                                    reconnects by itself and raises only
                                                                    non-retryable errors such as a 401)
@@ -32,3 +34,6 @@ class GatewayLink(LinkBase):
 
     async def peers(self, gateway_id: str) -> PeerSet:
         return await self.client.get_peers(gateway_id)
+
+    async def gone(self, gateway_id: str) -> None:
+        await self.client.gateway_gone(gateway_id)

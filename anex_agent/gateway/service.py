@@ -26,7 +26,11 @@ Start order (teardown runs in reverse, also after errors):
 7. the credential renewal: every ``credential_rotation`` seconds (from the registration
    answer) ``POST /v1/gateways/{id}/credential``; the new credential is saved at once.
 
-Every task is named and owned by one TaskGroup; SIGTERM/SIGINT end it cleanly.
+Every task is named and owned by one TaskGroup; SIGTERM/SIGINT end it cleanly: the watch
+stream closes and the gateway tells the coordinator it is gone (``POST
+/v1/gateways/{id}/gone``, at most :data:`LEAVE_TIMEOUT` s: an unreachable coordinator does
+not hold the stop up; it then finds the gateway silent after its ``--gateway-gone-after``),
+so nodes leave it out of their configs until it is back (its next watch stream).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import signal
 import time
 from contextlib import AsyncExitStack
 
-from anex_agent import keys
+from anex_agent import join_token, keys
 from anex_agent.backoff import Backoff
 from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineError
 from anex_agent.gateway import forwarding, nft
@@ -58,6 +62,8 @@ log = logging.getLogger(__name__)
 #: within the last interval come back only when the coordinator does); long enough that a
 #: burst of changes is one write.
 SAVE_INTERVAL = 0.1
+#: Seconds a stop waits for the coordinator to take the gateway's "gone" (it is bounded: a stop never hangs).
+LEAVE_TIMEOUT = 3.0
 
 
 class _Stop(Exception):
@@ -167,6 +173,9 @@ class Gateway:
                     self.book = PeerBook.from_peer_set(peer_set)
                     return False
                 if not err.retryable:
+                    refused = join_token.refusal(self.settings.token_source, err, "gateway")
+                    if refused is not None:  # one line naming where the token came from, why, what to do
+                        raise refused from None
                     raise
                 delay = backoff.next_delay()
                 log.warning("cannot register with %s (%s); retrying in %.1f s", self.settings.coordinator_url, err, delay)
@@ -352,7 +361,7 @@ class Gateway:
         log.info("gateway public key %s", self.keypair.public_b64)
         async with AsyncExitStack() as stack:
             stack.push_async_callback(self.link.close)
-            engine_cls, tried = choose_engine(self.settings.engine)
+            engine_cls, tried = choose_engine(self.settings.engine, source=self.settings.engine_source)
             log.info("engine: %s (%s)", engine_cls.name, tried[engine_cls.name].reason)
             self.ifname = self.ifname or interface_for(self.keypair.public_b64)
             self.engine = engine_cls(ifname=self.ifname)
@@ -450,9 +459,25 @@ class Gateway:
                 self.ready.set()
         except* _Stop:
             log.info("gateway stopping")
+            await self._leave()
         finally:
             if dns is not None:
                 await dns.close()
+
+    async def _leave(self) -> None:
+        """Tell the coordinator this gateway is gone (nodes route through the others), within LEAVE_TIMEOUT s."""
+        assert self.registration is not None
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT):
+                await self.link.gone(self.registration.gateway_id)
+        except TimeoutError:
+            log.warning("the coordinator did not take this gateway's stop within %.0f s; it will find the gateway "
+                        "silent and leave it out of the nodes' configs after its --gateway-gone-after", LEAVE_TIMEOUT)
+        except CoordinatorError as err:
+            log.warning("telling the coordinator this gateway stops failed (%s); it will find the gateway silent "
+                        "and leave it out of the nodes' configs after its --gateway-gone-after", err)
+        else:
+            log.info("the coordinator knows this gateway stopped: nodes route through the other gateways")
 
     async def _wait_stop(self) -> None:
         await self._stop.wait()

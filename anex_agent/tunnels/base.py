@@ -481,7 +481,9 @@ def choose_engine(requested: str = "auto", *, for_workload: bool = False,
     ``ANEX_ENGINE``) with the accepted names and those that run here. Without it (a bare
     tunnel, e.g. the gateway's hub), ``auto`` skips engines that only serve a workload
     (``frontends == "engine"``: wireproxy).
-    Raises ConfigError for an unknown name, EngineError when nothing suitable runs here.
+    Raises ConfigError naming ``source`` for an unknown name, and for a named engine that
+    cannot run here (why, and the engines that do run here); EngineError when ``auto`` finds
+    nothing suitable.
     """
     from anex_agent.errors import EngineError
 
@@ -509,8 +511,29 @@ def choose_engine(requested: str = "auto", *, for_workload: bool = False,
         tried[name] = support
         if support.ok:
             return cls, tried
+    if requested != "auto":  # the one named cannot run here: a setting that does not fit this machine
+        raise ConfigError(source, f"{requested!r}: the {requested} engine cannot run here "
+                                  f"({tried[requested].reason}); engines that run here: "
+                                  f"{', '.join(_usable_here(classes, for_workload, requested)) or 'none'}, "
+                                  "or auto (leave it unset) to pick one")
     reasons = "; ".join(f"{n}: {s.reason}" for n, s in tried.items())
     raise EngineError(f"no usable WireGuard engine for {requested!r} ({reasons})")
+
+
+def _usable_here(classes: dict[str, type[Engine]], for_workload: bool, skip: str) -> list[str]:
+    """The engines (other than ``skip``) that run on this machine, and serve a workload when ``for_workload``
+    (else: a bare tunnel, so not the workload-only ones)."""
+    usable = []
+    for name, cls in classes.items():
+        if name == skip:
+            continue
+        if for_workload and not cls.workload_support().ok:
+            continue
+        if not for_workload and getattr(cls, "frontends", "dialer") == "engine":
+            continue
+        if cls.is_supported().ok:
+            usable.append(name)
+    return usable
 
 
 def require_workload_engine(name: str, source: str, classes: dict[str, type[Engine]] | None = None) -> None:

@@ -264,34 +264,41 @@ def parse_response(data: bytes, operation: str = "get") -> UapiDevice:
 #: Generous bound on one exchange; wireguard-go answers in microseconds.
 EXCHANGE_TIMEOUT = 10.0
 MAX_RESPONSE = 16 * 1024 * 1024
+CLOSE_TIMEOUT = 1.0
 
 
 async def _exchange(path: str, request: bytes, operation: str) -> UapiDevice:
+    """One request and its response, :data:`EXCHANGE_TIMEOUT` s at most for the connection and as
+    much for the exchange. ``asyncio.timeout``, not ``wait_for``: a cancellation of the caller that
+    comes as the connection opens is never lost (``wait_for`` of Python 3.11 could return instead)."""
     import asyncio
 
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), EXCHANGE_TIMEOUT)
-    except (OSError, asyncio.TimeoutError) as err:
+        async with asyncio.timeout(EXCHANGE_TIMEOUT):
+            reader, writer = await asyncio.open_unix_connection(path)
+    except (OSError, TimeoutError) as err:
         raise EngineError(f"cannot connect to the UAPI socket {path}: {err or 'timeout'}") from None
     try:
-        writer.write(request)
-        await writer.drain()
-        chunks = bytearray()
-        while not (chunks.endswith(b"\n\n") and (chunks.startswith(b"errno=") or b"\nerrno=" in chunks)):
-            data = await asyncio.wait_for(reader.read(65536), EXCHANGE_TIMEOUT)
-            if not data:
-                raise EngineError(f"UAPI socket {path} closed before the response ended")
-            chunks += data
-            if len(chunks) > MAX_RESPONSE:
-                raise EngineError(f"UAPI response from {path} is larger than {MAX_RESPONSE} bytes")
+        async with asyncio.timeout(EXCHANGE_TIMEOUT):
+            writer.write(request)
+            await writer.drain()
+            chunks = bytearray()
+            while not (chunks.endswith(b"\n\n") and (chunks.startswith(b"errno=") or b"\nerrno=" in chunks)):
+                data = await reader.read(65536)
+                if not data:
+                    raise EngineError(f"UAPI socket {path} closed before the response ended")
+                chunks += data
+                if len(chunks) > MAX_RESPONSE:
+                    raise EngineError(f"UAPI response from {path} is larger than {MAX_RESPONSE} bytes")
         return parse_response(bytes(chunks), operation)
-    except (OSError, asyncio.TimeoutError) as err:
+    except (OSError, TimeoutError) as err:
         raise EngineError(f"UAPI {operation} on {path} failed: {err or 'timeout'}") from None
     finally:
         writer.close()
         try:
-            await writer.wait_closed()
-        except OSError:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await writer.wait_closed()
+        except (OSError, TimeoutError):
             pass
 
 

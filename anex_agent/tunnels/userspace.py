@@ -410,11 +410,12 @@ class UserspaceEngine(Engine):
 
 
 async def _cancelled(task: asyncio.Task | None) -> None:
-    """Cancel ``task`` (if any) and wait until it has ended."""
+    """Cancel ``task`` (if any) and wait until it has ended.
+
+    ``asyncio.wait``, not ``await task`` in ``try/except CancelledError``: that would also
+    swallow a cancellation of the caller itself (its stop, a TaskGroup leaving), which then
+    carries on as if never cancelled."""
     if task is None:
         return
     task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
+    await asyncio.wait({task})

@@ -131,12 +131,20 @@ class WireproxyEngine(Engine):
         self._tasks = tasks
 
     async def apply(self, desired: DesiredConfig, workload: WorkloadConfig | None = None) -> bool:
-        """Render ``desired`` + ``workload`` and (re)start wireproxy when the text changed; True when it did."""
+        """Render ``desired`` + ``workload`` and (re)start wireproxy when the text changed; True when it did.
+
+        With no peer (no gateway registered yet) nothing runs; the first config with one starts it."""
         if self._tasks is None:
             raise EngineError("the wireproxy engine was not started: call start(tasks) first")
         if workload is not None:
             self.check_workload(workload)
             self._workload = workload
+        if not desired.peers:  # no gateway registered yet (or none left): wireproxy cannot run without one
+            if self._process is None or not self._process.wanted:
+                return False
+            await self._process.stop()
+            log.info("wireproxy stopped: no gateway in the config; it starts again once one registers")
+            return True
         text = render_config(desired, self.options)
         changed = await self._proc().ensure(text)
         if self._supervisor is None or self._supervisor.done():

@@ -102,6 +102,11 @@ class WireproxyProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    @property
+    def wanted(self) -> bool:
+        """Whether a config is to run (after :meth:`ensure`, until :meth:`stop`)."""
+        return self._text is not None
+
     async def ensure(self, text: str) -> bool:
         """Run wireproxy with config ``text``; True when it was (re)started, False when it already ran it."""
         async with self._lock:

@@ -21,7 +21,8 @@ def test_address_mtu_peers_and_routes():
     assert d.address == "10.254.0.7/16" and d.mtu == 1380 and d.listen_port is None
     (peer,) = d.peers
     assert peer.public_key == PUB1 and peer.endpoint == "192.0.2.1:51820" and peer.persistent_keepalive == 15
-    assert set(peer.allowed_ips) == {"10.254.0.0/16", "10.96.0.0/12", "10.77.0.0/24"}
+    # and the gateway's own address: what the node sends to it goes to it, whoever carries the mesh
+    assert set(peer.allowed_ips) == {"10.254.0.0/16", "10.96.0.0/12", "10.77.0.0/24", "10.254.0.1/32"}
     assert d.routes == ("10.96.0.0/12", "10.77.0.0/24")  # the mesh network is the connected route
 
 
@@ -52,7 +53,7 @@ def test_routes_inside_the_allowed_networks_are_installed_others_refused():
     d = desired_from_config(config, bytes(32))
     assert d.routes == ("10.96.0.0/12", "10.96.9.0/24")
     (peer,) = d.peers  # a refused network is not in the peer's allowed IPs either (userspace engines route by them)
-    assert peer.allowed_ips == ("10.254.0.0/16", "10.96.0.0/12", "10.96.9.0/24")
+    assert peer.allowed_ips == ("10.254.0.0/16", "10.96.0.0/12", "10.96.9.0/24", "10.254.0.1/32")
     _, refused = admit_routes(config)
     assert [(r.network, r.reason.startswith("outside the networks gateways may offer (10.96.0.0/12)")) for r in refused] == [
         ("10.244.0.0/16", True), ("8.8.8.0/24", True)]
@@ -64,7 +65,7 @@ def test_default_list_refuses_the_halves_of_the_internet():
     assert config.gateway_routes == list(DEFAULT_GATEWAY_ROUTES)
     d = desired_from_config(config, bytes(32))
     assert d.routes == ("172.20.0.0/16",)
-    assert d.peers[0].allowed_ips == ("10.254.0.0/16", "172.20.0.0/16")
+    assert d.peers[0].allowed_ips == ("10.254.0.0/16", "172.20.0.0/16", "10.254.0.1/32")
 
 
 def test_a_route_covering_the_coordinator_is_refused_the_rest_applied():

@@ -5,7 +5,7 @@ engine (the stand-in on PATH), a workload. Checked: systemd's notify protocol (R
 the tunnel answers, watchdog pings) on a real NOTIFY_SOCKET, the workload's output passed
 through and served at GET /logs, an orphan of the workload reaped, the workload state in
 /status and in the coordinator's node view, the proxy variables, SIGTERM forwarded and the
-workload's status returned."""
+workload's status returned, and its terminated state in the node view once the agent stopped."""
 
 from __future__ import annotations
 
@@ -133,3 +133,6 @@ def test_run_as_init(tmp_path, coordinator, fake_on_path):  # noqa: F811
     assert "hello stdout\n" in out and "got SIGTERM\n" in out and "hello stderr\n" in err  # passed through
     assert "Traceback" not in err, err
     assert any("STOPPING=1" in m for m in messages)
+    # the last heartbeat carried the workload's end: the coordinator's view is true after the exit
+    ended = http("GET", f"{coordinator}/v1/nodes/{node['id']}", token=ADMIN_TOKEN)[1]["status"]["workload"]
+    assert ended["state"] == "terminated" and ended["exit_code"] == 7 and ended["finished_at"] and ended["reason"] == "Error", ended

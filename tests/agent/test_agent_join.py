@@ -94,11 +94,47 @@ async def test_deleted_node_joins_again(coordinator, tmp_path):
     assert second.identity.node_id != first.identity.node_id
 
 
-async def test_bad_token_is_not_retried(coordinator, tmp_path):
+def make_agent_from(url: str, state: Path, source: str, token: str) -> Agent:
+    return Agent(AgentSettings(coordinator_url=url, join_token=token, state_dir=state, name="unit-node",
+                               join_token_source=source))
+
+
+async def refused_line(url: str, state: Path, token: str, source: str = "ANEX_JOIN_TOKEN") -> str:
+    from anex_agent.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:  # not retried: exit status 2 and this one line
+        await asyncio.wait_for(join(make_agent_from(url, state, source, token)), 30)
+    assert info.value.source == source and "\n" not in str(info.value)
+    assert "anex-agent admin tokens create --kind node, or POST /v1/join-tokens" in str(info.value)
+    assert f"set it in {source}" in str(info.value)
+    return str(info.value)
+
+
+async def test_a_refused_token_is_not_retried_and_the_line_names_the_variable_and_why(coordinator, tmp_path):
+    url, admin = coordinator
+    assert "not valid (no such token" in await refused_line(url, tmp_path / "a", "not-a-token")
+    used = (await admin.create_join_token()).token
+    await join(make_agent(url, tmp_path / "b", used))
+    assert "it is used up" in await refused_line(url, tmp_path / "c", used)
+    gateway = (await admin.create_join_token("gateway")).token
+    assert "it is a gateway join token; this needs a node join token" in await refused_line(url, tmp_path / "d", gateway)
+
+
+async def test_a_token_from_a_file_names_the_file_variable(coordinator, tmp_path):
     url, _ = coordinator
+    line = await refused_line(url, tmp_path / "st", "not-a-token", source="ANEX_JOIN_TOKEN_FILE")
+    assert line.startswith("ANEX_JOIN_TOKEN_FILE: the coordinator refused this join token")
+
+
+def test_an_expired_token_says_so_and_a_coordinator_that_does_not_say_why_gets_the_possible_causes():
+    from anex_agent.join_token import refusal
     from anex_agent.errors import CoordinatorError
 
-    agent = make_agent(url, tmp_path / "st", "not-a-token")
-    with pytest.raises(CoordinatorError) as info:
-        await asyncio.wait_for(join(agent), 10)
-    assert not info.value.retryable
+    expired = CoordinatorError("POST /v1/nodes: 401 join token refused: it expired at 2026-01-01 00:00:00 UTC",
+                               status=401, problem={"reason": "expired", "errors": [
+                                   {"field": "token", "message": "it expired at 2026-01-01 00:00:00 UTC"}]})
+    assert str(refusal("--token-file", expired)).startswith(
+        "--token-file: the coordinator refused this join token: it expired at 2026-01-01 00:00:00 UTC; get a new one")
+    generic = CoordinatorError("POST /v1/nodes: 401 x", status=401, problem={"detail": "x"})
+    assert "unknown, expired, used up or of another kind" in str(refusal("ANEX_JOIN_TOKEN", generic))
+    assert refusal("ANEX_JOIN_TOKEN", CoordinatorError("x", status=403)) is None

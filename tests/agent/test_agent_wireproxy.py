@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -246,3 +248,58 @@ def test_agent_runs_wireproxy_renders_its_config_restarts_it_on_a_pushed_tunnel_
     for started in starts(control):
         assert not alive(started["pid"]), f"wireproxy {started['pid']} is still running"
     assert not config_path.exists()  # the private key does not outlive the agent
+
+
+def test_a_node_that_joins_before_any_gateway_heartbeats_and_starts_wireproxy_when_one_registers(
+        tmp_path, coordinator, fake_on_path):
+    bindir, control = fake_on_path
+    _, node_token = http("POST", f"{coordinator}/v1/join-tokens", {"kind": "node"}, ADMIN_TOKEN)
+    api = f"127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANEX_", "GW_TUNNEL_"))}
+    env.update({
+        "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}", "FAKE_WIREPROXY_DIR": str(control),
+        "ANEX_COORDINATOR_URL": coordinator, "ANEX_JOIN_TOKEN": node_token["token"],
+        "ANEX_STATE_DIR": str(tmp_path / "state"), "ANEX_PROXY_LISTEN": f"127.0.0.1:{free_port()}",
+        "ANEX_API_LISTEN": api, "ANEX_NODE_NAME": "early-node",
+    })
+    agent = subprocess.Popen([sys.executable, "-m", "anex_agent", "daemon", "--engine", "wireproxy"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []  # the agent's output as it comes (read by a thread: the test waits for a line)
+    reader = threading.Thread(target=lambda: lines.extend(agent.stdout), daemon=True, name="agent-output")
+    reader.start()
+    try:
+        node_id = wait_for(lambda: http("GET", f"http://{api}/status")[1]["node_id"], 60, "the agent API")
+        beats: set[str] = set()
+
+        def two_heartbeats():
+            assert agent.poll() is None
+            seen = http("GET", f"{coordinator}/v1/nodes/{node_id}", token=ADMIN_TOKEN)[1]["last_heartbeat_at"]
+            beats.update([seen] if seen else [])
+            return len(beats) >= 2
+        wait_for(two_heartbeats, 60, "two heartbeats while no gateway exists")
+        assert http("GET", f"http://{api}/healthz")[0] == 200
+        assert starts(control) == []  # nothing to run wireproxy against yet
+
+        gw_key = KeyPair(generate_private_key())
+        _, token = http("POST", f"{coordinator}/v1/join-tokens", {"kind": "gateway"}, ADMIN_TOKEN)
+        _, info = http("GET", f"{coordinator}/v1/coordinator")
+        status, _ = http("POST", f"{coordinator}/v1/gateways", proven_body(GatewayRegisterRequest, {
+            "token": token["token"], "name": "gw-late", "endpoint": "127.0.0.1:51820", "routes": ["10.96.0.0/12"]},
+            gw_key, info["public_key"]))
+        assert status in (200, 201)
+        wait_for(lambda: starts(control), 60, "wireproxy started once the gateway registered")
+        wait_for(lambda: http("GET", f"http://{api}/readyz")[0] == 200, 60, "the agent ready")
+        # the ready-wait saw the gateway's handshake (its line may follow /readyz by a look or two)
+        wait_for(lambda: any("tunnel ready: a gateway answered" in line for line in list(lines)), 60,
+                 "the agent's 'tunnel ready' line")
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=60)
+        reader.join(60)
+    except BaseException:
+        agent.kill()
+        agent.wait()
+        reader.join(10)
+        print("--- agent\n" + "".join(lines)[-6000:])
+        raise
+    out = "".join(lines)
+    assert agent.returncode == 0, out

@@ -50,9 +50,10 @@ async def test_signal_forwarded_then_second_kills():
 
 
 async def test_terminate_escalates():
-    w = Workload([sys.executable, "-c", "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"])
-    await w.start()
-    await asyncio.sleep(0.3)
+    w = Workload([sys.executable, "-c", "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                        "print('up',flush=True)\ntime.sleep(60)"])
+    w.proc = await asyncio.create_subprocess_exec(*w.argv, stdout=asyncio.subprocess.PIPE)
+    assert (await w.proc.stdout.readline()).strip() == b"up"  # SIGTERM is ignored from here on
     await w.terminate(grace=0.5)
     assert w.proc.returncode == -signal.SIGKILL
 

@@ -158,7 +158,7 @@ async def test_an_engine_that_gives_a_dialer_gets_our_proxy_and_forwards(plane):
     assert dp.tunnels()[pushed.listen_port] == "redis.local:6379"
     assert await dp.apply(config(version=3, tunnels=[pushed])) is False  # same again: nothing changed
     assert "contract-dialer" not in await dp.status_doc()  # no engine report: no key
-    assert dp.dialer.resolver is dp.resolver  # the dialer keeps the slot; a DNS change refills it
+    assert dp.dialer.inner.resolver is dp.resolver  # the dialer keeps the slot; a DNS change refills it
     assert await dp.apply(config(version=4, tunnels=[pushed], dns=("10.254.0.2",))) is True
     assert [str(s) for s in dp.resolver.current.cluster_dns] == ["10.254.0.2"]
 
@@ -226,7 +226,7 @@ GW2 = KeyPair(generate_private_key()).public_b64
 
 class OneSilentOfTwoEngine(ContractEngine):
     """Two gateways: GW carries the traffic (tx grows) and never answers; GW2 is a standby that
-    handshook recently. Records the desired config of each session reset."""
+    handshook recently. Records the desired config of each session reset (there should be none)."""
 
     name = "contract-two"
 
@@ -260,18 +260,26 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
     two = config()
     two.gateways.append(GatewayPeer(id="g2", public_key=GW2, endpoint="192.0.2.2:51820",
                                     allowed_ips=["10.254.0.0/16"], mesh_address="10.254.0.2"))
+    two = two.model_copy(update={"dns": ["10.254.0.1", "10.254.0.2"]})  # each gateway serves DNS on its address
     make, _ = plane
     monkeypatch.setattr(sys.modules[__name__], "config", lambda *a, **k: two)
     dp, _ = await make(OneSilentOfTwoEngine)
     for _ in range(100):
-        if dp.engine.reset_with:
+        if dp.liveness.demoted:
             break
         await asyncio.sleep(0.02)
-    steered = {p.public_key: p.allowed_ips for p in dp.engine.reset_with[0].peers}
-    assert steered[GW] == () and steered[GW2] == ("10.254.0.0/16",)  # the other gateway carries the mesh now
+    steered = {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}
+    # the other gateway carries the mesh now; each keeps its own address
+    assert steered[GW] == ("10.254.0.1/32",) and steered[GW2] == ("10.254.0.0/16", "10.254.0.2/32")
+    # the silent one was dropped and added again (it handshakes anew), the standby kept throughout
+    assert [p.public_key for p in dp.engine.applied[-2][0].peers] == [GW2]
+    assert dp.engine.reset_with == []
     assert "traffic moved to gateway" in (await dp.status_doc())["dead_peer"]["events"][0]["reason"]
+    assert dp.route_changes.moves >= 1  # dials in flight (SYNs lost to the silent gateway) start again
+    # and names are asked of the gateway that answers first
+    assert [s.address for s in dp.resolver.current.cluster_dns] == ["10.254.0.2", "10.254.0.1"]
     await dp.apply(config(version=2))  # a config push keeps the traffic on the gateway that answers
-    assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ()
+    assert {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}[GW] == ("10.254.0.1/32",)
 
 
 @pytest.mark.parametrize("engine_cls", [ContractEngine, SelfServingEngine])
@@ -327,3 +335,53 @@ async def test_an_engine_that_fails_to_start_raises_its_own_error(plane):
 
     with pytest.raises(EngineError, match="no TUN device here"):
         await make(Broken)
+
+
+class NoYieldEngine(ContractEngine):
+    """Its ``status()`` never suspends (as the built-in userspace engine's): a caller that asks it
+    again without letting the event loop run in between would starve every other task, which
+    this engine refuses loudly. A handshake shows once it was given a gateway peer."""
+
+    name = "contract-no-yield"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.loop_ran = True
+
+    def _ran(self) -> None:
+        self.loop_ran = True
+
+    async def status(self) -> EngineStatus:
+        import time
+
+        from anex_agent.tunnels.base import PeerStatus
+
+        assert self.loop_ran, "status() asked again without the event loop running in between"
+        self.loop_ran = False
+        asyncio.get_running_loop().call_soon(self._ran)
+        peers = self.applied[-1][0].peers if self.applied else ()
+        return EngineStatus(self.name, None, 0, True,
+                            tuple(PeerStatus(p.public_key, None, time.time(), 1, 1) for p in peers))
+
+
+async def test_the_wait_for_the_tunnel_lets_the_loop_run_with_no_gateway_and_ends_when_one_registers(plane):
+    from anex_agent.agent.supervisor import Agent
+
+    make, _ = plane
+    dp, _ = await make(NoYieldEngine)
+    await dp.apply(config(version=2).model_copy(update={"gateways": []}))  # the gateway is gone, or never was
+    assert not await dp.wait_handshake(5.0)  # start-up: nothing to wait for, at once
+    agent = Agent(dp.settings)
+    agent.dataplane = dp
+    ready = asyncio.Event()
+    agent.on_ready = ready.set
+    waiter = asyncio.create_task(agent._when_ready(), name="ready-wait")
+    others_ran = asyncio.Event()
+    asyncio.get_running_loop().call_soon(others_ran.set)
+    await others_ran.wait()  # the loop keeps running other work while no gateway exists
+    assert not waiter.done() and not ready.is_set()
+    await dp.apply(config(version=3))  # a gateway registers
+    readied = asyncio.create_task(ready.wait())
+    await asyncio.wait({waiter, readied}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    assert ready.is_set() and waiter.done() and waiter.exception() is None
+    readied.cancel()

@@ -47,4 +47,4 @@ async def test_apply_leaves_out_a_route_covering_the_coordinator(tmp_path):
                                  dns=["10.254.0.1"], gateways=[gw]))
     (desired,) = plane.engine.applied
     assert desired.routes == ("10.96.0.0/12",)  # 10.0.0.0/8 would carry the coordinator's traffic into the mesh
-    assert desired.peers[0].allowed_ips == ("10.254.0.0/16", "10.96.0.0/12")
+    assert desired.peers[0].allowed_ips == ("10.254.0.0/16", "10.96.0.0/12", "10.254.0.1/32")

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
-from anex_agent.agent.liveness import DeadPeerWatch, Silence, demote
+import pytest
+
+from anex_agent.agent.liveness import DeadPeerWatch, Silence, assign
 from anex_agent.agent.path import Counters
-from anex_agent.keys import generate_private_key
+from anex_agent.tasks import Tasks
+from anex_agent.keys import encode_key, generate_private_key, public_key
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
+from tests.polling import wait_until
 
 
 def test_data_sent_and_nothing_received_is_dead_after_the_delay():
@@ -69,7 +73,13 @@ class Fake:
         return healed and self.wait
 
 
-async def _run(watch: DeadPeerWatch, fake: Fake, sending: bool, seconds: float) -> None:
+def recovered(watch: DeadPeerWatch) -> bool:
+    return bool(watch.events) and watch.events[0]["recovered_after"] is not None
+
+
+async def _run(watch: DeadPeerWatch, fake: Fake, sending: bool, seconds: float = 0.0, until=None) -> None:
+    """Run the watch over ``fake`` for ``seconds`` (nothing should happen), or ``until`` it holds
+    (within a generous deadline: a busy machine only makes it take longer)."""
     async def traffic():
         while True:
             await asyncio.sleep(0.01)
@@ -77,7 +87,10 @@ async def _run(watch: DeadPeerWatch, fake: Fake, sending: bool, seconds: float) 
                 fake.tx += 100
     t = asyncio.create_task(traffic())
     task = asyncio.create_task(watch.run(fake.counters, fake.reset))
-    await asyncio.sleep(seconds)
+    if until is not None:
+        await wait_until(until, what="the watch's recovery")
+    else:
+        await asyncio.sleep(seconds)
     task.cancel()
     t.cancel()
     await asyncio.gather(task, t, return_exceptions=True)
@@ -86,7 +99,7 @@ async def _run(watch: DeadPeerWatch, fake: Fake, sending: bool, seconds: float) 
 def test_a_silent_gateway_gets_fresh_handshakes_until_it_answers():
     fake = Fake(heal_on=3)
     watch = DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05)
-    asyncio.run(_run(watch, fake, sending=True, seconds=0.6))
+    asyncio.run(_run(watch, fake, sending=True, until=lambda: recovered(watch)))
     assert watch.detections >= 1 and fake.resets >= 3
     first = watch.events[0]
     assert first["attempts"] == 3 and first["recovered_after"] is not None
@@ -98,7 +111,7 @@ def test_a_silent_gateway_gets_fresh_handshakes_until_it_answers():
 def test_an_engine_that_does_not_wait_is_judged_by_its_next_handshake_and_reset_less_often():
     fake = Fake(heal_on=3, wait=False)             # wireproxy: reset restarts the process, returns False
     watch = DeadPeerWatch(after=0.2, check_every=0.02, retry=0.05, retry_slow=0.3)
-    asyncio.run(_run(watch, fake, sending=True, seconds=1.2))
+    asyncio.run(_run(watch, fake, sending=True, until=lambda: recovered(watch)))
     assert watch.events and watch.events[0]["recovered_after"] is not None and watch.events[0]["attempts"] == 3
     assert watch.events[0]["recovered_after"] >= 0.6  # every retry_slow, not every retry: no restart storm
 
@@ -113,23 +126,54 @@ def test_an_idle_tunnel_is_left_alone():
 A, B = "A" * 43 + "=", "B" * 43 + "="
 
 
+@pytest.fixture
+async def tasks():
+    async with asyncio.TaskGroup() as group:
+        yield Tasks(group, role="test", base=0.05, cap=0.2)
+        for task in list(group._tasks):
+            task.cancel()
+
+
 def _desired(*peers: PeerConfig) -> DesiredConfig:
     return DesiredConfig(private_key=generate_private_key(), listen_port=None, address="10.254.0.7/16", mtu=1380,
                          peers=peers, routes=("10.77.0.0/24",))
 
 
-def test_demote_moves_the_shared_networks_to_the_other_gateways():
-    a = PeerConfig(A, "192.0.2.1:51820", ("10.254.0.0/16", "10.77.0.0/24", "10.88.0.0/24"), 25)
-    b = PeerConfig(B, "192.0.2.2:51820", ("10.254.0.0/16", "10.77.0.0/24"), 25)
+def test_assign_gives_each_network_to_one_gateway_in_order_and_moves_a_demoted_one_s_away():
+    a = PeerConfig(A, "192.0.2.1:51820", ("10.254.0.0/16", "10.77.0.0/24", "10.88.0.0/24", "10.254.0.1/32"), 25)
+    b = PeerConfig(B, "192.0.2.2:51820", ("10.254.0.0/16", "10.77.0.0/24", "10.254.0.2/32"), 25)
     desired = _desired(a, b)
-    moved = demote(desired, frozenset({B}))
-    assert moved.peers[0] == a
-    assert moved.peers[1].allowed_ips == ()  # everything it offered, A offers too
-    moved = demote(desired, frozenset({A}))
-    assert moved.peers[0].allowed_ips == ("10.88.0.0/24",)  # only A offers this one: it keeps it
+    both = assign(desired)  # nothing demoted: the first gateway carries what both offer
+    assert both.peers[0] == a
+    assert both.peers[1].allowed_ips == ("10.254.0.2/32",)  # a standby keeps its own address
+    moved = assign(desired, frozenset({A}))
+    assert moved.peers[0].allowed_ips == ("10.88.0.0/24", "10.254.0.1/32")  # only A offers these: it keeps them
     assert moved.peers[1] == b
-    assert demote(desired, frozenset()) is desired
-    assert demote(desired, frozenset({A, B})) is desired  # nobody left to take the traffic
+    assert assign(desired, frozenset({B})) == both
+    assert assign(desired, frozenset({A, B})) == both  # nobody left to take the traffic: as if none were demoted
+    alone = _desired(a)
+    assert assign(alone) is alone and assign(alone, frozenset({A})) is alone
+
+
+async def test_the_engine_holds_what_assign_gives_it_whichever_gateway_carries(tasks):
+    """The failure assign prevents: two peers listing one network left the engine with the
+    last one written (the live gateway showing none); assigned, each write holds."""
+    from anex_agent.tunnels.userspace import UserspaceEngine
+
+    ka, kb = (encode_key(public_key(generate_private_key())) for _ in range(2))
+    a = PeerConfig(ka, "127.0.0.1:9", ("10.254.0.0/16", "10.77.0.0/24", "10.254.0.1/32"), 0)
+    b = PeerConfig(kb, "127.0.0.1:9", ("10.254.0.0/16", "10.77.0.0/24", "10.254.0.2/32"), 0)
+    engine = UserspaceEngine(ifname=None)
+    await engine.start(tasks)
+    try:
+        for demoted in (frozenset(), frozenset({ka}), frozenset()):
+            desired = assign(_desired(a, b), demoted)
+            await engine.apply(desired)
+            held = {p.public_key: set(p.allowed_ips) for p in (await engine.status()).peers}
+            assert held == {p.public_key: p.allowed_set() for p in desired.peers}, demoted
+        assert held[ka] == {"10.254.0.0/16", "10.77.0.0/24", "10.254.0.1/32"}
+    finally:
+        await engine.stop()
 
 
 class TwoGateways:
@@ -170,9 +214,51 @@ def test_a_silent_gateway_s_traffic_moves_to_one_that_answers_and_back():
             await asyncio.sleep(0.02)
         assert gws.steered == [frozenset({A})]     # no second failover for a demoted gateway
         gws.c[A][2] = 0.0                          # A handshook again
-        await asyncio.sleep(0.1)
-        assert gws.steered[-1] == frozenset() and not watch.demoted
+        await wait_until(lambda: gws.steered[-1] == frozenset() and not watch.demoted, what="A taking its traffic back")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+
+def test_a_silent_gateway_s_traffic_moves_after_half_the_dead_peer_time_a_lone_one_waits_it_all():
+    watch = DeadPeerWatch(after=2.0)
+    assert watch.fail_over_after == 1.0
+    looks = [(0.0, 1000), (0.5, 1300), (1.0, 1600), (1.5, 1900), (2.0, 2200), (2.5, 2500)]
+    standby = Counters(500, 500, 30.0)
+    verdicts = [watch.judge({A: Counters(1000, tx, 1.0), B: standby}, t, can_steer=True) for t, tx in looks[:4]]
+    assert verdicts[:3] == [None, None, None] and verdicts[3] == ({A: 1.0}, [B])  # 1 s after the first send
+    lone = DeadPeerWatch(after=2.0)
+    verdicts = [lone.judge({A: Counters(1000, tx, 1.0)}, t, can_steer=True) for t, tx in looks]
+    assert verdicts[:5] == [None] * 5 and verdicts[5] == ({A: 2.0}, [])  # no one to move to: handshakes at 2 s
+    stale = DeadPeerWatch(after=2.0)  # a standby that has not handshaken for long is no refuge
+    verdicts = [stale.judge({A: Counters(1000, tx, 1.0), B: Counters(500, 500, 400.0)}, t, can_steer=True)
+                for t, tx in looks]
+    assert verdicts[3] is None and verdicts[5] == ({A: 2.0}, [])
+
+
+def test_a_carrying_gateway_that_never_handshook_is_silent_when_another_answers():
+    """What goes to a gateway without a session waits for a handshake WireGuard retries every
+    5 s, and no byte is counted meanwhile: 1 s without a session is enough when another answers."""
+    watch = DeadPeerWatch(after=2.0)
+    standby = Counters(500, 500, 30.0)
+    verdicts = [watch.judge({A: Counters(0, 148, None), B: standby}, t, can_steer=True) for t in (0.0, 0.5, 1.0)]
+    assert verdicts == [None, None, ({A: 1.0}, [B])] and watch.sessionless == {A}
+    lone = DeadPeerWatch(after=2.0)  # nobody to move to: WireGuard's own retries, no fresh handshakes of ours
+    assert [lone.judge({A: Counters(0, 148, None)}, t, can_steer=True) for t in (0.0, 1.0, 5.0)] == [None] * 3
+    fresh = DeadPeerWatch(after=2.0)  # a handshake in time: nothing to do
+    assert fresh.judge({A: Counters(0, 148, None), B: standby}, 0.0, can_steer=True) is None
+    assert fresh.judge({A: Counters(92, 240, 0.1), B: standby}, 0.5, can_steer=True) is None
+    assert fresh.judge({A: Counters(92, 240, 0.6), B: standby}, 1.5, can_steer=True) is None
+
+
+def test_a_send_right_after_the_traffic_moved_is_not_taken_for_the_baseline():
+    watch = DeadPeerWatch(after=2.0)
+    standby = Counters(500, 500, 1.0)
+    watch.demoted[A] = 0.0
+    watch.rebase({A: Counters(92, 180, 0.2), B: standby})  # A answered again; its traffic went back to it
+    del watch.demoted[A]
+    # a DNS query went to A (then it died) before the next look: that look must count it
+    assert watch.judge({A: Counters(92, 404, 0.4), B: standby}, 10.0, can_steer=True) is None
+    assert watch.judge({A: Counters(92, 404, 0.9), B: standby}, 11.0, can_steer=True) == ({A: 1.0}, [B])

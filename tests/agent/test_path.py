@@ -1,4 +1,10 @@
-"""Path choice in this process: a real engine, a real hub and relay, UDP between them through a switchable blocker."""
+"""Path choice in this process: a real engine, a real hub and relay, UDP between them through a switchable blocker.
+
+No test here races the clock: a probe that must succeed gets a generous timeout (it returns
+as soon as the handshake completes), a probe that must fail gets a short one (a busy machine
+only makes it fail more surely), and every wait is for the event itself, with a deadline
+(:data:`tests.polling.GENEROUS`) far beyond what an idle machine needs.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 from anex_agent.tunnels.udp_probe import probe_gateway
 from anex_agent.tunnels.userspace import UserspaceEngine
-from tests.polling import wait_until
+from tests.polling import GENEROUS, wait_until
 
 IP_NODE, IP_HUB = "10.45.0.2", "10.45.0.1"
 
@@ -30,23 +36,42 @@ def ipv4(src: str, dst: str, payload: bytes) -> bytes:
 
 
 class Blocker(asyncio.DatagramProtocol):
-    """A UDP forwarder standing in for the network: ``blocked`` drops everything, both ways."""
+    """A UDP forwarder standing in for the network: ``blocked`` drops everything, both ways.
+
+    ``on_drop()`` is called for each datagram dropped; ``to_client`` lists where the hub's
+    datagrams were sent (the last address that sent something to the hub, as a NAT would),
+    ``from_client`` the ``(address, datagram)`` of each datagram forwarded to the hub."""
 
     def __init__(self, hub: tuple[str, int]) -> None:
         self.hub = hub
         self.blocked = False
         self.client = None
         self.transport = None
+        self.on_drop = lambda: None
+        self.to_client: list[tuple[str, int]] = []
+        self.from_client: list[tuple[tuple[str, int], bytes]] = []
 
     def datagram_received(self, data, addr):
         if self.blocked:
+            self.on_drop()
             return
         if addr == self.hub:
             if self.client is not None:
+                self.to_client.append(self.client)
                 self.transport.sendto(data, self.client)
         else:
             self.client = addr
+            self.from_client.append((addr, data))
             self.transport.sendto(data, self.hub)
+
+    def sent_by(self, address: tuple[str, int], since: int = 0) -> list[bytes]:
+        """The datagrams ``address`` sent to the hub, from the ``since``-th forwarded on."""
+        return [data for addr, data in self.from_client[since:] if addr == address]
+
+
+def is_keepalive(datagram: bytes) -> bool:
+    """A WireGuard keepalive: a transport data message (type 4) with nothing inside (whitepaper §5.4.6)."""
+    return datagram[0] == 4 and len(datagram) == 32
 
 
 def test_silence_watch_probes_after_quiet_and_backs_off_while_udp_answers():
@@ -120,26 +145,20 @@ def wire(world, manager: PathManager):
     return reapply, counters, reset
 
 
-async def traffic_flows(world, label: bytes, timeout: float) -> float:
-    """Send packets node -> hub until one arrives; return how long it took."""
-    started = time.monotonic()
-
-    async def attempt():
-        while True:
-            world.node.tunnel.send_packet(ipv4(IP_NODE, IP_HUB, label))
-            try:
-                if (await asyncio.wait_for(world.hub.tunnel.receive_packet(), 0.25)).endswith(label):
-                    return
-            except asyncio.TimeoutError:
-                pass
-    await asyncio.wait_for(attempt(), timeout)
-    return time.monotonic() - started
+async def traffic_flows(world, label: bytes, timeout: float = GENEROUS) -> None:
+    """Send packets node -> hub (one every 0.25 s) until one arrives; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        world.node.tunnel.send_packet(ipv4(IP_NODE, IP_HUB, label))
+        if await packet_arrives(world.hub, label, 0.25):
+            return
+    raise AssertionError(f"no packet {label!r} from the node reached the hub within {timeout:g} s")
 
 
 async def test_probe_proves_udp_both_ways(world):
     hub_key = keys.public_key(world.k_hub)
     host, port = world.udp_endpoint.split(":")
-    ok = await probe_gateway(world.keypair.private, hub_key, (host, int(port)), timeout=2)
+    ok = await probe_gateway(world.keypair.private, hub_key, (host, int(port)), timeout=GENEROUS)
     assert ok.ok and ok.rtt is not None
     world.blocker.blocked = True
     blocked = await probe_gateway(world.keypair.private, hub_key, (host, int(port)), timeout=0.5)
@@ -152,9 +171,15 @@ async def test_probe_retries_until_the_hub_answers(world):
     hub_key = keys.public_key(world.k_hub)
     host, port = world.udp_endpoint.split(":")
     world.blocker.blocked = True
-    asyncio.get_running_loop().call_later(0.8, setattr, world.blocker, "blocked", False)
-    result = await probe_gateway(world.keypair.private, hub_key, (host, int(port)), timeout=3)
+    dropped = []
+
+    def unblock():  # the first initiation is lost: only a retry can complete the handshake
+        dropped.append(1)
+        world.blocker.blocked = False
+    world.blocker.on_drop = unblock
+    result = await probe_gateway(world.keypair.private, hub_key, (host, int(port)), timeout=GENEROUS)
     assert result.ok, result.reason
+    assert dropped == [1]
 
 
 async def test_auto_picks_websocket_when_udp_is_blocked_from_the_start(world):
@@ -164,31 +189,31 @@ async def test_auto_picks_websocket_when_udp_is_blocked_from_the_start(world):
     routed = await manager.route(world.desired, world.config)
     assert routed.peers[0].endpoint.startswith("127.0.0.1:") and routed.peers[0].endpoint != world.udp_endpoint
     await world.node.apply(routed)
-    await traffic_flows(world, b"over the relay", 5)
+    await traffic_flows(world, b"over the relay")
     assert manager.report()["current"] == "websocket" and "within 0.5 s" in manager.reason
     await manager.close()
 
 
 async def test_blocked_mid_session_moves_to_websocket_and_returns_when_unblocked(world):
-    manager = PathManager(PathSettings(probe_timeout=1, watch_probe_timeout=1, probe_interval=2, stall_after=1, check_every=0.2),
-                          world.keypair)
+    # probe_timeout: the probes that must succeed (the first choice, the return); watch_probe_timeout:
+    # the one that must fail once UDP is blocked (short, so the switch comes soon)
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=1, probe_interval=2, stall_after=1,
+                                       check_every=0.2), world.keypair)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     reapply, counters, reset = wire(world, manager)
     await reapply()
-    await traffic_flows(world, b"udp", 5)
+    await traffic_flows(world, b"udp")
     world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset))
 
     world.blocker.blocked = True
-    took = await traffic_flows(world, b"after the block", 10)
-    assert manager.path == "websocket" and took < 10
+    await wait_until(lambda: manager.path == "websocket", what="the watch moving to the WebSocket path")
+    await traffic_flows(world, b"after the block")
     assert manager.switches[-1]["to"] == "websocket" and "nothing received" in manager.switches[-1]["reason"]
 
     world.blocker.blocked = False
-    deadline = time.monotonic() + 10
-    while manager.path != "udp" and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert manager.path == "udp" and "UDP works again" in manager.reason
-    await traffic_flows(world, b"udp again", 5)
+    await wait_until(lambda: manager.path == "udp", what="the watch returning to UDP")
+    assert "UDP works again" in manager.reason
+    await traffic_flows(world, b"udp again")
     assert not manager.relays  # the relay connection is closed on return
     blocker_port = world.blocker.transport.get_extra_info("sockname")[1]
     assert (await world.hub.status()).peers[0].endpoint == f"127.0.0.1:{blocker_port}"  # the hub hears UDP again
@@ -209,26 +234,28 @@ async def test_udp_blocked_and_no_relay_offered_is_path_none_with_the_reason(wor
     unblocked, it is on UDP again."""
     world.config = SimpleNamespace(gateways=[SimpleNamespace(public_key=world.config.gateways[0].public_key,
                                                              ws_url=None)])
-    manager = PathManager(PathSettings(probe_timeout=1, watch_probe_timeout=0.5, probe_interval=1, stall_after=0.5,
-                                       check_every=0.1), world.keypair)
+    # probe_timeout: the probes that must succeed (the first choice, the return); watch_probe_timeout:
+    # the one that must fail once UDP is blocked
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=0.5, probe_interval=1,
+                                       stall_after=0.5, check_every=0.1), world.keypair)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     reapply, counters, reset = wire(world, manager)
     await reapply()
-    await traffic_flows(world, b"udp", 5)
+    await traffic_flows(world, b"udp")
     assert manager.current() == "udp"
     world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset))
 
     world.blocker.blocked = True
-    await wait_until(lambda: manager.current() == "none", 20, "path none")
+    await wait_until(lambda: manager.current() == "none", what="path none")
     report = manager.report()
     assert report["current"] == "none" and manager.path == "udp"  # nothing to steer to
     assert "no gateway offers a WebSocket relay" in report["reason"] and "within 0.5 s" in report["reason"]
     assert report["switches"][-1]["to"] == "none"
 
     world.blocker.blocked = False
-    await wait_until(lambda: manager.current() == "udp", 20, "UDP again")
+    await wait_until(lambda: manager.current() == "udp", what="UDP again")
     assert "UDP works again" in manager.report()["reason"] and manager.report()["switches"][-1]["to"] == "udp"
-    await traffic_flows(world, b"udp again", 5)
+    await traffic_flows(world, b"udp again")
     await manager.close()
 
 
@@ -258,7 +285,7 @@ async def test_an_engine_that_takes_a_bind_switches_inside_it_with_no_local_hop(
         routed = await manager.route(world.desired, world.config)
         assert routed == world.desired  # endpoints untouched: the Bind carries the switch
         await reapply()
-        await traffic_flows(world, b"websocket inside the bind", 5)
+        await traffic_flows(world, b"websocket inside the bind")
         assert not manager.relays and (await node.status()).listen_port > 0
         (relay,) = manager.report()["relays"].values()
         assert relay["connected"]
@@ -266,7 +293,7 @@ async def test_an_engine_that_takes_a_bind_switches_inside_it_with_no_local_hop(
 
         world.blocker.blocked = False
         await manager.switch("udp", "test: back to UDP", reapply, reset)
-        await traffic_flows(world, b"udp again inside the bind", 5)
+        await traffic_flows(world, b"udp again inside the bind")
         assert manager.report()["relays"] == {}
     finally:
         await node.stop()
@@ -274,7 +301,8 @@ async def test_an_engine_that_takes_a_bind_switches_inside_it_with_no_local_hop(
 
 
 async def packet_arrives(engine, label: bytes, timeout: float) -> bool:
-    """Whether a packet ending in ``label`` comes out of ``engine``'s tunnel within ``timeout`` s."""
+    """Whether a packet ending in ``label`` comes out of ``engine``'s tunnel within ``timeout`` s
+    (one try of a loop with its own deadline: False is "not yet", never the verdict)."""
     try:
         async def wait():
             while not (await engine.tunnel.receive_packet()).endswith(label):
@@ -289,25 +317,38 @@ async def test_a_keepalive_pulls_the_hub_back_after_a_probe_on_an_engine_without
     """The probe's handshake comes from another socket, so the hub's replies go there (here: the
     blocker's client address, as a NAT would) until the engine sends again; the userspace engine
     (no OS interface to send a datagram to the gateway's mesh address through) sends a WireGuard
-    keepalive when asked, through its own Bind."""
-    manager = PathManager(PathSettings(probe_timeout=1), world.keypair)
+    keepalive when asked, through its own Bind.
+
+    Without it WireGuard's own timers would pull the hub back too, later (the node, having sent
+    data and heard nothing, starts a handshake after 15 s, whitepaper §6.5): so the test asserts
+    the cause, not the delay: the node's first datagram after the call is that keepalive."""
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS), world.keypair)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     await world.node.apply(world.desired)
-    await traffic_flows(world, b"udp", 5)
-    assert (await manager.probe_udp()).ok
+    await traffic_flows(world, b"udp")
+    node_address = ("127.0.0.1", (await world.node.status()).listen_port)
+    assert world.blocker.to_client[-1] == node_address
+    assert (await manager.probe_udp(GENEROUS)).ok
+    sent_before = len(world.blocker.to_client)
     world.hub.tunnel.send_packet(ipv4(IP_HUB, IP_NODE, b"to the probe's socket"))
-    assert not await packet_arrives(world.node, b"to the probe's socket", 0.5)  # the gap the keepalive closes
+    await wait_until(lambda: len(world.blocker.to_client) > sent_before, what="the hub sending the packet")
+    assert world.blocker.to_client[-1] != node_address  # the gap the keepalive closes: it went to the probe's socket
 
     hub_pub = world.config.gateways[0].public_key
+    since = len(world.blocker.from_client)
     assert world.node.send_keepalive({hub_pub: IP_HUB}) is True
     assert world.node.send_keepalive({keys.encode_key(bytes(32)): "10.45.0.9"}) is False  # not a peer: nothing
+    first = (await wait_until(lambda: world.blocker.sent_by(node_address, since), what="the node's keepalive"))[0]
+    assert is_keepalive(first), f"the node's first datagram was of type {first[0]}, not a keepalive"
     await hub_reaches_the_node(world, b"pulled back")
+    assert world.blocker.to_client[-1] == node_address
 
 
-async def hub_reaches_the_node(world, label: bytes) -> None:
-    """Packets hub -> node, a few tries over 3 s (the node sends nothing else meanwhile: its
-    keepalive comes every 25 s), until one arrives; AssertionError when none does."""
-    for _ in range(10):
+async def hub_reaches_the_node(world, label: bytes, timeout: float = GENEROUS) -> None:
+    """Packets hub -> node, one every 0.3 s, until one arrives; AssertionError after ``timeout`` s.
+    (The node's WireGuard timers pull the hub back too, in 15 s: the callers assert the cause.)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         world.hub.tunnel.send_packet(ipv4(IP_HUB, IP_NODE, label))
         if await packet_arrives(world.node, label, 0.3):
             return
@@ -316,13 +357,15 @@ async def hub_reaches_the_node(world, label: bytes) -> None:
 
 async def test_the_watch_pulls_the_hub_back_after_a_quiet_probe(world):
     """A quiet node on UDP probes; with the engine's keepalive as the nudge, the hub's next
-    packets reach the engine, not the probe's closed socket."""
-    manager = PathManager(PathSettings(probe_timeout=1, watch_probe_timeout=1, stall_after=0.5, check_every=0.1),
-                          world.keypair)
+    packets reach the engine, not the probe's closed socket (the nudge's keepalive is the
+    node's first datagram after it, as in the test above)."""
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=GENEROUS, stall_after=0.5,
+                                       check_every=0.1), world.keypair)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     reapply, counters, reset = wire(world, manager)
     await reapply()
-    await traffic_flows(world, b"udp", 5)
+    await traffic_flows(world, b"udp")
+    node_address = ("127.0.0.1", (await world.node.status()).listen_port)
     probes = []
     real_probe = manager.probe_udp
 
@@ -331,12 +374,15 @@ async def test_the_watch_pulls_the_hub_back_after_a_quiet_probe(world):
         return await real_probe(timeout)
     manager.probe_udp = counted_probe
     hub_pub = world.config.gateways[0].public_key
-    world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset,
-                                                          lambda: world.node.send_keepalive({hub_pub: IP_HUB})))
-    deadline = time.monotonic() + 5
-    while not probes and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert probes, "the quiet node never probed"
-    await asyncio.sleep(0.3)  # the probe done and the keepalive sent
+    nudges: list[int] = []  # how many datagrams the blocker had forwarded at each nudge
+
+    def nudge():
+        nudges.append(len(world.blocker.from_client))
+        return world.node.send_keepalive({hub_pub: IP_HUB})
+    world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset, nudge))
+    await wait_until(lambda: nudges, what="a probe, done and answered, then the nudge")
+    assert probes, "the watch nudged without probing"
+    first = (await wait_until(lambda: world.blocker.sent_by(node_address, nudges[0]), what="the node's keepalive"))[0]
+    assert is_keepalive(first), f"the node's first datagram after the nudge was of type {first[0]}, not a keepalive"
     await hub_reaches_the_node(world, b"after the probe")
     assert manager.path == "udp"

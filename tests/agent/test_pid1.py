@@ -37,7 +37,10 @@ ORPHAN_SCRIPT = textwrap.dedent("""
         assert await shell.wait() == 0          # the shell (asyncio's own child) is reaped by asyncio
         reaper = Reaper(interval=0.05, settle=0.2)
         task = asyncio.create_task(reaper.run(), name="reaper") if REAP else None
-        await asyncio.sleep(1.5)                # the orphan exited after 0.3 s
+        deadline = time.monotonic() + 30        # the orphan exits after 0.3 s: wait for what follows
+        done = (lambda: reaper.reaped) if REAP else (lambda: orphan in zombie_children(os.getpid()))
+        while not done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         print(orphan, reaper.reaped, zombie_children(os.getpid()), flush=True)
         if task: task.cancel()
 
@@ -46,7 +49,7 @@ ORPHAN_SCRIPT = textwrap.dedent("""
 
 
 def _orphan_run(mode: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", ORPHAN_SCRIPT, mode], capture_output=True, text=True, timeout=30,
+    out = subprocess.run([sys.executable, "-c", ORPHAN_SCRIPT, mode], capture_output=True, text=True, timeout=60,
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().split(maxsplit=2)
@@ -255,7 +258,8 @@ def test_run_options_defaults_flags_and_variables():
     (("--grace-period", "1e3"), {}, "--grace-period"),
     ((), {"ANEX_GRACE_PERIOD": "٣"}, "ANEX_GRACE_PERIOD"),
     (("--wait-ready", "3601"), {}, "--wait-ready"),
-    ((), {"ANEX_PROXY_ENV": "yes"}, "ANEX_PROXY_ENV"),
+    ((), {"ANEX_PROXY_ENV": "maybe"}, "ANEX_PROXY_ENV"),
+    ((), {"ANEX_LOGS": "2"}, "ANEX_LOGS"),
     ((), {"ANEX_PUSH_DIRS": "relative/dir"}, "ANEX_PUSH_DIRS"),
     ((), {"ANEX_PUSH_DIRS": "/srv/in:/srv/../etc"}, "ANEX_PUSH_DIRS"),
 ])

@@ -245,3 +245,32 @@ async def test_postgres_password_in_the_url(pg_role, form):
         assert written not in db.url and PG_PASSWORD not in db.url
     finally:
         await db.close()
+
+
+# ---------------------------------------------------------------- plain HTTP past this host
+
+
+@pytest.mark.parametrize("host, warned", [("0.0.0.0", True), ("::", True), ("192.0.2.10", True),
+                                          ("127.0.0.1", False), ("127.0.0.5", False), ("::1", False)])
+def test_plain_http_on_an_address_others_reach_is_warned_about(host, warned):
+    text = cli.plain_http_warning(host, 8700, tls=False)
+    assert (text is not None) is warned
+    if warned:
+        assert "clear text" in text and "--tls-cert FILE and --tls-key FILE" in text and "8700" in text
+    assert cli.plain_http_warning(host, 8700, tls=True) is None
+
+
+def test_the_coordinator_on_every_address_without_tls_starts_with_the_warning(tmp_path, certs):
+    proc = Coordinator(["--state-dir", str(tmp_path / "plain"), "--listen", "0.0.0.0:0"])
+    try:
+        assert proc.wait_listening().startswith("http://0.0.0.0:")
+    finally:
+        err = proc.stop()
+    assert "--listen 0.0.0.0:0 without --tls-cert" in err and "cross the network in clear text" in err
+    proc = Coordinator(["--state-dir", str(tmp_path / "tls"), "--listen", "0.0.0.0:0",
+                        "--tls-cert", str(certs.cert), "--tls-key", str(certs.key)])
+    try:
+        assert proc.wait_listening().startswith("https://0.0.0.0:")
+    finally:
+        err = proc.stop()
+    assert "clear text" not in err

@@ -72,6 +72,8 @@ def test_starts_with_no_arguments_and_serves_openapi(tmp_path):
     (["--address-quarantine", "nan"], "--address-quarantine"),
     (["--credential-rotation", "5"], "--credential-rotation"),
     (["--credential-grace", "nan"], "--credential-grace"),
+    (["--gateway-gone-after", "1"], "--gateway-gone-after"),
+    (["--gateway-gone-after", "nan"], "--gateway-gone-after"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, flags, words):
     out = subprocess.run([sys.executable, "-m", "anex_agent", "coordinator", "--state-dir", str(tmp_path), *flags],

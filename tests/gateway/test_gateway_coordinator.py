@@ -20,6 +20,7 @@ from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
 from anex_agent.keys import KeyPair, generate_private_key
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support
+from tests.polling import wait_until
 
 
 class RecordingEngine(Engine):
@@ -67,13 +68,6 @@ def make_gateway(url: str, state: Path, token: str) -> tuple[Gateway, RecordingE
     return gateway, engine
 
 
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 async def join_node(url: str, admin: CoordinatorClient, name: str) -> tuple[str, str]:
     token = (await admin.create_join_token()).token
     pair = KeyPair(generate_private_key())
@@ -98,11 +92,11 @@ async def test_registers_and_follows_the_watch_stream(coordinator, tmp_path):
         try:
             started = time.monotonic()
             node_id, key = await join_node(url, admin, "n1")
-            await wait_for(lambda: key in engine.peer_keys(), 5, "joined node reaches the hub")
+            await wait_until(lambda: key in engine.peer_keys(), what="joined node reaches the hub")
             latency = time.monotonic() - started
             assert engine.applied[-1].peers[0].allowed_ips[0].endswith("/32")
             await admin.delete_node(node_id)
-            await wait_for(lambda: key not in engine.peer_keys(), 5, "deleted node leaves the hub")
+            await wait_until(lambda: key not in engine.peer_keys(), what="deleted node leaves the hub")
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
@@ -144,16 +138,22 @@ async def test_restart_with_the_coordinator_down_uses_the_saved_state(coordinato
 
 
 async def test_bad_token_without_saved_state_is_a_clear_error(coordinator, tmp_path):
-    url, _ = coordinator
-    gateway, _ = make_gateway(url, tmp_path / "gw", "not-a-token")
-    from anex_agent.errors import CoordinatorError
+    """One line naming where the token came from, why it was refused, and how to get one that lasts."""
+    url, admin = coordinator
+    from anex_agent.errors import ConfigError
 
-    try:
-        with pytest.raises(CoordinatorError) as info:
-            await gateway._initial_registration()
-        assert info.value.status == 401 and not info.value.retryable
-    finally:
-        await gateway.link.close()
+    for token, why in (("not-a-token", "not valid"),
+                       ((await admin.create_join_token()).token, "it is a node join token; this needs a gateway")):
+        gateway, _ = make_gateway(url, tmp_path / "gw", token)
+        try:
+            with pytest.raises(ConfigError) as info:
+                await gateway._initial_registration()
+        finally:
+            await gateway.link.close()
+        text = str(info.value)
+        assert info.value.source == "ANEX_GATEWAY_TOKEN" and why in text
+        assert "anex-agent admin tokens create --kind gateway --reusable --ttl 365d" in text
+        assert text.endswith("set it in ANEX_GATEWAY_TOKEN")
 
 
 async def test_renews_its_credential_and_saves_it(coordinator, tmp_path):
@@ -166,7 +166,7 @@ async def test_renews_its_credential_and_saves_it(coordinator, tmp_path):
         gateway.rotate_in = 0.05
         renewer = asyncio.create_task(gateway._renew_loop(), name="test-gateway-renew")
         try:
-            await wait_for(lambda: gateway.registration.credential != first, 5, "renewed credential")
+            await wait_until(lambda: gateway.registration.credential != first, what="renewed credential")
         finally:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
@@ -191,3 +191,38 @@ async def test_a_refused_credential_without_a_token_stops_the_watch_with_an_erro
         assert any("no gateway token" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
     finally:
         await gateway.link.close()
+
+
+async def test_a_stop_tells_the_coordinator_the_gateway_is_gone(coordinator, tmp_path):
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway", reusable=True)).token
+    gateway, _ = make_gateway(url, tmp_path / "gw", token)
+    try:
+        assert await gateway._initial_registration() is True
+        await gateway._leave()
+        (listed,) = (await admin.list_gateways()).gateways
+        assert listed.gone_at is not None and listed.gone_reason == "stopped"
+    finally:
+        await gateway.link.close()
+
+
+async def test_a_stop_does_not_hang_on_a_coordinator_that_does_not_answer(coordinator, tmp_path, monkeypatch, caplog):
+    from anex_agent.gateway import service
+
+    url, admin = coordinator
+    token = (await admin.create_join_token("gateway", reusable=True)).token
+    gateway, _ = make_gateway(url, tmp_path / "gw", token)
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        try:
+            assert await gateway._initial_registration() is True
+            await gateway.link.close()
+            gateway.link = type(gateway.link)(f"http://127.0.0.1:{silent.getsockname()[1]}")
+            gateway.link.set_credential(gateway.registration.credential)
+            monkeypatch.setattr(service, "LEAVE_TIMEOUT", 0.2)
+            await asyncio.wait_for(gateway._leave(), 30)  # bounded by LEAVE_TIMEOUT, not by the client's own timeout
+        finally:
+            await gateway.link.close()
+    assert "did not take this gateway's stop" in caplog.text
+    assert (await admin.list_gateways()).gateways[0].gone_at is None

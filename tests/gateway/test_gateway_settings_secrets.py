@@ -15,7 +15,7 @@ from anex_agent.gateway.settings import from_args
 def parse(argv, env=None):
     parser = argparse.ArgumentParser()
     cli.configure(parser)
-    return from_args(parser.parse_args(argv), env or {})
+    return from_args(parser.parse_args(["--endpoint", "gw.example:51820", *argv]), env or {})
 
 
 URL = ["--coordinator", "http://127.0.0.1:8700"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from pathlib import Path
 
 from anex_agent.client import CoordinatorClient
@@ -22,6 +21,7 @@ from anex_agent.keys import KeyPair, encode_key, generate_private_key
 from anex_agent.tunnels import uapi, wireguard_go
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, PeerConfig, Support, plan_peers
 from anex_agent.wire import MeshPeer, WatchEvent
+from tests.polling import wait_until
 
 
 def mp(node_id: str, key: str, ip: str) -> MeshPeer:
@@ -112,13 +112,6 @@ class DeviceEngine(Engine):
         return None
 
 
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 async def started_gateway(url: str, admin: CoordinatorClient, state: Path) -> tuple[Gateway, DeviceEngine]:
     token = (await admin.create_join_token("gateway", reusable=True)).token
     gateway = Gateway(build_settings(coordinator_url=url, token=token, state_dir=str(state),
@@ -148,10 +141,10 @@ async def test_a_join_is_one_peer_set_and_a_removal_one_remove(coordinator, tmp_
         await asyncio.sleep(0.3)  # the watch's opening snapshot equals the registration's set: no write
         assert set(engine.device) == {first[1]} and engine.applies == 1 and engine.updates == []
         node_id, node_key = await join(url, token, "n1")
-        await wait_for(lambda: node_key in engine.device, 5, "joined node reaches the hub")
+        await wait_until(lambda: node_key in engine.device, what="joined node reaches the hub")
         assert engine.updates == [((node_key,), ())] and engine.applies == 1
         await admin.delete_node(node_id)
-        await wait_for(lambda: node_key not in engine.device, 5, "deleted node leaves the hub")
+        await wait_until(lambda: node_key not in engine.device, what="deleted node leaves the hub")
         assert engine.updates[1:] == [((), (node_key,))] and engine.applies == 1
         # what the metrics tell of it: one change of each kind, timed; the stream open
         text = gateway.metrics.exposition().decode()
@@ -183,10 +176,10 @@ async def test_resync_after_a_watch_gap_converges_to_the_exact_set(coordinator, 
     gateway.book.version = 10**9
     watcher = asyncio.create_task(gateway._watch_loop(), name="test-gateway-watch")
     try:
-        await wait_for(lambda: set(engine.device) == {kept[1], new[1]}, 5, "hub converges to the coordinator's set")
+        await wait_until(lambda: set(engine.device) == {kept[1], new[1]}, what="hub converges to the coordinator's set")
         assert gateway.book.version < 10**9  # follows the snapshot's version from now on
         later = await join(url, token, "later")  # and goes on incrementally afterwards
-        await wait_for(lambda: later[1] in engine.device, 5, "next join after the resync")
+        await wait_until(lambda: later[1] in engine.device, what="next join after the resync")
         assert engine.updates[-1] == ((later[1],), ())
     finally:
         watcher.cancel()

@@ -7,7 +7,7 @@ import pytest
 from anex_agent.errors import ConfigError
 from anex_agent.gateway.settings import build_settings
 
-BASE = {"coordinator_url": "http://127.0.0.1:8700", "token": "t"}
+BASE = {"coordinator_url": "http://127.0.0.1:8700", "token": "t", "endpoint": "192.0.2.1:51820"}
 
 
 def test_no_relay_by_default():
@@ -28,7 +28,7 @@ def test_plain_and_tls_relay(tmp_path):
 @pytest.mark.parametrize("kwargs, flag", [
     ({"ws_listen": "8443"}, "--ws-listen"),
     ({"ws_listen": "0.0.0.0:99999"}, "--ws-listen"),
-    ({"ws_url": "http://relay/"}, "--ws-url"),
+    ({"ws_url": "http://relay/", "ws_listen": "0.0.0.0:8443"}, "--ws-url"),
     ({"ws_listen": "0.0.0.0:8443", "tls_cert": "/nonexistent.pem", "tls_key": "/nonexistent.key"}, "--tls-cert"),
     ({"ws_listen": "0.0.0.0:8443", "tls_cert": "/etc/hostname"}, "--tls-key"),
     ({"tls_cert": "/etc/hostname", "tls_key": "/etc/hostname"}, "--tls-cert"),
@@ -48,3 +48,13 @@ def test_trusted_proxies_are_networks_and_need_the_relay():
         with pytest.raises(ConfigError) as err:
             build_settings(**BASE, **bad)
         assert err.value.source == "--ws-trusted-proxy"
+
+
+def test_a_relay_url_without_a_relay_is_refused_naming_both_flags():
+    """The relay runs only inside the gateway (the hub's key, the watched peer set): advertising
+    one that nothing serves would send every UDP-blocked node to a dead address."""
+    with pytest.raises(ConfigError) as err:
+        build_settings(**BASE, ws_url="wss://relay.example.com/relay")
+    assert err.value.source == "--ws-url" and "--ws-listen HOST:PORT" in str(err.value)
+    behind_a_proxy = build_settings(**BASE, ws_listen="127.0.0.1:8443", ws_url="wss://relay.example.com/relay")
+    assert behind_a_proxy.ws_url == "wss://relay.example.com/relay" and behind_a_proxy.ws_listen == ("127.0.0.1", 8443)

@@ -113,10 +113,31 @@ def test_settings_defaults_and_derivations():
     assert s.endpoint == "192.168.50.1:51821" and s.listen_port == 51821
     assert s.routes == ("10.96.0.0/12",)
     assert s.dns_upstream == ("10.96.0.10", 53)
-    secret = build_settings(coordinator_url="http://127.0.0.1:8700", token="s3cr3t-token")
+    secret = build_settings(coordinator_url="http://127.0.0.1:8700", token="s3cr3t-token", endpoint="gw.example:51820")
     assert "s3cr3t" not in repr(secret)
-    wildcard = build_settings(coordinator_url="http://127.0.0.1:8700", token="t")
-    assert wildcard.endpoint is None and wildcard.listen_port == 51820
+    wildcard = build_settings(coordinator_url="http://127.0.0.1:8700", token="t", endpoint="gw.example:51820")
+    assert wildcard.endpoint == "gw.example:51820" and wildcard.listen_port == 51820
+
+
+@pytest.mark.parametrize("listen_udp", ["0.0.0.0:51820", ":51820", "[::]:51820"])
+def test_no_endpoint_and_a_wildcard_listen_address_is_refused_not_registered_as_none(listen_udp):
+    """Nothing to tell nodes: the coordinator would list the gateway with no endpoint."""
+    with pytest.raises(ConfigError) as info:
+        build_settings(coordinator_url="http://127.0.0.1:8700", token="t", listen_udp=listen_udp)
+    assert info.value.source == "--endpoint"
+    assert f"--listen-udp {listen_udp}" in str(info.value) and "--endpoint gw.example.com:51820" in str(info.value)
+
+
+@pytest.mark.parametrize("route, example", [("10.96.0.0", "10.96.0.0/12"), ("fd00::", "fd00::/128")])
+def test_a_route_without_a_prefix_length_is_refused_showing_the_cidr_form(route, example):
+    """``--route 10.96.0.0`` would register one address (/32): almost always a forgotten /12."""
+    with pytest.raises(ConfigError) as info:
+        build_settings(coordinator_url="http://127.0.0.1:8700", token="t", endpoint="gw.example:51820",
+                       routes=[route])
+    assert info.value.source == "--route" and route in str(info.value) and example in str(info.value)
+    one = build_settings(coordinator_url="http://127.0.0.1:8700", token="t", endpoint="gw.example:51820",
+                         routes=["10.96.0.10/32"])
+    assert one.routes == ("10.96.0.10/32",)
 
 
 @pytest.mark.parametrize(
@@ -134,7 +155,7 @@ def test_settings_defaults_and_derivations():
     ],
 )
 def test_settings_reject(kwargs, flag):
-    args = {"coordinator_url": "http://127.0.0.1:8700", "token": "t", **kwargs}
+    args = {"coordinator_url": "http://127.0.0.1:8700", "token": "t", "endpoint": "gw.example:51820", **kwargs}
     with pytest.raises(ConfigError) as info:
         build_settings(**args)
     assert info.value.source == flag

@@ -17,6 +17,7 @@ from anex_agent.gateway.settings import build_settings
 from anex_agent.gateway.state import JOURNAL_MIN, GatewayState, Registration
 from anex_agent.keys import encode_key
 from anex_agent.wire import MeshPeer, PeerSet, WatchEvent
+from tests.polling import wait_until
 
 REG = Registration(coordinator_url="http://127.0.0.1:8700", gateway_id="g1", credential="secret-credential",
                    address="10.254.0.1", network="10.254.0.0/16", mtu=1420)
@@ -48,7 +49,8 @@ def test_corrupt_state_is_ignored(tmp_path):
 
 
 def test_desired_config_of_the_hub(tmp_path):
-    settings = build_settings(coordinator_url="http://127.0.0.1:8700", token="t", state_dir=str(tmp_path), listen_udp="0.0.0.0:51999")
+    settings = build_settings(coordinator_url="http://127.0.0.1:8700", token="t", state_dir=str(tmp_path), listen_udp="0.0.0.0:51999",
+                              endpoint="192.0.2.1:51999")
     gateway = Gateway(settings)
     gateway.state.ensure()
     gateway.keypair = gateway.state.keypair()
@@ -251,7 +253,8 @@ class CountingEngine:
 async def test_changes_are_journaled_once_per_interval_off_the_event_path(tmp_path, monkeypatch):
     from anex_agent.gateway import service
 
-    monkeypatch.setattr(service, "SAVE_INTERVAL", 0.3)
+    # long enough that five in-memory applies in a row always fit in it, even on a busy machine
+    monkeypatch.setattr(service, "SAVE_INTERVAL", 2.0)
     gateway = Gateway(build_settings(coordinator_url=REG.coordinator_url, token="t", state_dir=str(tmp_path),
                                      endpoint="192.0.2.1:51820"))
     gateway.registration = REG
@@ -263,12 +266,11 @@ async def test_changes_are_journaled_once_per_interval_off_the_event_path(tmp_pa
         for i in range(5):  # five events in a row: nothing written yet, then one write of five lines
             event = added(mp(f"n{i}", i + 1), i + 1)
             await gateway._apply_delta(gateway._take(event))
-            await asyncio.sleep(0.01)
         assert engine.updates == 5 and len(journal_lines(tmp_path)) == 1
-        await asyncio.sleep(0.5)
+        await wait_until(lambda: len(journal_lines(tmp_path)) >= 6, what="the journal write of five lines")
         assert [line["peer"]["node_id"] for line in journal_lines(tmp_path)[1:]] == ["n0", "n1", "n2", "n3", "n4"]
-        await asyncio.sleep(0.4)
-        assert len(journal_lines(tmp_path)) == 6  # nothing changed since: nothing written
+        await wait_until(lambda: not gateway._unsaved.is_set(), what="the saver idle")
+        assert len(journal_lines(tmp_path)) == 6  # nothing changed since: nothing pending, nothing more written
         engine.fail = True  # the engine refuses the next change: the journal still follows the book
         event = removed(mp("n0", 1), 9)
         with pytest.raises(EngineError):
@@ -296,8 +298,7 @@ async def test_the_whole_set_is_rewritten_when_the_journal_outgrew_it(tmp_path, 
         for i in range(4):  # one node, re-keyed: the set stays one peer, the journal grows
             event = added(mp("n1", i + 1), i + 1)
             await gateway._apply_delta(gateway._take(event))
-            await asyncio.sleep(0.15)  # one write each
-            assert gateway.state.journal_lines == [1, 2, 3, 0][i]
+            await wait_until(lambda: gateway.state.journal_lines == [1, 2, 3, 0][i], what=f"write {i + 1}")
         # three lines filled the journal (max(JOURNAL_MIN, 1 peer)): the fourth change came
         # with a rewrite of the whole set and a fresh journal
         assert len(journal_lines(tmp_path)) == 1

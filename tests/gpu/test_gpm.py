@@ -219,7 +219,7 @@ def test_options_parsed_at_the_edge_name_the_variable():
     with pytest.raises(ConfigError, match="ANEX_METRICS_HOST_LABEL"):
         exposition_options({"ANEX_METRICS_HOST_LABEL": "host"})
     with pytest.raises(ConfigError, match="ANEX_METRICS_PCIE_THROUGHPUT"):
-        exposition_options({"ANEX_METRICS_PCIE_THROUGHPUT": "yes"})
+        exposition_options({"ANEX_METRICS_PCIE_THROUGHPUT": "maybe"})
 
 
 def test_qualify_says_which_gpus_have_profiling_metrics(install_fake, tmp_path):

@@ -112,7 +112,21 @@ def test_choose_engine_explains_failure(monkeypatch):
     monkeypatch.setattr(base, "engine_classes", lambda: {"kernel": _fake("kernel", False)})
     with pytest.raises(EngineError, match="kernel says False"):
         base.choose_engine("auto")
-    with pytest.raises(EngineError, match="not available in this build"):
-        base.choose_engine("wireproxy")
+    with pytest.raises(ConfigError, match="not available in this build"):
+        base.choose_engine("wireproxy", source="ANEX_ENGINE")
     with pytest.raises(ConfigError, match="engine"):
         base.choose_engine("magic")
+
+
+def test_a_named_engine_that_cannot_run_here_names_the_setting_why_and_what_runs(monkeypatch):
+    """ANEX_ENGINE=kernel without the module or CAP_NET_ADMIN: one line naming the variable (exit 2), not exit 1."""
+    fakes = {"kernel": _fake("kernel", False), "wireguard-go": _fake("wireguard-go", True)}
+    monkeypatch.setattr(base, "engine_classes", lambda: fakes)
+    with pytest.raises(ConfigError) as err:
+        base.choose_engine("kernel", source="ANEX_ENGINE")
+    assert err.value.source == "ANEX_ENGINE"
+    assert str(err.value) == ("ANEX_ENGINE: 'kernel': the kernel engine cannot run here (kernel says False); "
+                              "engines that run here: wireguard-go, or auto (leave it unset) to pick one")
+    fakes["wireguard-go"] = _fake("wireguard-go", False)
+    with pytest.raises(ConfigError, match="engines that run here: none, or auto"):
+        base.choose_engine("kernel", source="--engine")

@@ -13,6 +13,7 @@ from anex_agent.errors import EngineError
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig, engine_classes
 from anex_agent.tunnels.userspace import UserspaceEngine
 from anex_agent.wg.routing import packet_addresses
+from tests.polling import GENEROUS, wait_until
 
 IP_A, IP_B = "10.44.0.1", "10.44.0.2"
 
@@ -63,10 +64,10 @@ async def test_packets_flow_both_ways_and_status_reports_the_handshake(engines):
     a, b, ka, kb, port_b = engines
     before = time.time()
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"to b"))
-    got = await asyncio.wait_for(b.tunnel.receive_packet(), 5)
+    got = await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS)
     assert got == ipv4(IP_A, IP_B, b"to b")
     b.tunnel.send_packet(ipv4(IP_B, IP_A, b"to a"))
-    assert await asyncio.wait_for(a.tunnel.receive_packet(), 5) == ipv4(IP_B, IP_A, b"to a")
+    assert await asyncio.wait_for(a.tunnel.receive_packet(), GENEROUS) == ipv4(IP_B, IP_A, b"to a")
     sa, sb = await a.status(), await b.status()
     assert sa.running and sa.engine == "userspace" and sa.interface is None and sa.listen_port > 0
     pa = sa.peer(keys.encode_key(keys.public_key(kb)))
@@ -79,7 +80,7 @@ async def test_packets_flow_both_ways_and_status_reports_the_handshake(engines):
 async def test_apply_is_idempotent_and_keeps_the_session(engines):
     a, b, ka, kb, port_b = engines
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"x"))
-    await asyncio.wait_for(b.tunnel.receive_packet(), 5)
+    await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS)
     device = a.tunnel.device
     same = desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{port_b}")
     await a.apply(same)
@@ -87,7 +88,7 @@ async def test_apply_is_idempotent_and_keeps_the_session(engines):
     assert a.tunnel.device is device
     assert a.tunnel.events["handshake-initiated"] == 1
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"y"))
-    assert (await asyncio.wait_for(b.tunnel.receive_packet(), 5)).endswith(b"y")
+    assert (await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS)).endswith(b"y")
     assert a.tunnel.events["handshake-initiated"] == 1  # no new handshake was needed
     await a.apply(DesiredConfig(private_key=ka, listen_port=None, address=f"{IP_A}/24", mtu=1420))
     assert (await a.status()).peers == ()
@@ -96,11 +97,9 @@ async def test_apply_is_idempotent_and_keeps_the_session(engines):
 async def test_persistent_keepalive_peer_handshakes_at_once(engines):
     a, b, ka, kb, port_b = engines
     await a.apply(desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{port_b}", persistent_keepalive=25))
-    for _ in range(50):
-        if (await b.status()).peers[0].last_handshake:
-            break
-        await asyncio.sleep(0.05)
-    assert (await b.status()).peers[0].last_handshake is not None
+    async def handshaken():
+        return (await b.status()).peers[0].last_handshake is not None
+    await wait_until(handshaken, what="a handshake with no packet sent")
 
 
 async def test_stop_releases_the_port_and_is_idempotent(engines):
@@ -129,7 +128,7 @@ async def test_bad_peer_config_is_an_engine_error(tasks):
 async def test_decrypted_packets_are_trimmed_to_their_ip_length(engines):
     a, b, *_ = engines
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"abc"))
-    got = await asyncio.wait_for(b.tunnel.receive_packet(), 5)
+    got = await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS)
     assert len(got) == packet_addresses(got)[2] == 23
 
 
@@ -144,15 +143,9 @@ async def test_a_failing_packet_handler_does_not_stop_the_tunnel(engines):
 
     b.tunnel.on_packet = handler
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"first"))
-    for _ in range(100):
-        if calls:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: calls, what="the first packet at the handler")
     a.tunnel.send_packet(ipv4(IP_A, IP_B, b"second"))
-    for _ in range(100):
-        if len(calls) == 2:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: len(calls) == 2, what="the second packet at the handler")
     assert [c[20:] for c in calls] == [b"first", b"second"]
     assert b.tunnel.drop_reasons["packet handler failed"] == 1
 
@@ -191,19 +184,17 @@ async def test_follows_an_endpoint_whose_name_resolves_elsewhere(tasks):
         await node.apply(await policy.resolve(wanted))
         tasks.spawn("endpoint-follow", lambda: policy.follow(reapply, 0.05))
         node.tunnel.send_packet(ipv4(IP_A, IP_B, b"to the old address"))
-        assert (await asyncio.wait_for(old_gw.tunnel.receive_packet(), 5)).endswith(b"to the old address")
+        assert (await asyncio.wait_for(old_gw.tunnel.receive_packet(), GENEROUS)).endswith(b"to the old address")
         dns["gw.test"] = "127.0.0.2"  # the gateway moved to another host
-        for _ in range(100):
-            if (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}":
-                break
-            await asyncio.sleep(0.02)
-        assert (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}"
+        async def moved():
+            return (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}"
+        await wait_until(moved, what="the endpoint following the name")
         del dns["gw.test"]  # DNS failing later keeps the last good address
         await asyncio.sleep(0.2)
         assert (await node.status()).peers[0].endpoint == f"127.0.0.2:{port}"
         node.tunnel.device.expire_sessions(keys.public_key(kb))  # the new host has no session: rekey
         node.tunnel.send_packet(ipv4(IP_A, IP_B, b"to the new address"))
-        assert (await asyncio.wait_for(new_gw.tunnel.receive_packet(), 5)).endswith(b"to the new address")
+        assert (await asyncio.wait_for(new_gw.tunnel.receive_packet(), GENEROUS)).endswith(b"to the new address")
     finally:
         for engine in (node, old_gw, new_gw):
             await engine.stop()
@@ -246,7 +237,7 @@ async def test_a_custom_bind_carries_the_tunnel(tasks):
         await b.apply(desired(kb, ka, IP_B, IP_A, None))
         await a.apply(desired(ka, kb, IP_A, IP_B, "192.0.2.1:51820"))  # the relay ignores the endpoint
         a.tunnel.send_packet(ipv4(IP_A, IP_B, b"over the relay"))
-        assert (await asyncio.wait_for(b.tunnel.receive_packet(), 5)).endswith(b"over the relay")
+        assert (await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS)).endswith(b"over the relay")
     finally:
         await a.stop()
         await b.stop()
@@ -258,3 +249,37 @@ async def test_drop_reasons_stay_bounded_under_garbage(engines):
         b.tunnel.handle(b.tunnel.device.receive_datagram(bytes([i % 256]) + bytes(3) + bytes(i), ("192.0.2.1", 1), 0.0))
     assert sum(b.tunnel.drop_reasons.values()) == 200
     assert len(b.tunnel.drop_reasons) < 10
+
+
+async def test_stopping_a_task_never_swallows_the_caller_s_own_cancellation():
+    """The engine's stop waits for its receive task; when the caller (the agent's watch task
+    applying a config, a TaskGroup leaving) is cancelled meanwhile, it must end cancelled, not
+    carry on as if nothing happened."""
+    from anex_agent.tunnels.userspace import _cancelled
+
+    started, inner_cancelled, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow_to_end():
+        try:
+            started.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            inner_cancelled.set()
+            await release.wait()  # its own clean-up takes a while
+            raise
+
+    carried_on = []
+
+    async def caller(task):
+        await _cancelled(task)
+        carried_on.append(True)
+
+    inner = asyncio.create_task(slow_to_end(), name="inner")
+    await started.wait()
+    outer = asyncio.create_task(caller(inner), name="caller")
+    await inner_cancelled.wait()
+    outer.cancel()
+    release.set()
+    await asyncio.wait({outer})
+    assert outer.cancelled() and carried_on == []
+    assert inner.cancelled()

@@ -4,13 +4,13 @@ of a real child process (tests/tunnels/fake_wireproxy.py, a stand-in taking wire
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import base64
 import json
 import os
 import socket
 import stat
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from anex_agent.tunnels.wireproxy import (
     render_config,
     write_config,
 )
+from tests.polling import wait_until
 
 FAKE = Path(__file__).with_name("fake_wireproxy.py")
 PRIV = bytes(range(32))
@@ -189,15 +190,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def eventually(predicate, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 class Control:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -245,7 +237,7 @@ WORKLOAD = WorkloadConfig(proxy_address=f"127.0.0.1:{free_port()}", gateways=("1
 
 
 async def wait_healthy(engine):
-    await eventually(lambda: engine.supervision.last_health == 200, what="/readyz 200")
+    await wait_until(lambda: engine.supervision.last_health == 200, what="/readyz 200")
 
 
 async def test_starts_with_the_flags_and_reports_metrics(rig):
@@ -270,7 +262,7 @@ async def test_same_config_twice_does_not_restart_and_a_change_does(rig):
     assert len(control.starts()) == 1
     assert await engine.apply(desired(), WorkloadConfig(proxy_address=engine.options.proxy_address,
                                                         forwards=(Forward(15432, "db:5432"),))) is True
-    await eventually(lambda: len(control.starts()) == 2, what="restart on config change")
+    await wait_until(lambda: len(control.starts()) == 2, what="restart on config change")
     assert "Target = db:5432" in engine.config_path.read_text()
     assert engine.supervision.restarts == ["config changed"]
 
@@ -284,7 +276,7 @@ async def test_restarts_when_unhealthy(rig, mode, reason):
     await wait_healthy(engine)
     first_pid = control.starts()[0]["pid"]
     control.readyz(mode)
-    await eventually(lambda: len(control.starts()) >= 2, timeout=20, what=f"restart after readyz={mode}")
+    await wait_until(lambda: len(control.starts()) >= 2, what=f"restart after readyz={mode}")
     control.readyz("200")
     assert engine.supervision.restarts[0] == reason
     assert control.starts()[1]["pid"] != first_pid
@@ -298,7 +290,7 @@ async def test_no_restart_during_start_grace(rig):
     engine.start_grace = 3600
     control.readyz("503")
     await engine.apply(desired())
-    await eventually(lambda: engine.supervision.last_health == 503, what="a 503 seen")
+    await wait_until(lambda: engine.supervision.last_health == 503, what="a 503 seen")
     await asyncio.sleep(0.5)
     assert len(control.starts()) == 1 and engine.supervision.restarts == []
 
@@ -320,7 +312,7 @@ async def test_restarts_when_the_endpoint_resolves_elsewhere(rig, tasks):
     assert len(control.starts()) == 1  # same address: nothing happens
     assert control.starts()[0]["endpoints"] == ["192.0.2.1:51820"]
     addresses["gw.example.com"] = ["198.51.100.7"]
-    await eventually(lambda: len(control.starts()) == 2, what="restart after DNS change")
+    await wait_until(lambda: len(control.starts()) == 2, what="restart after DNS change")
     assert engine.supervision.restarts == ["config changed"]
     assert control.starts()[1]["endpoints"] == ["198.51.100.7:51820"]
     del addresses["gw.example.com"]  # DNS failure later: keep running
@@ -342,12 +334,12 @@ async def test_survives_a_failed_restart_and_comes_back(rig, tmp_path, tasks, ca
     hidden = wrapper.with_name("hidden")
     wrapper.rename(hidden)  # the binary is gone...
     control.readyz("exit")  # ...and the process exits
-    await eventually(lambda: tasks.failures["wireproxy-supervisor"] >= 2, what="failed restarts, logged")
+    await wait_until(lambda: tasks.failures["wireproxy-supervisor"] >= 2, what="failed restarts, logged")
     assert "cannot start" in caplog.text and "wireproxy-supervisor failed" in caplog.text
     assert not engine.running
     control.readyz("200")
     hidden.rename(wrapper)  # the binary is back
-    await eventually(lambda: len(control.starts()) == 2 and engine.running, what="wireproxy running again")
+    await wait_until(lambda: len(control.starts()) == 2 and engine.running, what="wireproxy running again")
     await wait_healthy(engine)
     assert "not running (its last start failed)" in engine.supervision.restarts
 
@@ -389,3 +381,18 @@ def test_options_for_node_from_the_wire_config():
     opts = WireproxyOptions.from_workload(workload_config(config, settings))
     assert render_config(desired(), opts) == GOLDEN.replace(
         "[TCPClientTunnel]\nBindAddress = 127.0.0.1:6379\nTarget = 10.96.0.20:6379\n\n", "")
+
+
+async def test_with_no_gateway_nothing_runs_until_one_registers(rig):
+    """A node that joins before any gateway exists: wireproxy needs a peer, so it waits for one."""
+    engine, control, _ = rig
+    no_gateway = dataclasses.replace(desired(), peers=())
+    assert await engine.apply(no_gateway) is False
+    assert control.starts() == [] and not (await engine.status()).running
+    assert await engine.apply(desired()) is True  # the gateway registers
+    await wait_healthy(engine)
+    assert len(control.starts()) == 1
+    assert await engine.apply(no_gateway) is True  # and is deleted: the process goes, the key file too
+    assert not (await engine.status()).running and not engine.config_path.exists()
+    assert await engine.apply(desired()) is True
+    await wait_until(lambda: len(control.starts()) == 2, what="wireproxy started again")

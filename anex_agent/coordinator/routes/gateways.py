@@ -1,4 +1,4 @@
-"""Gateway routes: register, list, peers."""
+"""Gateway routes: register, list, mark gone, delete, peers, credential."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ async def renew_credential(call: Call) -> wire.CredentialRenewal:
     return await gateways.renew(call.ctx, call.principal)
 
 
+async def mark_gone(call: Call) -> wire.GatewayView:
+    """The gateway as it stops (its own credential), or the admin: nodes leave it out until it is back."""
+    gateway_id = call.param("gateway_id")
+    if call.principal.kind == "gateway" and call.principal.id != gateway_id:
+        raise problems.forbidden("a gateway may only mark itself gone")
+    await gateways.mark_gone(call.ctx, gateway_id, "stopped" if call.principal.kind == "gateway" else "marked gone by the admin")
+    return await gateways.view(call.ctx, gateway_id)
+
+
 async def delete_gateway(call: Call) -> None:
     await gateways.delete(call.ctx, call.param("gateway_id"))
 
@@ -46,6 +55,10 @@ def setup(registry: RouteRegistry, ctx) -> None:
                        response_model=wire.GatewayList, tags=tags))
     registry.add(Route("DELETE", "/v1/gateways/{gateway_id}", delete_gateway, Auth.admin,
                        "Delete a gateway (frees its address; nodes get a new gateway set)", status=204, tags=tags))
+    registry.add(Route("POST", "/v1/gateways/{gateway_id}/gone", mark_gone, Auth.gateway_or_admin,
+                       "Mark the gateway gone (it stops): nodes leave it out of their configs until it is back "
+                       "(it opens its watch stream, reads its peers or registers again); the gateway itself or the admin",
+                       response_model=wire.GatewayView, tags=tags, problems=(403, 404)))
     registry.add(Route("GET", "/v1/gateways/{gateway_id}/peers", peers, Auth.gateway,
                        "The full peer set the gateway must serve (the gateway itself)",
                        response_model=wire.PeerSet, tags=tags, problems=(403,)))

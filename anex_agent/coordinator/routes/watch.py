@@ -9,6 +9,9 @@ Protocol (JSON text frames, each a :class:`wire.WatchEvent`; see its docstring):
   config, and the ``ssh_revoked`` events after ``since``; then ``config`` /
   ``gateway_changed`` / ``ssh_revoked`` events. After a snapshot a node fetches its revoked
   SSH certificates (``GET /v1/nodes/{id}/ssh-revocations``).
+* A gateway's open stream is its sign of life (``last_seen_at`` written every
+  :func:`.gateways.touch_interval` s, see :mod:`.gateways` for when a gateway is gone); a
+  gateway that was gone is back when its stream opens.
 * Every event's ``version`` only grows; a client resumes with ``since=<last version>``.
 * The server closes with code 4001 when the caller's credential is revoked (node or
   gateway deleted, or re-joined with a new credential), 1001 when it shuts down, 1012 when
@@ -62,7 +65,8 @@ async def _send(ws: web.WebSocketResponse, event: wire.WatchEvent) -> None:
 
 async def _gateway_start(ctx, ws: web.WebSocketResponse, gateway_id: str, since: int) -> int:
     async with ctx.db.transaction() as tx:
-        if not await tx.execute("UPDATE gateways SET last_seen_at = $2 WHERE id = $1", gateway_id, ctx.clock()):
+        back = await gateways.seen(ctx, tx, gateway_id, ctx.clock())
+        if back is None:
             raise problems.not_found(f"gateway {gateway_id}")
         head = await changes.current_version(tx)
         pruned = await changes.pruned_through(tx)
@@ -75,6 +79,8 @@ async def _gateway_start(ctx, ws: web.WebSocketResponse, gateway_id: str, since:
                 " WHERE scope = $1 AND version > $2 AND version <= $3 ORDER BY version",
                 changes.Scope.ALL_GATEWAYS.value, since, head,
             )
+    if back:
+        ctx.committed()  # the nodes' configs list it again
     if rows is None:
         await _send(ws, wire.WatchEvent(type="snapshot", version=snapshot.version, peers=snapshot.peers))
         return snapshot.version
@@ -180,6 +186,16 @@ async def _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout
         last = version
 
 
+async def _presence(ctx, gateway_id: str) -> None:
+    """Until cancelled (the stream ended): the gateway is seen every :func:`gateways.touch_interval` s."""
+    while True:
+        await asyncio.sleep(gateways.touch_interval(ctx.settings))
+        try:
+            await gateways.touch(ctx, gateway_id)
+        except Exception as err:  # the database hiccuped: the next touch will do
+            log.warning("recording that gateway %s is still there failed: %s", gateway_id, err)
+
+
 async def _drain(ws: web.WebSocketResponse) -> None:
     """Read (and ignore) client frames so pings, pongs and close are handled."""
     async for msg in ws:
@@ -224,6 +240,9 @@ async def watch(call: Call) -> web.StreamResponse:
             name=f"watch-pump-{principal.id}",
         )
         drain = asyncio.create_task(_drain(ws), name=f"watch-drain-{principal.id}")
+        helpers = [pump, drain]
+        if principal.kind == "gateway":  # an open stream is the gateway's sign of life
+            helpers.append(asyncio.create_task(_presence(ctx, principal.id), name=f"watch-presence-{principal.id}"))
         try:
             await asyncio.wait({pump, drain}, return_when=asyncio.FIRST_COMPLETED)
             if pump.done() and not pump.cancelled() and pump.exception() is None and not ws.closed:
@@ -239,9 +258,9 @@ async def watch(call: Call) -> web.StreamResponse:
                     ctx.metrics.watch_resyncs.inc()
                 await _close(request, ws, code, message)
         finally:
-            for task in (pump, drain):
+            for task in helpers:
                 task.cancel()
-            for task in (pump, drain):
+            for task in helpers:
                 with contextlib.suppress(asyncio.CancelledError, ConnectionError, RuntimeError):
                     await task
     except (ConnectionError, RuntimeError) as err:  # the client went away mid-send

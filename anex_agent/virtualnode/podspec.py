@@ -1,0 +1,305 @@
+"""A pod, as the API server holds it, to the one provision that runs it (pure: no I/O).
+
+Contract:
+* :func:`provision_name` is the provision's ``name`` for a pod: ``<prefix><pod uid>``. The
+  coordinator makes ``POST /v1/provisions`` idempotent by name, so a restarted virtual node
+  asks again for the same provision and never rents twice; :func:`pod_uid_of` reads the uid
+  back (the reconciliation's "whose provision is this").
+* :func:`check_pod` refuses what the product cannot honour (:class:`Refusal`, naming the field
+  of the pod spec): more than one container, init containers, ``hostNetwork``/``hostPID``/
+  ``hostIPC``, volumes other than ConfigMap, Secret, emptyDir, projected and downwardAPI ones.
+* :func:`references` lists the Secrets and ConfigMaps the container's ``env``/``envFrom``
+  read; the caller fetches them (``None`` for one that does not exist) and passes them to
+  :func:`translate`, which returns the :class:`Translation`: the ``ProvisionCreate`` (image,
+  command, args, env with ``valueFrom``/``envFrom`` resolved, container ports, the pod's
+  selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
+  how many GPUs) and warnings about what is accepted but not carried to the machine.
+  ``$(VAR)`` in ``command``, ``args`` and ``env`` values is expanded as the kubelet expands it
+  (:func:`expand`).
+* Pods are plain dicts (the API's JSON); nothing here depends on a Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from anex_agent.provision_wire import ProvisionCreate
+
+#: Annotations the coordinator's selection reads; the others (kubectl's last-applied-configuration,
+#: tools' bookkeeping) stay in the cluster. Keep in step with docs/selection.md's prefixes.
+SELECTION_PREFIXES = ("anex.sh/", "vastai.anex.sh/", "runpod.anex.sh/", "gpu-provider.glami.cz/")
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_COUNT = "anex.sh/gpu-count"
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+ACCEPTED_VOLUMES = ("configMap", "secret", "emptyDir", "projected", "downwardAPI")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTAINER = "spec.containers[0]"
+
+
+class Refusal(Exception):
+    """The pod asks for something the virtual node cannot give; ``field`` names where in the pod."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class Translation:
+    spec: ProvisionCreate
+    warnings: tuple[str, ...] = field(default=())
+
+
+def provision_name(prefix: str, uid: str) -> str:
+    return f"{prefix}{uid.lower()}"
+
+
+def pod_uid_of(prefix: str, name: str) -> str | None:
+    """The pod uid a provision name of ours carries; None for a name not of this scheme."""
+    return name[len(prefix):] if name.startswith(prefix) and len(name) > len(prefix) else None
+
+
+def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return pod.get("spec") or {}
+
+
+def check_pod(pod: Mapping[str, Any]) -> None:
+    """Raise :class:`Refusal` for what a rented machine cannot run (see the module docstring)."""
+    spec = _spec(pod)
+    containers = spec.get("containers") or []
+    if len(containers) != 1:
+        raise Refusal("spec.containers", f"the virtual node runs exactly one container per pod (one rented "
+                      f"machine each); this pod has {len(containers)}: run each in a pod of its own")
+    if spec.get("initContainers"):
+        raise Refusal("spec.initContainers", "init containers are not supported; run those steps at the start "
+                      "of the container's command")
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(flag):
+            raise Refusal(f"spec.{flag}", "a rented machine is not a host of this cluster; leave it out")
+    for i, volume in enumerate(spec.get("volumes") or []):
+        kinds = [k for k in volume if k != "name"]
+        bad = [k for k in kinds if k not in ACCEPTED_VOLUMES]
+        if bad:
+            raise Refusal(f"spec.volumes[{i}].{bad[0]}", f"volume {volume.get('name')!r}: only ConfigMap, Secret, "
+                          "emptyDir, projected and downwardAPI volumes are accepted; a rented machine cannot "
+                          "reach the cluster's storage (copy data in with the workload or through the mesh)")
+    if not (containers[0].get("image") or "").strip():
+        raise Refusal(f"{CONTAINER}.image", "is required")
+
+
+def references(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """``("secret"|"configmap", name)`` for every object the container's environment reads."""
+    found: set[tuple[str, str]] = set()
+    for container in (_spec(pod).get("containers") or [])[:1]:
+        for var in container.get("env") or []:
+            source = var.get("valueFrom") or {}
+            if "secretKeyRef" in source:
+                found.add(("secret", source["secretKeyRef"].get("name", "")))
+            if "configMapKeyRef" in source:
+                found.add(("configmap", source["configMapKeyRef"].get("name", "")))
+        for source in container.get("envFrom") or []:
+            if "secretRef" in source:
+                found.add(("secret", source["secretRef"].get("name", "")))
+            if "configMapRef" in source:
+                found.add(("configmap", source["configMapRef"].get("name", "")))
+    return found
+
+
+def object_data(kind: str, obj: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The string values of a Secret (``data``, base64) or a ConfigMap (``data`` and ``binaryData``)."""
+    if obj is None:
+        return None
+    out: dict[str, str] = {}
+    encoded = dict(obj.get("data") or {}) if kind == "secret" else dict(obj.get("binaryData") or {})
+    if kind == "configmap":
+        out.update({k: str(v) for k, v in (obj.get("data") or {}).items()})
+    for key, value in encoded.items():
+        try:
+            out[key] = base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            continue  # not text: it cannot be an environment value
+    return out
+
+
+def _field_value(pod: Mapping[str, Any], path: str, where: str) -> str | None:
+    meta, spec, status = pod.get("metadata") or {}, _spec(pod), pod.get("status") or {}
+    simple = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+              "metadata.uid": meta.get("uid"), "spec.nodeName": spec.get("nodeName"),
+              "spec.serviceAccountName": spec.get("serviceAccountName"), "status.podIP": status.get("podIP"),
+              "status.hostIP": status.get("hostIP")}
+    if path in simple:
+        return simple[path]
+    match = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if match:
+        return (meta.get(match.group(1)) or {}).get(match.group(2), "")
+    raise Refusal(where, f"fieldPath {path!r} is not supported; accepted: metadata.name, metadata.namespace, "
+                  "metadata.uid, metadata.labels['KEY'], metadata.annotations['KEY'], spec.nodeName, "
+                  "spec.serviceAccountName, status.podIP, status.hostIP")
+
+
+def _key_ref(kind: str, ref: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str, str] | None],
+             where: str) -> str | None:
+    name, key, optional = ref.get("name", ""), ref.get("key", ""), bool(ref.get("optional"))
+    data = objects.get((kind, name))
+    label = "Secret" if kind == "secret" else "ConfigMap"
+    if data is None:
+        if optional:
+            return None
+        raise Refusal(where, f"{label} {name!r} does not exist in the pod's namespace")
+    if key not in data:
+        if optional:
+            return None
+        raise Refusal(where, f"{label} {name!r} has no key {key!r}")
+    return data[key]
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: a defined variable is replaced, ``$$`` is one ``$`` (so
+    ``$$(VAR)`` stays ``$(VAR)``), a reference to an undefined variable is left as it is."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+            continue
+        if text.startswith("$(", i):
+            end = text.find(")", i + 2)
+            if end != -1 and text[i + 2:end] in env:
+                out.append(env[text[i + 2:end]])
+                i = end + 1
+                continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
+                 objects: Mapping[tuple[str, str], dict[str, str] | None], warnings: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for i, source in enumerate(container.get("envFrom") or []):
+        where = f"{CONTAINER}.envFrom[{i}]"
+        kind, ref = ("secret", source["secretRef"]) if "secretRef" in source else (
+            ("configmap", source["configMapRef"]) if "configMapRef" in source else (None, None))
+        if kind is None or ref is None:
+            raise Refusal(where, "expected secretRef or configMapRef")
+        data = objects.get((kind, ref.get("name", "")))
+        if data is None:
+            if ref.get("optional"):
+                continue
+            label = "Secret" if kind == "secret" else "ConfigMap"
+            raise Refusal(where, f"{label} {ref.get('name')!r} does not exist in the pod's namespace")
+        prefix = source.get("prefix", "")
+        for key in sorted(data):
+            if ENV_NAME.fullmatch(prefix + key):
+                env[prefix + key] = data[key]
+            else:
+                warnings.append(f"{where}: key {key!r} is not a variable name: left out")
+    for i, var in enumerate(container.get("env") or []):
+        where = f"{CONTAINER}.env[{i}]"
+        name = var.get("name", "")
+        source = var.get("valueFrom")
+        if source is None:
+            env[name] = expand(str(var.get("value", "")), env)  # what is defined before it
+            continue
+        value: str | None
+        if "secretKeyRef" in source:
+            value = _key_ref("secret", source["secretKeyRef"], objects, f"{where}.valueFrom.secretKeyRef")
+        elif "configMapKeyRef" in source:
+            value = _key_ref("configmap", source["configMapKeyRef"], objects, f"{where}.valueFrom.configMapKeyRef")
+        elif "fieldRef" in source:
+            value = _field_value(pod, source["fieldRef"].get("fieldPath", ""), f"{where}.valueFrom.fieldRef")
+            if value is None:
+                warnings.append(f"{where}: {name} ({source['fieldRef'].get('fieldPath')}) is not known before the "
+                                "machine is rented: left out")
+        else:
+            raise Refusal(f"{where}.valueFrom", f"{next(iter(source), 'this source')} is not supported; accepted: "
+                          "secretKeyRef, configMapKeyRef, fieldRef")
+        if value is not None:
+            env[name] = value
+    return env
+
+
+def _gpus(container: Mapping[str, Any]) -> str | None:
+    resources = container.get("resources") or {}
+    for part in ("limits", "requests"):
+        value = (resources.get(part) or {}).get(GPU_RESOURCE)
+        if value not in (None, ""):
+            return str(value)
+    return None
+
+
+def _annotations(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
+    all_annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    chosen = {k: str(v) for k, v in all_annotations.items() if k.startswith(SELECTION_PREFIXES)}
+    gpus = _gpus(container)
+    says_count = any(k.split("/", 1)[1].startswith("gpu-count") for k in chosen)
+    if gpus is not None and not says_count:
+        chosen[GPU_COUNT] = gpus
+    return chosen
+
+
+def _ports(container: Mapping[str, Any], warnings: list[str]) -> list[int]:
+    ports: list[int] = []
+    for i, port in enumerate(container.get("ports") or []):
+        if (port.get("protocol") or "TCP") != "TCP":
+            warnings.append(f"{CONTAINER}.ports[{i}]: only TCP ports are forwarded; {port.get('protocol')} left out")
+            continue
+        number = port.get("containerPort")
+        if isinstance(number, int) and number not in ports:
+            ports.append(number)
+    return ports
+
+
+def _mount_warnings(pod: Mapping[str, Any], container: Mapping[str, Any]) -> list[str]:
+    kinds = {v.get("name"): next((k for k in v if k != "name"), "") for v in _spec(pod).get("volumes") or []}
+    out = []
+    for mount in container.get("volumeMounts") or []:
+        if mount.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_MOUNT:
+            continue  # the service account token: a rented machine does not talk to the API server
+        kind = kinds.get(mount.get("name"), "")
+        if kind != "emptyDir":
+            out.append(f"volume {mount.get('name')!r} ({kind}) is not delivered to the rented machine: "
+                       f"{mount.get('mountPath')} will not hold its files; pass values through env or envFrom")
+    return out
+
+
+def _field_of(err: ValidationError) -> str:
+    loc = err.errors()[0].get("loc", ()) if err.errors() else ()
+    first = str(loc[0]) if loc else ""
+    rest = ".".join(str(p) for p in loc[1:])
+    where = {"image": f"{CONTAINER}.image", "command": f"{CONTAINER}.command", "args": f"{CONTAINER}.args",
+             "env": f"{CONTAINER}.env", "ports": f"{CONTAINER}.ports",
+             "annotations": "metadata.annotations"}.get(first, first)
+    return f"{where}.{rest}" if rest else where
+
+
+def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str, str] | None], *,
+              prefix: str) -> Translation:
+    """The provision for ``pod`` (see the module docstring); :class:`Refusal` naming the field."""
+    check_pod(pod)
+    container = _spec(pod)["containers"][0]
+    warnings: list[str] = []
+    env = _environment(pod, container, objects, warnings)
+    ports = _ports(container, warnings)
+    warnings += _mount_warnings(pod, container)
+    uid = (pod.get("metadata") or {}).get("uid", "")
+    if not uid:
+        raise Refusal("metadata.uid", "is missing")
+    try:
+        spec = ProvisionCreate(name=provision_name(prefix, uid), image=container["image"].strip(),
+                               command=[expand(str(a), env) for a in container.get("command") or []],
+                               args=[expand(str(a), env) for a in container.get("args") or []],
+                               env=env, ports=ports, annotations=_annotations(pod, container))
+    except ValidationError as err:
+        detail = err.errors()[0].get("msg", "is not accepted") if err.errors() else "is not accepted"
+        raise Refusal(_field_of(err), detail) from None
+    return Translation(spec, tuple(warnings))

@@ -1,0 +1,284 @@
+"""The virtual node against a real control plane, end to end.
+
+A real Kubernetes control plane (the ``control_plane`` fixture, :mod:`integration.kube`: etcd,
+kube-apiserver, kube-scheduler, kube-controller-manager with the node lifecycle controller), the demo's mesh with the simulated
+Vast.AI whose rentals are node namespaces running the real agent with the pod's command
+(:class:`anex_agent.demo.provision.SimulatedProvider`), and ``anex-agent virtual-node`` as a
+process with a token of its own ServiceAccount (deploy/rbac.yaml, through the TokenRequest
+API: ``kubectl create token``), not as cluster admin. The coordinator, in the gateway
+namespace, is reached from the host through a Unix socket bridged by ``socat``.
+
+Checked, each state waited for with a deadline: the seed's example pod (its annotations and
+scheduling fields unchanged; a short command) is scheduled by the real scheduler to
+``anex-vastai``, rented, Running with the machine's mesh address as pod IP, then Succeeded
+with exit code 0; ``exit 3`` gives Failed / Error / 3; ``kubectl delete pod`` of a running pod
+leaves no rental and no pod; a virtual node SIGKILLed while the pod's machine is rented and
+started again rents nothing more; a bad annotation fails the pod naming it, nothing rented.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from anex_agent.demo.mesh import Mesh, anex_argv, wait_until
+from anex_agent.demo.netlab import missing_prerequisites
+from integration.conftest import mesh_skip_reason
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations:
+    anex.sh/region: "europe"
+    anex.sh/gpu-names: "RTX 4090,RTX 3090"
+    anex.sh/gpu-count: "2"
+    anex.sh/vram-min: "20480"
+    anex.sh/cpu-min: "8"
+    anex.sh/ram-min: "32768"
+    anex.sh/price-max: "1.50"
+    anex.sh/download-speed-min: "1000"
+    vastai.anex.sh/verified-only: "true"
+    vastai.anex.sh/datacenter-only: "true"{extra_annotation}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: training
+      image: pytorch/pytorch:latest
+      command: {command}
+  nodeSelector:
+    node-provider: vastai
+  tolerations:
+    - key: "virtual-kubelet.io/provider"
+      operator: "Equal"
+      value: "vastai"
+      effect: "NoSchedule"
+    - key: "ignore-taint.cluster-autoscaler.kubernetes.io/manual-ignore"
+      operator: "Equal"
+      value: "true"
+      effect: "NoSchedule"
+"""
+WAIT = 120.0  # seconds for a pod to reach a state (a rental boots an agent in a namespace)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    with urllib.request.urlopen(f"{url}/v1/coordinator", timeout=3) as answer:
+        return answer.status == 200
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    """The mesh with provisioning from the simulated Vast.AI, its offers matching the seed pod's filters."""
+    reason = mesh_skip_reason() or missing_prerequisites("socat", "wg")
+    if reason:
+        pytest.skip(reason)
+    from anex_agent.demo.fake_providers import vast_bundle
+    from anex_agent.demo.provision import SimulatedProvider
+
+    workdir = Path(tempfile.mkdtemp(prefix="anex-vn-"))
+    mesh = Mesh(workdir)
+    provider = SimulatedProvider(mesh)
+    # two GPUs, datacenter, verified: what the seed pod asks for (the pod is not changed)
+    bundles = [vast_bundle(7001 + i, gpus=2, price=round(0.6 + i / 20, 2)) for i in range(8)]
+    provider.fake.bundles[:] = bundles
+    provider.fake.offers = {str(b["id"]) for b in bundles}
+    provider.fake.machines = {str(b["id"]): b["machine_id"] for b in bundles}
+    provider.fake.prices.update({str(b["id"]): b["dph_total"] for b in bundles})
+    try:
+        mesh.build_network()
+        mesh.start_coordinator(extra_env=provider.start())
+        mesh.start_gateway()
+        sock = workdir / "coordinator.sock"  # the coordinator, from the host's namespace
+        mesh.gateway.popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", "TCP:127.0.0.1:8700"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(sock.exists, 10, "the coordinator's socket")
+        port = _free_port()
+        bridge = subprocess.Popen(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
+                                   f"UNIX-CONNECT:{sock}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(url), 15, "the coordinator through the bridge")
+        yield mesh, provider, url
+        bridge.terminate()
+        bridge.wait(10)
+    finally:
+        provider.stop()
+        mesh.close()
+
+
+@pytest.fixture(scope="module")
+def virtual_node(control_plane, simulated):
+    """``anex-agent virtual-node`` with its ServiceAccount's token; the Node anex-vastai Ready."""
+    mesh, _provider, url = simulated
+    cp = control_plane  # its node lifecycle controller lifts the not-ready taint the API server puts on a new Node
+    cp.kubectl("apply", "-f", str(REPO / "deploy" / "namespace.yaml"), "-f", str(REPO / "deploy" / "rbac.yaml"))
+    token = cp.kubectl("-n", "anex-system", "create", "token", "anex-virtual-node", "--duration=2h").stdout.strip()
+    workdir = Path(tempfile.mkdtemp(prefix="anex-vn-kube-"))
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "vn",
+        "clusters": [{"name": "c", "cluster": {"server": cp.server, "certificate-authority": str(cp.ca_file)}}],
+        "users": [{"name": "vn", "user": {"token": token}}],
+        "contexts": [{"name": "vn", "context": {"cluster": "c", "user": "vn"}}]}))
+    kubeconfig.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}
+    env["ANEX_ADMIN_TOKEN"] = mesh.admin_token  # the environment, never argv
+    log = open(workdir / "virtual-node.log", "ab", buffering=0)
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen(
+            [*anex_argv(), "virtual-node", "--kubeconfig", str(kubeconfig), "--coordinator", url, "--providers",
+             "vastai", "--internal-ip", "192.0.2.10", "--poll-interval", "0.5"],
+            env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    def kill_and_start() -> None:
+        """SIGKILL the virtual node (no clean-up of any kind) and start a fresh one."""
+        procs[-1].kill()
+        procs[-1].wait(10)
+        start()
+
+    start()
+
+    def node_ready() -> bool:
+        assert procs[-1].poll() is None, (workdir / "virtual-node.log").read_text()[-3000:]
+        node = cp.kubectl_json("get", "node", "anex-vastai")
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+
+    namespace = f"vn-{secrets.token_hex(4)}"
+    try:
+        wait_until(node_ready, 60, "the node anex-vastai Ready")
+        cp.kubectl("create", "namespace", namespace)
+        yield cp, namespace, workdir / "virtual-node.log", kill_and_start
+        # the pods carry our finalizer: the virtual node lets them go before it stops
+        cp.kubectl("-n", namespace, "delete", "pods", "--all", "--wait=false")
+        wait_until(lambda: not cp.kubectl_json("-n", namespace, "get", "pods")["items"], 60, "the test's pods gone")
+    finally:
+        procs[-1].terminate()
+        procs[-1].wait(30)
+        log.close()
+        for args in (("delete", "namespace", namespace), ("delete", "node", "anex-vastai"),
+                     ("delete", "-f", str(REPO / "deploy" / "rbac.yaml")),
+                     ("delete", "-f", str(REPO / "deploy" / "namespace.yaml"))):
+            cp.kubectl(*args, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _apply(cp, namespace: str, name: str, command: list[str], extra_annotation: str = "") -> None:
+    cp.kubectl("-n", namespace, "apply", "-f", "-",
+               input=SEED_POD.format(name=name, command=json.dumps(command), extra_annotation=extra_annotation))
+
+
+def _pod(cp, namespace: str, name: str) -> dict | None:
+    out = cp.kubectl("-n", namespace, "get", "pod", name, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def _wait_pod(cp, namespace: str, name: str, predicate, what: str, log: Path) -> dict:
+    try:
+        return wait_until(lambda: (p := _pod(cp, namespace, name)) is not None and predicate(p) and p, WAIT, what,
+                          interval=0.3)
+    except TimeoutError as err:
+        node = cp.kubectl("get", "node", "anex-vastai", "-o", "json", check=False).stdout
+        raise AssertionError(f"{err}; pod: {_pod(cp, namespace, name)}; node: {node}; virtual node log: "
+                             f"{log.read_text(errors='replace')[-3000:]}") from None
+
+
+def _terminated(pod: dict) -> dict:
+    return ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("terminated") or {}
+
+
+def test_the_seed_pod_runs_on_a_rented_machine_and_succeeds(virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    mesh, provider, _url = simulated
+    _apply(cp, namespace, "seed", ["sh", "-c", "echo hello; sleep 5; exit 0"])
+    running = _wait_pod(cp, namespace, "seed", lambda p: p["status"].get("phase") == "Running", "the seed pod Running",
+                        log)
+    assert running["spec"]["nodeName"] == "anex-vastai"  # the real scheduler chose our node
+    provisions = (mesh.admin("GET", "/v1/provisions") or {})["provisions"]
+    mine = [p for p in provisions if p["name"] == f"vk-{running['metadata']['uid']}"]
+    assert len(mine) == 1 and running["status"]["podIP"] == mine[0]["address"]
+    assert running["status"]["podIP"].startswith("10.254.")
+    done = _wait_pod(cp, namespace, "seed", lambda p: p["status"].get("phase") == "Succeeded",
+                     "the seed pod Succeeded", log)
+    assert _terminated(done)["exitCode"] == 0 and _terminated(done)["reason"] == "Completed"
+    events = cp.kubectl_json("-n", namespace, "get", "events", "--field-selector", "involvedObject.name=seed")
+    assert {"Rented", "Started", "Completed"} <= {e["reason"] for e in events["items"]}
+    wait_until(lambda: not provider.rentals, 60, "the machine released")
+
+
+def test_exit_3_fails_the_pod_with_error_and_its_code(virtual_node):
+    cp, namespace, log, _restart = virtual_node
+    _apply(cp, namespace, "three", ["sh", "-c", "exit 3"])
+    failed = _wait_pod(cp, namespace, "three", lambda p: p["status"].get("phase") == "Failed", "the pod Failed", log)
+    assert _terminated(failed)["exitCode"] == 3 and _terminated(failed)["reason"] == "Error"
+
+
+def test_deleting_a_running_pod_leaves_no_rental_and_no_pod(virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    _mesh, provider, _url = simulated
+    _apply(cp, namespace, "long", ["sleep", "3600"])
+    _wait_pod(cp, namespace, "long", lambda p: p["status"].get("phase") == "Running", "the long pod Running", log)
+    assert provider.rentals
+    cp.kubectl("-n", namespace, "delete", "pod", "long", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "long") is None, WAIT, "the pod gone", interval=0.3)
+    assert not provider.rentals
+
+
+def test_a_virtual_node_killed_while_renting_never_rents_twice(virtual_node, simulated):
+    cp, namespace, log, kill_and_start = virtual_node
+    mesh, provider, _url = simulated
+    before = set(provider.rentals)
+    _apply(cp, namespace, "again", ["sleep", "3600"])
+    _wait_pod(cp, namespace, "again", lambda p: (p["status"].get("containerStatuses") or [{}])[0].get(
+        "state", {}).get("waiting", {}).get("reason") in ("Renting", "Booting"), "the pod renting or booting", log)
+    kill_and_start()  # SIGKILL: the new one finds the provision by the pod's uid
+    running = _wait_pod(cp, namespace, "again", lambda p: p["status"].get("phase") == "Running",
+                        "the pod Running after the restart", log)
+    name = f"vk-{running['metadata']['uid']}"
+    provisions = [p for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"] if p["name"] == name]
+    assert len(provisions) == 1 and len(set(provider.rentals) - before) == 1
+    cp.kubectl("-n", namespace, "delete", "pod", "again", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "again") is None, WAIT, "the pod gone", interval=0.3)
+    assert set(provider.rentals) <= before
+
+
+def test_a_bad_annotation_fails_the_pod_naming_it_and_rents_nothing(virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    mesh, provider, _url = simulated
+    before = set(provider.rentals)
+    _apply(cp, namespace, "typo", ["true"], extra_annotation='\n    anex.sh/gpu-cont: "1"')
+    failed = _wait_pod(cp, namespace, "typo", lambda p: p["status"].get("phase") == "Failed", "the pod Failed", log)
+    assert failed["status"]["reason"] == "ProvisioningRefused" and "anex.sh/gpu-cont" in failed["status"]["message"]
+    names = [p["name"] for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"]]
+    assert f"vk-{failed['metadata']['uid']}" not in names and set(provider.rentals) <= before
+
+
+def test_the_manifests_apply_and_grant_no_more_than_the_role_needs(virtual_node):
+    cp, _namespace, _log, _restart = virtual_node
+    applied = cp.kubectl("apply", "-k", str(REPO / "deploy"), "--dry-run=server").stdout
+    assert "deployment.apps/anex-virtual-node" in applied and "server dry run" in applied
+    who = "--as=system:serviceaccount:anex-system:anex-virtual-node"
+
+    def can(*args: str) -> bool:
+        return cp.kubectl("auth", "can-i", *args, who, check=False).stdout.strip() == "yes"
+
+    assert can("create", "nodes") and can("patch", "nodes/status") and can("watch", "pods")
+    assert can("patch", "pods/status") and can("delete", "pods") and can("create", "events")
+    assert can("get", "secrets") and can("update", "leases", "-n", "kube-node-lease")
+    assert not can("list", "secrets") and not can("update", "leases", "-n", "default")
+    assert not can("create", "pods") and not can("delete", "nodes") and not can("create", "pods/exec")

@@ -1,0 +1,240 @@
+"""The virtual node's pod controller against a real coordinator app (the provisioning loop over an
+in-memory rental provider) and an in-memory API server (tests/virtualnode/fake_kube.py).
+
+Covered: a pod becomes one provision (finalizer first), Pending while selecting and booting,
+Running with the node's mesh address once its workload runs, Failed with exit code 3 and its
+machine released; a pod deleted while its machine boots: the provision deleted, the finalizer
+removed, the pod gone, no rental left; a bad annotation fails the pod naming it with nothing
+rented; a refused spec fails at once; at start, a provision of ours whose pod is gone is deleted
+and a pod without one gets one, exactly once, also when the controller starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+import pytest
+
+from anex_agent import wire
+from anex_agent.errors import CoordinatorError
+from anex_agent.provision_wire import ProvisionCreate
+from anex_agent.virtualnode.pods import FINALIZER, PodController
+from anex_agent.virtualnode.podspec import provision_name
+from tests.coordinator.conftest import stop_harness
+from tests.coordinator.provisioning_fakes import FakeRentals, FakeSelector, ShiftClock, boot_node, offers, start
+from tests.virtualnode.fake_kube import FakeKube
+from tests.virtualnode.pods import seed
+
+NODE = "anex-vastai"
+SETTINGS = SimpleNamespace(provision_prefix="vk-", internal_ip="10.0.0.5", poll_interval=0.05)
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_pod(**container) -> dict:
+    pod = seed(**container)
+    pod["metadata"]["uid"] = str(uuid.uuid4())
+    pod["metadata"]["name"] = f"p-{pod['metadata']['uid'][:8]}"
+    return pod
+
+
+class Spy:
+    """The coordinator client, telling the test which provisions were deleted (and when)."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.deleted: list[str] = []
+        self.changed = asyncio.Condition()
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    async def delete_provision(self, provision_id: str):
+        answer = await self.client.delete_provision(provision_id)
+        async with self.changed:
+            self.deleted.append(provision_id)
+            self.changed.notify_all()
+        return answer
+
+    async def wait_deleted(self, provision_id: str, timeout: float = 20.0) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(lambda: provision_id in self.deleted), timeout)
+
+
+@contextlib.asynccontextmanager
+async def controller(kube: FakeKube, client):
+    pods = PodController(SETTINGS, kube, client, now, [NODE])
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(pods.watch_node_pods(NODE), name="pods"),
+                 group.create_task(pods.watch_provisions(), name="provisions"),
+                 group.create_task(pods.poll_workloads(), name="poll"),
+                 *(group.create_task(pods.worker(), name=f"worker-{n}") for n in range(2))]
+        try:
+            yield pods
+        finally:
+            for task in tasks:
+                task.cancel()
+            pods.queue.close()
+
+
+def phase(kube: FakeKube, uid: str) -> str | None:
+    pod = kube.pod(uid)
+    return (pod.get("status") or {}).get("phase") if pod else None
+
+
+def waiting_reason(kube: FakeKube, uid: str) -> str | None:
+    pod = kube.pod(uid) or {}
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason")
+
+
+@pytest.fixture
+async def world(tmp_path):
+    vast = FakeRentals()
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", ShiftClock(), {"vastai": vast},
+                          FakeSelector(offers("o1", "o2")))
+    try:
+        yield harness, vast, FakeKube(), Spy(harness.admin)
+    finally:
+        await stop_harness(harness)
+
+
+async def test_a_pod_runs_fails_with_its_exit_code_and_releases_its_machine(world):
+    harness, vast, kube, spy = world
+    async with controller(kube, spy) as pods:
+        pod = new_pod(command=["sh", "-c", "exit 3"], restartPolicy="Never")
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod waiting for its machine to boot")
+        assert FINALIZER in kube.pod(uid)["metadata"]["finalizers"]
+        view = pods.view_of(uid)
+        assert view.name == provision_name("vk-", uid) and list(vast.rentals) == [view.rental_id]
+        request = vast.requests[view.rental_id]
+        assert request.command == ("sh", "-c", "exit 3") and request.env["ANEX_PROVIDER"] == "vastai"
+
+        client, joined = await boot_node(harness, request, heartbeat=False)
+        started = now()
+        running = wire.ContainerState(state="running", started_at=started)
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=running)))
+        await kube.wait(lambda: phase(kube, uid) == "Running", "the pod running")
+        status = kube.pod(uid)["status"]
+        assert status["podIP"] == joined.config.address and status["hostIP"] == "10.0.0.5"
+        assert status["containerStatuses"][0]["ready"] is True
+
+        ended = wire.ContainerState(state="terminated", reason="Error", exit_code=3, started_at=started,
+                                    finished_at=now())
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=ended)))
+        await kube.wait(lambda: phase(kube, uid) == "Failed", "the pod failed")
+        terminated = kube.pod(uid)["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["exitCode"] == 3 and terminated["reason"] == "Error"
+        await spy.wait_deleted(view.id)  # the machine is released; the pod stays Failed
+        assert phase(kube, uid) == "Failed"
+        assert {"Selecting", "Rented", "Started", "Error"} <= set(kube.reasons(uid))
+
+        await kube.user_deletes(uid)  # gone once the provision is deleted: nothing left rented
+        await kube.wait(lambda: kube.pod(uid) is None, "the pod gone")
+        assert vast.rentals == {}
+
+
+async def test_a_pod_deleted_while_booting_leaves_no_rental_and_is_not_stuck(world):
+    harness, vast, kube, spy = world
+    async with controller(kube, spy) as pods:
+        pod = new_pod()
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod booting")
+        assert len(vast.rentals) == 1
+        await kube.user_deletes(uid)
+        await kube.wait(lambda: kube.pod(uid) is None, "the pod gone")
+        assert vast.rentals == {} and "Killing" in kube.reasons(uid)
+        assert (await harness.admin.list_provisions()).provisions == []
+
+
+async def test_a_bad_annotation_fails_the_pod_naming_it_and_rents_nothing(world):
+    harness, vast, kube, spy = world
+    async with controller(kube, spy):
+        pod = new_pod()
+        pod["metadata"]["annotations"]["anex.sh/gpu-cont"] = "1"
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: phase(kube, uid) == "Failed", "the pod failed")
+        status = kube.pod(uid)["status"]
+        assert status["reason"] == "ProvisioningRefused" and "anex.sh/gpu-cont" in status["message"]
+        assert "ProvisioningRefused" in kube.reasons(uid)
+        refused = new_pod()
+        refused["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
+        await kube.add_pod(refused)
+        ruid = refused["metadata"]["uid"]
+        await kube.wait(lambda: phase(kube, ruid) == "Failed", "the refused pod failed")
+        assert kube.pod(ruid)["status"]["message"].startswith("spec.initContainers: ")
+        assert (await harness.admin.list_provisions()).provisions == [] and vast.rent_calls == []
+
+
+async def test_start_reconciles_orphans_and_never_rents_twice(world):
+    harness, vast, kube, spy = world
+    orphan = await harness.admin.create_provision(ProvisionCreate(
+        name=provision_name("vk-", str(uuid.uuid4())), image="busybox", command=["true"], agent="entrypoint"))
+    pod = new_pod()
+    uid = pod["metadata"]["uid"]
+    await kube.add_pod(pod)  # bound while no virtual node ran
+    async with controller(kube, spy):
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the waiting pod provisioned")
+        await spy.wait_deleted(orphan.id)
+    calls = len(vast.rent_calls)
+    async with controller(kube, spy) as pods:  # a restart: the same provision, not a second one
+        await kube.wait(lambda: pods.provisions_synced and pods.view_of(uid) is not None and
+                        waiting_reason(kube, uid) == "Booting", "the provision found again")
+        await pods.sync(uid)
+    names = [p.name for p in (await harness.admin.list_provisions()).provisions]
+    assert names == [provision_name("vk-", uid)] and len(vast.rent_calls) == calls
+
+
+async def test_provisions_seen_before_the_pods_are_listed_are_not_taken_for_orphans(world):
+    """A restart where the coordinator answers before the API server lists the pods."""
+    harness, vast, kube, spy = world
+    pod = new_pod()
+    uid = pod["metadata"]["uid"]
+    await kube.add_pod(pod)
+    async with controller(kube, spy):
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod provisioned")
+    kube.list_gate = asyncio.Event()  # the pods' list is slow to come
+    pods = PodController(SETTINGS, kube, spy, now, [NODE])
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(pods.watch_provisions(), name="provisions"),
+                 group.create_task(pods.watch_node_pods(NODE), name="pods")]
+        await asyncio.wait_for(pods.snapshot_seen.wait(), 10)
+        await pods.sync(uid)  # what a worker does with the uid the snapshot queued
+        await pods.reconcile()
+        assert spy.deleted == []
+        kube.list_gate.set()
+        await asyncio.wait_for(pods.pods_listed.wait(), 10)
+        await pods.sync(uid)
+        for task in tasks:
+            task.cancel()
+    assert spy.deleted == [] and len((await harness.admin.list_provisions()).provisions) == 1
+
+
+async def test_a_coordinator_that_cannot_take_the_pod_yet_is_said_once_and_retried(world):
+    harness, vast, kube, spy = world
+    refusals = []
+
+    class Unavailable(Spy):
+        async def create_provision(self, spec):
+            if len(refusals) < 2:
+                refusals.append(spec.name)
+                raise CoordinatorError("POST /v1/provisions: 503 provisioning is not configured", status=503,
+                                       retryable=True)
+            return await self.client.create_provision(spec)
+
+    async with controller(kube, Unavailable(harness.admin)):
+        pod = new_pod()
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod provisioned after the retries")
+    assert len(refusals) == 2 and kube.reasons(uid).count("ProvisioningDelayed") == 1

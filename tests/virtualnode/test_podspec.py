@@ -1,0 +1,129 @@
+"""A pod to its provision (anex_agent.virtualnode.podspec): what is carried, what is refused."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from anex_agent.virtualnode import podspec
+from anex_agent.virtualnode.podspec import Refusal, translate
+from tests.virtualnode.pods import UID, seed
+
+
+def test_the_seed_pod_becomes_one_provision_named_from_its_uid():
+    out = translate(seed(), {}, prefix="vk-")
+    spec = out.spec
+    assert spec.name == f"vk-{UID}" and podspec.pod_uid_of("vk-", spec.name) == UID
+    assert spec.image == "pytorch/pytorch:latest" and spec.command == ["python", "train.py"] and spec.args == []
+    # only the selection's annotations travel: kubectl's 3 kB bookkeeping would not even fit
+    assert spec.annotations["anex.sh/gpu-count"] == "2" and spec.annotations["vastai.anex.sh/datacenter-only"] == "true"
+    assert not [k for k in spec.annotations if k.startswith("kubectl.")]
+    assert out.warnings == ()  # the service account token mount is not a volume the workload asked for
+    assert spec.agent is None  # the coordinator chooses how the agent starts
+
+
+def test_the_same_pod_gives_the_same_body():
+    assert translate(seed(), {}, prefix="vk-").spec == translate(seed(), {}, prefix="vk-").spec
+
+
+def test_env_value_from_secrets_config_maps_and_fields_and_env_from():
+    pod = seed(env=[
+        {"name": "PLAIN", "value": "1"},
+        {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
+        {"name": "MISSING_OK", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "x", "optional": True}}},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "REGION", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['anex.sh/region']"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "GW_TUNNEL_5432", "value": "db.default.svc.cluster.local:5432"},
+    ], envFrom=[{"configMapRef": {"name": "settings"}, "prefix": "CFG_"}, {"secretRef": {"name": "db"}}],
+       ports=[{"containerPort": 8888}, {"containerPort": 8888}, {"containerPort": 53, "protocol": "UDP"}])
+    assert podspec.references(pod) == {("secret", "db"), ("configmap", "settings"), ("secret", "nope")}
+    secret = {"data": {"password": base64.b64encode(b"s3cret").decode(), "user": base64.b64encode(b"me").decode()}}
+    objects = {("secret", "db"): podspec.object_data("secret", secret),
+               ("configmap", "settings"): podspec.object_data("configmap", {"data": {"mode": "fast", "bad-key": "x"}}),
+               ("secret", "nope"): None}
+    out = translate(pod, objects, prefix="vk-")
+    env = out.spec.env
+    assert env["PLAIN"] == "1" and env["PASSWORD"] == "s3cret" and env["MODE"] == "fast"
+    assert env["CFG_mode"] == "fast" and env["user"] == "me" and env["password"] == "s3cret"
+    assert env["POD"] == "my-gpu-workload" and env["NS"] == "default" and env["UID"] == UID
+    assert env["REGION"] == "europe" and env["GW_TUNNEL_5432"] == "db.default.svc.cluster.local:5432"
+    assert "MISSING_OK" not in env and "IP" not in env and "CFG_bad-key" not in env
+    assert out.spec.ports == [8888]
+    assert any("IP" in w and "status.podIP" in w for w in out.warnings)
+    assert any("UDP" in w for w in out.warnings) and any("bad-key" in w for w in out.warnings)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda p: p["spec"]["containers"].append({"name": "side", "image": "x"}), "spec.containers"),
+    (lambda p: p["spec"].update(initContainers=[{"name": "i", "image": "x"}]), "spec.initContainers"),
+    (lambda p: p["spec"].update(hostNetwork=True), "spec.hostNetwork"),
+    (lambda p: p["spec"]["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "c"}}),
+     "spec.volumes[1].persistentVolumeClaim"),
+    (lambda p: p["spec"]["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "spec.volumes[1].hostPath"),
+    (lambda p: p["spec"]["containers"][0].update(env=[{"name": "X", "valueFrom": {"secretKeyRef": {
+        "name": "absent", "key": "k"}}}]), "spec.containers[0].env[0].valueFrom.secretKeyRef"),
+    (lambda p: p["spec"]["containers"][0].update(env=[{"name": "X", "valueFrom": {"resourceFieldRef": {
+        "resource": "limits.cpu"}}}]), "spec.containers[0].env[0].valueFrom"),
+    (lambda p: p["spec"]["containers"][0].update(env=[{"name": "X", "valueFrom": {"fieldRef": {
+        "fieldPath": "spec.hostname"}}}]), "spec.containers[0].env[0].valueFrom.fieldRef"),
+    (lambda p: p["spec"]["containers"][0].update(image=""), "spec.containers[0].image"),
+])
+def test_what_cannot_run_is_refused_naming_the_field(change, field):
+    pod = seed()
+    change(pod)
+    with pytest.raises(Refusal) as refused:
+        translate(pod, {("secret", "absent"): None}, prefix="vk-")
+    assert refused.value.field == field and str(refused.value).startswith(field + ": ")
+
+
+def test_config_map_secret_and_empty_dir_volumes_are_accepted_and_undelivered_files_said():
+    pod = seed(volumeMounts=[{"name": "cfg", "mountPath": "/etc/app"}, {"name": "scratch", "mountPath": "/tmp/s"}])
+    pod["spec"]["volumes"] += [{"name": "cfg", "configMap": {"name": "app"}}, {"name": "scratch", "emptyDir": {}},
+                               {"name": "tls", "secret": {"secretName": "t"}}]
+    out = translate(pod, {}, prefix="vk-")
+    assert [w for w in out.warnings if "/etc/app" in w] and not [w for w in out.warnings if "/tmp/s" in w]
+
+
+def test_gpu_limits_become_the_gpu_count_unless_an_annotation_says_it():
+    pod = seed(resources={"limits": {"nvidia.com/gpu": "4"}})
+    assert translate(pod, {}, prefix="vk-").spec.annotations["anex.sh/gpu-count"] == "2"  # the annotation wins
+    del pod["metadata"]["annotations"]["anex.sh/gpu-count"]
+    assert translate(pod, {}, prefix="vk-").spec.annotations["anex.sh/gpu-count"] == "4"
+    pod["metadata"]["annotations"]["anex.sh/gpu-count-min"] = "1"
+    assert "anex.sh/gpu-count" not in translate(pod, {}, prefix="vk-").spec.annotations
+    pod = seed(resources={"requests": {"nvidia.com/gpu": 1}})
+    del pod["metadata"]["annotations"]["anex.sh/gpu-count"]
+    assert translate(pod, {}, prefix="vk-").spec.annotations["anex.sh/gpu-count"] == "1"
+
+
+def test_a_value_over_the_coordinators_limits_is_refused_naming_it():
+    pod = seed(env=[{"name": "BIG", "value": "x" * 5000}])
+    with pytest.raises(Refusal) as refused:
+        translate(pod, {}, prefix="vk-")
+    assert refused.value.field == "spec.containers[0].env.BIG"
+
+
+def test_a_pure_module():
+    import ast
+    import inspect
+
+    for module in (podspec,):
+        names = {a.name for n in ast.walk(ast.parse(inspect.getsource(module))) if isinstance(n, ast.Import)
+                 for a in n.names} | {n.module for n in ast.walk(ast.parse(inspect.getsource(module)))
+                                      if isinstance(n, ast.ImportFrom)}
+        assert not names & {"asyncio", "socket", "time", "kubernetes_asyncio"}
+
+
+def test_dollar_references_expand_as_the_kubelet_expands_them():
+    assert podspec.expand("$(A)-$(B)-$$(A)-$(NONE)-$$-$(", {"A": "1", "B": "2"}) == "1-2-$(A)-$(NONE)-$-$("
+    pod = seed(command=["sh", "-c", "echo $(GREETING) $$(HOME)"], args=["--epochs=$(EPOCHS)"],
+               env=[{"name": "EPOCHS", "value": "3"}, {"name": "GREETING", "value": "hello x$(EPOCHS)"},
+                    {"name": "EARLY", "value": "$(LATE)"}, {"name": "LATE", "value": "late"}])
+    spec = translate(pod, {}, prefix="vk-").spec
+    assert spec.command == ["sh", "-c", "echo hello x3 $(HOME)"] and spec.args == ["--epochs=3"]
+    assert spec.env["GREETING"] == "hello x3" and spec.env["EARLY"] == "$(LATE)"  # only what is defined before
