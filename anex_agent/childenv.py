@@ -14,10 +14,12 @@ wireproxy) need almost nothing from us. So:
   ``WG_*``); nothing else of the agent's environment.
 * :func:`scrub_environ`: removes the same ``ANEX_*`` variables from the agent's own
   ``os.environ`` once its settings are parsed, so nothing started later inherits them. The
-  kernel keeps the environment the process was started with in ``/proc/<pid>/environ``; that
-  cannot be changed from inside the process (see docs/agent.md).
+  kernel shows the environment the process was started with in ``/proc/<pid>/environ``:
+  :func:`take_out_of_process_environ` blanks their values there too
+  (:mod:`anex_agent.environ_block`; see docs/agent.md).
 
-Pure functions of the mapping given; no module here reads ``os.environ`` by itself.
+Pure functions of the mapping given (but :func:`take_out_of_process_environ`, which writes
+this process's start-up environment block); no function here reads ``os.environ`` by itself.
 """
 
 from __future__ import annotations
@@ -90,3 +92,21 @@ def scrub_environ(environ: MutableMapping[str, str]) -> list[str]:
     for name in names:
         del environ[name]
     return names
+
+
+def take_out_of_process_environ(environ: Mapping[str, str]) -> None:
+    """Blank the values of the withheld ``ANEX_*`` variables in this process's start-up
+    environment block (``/proc/<pid>/environ``), whether they are used or not; call it first
+    thing, before anything is started. ``environ`` (``os.environ``, a copy) is left as it is
+    for the settings to be parsed from. Logs when the block cannot be written."""
+    import logging
+
+    from anex_agent.environ_block import blank_environ_values
+
+    if not any(withheld(name) for name in environ):
+        return
+    if blank_environ_values(withheld) is None:
+        logging.getLogger(__name__).warning(
+            "cannot take the ANEX_* variables out of /proc/%d/environ on this system: a process of this "
+            "user (or root) can read them while the agent runs; give secrets as files (ANEX_JOIN_TOKEN_FILE)",
+            os.getpid())

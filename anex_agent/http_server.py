@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 import h11
 
 from anex_agent import parse
+from anex_agent.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class HttpServer:
             await self._send_plain(send, problem(400, "Bad Request", str(err)), close=True)
             return False
         except Exception:
-            log.exception("%s: %s %s failed", self._name, request.method, request.path)
+            log.exception("%s: %s %s failed", self._name, peer_text(request.method), peer_text(request.path))
             response = problem(500, "Internal Server Error", "the request could not be served; see the agent's log")
         head_only = request.method == "HEAD"
         if isinstance(response, Response):

@@ -25,7 +25,9 @@ INSPECT = (
     "            engines.append(dict(kv.split('=',1) for kv in raw.split('\\0') if '=' in kv))\n"
     "    except (OSError, ValueError):\n"
     "        pass\n"
-    "print('INSPECT', json.dumps({'env': dict(os.environ), 'engines': engines}), flush=True)\n"
+    "raw=lambda pid: open(f'/proc/{pid}/environ','rb').read().decode('latin-1')\n"
+    "print('INSPECT', json.dumps({'env': dict(os.environ), 'engines': engines, 'agent_environ': raw(agent),\n"
+    "                             'own_environ': raw('self')}), flush=True)\n"
 )
 
 
@@ -41,6 +43,10 @@ def test_workload_and_engine_get_no_anex_secret(mesh, fresh_node):
     assert not {"ANEX_JOIN_TOKEN", "ANEX_PROXY_AUTH", "ANEX_COORDINATOR_URL", "ANEX_STATE_DIR"} & set(workload)
     assert token not in json.dumps(workload) and "u:pw" not in json.dumps(workload)
     assert workload["ANEX_NODE_NAME"] == env["ANEX_NODE_NAME"] and workload["GW_TUNNEL_18090"] == "db:5432"
+    # what a root workload reads of the agent's start-up environment (/proc/<agent pid>/environ) and its own
+    for raw in (seen["agent_environ"], seen["own_environ"]):
+        assert token not in raw and "u:pw" not in raw
+    assert f"ANEX_NODE_NAME={env['ANEX_NODE_NAME']}" in seen["agent_environ"]
     assert len(seen["engines"]) == 1, seen["engines"]  # the wireguard-go this agent started
     engine = seen["engines"][0]
     assert "PATH" in engine and engine.get("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD") == "1"
@@ -77,3 +83,16 @@ def test_user_runs_the_workload_as_that_account_locked_out_of_the_agent(mesh, fr
         assert (state / "private.key").exists()
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_token_given_to_a_node_that_already_joined_is_reported_unused_and_unreadable(mesh, fresh_node):
+    env = mesh.agent_env(fresh_node)
+    first = run_agent(fresh_node, env, ["--", "true"])
+    assert first.returncode == 0 and "joined" in first.stdout + first.stderr, first.stderr[-2000:]
+    fresh = mesh.join_token("node")  # a restart with the saved credential and a new token in the environment
+    out = run_agent(fresh_node, {**env, "ANEX_JOIN_TOKEN": fresh}, ["--", sys.executable, "-c", INSPECT])
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "re-using node identity" in text and "a join token was given but not used" in text
+    seen = json.loads(next(l for l in out.stdout.splitlines() if l.startswith("INSPECT "))[len("INSPECT "):])
+    assert fresh not in seen["agent_environ"] and fresh not in seen["own_environ"] and fresh not in text

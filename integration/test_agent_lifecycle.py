@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +121,33 @@ def test_proxy_authorization_when_configured(mesh, fresh_node):
     out = run_agent(fresh_node, env, ["--", sys.executable, "-c", script])
     assert out.returncode == 0, out.stdout + out.stderr
     assert "STATUSES 407 407 200" in out.stdout
+
+
+def test_kill_9_of_the_agent_ends_its_workload_and_a_restart_runs_one_copy(mesh, fresh_node):
+    import json
+    import os
+
+    from anex_agent.agent.workload_lifetime import start_time
+
+    def sleepers() -> list[int]:
+        return [pid for pid in fresh_node.ns.pids() if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+                == [b"sleep", b"300"] and start_time(pid) is not None]
+
+    env = mesh.agent_env(fresh_node)
+    agent = mesh.start_agent(fresh_node, env, ["sleep", "300"])  # not PID 1: under the test, as under systemd
+    workload = json.loads((fresh_node.state_dir / "workload.json").read_text())["pid"]
+    assert sleepers() == [workload]
+    agent.kill()  # kill -9: no teardown runs
+    agent.wait(timeout=30)
+    fresh_node.proc = None
+    wait_until(lambda: start_time(workload) is None, 30, f"the workload (pid {workload}) to end with its agent")
+    try:
+        mesh.start_agent(fresh_node, env, ["sleep", "300"])
+        assert len(sleepers()) == 1 and workload not in sleepers()
+    finally:
+        mesh.stop_agent(fresh_node)
+        for pid in fresh_node.ns.pids():  # what the killed agent left (its wireguard-go), not the test's concern
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -25,6 +25,7 @@ def main(args: argparse.Namespace) -> int:
     from anex_agent.agent.stopping import ExitDeadline
     from anex_agent.agent.supervisor import Agent
 
+    childenv.take_out_of_process_environ(os.environ)  # /proc/<pid>/environ: no secret, used or not
     settings = agent_settings.from_args(args, os.environ)
     lock = statelock.acquire(settings.state_dir, "daemon")  # noqa: F841 - held until exit; one instance per state dir
     agent_settings.check_ports_free(settings)

@@ -26,6 +26,7 @@ from anex_agent.agent import settings as agent_settings
 from anex_agent.agent.container_state import StateTracker, memory_events_path
 from anex_agent.agent.logs import LogStore
 from anex_agent.agent.workload import Workload, check_command, resolve_account
+from anex_agent.agent.workload_lifetime import RECORD_FILE, WorkloadRecord
 
 WORKLOAD_USER_VAR = "ANEX_WORKLOAD_USER"
 
@@ -45,6 +46,7 @@ def main(args: argparse.Namespace) -> int:
     from anex_agent.agent.stopping import ExitDeadline
     from anex_agent.agent.supervisor import Agent
 
+    childenv.take_out_of_process_environ(os.environ)  # /proc/<pid>/environ: no secret, used or not
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -64,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
         env.update(run_options.proxy_variables(settings.proxy_listen.host, settings.proxy_listen.port))
     logs = LogStore(settings.state_dir / "logs") if options.capture_logs else None
     workload = Workload(command, env=env, account=account, grace=options.grace,
-                        tracker=StateTracker(_memory_events()), logs=logs)
+                        tracker=StateTracker(_memory_events()), logs=logs,
+                        record=WorkloadRecord(settings.state_dir / RECORD_FILE))
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
     agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
                   push_dirs=options.push_dirs, exit_deadline=ExitDeadline(enabled=True))

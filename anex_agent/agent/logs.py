@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from anex_agent.private_file import open_private_append
+
 log = logging.getLogger(__name__)
 
 MAX_LINE = 16 * 1024
@@ -90,14 +92,12 @@ class LogStore:
             if self._file is None:
                 self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
                 path = self.directory / "workload.log"
-                self._file = open(path, "ab", buffering=0)  # noqa: SIM115 (kept open; closed in close())
-                os.chmod(path, 0o600)
+                self._file = open_private_append(path)  # kept open; closed in close()
                 self._file_size = self._file.tell()
             if self._file_size + len(data) > self.file_bytes and self._file_size > 0:
                 self._file.close()
                 os.replace(self.directory / "workload.log", self.directory / "workload.log.1")
-                self._file = open(self.directory / "workload.log", "ab", buffering=0)  # noqa: SIM115
-                os.chmod(self.directory / "workload.log", 0o600)
+                self._file = open_private_append(self.directory / "workload.log")
                 self._file_size = 0
             self._file.write(data)
             self._file_size += len(data)

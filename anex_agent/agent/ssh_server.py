@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import asyncssh
 
 from anex_agent import ssh_wire
+from anex_agent.peer_log import peer_text
 if TYPE_CHECKING:  # ssh_access imports this module on the first connection; no cycle at run time
     from anex_agent.agent.ssh_access import SessionContext, SshAccess
 
@@ -112,11 +113,12 @@ class _Connection(asyncssh.SSHServerConnection):
             log.error("SSH: cannot read certificate serials with this asyncssh version; refusing")
             return None
         if self.access.is_revoked(serial):
-            log.info("SSH: refused revoked certificate %d (%s) from %s", serial, key_id, self._peer_addr)
+            log.info("SSH: refused revoked certificate %d (%s) from %s", serial, peer_text(key_id), self._peer_addr)
             return None
         key = await super()._validate_openssh_certificate(username, cert)
         if key is None:
-            log.info("SSH: refused certificate %d (%s) for user %r from %s", serial, key_id, username, self._peer_addr)
+            log.info("SSH: refused certificate %d (%s) for user %s from %s", serial, peer_text(key_id), peer_text(username),
+                     self._peer_addr)
             return None
         self.serial, self.key_id, self.features = serial, key_id, ssh_wire.features_of(key_id)
         return key

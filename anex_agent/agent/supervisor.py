@@ -144,6 +144,7 @@ class Agent:
                         config = await self.link.get_config(self.identity.node_id)
                     self.note_reachable(True)
                     log.info("re-using node identity %s (config version %d)", self.identity.node_id, config.version)
+                    self._report_unused_token()
                     return config
                 if not self.settings.join_token:
                     raise ConfigError("ANEX_JOIN_TOKEN", "is not set and this node has not joined yet; expected the join token")
@@ -178,10 +179,23 @@ class Agent:
                 self.note_reachable(False, str(err))
                 if saved_config is not None and self.identity is not None:
                     log.warning("coordinator unreachable (%s); starting fail-static on the last good config (version %d)", err, saved_config.version)
+                    self._report_unused_token()
                     return saved_config
                 delay = backoff.next_delay()
                 log.warning("coordinator %s unreachable (%s); retrying in %.1f s", url, err, delay)
                 await asyncio.sleep(delay)
+
+    def _report_unused_token(self) -> None:
+        """A join token given to a node that re-used its saved credential was not spent: say so.
+
+        The coordinator lets only an admin revoke a join token (a node cannot revoke one it
+        holds), so it stays good until it expires or is revoked; the agent already took it
+        out of its environment (/proc/<pid>/environ) and no process it starts gets it."""
+        if self.settings.join_token and self.identity is not None:
+            log.warning("a join token was given but not used: this node re-used its saved credential (node %s). "
+                        "The token stays valid until it expires or an admin revokes it (anex-agent admin tokens "
+                        "list, then delete); give a join token only to a node that has not joined",
+                        self.identity.node_id)
 
     def note_reachable(self, ok: bool, error: str | None = None) -> None:
         """Record whether the last coordinator call worked (``/status``, ``/metrics``); ``error`` says why not."""

@@ -25,7 +25,11 @@ Contract:
   included) and :meth:`Workload.wait` starts it again, with the same command, environment
   and account; the state's ``restart_count`` counts the restarts;
 * :meth:`Workload.terminate` (teardown) stops what is left: SIGTERM, then SIGKILL to the
-  whole process group after ``grace``.
+  whole process group after ``grace``;
+* it dies with the agent (:mod:`.workload_lifetime`): SIGKILL when the agent dies, however it
+  dies; with a :class:`~.workload_lifetime.WorkloadRecord` (``record``, in the state dir) its
+  pid and start time are recorded while it runs, and the first :meth:`Workload.start` stops a
+  previous run's workload that still runs (SIGTERM, SIGKILL after ``grace``) first.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from collections.abc import Mapping, Sequence
 
 from anex_agent.agent.container_state import StateTracker
 from anex_agent.agent.logs import LogStore, pump
+from anex_agent.agent.workload_lifetime import WorkloadRecord, die_with_parent
 from anex_agent.childenv import AccountInfo
 from anex_agent.errors import ConfigError
 from anex_agent.wire import ContainerState
@@ -95,8 +100,11 @@ class Workload:
     def __init__(
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, account: AccountInfo | None = None,
         *, grace: float = DEFAULT_GRACE, tracker: StateTracker | None = None, logs: LogStore | None = None,
+        record: WorkloadRecord | None = None,
     ) -> None:
         self.logs = logs
+        self.record = record
+        self._started_once = False
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
         self.account = account
@@ -120,13 +128,21 @@ class Workload:
             streams = dict(stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **streams)
         if self.account is not None:
             ids = dict(user=self.account.uid, group=self.account.gid, extra_groups=list(self.account.groups))
+        if self.record is not None and not self._started_once:
+            await self.record.stop_previous(self.grace)
+        self._started_once = True
         try:
+            # forked by this thread, the event loop's (the agent's main thread): the workload's
+            # parent-death signal, set after the account switch, follows the agent's life
             self.proc = await asyncio.create_subprocess_exec(*self.argv, env=self.env, process_group=0,
+                                                             preexec_fn=die_with_parent(os.getpid()),
                                                              **ids, **streams)
         except OSError as err:
             who = f" as user {self.account.name!r}" if self.account is not None else ""
             raise ConfigError("CMD", f"cannot run {self.argv[0]!r}{who}: {err.strerror or err}") from None
         self.tracker.started()
+        if self.record is not None:
+            self.record.save(self.proc.pid)
         who = f" as {self.account.name} (uid {self.account.uid})" if self.account is not None else ""
         log.info("workload started (pid %d)%s: %s", self.proc.pid, who, " ".join(self.argv))
 
@@ -179,6 +195,8 @@ class Workload:
                 continue
             if self.logs is not None:
                 self.logs.close()
+            if self.record is not None:
+                self.record.clear()
             log.info("workload exited with status %d (%s)", code, state.reason)
             return code
 
@@ -220,3 +238,5 @@ class Workload:
                 pass
         self.kill_group()
         await self.proc.wait()
+        if self.record is not None:
+            self.record.clear()

@@ -23,6 +23,7 @@ from anex_agent.coordinator import limits, problems
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.modules import ROUTE_MODULES, load_modules, module_migrations
 from anex_agent.coordinator.registry import RouteRegistry
+from anex_agent.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ async def problem_middleware(request: web.Request, handler) -> web.StreamRespons
             return problems.Problem(
                 409, "Conflict", "a concurrent request changed the same object; retry", slug="conflict"
             ).response(instance=request.path)
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %s", peer_text(request.method), peer_text(request.path))
         return problems.Problem(500, "Internal Server Error", "the coordinator failed; see its log",
                                 slug="internal").response(instance=request.path)
 

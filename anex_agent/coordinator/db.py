@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote
 
 from anex_agent.errors import ConfigError
+from anex_agent.private_file import ensure_private, tighten
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,14 @@ class SqliteDatabase(Database):
         return conn
 
     def _open_sync(self) -> None:
+        database = None if self._path == ":memory:" else Path(self._path)
+        if database is not None:  # 0600, and with it the -wal and -shm SQLite creates beside it
+            ensure_private(database)
         conn = self._connect()
         conn.execute("PRAGMA journal_mode=WAL")
+        if database is not None:  # left 0644 by a version that did not make them private
+            for suffix in ("-wal", "-shm"):
+                tighten(database.with_name(database.name + suffix))
         conn.execute("PRAGMA synchronous=NORMAL")
         # checkpoint the WAL every 10,000 pages (40 MB), not 1,000: a heartbeat flush touches
         # about a page per node of a large fleet, and pages rewritten before the next
@@ -400,5 +407,8 @@ async def open_database(url: str, *, password: str | None = None) -> Database:
         db = SqliteDatabase(path)
     else:
         raise ConfigError("--database", "must be sqlite:///PATH, a file path, or postgresql://USER:PASS@HOST/DB")
-    await db.open()  # type: ignore[attr-defined]
+    try:
+        await db.open()  # type: ignore[attr-defined]
+    except OSError as err:  # creating the SQLite file 0600 (a PostgreSQL failure is its own error)
+        raise ConfigError("--database", f"cannot create the SQLite file {err.filename}: {err.strerror}") from None
     return db

@@ -23,8 +23,11 @@ import logging
 from anex_agent import proof, wire
 from anex_agent.coordinator import problems, tokens
 from anex_agent.coordinator.db import Conn, Database
+from anex_agent.peer_log import LogBudget, peer_text
 
 log = logging.getLogger(__name__)
+#: refused proofs logged a minute; anex_coordinator_http_requests_total{status="401"} counts every one
+_REFUSALS_LOGGED = LogBudget(burst=10, interval=60.0)
 
 _TABLES = ("nodes", "gateways")
 PURPOSE = {wire.TokenKind.node: proof.NODE_JOIN, wire.TokenKind.gateway: proof.GATEWAY_REGISTRATION}
@@ -45,7 +48,11 @@ def check_proof(
             fields=request.model_dump(mode="json", exclude={"proof"}, exclude_unset=True), now=now,
         )
     except proof.ProofError as err:
-        log.info("refused a %s request for key %s: proof %s", kind.value, request.public_key, err)
+        skipped = _REFUSALS_LOGGED.take()
+        if skipped is not None:
+            log.info("refused a %s request for key %s: proof %s%s", kind.value, peer_text(request.public_key), err,
+                     f" ({skipped} more refusals not logged; anex_coordinator_http_requests_total counts them by status)"
+                     if skipped else "")
         raise problems.unauthenticated() from None
 
 

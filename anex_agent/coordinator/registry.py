@@ -43,6 +43,7 @@ from pydantic import BaseModel, ValidationError
 from anex_agent import parse
 from anex_agent.coordinator import credentials, limits, problems
 from anex_agent.coordinator.auth import Auth, Principal, bearer, precheck_join
+from anex_agent.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +182,11 @@ class RouteRegistry:
                 # nothing to answer (aiohttp drops a response to a closed connection quietly),
                 # nothing wrong with the coordinator
                 status = CLIENT_CLOSED
-                log.debug("client closed the connection during %s %s", request.method, request.path)
+                log.debug("client closed the connection during %s %s", peer_text(request.method), peer_text(request.path))
                 return web.Response(status=CLIENT_CLOSED)
             except asyncio.CancelledError:  # aiohttp cancels a handler whose client went away
                 status = CLIENT_CLOSED
-                log.debug("request %s %s cancelled (client gone or shutdown)", request.method, request.path)
+                log.debug("request %s %s cancelled (client gone or shutdown)", peer_text(request.method), peer_text(request.path))
                 raise
             finally:
                 count(status)

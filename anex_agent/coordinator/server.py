@@ -26,6 +26,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from anex_agent.coordinator import problems
+from anex_agent.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class ProblemRequestHandler(RequestHandler):
         if status >= 500:
             log.error("error handling a request from %s", request.remote, exc_info=exc)
         else:
-            log.debug("refused a malformed request from %s (%s): %s", request.remote, status, message or exc)
+            log.debug("refused a malformed request from %s (%s): %s", request.remote, status, peer_text(message or exc))
         if request.writer.output_size > 0:  # as aiohttp: a response was started, only closing is left
             raise ConnectionError("Response is sent already, cannot send another response with the error message")
         response = problem_for(status).response()

@@ -50,6 +50,7 @@ from anex_agent.frontends import this_host
 from anex_agent.frontends.forward import bind_listener
 from anex_agent.frontends.h11_stream import H11Stream
 from anex_agent.frontends.relay import relay, tune_socket
+from anex_agent.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ class _ClientSession:
         if not this_host.may_reach(self.client_ip, dest.host):  # before dialling anything
             await self.reply_error(403, core.forbidden_text(dest.host, dest.port))
             return False
-        log.debug("proxy: %s %s", request.method.decode(), dest)
+        log.debug("proxy: %s %s", peer_text(request.method), peer_text(str(dest)))
         if request.method == b"CONNECT":
             await self.tunnel(dest)
             return False
@@ -308,7 +309,7 @@ class _ClientSession:
                 if failure.started:
                     return False  # the client saw part of a response: only closing tells it
                 if reused and attempt == 0 and core.may_retry(request.method, with_body):
-                    log.debug("proxy: reused connection to %s:%d was stale; retrying", dest.host, dest.port)
+                    log.debug("proxy: reused connection to %s:%d was stale; retrying", peer_text(dest.host), dest.port)
                     continue
                 await self.reply_error(
                     502, core.unreachable_text(dest.host, dest.port, "the connection closed before a response")

@@ -14,6 +14,8 @@ Flags (environment fallback in brackets):
     --ws-listen HOST:PORT   serve the WebSocket relay there (plain, or TLS with --tls-cert/--tls-key)
     --tls-cert FILE         PEM certificate (chain) of the relay
     --tls-key FILE          PEM private key of the relay
+    --ws-trusted-proxy CIDR a reverse proxy in front of the relay whose X-Forwarded-For names the
+                            client (repeat; without it the header is ignored)
     --metrics-listen IP:PORT serve Prometheus metrics there (GET /metrics, no token: bind loopback or a
                             cluster-only address) [ANEX_GATEWAY_METRICS_LISTEN]
     --route CIDR            a cluster network nodes may reach (repeat; with its prefix length: 10.96.0.0/12)
@@ -55,6 +57,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="serve the WebSocket relay for UDP-blocked nodes on HOST:PORT")
     parser.add_argument("--tls-cert", default=None, metavar="FILE", help="PEM certificate chain of the relay (TLS)")
     parser.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of the relay (TLS)")
+    parser.add_argument("--ws-trusted-proxy", action="append", default=[], metavar="CIDR",
+                        help="a reverse proxy or ingress in front of the relay: its X-Forwarded-For names the client "
+                             "the relay's per-address limits count (repeat; without it the header is ignored)")
     parser.add_argument("--metrics-listen", default=None, metavar="IP:PORT",
                         help="serve Prometheus metrics on IP:PORT (GET /metrics, no token: bind loopback or an "
                              "address only the cluster reaches) [ANEX_GATEWAY_METRICS_LISTEN]")

@@ -11,10 +11,13 @@ only: no key, node name or address. Off by default.
     anex_gateway_apply_errors_total             events the engine could not apply (logged)
     anex_gateway_watch_connected                1 while the watch stream is open
     anex_gateway_journal_lines                  changes in the state dir's journal since its snapshot
-    anex_gateway_relay_connections              WebSocket relay: connections open (with --ws-listen)
+    anex_gateway_relay_connections              WebSocket relay: authenticated connections open (with --ws-listen)
+    anex_gateway_relay_pending                  WebSocket relay: connections waiting for authentication
     anex_gateway_relay_nodes                    WebSocket relay: nodes connected
     anex_gateway_relay_accepted_total           WebSocket relay: connections accepted
-    anex_gateway_relay_refused_total{reason}    full, protocol, auth
+    anex_gateway_relay_refused_total{reason}    full (max nodes), protocol, auth (no valid proof), source
+                                                (too many waiting from one address), evicted (the oldest
+                                                waiting, dropped for a newer one), timeout (no proof in time)
     anex_gateway_relay_datagrams_total{direction} to_hub, to_node, dropped_to_node
 
 plus the process's own (``process_*``). Gauges are read at scrape time from the gateway's
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 APPLY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-RELAY_REFUSALS = ("full", "protocol", "auth")
+RELAY_REFUSALS = ("full", "protocol", "auth", "source", "evicted", "timeout")
 RELAY_DIRECTIONS = ("to_hub", "to_node", "dropped_to_node")
 
 
@@ -64,8 +67,10 @@ class _Live(Collector):
         if relay is None:
             return
         report = relay.report()
-        yield GaugeMetricFamily("anex_gateway_relay_connections", "WebSocket relay connections open",
+        yield GaugeMetricFamily("anex_gateway_relay_connections", "authenticated WebSocket relay connections open",
                                 value=report["live"])
+        yield GaugeMetricFamily("anex_gateway_relay_pending", "WebSocket relay connections waiting for authentication",
+                                value=report.get("pending", 0))
         yield GaugeMetricFamily("anex_gateway_relay_nodes", "nodes connected to the WebSocket relay",
                                 value=report["nodes"])
         yield CounterMetricFamily("anex_gateway_relay_accepted", "WebSocket relay connections accepted",

@@ -5,8 +5,14 @@
 advertised ``--ws-url`` is the ingress URL). Per connection (protocol:
 :mod:`anex_agent.relay_protocol`):
 
-1. the upgrade must offer the ``anex-wg.v2`` (batched) or ``anex-wg.v1`` subprotocol; beyond :attr:`RelayLimits.max_connections`
-   live connections the upgrade is answered 503;
+0. who may wait for authentication is bounded apart from the nodes' slots
+   (:mod:`anex_agent.gateway.admission`): per source address (reset at the TCP accept by the
+   listening socket, :mod:`anex_agent.gateway.relay_listener`, before anything is built for
+   it) and in all (the oldest waiting connection is dropped), each within
+   :attr:`RelayLimits.auth_timeout` seconds of its accept;
+1. the upgrade must offer the ``anex-wg.v2`` (batched) or ``anex-wg.v1`` subprotocol; when
+   :attr:`RelayLimits.max_connections` authenticated nodes are connected the upgrade is
+   answered 503;
 2. the relay sends a fresh challenge; the node answers with a proof made with its WireGuard
    key; the key must be a peer of the hub (``is_peer``: the coordinator's peer set), else
    the connection is closed (4003) -- no UDP socket exists yet, nothing reaches the hub;
@@ -20,6 +26,10 @@ Ping/pong keepalive every :attr:`RelayLimits.ping_interval` s (a peer silent for
 (no queue, no task switch); when more than :attr:`RelayLimits.write_limit` bytes already
 wait for a slow node, it is dropped, as a full socket buffer would drop it (WireGuard's
 timers and TCP inside the tunnel recover).
+
+Refusals are counted (:meth:`Relay.report`, the gateway's metrics) and logged at most
+:data:`REFUSALS_LOGGED` a minute; what a client sent appears in a log line only through
+:func:`anex_agent.peer_log.peer_text`.
 """
 
 from __future__ import annotations
@@ -37,23 +47,59 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from anex_agent import relay_protocol as rp
+from anex_agent.gateway.admission import Admission, Network, forwarded_source, is_trusted, source_key
+from anex_agent.gateway.relay_listener import listen
 from anex_agent.keys import public_key as derive_public
+from anex_agent.peer_log import LogBudget, peer_text
 from anex_agent.tunnels.ws_bind import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
+
+log = logging.getLogger(__name__)
+_ws_log = log.getChild("websocket")  # the library's per-connection lines ("connection open") are not kept
+_ws_log.setLevel(logging.WARNING)
+REFUSALS_LOGGED = 10  # refusal lines a minute; the metrics count every refusal
+LISTEN_BACKLOG = 4096  # accepted-but-unserved connections the kernel holds (capped by net.core.somaxconn)
+CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455 §7.4.1 / IANA registry: the relay holds max_connections nodes
 
 
 class RelayServerConnection(DirectBinary, ServerConnection):
-    """A relay connection: binary messages go to the hub straight from the protocol's event."""
+    """A relay connection: binary messages go to the hub straight from the protocol's event.
 
-log = logging.getLogger(__name__)
+    Admission is decided when the TCP connection is made (:meth:`connection_made`, after the
+    listening socket's fast path): a connection the relay does not admit is aborted there,
+    before the library reads a byte or starts a task for it.
+    """
+
+    def __init__(self, relay: Relay, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.relay = relay
+        self.refused = False
+        self.source: str | None = None      # what admission counts it under (None: a trusted proxy's, until its request)
+        self.deadline: asyncio.TimerHandle | None = None
+        self.peer: Any = None               # the TCP peer's address
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self.relay._arrive(self, transport):
+            self.refused = True
+            transport.abort()
+            return
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay._settled(self)
+        if not self.refused:
+            super().connection_lost(exc)
 
 
 @dataclass(frozen=True)
 class RelayLimits:
-    max_connections: int = 1024
+    max_connections: int = 1024          # authenticated nodes connected at once (the fleet's size)
     write_limit: int = 1 << 20           # bytes waiting to be written per connection before datagrams are dropped
     ping_interval: float = 20.0
     ping_timeout: float = 20.0
-    auth_timeout: float = 10.0
+    auth_timeout: float = 5.0            # seconds from the TCP accept to the proven key (TLS and upgrade included)
+    max_pending: int = 256               # connections waiting for authentication, in all
+    max_pending_per_source: int = 8      # of which from one source address (IPv6: one /64)
+    trusted_proxies: tuple[Network, ...] = ()  # peers whose X-Forwarded-For names the source
 
 
 class Relay:
@@ -71,7 +117,9 @@ class Relay:
         self.limits = limits
         self.counters: collections.Counter[str] = collections.Counter()
         self.connections: dict[str, int] = {}  # public key -> live connections
-        self._live = 0
+        self._live = 0  # authenticated connections
+        self._admission = Admission(limits.max_pending, limits.max_pending_per_source)
+        self._refusal_log = LogBudget(REFUSALS_LOGGED, 60.0)
         self._server: Server | None = None
 
     @property
@@ -80,12 +128,15 @@ class Relay:
         return next(iter(self._server.sockets)).getsockname()[1]
 
     async def start(self) -> None:
+        sock = listen(self.host, self.port, LISTEN_BACKLOG)
+        sock.refuse = self._refused_at_accept
         self._server = await serve(
-            self._handle, self.host, self.port, ssl=self.ssl_context, subprotocols=list(rp.SUBPROTOCOLS),
+            self._handle, sock=sock, ssl=self.ssl_context, subprotocols=list(rp.SUBPROTOCOLS),
             process_request=self._admit, ping_interval=self.limits.ping_interval,
             ping_timeout=self.limits.ping_timeout, max_size=rp.MAX_MESSAGE, max_queue=64,
             write_limit=self.limits.write_limit, compression=None, server_header=None,
-            create_connection=RelayServerConnection,
+            create_connection=lambda *args, **kwargs: RelayServerConnection(self, *args, **kwargs),
+            open_timeout=self.limits.auth_timeout, logger=_ws_log,
         )
         log.info("WebSocket relay listening on %s:%d (%s), relaying to the hub at %s:%d", self.host, self.bound_port,
                  "TLS" if self.ssl_context else "plain; put TLS in front of it", *self.hub)
@@ -96,41 +147,112 @@ class Relay:
             await self._server.wait_closed()
             self._server = None
 
+    # -- admission (before authentication) --
+
+    def _refused_at_accept(self, peer: Any) -> bool:
+        """The listening socket's fast path: a source that already has its share waiting is
+        refused before anything is built for its connection (:mod:`.relay_listener`)."""
+        address = str(peer[0]) if peer else ""
+        if is_trusted(address, self.limits.trusted_proxies):
+            return False
+        if self._admission.from_source(source_key(address) or address) < self.limits.max_pending_per_source:
+            return False
+        self._refuse("source", None, "too many connections from this source wait for authentication", peer=peer)
+        return True
+
+    def _arrive(self, conn: RelayServerConnection, transport: asyncio.BaseTransport) -> bool:
+        """A TCP connection was accepted: whether it may wait for authentication (see the module)."""
+        conn.peer = peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        conn.source = None if is_trusted(address, self.limits.trusted_proxies) else (source_key(address) or address)
+        admitted, to_drop = self._admission.arrive(conn, conn.source)
+        for oldest in to_drop:
+            self._refuse("evicted", oldest, "dropped unauthenticated: too many connections wait for authentication")
+            oldest.transport.abort()
+        if not admitted:
+            self._refuse("source", conn, "too many connections from this source wait for authentication")
+            return False
+        conn.deadline = asyncio.get_running_loop().call_later(self.limits.auth_timeout, self._expire, conn)
+        return True
+
+    def _expire(self, conn: RelayServerConnection) -> None:
+        conn.deadline = None
+        self._admission.leave(conn)
+        self._refuse("timeout", conn, f"no proven key within {self.limits.auth_timeout:g} s")
+        conn.transport.abort()
+
+    def _settled(self, conn: RelayServerConnection) -> None:
+        """``conn`` no longer waits for authentication (it passed, or it is gone)."""
+        self._admission.leave(conn)
+        if conn.deadline is not None:
+            conn.deadline.cancel()
+            conn.deadline = None
+
+    def _refuse(self, reason: str, conn: ServerConnection | None, why: str, *, peer: Any = None) -> None:
+        """Count a refusal (``refused_<reason>``) and log it within the budget."""
+        self.counters[f"refused_{reason}"] += 1
+        skipped = self._refusal_log.take()
+        if skipped is None:
+            return
+        more = (f" ({skipped} more refusals not logged; anex_gateway_relay_refused_total counts them all)"
+                if skipped else "")
+        where = _peer_name(conn) if conn is not None or not peer else f"{peer[0]}:{peer[1]}"
+        log.info("relay: refused a connection from %s: %s%s", where, why, more)
+
     def _admit(self, connection: ServerConnection, request: Any):
+        assert isinstance(connection, RelayServerConnection)
         if self._live >= self.limits.max_connections:
-            self.counters["refused_full"] += 1
+            self._refuse("full", connection, f"{self.limits.max_connections} nodes are connected (the relay's limit)")
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "too many relay connections\n")
+        if connection.source is None:  # from a trusted proxy: the client is the one it forwards for
+            address = connection.peer[0] if connection.peer else ""
+            source = (forwarded_source(request.headers.get_all("X-Forwarded-For"), self.limits.trusted_proxies)
+                      or source_key(str(address)) or str(address))
+            if not self._admission.forwarded(connection, source):
+                connection.source = source
+                self._refuse("source", connection, "too many connections from this source wait for authentication")
+                return connection.respond(HTTPStatus.TOO_MANY_REQUESTS, "too many connections wait for authentication\n")
+            connection.source = source
         return None
 
     async def _handle(self, ws: ServerConnection) -> None:
+        assert isinstance(ws, RelayServerConnection)
         if ws.subprotocol not in rp.SUBPROTOCOLS:
-            self.counters["refused_protocol"] += 1
+            self._refuse("protocol", ws, "no anex-wg subprotocol offered")
             await ws.close(rp.CLOSE_PROTOCOL, "subprotocol anex-wg.v2 or anex-wg.v1 required")
             return
-        self._live += 1
         try:
             public_key = await self._authenticate(ws)
             if public_key is None:
                 return
-            await self._relay(ws, public_key)
+            self._live += 1
+            try:
+                await self._relay(ws, public_key)
+            finally:
+                self._live -= 1
         except ConnectionClosed:
             pass
-        finally:
-            self._live -= 1
 
-    async def _authenticate(self, ws: ServerConnection) -> str | None:
+    async def _authenticate(self, ws: RelayServerConnection) -> str | None:
+        """The node's proven key, or ``None`` (the connection closed). The admission deadline
+        bounds the wait: when it passes, the transport is aborted and ``recv`` raises."""
         challenge = rp.new_challenge()
         await ws.send(rp.challenge_message(challenge))
         try:
-            message = await asyncio.wait_for(ws.recv(), self.limits.auth_timeout)
+            message = await ws.recv()
             answer = rp.parse_answer(message)
             rp.verify_answer(answer, gateway_private=self._private, gateway_public=self._public, challenge=challenge)
             if not self.is_peer(answer.public_key):
                 raise rp.RelayProtocolError("not a peer of this gateway")
-        except (rp.RelayProtocolError, asyncio.TimeoutError) as err:
-            self.counters["refused_auth"] += 1
-            log.info("relay: refused a connection from %s: %s", _peer_name(ws), err or "no answer in time")
+        except rp.RelayProtocolError as err:
+            self._settled(ws)
+            self._refuse("auth", ws, str(err))
             await ws.close(rp.CLOSE_UNAUTHENTICATED, "not authenticated")
+            return None
+        self._settled(ws)
+        if self._live >= self.limits.max_connections:
+            self._refuse("full", ws, f"{self.limits.max_connections} nodes are connected (the relay's limit)")
+            await ws.close(CLOSE_TRY_AGAIN_LATER, "the relay is full")
             return None
         await ws.send(rp.OK_MESSAGE)
         return answer.public_key
@@ -176,14 +298,21 @@ class Relay:
             log.info("relay: node %s disconnected", public_key[:8])
 
     def report(self) -> dict[str, Any]:
-        return {"live": self._live, "nodes": len(self.connections), **self.counters}
+        """Counts: ``live`` authenticated connections, ``pending`` ones waiting for authentication,
+        ``nodes``, and the counters (``accepted``, ``refused_<reason>``, datagrams)."""
+        return {"live": self._live, "pending": self._admission.pending, "nodes": len(self.connections),
+                **self.counters}
 
 
-def _peer_name(ws: ServerConnection) -> str:
-    forwarded = ws.request.headers.get("X-Forwarded-For") if ws.request is not None else None
-    addr = ws.remote_address
+def _peer_name(ws: ServerConnection | None) -> str:
+    """The peer for a log line: its address, and what it says it forwards for (bounded, escaped)."""
+    if ws is None:
+        return "?"
+    request = ws.request
+    forwarded = request.headers.get("X-Forwarded-For") if request is not None else None
+    addr = getattr(ws, "peer", None) or (None if isinstance(ws, RelayServerConnection) else ws.remote_address)
     where = f"{addr[0]}:{addr[1]}" if addr else "?"
-    return f"{where} (forwarded for {forwarded})" if forwarded else where
+    return f"{where} (forwarded for {peer_text(forwarded)})" if forwarded else where
 
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:

@@ -406,7 +406,9 @@ class Gateway:
         """The WebSocket relay (``--ws-listen``), towards the hub's UDP port on loopback."""
         if self.settings.ws_listen is None:
             return
-        from anex_agent.gateway.relay import Relay, tls_context
+        import ipaddress
+
+        from anex_agent.gateway.relay import Relay, RelayLimits, tls_context
 
         assert self.keypair is not None
         context = None
@@ -417,7 +419,9 @@ class Gateway:
                 raise ConfigError("--tls-cert", f"cannot load the relay's certificate and key: {err}") from None
         host, port = self.settings.ws_listen
         self.relay = Relay(host=host, port=port, hub=("127.0.0.1", self.settings.listen_port),
-                           private_key=self.keypair.private, is_peer=self.is_peer, ssl_context=context)
+                           private_key=self.keypair.private, is_peer=self.is_peer, ssl_context=context,
+                           limits=RelayLimits(trusted_proxies=tuple(
+                               ipaddress.ip_network(cidr) for cidr in self.settings.ws_trusted_proxies)))
         try:
             await self.relay.start()
         except OSError as err:

@@ -39,6 +39,7 @@ class GatewaySettings:
     ws_listen: tuple[str, int] | None = None   # the WebSocket relay's HOST:PORT; None: no relay
     tls_cert: Path | None = None         # the relay serves TLS with these (PEM); None: plain
     tls_key: Path | None = None
+    ws_trusted_proxies: tuple[str, ...] = ()   # CIDRs of proxies whose X-Forwarded-For the relay believes
     metrics_listen: tuple[str, int] | None = None  # IP:PORT serving GET /metrics; None: not served
     engine_source: str = "--engine"      # the flag or variable ``engine`` came from (for error messages)
     token_source: str = "ANEX_GATEWAY_TOKEN"  # the flag, variable or file the token came from (a refusal names it)
@@ -66,7 +67,7 @@ def build_settings(
     name: str | None = None, interface: str | None = None, ca_file: str | None = None,
     allow_insecure: bool = False, ws_listen: str | None = None, tls_cert: str | None = None,
     tls_key: str | None = None, metrics_listen: str | None = None, engine_source: str = "--engine",
-    token_source: str = "ANEX_GATEWAY_TOKEN",
+    token_source: str = "ANEX_GATEWAY_TOKEN", ws_trusted_proxies: list[str] | None = None,
 ) -> GatewaySettings:
     """Check every value (ConfigError naming its flag) and build the settings; see :func:`from_args` for the CLI."""
     if not coordinator_url:
@@ -91,6 +92,11 @@ def build_settings(
     metrics = (config_value("--metrics-listen", parse.listen, metrics_listen, empty_host=parse.LOCALHOST)
                if metrics_listen else None)
     relay = _relay_settings(ws_listen, tls_cert, tls_key, ws_url)
+    if ws_trusted_proxies:
+        if ws_listen is None:
+            raise ConfigError("--ws-trusted-proxy", "applies to the WebSocket relay: give --ws-listen HOST:PORT too")
+        relay["ws_trusted_proxies"] = tuple(dict.fromkeys(
+            str(config_value("--ws-trusted-proxy", parse.cidr, text)) for text in ws_trusted_proxies))
     if endpoint is None:  # every value given is well formed; registering no endpoint would leave nodes nothing to dial
         raise ConfigError("--endpoint", f"is required: --listen-udp {listen_udp} names no address nodes could dial; "
                                         f"give the public HOST:PORT of this gateway's UDP port, e.g. --endpoint "
@@ -155,7 +161,7 @@ def from_args(args, environ: Mapping[str, str]) -> GatewaySettings:
         ca_file=args.ca_file or environ.get(transport.CA_FILE_VAR),
         allow_insecure=args.allow_insecure or transport.allow_insecure_from(environ),
         ws_listen=getattr(args, "ws_listen", None), tls_cert=getattr(args, "tls_cert", None),
-        tls_key=getattr(args, "tls_key", None),
+        tls_key=getattr(args, "tls_key", None), ws_trusted_proxies=getattr(args, "ws_trusted_proxy", None),
         metrics_listen=getattr(args, "metrics_listen", None) or environ.get("ANEX_GATEWAY_METRICS_LISTEN") or None,
     )
 

@@ -527,3 +527,22 @@ async def test_fleet_refresh_reads_only_nodes_whose_telemetry_changed(harness_wi
     assert json.loads(fleet.nodes[joined.node_id][2])["hostname"] == "renamed"
     await coord.admin.delete_node(clients[0][1].node_id)
     assert await fleet.refresh() == 2 and fleet.fetched_total == 4
+
+
+async def test_refused_join_proofs_reach_the_log_within_a_budget(harness_with, monkeypatch, caplog):
+    import logging
+
+    from anex_agent.coordinator import registration
+    from anex_agent.peer_log import LogBudget
+
+    coord = await harness_with()
+    monkeypatch.setattr(registration, "_REFUSALS_LOGGED", LogBudget(burst=3, interval=3600.0))
+    caplog.set_level(logging.INFO, logger="anex_agent.coordinator.registration")
+    token = (await coord.admin.create_join_token(reusable=True)).token  # a real token: the proof is checked
+    for i in range(8):
+        body = proven_join_body(coord.ctx, token, name=f"n{i}")
+        body["proof"]["mac"] = "A" * len(body["proof"]["mac"])  # a proof that does not hold
+        status, _, _ = await request(coord, "POST", "/v1/nodes", body=body)
+        assert status == 401
+    lines = [r.getMessage() for r in caplog.records if "refused a node request" in r.getMessage()]
+    assert len(lines) == 3  # the other five are counted by the metrics, not logged

@@ -144,3 +144,34 @@ def test_password_is_taken_out_of_the_url(url, bare, password):
     from anex_agent.coordinator.db import split_password
 
     assert split_password(url) == (bare, password)
+
+
+async def test_sqlite_files_are_private_in_a_directory_others_may_read(tmp_path):
+    import os
+    import stat
+
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    os.chmod(directory, 0o755)
+    old_umask = os.umask(0o022)  # what a manual start from a shell has (systemd's UMask=0077 would hide it)
+    try:
+        db = await dbmod.open_database(f"sqlite:///{directory}/coordinator.db")
+        try:
+            await db.execute("CREATE TABLE t (a TEXT)")
+            await db.execute("INSERT INTO t VALUES ($1)", "x")
+            assert sorted(p.name for p in directory.iterdir()) == ["coordinator.db", "coordinator.db-shm",
+                                                                  "coordinator.db-wal"]
+            for path in directory.iterdir():
+                assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        finally:
+            await db.close()
+        for path in directory.iterdir():  # left readable by an older version: made private at the next start
+            os.chmod(path, 0o644)
+        db = await dbmod.open_database(f"sqlite:///{directory}/coordinator.db")
+        try:
+            for path in directory.iterdir():
+                assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        finally:
+            await db.close()
+    finally:
+        os.umask(old_umask)

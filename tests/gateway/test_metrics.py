@@ -38,7 +38,8 @@ class FakeRelay:
     """The relay's report, as :meth:`anex_agent.gateway.relay.Relay.report` gives it."""
 
     def report(self) -> dict:
-        return {"live": 3, "nodes": 2, "accepted": 7, "refused_auth": 4, "to_hub": 120, "to_node": 95}
+        return {"live": 3, "pending": 11, "nodes": 2, "accepted": 7, "refused_auth": 4, "refused_source": 900,
+                "refused_timeout": 35, "to_hub": 120, "to_node": 95}
 
 
 def free_port() -> int:
@@ -87,6 +88,9 @@ async def test_a_scrape_shows_the_peer_set_the_changes_and_the_relay(tmp_path):
         assert got[("anex_gateway_relay_accepted_total", ())] == 7
         assert got[("anex_gateway_relay_refused_total", (("reason", "auth"),))] == 4
         assert got[("anex_gateway_relay_refused_total", (("reason", "full"),))] == 0
+        assert got[("anex_gateway_relay_pending", ())] == 11
+        assert got[("anex_gateway_relay_refused_total", (("reason", "source"),))] == 900
+        assert got[("anex_gateway_relay_refused_total", (("reason", "timeout"),))] == 35
         assert got[("anex_gateway_relay_datagrams_total", (("direction", "to_hub"),))] == 120
 
         assert (await asyncio.to_thread(scrape, port, "/status"))[0] == 404

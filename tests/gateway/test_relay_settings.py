@@ -39,6 +39,17 @@ def test_bad_relay_flags_name_the_flag(kwargs, flag):
     assert err.value.source == flag
 
 
+def test_trusted_proxies_are_networks_and_need_the_relay():
+    s = build_settings(**BASE, ws_listen="0.0.0.0:8443", ws_trusted_proxies=["10.0.0.7", "10.0.0.0/8", "fd00::/64"])
+    assert s.ws_trusted_proxies == ("10.0.0.7/32", "10.0.0.0/8", "fd00::/64")
+    assert build_settings(**BASE, ws_listen="0.0.0.0:8443").ws_trusted_proxies == ()
+    for bad in ({"ws_listen": "0.0.0.0:8443", "ws_trusted_proxies": ["proxy.example"]},
+                {"ws_trusted_proxies": ["10.0.0.0/8"]}):
+        with pytest.raises(ConfigError) as err:
+            build_settings(**BASE, **bad)
+        assert err.value.source == "--ws-trusted-proxy"
+
+
 def test_a_relay_url_without_a_relay_is_refused_naming_both_flags():
     """The relay runs only inside the gateway (the hub's key, the watched peer set): advertising
     one that nothing serves would send every UDP-blocked node to a dead address."""
