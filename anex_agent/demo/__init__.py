@@ -24,7 +24,12 @@ and then, from the coordinator (:mod:`anex_agent.demo.observe`, as the admin):
 * ``metrics``   the coordinator's ``/metrics`` carries the node's ``anex_*`` series (``node="<name>"``)
 
 waiting up to ``TELEMETRY_WAIT`` seconds for them (the demo's coordinator tells nodes to
-heartbeat every ``HEARTBEAT_INTERVAL`` seconds). Prints ``node | engine | path | handshake |
+heartbeat every ``HEARTBEAT_INTERVAL`` seconds). Then it provisions a machine from the fake
+Vast.AI (:mod:`anex_agent.demo.provision`: ``provision``, ``proxy``, ``delete``) and, where the
+control-plane programs are built, runs the user guide's example pod through a real control
+plane (started on a thread while the mesh is checked) and ``anex-agent virtual-node``
+(:mod:`anex_agent.demo.kubernetes`: ``scheduled``, ``running``, ``logs``, ``exec``,
+``succeeded``); where they are not, it says so in one line and leaves those rows out. Prints ``node | engine | path | handshake |
 check | result``, then the coordinator's view of each node (state, address, engine, path,
 NVML state, GPUs, CPU, memory, telemetry age, health verdict and first reason), and tears
 everything down. With ``--check`` the exit status is 1 when any check failed.
