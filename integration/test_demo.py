@@ -2,8 +2,10 @@
 
 * :func:`test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry` runs the real
   command (root: it builds its own mesh in network namespaces; skipped with the reason
-  elsewhere) and checks the exit status, every path row, and that the coordinator reported
-  each node ready with a health verdict, its NVML state and its series on ``/metrics``.
+  elsewhere) and checks the exit status, every path row, that the coordinator reported
+  each node ready with a health verdict, its NVML state and its series on ``/metrics``, and,
+  where the control-plane programs are built, the example pod's rows (scheduled, running,
+  logs, exec, succeeded); where they are not, the one line saying so.
 * The other tests need no privileges: they feed the demo's readers
   (:mod:`anex_agent.demo.observe`) what the real producers make here, a telemetry block
   sampled on this machine by :class:`anex_agent.gpu.monitor.TelemetryMonitor` and the
@@ -19,7 +21,7 @@ import time
 
 import pytest
 
-from anex_agent.demo import coordinator_checks, view_cells
+from anex_agent.demo import coordinator_checks, kubernetes, view_cells
 from anex_agent.demo.mesh import anex_argv
 from anex_agent.demo.netlab import missing_prerequisites
 from anex_agent.demo.observe import REQUIRED_SERIES, complete, node_series, summarize
@@ -32,6 +34,7 @@ NODES = {"native-1": ("wireguard-go", "udp", "demo-node-1"), "udp-blocked-2": ("
 PATH_CHECKS = ("path", "proxy", "post", "connect", "tunnel", "inbound")
 COORDINATOR_CHECKS = ("heartbeat", "telemetry", "metrics")
 PROVISION_CHECKS = ("provision", "proxy", "delete")
+KUBERNETES_CHECKS = ("scheduled", "running", "logs", "exec", "succeeded")
 VERDICT = r"(healthy|degraded|unhealthy)"
 
 
@@ -70,8 +73,23 @@ def test_demo_check_passes_and_shows_each_nodes_heartbeat_and_telemetry(tmp_path
                      r"\$[\d.]+/h, node 10\.254\.\d+\.\d+", _row(text, "provision", "provisioned")), text
     assert re.search(r"ok  echo answered /provisioned", _row(text, "proxy", "provisioned")), text
     assert re.search(r"ok  rental destroyed, node removed, peer gone from the gateway", _row(text, "delete", "provisioned"))
-    summary = re.search(r"(\d+)/(\d+) checks passed", text)
     expected = len(NODES) * len(PATH_CHECKS + COORDINATOR_CHECKS) + len(PROVISION_CHECKS)
+    if kubernetes.skip_reason() is None:  # the example pod through the real control plane and the virtual node
+        assert re.search(r"ok  default-scheduler: default/my-gpu-workload bound to anex-vastai in ",
+                         _row(text, "scheduled", "kubernetes"))
+        assert re.search(r"ok  Running in [\d.]+ s; pod IP 10\.254\.\d+\.\d+, the mesh address of vastai rental \d+",
+                         _row(text, "running", "kubernetes"))
+        assert f"ok  kubectl logs: '{kubernetes.POD_LINE}'" in _row(text, "logs", "kubernetes")
+        assert re.search(rf"ok  kubectl exec .* exited {kubernetes.EXEC_STATUS}, printed '{kubernetes.EXEC_LINE}'",
+                         _row(text, "exec", "kubernetes"))
+        assert re.search(r"ok  Succeeded \(exit 0, Completed\); deleted, 0 rentals left",
+                         _row(text, "succeeded", "kubernetes"))
+        assert re.match(r"kubernetes\s+wireguard-go\s+udp\s", _row(text, "running", "kubernetes"))
+        expected += len(KUBERNETES_CHECKS)
+    else:
+        assert f"anex-agent demo: no Kubernetes rows: {kubernetes.skip_reason()}\n" in text
+        assert not re.search(r"^kubernetes\s", text, re.M)
+    summary = re.search(r"(\d+)/(\d+) checks passed", text)
     assert summary and summary.group(1) == summary.group(2) == str(expected), text
 
 

@@ -21,7 +21,7 @@ from tests.polling import wait_for
 
 pytestmark = require_kube()
 
-EXAMPLE_POD = Path(__file__).with_name("example_pod.yaml")
+EXAMPLE_POD = Path(__file__).resolve().parent.parent / "anex_agent" / "demo" / "example_pod.yaml"
 EXAMPLE_POD_NAME = "my-gpu-workload"
 
 

@@ -67,17 +67,20 @@ def test_no_error_raised_through_the_cli_carries_the_cli_s_prefix():
 
 def test_the_demo_doc_shows_what_the_demo_runs():
     """docs/demo.md's example run has a row for every check of every node kind of
-    ``NODE_KINDS`` (on the path the kind expects) and of the provisioned machine, and its
-    total is the number of those rows."""
+    ``NODE_KINDS`` (on the path the kind expects), of the provisioned machine and of the
+    Kubernetes rows (:data:`anex_agent.demo.kubernetes.CHECKS`), and its total is the number
+    of those rows."""
     from anex_agent.demo import NODE_KINDS
+    from anex_agent.demo.kubernetes import CHECKS as KUBERNETES_CHECKS
 
     doc = (ROOT / "docs" / "demo.md").read_text()
     tables = doc.split("| check | what |")[1:]
     names = [[line.split("|")[1].strip() for line in block.split("\n\n", 1)[0].splitlines()[2:] if line.startswith("|")]
              for block in tables]
-    node_checks, provision_checks = names[0], names[1]
+    node_checks, provision_checks, kubernetes_checks = names[0], names[1], names[2]
     assert node_checks[:6] == ["path", "proxy", "post", "connect", "tunnel", "inbound"]
     assert provision_checks == ["provision", "proxy", "delete"]
+    assert kubernetes_checks == list(KUBERNETES_CHECKS)
     example = next(block for block in doc.split("```")[1::2] if "checks passed" in block)
     rows = [line for line in example.splitlines() if re.search(r"\s(ok|FAIL)\s", line)]
     for index, kind in enumerate(NODE_KINDS, 1):
@@ -86,6 +89,8 @@ def test_the_demo_doc_shows_what_the_demo_runs():
                 (kind.label, check)
     for check in provision_checks:
         assert [r for r in rows if re.match(rf"provisioned\s.*\s{check}\s+ok\s", r)], check
-    expected = len(NODE_KINDS) * len(node_checks) + len(provision_checks)
+    for check in kubernetes_checks:
+        assert [r for r in rows if re.match(rf"kubernetes\s.*\s{check}\s+ok\s", r)], check
+    expected = len(NODE_KINDS) * len(node_checks) + len(provision_checks) + len(kubernetes_checks)
     assert len(rows) == expected
     assert f"{expected}/{expected} checks passed" in example

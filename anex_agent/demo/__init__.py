@@ -24,7 +24,12 @@ and then, from the coordinator (:mod:`anex_agent.demo.observe`, as the admin):
 * ``metrics``   the coordinator's ``/metrics`` carries the node's ``anex_*`` series (``node="<name>"``)
 
 waiting up to ``TELEMETRY_WAIT`` seconds for them (the demo's coordinator tells nodes to
-heartbeat every ``HEARTBEAT_INTERVAL`` seconds). Prints ``node | engine | path | handshake |
+heartbeat every ``HEARTBEAT_INTERVAL`` seconds). Then it provisions a machine from the fake
+Vast.AI (:mod:`anex_agent.demo.provision`: ``provision``, ``proxy``, ``delete``) and, where the
+control-plane programs are built, runs the user guide's example pod through a real control
+plane (started on a thread while the mesh is checked) and ``anex-agent virtual-node``
+(:mod:`anex_agent.demo.kubernetes`: ``scheduled``, ``running``, ``logs``, ``exec``,
+``succeeded``); where they are not, it says so in one line and leaves those rows out. Prints ``node | engine | path | handshake |
 check | result``, then the coordinator's view of each node (state, address, engine, path,
 NVML state, GPUs, CPU, memory, telemetry age, health verdict and first reason), and tears
 everything down. With ``--check`` the exit status is 1 when any check failed.
@@ -38,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,9 +262,25 @@ def _provision_rows(mesh, provider) -> list[Row]:
                 f"{age:.0f} s ago" if age is not None else "-", name, ok, detail) for name, ok, detail in checks]
 
 
+def _kubernetes_rows(mesh, provider, cp, started, workdir: Path) -> list[Row]:
+    """The example pod through the control plane and the virtual node (docs/demo.md, *Kubernetes*)."""
+    from anex_agent.demo.kubernetes import CHECKS, kubernetes_checks
+
+    try:
+        started.result()
+    except Exception as err:  # every row fails, saying why
+        why = f"the control plane did not start: {str(err).splitlines()[0][:200]}"
+        return [Row("kubernetes", "-", "-", "-", name, False, why) for name in CHECKS]
+    checks, status = kubernetes_checks(mesh, provider, cp, workdir)
+    age = status.get("last_handshake_age")
+    return [Row("kubernetes", status.get("engine", "-"), status.get("path", "-"),
+                f"{age:.0f} s ago" if age is not None else "-", name, ok, detail) for name, ok, detail in checks]
+
+
 def main(args: argparse.Namespace) -> int:
     from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, Mesh
     from anex_agent.demo.provision import SimulatedProvider
+    from anex_agent.demo import kubernetes
     from anex_agent.demo.netlab import missing_prerequisites
     from anex_agent.errors import NotSupported
 
@@ -274,6 +296,13 @@ def main(args: argparse.Namespace) -> int:
     print(f"anex-agent demo: building the mesh in network namespaces (logs in {workdir})", flush=True)
     mesh = Mesh(workdir)
     provider = SimulatedProvider(mesh)
+    kube_reason = kubernetes.skip_reason()
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-control-plane")
+    cp = cp_started = None
+    if kube_reason:
+        print(f"anex-agent demo: no Kubernetes rows: {kube_reason}", flush=True)
+    else:  # started now, ready by the time the mesh is checked
+        cp, cp_started = kubernetes.start_control_plane(workdir / "kube", executor)
     try:
         mesh.build_network()
         mesh.start_coordinator(heartbeat_interval=HEARTBEAT_INTERVAL, extra_env=provider.start())
@@ -304,9 +333,17 @@ def main(args: argparse.Namespace) -> int:
                 views.append(view_cells(label, summaries[label]))
         print("anex-agent demo: provisioning a machine from the simulated provider (a fake Vast.AI)", flush=True)
         rows.extend(_provision_rows(mesh, provider))
+        if cp is not None:
+            print("anex-agent demo: the example pod through a local control plane and the virtual node", flush=True)
+            rows.extend(_kubernetes_rows(mesh, provider, cp, cp_started, workdir / "kube"))
     except Exception as err:
         failed_setup = f"{type(err).__name__}: {err}"
     finally:
+        if cp is not None:
+            cp_started.cancel()
+            wait([cp_started])  # a start still under way ends (ready or failed) before its programs are stopped
+            cp.close()
+        executor.shutdown()
         mesh.close()
         provider.stop()
     print()

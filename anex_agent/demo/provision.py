@@ -32,7 +32,10 @@ PROVISION_NAME = "demo-train"
 READY_WAIT = 90.0  # seconds from POST /v1/provisions to ready
 DELETE_WAIT = 30.0
 TUNNEL_PORT = 18080
-OFFERS = [vast_bundle(5001, price=0.3), vast_bundle(5002, price=0.35), vast_bundle(5003, price=0.4)]
+#: one-GPU offers for the provision check, the cheapest; two-GPU ones for the example pod's
+#: annotations (two RTX 4090s in Europe, verified, in a datacenter: see :mod:`anex_agent.demo.kubernetes`)
+OFFERS = [vast_bundle(5001, price=0.3), vast_bundle(5002, price=0.35), vast_bundle(5003, price=0.4),
+          vast_bundle(5101, gpus=2, price=0.6), vast_bundle(5102, gpus=2, price=0.65)]
 
 
 class SimulatedProvider:
