@@ -121,45 +121,34 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]))
 """
 
 
-async def test_bad_join_token_flood_neither_takes_the_lock_nor_delays_config_reads(harness_with):
-    """A flood of bad join tokens never takes the join lock, and delays a node's config reads no
-    more than a flood of the same size of requests that fail authentication elsewhere (bad
-    heartbeat credentials: a database read each, no lock): 100 ms p99 at most on a machine doing
-    nothing else (measured 35 ms on 2 cores); a busy machine slows both floods alike, so the
-    bound is never below 3x the reference flood's p99."""
+async def test_bad_join_token_flood_never_takes_the_lock_and_config_reads_go_on(harness_with):
+    """During a flood of bad join tokens (16 clients, each request refused with 401) the join
+    lock is never taken, a node's config reads all succeed with its own config while the flood
+    runs, and afterwards a good token still joins (taking the lock). How much the flood delays
+    those reads, beside a flood of bad heartbeat credentials, is measured by
+    ``bench/bench_auth_flood.py``, not here."""
     coord = await harness_with(limits=Limits(failed_auth_max=10**9))
     client, joined, _ = await coord.join("victim")
     lock = coord.ctx.join_lock = CountingLock()
 
-    async def config_read_p99_during(url: str, body: dict, token: str) -> float:
-        flood = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", FLOOD, url, "16", json.dumps(body), token, stdout=asyncio.subprocess.PIPE,
-        )
-        try:
-            async with asyncio.timeout(20):
-                assert await flood.stdout.readline() == b"flooding\n"
-            latencies = []
-            for _ in range(200):
-                started = time.perf_counter()
-                config = await client.get_config(joined.node_id)
-                latencies.append(time.perf_counter() - started)
-                assert config.node_id == joined.node_id
-            assert flood.returncode is None, "the flood stopped early"
-        finally:
-            if flood.returncode is None:
-                flood.kill()
-            await flood.wait()
-        return sorted(latencies)[197]
-
-    reference = await config_read_p99_during(coord.url + f"/v1/nodes/{joined.node_id}/heartbeat", {},
-                                             "anexnc_" + "x" * 43)
-    p99 = await config_read_p99_during(coord.url + "/v1/nodes", join_body(BAD_TOKEN), "")
+    flood = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FLOOD, coord.url + "/v1/nodes", "16", json.dumps(join_body(BAD_TOKEN)), "",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(20):
+            assert await flood.stdout.readline() == b"flooding\n"
+        for _ in range(200):
+            config = await client.get_config(joined.node_id)
+            assert config.node_id == joined.node_id
+        assert flood.returncode is None, "the flood stopped early"
+    finally:
+        if flood.returncode is None:
+            flood.kill()
+        await flood.wait()
     refused = coord.ctx.metrics.requests.labels(route="POST /v1/nodes", status="401")._value.get()
     assert refused > 200
     assert lock.acquired == 0  # no unauthenticated join took the lock (nor its transaction)
-    bound = max(0.1, 3 * reference)
-    assert p99 < bound, (f"config read p99 {p99 * 1000:.1f} ms during a flood of bad join tokens "
-                         f"(during as many bad heartbeat credentials: {reference * 1000:.1f} ms)")
     # a good token still joins (and takes the lock)
     await coord.join("after")
     assert lock.acquired == 1
