@@ -19,8 +19,12 @@ saying the workload runs), so the coordinator is the one a real machine would ta
 * ``scale``: ``--scale`` pods (default 500) created at once (``--create-concurrency`` requests
   in flight), none of whose rentals ever boots: done when every pod has its provision at the
   coordinator and the status ``Pending`` with the container waiting for reason ``Booting``
-  (the machine rented, not joined). Time until all are done, the virtual node's CPU seconds
-  (user + system, from /proc) per pod over that time, and its RSS before and after.
+  (the machine rented, not joined). Times from the first create: every pod's provision at the
+  coordinator (``all_provisions_posted_s``, polled every 0.25 s), every pod with a status
+  written by the virtual node (``all_first_status_s``), every pod Pending/Booting
+  (``all_pending_booting_s``: this includes the coordinator renting each one). The virtual
+  node's CPU seconds (user + system, from /proc) per pod over that time and its RSS before and
+  after; the coordinator's CPU seconds beside them.
 
 Needs the control-plane programs (``scripts/install-tools kube etcd``); no root, no network
 namespaces.
@@ -34,6 +38,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import ssl
 import statistics
 import subprocess
@@ -138,8 +143,10 @@ class Bench:
                     seen = self.seen.setdefault(name, {})
                     if status.get("phase") == "Running":
                         seen.setdefault("Running", now)
-                    if status.get("phase") == "Pending" and waiting_reason(pod) == "Booting":
-                        seen.setdefault("Booting", now)
+                    if status.get("phase") == "Pending" and waiting_reason(pod):
+                        seen.setdefault("Pending", now)
+                        if waiting_reason(pod) == "Booting":
+                            seen.setdefault("Booting", now)
                     self.changed.set()
 
     async def machine(self, env: dict) -> None:
@@ -192,7 +199,8 @@ async def latency(bench: Bench, namespace: str, pods: int) -> dict:
             "goal_p99_s": 1.0}
 
 
-async def scale(bench: Bench, namespace: str, pods: int, concurrency: int, pid: int, timeout: float) -> dict:
+async def scale(bench: Bench, namespace: str, pods: int, concurrency: int, pid: int, coordinator_pid: int,
+                timeout: float) -> dict:
     gate = asyncio.Semaphore(concurrency)
     uids: dict[str, str] = {}
 
@@ -202,25 +210,45 @@ async def scale(bench: Bench, namespace: str, pods: int, concurrency: int, pid: 
                                            pod_manifest(name)))["metadata"]["uid"]
 
     names = [f"many-{i}" for i in range(pods)]
-    rss0, cpu0, t0 = rss_mib(pid), cpu_seconds(pid), time.monotonic()
+    posted: list[float] = []
+
+    async def count_provisions() -> None:
+        """Note when every pod has its provision at the coordinator."""
+        while True:
+            listed = await bench.provisions()
+            if len(uids) == pods and all(f"vk-{uid}" in listed for uid in uids.values()):
+                posted.append(time.monotonic())
+                return
+            await asyncio.sleep(0.25)
+
+    wall0 = time.time()
+    rss0, cpu0, ccpu0, t0 = rss_mib(pid), cpu_seconds(pid), cpu_seconds(coordinator_pid), time.monotonic()
+    counter = asyncio.create_task(count_provisions(), name="count-provisions")
     await asyncio.gather(*(create(n) for n in names))
     created_s = time.monotonic() - t0
+    await bench.until(lambda: all("Pending" in bench.seen.get(n, {}) for n in names), f"{pods} pods Pending", timeout)
+    first_status_s = max(bench.seen[n]["Pending"] for n in names) - wall0
     await bench.until(lambda: all("Booting" in bench.seen.get(n, {}) for n in names), f"{pods} pods Pending/Booting",
                       timeout)
-    cpu1, t1, rss1 = cpu_seconds(pid), time.monotonic(), rss_mib(pid)
+    cpu1, ccpu1, t1, rss1 = cpu_seconds(pid), cpu_seconds(coordinator_pid), time.monotonic(), rss_mib(pid)
+    await asyncio.wait_for(counter, 60)
     provisions = await bench.provisions()
     with_provision = sum(1 for n in names if f"vk-{uids[n]}" in provisions)
     listed = (await bench.kube("GET", f"/api/v1/namespaces/{namespace}/pods"))["items"]
     pending_booting = sum(1 for p in listed if p["status"].get("phase") == "Pending" and waiting_reason(p) == "Booting")
-    return {"pods": pods, "created_s": round(created_s, 2), "all_pending_booting_s": round(t1 - t0, 2),
+    return {"pods": pods, "created_s": round(created_s, 2),
+            "all_provisions_posted_s": round(posted[0] - t0, 2),
+            "all_first_status_s": round(first_status_s, 2), "all_pending_booting_s": round(t1 - t0, 2),
             "with_provision": with_provision, "pending_booting": pending_booting,
             "virtual_node_cpu_s": round(cpu1 - cpu0, 2),
             "virtual_node_cpu_ms_per_pod": round((cpu1 - cpu0) * 1000 / pods, 2),
+            "coordinator_cpu_s": round(ccpu1 - ccpu0, 2),
             "virtual_node_rss_mib": {"before": rss0, "after": rss1},
             "virtual_node_rss_kib_per_pod": round((rss1 - rss0) * 1024 / pods, 1)}
 
 
-async def run(args: argparse.Namespace, cp: ControlPlane, coordinator: str, fake: FakeVastAI, pid: int) -> dict:
+async def run(args: argparse.Namespace, cp: ControlPlane, coordinator: str, fake: FakeVastAI, pid: int,
+              coordinator_pid: int) -> dict:
     out: dict = {}
     async with aiohttp.ClientSession() as session:
         bench = Bench(cp, coordinator, fake)
@@ -235,7 +263,7 @@ async def run(args: argparse.Namespace, cp: ControlPlane, coordinator: str, fake
                 group.create_task(bench.boot_new_rentals(group), name="boot-rentals")
                 out["latency"] = await latency(bench, "bench-latency", args.pods)
                 out["scale"] = await scale(bench, "bench-scale", args.scale, args.create_concurrency, pid,
-                                           args.scale_timeout)
+                                           coordinator_pid, args.scale_timeout)
                 raise _Done
         except* _Done:
             pass
@@ -305,7 +333,7 @@ async def bench_main(args: argparse.Namespace, workdir: Path) -> dict:
                               env=env, stdout=log, stderr=subprocess.STDOUT)
         procs.append(vn)
         try:
-            return await run(args, cp, match.group(1), fake, vn.pid)
+            return await run(args, cp, match.group(1), fake, vn.pid, coordinator.pid)
         except BaseException:
             print((workdir / "virtual-node.log").read_text(errors="replace")[-3000:], file=sys.stderr)
             raise
@@ -315,6 +343,7 @@ async def bench_main(args: argparse.Namespace, workdir: Path) -> dict:
             await asyncio.to_thread(proc.wait, 30)
         await asyncio.to_thread(cp.close)
         await fake.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
