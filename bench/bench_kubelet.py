@@ -18,7 +18,8 @@ prints ``T <unix time>`` every 100 ms.
   and the same download from this host straight to the pod's mesh address (the reference);
   ``--rounds`` interleaved, medians, and ``port_forward / direct`` (the goal is >= 0.8); the CPU
   milliseconds per forwarded MiB of the virtual node, the API server and kubectl (from /proc),
-  to see which hop a slow figure spends in.
+  and of every process of the machine's namespace (agent with its SSH server, wireguard-go,
+  workload) per MiB of each path, to see which hop a slow figure spends in.
 * ``logs_follow``: ``kubectl logs -f POD``; for each ``T`` line written after the reader
   started, the time from the workload's timestamp until the line reaches this process
   (``--log-lines`` lines, p50/p99; the goal is p99 < 1 s). Workload and reader share a clock.
@@ -79,6 +80,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def namespace_cpu_seconds(name: str) -> float:
+    """CPU seconds of every process now in network namespace ``name``."""
+    total = 0.0
+    for pid in subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split():
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(int(pid))
+    return total
+
+
 def download(url: str, size: int) -> float:
     """MiB/s of one HTTP GET of ``url`` (``size`` bytes expected)."""
     start = time.perf_counter()
@@ -92,7 +102,7 @@ def download(url: str, size: int) -> float:
 
 
 def simulated(stack: contextlib.ExitStack, workdir: Path):
-    """The demo mesh with the simulated Vast.AI; (mesh, coordinator URL from this host)."""
+    """The demo mesh with the simulated Vast.AI; (mesh, provider, coordinator URL from this host)."""
     from anex_agent.demo.provision import SimulatedProvider
 
     mesh = stack.enter_context(Mesh(workdir / "mesh"))
@@ -113,7 +123,7 @@ def simulated(stack: contextlib.ExitStack, workdir: Path):
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: urllib.request.urlopen(f"{url}/v1/coordinator", timeout=3).status == 200, 15,
                "the coordinator through the bridge")
-    return mesh, url
+    return mesh, provider, url
 
 
 def node_address(stack: contextlib.ExitStack) -> str:
@@ -207,7 +217,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="anex-bench-kubelet-"))
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        mesh, url = simulated(stack, workdir)
+        mesh, provider, url = simulated(stack, workdir)
         cp = stack.enter_context(_ControlPlane(workdir / "kube", controllers=CONTROLLERS))
         address = node_address(stack)
         vn, log = virtual_node(stack, cp, mesh, url, address, workdir)
@@ -273,13 +283,19 @@ def main() -> int:
             through, direct = [], []
             hops = {"virtual_node": vn.pid, "kube_apiserver": cp.procs["kube-apiserver"].pid,
                     "kubectl_port_forward": forward.pid}
+            (machine,) = provider.nodes.values()
             cpu = dict.fromkeys(hops, 0.0)
+            machine_cpu = {"direct": 0.0, "port_forward": 0.0}
             for _ in range(args.rounds):
+                before = namespace_cpu_seconds(machine.ns.name)
                 direct.append(download(direct_url, size))
+                machine_cpu["direct"] += namespace_cpu_seconds(machine.ns.name) - before
+                machine_before = namespace_cpu_seconds(machine.ns.name)
                 before = {hop: cpu_seconds(pid) for hop, pid in hops.items()}
                 through.append(download(forwarded_url, size))
                 for hop, pid in hops.items():
                     cpu[hop] += cpu_seconds(pid) - before[hop]
+                machine_cpu["port_forward"] += namespace_cpu_seconds(machine.ns.name) - machine_before
         finally:
             forward.terminate()
             forward.wait(30)
@@ -292,6 +308,8 @@ def main() -> int:
             "port_forward_over_direct": round(statistics.median(through) / statistics.median(direct), 3),
             "cpu_ms_per_forwarded_mib": {hop: round(seconds * 1000 / (args.rounds * args.size), 2)
                                          for hop, seconds in cpu.items()},
+            "machine_cpu_ms_per_mib": {path: round(seconds * 1000 / (args.rounds * args.size), 2)
+                                       for path, seconds in machine_cpu.items()},
             "goal_ratio": 0.8}
 
         follow = subprocess.Popen([*kubectl, "logs", "-f", "bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
