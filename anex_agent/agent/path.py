@@ -318,13 +318,9 @@ class PathManager:
                     self._mark_udp(None)
                     self.reason = f"UDP works again: {result.reason}"
             return
-        quiet = now - self._stall.since
-        stalled = self._stall.observe(seen.rx, now)
-        stale = seen.handshake_age is not None and seen.handshake_age > HANDSHAKE_STALE
-        if not (stalled or stale):
+        why = self._udp_trouble(seen, now)
+        if why is None:
             return
-        why = (f"nothing received from the gateways for {quiet:.0f} s"
-               if stalled else f"last handshake {seen.handshake_age:.0f} s ago")
         result = await self.probe_udp(self.settings.watch_probe_timeout)
         if result.ok:
             nudge()
@@ -334,6 +330,17 @@ class PathManager:
         relay = (NO_RELAY if self.settings.mode != "udp" or not self._ws_urls
                  else "ANEX_PATH=udp keeps the node off the gateways' WebSocket relays")
         self._mark_udp(f"{why}; {result.reason}; {relay}", seen.rx)
+
+    def _udp_trouble(self, seen: Counters, now: float) -> str | None:
+        """Why UDP looks broken at ``now`` (nothing received for the stall time, or a stale
+        handshake), feeding ``seen`` to the stall detector; None while it looks fine."""
+        quiet = now - self._stall.since
+        stalled = self._stall.observe(seen.rx, now)
+        if stalled:
+            return f"nothing received from the gateways for {quiet:.0f} s"
+        if seen.handshake_age is not None and seen.handshake_age > HANDSHAKE_STALE:
+            return f"last handshake {seen.handshake_age:.0f} s ago"
+        return None
 
     def _set(self, path: str, reason: str) -> bool:
         changed = path != self.path
@@ -364,13 +371,9 @@ class PathManager:
                 self._mark_udp(None)
             if self.path == "udp":
                 seen = await counters()
-                quiet = time.monotonic() - self._stall.since
-                stalled = self._stall.observe(seen.rx, time.monotonic())
-                stale = seen.handshake_age is not None and seen.handshake_age > HANDSHAKE_STALE
-                if not (stalled or stale):
+                why = self._udp_trouble(seen, time.monotonic())
+                if why is None:
                     continue
-                why = (f"nothing received from the gateways for {quiet:.0f} s"
-                       if stalled else f"last handshake {seen.handshake_age:.0f} s ago")
                 result = await self.probe_udp(self.settings.watch_probe_timeout)
                 if result.ok:
                     nudge()
