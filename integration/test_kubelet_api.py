@@ -115,15 +115,8 @@ def kubelet(cluster, simulated, node_address):  # noqa: F811
     cp = cluster
     rbac = [str(REPO / "deploy" / f) for f in ("namespace.yaml", "rbac.yaml", "kubelet-rbac.yaml")]
     cp.kubectl("apply", *(x for f in rbac for x in ("-f", f)))
-    token = cp.kubectl("-n", "anex-system", "create", "token", "anex-virtual-node", "--duration=2h").stdout.strip()
     workdir = Path(tempfile.mkdtemp(prefix="anex-kl-"))
-    kubeconfig = workdir / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "vn",
-        "clusters": [{"name": "c", "cluster": {"server": cp.server, "certificate-authority": str(cp.ca_file)}}],
-        "users": [{"name": "vn", "user": {"token": token}}],
-        "contexts": [{"name": "vn", "context": {"cluster": "c", "user": "vn"}}]}))
-    kubeconfig.chmod(0o600)
+    kubeconfig = cp.service_account_kubeconfig(workdir / "kubeconfig", "anex-system", "anex-virtual-node")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}
     env["ANEX_ADMIN_TOKEN"] = mesh.admin_token

@@ -127,15 +127,8 @@ def virtual_node(control_plane, simulated):
     mesh, _provider, url = simulated
     cp = control_plane  # its node lifecycle controller lifts the not-ready taint the API server puts on a new Node
     cp.kubectl("apply", "-f", str(REPO / "deploy" / "namespace.yaml"), "-f", str(REPO / "deploy" / "rbac.yaml"))
-    token = cp.kubectl("-n", "anex-system", "create", "token", "anex-virtual-node", "--duration=2h").stdout.strip()
     workdir = Path(tempfile.mkdtemp(prefix="anex-vn-kube-"))
-    kubeconfig = workdir / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "vn",
-        "clusters": [{"name": "c", "cluster": {"server": cp.server, "certificate-authority": str(cp.ca_file)}}],
-        "users": [{"name": "vn", "user": {"token": token}}],
-        "contexts": [{"name": "vn", "context": {"cluster": "c", "user": "vn"}}]}))
-    kubeconfig.chmod(0o600)
+    kubeconfig = cp.service_account_kubeconfig(workdir / "kubeconfig", "anex-system", "anex-virtual-node")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}
     env["ANEX_ADMIN_TOKEN"] = mesh.admin_token  # the environment, never argv
     log = open(workdir / "virtual-node.log", "ab", buffering=0)

@@ -264,13 +264,22 @@ class ControlPlane:
 
     def write_kubeconfig(self, path: Path, cert: Path, key: Path) -> Path:
         """A kubeconfig for this API server that authenticates with ``cert``/``key``."""
+        return self._kubeconfig(path, {"client-certificate": str(cert), "client-key": str(key)})
+
+    def service_account_kubeconfig(self, path: Path, namespace: str, name: str, duration: str = "2h") -> Path:
+        """A kubeconfig (0600) that authenticates as the ServiceAccount ``namespace/name`` with a
+        token from the TokenRequest API (``kubectl create token``), good for ``duration``."""
+        token = self.kubectl("-n", namespace, "create", "token", name, f"--duration={duration}").stdout.strip()
+        return self._kubeconfig(path, {"token": token})
+
+    def _kubeconfig(self, path: Path, user: dict[str, str]) -> Path:
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "test",
             "clusters": [{"name": "test", "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
-            "users": [{"name": "user", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+            "users": [{"name": "user", "user": user}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user", "namespace": "default"}}],
         }
-        write(path, json.dumps(config, indent=1).encode())  # JSON is YAML: every client reads it
+        write(path, json.dumps(config, indent=1).encode())  # 0600; JSON is YAML: every client reads it
         return path
 
     def logs(self, lines: int = 40) -> str:

@@ -147,15 +147,8 @@ class _Wiring:
     def start_virtual_node(self, url: str) -> None:
         cp = self.cp
         cp.kubectl("apply", *(x for name in MANIFESTS for x in ("-f", str(DEPLOY / name))))
-        token = cp.kubectl("-n", "anex-system", "create", "token", "anex-virtual-node", "--duration=1h").stdout.strip()
-        kubeconfig = self.workdir / "virtual-node.kubeconfig"
-        fd = os.open(kubeconfig, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"apiVersion": "v1", "kind": "Config", "current-context": "vn",
-                       "clusters": [{"name": "c", "cluster": {"server": cp.server,
-                                                              "certificate-authority": str(cp.ca_file)}}],
-                       "users": [{"name": "vn", "user": {"token": token}}],
-                       "contexts": [{"name": "vn", "context": {"cluster": "c", "user": "vn"}}]}, f)
+        kubeconfig = cp.service_account_kubeconfig(self.workdir / "virtual-node.kubeconfig", "anex-system",
+                                                   "anex-virtual-node", duration="1h")
         self.address = f"198.18.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 2}"
         self._ip("addr", "add", f"{self.address}/32", "dev", "lo", undo=["addr", "del", f"{self.address}/32", "dev", "lo"])
         cert, key = cp.issue_cert("kubelet-serving", f"system:node:{NODE}", ["system:nodes"], ips=[self.address],
