@@ -13,8 +13,14 @@ last good config. Neither ever raises out of its loop except on cancellation.
   ``snapshot`` / ``config`` / ``gateway_changed`` event's config; ``ssh_revoked`` events go to
   the SSH server (:mod:`.ssh_access`), which also reloads its revoked serials after a snapshot.
 
-:func:`last_heartbeat` sends one more, bounded (:data:`LAST_HEARTBEAT_TIMEOUT`), when the
-workload of ``run`` ended: the coordinator's node view then shows its terminated state.
+:func:`first_heartbeat` is sent as the workload of ``run`` starts (a task of its own, holding
+nothing), so that the coordinator hears of the node before a short workload can end: a
+provision becomes ready on a node's first heartbeat, and one never heard of is rented again
+once its deadline passes. :func:`last_heartbeat` sends one more when the workload ended, so
+the coordinator's node view shows its terminated state: bounded by
+:data:`LAST_HEARTBEAT_TIMEOUT`, or :data:`UNHEARD_LAST_HEARTBEAT_TIMEOUT` while no heartbeat of
+this run was acknowledged (``agent.heartbeat_acked``), since then it is the only word the
+coordinator gets of the whole run.
 
 Credentials: an ack carrying a rotated credential is adopted and saved in the state dir
 (0600, atomically) before anything else. A 401 is not an outage: the node expired or was
@@ -60,6 +66,7 @@ class Agent(Protocol):
     last_transport: TransportStatus | None
     coordinator_reachable: bool | None
     credential_revoked: str | None
+    heartbeat_acked: bool  # a heartbeat of this run was acknowledged by the coordinator
     ssh: Any  # anex_agent.agent.ssh_access.SshAccess, or None
 
     def note_reachable(self, ok: bool, error: str | None = None) -> None: ...
@@ -72,6 +79,10 @@ MIN_INTERVAL = 1.0
 FIRST_SAMPLE_WAIT = 5.0  # seconds the first heartbeat waits for the first telemetry sample
 MAX_BACKOFF = 60.0
 LAST_HEARTBEAT_TIMEOUT = 2.0  # seconds the last heartbeat (the workload's end) may hold the exit
+#: ...while the coordinator has acknowledged no heartbeat of this run (well inside the exit
+#: deadline's margin, anex_agent.agent.stopping.STOP_MARGIN)
+UNHEARD_LAST_HEARTBEAT_TIMEOUT = 6.0
+FIRST_HEARTBEAT_TIMEOUT = 10.0  # the heartbeat sent as the workload starts (a task: it holds nothing)
 
 
 def start_telemetry(state_dir: str, registry, options: Any = None) -> Any | None:
@@ -172,22 +183,41 @@ async def heartbeat_of(agent: Agent) -> Heartbeat:
     return Heartbeat(status=status, config_version=version, telemetry=telemetry_block(agent.telemetry))
 
 
-async def last_heartbeat(agent: Agent, timeout: float = LAST_HEARTBEAT_TIMEOUT) -> bool:
+def last_heartbeat_timeout(agent: Agent) -> float:
+    """How long the last heartbeat may hold the exit (see the module docstring)."""
+    return LAST_HEARTBEAT_TIMEOUT if agent.heartbeat_acked else UNHEARD_LAST_HEARTBEAT_TIMEOUT
+
+
+async def last_heartbeat(agent: Agent, timeout: float | None = None) -> bool:
     """One more heartbeat before the agent exits, so that the coordinator learns the workload's
-    end (terminated, exit code, finished_at); ``timeout`` s at most, so that a coordinator that
-    is down or slow never holds the exit. True when it was acknowledged."""
+    end (terminated, exit code, finished_at); ``timeout`` s at most (default
+    :func:`last_heartbeat_timeout`), so that a coordinator that is down or slow never holds the
+    exit for long. True when it was acknowledged."""
+    return await _one_heartbeat(agent, last_heartbeat_timeout(agent) if timeout is None else timeout, "last",
+                                "exiting without it", "the coordinator knows the workload's end")
+
+
+async def first_heartbeat(agent: Agent, timeout: float = FIRST_HEARTBEAT_TIMEOUT) -> bool:
+    """One heartbeat as the workload starts, without waiting for telemetry (the heartbeat loop's
+    first one waits for the first sample); True when it was acknowledged."""
+    return await _one_heartbeat(agent, timeout, "first", "the heartbeat loop goes on",
+                                "the coordinator knows the node is up")
+
+
+async def _one_heartbeat(agent: Agent, timeout: float, which: str, otherwise: str, done: str) -> bool:
     if agent.identity is None or agent.dataplane is None or agent.credential_revoked:
         return False
     try:
         async with asyncio.timeout(timeout):
             await agent.link.heartbeat(agent.identity.node_id, await heartbeat_of(agent))
     except TimeoutError:
-        log.warning("last heartbeat: no answer from the coordinator within %g s; exiting without it", timeout)
+        log.warning("%s heartbeat: no answer from the coordinator within %g s; %s", which, timeout, otherwise)
         return False
     except AnexError as err:
-        log.warning("last heartbeat failed (%s); exiting without it", err)
+        log.warning("%s heartbeat failed (%s); %s", which, err, otherwise)
         return False
-    log.info("last heartbeat sent: the coordinator knows the workload's end")
+    agent.heartbeat_acked = True
+    log.info("%s heartbeat sent: %s", which, done)
     return True
 
 
@@ -202,6 +232,7 @@ async def heartbeat_loop(agent: Agent) -> None:
             beat = await heartbeat_of(agent)
             version = beat.config_version
             ack = await agent.link.heartbeat(agent.identity.node_id, beat)
+            agent.heartbeat_acked = True
             if ack.credential:
                 adopt_credential(agent, ack.credential)
             if not agent.coordinator_reachable:

@@ -61,7 +61,8 @@ from anex_agent import __version__, join_token
 from anex_agent.sdnotify import Notifier
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
-from anex_agent.agent.heartbeat import LAST_HEARTBEAT_TIMEOUT, heartbeat_loop, last_heartbeat, start_telemetry, watch_loop
+from anex_agent.agent.heartbeat import (first_heartbeat, heartbeat_loop, last_heartbeat, last_heartbeat_timeout,
+                                        start_telemetry, watch_loop)
 from anex_agent.agent.stopping import HURRY_MARGIN, STOP_MARGIN, ExitDeadline, Teardown, cancel_and_wait
 from anex_agent.client_link import CoordinatorLink
 from anex_agent.tunnels.ws_bind import proxy_for
@@ -122,6 +123,7 @@ class Agent:
         self.tasks: Tasks | None = None
         self.facts: NodeFacts | None = None  # what the node reported at its join (a re-join reports it again)
         self.credential_revoked: str | None = None  # set when the credential is refused and joining again failed
+        self.heartbeat_acked = False  # a heartbeat of this run was acknowledged (heartbeat.last_heartbeat_timeout)
         self.ssh = None  # anex_agent.agent.ssh_access.SshAccess when the SSH server is on (ssh_port > 0)
 
     # ---------------------------------------------------------------- start-up steps
@@ -386,6 +388,8 @@ class Agent:
             self.tasks.spawn("ready-wait", self._when_ready)
         print(f"anex-agent: mesh up: {self.dataplane.summary()}", flush=True)
         if workload is not None:
+            # the coordinator hears of the node before a short workload can end (heartbeat.first_heartbeat)
+            self.tasks.create("first-heartbeat", first_heartbeat(self))
             await workload.start()
 
     async def _when_ready(self) -> None:
@@ -453,7 +457,7 @@ class Agent:
         if workload is not None and workload.proc is not None and self.identity is not None \
                 and not self._teardown_steps.hurried:
             await self._teardown_steps.step("the last heartbeat", lambda: last_heartbeat(self),
-                                            timeout=LAST_HEARTBEAT_TIMEOUT + 1.0)
+                                            timeout=last_heartbeat_timeout(self) + 1.0)
 
     def _on_signal(self, signum: int, workload: Workload | None) -> None:
         running = workload is not None and workload.proc is not None and workload.proc.returncode is None
