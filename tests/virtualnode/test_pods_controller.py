@@ -6,7 +6,8 @@ Running with the node's mesh address once its workload runs, Failed with exit co
 machine released; a pod deleted while its machine boots: the provision deleted, the finalizer
 removed, the pod gone, no rental left; a bad annotation fails the pod naming it with nothing
 rented; a refused spec fails at once; the metrics (pods by phase, time per phase, failures by
-reason, provisions created and deleted) follow a pod through its phases; at start, a provision of ours whose pod is gone is deleted
+reason, provisions created and deleted) follow a pod through its phases; an OOMKilled workload
+(exit 137, signal 9) fails its pod with reason OOMKilled and an Event; at start, a provision of ours whose pod is gone is deleted
 and a pod without one gets one, exactly once, also when the controller starts again.
 """
 
@@ -286,3 +287,26 @@ async def test_the_metrics_follow_a_pod_through_its_phases(world):
         assert sample("anex_virtual_node_pods", phase="Failed") == 2
         assert sample("anex_virtual_node_provisions_created_total") == 1
         assert b"anex_virtual_node_pods{phase=\"Failed\"} 2.0" in metrics.exposition()
+
+
+async def test_an_oom_killed_workload_fails_the_pod_with_oomkilled_and_137(world):
+    """The agent's OOMKilled state (a SIGKILL while its cgroup's memory.events counted an oom_kill:
+    tests/agent/test_pid1.py) carried by the heartbeat to the pod, its Event and the failure metric."""
+    harness, vast, kube, spy = world
+    async with controller(kube, spy) as pods:
+        pod = new_pod(command=["python3", "-c", "b = bytearray(1 << 40)"], restartPolicy="Never")
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod booting")
+        view = pods.view_of(uid)
+        client, joined = await boot_node(harness, vast.requests[view.rental_id], heartbeat=False)
+        started = now()
+        killed = wire.ContainerState(state="terminated", reason="OOMKilled", exit_code=137, signal=9,
+                                     started_at=started, finished_at=now())
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=killed)))
+        await kube.wait(lambda: phase(kube, uid) == "Failed", "the pod failed")
+        terminated = kube.pod(uid)["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["reason"] == "OOMKilled" and terminated["exitCode"] == 137 and terminated["signal"] == 9
+        await kube.wait(lambda: "OOMKilled" in kube.reasons(uid), "the OOMKilled Event")
+        assert pods.metrics.registry.get_sample_value("anex_virtual_node_pod_failures_total",
+                                                      {"reason": "OOMKilled"}) == 1
