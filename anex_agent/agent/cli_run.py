@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
         env.update(run_options.proxy_variables(settings.proxy_listen.host, settings.proxy_listen.port))
     logs = LogStore(settings.state_dir / "logs") if options.capture_logs else None
     workload = Workload(command, env=env, account=account, grace=options.grace,
-                        tracker=StateTracker(_memory_events()), logs=logs)
+                        tracker=StateTracker(_memory_events()), logs=logs, restart_policy=options.restart_policy)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
     agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
                   push_dirs=options.push_dirs, exit_deadline=ExitDeadline(enabled=True))
