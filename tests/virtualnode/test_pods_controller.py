@@ -7,7 +7,9 @@ machine released; a pod deleted while its machine boots: the provision deleted, 
 removed, the pod gone, no rental left; a bad annotation fails the pod naming it with nothing
 rented; a refused spec fails at once; the metrics (pods by phase, time per phase, failures by
 reason, provisions created and deleted) follow a pod through its phases; an OOMKilled workload
-(exit 137, signal 9) fails its pod with reason OOMKilled and an Event; at start, a provision of ours whose pod is gone is deleted
+(exit 137, signal 9) fails its pod with reason OOMKilled and an Event; a workload the agent
+restarts in place (CrashLoopBackOff, then running again) keeps its pod Running with its
+restartCount and its machine; at start, a provision of ours whose pod is gone is deleted
 and a pod without one gets one, exactly once, also when the controller starts again.
 """
 
@@ -310,3 +312,32 @@ async def test_an_oom_killed_workload_fails_the_pod_with_oomkilled_and_137(world
         await kube.wait(lambda: "OOMKilled" in kube.reasons(uid), "the OOMKilled Event")
         assert pods.metrics.registry.get_sample_value("anex_virtual_node_pod_failures_total",
                                                       {"reason": "OOMKilled"}) == 1
+
+
+async def test_a_workload_restarted_in_place_keeps_its_pod_running_with_back_off_and_restart_count(world):
+    harness, vast, kube, spy = world
+    async with controller(kube, spy) as pods:
+        pod = new_pod(command=["sh", "-c", "exit 3"])
+        pod["spec"]["restartPolicy"] = "OnFailure"
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod booting")
+        view = pods.view_of(uid)
+        request = vast.requests[view.rental_id]
+        assert request.env["ANEX_RESTART_POLICY"] == "OnFailure"
+        client, joined = await boot_node(harness, request, heartbeat=False)
+        started = now()
+        backing_off = wire.ContainerState(state="waiting", reason="CrashLoopBackOff", exit_code=3, started_at=started,
+                                          finished_at=now(), restart_count=0)
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=backing_off)))
+        await kube.wait(lambda: waiting_reason(kube, uid) == "CrashLoopBackOff", "the pod in back-off")
+        status = kube.pod(uid)["status"]
+        assert status["phase"] == "Running" and status["containerStatuses"][0]["lastState"]["terminated"][
+            "exitCode"] == 3
+        await kube.wait(lambda: "BackOff" in kube.reasons(uid), "the BackOff Event")
+        again = wire.ContainerState(state="running", started_at=now(), restart_count=1)
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=again)))
+        await kube.wait(lambda: (kube.pod(uid)["status"]["containerStatuses"][0]).get("ready") is True,
+                        "the pod running again")
+        assert kube.pod(uid)["status"]["containerStatuses"][0]["restartCount"] == 1
+        assert view.id not in spy.deleted  # the machine is kept: the workload restarts where it ran
