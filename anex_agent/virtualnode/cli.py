@@ -5,8 +5,9 @@ token) and to the API server only through kubernetes_asyncio (:mod:`.kube`). Its
 named and owned by one TaskGroup (:class:`anex_agent.tasks.Tasks`): ``nodes`` (Nodes, Leases,
 node status: :mod:`.nodes`), ``pods-<node>`` (list and watch of the pods bound to each Node),
 ``provisions-watch``, ``workload-poll`` and the ``pod-worker-<n>`` that sync pods
-(:mod:`.pods`); with ``--metrics-listen``, the Prometheus metrics (:mod:`.metrics`). SIGTERM or SIGINT stops them; what was rented stays with its pods (a restarted
-virtual node takes them up again by name).
+(:mod:`.pods`); with ``--metrics-listen``, the Prometheus metrics (:mod:`.metrics`). SIGTERM
+or SIGINT stops them; what was rented stays with its pods (a restarted virtual node takes them
+up again by name).
 """
 
 from __future__ import annotations

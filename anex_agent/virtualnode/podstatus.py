@@ -14,7 +14,7 @@ none yet, ``selecting``         Pending    waiting ``Selecting``
 ``booting``                     Pending    waiting ``Booting`` (offer, rental, price)
 ``ready``, workload not started Pending    waiting ``ContainerCreating``
 ``ready``, running              Running    running (``startedAt``); podIP = the mesh address
-``ready``, ``CrashLoopBackOff``   Running    waiting ``CrashLoopBackOff``, lastState terminated (the
+``ready``, between two runs     Running    waiting ``CrashLoopBackOff``, lastState terminated (the
                                            last run), restartCount (its policy restarts it)
 ``ready``, terminated           Succeeded  terminated: exitCode 0, ``Completed``
                                 / Failed   exitCode, signal, ``Error`` / ``OOMKilled``
@@ -26,8 +26,9 @@ none yet, ``selecting``         Pending    waiting ``Selecting``
 
 The agent restarts the workload in place by the pod's ``restartPolicy`` (``ANEX_RESTART_POLICY``,
 :mod:`anex_agent.agent.restart_policy`): between two runs it reports ``CrashLoopBackOff``; a
-terminated workload is one it will not start again, and ends the pod. :func:`refused` is the status of a pod the virtual node will not run at all.
-Conditions keep their ``lastTransitionTime`` while their status stays the same.
+terminated workload is one it will not start again, and ends the pod. :func:`refused` is the
+status of a pod the virtual node will not run at all. Conditions keep their
+``lastTransitionTime`` while their status stays the same.
 """
 
 from __future__ import annotations
