@@ -17,7 +17,8 @@ started again rents nothing more; a bad annotation fails the pod naming it, noth
 50 pods applied at once (one ``kubectl apply`` of a List) all Succeeded on exactly 50 rentals,
 none left afterwards; a pod whose rental vanishes at the provider Failed / ``MachineLost`` with
 its Event; a virtual node whose role lacks ``patch pods/status`` says so in one line naming the
-verb and resource, and keeps running.
+verb and resource, and keeps running; ``restartPolicy: OnFailure`` runs a failed workload again on
+the same machine after the back-off (CrashLoopBackOff, restartCount 1, Succeeded, one rental).
 """
 
 from __future__ import annotations
@@ -112,9 +113,13 @@ def simulated():
     try:
         mesh.build_network()
         # MANY provisions at once race for the cheapest offers (a lost race is one attempt) and
-        # their machines boot together on a small host: attempts and boot time to spare
-        mesh.start_coordinator(extra_env={**provider.start(), "ANEX_PROVISION_MAX_ATTEMPTS": str(OFFERS),
-                                          "ANEX_PROVISION_BOOT_TIMEOUT": "600"})
+        # their agents boot together on a small host (measured: some take over a minute from their
+        # join to their first heartbeat): attempts and boot phase deadlines to spare, so that a
+        # slow boot is not taken for a broken machine and rented again
+        slow_host = {f"ANEX_PROVISION_DEADLINE_{phase}": "10m" for phase in ("RENT", "RUNNING", "JOIN", "HEARTBEAT",
+                                                                            "WORKLOAD")}
+        mesh.start_coordinator(extra_env={**provider.start(), **slow_host, "ANEX_PROVISION_BOOT_TIMEOUT": "600",
+                                          "ANEX_PROVISION_MAX_ATTEMPTS": str(OFFERS)})
         mesh.start_gateway()
         sock = workdir / "coordinator.sock"  # the coordinator, from the host's namespace
         mesh.gateway.popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", "TCP:127.0.0.1:8700"],
@@ -312,6 +317,7 @@ def _reasons(cp, namespace: str, name: str) -> set[str]:
     return {e["reason"] for e in events["items"]}
 
 
+@pytest.mark.timeout(1500)  # about 140 s on a quiet 2-core machine; several times that on a busy one
 def test_fifty_pods_applied_at_once_all_succeed_on_fifty_rentals(virtual_node, simulated):
     cp, namespace, log, _restart = virtual_node
     _mesh, provider, _url = simulated
@@ -435,3 +441,33 @@ def test_a_missing_permission_is_one_line_naming_it_and_the_virtual_node_keeps_r
             proc.wait(30)
             cp.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=manifests, check=False)
             cp.kubectl("delete", "node", "narrow-vastai", "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_on_failure_restarts_the_workload_in_place_after_a_back_off(virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    _mesh, provider, _url = simulated
+    marker = Path(tempfile.mkdtemp(prefix="anex-vn-restart-")) / "ran"  # node namespaces share the host's files
+    made: list[str] = []
+    hook = provider.fake.on_rent
+
+    async def counting(rental):
+        made.append(rental.rental_id)
+        await hook(rental)
+
+    pod = yaml.safe_load(SEED_POD.format(name="again-in-place", extra_annotation="", command=json.dumps(
+        ["sh", "-c", f"if [ -e {marker} ]; then exit 0; fi; touch {marker}; exit 3"])))
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    provider.fake.on_rent = counting
+    try:
+        cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+        backing_off = _wait_pod(cp, namespace, "again-in-place", lambda p: (p["status"].get("containerStatuses") or [
+            {}])[0].get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff", "the pod in back-off", log)
+        assert backing_off["status"]["phase"] == "Running"
+        assert backing_off["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 3
+        done = _wait_pod(cp, namespace, "again-in-place", lambda p: p["status"].get("phase") == "Succeeded",
+                         "the pod Succeeded on its second run", log)
+    finally:
+        provider.fake.on_rent = hook
+    assert done["status"]["containerStatuses"][0]["restartCount"] == 1 and _terminated(done)["exitCode"] == 0
+    assert len(made) == 1  # one machine: the workload ran again where it was
+    assert "BackOff" in _reasons(cp, namespace, "again-in-place")
