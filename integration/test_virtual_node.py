@@ -330,7 +330,11 @@ def test_fifty_pods_applied_at_once_all_succeed_on_fifty_rentals(virtual_node, s
 
     pods = []
     for n in range(MANY):
-        pod = yaml.safe_load(SEED_POD.format(name=f"many-{n}", command=json.dumps(["true"]), extra_annotation=""))
+        # 20 s of work: on this loaded host an agent whose workload ended before any heartbeat of
+        # its got an answer (seen with `true` and with `sleep 5`) left its provision booting: the
+        # coordinator marks it ready on a heartbeat, and the agent's last one is bounded to 2 s
+        pod = yaml.safe_load(SEED_POD.format(name=f"many-{n}", command=json.dumps(["sleep", "20"]),
+                                             extra_annotation=""))
         pod["metadata"]["labels"] = {"batch": "many"}
         pods.append(pod)
     provider.fake.on_rent = counting
