@@ -473,8 +473,11 @@ class ContainerState(Model):
     """The workload's state as Kubernetes reports a container's (``anex-agent run`` only)."""
 
     state: Literal["waiting", "running", "terminated"]
-    reason: ShortText = Field("", description="waiting: ContainerCreating; terminated: Completed, Error or OOMKilled")
-    exit_code: int | None = Field(None, ge=0, le=255, description="terminated: the shell-style status (128+N for signal N)")
+    reason: ShortText = Field("", description="waiting: ContainerCreating, or CrashLoopBackOff (its restart "
+                              "policy starts it again; the other fields tell its last run); terminated: Completed, "
+                              "Error or OOMKilled")
+    exit_code: int | None = Field(None, ge=0, le=255, description="terminated (or CrashLoopBackOff: the last run): "
+                                  "the shell-style status (128+N for signal N)")
     signal: int | None = Field(None, ge=1, le=64, description="terminated: the signal that ended it, if one did")
     started_at: datetime | None = None
     finished_at: datetime | None = None

@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     logs = LogStore(settings.state_dir / "logs") if options.capture_logs else None
     workload = Workload(command, env=env, account=account, grace=options.grace,
                         tracker=StateTracker(_memory_events()), logs=logs,
-                        record=WorkloadRecord(settings.state_dir / RECORD_FILE))
+                        record=WorkloadRecord(settings.state_dir / RECORD_FILE), restart_policy=options.restart_policy)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
     agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
                   push_dirs=options.push_dirs, exit_deadline=ExitDeadline(enabled=True))

@@ -3,7 +3,9 @@
 ``waiting`` (before it started), ``running`` (``started_at``), ``terminated`` (exit code,
 signal, ``started_at``, ``finished_at`` and the reason: ``Completed`` for status 0,
 ``OOMKilled`` when the kernel's OOM killer killed a process of the workload's memory cgroup
-while it ran, else ``Error``), with ``restart_count``.
+while it ran, else ``Error``), with ``restart_count``; between two runs of a workload its
+restart policy starts again, ``waiting`` ``CrashLoopBackOff`` carrying the last run's end
+(exit code, signal, ``started_at``, ``finished_at``: the pod's ``lastState``).
 
 OOM kills are read from the cgroup v2 ``memory.events`` file (``oom_kill N``), which counts
 the kills in the cgroup and below it: the counter is read when the workload starts and when
@@ -61,14 +63,16 @@ class StateTracker:
         self.restart_count = 0
         self._state = ContainerState(state="waiting", reason="ContainerCreating")
         self._oom_at_start: int | None = None
+        self._ran = False
 
     @property
     def state(self) -> ContainerState:
         return self._state
 
     def started(self) -> None:
-        if self._state.state == "terminated":
+        if self._ran:
             self.restart_count += 1
+        self._ran = True
         self._oom_at_start = oom_kills(self.memory_events)
         self._state = ContainerState(state="running", started_at=_now(), restart_count=self.restart_count)
 
@@ -84,4 +88,10 @@ class StateTracker:
             state="terminated", reason=reason, exit_code=code, signal=sig,
             started_at=self._state.started_at, finished_at=_now(), restart_count=self.restart_count,
         )
+        return self._state
+
+    def backing_off(self) -> ContainerState:
+        """The workload ended and waits to be started again: ``CrashLoopBackOff`` with the end of its last run."""
+        last = self._state
+        self._state = last.model_copy(update={"state": "waiting", "reason": "CrashLoopBackOff"})
         return self._state

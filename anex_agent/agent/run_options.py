@@ -6,6 +6,7 @@
 | ``--wait-ready`` | ``ANEX_WAIT_READY`` | seconds (0-3600) the workload waits for a gateway to answer before it starts anyway (default 20; 0: at once) |
 | - | ``ANEX_PUSH_DIRS`` | absolute directories, ``:``-separated, the cluster may push files into (``PUT /files``); default none: pushing is off |
 | - | ``ANEX_LOGS`` | ``1`` (default): the workload's stdout/stderr are pipes, copied unchanged to the agent's and kept for ``GET /logs``; ``0``: it inherits the agent's (a terminal stays a terminal) |
+| - | ``ANEX_RESTART_POLICY`` | ``Never`` (default: the agent ends with the workload), ``OnFailure`` or ``Always``: the workload is started again in place after it exits, with a kubelet's back-off (:mod:`.restart_policy`) |
 | - | ``ANEX_PROXY_ENV`` | ``1``: the workload gets ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (and lower case) for the agent's proxy; default ``0`` |
 
 A bad value raises :class:`~anex_agent.errors.ConfigError` naming the flag or variable.
@@ -19,6 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from anex_agent.agent.restart_policy import parse_policy
 from anex_agent.agent.workload import DEFAULT_GRACE
 from anex_agent import parse
 from anex_agent.errors import ConfigError, env_value
@@ -35,6 +37,7 @@ class RunOptions:
     proxy_env: bool = False
     capture_logs: bool = True
     push_dirs: tuple[str, ...] = ()
+    restart_policy: str = "Never"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +71,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RunOption
             raise ConfigError("ANEX_PUSH_DIRS", f"{entry!r} is not an absolute directory without '..'")
         push_dirs.append(os.path.realpath(entry))
     return RunOptions(
+        restart_policy=parse_policy(environ.get("ANEX_RESTART_POLICY") or "Never"),
         push_dirs=tuple(push_dirs),
         capture_logs=capture,
         grace=_seconds(grace, source, 86400) if grace else DEFAULT_GRACE,

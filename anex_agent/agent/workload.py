@@ -24,6 +24,11 @@ Contract:
 * :meth:`Workload.restart` (an action of the cluster) stops it like a SIGTERM (grace period
   included) and :meth:`Workload.wait` starts it again, with the same command, environment
   and account; the state's ``restart_count`` counts the restarts;
+* with a restart policy (:mod:`.restart_policy`: ``OnFailure``, ``Always``) :meth:`Workload.wait`
+  starts the workload again after it exited, as a kubelet restarts a container in place: the
+  state is ``waiting`` ``CrashLoopBackOff`` for the back-off (10 s doubling to 5 min, reset by a
+  run of 10 min), then running again with ``restart_count`` + 1. A workload stopped by a
+  forwarded terminating signal is not started again (the agent is stopping);
 * :meth:`Workload.terminate` (teardown) stops what is left: SIGTERM, then SIGKILL to the
   whole process group after ``grace``;
 * it dies with the agent (:mod:`.workload_lifetime`): SIGKILL when the agent dies, however it
@@ -44,6 +49,7 @@ from collections.abc import Mapping, Sequence
 
 from anex_agent.agent.container_state import StateTracker
 from anex_agent.agent.logs import LogStore, pump
+from anex_agent.agent.restart_policy import CrashLoopBackoff, restarts
 from anex_agent.agent.workload_lifetime import WorkloadRecord, die_with_parent
 from anex_agent.childenv import AccountInfo
 from anex_agent.errors import ConfigError
@@ -101,7 +107,11 @@ class Workload:
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, account: AccountInfo | None = None,
         *, grace: float = DEFAULT_GRACE, tracker: StateTracker | None = None, logs: LogStore | None = None,
         record: WorkloadRecord | None = None,
+        restart_policy: str = "Never", backoff: CrashLoopBackoff | None = None,
     ) -> None:
+        self.restart_policy = restart_policy
+        self.backoff = backoff or CrashLoopBackoff()
+        self._told_to_stop = False  # a terminating signal was forwarded: no restart by policy
         self.logs = logs
         self.record = record
         self._started_once = False
@@ -157,6 +167,7 @@ class Workload:
             self.kill_group()
             return
         log.info("forwarding %s to the workload", signal.Signals(signum).name)
+        self._told_to_stop = self._told_to_stop or signum in TERMINATING
         self.proc.send_signal(signum)
         if signum in TERMINATING and self._grace_timer is None:
             self._grace_timer = asyncio.get_running_loop().call_later(self.grace, self._grace_over)
@@ -191,6 +202,17 @@ class Workload:
                 self._restart = False
                 self._signals_seen = 0
                 log.info("workload exited with status %d (%s); starting it again as asked", code, state.reason)
+                await self.start()
+                continue
+            if restarts(self.restart_policy, code) and not self._told_to_stop:
+                ran = (state.finished_at - state.started_at).total_seconds() if state.started_at and \
+                    state.finished_at else 0.0
+                delay = self.backoff.next_delay(ran)
+                self.tracker.backing_off()
+                log.info("workload exited with status %d (%s); restart policy %s: starting it again in %g s "
+                         "(CrashLoopBackOff)", code, state.reason, self.restart_policy, delay)
+                await asyncio.sleep(delay)  # a stop signal meanwhile cancels this task (the agent's stop)
+                self._signals_seen = 0
                 await self.start()
                 continue
             if self.logs is not None:

@@ -10,7 +10,7 @@ kubelet's follow a container. Modules, by concern:
 * :mod:`.podspec` (pure) -- a pod to a ``ProvisionCreate``, or a refusal naming the field;
 * :mod:`.podstatus` (pure) -- a provision and its workload state to the pod's status;
 * :mod:`.pods` and :mod:`.workqueue` -- the controller that keeps pods and provisions in step;
-* :mod:`.events` -- Events about pods.
+* :mod:`.events` -- Events about pods; :mod:`.metrics` -- its Prometheus metrics (``--metrics-listen``).
 
 It imports no other role: the coordinator is reached through :mod:`anex_agent.client` and the
 shared wire models (:mod:`anex_agent.wire`, :mod:`anex_agent.provision_wire`).

@@ -5,8 +5,9 @@ token) and to the API server only through kubernetes_asyncio (:mod:`.kube`). Its
 named and owned by one TaskGroup (:class:`anex_agent.tasks.Tasks`): ``nodes`` (Nodes, Leases,
 node status: :mod:`.nodes`), ``pods-<node>`` (list and watch of the pods bound to each Node),
 ``provisions-watch``, ``workload-poll`` and the ``pod-worker-<n>`` that sync pods
-(:mod:`.pods`). SIGTERM or SIGINT stops them; what was rented stays with its pods (a restarted
-virtual node takes them up again by name).
+(:mod:`.pods`); with ``--metrics-listen``, the Prometheus metrics (:mod:`.metrics`). SIGTERM
+or SIGINT stops them; what was rented stays with its pods (a restarted virtual node takes them
+up again by name).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ async def run(settings: settings_mod.Settings, kubelet: Any = None) -> int:
                                      ca_file=settings.ca_file) as coordinator:
             nodes = NodeKeeper(settings, kapi, coordinator, _now)
             pods = PodController(settings, kapi, coordinator, _now, list(nodes.names.values()))
+            if settings.metrics_listen is not None:
+                await pods.metrics.serve(*settings.metrics_listen)
+                log.info("virtual node metrics on http://%s:%d/metrics", *settings.metrics_listen)
             log.info("virtual node: nodes %s, coordinator %s, InternalIP %s", ", ".join(nodes.names.values()),
                      settings.coordinator_url, settings.internal_ip)
             try:
@@ -89,6 +93,7 @@ async def run(settings: settings_mod.Settings, kubelet: Any = None) -> int:
                 pass
             finally:
                 pods.queue.close()
+                await pods.metrics.close()
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)

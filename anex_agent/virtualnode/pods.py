@@ -40,6 +40,7 @@ from anex_agent.provision_wire import ProvisionState, ProvisionView
 from anex_agent.virtualnode import podspec, podstatus
 from anex_agent.virtualnode.events import Recorder
 from anex_agent.virtualnode.kube import MERGE_PATCH
+from anex_agent.virtualnode.metrics import PodMetrics, failure_reason
 from anex_agent.virtualnode.workqueue import WorkQueue
 from anex_agent.wire import ContainerState
 
@@ -58,7 +59,7 @@ def _meta(pod: dict[str, Any]) -> dict[str, Any]:
 
 class PodController:
     def __init__(self, settings: Any, kube: Any, coordinator: Any, clock: Callable[[], datetime],
-                 node_names: list[str]) -> None:
+                 node_names: list[str], metrics: PodMetrics | None = None) -> None:
         self.settings = settings
         self.kube = kube
         self.coordinator = coordinator
@@ -76,6 +77,8 @@ class PodController:
         self.snapshot_seen = asyncio.Event()  # the first provisions snapshot is in
         self.pods_listed = asyncio.Event()  # every Node's pods are listed
         self._retries: dict[str, Backoff] = {}
+        self.metrics = metrics if metrics is not None else PodMetrics()  # served with --metrics-listen
+        self.metrics.watch_pods(lambda: self.pods)
 
     # ------------------------------------------------------------ what the caches hold
 
@@ -92,6 +95,7 @@ class PodController:
         return self.provisions.get(podspec.provision_name(self.settings.provision_prefix, uid))
 
     def forget(self, uid: str) -> None:
+        self.metrics.forget(uid)
         self.steps.pop(uid, None)
         self.written.pop(uid, None)
         view = self.provisions.pop(podspec.provision_name(self.settings.provision_prefix, uid), None)
@@ -302,6 +306,8 @@ class PodController:
             view = next((v for v in listed.provisions if v.name == translation.spec.name), None)
             if view is None:
                 raise
+        else:
+            self.metrics.provisions_created.inc()
         log.info("pod %s/%s: provision %s (%s)", namespace, meta.get("name"), view.name, view.id)
         self.remember(view)
         for warning in translation.warnings:
@@ -322,6 +328,7 @@ class PodController:
         meta = _meta(pod)
         updated = await self.kube.patch_pod_status(meta.get("namespace"), meta.get("name"), status)
         self.written[uid] = status
+        self.metrics.phase_written(uid, status.get("phase") or "Pending", failure_reason(status))
         if updated is not None and uid in self.pods:
             self.pods[uid] = updated
 
@@ -338,6 +345,8 @@ class PodController:
             if err.status != 404:
                 raise
             deleted = view.model_copy(update={"state": ProvisionState.deleted})
+        else:
+            self.metrics.provisions_deleted.inc()
         self.remember(deleted)
         if pod is not None:
             await self.recorder.record(pod, podstatus.NORMAL, "Killing",

@@ -13,7 +13,8 @@ Contract:
   :func:`translate`, which returns the :class:`Translation`: the ``ProvisionCreate`` (image,
   command, args, env with ``valueFrom``/``envFrom`` resolved, container ports, the pod's
   selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
-  how many GPUs) and warnings about what is accepted but not carried to the machine.
+  how many GPUs, ``restartPolicy`` as ``ANEX_RESTART_POLICY``: the agent restarts the workload
+  in place) and warnings about what is accepted but not carried to the machine.
   ``$(VAR)`` in ``command``, ``args`` and ``env`` values is expanded as the kubelet expands it
   (:func:`expand`).
 * Pods are plain dicts (the API's JSON); nothing here depends on a Kubernetes client.
@@ -38,6 +39,7 @@ SELECTION_PREFIXES = ("anex.sh/", "vastai.anex.sh/", "runpod.anex.sh/", "gpu-pro
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT = "anex.sh/gpu-count"
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+RESTART_POLICY_ENV = "ANEX_RESTART_POLICY"  # read by the agent (anex_agent.agent.restart_policy)
 ACCEPTED_VOLUMES = ("configMap", "secret", "emptyDir", "projected", "downwardAPI")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER = "spec.containers[0]"
@@ -291,6 +293,7 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
     env = _environment(pod, container, objects, warnings)
     ports = _ports(container, warnings)
     warnings += _mount_warnings(pod, container)
+    env[RESTART_POLICY_ENV] = str(_spec(pod).get("restartPolicy") or "Always")  # the API server's default
     uid = (pod.get("metadata") or {}).get("uid", "")
     if not uid:
         raise Refusal("metadata.uid", "is missing")

@@ -14,6 +14,8 @@ none yet, ``selecting``         Pending    waiting ``Selecting``
 ``booting``                     Pending    waiting ``Booting`` (offer, rental, price)
 ``ready``, workload not started Pending    waiting ``ContainerCreating``
 ``ready``, running              Running    running (``startedAt``); podIP = the mesh address
+``ready``, between two runs     Running    waiting ``CrashLoopBackOff``, lastState terminated (the
+                                           last run), restartCount (its policy restarts it)
 ``ready``, terminated           Succeeded  terminated: exitCode 0, ``Completed``
                                 / Failed   exitCode, signal, ``Error`` / ``OOMKilled``
 ``failed``                      Failed     waiting ``ProvisioningFailed`` (pod reason too)
@@ -22,9 +24,11 @@ none yet, ``selecting``         Pending    waiting ``Selecting``
 ``deleting``/``deleted``        Failed     waiting ``ProvisionDeleted`` (deleted outside the cluster)
 ==============================  =========  ===============================================
 
-A terminated workload ends the pod whatever its ``restartPolicy`` (restarts in place are not
-done yet). :func:`refused` is the status of a pod the virtual node will not run at all.
-Conditions keep their ``lastTransitionTime`` while their status stays the same.
+The agent restarts the workload in place by the pod's ``restartPolicy`` (``ANEX_RESTART_POLICY``,
+:mod:`anex_agent.agent.restart_policy`): between two runs it reports ``CrashLoopBackOff``; a
+terminated workload is one it will not start again, and ends the pod. :func:`refused` is the
+status of a pod the virtual node will not run at all. Conditions keep their
+``lastTransitionTime`` while their status stays the same.
 """
 
 from __future__ import annotations
@@ -94,6 +98,10 @@ def _container(pod: Mapping[str, Any], state: dict[str, Any], *, ready: bool, st
     return status
 
 
+def _name(pod: Mapping[str, Any]) -> str:
+    return (((pod.get("spec") or {}).get("containers") or [{}])[0]).get("name", "")
+
+
 def _waiting(reason: str, message: str) -> dict[str, Any]:
     return {"waiting": {"reason": reason, "message": message}}
 
@@ -147,6 +155,20 @@ def observe(pod: Mapping[str, Any], view: ProvisionView | None, workload: Contai
     # ready: the machine joined; what its workload does
     address = view.address
     with_ip = {**base, "podIP": address, "podIPs": [{"ip": address}] if address else None}
+    if workload is not None and workload.state == "waiting" and workload.reason == "CrashLoopBackOff":
+        code = workload.exit_code if workload.exit_code is not None else 0
+        last: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                "startedAt": kube_time(workload.started_at),
+                                "finishedAt": kube_time(workload.finished_at), "containerID": container_id}
+        if workload.signal:
+            last["signal"] = workload.signal
+        message = f"back-off restarting failed container {_name(pod)} (exited with status {code})"
+        container = _container(pod, _waiting("CrashLoopBackOff", message), ready=False, started=False,
+                               restarts=restarts, container_id=container_id)
+        container["lastState"] = {"terminated": {k: v for k, v in last.items() if v is not None}}
+        status = {**with_ip, "phase": "Running", "conditions": _conditions(pod, False, stamp),
+                  "containerStatuses": [container]}
+        return Observation(status, f"BackOff-{restarts}", (WARNING, "BackOff", message))
     if workload is None or workload.state == "waiting":
         message = f"the machine joined as node {view.node_id} ({address}); starting the container"
         return pending("ContainerCreating", message, (NORMAL, "Booting", message))

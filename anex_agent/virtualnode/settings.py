@@ -17,6 +17,8 @@ flag                           variable                          meaning
 ``--capacity-cpu/-memory-mib/-gpus N``                           capacity while the offers cannot be read
 ``--offers-limit N``                                             offers summed into the capacity (100)
 ``--poll-interval SECONDS``                                      how often ready provisions' nodes are read (2)
+``--metrics-listen IP:PORT``   ``ANEX_VIRTUAL_NODE_METRICS_LISTEN``  Prometheus metrics there (GET /metrics, no
+                                                                 token: bind loopback); default: not served
 =============================  ================================  =============================================
 
 A bad value is a :class:`~anex_agent.errors.ConfigError` naming the flag or variable.
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from anex_agent import parse
 from anex_agent.config_secrets import SecretSpec, pick_secret
-from anex_agent.errors import ConfigError
+from anex_agent.errors import ConfigError, config_value
 from anex_agent.virtualnode.nodeobject import Capacity
 
 PROVIDERS = ("vastai", "runpod")  # what the coordinator can rent from
@@ -63,6 +65,7 @@ class Settings:
     kubeconfig_source: str = "--kubeconfig"  # or KUBECONFIG: what a message about it names
     lease_interval: float = LEASE_INTERVAL
     status_interval: float = STATUS_INTERVAL
+    metrics_listen: tuple[str, int] | None = None  # IP:PORT serving GET /metrics; None: not served
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +96,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="offers (cheapest first) summed into a Node's capacity (100)")
     parser.add_argument("--poll-interval", default="2", metavar="SECONDS",
                         help="how often the nodes of ready provisions are read for the workload's state (2)")
+    parser.add_argument("--metrics-listen", default=None, metavar="IP:PORT",
+                        help="serve Prometheus metrics on IP:PORT (GET /metrics, no token: bind loopback or an "
+                             "address only the cluster's Prometheus reaches) [ANEX_VIRTUAL_NODE_METRICS_LISTEN] "
+                             "(default: not served)")
 
 
 def _int(flag: str, text: str, minimum: int, maximum: int | None = None) -> int:
@@ -158,6 +165,11 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         poll = parse.number(str(args.poll_interval), minimum=0.1)
     except ValueError as err:
         raise ConfigError("--poll-interval", f"{args.poll_interval!r}: {err}") from None
+    metrics_text, metrics_source = ((args.metrics_listen, "--metrics-listen") if getattr(args, "metrics_listen", None)
+                                    else (env.get("ANEX_VIRTUAL_NODE_METRICS_LISTEN", ""),
+                                          "ANEX_VIRTUAL_NODE_METRICS_LISTEN"))
+    metrics = (config_value(metrics_source, parse.listen, metrics_text, empty_host=parse.LOCALHOST)
+               if metrics_text else None)
     max_pods = _int("--max-pods", args.max_pods, 1, 100_000)
     fallback = Capacity(pods=max_pods, cpu=_int("--capacity-cpu", args.capacity_cpu, 0),
                         memory_mib=_int("--capacity-memory-mib", args.capacity_memory_mib, 0),
@@ -167,4 +179,4 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
                     internal_ip=internal_ip, ca_file=args.ca_file, node_prefix=args.node_prefix,
                     kubelet_port=kubelet_port, provision_prefix=args.provision_prefix, max_pods=max_pods,
                     fallback=fallback, offers_limit=_int("--offers-limit", args.offers_limit, 1, 1000),
-                    poll_interval=poll, kubeconfig_source="--kubeconfig" if args.kubeconfig else "KUBECONFIG")
+                    poll_interval=poll, metrics_listen=metrics, kubeconfig_source="--kubeconfig" if args.kubeconfig else "KUBECONFIG")

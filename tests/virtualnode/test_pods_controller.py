@@ -5,7 +5,11 @@ Covered: a pod becomes one provision (finalizer first), Pending while selecting 
 Running with the node's mesh address once its workload runs, Failed with exit code 3 and its
 machine released; a pod deleted while its machine boots: the provision deleted, the finalizer
 removed, the pod gone, no rental left; a bad annotation fails the pod naming it with nothing
-rented; a refused spec fails at once; at start, a provision of ours whose pod is gone is deleted
+rented; a refused spec fails at once; the metrics (pods by phase, time per phase, failures by
+reason, provisions created and deleted) follow a pod through its phases; an OOMKilled workload
+(exit 137, signal 9) fails its pod with reason OOMKilled and an Event; a workload the agent
+restarts in place (CrashLoopBackOff, then running again) keeps its pod Running with its
+restartCount and its machine; at start, a provision of ours whose pod is gone is deleted
 and a pod without one gets one, exactly once, also when the controller starts again.
 """
 
@@ -22,6 +26,7 @@ import pytest
 from anex_agent import wire
 from anex_agent.errors import CoordinatorError
 from anex_agent.provision_wire import ProvisionCreate
+from anex_agent.virtualnode.metrics import PodMetrics
 from anex_agent.virtualnode.pods import FINALIZER, PodController
 from anex_agent.virtualnode.podspec import provision_name
 from tests.coordinator.conftest import stop_harness
@@ -68,8 +73,8 @@ class Spy:
 
 
 @contextlib.asynccontextmanager
-async def controller(kube: FakeKube, client):
-    pods = PodController(SETTINGS, kube, client, now, [NODE])
+async def controller(kube: FakeKube, client, metrics: PodMetrics | None = None):
+    pods = PodController(SETTINGS, kube, client, now, [NODE], metrics)
     async with asyncio.TaskGroup() as group:
         tasks = [group.create_task(pods.watch_node_pods(NODE), name="pods"),
                  group.create_task(pods.watch_provisions(), name="provisions"),
@@ -238,3 +243,101 @@ async def test_a_coordinator_that_cannot_take_the_pod_yet_is_said_once_and_retri
         await kube.add_pod(pod)
         await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod provisioned after the retries")
     assert len(refusals) == 2 and kube.reasons(uid).count("ProvisioningDelayed") == 1
+
+
+async def test_the_metrics_follow_a_pod_through_its_phases(world):
+    harness, vast, kube, spy = world
+    seconds = [100.0]
+    metrics = PodMetrics(clock=lambda: seconds[0])
+
+    def sample(name: str, **labels) -> float:
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    async with controller(kube, spy, metrics):
+        pod = new_pod(command=["sh", "-c", "exit 3"], restartPolicy="Never")
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod booting")
+        assert sample("anex_virtual_node_pods", phase="Pending") == 1
+        assert sample("anex_virtual_node_provisions_created_total") == 1
+        view = (await harness.admin.list_provisions()).provisions[0]
+        request = vast.requests[view.rental_id]
+        client, joined = await boot_node(harness, request, heartbeat=False)
+        seconds[0] += 40  # 40 s Pending
+        running = wire.ContainerState(state="running", started_at=now())
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=running)))
+        await kube.wait(lambda: phase(kube, uid) == "Running", "the pod running")
+        assert sample("anex_virtual_node_pods", phase="Running") == 1
+        assert sample("anex_virtual_node_pods", phase="Pending") == 0
+        assert sample("anex_virtual_node_pod_phase_seconds_count", phase="Pending") == 1
+        assert sample("anex_virtual_node_pod_phase_seconds_sum", phase="Pending") == 40
+        seconds[0] += 7  # 7 s Running
+        ended = wire.ContainerState(state="terminated", reason="Error", exit_code=3, finished_at=now())
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=ended)))
+        await kube.wait(lambda: phase(kube, uid) == "Failed", "the pod failed")
+        await spy.wait_deleted(view.id)
+        assert sample("anex_virtual_node_pods", phase="Failed") == 1
+        assert sample("anex_virtual_node_pod_phase_seconds_sum", phase="Running") == 7
+        assert sample("anex_virtual_node_pod_failures_total", reason="Error") == 1
+        assert sample("anex_virtual_node_provisions_deleted_total") == 1
+
+        refused = new_pod()
+        refused["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
+        await kube.add_pod(refused)
+        await kube.wait(lambda: phase(kube, refused["metadata"]["uid"]) == "Failed", "the refused pod failed")
+        assert sample("anex_virtual_node_pod_failures_total", reason="UnsupportedPodSpec") == 1
+        assert sample("anex_virtual_node_pods", phase="Failed") == 2
+        assert sample("anex_virtual_node_provisions_created_total") == 1
+        assert b"anex_virtual_node_pods{phase=\"Failed\"} 2.0" in metrics.exposition()
+
+
+async def test_an_oom_killed_workload_fails_the_pod_with_oomkilled_and_137(world):
+    """The agent's OOMKilled state (a SIGKILL while its cgroup's memory.events counted an oom_kill:
+    tests/agent/test_pid1.py) carried by the heartbeat to the pod, its Event and the failure metric."""
+    harness, vast, kube, spy = world
+    async with controller(kube, spy) as pods:
+        pod = new_pod(command=["python3", "-c", "b = bytearray(1 << 40)"], restartPolicy="Never")
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod booting")
+        view = pods.view_of(uid)
+        client, joined = await boot_node(harness, vast.requests[view.rental_id], heartbeat=False)
+        started = now()
+        killed = wire.ContainerState(state="terminated", reason="OOMKilled", exit_code=137, signal=9,
+                                     started_at=started, finished_at=now())
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=killed)))
+        await kube.wait(lambda: phase(kube, uid) == "Failed", "the pod failed")
+        terminated = kube.pod(uid)["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["reason"] == "OOMKilled" and terminated["exitCode"] == 137 and terminated["signal"] == 9
+        await kube.wait(lambda: "OOMKilled" in kube.reasons(uid), "the OOMKilled Event")
+        assert pods.metrics.registry.get_sample_value("anex_virtual_node_pod_failures_total",
+                                                      {"reason": "OOMKilled"}) == 1
+
+
+async def test_a_workload_restarted_in_place_keeps_its_pod_running_with_back_off_and_restart_count(world):
+    harness, vast, kube, spy = world
+    async with controller(kube, spy) as pods:
+        pod = new_pod(command=["sh", "-c", "exit 3"])
+        pod["spec"]["restartPolicy"] = "OnFailure"
+        uid = pod["metadata"]["uid"]
+        await kube.add_pod(pod)
+        await kube.wait(lambda: waiting_reason(kube, uid) == "Booting", "the pod booting")
+        view = pods.view_of(uid)
+        request = vast.requests[view.rental_id]
+        assert request.env["ANEX_RESTART_POLICY"] == "OnFailure"
+        client, joined = await boot_node(harness, request, heartbeat=False)
+        started = now()
+        backing_off = wire.ContainerState(state="waiting", reason="CrashLoopBackOff", exit_code=3, started_at=started,
+                                          finished_at=now(), restart_count=0)
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=backing_off)))
+        await kube.wait(lambda: waiting_reason(kube, uid) == "CrashLoopBackOff", "the pod in back-off")
+        status = kube.pod(uid)["status"]
+        assert status["phase"] == "Running" and status["containerStatuses"][0]["lastState"]["terminated"][
+            "exitCode"] == 3
+        await kube.wait(lambda: "BackOff" in kube.reasons(uid), "the BackOff Event")
+        again = wire.ContainerState(state="running", started_at=now(), restart_count=1)
+        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=again)))
+        await kube.wait(lambda: (kube.pod(uid)["status"]["containerStatuses"][0]).get("ready") is True,
+                        "the pod running again")
+        assert kube.pod(uid)["status"]["containerStatuses"][0]["restartCount"] == 1
+        assert view.id not in spy.deleted  # the machine is kept: the workload restarts where it ran

@@ -127,3 +127,13 @@ def test_dollar_references_expand_as_the_kubelet_expands_them():
     spec = translate(pod, {}, prefix="vk-").spec
     assert spec.command == ["sh", "-c", "echo hello x3 $(HOME)"] and spec.args == ["--epochs=3"]
     assert spec.env["GREETING"] == "hello x3" and spec.env["EARLY"] == "$(LATE)"  # only what is defined before
+
+
+@pytest.mark.parametrize("policy, carried", [("Never", "Never"), ("OnFailure", "OnFailure"), ("Always", "Always"),
+                                             (None, "Always")])
+def test_the_restart_policy_travels_to_the_agent_and_wins_over_the_pods_env(policy, carried):
+    pod = seed(env=[{"name": "ANEX_RESTART_POLICY", "value": "Never"}])
+    pod["spec"].pop("restartPolicy", None)
+    if policy is not None:
+        pod["spec"]["restartPolicy"] = policy
+    assert translate(pod, {}, prefix="vk-").spec.env["ANEX_RESTART_POLICY"] == carried

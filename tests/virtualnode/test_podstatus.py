@@ -120,3 +120,23 @@ def test_a_refused_pod_fails_with_the_reason_and_message():
                                now=NOW)
     assert status["phase"] == "Failed" and status["reason"] == "UnsupportedPodSpec"
     assert status["message"].startswith("spec.initContainers")
+
+
+def test_a_workload_its_policy_restarts_is_running_in_crash_loop_back_off_with_its_last_run():
+    pod = seed()
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    workload = ContainerState(state="waiting", reason="CrashLoopBackOff", exit_code=3, started_at=NOW - timedelta(
+        seconds=9), finished_at=NOW - timedelta(seconds=1), restart_count=2)
+    obs = observe(pod, view("ready", **READY), workload, host_ip=HOST, now=NOW)
+    assert obs.status["phase"] == "Running" and not podstatus.is_terminal({"status": obs.status})
+    assert obs.status["podIP"] == "10.254.0.7"
+    c = container(obs)
+    assert c["restartCount"] == 2 and not c["ready"] and c["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert c["lastState"] == {"terminated": {"exitCode": 3, "reason": "Error", "startedAt": "2026-11-27T11:59:51Z",
+                                             "finishedAt": "2026-11-27T11:59:59Z", "containerID": "anex://n-abc"}}
+    assert obs.event[:2] == ("Warning", "BackOff") and obs.step == "BackOff-2"
+    ready = {x["type"]: x["status"] for x in obs.status["conditions"]}
+    assert ready["Ready"] == "False"
+    again = observe(pod, view("ready", **READY), workload.model_copy(update={"restart_count": 3}), host_ip=HOST,
+                    now=NOW)
+    assert again.step != obs.step  # each back-off is an Event of its own

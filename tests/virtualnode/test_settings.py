@@ -27,6 +27,9 @@ def test_defaults_and_environment():
               env={**ENV, "KUBECONFIG": "/k"})
     assert s.providers == ("vastai",) and s.kubelet_port == 10251 and s.internal_ip == "192.168.1.2"
     assert s.kubeconfig == "/k"
+    assert s.metrics_listen is None
+    assert parse("--metrics-listen", ":9108").metrics_listen == ("127.0.0.1", 9108)
+    assert parse(env={**ENV, "ANEX_VIRTUAL_NODE_METRICS_LISTEN": "0.0.0.0:9108"}).metrics_listen == ("0.0.0.0", 9108)
 
 
 @pytest.mark.parametrize("argv, env, source", [
@@ -41,6 +44,8 @@ def test_defaults_and_environment():
     (("--max-pods", "-1"), ENV, "--max-pods"),
     (("--poll-interval", "0"), ENV, "--poll-interval"),
     (("--coordinator", "ftp://x"), ENV, "--coordinator"),
+    (("--metrics-listen", "127.0.0.1:x"), ENV, "--metrics-listen"),
+    ((), {**ENV, "ANEX_VIRTUAL_NODE_METRICS_LISTEN": "nowhere"}, "ANEX_VIRTUAL_NODE_METRICS_LISTEN"),
 ])
 def test_a_bad_value_names_its_source(argv, env, source):
     with pytest.raises(ConfigError) as err:
