@@ -119,6 +119,11 @@ class ForwardManager:
         """listen port -> target of every listener now open."""
         return {port: lst.target for port, lst in sorted(self._listeners.items())}
 
+    @property
+    def open_connections(self) -> dict[int, int]:
+        """listen port -> connections being relayed now."""
+        return {port: len(lst.conn_tasks) for port, lst in sorted(self._listeners.items())}
+
     async def apply(self, specs: Iterable[TunnelSpec]) -> None:
         """Open, retarget and close listeners so that exactly ``specs`` are served.
 

@@ -90,11 +90,14 @@ class _BufferPool:
     def __init__(self, size: int, spare: int) -> None:
         self.size, self.spare = size, spare
         self._free: list[bytearray] = []
+        self.lent = 0  # buffers taken and not given back yet
 
     def take(self) -> bytearray:
+        self.lent += 1
         return self._free.pop() if self._free else bytearray(self.size)
 
     def give(self, buf: bytearray) -> None:
+        self.lent -= 1
         if len(self._free) < self.spare:
             self._free.append(buf)
 
