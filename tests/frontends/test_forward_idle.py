@@ -20,9 +20,11 @@ from tests.polling import wait_until
 
 from .servers import echo_server, free_port
 
+#: what the relay may allocate for one idle forwarded connection (its old fixed buffers: 512 KiB)
+RELAY_IDLE_BUDGET = 12 * 1024  # two 2 KiB idle buffers plus its tasks and coroutines (~7 KiB measured)
 #: what one idle forwarded connection may cost, everything in this process counted (the
-#: client's and the echo server's ends too); the relay's old fixed buffers were 512 KiB
-IDLE_BUDGET = 32 * 1024
+#: client's and the echo server's ends, asyncio's transports and tasks)
+IDLE_BUDGET = 64 * 1024
 
 
 class StreamDialer:
@@ -71,13 +73,19 @@ async def test_idle_forwarded_connections_hold_a_few_kilobytes_each():
             tracemalloc.start()
             try:
                 before, _ = tracemalloc.get_traced_memory()
+                first = tracemalloc.take_snapshot()
                 conns = await _open_echoing(listen, count)
                 after, _ = tracemalloc.get_traced_memory()
+                last = tracemalloc.take_snapshot()
             finally:
                 tracemalloc.stop()
             per_connection = (after - before) / count
+            only_relay = [tracemalloc.Filter(True, relay_mod.__file__)]
+            relay_bytes = sum(d.size_diff for d in last.filter_traces(only_relay).compare_to(
+                first.filter_traces(only_relay), "filename"))
             await _close_all(conns + warm)
-    print(f"idle forwarded connection: {per_connection:.0f} bytes traced")
+    relay_per_connection = relay_bytes / count
+    assert relay_per_connection <= RELAY_IDLE_BUDGET, f"the relay holds {relay_per_connection:.0f} bytes per idle connection"
     assert per_connection < IDLE_BUDGET, f"{per_connection:.0f} bytes per idle forwarded connection"
 
 
