@@ -128,7 +128,7 @@ class DataPlane:
         dialer = self.engine.dialer(self.resolver)
         self.dialer = RedialDialer(dialer, self.route_changes) if dialer is not None else None
         if self.dialer is not None:  # the engine gives a dialer: our proxy and forwards serve the workload
-            self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer))
+            self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer, self.settings))
             await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
             self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
         self._set_config(config)
@@ -373,10 +373,10 @@ def _routes(desired: DesiredConfig) -> dict[str, frozenset[str]]:
     return {p.public_key: p.allowed_set() for p in desired.peers}
 
 
-def _forward_manager(dialer: Dialer):
+def _forward_manager(dialer: Dialer, settings: AgentSettings):
     from anex_agent.frontends.forward import ForwardManager
 
-    return ForwardManager(dialer)
+    return ForwardManager(dialer, max_connections=settings.forward_max_connections)
 
 
 def _proxy(dialer: Dialer, settings: AgentSettings):

@@ -10,6 +10,8 @@ Values come from :attr:`Agent.last_transport` (refreshed by each heartbeat and e
     anex_agent_coordinator_reachable                    1 / 0 (fail static when 0)
     anex_agent_config_version                           version of the config applied
     anex_agent_forwards                                 GW_TUNNEL + pushed forwards listening
+    anex_agent_forward_refused_connections_total{port}  connections a forward port closed at once
+                                                        (ANEX_FORWARD_MAX_CONNECTIONS already open)
 """
 
 from __future__ import annotations
@@ -56,3 +58,9 @@ class AgentCollector(Collector):
             yield GaugeMetricFamily("anex_agent_config_version", "version of the applied node config", value=dataplane.config.version)
         if dataplane is not None and dataplane.forwards is not None:
             yield GaugeMetricFamily("anex_agent_forwards", "TCP forwards listening (GW_TUNNEL and pushed)", value=len(dataplane.forwards.active))
+            refused = CounterMetricFamily("anex_agent_forward_refused_connections",
+                                          "connections a forward port closed at once because its limit was open",
+                                          labels=["port"])
+            for port, count in sorted(dataplane.forwards.refused.items()):
+                refused.add_metric([str(port)], count)
+            yield refused

@@ -37,6 +37,8 @@ ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT,... the worklo
 ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT   GPU metric naming on /metrics
                                                         (see anex_agent.telemetry_options)
 GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
+ANEX_FORWARD_MAX_CONNECTIONS --forward-max-connections  connections relayed at once per forward port,
+                                                        1-1000000, default 1024; more are closed at once
 ====================== ================================ =====================================
 """
 
@@ -114,10 +116,16 @@ class AgentSettings:
     gpu_metrics: ExpositionOptions = field(default_factory=ExpositionOptions)
     #: ANEX_SSH_PORT: the SSH server's port on the mesh address (docs/remote-access.md); 0: no SSH server
     ssh_port: int = 2222
+    #: ANEX_FORWARD_MAX_CONNECTIONS: connections relayed at once per forward port (more are refused)
+    forward_max_connections: int = 1024
 
     @property
     def tunnel_specs(self) -> list[TunnelSpec]:
         return [t.spec for t in self.tunnels]
+
+
+#: the largest ANEX_FORWARD_MAX_CONNECTIONS accepted
+MAX_FORWARD_CONNECTIONS = 1_000_000
 
 
 def default_state_dir(environ: Mapping[str, str], euid: int | None = None) -> Path:
@@ -274,6 +282,8 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     name, src_n = _pick(getattr(args, "name", None), "--name", environ, "ANEX_NODE_NAME", socket.gethostname())
     inbound, src_i = _pick(getattr(args, "inbound_ports", None), "--inbound-ports", environ, "ANEX_INBOUND_PORTS", "")
     ssh, src_s = _pick(getattr(args, "ssh_port", None), "--ssh-port", environ, "ANEX_SSH_PORT", "2222")
+    fwd_max, src_f = _pick(getattr(args, "forward_max_connections", None), "--forward-max-connections", environ,
+                           "ANEX_FORWARD_MAX_CONNECTIONS", "1024")
     proxy_auth = None
     if auth_text:
         from anex_agent.frontends.proxy_core import ProxyAuth
@@ -320,6 +330,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
                         if k.lower() in ("https_proxy", "http_proxy", "no_proxy") and v),
         gpu_metrics=exposition_options(environ),
         ssh_port=_ssh_port(ssh, src_s),
+        forward_max_connections=_forward_max(fwd_max, src_f),
     )
 
 
@@ -328,6 +339,13 @@ def _ssh_port(text: str, source: str) -> int:
         return parse.integer(str(text).strip(), minimum=0, maximum=65535)
     except ValueError as err:
         raise ConfigError(source, f"{text!r}: {err} (a port, or 0 for no SSH server)") from None
+
+
+def _forward_max(text: str, source: str) -> int:
+    try:
+        return parse.integer(str(text).strip(), minimum=1, maximum=MAX_FORWARD_CONNECTIONS)
+    except ValueError as err:
+        raise ConfigError(source, f"{text!r}: {err} (connections relayed at once per forward port)") from None
 
 
 def _seconds(text: str, source: str) -> float:
@@ -357,6 +375,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--api-listen", metavar="HOST:PORT", help=f"agent API, default {DEFAULT_API_LISTEN} [ANEX_API_LISTEN]")
     g.add_argument("--ssh-port", metavar="PORT",
                    help="SSH server port on the mesh address, default 2222; 0: off [ANEX_SSH_PORT]")
+    g.add_argument("--forward-max-connections", metavar="N",
+                   help="connections relayed at once per forward port, default 1024; more are closed at once "
+                        "[ANEX_FORWARD_MAX_CONNECTIONS]")
     g.add_argument("--proxy-auth", metavar="USER:PASSWORD",
                    help="require Proxy-Authorization Basic; visible in ps, prefer --proxy-auth-file [ANEX_PROXY_AUTH]")
     g.add_argument("--proxy-auth-file", metavar="FILE", help="file holding USER:PASSWORD [ANEX_PROXY_AUTH_FILE]")

@@ -19,6 +19,12 @@ Each accepted connection dials ``target`` through the :class:`~anex_agent.dialer
 and relays bytes both ways (:func:`anex_agent.frontends.relay.relay`: half-close
 propagated, ``os.splice`` when both ends are kernel sockets). When the dial fails the
 client connection is closed at once (a TCP forward cannot say why; the log does).
+
+Each port relays at most ``max_connections`` connections at once
+(``ANEX_FORWARD_MAX_CONNECTIONS``, default :data:`DEFAULT_MAX_CONNECTIONS`): one more is
+closed as soon as it is accepted, counted in :attr:`ForwardManager.refused` (the agent's
+``anex_agent_forward_refused_connections_total``), and logged at most once per
+:data:`REFUSAL_LOG_INTERVAL` seconds per port.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from anex_agent.wire import TunnelSpec
 log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 128
+DEFAULT_MAX_CONNECTIONS = 1024  # per forward port
+REFUSAL_LOG_INTERVAL = 60.0  # seconds between two "refused" log lines of one port
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -67,6 +75,8 @@ class _Listener:
     sock: socket.socket
     accept_task: asyncio.Task | None = None
     conn_tasks: set[asyncio.Task] = field(default_factory=set)
+    refused_since_log: int = 0
+    last_refusal_log: float | None = None
 
 
 class ForwardManager:
@@ -74,12 +84,19 @@ class ForwardManager:
 
     Must be used as an async context manager (it owns a TaskGroup: one named accept
     task per port, one named task per relayed connection). Leaving the context closes
-    every listener and connection.
+    every listener and connection. ``max_connections`` caps the connections relayed at
+    once per port; :attr:`refused` counts, per port, those closed because of it.
     """
 
-    def __init__(self, dialer: Dialer, *, listen_host: str = "127.0.0.1") -> None:
+    def __init__(self, dialer: Dialer, *, listen_host: str = "127.0.0.1",
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
         self.dialer = dialer
         self.listen_host = listen_host
+        self.max_connections = max_connections
+        #: listen port -> connections closed at once because the port had max_connections open
+        self.refused: dict[int, int] = {}
         self._listeners: dict[int, _Listener] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._ids = itertools.count(1)
@@ -101,6 +118,11 @@ class ForwardManager:
     def active(self) -> dict[int, str]:
         """listen port -> target of every listener now open."""
         return {port: lst.target for port, lst in sorted(self._listeners.items())}
+
+    @property
+    def open_connections(self) -> dict[int, int]:
+        """listen port -> connections being relayed now."""
+        return {port: len(lst.conn_tasks) for port, lst in sorted(self._listeners.items())}
 
     async def apply(self, specs: Iterable[TunnelSpec]) -> None:
         """Open, retarget and close listeners so that exactly ``specs`` are served.
@@ -171,9 +193,25 @@ class ForwardManager:
                     log.warning("forward %d: accept failed (%s); retrying in 1 s", lst.port, why)
                     await asyncio.sleep(1)
                     continue
+                if len(lst.conn_tasks) >= self.max_connections:
+                    self._refuse(lst, client, loop.time())
+                    continue
                 self._spawn(lst, client)
         finally:
             lst.sock.close()
+
+    def _refuse(self, lst: _Listener, client: socket.socket, now: float) -> None:
+        """Close a connection past the cap at once; count it; one log line per interval per port."""
+        client.close()
+        self.refused[lst.port] = self.refused.get(lst.port, 0) + 1
+        lst.refused_since_log += 1
+        if lst.last_refusal_log is None or now - lst.last_refusal_log >= REFUSAL_LOG_INTERVAL:
+            log.warning(
+                "forward %s:%d: %d connection(s) refused, %d already open (the limit, "
+                "ANEX_FORWARD_MAX_CONNECTIONS)", self.listen_host, lst.port, lst.refused_since_log,
+                self.max_connections)
+            lst.refused_since_log = 0
+            lst.last_refusal_log = now
 
     def _spawn(self, lst: _Listener, client: socket.socket) -> None:
         assert self._tg is not None
@@ -214,11 +252,12 @@ def _bind_reason(exc: OSError) -> str:
 
 
 @contextlib.asynccontextmanager
-async def running_forwards(dialer: Dialer, specs: Iterable[TunnelSpec], *, listen_host: str = "127.0.0.1"):
+async def running_forwards(dialer: Dialer, specs: Iterable[TunnelSpec], *, listen_host: str = "127.0.0.1",
+                           max_connections: int = DEFAULT_MAX_CONNECTIONS):
     """Start forwards for ``specs`` in-process; yields the :class:`ForwardManager`.
 
     For benchmarks and standalone use: ``async with running_forwards(OSDialer(), specs): ...``.
     """
-    async with ForwardManager(dialer, listen_host=listen_host) as manager:
+    async with ForwardManager(dialer, listen_host=listen_host, max_connections=max_connections) as manager:
         await manager.apply(specs)
         yield manager

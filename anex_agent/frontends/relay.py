@@ -9,8 +9,15 @@ Used by the ``GW_TUNNEL_<port>`` forwards and by the proxy's ``CONNECT`` tunnels
   ``os.splice`` through a pipe (socket -> pipe -> socket) and never enter Python
   memory. The pipe is grown to :data:`PIPE_SIZE`. Readiness comes from the event
   loop (``add_reader``/``add_writer``), so no thread is needed.
-* Otherwise each direction reads with ``recv_into`` into one preallocated
-  :data:`COPY_BUFFER` and writes it with ``sendall`` (no per-read allocation).
+* Otherwise (a user-space engine's stream) each direction copies with ``recv_into`` and
+  ``sendall``, with buffers sized to the flow: it waits for data with only a small
+  :data:`IDLE_BUFFER` of its own, and while reads fill that buffer it borrows a
+  :data:`COPY_BUFFER` from a pool shared by every relay, handing it back after the first
+  read that does not fill it (the source is drained). An idle direction so holds
+  :data:`IDLE_BUFFER` bytes, an idle connection twice that; the pool keeps at most
+  :data:`POOL_SPARE` spare buffers, so bulk flows reuse them without allocating.
+  (A burst that ends exactly on a :data:`COPY_BUFFER` boundary keeps its borrowed buffer
+  until the next bytes or EOF arrive.)
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from anex_agent.dialer import Connection
 
 log = logging.getLogger(__name__)
 
-COPY_BUFFER = 256 * 1024  # bytes per read on the generic path
+COPY_BUFFER = 256 * 1024  # bytes per read on the generic path while data flows
+IDLE_BUFFER = 2 * 1024  # bytes a direction of the generic path holds while it waits for data
+POOL_SPARE = 8  # spare COPY_BUFFERs kept for reuse (the rest is freed)
 PIPE_SIZE = 1024 * 1024  # default /proc/sys/fs/pipe-max-size; larger needs CAP_SYS_RESOURCE
 SPLICE_CHUNK = PIPE_SIZE
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # fcntl(2), Linux 2.6.35+
@@ -75,18 +84,63 @@ async def relay(a: Connection, b: Connection, *, a_to_b_prefix: bytes = b"", use
     return stats
 
 
+class _BufferPool:
+    """Spare :data:`COPY_BUFFER` bytearrays; ``take`` one (new if none is spare), ``give`` it back."""
+
+    def __init__(self, size: int, spare: int) -> None:
+        self.size, self.spare = size, spare
+        self._free: list[bytearray] = []
+        self.lent = 0  # buffers taken and not given back yet
+
+    def take(self) -> bytearray:
+        self.lent += 1
+        return self._free.pop() if self._free else bytearray(self.size)
+
+    def give(self, buf: bytearray) -> None:
+        self.lent -= 1
+        if len(self._free) < self.spare:
+            self._free.append(buf)
+
+
+_pool = _BufferPool(COPY_BUFFER, POOL_SPARE)
+
+
 async def _copy_one_way(src: Connection, dst: Connection) -> int:
-    buf = bytearray(COPY_BUFFER)
-    view = memoryview(buf)
+    small = memoryview(bytearray(IDLE_BUFFER))
     total = 0
     while True:
-        n = await src.recv_into(view)
+        n = await src.recv_into(small)  # the wait for data holds only the small buffer
         if n == 0:
             break
-        await dst.sendall(view[:n])
+        await dst.sendall(small[:n])
         total += n
+        if n < IDLE_BUFFER:
+            continue
+        # reads fill the small buffer: the flow is busy, copy in large chunks while it stays so
+        moved, eof = await _copy_busy(src, dst)
+        total += moved
+        if eof:
+            break
     await dst.shutdown_write()
     return total
+
+
+async def _copy_busy(src: Connection, dst: Connection) -> tuple[int, bool]:
+    """Copy with a borrowed :data:`COPY_BUFFER` until a read does not fill it; (bytes, EOF seen)."""
+    buf = _pool.take()
+    total = 0
+    try:
+        with memoryview(buf) as view:
+            while True:
+                n = await src.recv_into(view)
+                if n == 0:
+                    return total, True
+                await dst.sendall(view[:n])
+                total += n
+                if n < COPY_BUFFER:
+                    return total, False
+    finally:
+        _pool.give(buf)
 
 
 async def _wait_fd(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> None:

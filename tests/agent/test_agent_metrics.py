@@ -17,7 +17,7 @@ def render(agent) -> str:
 def test_full_state():
     agent = SimpleNamespace(
         last_transport=TransportStatus(engine="wireguard-go", path="udp", last_handshake_age=4.5, rx_bytes=1000, tx_bytes=2000),
-        dataplane=SimpleNamespace(config=SimpleNamespace(version=7), forwards=SimpleNamespace(active={5000: "a:1", 6000: "b:2"})),
+        dataplane=SimpleNamespace(config=SimpleNamespace(version=7), forwards=SimpleNamespace(active={5000: "a:1", 6000: "b:2"}, refused={6000: 3})),
         identity=SimpleNamespace(node_id="n-1"),
         coordinator_reachable=False,
     )
@@ -27,6 +27,7 @@ def test_full_state():
     assert "anex_agent_received_bytes_total 1000.0" in text and "anex_agent_sent_bytes_total 2000.0" in text
     assert "anex_agent_coordinator_reachable 0.0" in text
     assert "anex_agent_config_version 7.0" in text and "anex_agent_forwards 2.0" in text
+    assert 'anex_agent_forward_refused_connections_total{port="6000"} 3.0' in text
 
 
 def test_before_anything_is_up():

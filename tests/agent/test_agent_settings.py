@@ -305,3 +305,14 @@ def test_ssh_port_default_off_and_bad_values():
         with pytest.raises(ConfigError) as err:
             parse({**BASE, "ANEX_SSH_PORT": bad})
         assert "ANEX_SSH_PORT" in str(err.value)
+
+
+def test_forward_max_connections_default_flag_and_bad_values():
+    assert parse({**BASE, "ANEX_STATE_DIR": "/tmp/x"}).forward_max_connections == 1024
+    assert parse({**BASE, "ANEX_FORWARD_MAX_CONNECTIONS": "50"}).forward_max_connections == 50
+    assert parse({**BASE, "ANEX_FORWARD_MAX_CONNECTIONS": "50"},
+                 ["--forward-max-connections", "7"]).forward_max_connections == 7
+    for bad in ("0", "-1", "many", "2000000"):
+        with pytest.raises(ConfigError) as err:
+            parse({**BASE, "ANEX_FORWARD_MAX_CONNECTIONS": bad})
+        assert "ANEX_FORWARD_MAX_CONNECTIONS" in str(err.value) and "connections" in str(err.value)
