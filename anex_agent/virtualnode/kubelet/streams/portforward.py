@@ -26,6 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from anex_agent import parse
 from anex_agent.virtualnode.kubelet.streams.channels import DATA, ERROR, STREAM_TYPE
 from anex_agent.virtualnode.kubelet.streams.session import SpdySession, SpdyStream
 
@@ -44,9 +45,10 @@ class DialFailed(Exception):
 
 
 def parse_port(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise DialFailed(f"invalid port {text!r}: expected 1 to 65535")
-    return int(text)
+    try:
+        return parse.port(text)
+    except ValueError:
+        raise DialFailed(f"invalid port {text!r}: expected 1 to 65535") from None
 
 
 async def _pump_to_node(stream: SpdyStream, writer: Any) -> None:
