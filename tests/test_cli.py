@@ -48,3 +48,15 @@ def test_a_role_left_out_of_the_build_says_so_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("anex-agent virtual-node: not available in this build: the module 'anex_agent.virtualnode"), err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_virtual_node_without_its_kubernetes_client_says_so_in_one_line(monkeypatch, capsys):
+    """The single-file agent leaves kubernetes_asyncio out: ``virtual-node`` names it, no traceback."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kubernetes_asyncio" else real(name, *a))
+    assert cli.main(["virtual-node", "--coordinator", "http://127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("anex-agent virtual-node: the virtual node needs the kubernetes_asyncio package"), err
+    assert len(err.strip().splitlines()) == 1

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import logging
 import signal
 from datetime import datetime, timezone
 from typing import Any
 
+from anex_agent.errors import NotSupported
 from anex_agent.virtualnode import settings as settings_mod
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from anex_agent.virtualnode.kubelet import settings as kubelet_settings
 
+    if importlib.util.find_spec("kubernetes_asyncio") is None:  # the single-file agent leaves it out
+        raise NotSupported("the virtual node needs the kubernetes_asyncio package, which this build does not "
+                           "include (the single-file agent is for nodes): install the anex-agent package with pip")
     settings = settings_mod.from_args(args)
     return asyncio.run(run(settings, kubelet_settings.from_args(args)))
 
