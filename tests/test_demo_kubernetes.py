@@ -1,5 +1,5 @@
 """The demo's Kubernetes rows, the parts that need no privileges: when they are skipped, and
-the pod they apply (the user guide's example pod, only its command replaced)."""
+the pod they apply (the user guide's example pod, its command replaced and restartPolicy Never)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ def test_present_programs_and_manifests_leave_nothing_to_skip(monkeypatch, tmp_p
                                         "(run the demo from a checkout of the project)")
 
 
-def test_the_demo_pod_is_the_example_pod_with_only_its_command_replaced():
+def test_the_demo_pod_is_the_example_pod_with_its_command_and_restart_policy_changed():
     example = yaml.safe_load(kubernetes.EXAMPLE_POD.read_text())
     pod = yaml.safe_load(kubernetes.pod_manifest(["sh", "-c", "echo hi"]))
     assert pod["spec"]["containers"][0]["command"] == ["sh", "-c", "echo hi"]
     assert example["spec"]["containers"][0]["command"] == ["python", "train.py"]
+    assert pod["spec"].pop("restartPolicy") == "Never" and "restartPolicy" not in example["spec"]
     pod["spec"]["containers"][0]["command"] = example["spec"]["containers"][0]["command"]
     assert pod == example
     assert pod["metadata"]["name"] == kubernetes.POD_NAME

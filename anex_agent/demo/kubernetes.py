@@ -17,8 +17,8 @@ cluster has it:
   which ``kubectl exec`` goes through.
 
 Then ``kubectl apply`` of :data:`EXAMPLE_POD` (the example pod of docs/kubernetes.md, its
-annotations and scheduling fields unchanged; its command replaced by one that prints
-:data:`POD_LINE` and waits, at most :data:`POD_BOUND` seconds, for the ``exec`` check to end
+annotations and scheduling fields unchanged; ``restartPolicy: Never``; its command replaced by one
+that prints :data:`POD_LINE` and waits, at most :data:`POD_BOUND` seconds, for the ``exec`` check to end
 it) and the rows, each state waited for with a deadline:
 
 * ``scheduled``  the real scheduler bound the pod to ``anex-vastai``
@@ -80,10 +80,13 @@ def start_control_plane(workdir: Path, executor: ThreadPoolExecutor) -> tuple[Co
 
 
 def pod_manifest(command: list[str]) -> str:
-    """:data:`EXAMPLE_POD` with ``command`` instead of its ``python train.py``, nothing else changed."""
+    """:data:`EXAMPLE_POD` with ``command`` instead of its ``python train.py`` and ``restartPolicy:
+    Never`` (a run that ends, as a batch job's: the example names none, and Kubernetes' default,
+    Always, starts it again in place), nothing else changed."""
     text = EXAMPLE_POD.read_text()
-    if text.count(EXAMPLE_COMMAND) != 1:
-        raise ValueError(f"{EXAMPLE_POD} has no line {EXAMPLE_COMMAND!r} to replace")
+    if text.count(EXAMPLE_COMMAND) != 1 or text.count("\nspec:\n") != 1:
+        raise ValueError(f"{EXAMPLE_POD} has no line {EXAMPLE_COMMAND!r} or spec: to change")
+    text = text.replace("\nspec:\n", "\nspec:\n  restartPolicy: Never\n")
     return text.replace(EXAMPLE_COMMAND, f"command: {json.dumps(command)}")
 
 
