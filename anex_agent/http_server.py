@@ -310,3 +310,49 @@ class HttpServer:
                     await aclose()
                 except RuntimeError:  # still running (cancelled above): it ends with its task
                     pass
+
+
+#: Prometheus' text exposition format (version 0.0.4)
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MetricsEndpoint:
+    """``GET /metrics`` of a Prometheus registry on its own small server (a role's --metrics-listen).
+
+    A subclass sets ``self.registry`` (a prometheus_client ``CollectorRegistry``) and passes its
+    server's name; :meth:`serve` listens, :meth:`close` stops. Anything but ``GET``/``HEAD
+    /metrics`` is a problem answer (404, 405)."""
+
+    def __init__(self, name: str) -> None:
+        self._server_name = name
+        self._server: HttpServer | None = None
+        self.registry: Any = None
+
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    async def _handle(self, request: Request) -> Response:
+        if request.path != "/metrics":
+            return problem(404, "Not Found", "only /metrics is served here")
+        if request.method not in ("GET", "HEAD"):
+            return problem(405, "Method Not Allowed", "GET /metrics", headers={"Allow": "GET, HEAD"})
+        return Response(200, self.exposition(), content_type=METRICS_CONTENT_TYPE)
+
+    async def serve(self, host: str, port: int) -> None:
+        """Listen on ``host:port`` (EngineError naming the address when it cannot)."""
+        from anex_agent.errors import EngineError
+
+        self._server = HttpServer(self._handle, name=self._server_name)
+        try:
+            await self._server.listen(host, port)
+        except OSError as err:
+            self._server = None
+            raise EngineError(f"cannot serve metrics on {host}:{port} (--metrics-listen): "
+                              f"{err.strerror or err}") from None
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.close()
+            self._server = None

@@ -29,17 +29,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from anex_agent.errors import EngineError
-from anex_agent.http_server import HttpServer, Request, Response, problem
+from anex_agent.http_server import MetricsEndpoint
 
 if TYPE_CHECKING:
     from anex_agent.gateway.service import Gateway
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 APPLY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RELAY_REFUSALS = ("full", "protocol", "auth", "source", "evicted", "timeout")
 RELAY_DIRECTIONS = ("to_hub", "to_node", "dropped_to_node")
@@ -87,10 +85,11 @@ class _Live(Collector):
         yield datagrams
 
 
-class GatewayMetrics:
+class GatewayMetrics(MetricsEndpoint):
     """The gateway's registry: counters it updates as it applies events, gauges read live."""
 
     def __init__(self, gateway: Gateway) -> None:
+        super().__init__("gateway-metrics")
         self.registry = registry = CollectorRegistry()
         self.changes = Counter("anex_gateway_changes", "watch events applied to the hub", ["type"],
                                registry=registry)
@@ -100,29 +99,4 @@ class GatewayMetrics:
                                     registry=registry)
         registry.register(_Live(gateway))
         ProcessCollector(registry=registry)
-        self._server: HttpServer | None = None
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
-
-    async def _handle(self, request: Request) -> Response:
-        if request.path != "/metrics":
-            return problem(404, "Not Found", "only /metrics is served here")
-        if request.method not in ("GET", "HEAD"):
-            return problem(405, "Method Not Allowed", "GET /metrics", headers={"Allow": "GET, HEAD"})
-        return Response(200, self.exposition(), content_type=CONTENT_TYPE)
-
-    async def serve(self, host: str, port: int) -> None:
-        """Listen on ``host:port`` (EngineError naming the address when it cannot)."""
-        self._server = HttpServer(self._handle, name="gateway-metrics")
-        try:
-            await self._server.listen(host, port)
-        except OSError as err:
-            self._server = None
-            raise EngineError(f"cannot serve metrics on {host}:{port} (--metrics-listen): "
-                              f"{err.strerror or err}") from None
-
-    async def close(self) -> None:
-        if self._server is not None:
-            await self._server.close()
-            self._server = None

@@ -24,14 +24,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from anex_agent.errors import EngineError
-from anex_agent.http_server import HttpServer, Request, Response, problem
+from anex_agent.http_server import MetricsEndpoint
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PHASES = ("Pending", "Running", "Succeeded", "Failed")
 PHASE_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)
 
@@ -57,10 +55,11 @@ class _Pods(Collector):
         yield family
 
 
-class PodMetrics:
+class PodMetrics(MetricsEndpoint):
     """The controller's registry. :meth:`phase_written` is told each phase written for a pod."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__("virtual-node-metrics")
         self.clock = clock
         self.registry = registry = CollectorRegistry()
         self.phase_seconds = Histogram("anex_virtual_node_pod_phase_seconds", "time a pod spent in a phase",
@@ -73,7 +72,6 @@ class PodMetrics:
                                           registry=registry)
         ProcessCollector(registry=registry)
         self._phases: dict[str, tuple[str, float]] = {}  # uid -> (phase, since)
-        self._server: HttpServer | None = None
 
     def watch_pods(self, pods: Callable[[], dict[str, dict[str, Any]]]) -> None:
         self.registry.register(_Pods(pods))
@@ -96,30 +94,6 @@ class PodMetrics:
         if before is not None:
             self.phase_seconds.labels(before[0]).observe(max(0.0, self.clock() - before[1]))
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
-
-    async def _handle(self, request: Request) -> Response:
-        if request.path != "/metrics":
-            return problem(404, "Not Found", "only /metrics is served here")
-        if request.method not in ("GET", "HEAD"):
-            return problem(405, "Method Not Allowed", "GET /metrics", headers={"Allow": "GET, HEAD"})
-        return Response(200, self.exposition(), content_type=CONTENT_TYPE)
-
-    async def serve(self, host: str, port: int) -> None:
-        """Listen on ``host:port`` (EngineError naming the address when it cannot)."""
-        self._server = HttpServer(self._handle, name="virtual-node-metrics")
-        try:
-            await self._server.listen(host, port)
-        except OSError as err:
-            self._server = None
-            raise EngineError(f"cannot serve metrics on {host}:{port} (--metrics-listen): "
-                              f"{err.strerror or err}") from None
-
-    async def close(self) -> None:
-        if self._server is not None:
-            await self._server.close()
-            self._server = None
 
 
 def failure_reason(status: dict[str, Any]) -> str | None:
