@@ -47,6 +47,7 @@ from anex_agent.dialer import Connection, Dialer, SocketConnection
 from anex_agent.errors import DialError, PortInUseError
 from anex_agent.frontends import proxy_core as core
 from anex_agent.frontends import this_host
+from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.forward import bind_listener
 from anex_agent.frontends.h11_stream import H11Stream
 from anex_agent.frontends.relay import relay, tune_socket
@@ -336,27 +337,12 @@ class _ClientSession:
         """Open a connection for this client; raises DialError, or _Forbidden.
 
         :meth:`handle` has refused every spelling of this machine already; a name that
-        resolved to it is caught here, on the addresses the dialer actually tried: the
-        connection is closed before a byte is sent, and a failed dial there is a 403 too
-        (see :mod:`.this_host`).
+        resolved to it is caught here (:func:`.dial_guard.dial_for_client`): a 403 too.
         """
         try:
-            conn = await self.server.dialer.open_connection(dest.host, dest.port)
-        except DialError as err:
-            # refused or silent, this machine is out of reach all the same: the answer must not
-            # tell a client from beyond loopback which of its ports are open
-            if not all(this_host.may_reach(self.client_ip, address) for address in err.tried):
-                raise _Forbidden(core.forbidden_text(dest.host, dest.port)) from None
-            raise
-        if conn.socket is not None:
-            try:
-                peer = conn.socket.getpeername()[0]
-            except OSError:
-                peer = ""
-            if peer and not this_host.may_reach(self.client_ip, peer):
-                await conn.aclose()
-                raise _Forbidden(core.forbidden_text(dest.host, dest.port))
-        return conn
+            return await dial_for_client(self.server.dialer, self.client_ip, dest.host, dest.port)
+        except Forbidden:
+            raise _Forbidden(core.forbidden_text(dest.host, dest.port)) from None
 
     def drop_origin(self, key: tuple[str, int], origin: H11Stream) -> None:
         if self.origins.get(key) is origin:

@@ -1,0 +1,233 @@
+"""The SOCKS5 proxy the workload reaches at ``ANEX_SOCKS_LISTEN`` (off unless set; e.g. 127.0.0.1:1080).
+
+The thin asyncio driver of :mod:`.socks5_core` (RFC 1928 / RFC 1929, sans-I/O): it reads the
+client's greeting, credentials and request, dials the destination through the
+:class:`~anex_agent.dialer.Dialer` (a domain name goes to the Dialer as it is, so cluster
+names are resolved by the cluster's DNS over the mesh, as for the HTTP proxy), answers, and
+relays bytes both ways with :func:`anex_agent.frontends.relay.relay` (half-close;
+``os.splice`` between kernel sockets, the relay's pooled buffers otherwise).
+
+* ``CONNECT`` to an IPv4 address, an IPv6 address or a domain name; ``BIND`` and
+  ``UDP ASSOCIATE`` are answered "command not supported" (``07``);
+* replies: ``00`` succeeded (with the proxy's end of the outbound connection as BND, or
+  0.0.0.0:0 on a user-space stack), ``02`` not allowed (a client from beyond loopback asking
+  for this machine, :mod:`.this_host`: the HTTP proxy's 403), ``03`` network unreachable,
+  ``04`` host unreachable (the name does not resolve, or no answer), ``05`` connection
+  refused (the HTTP proxy's 502 cases), ``08`` address type not supported;
+* credentials (RFC 1929) when ``auth`` is given; the client must offer method ``02``;
+* the negotiation (greeting to request) must complete within ``handshake_timeout`` (the HTTP
+  proxy's 120 s for a request head); a malformed one is logged at debug level, naming the
+  field, and the connection is closed after the answer the RFC allows.
+
+Who may connect: anyone who can reach the listen address. The default is loopback;
+credentials are required to bind anywhere else (:func:`check_listener`).
+
+Start it in-process::
+
+    async with Socks5Server(OSDialer(resolver), host="127.0.0.1", port=1080) as socks:
+        print(socks.address)
+        await socks.wait_closed()      # or do other work; leaving the block stops it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import logging
+import socket
+
+from anex_agent.dialer import Connection, Dialer, SocketConnection
+from anex_agent.errors import ConfigError, DialError, PortInUseError
+from anex_agent.frontends import socks5_core as core
+from anex_agent.frontends import this_host
+from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
+from anex_agent.frontends.forward import bind_listener
+from anex_agent.frontends.proxy_core import is_loopback
+from anex_agent.frontends.relay import relay, tune_socket
+from anex_agent.peer_log import peer_text
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT = 120.0  # seconds from accept to a complete request (as the HTTP proxy's head timeout)
+HANDSHAKE_BUFFER = 1024  # bytes read at a time until the request is complete (a request is at most 262)
+LISTEN_SOURCE = "ANEX_SOCKS_LISTEN"
+
+
+def check_listener(host: str, auth: core.SocksAuth | None, *, source: str = LISTEN_SOURCE) -> None:
+    """ConfigError naming ``source`` when ``host`` is beyond loopback and no credentials are set:
+    anyone who reaches that address could use the mesh through the proxy."""
+    if auth is None and not is_loopback(host):
+        raise ConfigError(source, f"{host} is not a loopback address: a SOCKS5 proxy bound there needs credentials "
+                                  "(set ANEX_SOCKS_AUTH_FILE or ANEX_SOCKS_AUTH to USER:PASSWORD), or bind 127.0.0.1")
+
+
+class Socks5Server:
+    """Listens for SOCKS5 clients and serves each connection in a named task.
+
+    Async context manager: entering binds (``PortInUseError`` naming ANEX_SOCKS_LISTEN when
+    the port is taken; ConfigError when bound beyond loopback without ``auth``) and starts
+    accepting; leaving stops and closes everything.
+    """
+
+    def __init__(
+        self,
+        dialer: Dialer,
+        *,
+        host: str = core.DEFAULT_LISTEN[0],
+        port: int = core.DEFAULT_LISTEN[1],
+        auth: core.SocksAuth | None = None,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    ) -> None:
+        check_listener(host, auth)
+        self.dialer = dialer
+        self.host = host
+        self.port = port
+        self.auth = auth
+        self.handshake_timeout = handshake_timeout
+        self._sock: socket.socket | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._accept_task: asyncio.Task | None = None
+        self._sessions: set[asyncio.Task] = set()
+        self._ids = itertools.count(1)
+        self._closed = asyncio.Event()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); the real port when 0 was asked."""
+        assert self._sock is not None, "not started"
+        return self._sock.getsockname()[:2]
+
+    async def __aenter__(self) -> Socks5Server:
+        try:
+            self._sock = bind_listener(self.host, self.port)
+        except OSError as exc:
+            reason = "already in use by another process" if exc.errno == errno.EADDRINUSE else (
+                errno.errorcode.get(exc.errno or 0, "bind failed")
+            )
+            raise PortInUseError(LISTEN_SOURCE, [self.port], f"cannot listen on {self.host}:{self.port}: {reason}") from None
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        self._accept_task = self._tg.create_task(self._accept_loop(), name=f"socks5-accept-{self.address[1]}")
+        log.info("SOCKS5 proxy on %s:%d (%s)", *self.address, "username/password required" if self.auth else "no auth")
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        for task in [t for t in [self._accept_task, *self._sessions] if t is not None]:
+            task.cancel()
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        await tg.__aexit__(*exc_info)
+        if self._sock is not None:
+            self._sock.close()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._sock is not None and self._tg is not None
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:
+                log.warning("SOCKS5 proxy: accept failed (%s); retrying in 1 s", errno.errorcode.get(exc.errno or 0, "error"))
+                await asyncio.sleep(1)
+                continue
+            tune_socket(sock)
+            task = self._tg.create_task(self._serve(sock), name=f"socks5-client-{next(self._ids)}")
+            self._sessions.add(task)
+            task.add_done_callback(self._sessions.discard)
+
+    async def _serve(self, sock: socket.socket) -> None:
+        try:
+            client_ip = sock.getpeername()[0]
+        except OSError:
+            sock.close()
+            return
+        conn = SocketConnection(sock)
+        try:
+            await self._session(conn, client_ip)
+        except Exception:  # one client must never take the proxy down
+            log.exception("SOCKS5 proxy: client connection failed")
+        finally:
+            await conn.aclose()
+
+    async def _session(self, client: Connection, client_ip: str) -> None:
+        socks = core.Socks5Connection(self.auth)
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                event = await _negotiate(socks, client)
+        except core.Socks5ProtocolError as err:
+            log.debug("SOCKS5 proxy: malformed negotiation from %s: %s", client_ip, err.reason)
+            await _send_quietly(client, socks.data_to_send())
+            return
+        except (TimeoutError, OSError):
+            return
+        if event is None:  # EOF before a request
+            return
+        if isinstance(event, core.Refused):  # its answer is sent
+            log.debug("SOCKS5 proxy: refused %s: %s", client_ip, event.reason)
+            return
+        upstream = await self._dial(socks, event, client_ip)
+        if upstream is None:
+            await _send_quietly(client, socks.data_to_send())
+            return
+        try:
+            bound = None
+            if upstream.socket is not None:
+                try:
+                    bound = upstream.socket.getsockname()[:2]
+                except OSError:
+                    pass
+            socks.reply(core.Reply.SUCCEEDED, bound)
+            await client.sendall(socks.data_to_send())
+            await relay(client, upstream, a_to_b_prefix=socks.trailing_data)
+        except OSError:
+            pass
+        finally:
+            await upstream.aclose()
+
+    async def _dial(self, socks: core.Socks5Connection, request: core.ConnectRequest, client_ip: str) -> Connection | None:
+        """The upstream connection, or None with the failure's reply queued."""
+        host, port = request.host, request.port
+        log.debug("SOCKS5 proxy: CONNECT %s:%d", peer_text(host), port)
+        if not this_host.may_reach(client_ip, host):  # every spelling of this machine, before dialling
+            socks.reply(core.Reply.NOT_ALLOWED)
+            return None
+        try:
+            return await dial_for_client(self.dialer, client_ip, host, port)
+        except Forbidden:
+            socks.reply(core.Reply.NOT_ALLOWED)
+        except DialError as err:
+            log.debug("SOCKS5 proxy: cannot reach %s:%d: %s", peer_text(host), port, err.reason)
+            socks.reply(core.reply_for(err))
+        return None
+
+
+async def _negotiate(socks: core.Socks5Connection, client: Connection) -> core.ConnectRequest | core.Refused | None:
+    """Read and answer until the request or a refusal (its answer sent); None at EOF.
+
+    Raises Socks5ProtocolError (its answer, if any, still queued) or OSError."""
+    buf = memoryview(bytearray(HANDSHAKE_BUFFER))
+    while True:
+        event = socks.next_event()
+        out = socks.data_to_send()  # the method selection, the auth status, a refusal's answer
+        if out:
+            await client.sendall(out)
+        if event is not core.NEED_DATA:
+            return event
+        n = await client.recv_into(buf)
+        if n == 0:
+            return None
+        socks.receive_data(bytes(buf[:n]))
+
+
+async def _send_quietly(client: Connection, data: bytes) -> None:
+    if not data:
+        return
+    try:
+        await client.sendall(data)
+    except OSError:
+        pass  # the client is gone: closing says enough
