@@ -20,7 +20,7 @@ relays bytes both ways with :func:`anex_agent.frontends.relay.relay` (half-close
   field, and the connection is closed after the answer the RFC allows.
 
 Who may connect: anyone who can reach the listen address. The default is loopback;
-credentials are required to bind anywhere else (:func:`check_listener`).
+credentials are required to bind anywhere else (:func:`.socks5_core.check_listener`).
 
 Start it in-process::
 
@@ -38,12 +38,11 @@ import logging
 import socket
 
 from anex_agent.dialer import Connection, Dialer, SocketConnection
-from anex_agent.errors import ConfigError, DialError, PortInUseError
+from anex_agent.errors import DialError, PortInUseError
 from anex_agent.frontends import socks5_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.forward import bind_listener
-from anex_agent.frontends.proxy_core import is_loopback
 from anex_agent.frontends.relay import relay, tune_socket
 from anex_agent.peer_log import peer_text
 
@@ -51,15 +50,7 @@ log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 120.0  # seconds from accept to a complete request (as the HTTP proxy's head timeout)
 HANDSHAKE_BUFFER = 1024  # bytes read at a time until the request is complete (a request is at most 262)
-LISTEN_SOURCE = "ANEX_SOCKS_LISTEN"
-
-
-def check_listener(host: str, auth: core.SocksAuth | None, *, source: str = LISTEN_SOURCE) -> None:
-    """ConfigError naming ``source`` when ``host`` is beyond loopback and no credentials are set:
-    anyone who reaches that address could use the mesh through the proxy."""
-    if auth is None and not is_loopback(host):
-        raise ConfigError(source, f"{host} is not a loopback address: a SOCKS5 proxy bound there needs credentials "
-                                  "(set ANEX_SOCKS_AUTH_FILE or ANEX_SOCKS_AUTH to USER:PASSWORD), or bind 127.0.0.1")
+LISTEN_SOURCE = core.LISTEN_SOURCE
 
 
 class Socks5Server:
@@ -79,7 +70,7 @@ class Socks5Server:
         auth: core.SocksAuth | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
-        check_listener(host, auth)
+        core.check_listener(host, auth)
         self.dialer = dialer
         self.host = host
         self.port = port

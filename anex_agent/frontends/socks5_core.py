@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 from anex_agent import parse
 from anex_agent.errors import (ConfigError, DialError, DialRefused, DialTimeout, DialUnreachable,
                                RemoteProtocolError, ResolveError)
+from anex_agent.frontends.proxy_core import is_loopback
 
 DEFAULT_LISTEN = ("127.0.0.1", 1080)  # the port IANA assigned to SOCKS
+LISTEN_SOURCE = "ANEX_SOCKS_LISTEN"
 
 VERSION = 0x05  # RFC 1928 §3
 AUTH_VERSION = 0x01  # RFC 1929 §2: the sub-negotiation's version
@@ -135,6 +137,14 @@ class SocksAuth:
         user_ok = hmac.compare_digest(username, self.username.encode())
         password_ok = hmac.compare_digest(password, self.password.encode())
         return user_ok and password_ok
+
+
+def check_listener(host: str, auth: SocksAuth | None, *, source: str = LISTEN_SOURCE) -> None:
+    """ConfigError naming ``source`` when ``host`` is beyond loopback and no credentials are set:
+    anyone who reaches that address could use the mesh through the proxy."""
+    if auth is None and not is_loopback(host):
+        raise ConfigError(source, f"{host} is not a loopback address: a SOCKS5 proxy bound there needs credentials "
+                                  "(set ANEX_SOCKS_AUTH_FILE or ANEX_SOCKS_AUTH to USER:PASSWORD), or bind 127.0.0.1")
 
 
 class _State(enum.Enum):
