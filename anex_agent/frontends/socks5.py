@@ -32,34 +32,34 @@ Start it in-process::
 from __future__ import annotations
 
 import asyncio
-import errno
-import itertools
 import logging
-import socket
 
-from anex_agent.dialer import Connection, Dialer, SocketConnection
-from anex_agent.errors import DialError, PortInUseError
+from anex_agent.dialer import Connection, Dialer
+from anex_agent.errors import DialError
 from anex_agent.frontends import socks5_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
-from anex_agent.frontends.forward import bind_listener
-from anex_agent.frontends.relay import relay, tune_socket
+from anex_agent.frontends.relay import relay
+from anex_agent.frontends.tcp_server import TcpServer
 from anex_agent.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 120.0  # seconds from accept to a complete request (as the HTTP proxy's head timeout)
 HANDSHAKE_BUFFER = 1024  # bytes read at a time until the request is complete (a request is at most 262)
-LISTEN_SOURCE = core.LISTEN_SOURCE
 
 
-class Socks5Server:
+class Socks5Server(TcpServer):
     """Listens for SOCKS5 clients and serves each connection in a named task.
 
     Async context manager: entering binds (``PortInUseError`` naming ANEX_SOCKS_LISTEN when
-    the port is taken; ConfigError when bound beyond loopback without ``auth``) and starts
-    accepting; leaving stops and closes everything.
+    the port is taken) and starts accepting; leaving stops and closes everything. Bound beyond
+    loopback without ``auth``, it refuses to be built (ConfigError naming ANEX_SOCKS_LISTEN).
     """
+
+    listen_source = core.LISTEN_SOURCE
+    task_prefix = "socks5"
+    what = "SOCKS5 proxy"
 
     def __init__(
         self,
@@ -71,87 +71,22 @@ class Socks5Server:
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         core.check_listener(host, auth)
+        super().__init__(host, port)
         self.dialer = dialer
-        self.host = host
-        self.port = port
         self.auth = auth
         self.handshake_timeout = handshake_timeout
-        self._sock: socket.socket | None = None
-        self._tg: asyncio.TaskGroup | None = None
-        self._accept_task: asyncio.Task | None = None
-        self._sessions: set[asyncio.Task] = set()
-        self._ids = itertools.count(1)
-        self._closed = asyncio.Event()
 
-    @property
-    def address(self) -> tuple[str, int]:
-        """The bound (host, port); the real port when 0 was asked."""
-        assert self._sock is not None, "not started"
-        return self._sock.getsockname()[:2]
-
-    async def __aenter__(self) -> Socks5Server:
-        try:
-            self._sock = bind_listener(self.host, self.port)
-        except OSError as exc:
-            reason = "already in use by another process" if exc.errno == errno.EADDRINUSE else (
-                errno.errorcode.get(exc.errno or 0, "bind failed")
-            )
-            raise PortInUseError(LISTEN_SOURCE, [self.port], f"cannot listen on {self.host}:{self.port}: {reason}") from None
-        self._tg = asyncio.TaskGroup()
-        await self._tg.__aenter__()
-        self._accept_task = self._tg.create_task(self._accept_loop(), name=f"socks5-accept-{self.address[1]}")
+    def started(self) -> None:
         log.info("SOCKS5 proxy on %s:%d (%s)", *self.address, "username/password required" if self.auth else "no auth")
-        return self
 
-    async def __aexit__(self, *exc_info) -> None:
-        for task in [t for t in [self._accept_task, *self._sessions] if t is not None]:
-            task.cancel()
-        tg, self._tg = self._tg, None
-        assert tg is not None
-        await tg.__aexit__(*exc_info)
-        if self._sock is not None:
-            self._sock.close()
-        self._closed.set()
-
-    async def wait_closed(self) -> None:
-        await self._closed.wait()
-
-    async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        assert self._sock is not None and self._tg is not None
-        while True:
-            try:
-                sock, _ = await loop.sock_accept(self._sock)
-            except OSError as exc:
-                log.warning("SOCKS5 proxy: accept failed (%s); retrying in 1 s", errno.errorcode.get(exc.errno or 0, "error"))
-                await asyncio.sleep(1)
-                continue
-            tune_socket(sock)
-            task = self._tg.create_task(self._serve(sock), name=f"socks5-client-{next(self._ids)}")
-            self._sessions.add(task)
-            task.add_done_callback(self._sessions.discard)
-
-    async def _serve(self, sock: socket.socket) -> None:
-        try:
-            client_ip = sock.getpeername()[0]
-        except OSError:
-            sock.close()
-            return
-        conn = SocketConnection(sock)
-        try:
-            await self._session(conn, client_ip)
-        except Exception:  # one client must never take the proxy down
-            log.exception("SOCKS5 proxy: client connection failed")
-        finally:
-            await conn.aclose()
-
-    async def _session(self, client: Connection, client_ip: str) -> None:
+    async def serve_client(self, client: Connection, client_ip: str) -> None:
+        """Negotiate, dial, answer, relay: one client connection (closed by the caller)."""
         socks = core.Socks5Connection(self.auth)
         try:
             async with asyncio.timeout(self.handshake_timeout):
                 event = await _negotiate(socks, client)
         except core.Socks5ProtocolError as err:
-            log.debug("SOCKS5 proxy: malformed negotiation from %s: %s", client_ip, err.reason)
+            log.debug("SOCKS5 proxy: malformed negotiation from %s: %s", client_ip, peer_text(err.reason, 240))
             await _send_quietly(client, socks.data_to_send())
             return
         except (TimeoutError, OSError):
