@@ -482,6 +482,10 @@ class ContainerState(Model):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     restart_count: Counter = 0
+    ready: bool | None = Field(None, description="running: whether its readiness probe passes (True without one, once "
+                               "started); None: the agent runs no probes (read: ready while running)")
+    started: bool | None = Field(None, description="running: whether its startup probe passed (True without one); "
+                                 "None: the agent runs no probes")
 
 
 class TransportStatus(Model):

@@ -124,6 +124,7 @@ class Agent:
         self.facts: NodeFacts | None = None  # what the node reported at its join (a re-join reports it again)
         self.credential_revoked: str | None = None  # set when the credential is refused and joining again failed
         self.heartbeat_acked = False  # a heartbeat of this run was acknowledged (heartbeat.last_heartbeat_timeout)
+        self.heartbeat_wanted = asyncio.Event()  # the workload's state changed: heartbeat_loop sends one soon
         self.ssh = None  # anex_agent.agent.ssh_access.SshAccess when the SSH server is on (ssh_port > 0)
 
     # ---------------------------------------------------------------- start-up steps
@@ -333,6 +334,8 @@ class Agent:
         self.facts = facts
         loop = asyncio.get_running_loop()
         self.workload = workload
+        if workload is not None:
+            workload.tracker.listeners.append(self.heartbeat_wanted.set)  # e.g. a readiness probe's verdict
         if workload is not None and not become_subreaper():
             log.warning("cannot register as child subreaper: orphans of the workload are reaped only when the agent is PID 1")
         for signum in FORWARDED:
