@@ -18,7 +18,10 @@ started again rents nothing more; a bad annotation fails the pod naming it, noth
 none left afterwards; a pod whose rental vanishes at the provider Failed / ``MachineLost`` with
 its Event; a virtual node whose role lacks ``patch pods/status`` says so in one line naming the
 verb and resource, and keeps running; ``restartPolicy: OnFailure`` runs a failed workload again on
-the same machine after the back-off (CrashLoopBackOff, restartCount 1, Succeeded, one rental).
+the same machine after the back-off (CrashLoopBackOff, restartCount 1, Succeeded, one rental); a
+readiness probe run by the agent flips the pod's Ready condition both ways; a failed liveness probe
+stops the container, which its ``restartPolicy: Always`` runs again on the same machine (lastState
+exit code 143, restartCount counted).
 """
 
 from __future__ import annotations
@@ -463,3 +466,68 @@ def test_on_failure_restarts_the_workload_in_place_after_a_back_off(virtual_node
     assert done["status"]["containerStatuses"][0]["restartCount"] == 1 and _terminated(done)["exitCode"] == 0
     assert len(made) == 1  # one machine: the workload ran again where it was
     assert "BackOff" in _reasons(cp, namespace, "again-in-place")
+
+
+def _ready(pod: dict) -> str:
+    return next((c["status"] for c in pod["status"].get("conditions") or [] if c["type"] == "Ready"), "")
+
+
+def _running_container(pod: dict) -> dict:
+    status = (pod["status"].get("containerStatuses") or [{}])[0]
+    return status if "running" in (status.get("state") or {}) else {}
+
+
+def test_a_readiness_probe_run_by_the_agent_flips_the_pods_ready_condition(virtual_node):
+    cp, namespace, log, _restart = virtual_node
+    flag = Path(tempfile.mkdtemp(prefix="anex-vn-ready-")) / "ready"  # node namespaces share the host's files
+    pod = yaml.safe_load(SEED_POD.format(name="probed", extra_annotation="", command=json.dumps(["sleep", "3600"])))
+    pod["spec"]["containers"][0]["readinessProbe"] = {
+        "exec": {"command": ["test", "-e", str(flag)]}, "periodSeconds": 1, "failureThreshold": 1}
+    cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+    unready = _wait_pod(cp, namespace, "probed", lambda p: p["status"].get("phase") == "Running" and _ready(p),
+                        "the pod Running", log)
+    assert _ready(unready) == "False" and _running_container(unready)["ready"] is False
+    flag.touch()
+    ready = _wait_pod(cp, namespace, "probed", lambda p: _ready(p) == "True", "the pod Ready once the probe passes",
+                      log)
+    assert _running_container(ready)["ready"] is True and ready["status"]["containerStatuses"][0]["started"] is True
+    flag.unlink()
+    again = _wait_pod(cp, namespace, "probed", lambda p: _ready(p) == "False", "the pod not Ready once it fails", log)
+    assert _running_container(again) and again["status"]["containerStatuses"][0]["restartCount"] == 0
+    cp.kubectl("-n", namespace, "delete", "pod", "probed", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "probed") is None, WAIT, "the pod gone", interval=0.3)
+
+
+def test_a_failed_liveness_probe_restarts_the_container_in_place_and_counts_it(virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    _mesh, provider, _url = simulated
+    sick = Path(tempfile.mkdtemp(prefix="anex-vn-live-")) / "sick"
+    sick.touch()  # the first run is unhealthy; the test makes it healthy once it has been restarted
+    made: list[str] = []
+    hook = provider.fake.on_rent
+
+    async def counting(rental):
+        made.append(rental.rental_id)
+        await hook(rental)
+
+    pod = yaml.safe_load(SEED_POD.format(name="lively", extra_annotation="", command=json.dumps(["sleep", "3600"])))
+    pod["spec"]["restartPolicy"] = "Always"
+    pod["spec"]["containers"][0]["livenessProbe"] = {
+        "exec": {"command": ["sh", "-c", f"test ! -e {sick}"]}, "periodSeconds": 1, "failureThreshold": 2}
+    provider.fake.on_rent = counting
+    try:
+        cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+        killed = _wait_pod(cp, namespace, "lively", lambda p: (p["status"].get("containerStatuses") or [{}])[0].get(
+            "state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff", "the container killed, backing off",
+                           log)
+        sick.unlink()
+        last = killed["status"]["containerStatuses"][0]["lastState"]["terminated"]
+        running = _wait_pod(cp, namespace, "lively", lambda p: bool(_running_container(p)) and _ready(p) == "True"
+                            and _running_container(p)["restartCount"] >= 1, "the container running again", log)
+    finally:
+        provider.fake.on_rent = hook
+    assert last["exitCode"] == 143 and last["reason"] == "Error"  # stopped with SIGTERM, as a kubelet stops it
+    assert running["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 143
+    assert running["status"]["phase"] == "Running" and len(made) == 1  # the same machine
+    cp.kubectl("-n", namespace, "delete", "pod", "lively", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "lively") is None, WAIT, "the pod gone", interval=0.3)

@@ -14,7 +14,8 @@ Contract:
   command, args, env with ``valueFrom``/``envFrom`` resolved, container ports, the pod's
   selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
   how many GPUs, ``restartPolicy`` as ``ANEX_RESTART_POLICY``: the agent restarts the workload
-  in place) and warnings about what is accepted but not carried to the machine.
+  in place, and its startup, liveness and readiness probes as ``ANEX_PROBES``: the agent runs them
+  next to the workload) and warnings about what is accepted but not carried to the machine.
   ``$(VAR)`` in ``command``, ``args`` and ``env`` values is expanded as the kubelet expands it
   (:func:`expand`).
 * Pods are plain dicts (the API's JSON); nothing here depends on a Kubernetes client.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +42,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT = "anex.sh/gpu-count"
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 RESTART_POLICY_ENV = "ANEX_RESTART_POLICY"  # read by the agent (anex_agent.agent.restart_policy)
+PROBES_ENV = "ANEX_PROBES"  # read by the agent (anex_agent.agent.probe_spec)
+PROBE_KINDS = ("startup", "liveness", "readiness")
+PROBE_TIMINGS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold", "failureThreshold",
+                 "terminationGracePeriodSeconds")
 ACCEPTED_VOLUMES = ("configMap", "secret", "emptyDir", "projected", "downwardAPI")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER = "spec.containers[0]"
@@ -274,6 +280,51 @@ def _mount_warnings(pod: Mapping[str, Any], container: Mapping[str, Any]) -> lis
     return out
 
 
+def _probe_port(container: Mapping[str, Any], port: Any, where: str) -> int:
+    if isinstance(port, int) and not isinstance(port, bool):
+        return port
+    if isinstance(port, str) and port.isdigit():
+        return int(port)
+    for declared in container.get("ports") or []:
+        if declared.get("name") == port and isinstance(declared.get("containerPort"), int):
+            return declared["containerPort"]
+    raise Refusal(where, f"port {port!r} is not a number nor the name of one of the container's ports")
+
+
+def _probes(pod: Mapping[str, Any], container: Mapping[str, Any]) -> str | None:
+    """The container's probes as ``ANEX_PROBES`` (JSON, :mod:`anex_agent.agent.probe_spec`): named ports
+    resolved, the pod's ``terminationGracePeriodSeconds`` as the kill's grace unless the probe says;
+    None without probes. A gRPC probe is refused (the agent has no gRPC client)."""
+    out: dict[str, Any] = {}
+    for kind in PROBE_KINDS:
+        probe = container.get(f"{kind}Probe")
+        if not probe:
+            continue
+        where = f"{CONTAINER}.{kind}Probe"
+        if probe.get("grpc") is not None:
+            raise Refusal(f"{where}.grpc", "gRPC probes are not supported; probe the service with exec (e.g. "
+                          "grpc_health_probe) or tcpSocket")
+        carried = {k: v for k, v in probe.items() if k in PROBE_TIMINGS and v is not None}
+        if "exec" in probe:
+            carried["exec"] = {"command": [str(a) for a in (probe["exec"] or {}).get("command") or []]}
+        elif "httpGet" in probe:
+            get = dict(probe["httpGet"] or {})
+            get["port"] = _probe_port(container, get.get("port"), f"{where}.httpGet.port")
+            carried["httpGet"] = {k: v for k, v in get.items() if v not in (None, "")}
+        elif "tcpSocket" in probe:
+            sock = dict(probe["tcpSocket"] or {})
+            sock["port"] = _probe_port(container, sock.get("port"), f"{where}.tcpSocket.port")
+            carried["tcpSocket"] = {k: v for k, v in sock.items() if v not in (None, "")}
+        else:
+            raise Refusal(where, "expected exec, httpGet or tcpSocket")
+        grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+        if kind != "readiness" and "terminationGracePeriodSeconds" not in carried and isinstance(grace, int) \
+                and grace > 0:
+            carried["terminationGracePeriodSeconds"] = grace
+        out[kind] = carried
+    return json.dumps(out, separators=(",", ":"), sort_keys=True) if out else None
+
+
 def _field_of(err: ValidationError) -> str:
     loc = err.errors()[0].get("loc", ()) if err.errors() else ()
     first = str(loc[0]) if loc else ""
@@ -294,6 +345,9 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
     ports = _ports(container, warnings)
     warnings += _mount_warnings(pod, container)
     env[RESTART_POLICY_ENV] = str(_spec(pod).get("restartPolicy") or "Always")  # the API server's default
+    probes = _probes(pod, container)
+    if probes is not None:
+        env[PROBES_ENV] = probes
     uid = (pod.get("metadata") or {}).get("uid", "")
     if not uid:
         raise Refusal("metadata.uid", "is missing")

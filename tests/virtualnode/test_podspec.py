@@ -137,3 +137,36 @@ def test_the_restart_policy_travels_to_the_agent_and_wins_over_the_pods_env(poli
     if policy is not None:
         pod["spec"]["restartPolicy"] = policy
     assert translate(pod, {}, prefix="vk-").spec.env["ANEX_RESTART_POLICY"] == carried
+
+
+def test_the_probes_travel_to_the_agent_with_named_ports_resolved_and_the_pods_grace():
+    import json
+
+    from anex_agent.agent import probe_spec
+
+    pod = seed(ports=[{"name": "http", "containerPort": 8080}],
+               livenessProbe={"httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"},
+                              "periodSeconds": 5, "failureThreshold": 2},
+               readinessProbe={"tcpSocket": {"port": 8080}, "successThreshold": 2},
+               startupProbe={"exec": {"command": ["cat", "/tmp/started"]}, "failureThreshold": 30})
+    pod["spec"]["terminationGracePeriodSeconds"] = 7
+    carried = translate(pod, {}, prefix="vk-").spec.env["ANEX_PROBES"]
+    probes = probe_spec.parse(carried)  # what the agent reads
+    assert probes.liveness.port == 8080 and probes.liveness.path == "/healthz" and probes.liveness.period == 5
+    assert probes.liveness.failure_threshold == 2 and probes.liveness.grace == 7
+    assert probes.readiness.handler == "tcpSocket" and probes.readiness.success_threshold == 2
+    assert probes.readiness.grace is None  # readiness never kills
+    assert probes.startup.command == ("cat", "/tmp/started") and probes.startup.failure_threshold == 30
+    assert "ANEX_PROBES" not in translate(seed(), {}, prefix="vk-").spec.env
+    assert json.loads(carried)["liveness"]["httpGet"]["port"] == 8080
+
+
+@pytest.mark.parametrize("probe, field", [
+    ({"grpc": {"port": 9000}}, "spec.containers[0].livenessProbe.grpc"),
+    ({"httpGet": {"port": "metrics"}}, "spec.containers[0].livenessProbe.httpGet.port"),
+    ({"tcpSocket": {"port": "nope"}}, "spec.containers[0].livenessProbe.tcpSocket.port"),
+])
+def test_a_probe_the_agent_cannot_run_is_refused_naming_its_field(probe, field):
+    with pytest.raises(Refusal) as err:
+        translate(seed(livenessProbe=probe), {}, prefix="vk-")
+    assert err.value.field == field
