@@ -531,3 +531,47 @@ def test_a_failed_liveness_probe_restarts_the_container_in_place_and_counts_it(v
     assert running["status"]["phase"] == "Running" and len(made) == 1  # the same machine
     cp.kubectl("-n", namespace, "delete", "pod", "lively", "--wait=false")
     wait_until(lambda: _pod(cp, namespace, "lively") is None, WAIT, "the pod gone", interval=0.3)
+
+
+def _bytes_under(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+def test_config_map_and_secret_volumes_and_secret_variables_reach_the_machine_never_the_coordinator(
+        virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    mesh, provider, _url = simulated
+    where = Path(tempfile.mkdtemp(prefix="anex-vn-files-"))  # node namespaces share the host's files
+    secret_value = f"s3cret-{secrets.token_hex(8)}"
+    cp.kubectl("-n", namespace, "create", "configmap", "app", "--from-literal=app.conf=threads=4",
+               "--from-literal=other=x")
+    cp.kubectl("-n", namespace, "create", "secret", "generic", "db", f"--from-literal=password={secret_value}",
+               "--from-literal=tls.key=KEY")
+    pod = yaml.safe_load(SEED_POD.format(name="files", extra_annotation="", command=json.dumps(
+        ["sh", "-c", f'printf %s "$DB_PASSWORD" > {where}/seen; exec sleep 3600'])))
+    container = pod["spec"]["containers"][0]
+    container["env"] = [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]
+    container["volumeMounts"] = [{"name": "cfg", "mountPath": f"{where}/cfg"},
+                                 {"name": "creds", "mountPath": f"{where}/creds", "readOnly": True}]
+    pod["spec"]["volumes"] = [
+        {"name": "cfg", "configMap": {"name": "app", "items": [{"key": "app.conf", "path": "conf/app.conf"}],
+                                      "defaultMode": 0o640}},
+        {"name": "creds", "secret": {"secretName": "db", "defaultMode": 0o400}}]
+    cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+    running = _wait_pod(cp, namespace, "files", lambda p: p["status"].get("phase") == "Running", "the pod Running",
+                        log)
+    wait_until(lambda: (where / "seen").exists(), WAIT, "the workload started")
+    assert (where / "seen").read_text() == secret_value  # the variable from the Secret, in its environment
+    conf = where / "cfg" / "conf" / "app.conf"
+    assert conf.read_text() == "threads=4" and conf.stat().st_mode & 0o777 == 0o640
+    assert not (where / "cfg" / "other").exists()  # only the listed item
+    key = where / "creds" / "password"
+    assert key.read_text() == secret_value and key.stat().st_mode & 0o777 == 0o400
+    assert (where / "creds" / "tls.key").read_text() == "KEY"
+    # the value passed through the coordinator: neither its database nor the provider's rental holds it
+    assert secret_value.encode() not in _bytes_under(mesh.workdir / "coordinator")
+    rental = provider.rentals[str(next(p for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"]
+                                       if p["name"] == f"vk-{running['metadata']['uid']}")["rental_id"])]
+    assert secret_value not in json.dumps(rental.env)
+    cp.kubectl("-n", namespace, "delete", "pod", "files", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "files") is None, WAIT, "the pod gone", interval=0.3)

@@ -13,7 +13,10 @@ Syncing a pod:
   for us; a pod without a provision gets one (:mod:`.podspec`: refused pods fail at once, with
   the field named, and nothing is rented; a 400/422 of the coordinator fails the pod with its
   message; another failure, a 503 or no answer, is a Warning Event ``ProvisioningDelayed`` once
-  and a retry); the status is written (:mod:`.podstatus`) and an Event recorded for each new step.
+  and a retry); once its machine is ready, the pod's files (ConfigMap and Secret volumes) and its
+  variables from Secrets are pushed to the agent through the coordinator, which holds the workload
+  until they are in (:meth:`PodController._deliver`); the status is written (:mod:`.podstatus`)
+  and an Event recorded for each new step.
 * **Succeeded or Failed**: the provision is deleted (the machine is released; the pod stays).
 * **being deleted**: the provision is deleted (an Event ``Killing``) and, once the coordinator
   says ``deleted`` (the rental destroyed, the node removed), the finalizer is removed and the
@@ -29,6 +32,7 @@ A failed call is logged in one line and the pod synced again with backoff (up to
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -37,7 +41,8 @@ from typing import Any
 from anex_agent.backoff import Backoff
 from anex_agent.errors import CoordinatorError, KubeError
 from anex_agent.provision_wire import ProvisionState, ProvisionView
-from anex_agent.virtualnode import podspec, podstatus
+from anex_agent.agent import pod_files
+from anex_agent.virtualnode import podfiles, podspec, podstatus
 from anex_agent.virtualnode.events import Recorder
 from anex_agent.virtualnode.kube import MERGE_PATCH
 from anex_agent.virtualnode.metrics import PodMetrics, failure_reason
@@ -72,6 +77,7 @@ class PodController:
         self.workloads: dict[str, ContainerState | None] = {}  # provision id -> its node's workload state
         self.steps: dict[str, str] = {}  # uid -> the step whose Event was recorded
         self.written: dict[str, dict[str, Any]] = {}  # uid -> the status last written
+        self.delivered: set[str] = set()  # uids whose files reached their machine (or need none there)
         self.synced_nodes: set[str] = set()
         self.provisions_synced = False
         self.snapshot_seen = asyncio.Event()  # the first provisions snapshot is in
@@ -98,6 +104,7 @@ class PodController:
         self.metrics.forget(uid)
         self.steps.pop(uid, None)
         self.written.pop(uid, None)
+        self.delivered.discard(uid)
         view = self.provisions.pop(podspec.provision_name(self.settings.provision_prefix, uid), None)
         if view is not None:
             self.workloads.pop(view.id, None)
@@ -258,6 +265,9 @@ class PodController:
             return
         if view.state == ProvisionState.ready and view.node_id and view.id not in self.workloads:
             await self._read_workload(view)  # first sight of it (a restart): never report Running as Pending
+        if view.state == ProvisionState.ready and view.node_id and key not in self.delivered:
+            if not await self._deliver(pod, view):
+                return
         observation = podstatus.observe(pod, view, self.workloads.get(view.id), host_ip=self.settings.internal_ip,
                                         now=self.clock())
         await self._write_status(pod, observation.status)
@@ -313,6 +323,38 @@ class PodController:
         for warning in translation.warnings:
             await self.recorder.record(pod, podstatus.WARNING, "NotCarried", warning)
         self.queue.add(meta["uid"])
+
+    async def _deliver(self, pod: dict[str, Any], view: ProvisionView) -> bool:
+        """Push the pod's files (ConfigMap and Secret volumes) and its variables from Secrets to its
+        machine through the coordinator (which stores none of them), then the mark that lets the agent
+        start the workload; once per pod. False when the pod failed instead (an object gone since)."""
+        meta = _meta(pod)
+        uid, namespace = meta["uid"], meta.get("namespace", "default")
+        workload = self.workloads.get(view.id)
+        started = workload is not None and not (workload.state == "waiting" and workload.reason == "ContainerCreating")
+        if not podspec.delivers(pod) or started:  # nothing to push, or pushed before a restart of ours
+            self.delivered.add(uid)
+            return True
+        raw: dict[tuple[str, str], dict[str, Any] | None] = {}
+        for kind, name in podspec.references(pod):
+            raw[(kind, name)] = await (self.kube.get_secret if kind == "secret" else self.kube.get_config_map)(
+                namespace, name)
+        try:
+            files = podfiles.files(pod, raw)
+            secret = podspec.secret_env(pod, {k: podspec.object_data(k[0], v) for k, v in raw.items()})
+        except podspec.Refusal as refusal:
+            await self._fail(pod, "FailedMount", str(refusal))
+            return False
+        for file in files:
+            await self.coordinator.push_file(view.node_id, file.path, file.data, file.mode)
+        if secret:
+            await self.coordinator.push_file(view.node_id, pod_files.ENV_FILE,
+                                             json.dumps(secret).encode(), 0o600)
+        await self.coordinator.push_file(view.node_id, pod_files.COMPLETE, b"", 0o600)
+        self.delivered.add(uid)
+        log.info("pod %s/%s: %d file(s) and %d variable(s) from Secrets delivered to node %s", namespace,
+                 meta.get("name"), len(files), len(secret), view.node_id)
+        return True
 
     async def _fail(self, pod: dict[str, Any], reason: str, message: str) -> None:
         meta = _meta(pod)

@@ -8,10 +8,13 @@ Contract:
 * :func:`check_pod` refuses what the product cannot honour (:class:`Refusal`, naming the field
   of the pod spec): more than one container, init containers, ``hostNetwork``/``hostPID``/
   ``hostIPC``, volumes other than ConfigMap, Secret, emptyDir, projected and downwardAPI ones.
-* :func:`references` lists the Secrets and ConfigMaps the container's ``env``/``envFrom``
-  read; the caller fetches them (``None`` for one that does not exist) and passes them to
-  :func:`translate`, which returns the :class:`Translation`: the ``ProvisionCreate`` (image,
-  command, args, env with ``valueFrom``/``envFrom`` resolved, container ports, the pod's
+* :func:`references` lists the Secrets and ConfigMaps the container's ``env``/``envFrom`` and
+  its volume mounts read; the caller fetches them (``None`` for one that does not exist) and
+  passes them to :func:`translate`, which returns the :class:`Translation`: the
+  ``ProvisionCreate`` (image, command, args, env with ``valueFrom``/``envFrom`` resolved but for
+  the values from Secrets, which never travel in the provision (:func:`secret_env`: the virtual
+  node pushes them to the agent once the machine is up, with the volumes' files,
+  :mod:`.podfiles`; ``ANEX_POD_FILES`` tells the agent to wait for them), container ports, the pod's
   selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
   how many GPUs, ``restartPolicy`` as ``ANEX_RESTART_POLICY``: the agent restarts the workload
   in place, and its startup, liveness and readiness probes as ``ANEX_PROBES``: the agent runs them
@@ -33,7 +36,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from anex_agent.agent.pod_files import expand  # noqa: F401 - the one $(VAR) expansion, the agent's too
+from anex_agent.agent.pod_files import SOURCE as POD_FILES_ENV
 from anex_agent.provision_wire import ProvisionCreate
+from anex_agent.virtualnode import podfiles
 
 #: Annotations the coordinator's selection reads; the others (kubectl's last-applied-configuration,
 #: tools' bookkeeping) stay in the cluster. Keep in step with docs/selection.md's prefixes.
@@ -104,8 +110,8 @@ def check_pod(pod: Mapping[str, Any]) -> None:
 
 
 def references(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
-    """``("secret"|"configmap", name)`` for every object the container's environment reads."""
-    found: set[tuple[str, str]] = set()
+    """``("secret"|"configmap", name)`` for every object the container's environment and mounts read."""
+    found: set[tuple[str, str]] = podfiles.references(pod)
     for container in (_spec(pod).get("containers") or [])[:1]:
         for var in container.get("env") or []:
             source = var.get("valueFrom") or {}
@@ -169,30 +175,12 @@ def _key_ref(kind: str, ref: Mapping[str, Any], objects: Mapping[tuple[str, str]
     return data[key]
 
 
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion: a defined variable is replaced, ``$$`` is one ``$`` (so
-    ``$$(VAR)`` stays ``$(VAR)``), a reference to an undefined variable is left as it is."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        if text.startswith("$$", i):
-            out.append("$")
-            i += 2
-            continue
-        if text.startswith("$(", i):
-            end = text.find(")", i + 2)
-            if end != -1 and text[i + 2:end] in env:
-                out.append(env[text[i + 2:end]])
-                i = end + 1
-                continue
-        out.append(text[i])
-        i += 1
-    return "".join(out)
-
-
 def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
-                 objects: Mapping[tuple[str, str], dict[str, str] | None], warnings: list[str]) -> dict[str, str]:
+                 objects: Mapping[tuple[str, str], dict[str, str] | None],
+                 warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the variables, those of them from Secrets): the second never travels in the provision."""
     env: dict[str, str] = {}
+    secret: dict[str, str] = {}
     for i, source in enumerate(container.get("envFrom") or []):
         where = f"{CONTAINER}.envFrom[{i}]"
         kind, ref = ("secret", source["secretRef"]) if "secretRef" in source else (
@@ -208,7 +196,8 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         prefix = source.get("prefix", "")
         for key in sorted(data):
             if ENV_NAME.fullmatch(prefix + key):
-                env[prefix + key] = data[key]
+                (secret if kind == "secret" else env)[prefix + key] = data[key]
+                (env if kind == "secret" else secret).pop(prefix + key, None)
             else:
                 warnings.append(f"{where}: key {key!r} is not a variable name: left out")
     for i, var in enumerate(container.get("env") or []):
@@ -216,7 +205,8 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         name = var.get("name", "")
         source = var.get("valueFrom")
         if source is None:
-            env[name] = expand(str(var.get("value", "")), env)  # what is defined before it
+            env[name] = expand(str(var.get("value", "")), env)  # what is defined before it (a Secret's: the agent)
+            secret.pop(name, None)
             continue
         value: str | None
         if "secretKeyRef" in source:
@@ -231,9 +221,25 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         else:
             raise Refusal(f"{where}.valueFrom", f"{next(iter(source), 'this source')} is not supported; accepted: "
                           "secretKeyRef, configMapKeyRef, fieldRef")
-        if value is not None:
+        if value is not None and "secretKeyRef" in source:
+            secret[name] = value
+            env.pop(name, None)
+        elif value is not None:
             env[name] = value
-    return env
+            secret.pop(name, None)
+    return env, secret
+
+
+def delivers(pod: Mapping[str, Any]) -> bool:
+    """Whether the virtual node pushes files to the pod's machine (ConfigMap or Secret volumes, or
+    variables from Secrets): then the agent waits for them (``ANEX_POD_FILES``)."""
+    return bool(podfiles.references(pod)) or any(kind == "secret" for kind, _name in references(pod))
+
+
+def secret_env(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str, str] | None]) -> dict[str, str]:
+    """The container's variables taken from Secrets (delivered to the agent, never in the provision)."""
+    container = (_spec(pod).get("containers") or [{}])[0]
+    return _environment(pod, container, objects, [])[1]
 
 
 def _gpus(container: Mapping[str, Any]) -> str | None:
@@ -274,7 +280,7 @@ def _mount_warnings(pod: Mapping[str, Any], container: Mapping[str, Any]) -> lis
         if mount.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_MOUNT:
             continue  # the service account token: a rented machine does not talk to the API server
         kind = kinds.get(mount.get("name"), "")
-        if kind != "emptyDir":
+        if kind not in ("emptyDir", *podfiles.DELIVERED):
             out.append(f"volume {mount.get('name')!r} ({kind}) is not delivered to the rented machine: "
                        f"{mount.get('mountPath')} will not hold its files; pass values through env or envFrom")
     return out
@@ -341,13 +347,16 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
     check_pod(pod)
     container = _spec(pod)["containers"][0]
     warnings: list[str] = []
-    env = _environment(pod, container, objects, warnings)
+    env, secret = _environment(pod, container, objects, warnings)
     ports = _ports(container, warnings)
     warnings += _mount_warnings(pod, container)
     env[RESTART_POLICY_ENV] = str(_spec(pod).get("restartPolicy") or "Always")  # the API server's default
     probes = _probes(pod, container)
     if probes is not None:
         env[PROBES_ENV] = probes
+    dirs = podfiles.plan(pod, objects)
+    if delivers(pod):
+        env[POD_FILES_ENV] = json.dumps({"dirs": dirs}, separators=(",", ":"))
     uid = (pod.get("metadata") or {}).get("uid", "")
     if not uid:
         raise Refusal("metadata.uid", "is missing")
