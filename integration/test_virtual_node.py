@@ -575,3 +575,25 @@ def test_config_map_and_secret_volumes_and_secret_variables_reach_the_machine_ne
     assert secret_value not in json.dumps(rental.env)
     cp.kubectl("-n", namespace, "delete", "pod", "files", "--wait=false")
     wait_until(lambda: _pod(cp, namespace, "files") is None, WAIT, "the pod gone", interval=0.3)
+
+
+def test_image_pull_secrets_become_the_providers_registry_login_sealed_at_the_coordinator(virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    mesh, provider, _url = simulated
+    password = f"pull-{secrets.token_hex(8)}"
+    cp.kubectl("-n", namespace, "create", "secret", "docker-registry", "registry-login",
+               "--docker-server=registry.example.com", "--docker-username=puller", f"--docker-password={password}")
+    pod = yaml.safe_load(SEED_POD.format(name="private", extra_annotation="", command=json.dumps(["sleep", "3600"])))
+    pod["spec"]["containers"][0]["image"] = "registry.example.com/acme/train:1"
+    pod["spec"]["imagePullSecrets"] = [{"name": "registry-login"}]
+    cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+    running = _wait_pod(cp, namespace, "private", lambda p: p["status"].get("phase") == "Running", "the pod Running",
+                        log)
+    [view] = [p for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"]
+              if p["name"] == f"vk-{running['metadata']['uid']}"]
+    rental = provider.rentals[str(view["rental_id"])]
+    assert rental.body["image_login"] == f"-u puller -p {password} registry.example.com"  # Vast.AI's field
+    assert password not in json.dumps(view)  # never answered back
+    assert password.encode() not in _bytes_under(mesh.workdir / "coordinator")  # sealed in its database
+    cp.kubectl("-n", namespace, "delete", "pod", "private", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "private") is None, WAIT, "the pod gone", interval=0.3)

@@ -30,13 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from anex_agent.errors import ConfigError
+from anex_agent.pod_wire import COMPLETE, ENV_FILE, POD_DIR, POD_FILES_ENV
 
 log = logging.getLogger(__name__)
 
-SOURCE = "ANEX_POD_FILES"
-POD_DIR = "/run/anex-pod"
-ENV_FILE = f"{POD_DIR}/env.json"  # the pod's variables from Secrets
-COMPLETE = f"{POD_DIR}/complete"  # pushed last: every file of the pod is there
+SOURCE = POD_FILES_ENV
 
 
 @dataclass(frozen=True)
@@ -70,27 +68,6 @@ def prepare(manifest: Manifest) -> tuple[str, ...]:
             raise ConfigError(SOURCE, f"cannot create the directory {entry}: {err.strerror or err}") from None
         out += [entry, os.path.realpath(entry)]  # the cluster names the first; a symlink above it leads to the second
     return tuple(dict.fromkeys(out))
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion: a defined variable is replaced, ``$$`` is one ``$`` (so
-    ``$$(VAR)`` stays ``$(VAR)``), a reference to an undefined variable is left as it is."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        if text.startswith("$$", i):
-            out.append("$")
-            i += 2
-            continue
-        if text.startswith("$(", i):
-            end = text.find(")", i + 2)
-            if end != -1 and text[i + 2:end] in env:
-                out.append(env[text[i + 2:end]])
-                i = end + 1
-                continue
-        out.append(text[i])
-        i += 1
-    return "".join(out)
 
 
 def expand_only(text: str, env: Mapping[str, str]) -> str:

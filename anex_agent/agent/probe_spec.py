@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from anex_agent.errors import ConfigError
+from anex_agent.pod_wire import PROBES_ENV
 
-SOURCE = "ANEX_PROBES"
+SOURCE = PROBES_ENV
 KINDS = ("startup", "liveness", "readiness")
 HANDLERS = ("exec", "httpGet", "tcpSocket")
 LOOPBACK = "127.0.0.1"

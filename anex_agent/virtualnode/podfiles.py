@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from anex_agent.virtualnode.refusal import Refusal
+
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 DELIVERED = ("configMap", "secret")
 CONTAINER = "spec.containers[0]"
@@ -44,8 +46,6 @@ class PodFile:
 
 
 def _refusal(field: str, message: str) -> Exception:
-    from anex_agent.virtualnode.podspec import Refusal
-
     return Refusal(field, message)
 
 

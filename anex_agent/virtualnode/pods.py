@@ -41,7 +41,7 @@ from typing import Any
 from anex_agent.backoff import Backoff
 from anex_agent.errors import CoordinatorError, KubeError
 from anex_agent.provision_wire import ProvisionState, ProvisionView
-from anex_agent.agent import pod_files
+from anex_agent import pod_wire
 from anex_agent.virtualnode import podfiles, podspec, podstatus
 from anex_agent.virtualnode.events import Recorder
 from anex_agent.virtualnode.kube import MERGE_PATCH
@@ -291,7 +291,7 @@ class PodController:
         meta = _meta(pod)
         namespace = meta.get("namespace", "default")
         objects: dict[tuple[str, str], dict[str, str] | None] = {}
-        for kind, name in podspec.references(pod):
+        for kind, name in podspec.fetched(pod):
             raw = await (self.kube.get_secret if kind == "secret" else self.kube.get_config_map)(namespace, name)
             objects[(kind, name)] = podspec.object_data(kind, raw)
         try:
@@ -348,9 +348,9 @@ class PodController:
         for file in files:
             await self.coordinator.push_file(view.node_id, file.path, file.data, file.mode)
         if secret:
-            await self.coordinator.push_file(view.node_id, pod_files.ENV_FILE,
+            await self.coordinator.push_file(view.node_id, pod_wire.ENV_FILE,
                                              json.dumps(secret).encode(), 0o600)
-        await self.coordinator.push_file(view.node_id, pod_files.COMPLETE, b"", 0o600)
+        await self.coordinator.push_file(view.node_id, pod_wire.COMPLETE, b"", 0o600)
         self.delivered.add(uid)
         log.info("pod %s/%s: %d file(s) and %d variable(s) from Secrets delivered to node %s", namespace,
                  meta.get("name"), len(files), len(secret), view.node_id)

@@ -12,7 +12,8 @@ Contract:
   its volume mounts read; the caller fetches them (``None`` for one that does not exist) and
   passes them to :func:`translate`, which returns the :class:`Translation`: the
   ``ProvisionCreate`` (image, command, args, env with ``valueFrom``/``envFrom`` resolved but for
-  the values from Secrets, which never travel in the provision (:func:`secret_env`: the virtual
+  the values from Secrets, which never travel in the provision (the registry login of the image,
+  from ``imagePullSecrets`` (:mod:`.pullsecrets`), does: the coordinator seals it) (:func:`secret_env`: the virtual
   node pushes them to the agent once the machine is up, with the volumes' files,
   :mod:`.podfiles`; ``ANEX_POD_FILES`` tells the agent to wait for them), container ports, the pod's
   selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
@@ -36,10 +37,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from anex_agent.agent.pod_files import expand  # noqa: F401 - the one $(VAR) expansion, the agent's too
-from anex_agent.agent.pod_files import SOURCE as POD_FILES_ENV
+from anex_agent import parse
+from anex_agent.pod_wire import POD_FILES_ENV, PROBES_ENV
+from anex_agent.pod_wire import expand  # noqa: F401 - the one $(VAR) expansion, the agent's too
 from anex_agent.provision_wire import ProvisionCreate
-from anex_agent.virtualnode import podfiles
+from anex_agent.virtualnode import podfiles, pullsecrets
+from anex_agent.virtualnode.refusal import Refusal  # re-exported: podspec.Refusal
 
 #: Annotations the coordinator's selection reads; the others (kubectl's last-applied-configuration,
 #: tools' bookkeeping) stay in the cluster. Keep in step with docs/selection.md's prefixes.
@@ -48,7 +51,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT = "anex.sh/gpu-count"
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 RESTART_POLICY_ENV = "ANEX_RESTART_POLICY"  # read by the agent (anex_agent.agent.restart_policy)
-PROBES_ENV = "ANEX_PROBES"  # read by the agent (anex_agent.agent.probe_spec)
 PROBE_KINDS = ("startup", "liveness", "readiness")
 PROBE_TIMINGS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold", "failureThreshold",
                  "terminationGracePeriodSeconds")
@@ -56,14 +58,6 @@ ACCEPTED_VOLUMES = ("configMap", "secret", "emptyDir", "projected", "downwardAPI
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER = "spec.containers[0]"
 
-
-class Refusal(Exception):
-    """The pod asks for something the virtual node cannot give; ``field`` names where in the pod."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
 
 
 @dataclass(frozen=True)
@@ -230,6 +224,11 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
     return env, secret
 
 
+def fetched(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """Every object the virtual node reads for the pod: :func:`references` and its ``imagePullSecrets``."""
+    return references(pod) | {("secret", name) for name in pullsecrets.names(pod)}
+
+
 def delivers(pod: Mapping[str, Any]) -> bool:
     """Whether the virtual node pushes files to the pod's machine (ConfigMap or Secret volumes, or
     variables from Secrets): then the agent waits for them (``ANEX_POD_FILES``)."""
@@ -289,8 +288,11 @@ def _mount_warnings(pod: Mapping[str, Any], container: Mapping[str, Any]) -> lis
 def _probe_port(container: Mapping[str, Any], port: Any, where: str) -> int:
     if isinstance(port, int) and not isinstance(port, bool):
         return port
-    if isinstance(port, str) and port.isdigit():
-        return int(port)
+    if isinstance(port, str) and port[:1] in "0123456789":
+        try:
+            return parse.port(port)
+        except ValueError as err:
+            raise Refusal(where, f"port {port!r} {err}") from None
     for declared in container.get("ports") or []:
         if declared.get("name") == port and isinstance(declared.get("containerPort"), int):
             return declared["containerPort"]
@@ -360,8 +362,10 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
     uid = (pod.get("metadata") or {}).get("uid", "")
     if not uid:
         raise Refusal("metadata.uid", "is missing")
+    pulls = {name: objects.get(("secret", name)) for name in pullsecrets.names(pod)}
+    login = pullsecrets.login_for(container["image"].strip(), pulls, warnings)
     try:
-        spec = ProvisionCreate(name=provision_name(prefix, uid), image=container["image"].strip(),
+        spec = ProvisionCreate(name=provision_name(prefix, uid), image=container["image"].strip(), registry_auth=login,
                                command=[expand(str(a), env) for a in container.get("command") or []],
                                args=[expand(str(a), env) for a in container.get("args") or []],
                                env=env, ports=ports, annotations=_annotations(pod, container))
