@@ -435,7 +435,11 @@ class Agent:
                     tasks.create("reaper", Reaper().run())
                     waiter = tasks.create("workload", self._run_workload(workload))
                     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                    await self._wind_down(waiter.result() if waiter.done() else 1, workload)
+                    if waiter.done():
+                        code = waiter.result()
+                    else:  # stopped while it ran (its own end is its status), or before (the shell's status)
+                        code = 1 if workload.proc is not None else 128 + (self._stop_signal or signal.SIGTERM)
+                    await self._wind_down(code, workload)
                 else:
                     await stopper
                     await self._wind_down(0, None)
