@@ -156,7 +156,7 @@ def virtual_node(control_plane, simulated):
     def start() -> None:
         procs.append(subprocess.Popen(
             [*anex_argv(), "virtual-node", "--kubeconfig", str(kubeconfig), "--coordinator", url, "--providers",
-             "vastai", "--internal-ip", "192.0.2.10", "--poll-interval", "0.5"],
+             "vastai", "--internal-ip", "192.0.2.10", "--poll-interval", "0.5", "--volume-refresh", "1"],
             env=env, stdout=log, stderr=subprocess.STDOUT))
 
     def kill_and_start() -> None:
@@ -568,6 +568,10 @@ def test_config_map_and_secret_volumes_and_secret_variables_reach_the_machine_ne
     key = where / "creds" / "password"
     assert key.read_text() == secret_value and key.stat().st_mode & 0o777 == 0o400
     assert (where / "creds" / "tls.key").read_text() == "KEY"
+    cp.kubectl("-n", namespace, "patch", "configmap", "app", "--type", "merge", "-p",
+               json.dumps({"data": {"app.conf": "threads=8"}}))
+    wait_until(lambda: conf.read_text() == "threads=8", WAIT, "the changed ConfigMap's file on the machine")
+    assert conf.stat().st_mode & 0o777 == 0o640
     # the value passed through the coordinator: neither its database nor the provider's rental holds it
     assert secret_value.encode() not in _bytes_under(mesh.workdir / "coordinator")
     rental = provider.rentals[str(next(p for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"]

@@ -15,7 +15,9 @@ Syncing a pod:
   message; another failure, a 503 or no answer, is a Warning Event ``ProvisioningDelayed`` once
   and a retry); once its machine is ready, the pod's files (ConfigMap and Secret volumes) and its
   variables from Secrets are pushed to the agent through the coordinator, which holds the workload
-  until they are in (:meth:`PodController._deliver`); the status is written (:mod:`.podstatus`)
+  until they are in (:meth:`PodController._deliver`), and every ``volume_refresh`` seconds the
+  volumes of a running pod are read again and a changed file pushed (:meth:`PodController._refresh`);
+  the status is written (:mod:`.podstatus`)
   and an Event recorded for each new step.
 * **Succeeded or Failed**: the provision is deleted (the machine is released; the pod stays).
 * **being deleted**: the provision is deleted (an Event ``Killing``) and, once the coordinator
@@ -32,6 +34,7 @@ A failed call is logged in one line and the pod synced again with backoff (up to
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -78,6 +81,8 @@ class PodController:
         self.steps: dict[str, str] = {}  # uid -> the step whose Event was recorded
         self.written: dict[str, dict[str, Any]] = {}  # uid -> the status last written
         self.delivered: set[str] = set()  # uids whose files reached their machine (or need none there)
+        self.volumes: dict[str, dict[str, str]] = {}  # uid -> path -> digest of the volume file pushed there
+        self.refresh_due: set[str] = set()  # uids whose volumes are read again at their next sync
         self.synced_nodes: set[str] = set()
         self.provisions_synced = False
         self.snapshot_seen = asyncio.Event()  # the first provisions snapshot is in
@@ -105,6 +110,8 @@ class PodController:
         self.steps.pop(uid, None)
         self.written.pop(uid, None)
         self.delivered.discard(uid)
+        self.volumes.pop(uid, None)
+        self.refresh_due.discard(uid)
         view = self.provisions.pop(podspec.provision_name(self.settings.provision_prefix, uid), None)
         if view is not None:
             self.workloads.pop(view.id, None)
@@ -268,6 +275,9 @@ class PodController:
         if view.state == ProvisionState.ready and view.node_id and key not in self.delivered:
             if not await self._deliver(pod, view):
                 return
+        if key in self.refresh_due and view.state == ProvisionState.ready and view.node_id:
+            self.refresh_due.discard(key)
+            await self._refresh(pod, view)
         observation = podstatus.observe(pod, view, self.workloads.get(view.id), host_ip=self.settings.internal_ip,
                                         now=self.clock())
         await self._write_status(pod, observation.status)
@@ -347,6 +357,8 @@ class PodController:
             return False
         for file in files:
             await self.coordinator.push_file(view.node_id, file.path, file.data, file.mode)
+        if files:
+            self.volumes[uid] = {file.path: _digest(file) for file in files}
         if secret:
             await self.coordinator.push_file(view.node_id, pod_wire.ENV_FILE,
                                              json.dumps(secret).encode(), 0o600)
@@ -355,6 +367,40 @@ class PodController:
         log.info("pod %s/%s: %d file(s) and %d variable(s) from Secrets delivered to node %s", namespace,
                  meta.get("name"), len(files), len(secret), view.node_id)
         return True
+
+    async def refresh_volumes(self) -> None:
+        """Every ``volume_refresh`` seconds, queue the running pods whose volume files were pushed:
+        their sync reads the ConfigMaps and Secrets again and pushes what changed (:meth:`_refresh`)."""
+        while True:
+            await asyncio.sleep(self.settings.volume_refresh)
+            for uid in list(self.volumes):
+                pod = self.pods.get(uid)
+                if pod is not None and not podstatus.is_terminal(pod) and not _meta(pod).get("deletionTimestamp"):
+                    self.refresh_due.add(uid)
+                    self.queue.add(uid)
+
+    async def _refresh(self, pod: dict[str, Any], view: ProvisionView) -> None:
+        """Push the pod's volume files whose content or mode changed since they were pushed (a file
+        whose key went away stays as it was, as does every file while an object is missing)."""
+        meta = _meta(pod)
+        uid, namespace = meta["uid"], meta.get("namespace", "default")
+        raw: dict[tuple[str, str], dict[str, Any] | None] = {}
+        for kind, name in podfiles.references(pod):
+            raw[(kind, name)] = await (self.kube.get_secret if kind == "secret" else self.kube.get_config_map)(
+                namespace, name)
+        try:
+            files = podfiles.files(pod, raw)
+        except podspec.Refusal as refusal:
+            log.info("pod %s/%s: its volumes are left as they are: %s", namespace, meta.get("name"), refusal)
+            return
+        pushed = self.volumes.setdefault(uid, {})
+        changed = [file for file in files if pushed.get(file.path) != _digest(file)]
+        for file in changed:
+            await self.coordinator.push_file(view.node_id, file.path, file.data, file.mode)
+            pushed[file.path] = _digest(file)
+        if changed:
+            log.info("pod %s/%s: %d volume file(s) updated on node %s", namespace, meta.get("name"), len(changed),
+                     view.node_id)
 
     async def _fail(self, pod: dict[str, Any], reason: str, message: str) -> None:
         meta = _meta(pod)
@@ -407,6 +453,10 @@ class PodController:
                 return
         if await self.kube.delete_pod(meta.get("namespace"), meta.get("name"), meta["uid"], grace=0):
             log.info("pod %s/%s deleted: nothing of it is left rented", meta.get("namespace"), meta.get("name"))
+
+
+def _digest(file: podfiles.PodFile) -> str:
+    return hashlib.sha256(file.mode.to_bytes(2, "big") + file.data).hexdigest()
 
 
 def _problem_text(err: CoordinatorError) -> str:
