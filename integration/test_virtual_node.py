@@ -494,6 +494,7 @@ def test_a_readiness_probe_run_by_the_agent_flips_the_pods_ready_condition(virtu
     flag.unlink()
     again = _wait_pod(cp, namespace, "probed", lambda p: _ready(p) == "False", "the pod not Ready once it fails", log)
     assert _running_container(again) and again["status"]["containerStatuses"][0]["restartCount"] == 0
+    wait_until(lambda: "Unhealthy" in _reasons(cp, namespace, "probed"), WAIT, "the Unhealthy Event", interval=0.5)
     cp.kubectl("-n", namespace, "delete", "pod", "probed", "--wait=false")
     wait_until(lambda: _pod(cp, namespace, "probed") is None, WAIT, "the pod gone", interval=0.3)
 
@@ -529,6 +530,9 @@ def test_a_failed_liveness_probe_restarts_the_container_in_place_and_counts_it(v
     assert last["exitCode"] == 143 and last["reason"] == "Error"  # stopped with SIGTERM, as a kubelet stops it
     assert running["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 143
     assert running["status"]["phase"] == "Running" and len(made) == 1  # the same machine
+    events = cp.kubectl_json("-n", namespace, "get", "events", "--field-selector", "involvedObject.name=lively")
+    assert any(e["reason"] == "Unhealthy" and e["message"].startswith("Liveness probe failed")
+               for e in events["items"]), [e["message"] for e in events["items"]]
     cp.kubectl("-n", namespace, "delete", "pod", "lively", "--wait=false")
     wait_until(lambda: _pod(cp, namespace, "lively") is None, WAIT, "the pod gone", interval=0.3)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from anex_agent.wire import ContainerState
+from anex_agent.wire import SHORT_TEXT_MAX, ContainerState
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -67,12 +67,17 @@ class StateTracker:
         self._ran = False
         #: called after every change of the state (the agent then sends a heartbeat soon)
         self.listeners: list[Callable[[], None]] = []
+        self.probe_failures = 0  # probe decisions against the workload, all runs (carried in every state)
+        self.probe_message = ""
 
     @property
     def state(self) -> ContainerState:
         return self._state
 
     def _set(self, value: ContainerState) -> ContainerState:
+        if self.probe_failures:
+            value = value.model_copy(update={"probe_failures": self.probe_failures,
+                                             "probe_message": self.probe_message})
         self._state = value
         for listener in list(self.listeners):
             listener()
@@ -94,6 +99,12 @@ class StateTracker:
         update = {k: v for k, v in (("ready", ready), ("started", started)) if v is not None}
         if any(getattr(self._state, k) != v for k, v in update.items()):
             self._set(self._state.model_copy(update=update))
+
+    def probe_failed(self, message: str) -> None:
+        """A probe decided against the workload (``message`` says which and why): counted and carried."""
+        self.probe_failures += 1
+        self.probe_message = message[:SHORT_TEXT_MAX]
+        self._set(self._state)
 
     def terminated(self, returncode: int) -> ContainerState:
         """Record the end (``returncode`` as asyncio gives it: ``-N`` for signal N)."""

@@ -17,6 +17,8 @@ the workload's own TaskGroup, cancelled when the run ends):
   start it again in place and count the restart; ``Never`` ends the pod);
 * the readiness probe: ``successThreshold`` successes in a row set ``ready``,
   ``failureThreshold`` failures in a row clear it;
+* each decisive failure (readiness turning unready, a liveness or startup kill) is counted in
+  the state (``probe_failures``, ``probe_message``: the pod's ``Unhealthy`` Event);
 * a check that does not answer within ``timeoutSeconds`` is a failure (an exec probe's process
   group is killed). Each failure is logged with its reason (the first one of a series at
   INFO, the decisive one at WARNING).
@@ -98,6 +100,7 @@ class Prober:
                 log.warning("readiness probe (%s) failed %d time(s) (%s): the workload is not ready",
                             probe.describe(), failures, why)
                 workload.tracker.probed(ready=False)
+                workload.tracker.probe_failed(f"Readiness probe failed: {why}")
             return None
         return verdict
 
@@ -126,6 +129,8 @@ def _kill(workload, probe: Probe, failures: int, why: str) -> None:
     log.warning("%s probe (%s) failed %d time(s) in a row (%s): stopping the workload; its restart policy (%s) "
                 "decides whether it runs again", probe.kind, probe.describe(), failures, why,
                 workload.restart_policy)
+    workload.tracker.probe_failed(f"{probe.kind.capitalize()} probe failed: {why}; the container is stopped and "
+                                  f"its restart policy ({workload.restart_policy}) decides")
     workload.kill_unhealthy(probe.grace)
 
 

@@ -83,6 +83,7 @@ class PodController:
         self.delivered: set[str] = set()  # uids whose files reached their machine (or need none there)
         self.volumes: dict[str, dict[str, str]] = {}  # uid -> path -> digest of the volume file pushed there
         self.refresh_due: set[str] = set()  # uids whose volumes are read again at their next sync
+        self.probe_failures: dict[str, int] = {}  # uid -> the agent's probe_failures an Event was recorded for
         self.synced_nodes: set[str] = set()
         self.provisions_synced = False
         self.snapshot_seen = asyncio.Event()  # the first provisions snapshot is in
@@ -112,6 +113,7 @@ class PodController:
         self.delivered.discard(uid)
         self.volumes.pop(uid, None)
         self.refresh_due.discard(uid)
+        self.probe_failures.pop(uid, None)
         view = self.provisions.pop(podspec.provision_name(self.settings.provision_prefix, uid), None)
         if view is not None:
             self.workloads.pop(view.id, None)
@@ -284,6 +286,10 @@ class PodController:
         if observation.event is not None and self.steps.get(key) != observation.step:
             self.steps[key] = observation.step
             await self.recorder.record(pod, *observation.event)
+        workload = self.workloads.get(view.id)
+        if workload is not None and workload.probe_failures > self.probe_failures.get(key, 0):
+            self.probe_failures[key] = workload.probe_failures  # a kubelet's Unhealthy Event
+            await self.recorder.record(pod, podstatus.WARNING, "Unhealthy", workload.probe_message)
 
     async def reconcile(self) -> None:
         """Delete our provisions whose pod no longer exists (once pods and provisions are listed)."""

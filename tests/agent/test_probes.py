@@ -108,8 +108,11 @@ async def test_readiness_flips_ready_both_ways_and_each_flip_is_heard(tmp_path):
             "kube-probe/")
         health.status = 500
         await wait_until(lambda: w.state.ready is False, what="not ready after two failures")
-        assert changes[-2:] == [("running", True), ("running", False)]
+        flips = [c for i, c in enumerate(changes) if i == 0 or c != changes[i - 1]]
+        assert flips[-2:] == [("running", True), ("running", False)]
         assert w.state.state == "running" and w.state.restart_count == 0  # readiness never restarts
+        assert w.state.probe_failures == 1 and w.state.probe_message.startswith("Readiness probe failed: GET ")
+        assert "HTTP 500" in w.state.probe_message
     finally:
         await _stop(w, waiter)
         await runner.cleanup()
@@ -145,6 +148,8 @@ async def test_a_failed_liveness_probe_restarts_in_place_under_always_and_counts
         sick.unlink()  # healthy from now on
         await wait_until(lambda: w.state.state == "running", what="running again")
         assert ends and ends[0] == (143, "Error") and not waiter.done()
+        assert w.state.probe_failures >= 1 and w.state.probe_message.startswith("Liveness probe failed: exit status 1")
+        assert "Always" in w.state.probe_message
     finally:
         await _stop(w, waiter)
 
