@@ -14,11 +14,11 @@ Syncing a pod:
   the field named, and nothing is rented; a 400/422 of the coordinator fails the pod with its
   message; another failure, a 503 or no answer, is a Warning Event ``ProvisioningDelayed`` once
   and a retry); once its machine is ready, the pod's files (ConfigMap and Secret volumes) and its
-  variables from Secrets are pushed to the agent through the coordinator, which holds the workload
-  until they are in (:meth:`PodController._deliver`), and every ``volume_refresh`` seconds the
-  volumes of a running pod are read again and a changed file pushed (:meth:`PodController._refresh`);
-  the status is written (:mod:`.podstatus`)
-  and an Event recorded for each new step.
+  variables from Secrets are pushed through the coordinator to the agent, which holds the
+  workload until they are in (:meth:`PodController._deliver`); every ``volume_refresh`` seconds
+  a running pod's volumes are read again and a changed file pushed (:meth:`PodController._refresh`);
+  the status is written (:mod:`.podstatus`) and an Event recorded for each new step, and an
+  ``Unhealthy`` Event for each probe decision the agent reports.
 * **Succeeded or Failed**: the provision is deleted (the machine is released; the pod stays).
 * **being deleted**: the provision is deleted (an Event ``Killing``) and, once the coordinator
   says ``deleted`` (the rental destroyed, the node removed), the finalizer is removed and the
@@ -41,10 +41,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from anex_agent import pod_wire
 from anex_agent.backoff import Backoff
 from anex_agent.errors import CoordinatorError, KubeError
 from anex_agent.provision_wire import ProvisionState, ProvisionView
-from anex_agent import pod_wire
 from anex_agent.virtualnode import podfiles, podspec, podstatus
 from anex_agent.virtualnode.events import Recorder
 from anex_agent.virtualnode.kube import MERGE_PATCH

@@ -11,15 +11,16 @@ Contract:
 * :func:`references` lists the Secrets and ConfigMaps the container's ``env``/``envFrom`` and
   its volume mounts read; the caller fetches them (``None`` for one that does not exist) and
   passes them to :func:`translate`, which returns the :class:`Translation`: the
-  ``ProvisionCreate`` (image, command, args, env with ``valueFrom``/``envFrom`` resolved but for
-  the values from Secrets, which never travel in the provision (the registry login of the image,
-  from ``imagePullSecrets`` (:mod:`.pullsecrets`), does: the coordinator seals it) (:func:`secret_env`: the virtual
-  node pushes them to the agent once the machine is up, with the volumes' files,
-  :mod:`.podfiles`; ``ANEX_POD_FILES`` tells the agent to wait for them), container ports, the pod's
-  selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
+  ``ProvisionCreate`` (image, command, args, env with ``valueFrom``/``envFrom`` resolved, container
+  ports, the registry login of the image from ``imagePullSecrets`` (:mod:`.pullsecrets`; the
+  coordinator stores it sealed), the pod's selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
   how many GPUs, ``restartPolicy`` as ``ANEX_RESTART_POLICY``: the agent restarts the workload
   in place, and its startup, liveness and readiness probes as ``ANEX_PROBES``: the agent runs them
   next to the workload) and warnings about what is accepted but not carried to the machine.
+  The values from Secrets never travel in the provision (the coordinator stores it, the provider
+  sees its env): :func:`secret_env` gives them to the caller, which pushes them to the agent once
+  the machine is up, with the volumes' files (:mod:`.podfiles`); ``ANEX_POD_FILES`` tells the
+  agent to wait for them (:func:`delivers`). :func:`fetched` is every object to read for a pod.
   ``$(VAR)`` in ``command``, ``args`` and ``env`` values is expanded as the kubelet expands it
   (:func:`expand`).
 * Pods are plain dicts (the API's JSON); nothing here depends on a Kubernetes client.
@@ -57,7 +58,6 @@ PROBE_TIMINGS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "succ
 ACCEPTED_VOLUMES = ("configMap", "secret", "emptyDir", "projected", "downwardAPI")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER = "spec.containers[0]"
-
 
 
 @dataclass(frozen=True)
