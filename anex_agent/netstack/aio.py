@@ -30,11 +30,15 @@ ORPHAN_LINGER = 60.0
 
 
 class NetstackRuntime:
-    """See the module docstring. ``send_packet(packet)`` puts one IP packet into the tunnel."""
+    """See the module docstring. ``send_packet(packet)`` puts one IP packet into the tunnel;
+    ``send_packets(packets)``, when given, all that one flush made in one call (the tunnel then
+    encrypts and writes them as a burst)."""
 
-    def __init__(self, stack: Stack, send_packet: Callable[[bytes], None]) -> None:
+    def __init__(self, stack: Stack, send_packet: Callable[[bytes], None], *,
+                 send_packets: Callable[[list[bytes]], None] | None = None) -> None:
         self.stack = stack
         self.send_packet = send_packet
+        self.send_packets = send_packets
         self._loop = asyncio.get_running_loop()
         self._flush_handle: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -60,13 +64,9 @@ class NetstackRuntime:
         self._flush_handle = None
         stack = self.stack
         stack.flush(self._loop.time())
-        send = self.send_packet
-        for packet in stack.take_packets():
-            try:
-                send(packet)
-            except Exception as err:  # a packet the tunnel cannot carry (no peer for it): TCP retransmits
-                self.send_failures += 1
-                log.debug("netstack: packet not sent: %s", err)
+        packets = stack.take_packets()
+        if packets:
+            self._send(packets)
         for conn in stack.take_dirty():
             user = conn.user
             if user is not None:
@@ -86,6 +86,23 @@ class NetstackRuntime:
         if stack.out or stack.pending:  # a handler wrote or closed: go round once more
             self.kick()
         self._arm(stack.next_deadline())
+
+    def _send(self, packets: list[bytes]) -> None:
+        if self.send_packets is not None:
+            try:
+                self.send_packets(packets)
+                return
+            except Exception as err:  # the tunnel's bug: TCP retransmits what was lost
+                self.send_failures += 1
+                log.debug("netstack: packets not sent: %s", err)
+                return
+        send = self.send_packet
+        for packet in packets:
+            try:
+                send(packet)
+            except Exception as err:  # a packet the tunnel cannot carry (no peer for it): TCP retransmits
+                self.send_failures += 1
+                log.debug("netstack: packet not sent: %s", err)
 
     def _arm(self, deadline: float | None) -> None:
         if deadline == self._timer_at:

@@ -14,53 +14,22 @@ import socket
 from collections.abc import Hashable
 
 from anex_agent.errors import EngineError
-from anex_agent.tunnels.bind import Bind, BindClosed, next_datagram
+from anex_agent.tunnels.bind import Bind, BindClosed, Receiver, next_datagram
 
 __all__ = ["Bind", "BindClosed", "UdpBind", "RECEIVE_QUEUE"]
 
 log = logging.getLogger(__name__)
 
-#: Datagrams queued between the socket and the driver before we drop (like a full socket buffer).
+#: Datagrams queued between the socket and a reader of receive() before we drop (like a full socket buffer).
 RECEIVE_QUEUE = 4096
 
 
-#: Datagrams read per readiness event: asyncio reads one; the rest of a burst is read here at once,
-#: so the driver handles the burst in one task step and the stack above answers it with one flush.
+#: Datagrams read per readiness event, then handed on as one batch (to the receiver, or the
+#: queue), so the driver handles a burst in one step and the stack above answers it with one flush.
 READ_BATCH = 64
-
-
-class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, bind: UdpBind, sock: socket.socket | None = None) -> None:
-        self.bind = bind
-        self.sock = sock
-
-    def datagram_received(self, data: bytes, addr) -> None:  # type: ignore[override]
-        deliver = self.bind._deliver
-        host = addr[0]
-        if host.startswith("::ffff:") and "." in host:  # IPv4 on a dual-stack socket: report it as IPv4
-            host = host[7:]
-        deliver(data, (host, addr[1]))
-        sock = self.sock
-        if sock is None:
-            return
-        for _ in range(READ_BATCH - 1):
-            try:
-                data, addr = sock.recvfrom(65535)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self.error_received(exc)
-                return
-            host = addr[0]
-            if host.startswith("::ffff:") and "." in host:
-                host = host[7:]
-            deliver(data, (host, addr[1]))
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("udp bind: %s", exc)  # ICMP unreachable and friends: UDP semantics, drop
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.bind._deliver(None, None)
+#: Bytes asked of each recvfrom: any datagram fits. (asyncio's datagram transport asks 256 KiB,
+#: an allocation that costs ten times the read itself on every readiness event.)
+RECV_SIZE = 65535
 
 
 class UdpBind:
@@ -69,22 +38,29 @@ class UdpBind:
     It listens on ``host`` (default all IPv4 addresses: ``0.0.0.0``; ``"::"`` for dual
     stack) -- WireGuard is authenticated end to end, anyone may send to it, and anything
     not authenticated is dropped by the core.
+
+    The socket is read by the event loop's reader callback, :data:`READ_BATCH` datagrams per
+    readiness event, and written with plain ``sendto`` calls (a full socket buffer drops the
+    datagram, as UDP does). Both batch methods of the Bind contract are here:
+    :meth:`set_receiver` (no queue, no task step per datagram) and :meth:`send_batch`.
     """
 
-    def __init__(self, transport: asyncio.DatagramTransport, protocol: _Protocol) -> None:
-        self._transport = transport
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[bytes, Hashable] | None] = asyncio.Queue(RECEIVE_QUEUE)
+        self._receiver: Receiver | None = None
         self._closed = False
         self.dropped = 0
-        sock = transport.get_extra_info("socket")
-        self._v6 = sock is not None and sock.family == socket.AF_INET6
-        sockname = transport.get_extra_info("sockname")
-        self.local_port: int = sockname[1] if sockname else 0
+        self.send_dropped = 0
+        self._v6 = sock.family == socket.AF_INET6
+        self.local_port: int = sock.getsockname()[1]
+        self._loop.add_reader(sock.fileno(), self._read_ready)
 
     @classmethod
     async def open(cls, port: int | None = 0, host: str = "0.0.0.0") -> UdpBind:
-        loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = None
         try:
             sock = socket.socket(family, socket.SOCK_DGRAM)
             if family == socket.AF_INET6:
@@ -97,35 +73,75 @@ class UdpBind:
                     pass
             sock.bind((host, port or 0))
         except OSError as err:
+            if sock is not None:
+                sock.close()
             raise EngineError(f"cannot open UDP port {port or 0} on {host}: {err.strerror or err}") from None
-        protocol = _Protocol(None, sock)  # type: ignore[arg-type]
-        transport, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=sock)
-        bind = cls(transport, protocol)  # type: ignore[arg-type]
-        protocol.bind = bind
-        return bind
+        return cls(sock)
 
-    def _deliver(self, data: bytes | None, addr: Hashable | None) -> None:
-        if data is None:
-            self._closed = True
+    def _read_ready(self) -> None:
+        batch: list[tuple[bytes, Hashable]] = []
+        recvfrom = self._sock.recvfrom
+        for _ in range(READ_BATCH):
             try:
-                self._queue.put_nowait(None)
-            except asyncio.QueueFull:
-                pass
+                batch.append(recvfrom(RECV_SIZE))
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:  # ICMP unreachable and friends: UDP semantics, drop
+                log.debug("udp bind: %s", exc)
+                break
+        if not batch:
             return
-        try:
-            self._queue.put_nowait((data, addr))
-        except asyncio.QueueFull:
-            self.dropped += 1
+        if self._v6:  # (host, port, flow, scope); IPv4 on a dual-stack socket is reported as IPv4
+            batch = [(data, (_unmapped(addr[0]), addr[1])) for data, addr in batch]
+        receiver = self._receiver
+        if receiver is not None:
+            try:
+                receiver(batch)
+            except Exception:  # the driver's bug must not stop reading the socket
+                log.exception("udp bind: the receiver failed")
+            return
+        put = self._queue.put_nowait
+        for item in batch:
+            try:
+                put(item)
+            except asyncio.QueueFull:
+                self.dropped += 1
+
+    def set_receiver(self, receiver: Receiver | None) -> None:
+        """Hand every batch read to ``receiver(batch)`` from now on (None: queue for receive() again)."""
+        self._receiver = receiver
+
+    def _endpoint(self, endpoint: Hashable) -> Hashable:
+        if self._v6 and isinstance(endpoint, tuple) and "." in str(endpoint[0]):
+            return ("::ffff:" + endpoint[0], endpoint[1])
+        return endpoint
 
     def send(self, datagram: bytes, endpoint: Hashable) -> None:
         if self._closed:
             return
-        if self._v6 and isinstance(endpoint, tuple) and "." in str(endpoint[0]):
-            endpoint = ("::ffff:" + endpoint[0], endpoint[1])
         try:
-            self._transport.sendto(datagram, endpoint)  # type: ignore[arg-type]
+            self._sock.sendto(datagram, self._endpoint(endpoint))  # type: ignore[arg-type]
+        except (BlockingIOError, InterruptedError):
+            self.send_dropped += 1  # the socket buffer is full: dropped, as UDP would
         except (OSError, ValueError, TypeError) as err:
             log.debug("udp bind: cannot send to %r: %s", endpoint, err)
+
+    def send_batch(self, datagrams: list[tuple[bytes, Hashable]]) -> None:
+        """:meth:`send` of each datagram, in order, without a method call each."""
+        if self._closed:
+            return
+        if self._v6:
+            for datagram, endpoint in datagrams:
+                self.send(datagram, endpoint)
+            return
+        sendto = self._sock.sendto
+        for datagram, endpoint in datagrams:
+            try:
+                sendto(datagram, endpoint)  # type: ignore[arg-type]
+            except (BlockingIOError, InterruptedError):
+                self.send_dropped += 1
+            except (OSError, ValueError, TypeError) as err:
+                log.debug("udp bind: cannot send to %r: %s", endpoint, err)
 
     async def receive(self) -> tuple[bytes, Hashable]:
         return await next_datagram(self._queue, self._closed)
@@ -133,9 +149,13 @@ class UdpBind:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._transport.close()
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
             try:
                 self._queue.put_nowait(None)
             except asyncio.QueueFull:
                 pass
 
+
+def _unmapped(host: str) -> str:
+    return host[7:] if host.startswith("::ffff:") and "." in host else host

@@ -7,6 +7,11 @@ touches a socket)::
     out = device.send_packet(ip_packet, now)          # the IP layer wants to send a packet
     out = device.update_timers(now)                   # call at (or after) out.next_deadline
 
+and their batch forms, one Output (and one deadline computation) for all of a batch::
+
+    out = device.receive_datagrams([(data, addr), ...], now)
+    out = device.send_packets([ip_packet, ...], now)   # a packet that is not IP is dropped, counted
+
 Then the caller sends every ``out.datagrams`` entry ``(bytes, endpoint)`` through its
 Bind, hands ``out.packets`` to its IP layer, and calls :meth:`update_timers` no later
 than ``out.next_deadline`` (None: no timer pending). ``now`` is monotonic seconds and
@@ -37,7 +42,8 @@ from anex_agent.wg.constants import (
 from anex_agent.wg.cookie import CookieChecker, endpoint_bytes
 from anex_agent.wg.crypto import tai64n
 from anex_agent.wg.handshake import Identity, consume_initiation
-from anex_agent.wg.messages import CookieReply, Initiation, Response, Transport, parse
+from anex_agent.wg.constants import MESSAGE_TRANSPORT, TRANSPORT_HEADER_SIZE, TRANSPORT_MIN_SIZE
+from anex_agent.wg.messages import TRANSPORT_HEADER, CookieReply, Initiation, Response, Transport, parse
 from anex_agent.wg.peer import Peer, PeerConfig
 from anex_agent.wg.ratelimit import RateLimiter
 from anex_agent.wg.routing import AllowedIPs, packet_addresses
@@ -171,19 +177,70 @@ class Device:
         self._send_staged(peer, now)
         return self._flush()
 
+    def send_packets(self, packets: list[bytes], now: float) -> Output:
+        """:meth:`send_packet` for each of ``packets`` in order, one Output for all. Each peer's
+        packets are staged, then encrypted in one pass; a packet that is not IPv4/IPv6 is dropped
+        (a ``dropped`` event), not raised."""
+        lookup = self._allowed.lookup
+        peers = self._peers
+        touched: dict[Peer, None] = {}
+        for packet in packets:
+            if packet and packet[0] >> 4 == 4 and len(packet) >= 20:
+                dst = packet[16:20]
+            else:
+                addrs = packet_addresses(packet)
+                if addrs is None:
+                    self._event("dropped", None, "not an IPv4 or IPv6 packet")
+                    continue
+                dst = addrs[1]
+            peer_key = lookup(dst)
+            if peer_key is None:
+                self._event("dropped", None, "no peer's allowed IPs contain the destination")
+                continue
+            peer = peers[peer_key]
+            peer.staged.append(packet if type(packet) is bytes else bytes(packet))
+            touched[peer] = None
+            if len(peer.staged) == peer.staged.maxlen:  # encrypt before the stage overflows
+                self._send_staged(peer, now)
+        for peer in touched:
+            if peer.staged:
+                self._send_staged(peer, now)
+        return self._flush()
+
     def receive_datagram(self, data: bytes, addr: Endpoint, now: float) -> Output:
         """Process one datagram from ``addr``."""
+        self._receive(data, addr, now)
+        return self._flush()
+
+    def receive_datagrams(self, batch: list[tuple[bytes, Endpoint]], now: float) -> Output:
+        """Process each ``(datagram, addr)`` of ``batch`` in order, as :meth:`receive_datagram` would;
+        one Output for all. Transport messages (the bulk of a batch) take a path without a message object."""
+        receive = self._receive
+        transport = self._receive_transport
+        unpack = TRANSPORT_HEADER.unpack_from
+        for data, addr in batch:
+            if len(data) >= TRANSPORT_MIN_SIZE and data[0] == MESSAGE_TRANSPORT and type(data) is bytes:
+                kind, receiver, counter = unpack(data)
+                if kind == MESSAGE_TRANSPORT:  # the reserved bytes are zero
+                    try:
+                        transport(receiver, counter, data[TRANSPORT_HEADER_SIZE:], len(data), addr, now)
+                    except RemoteProtocolError as exc:
+                        self._event("dropped", None, str(exc))
+                    continue
+            receive(data, addr, now)
+        return self._flush()
+
+    def _receive(self, data: bytes, addr: Endpoint, now: float) -> None:
         try:
             msg = parse(data)
             if isinstance(msg, Transport):
-                self._receive_transport(msg, len(data), addr, now)
+                self._receive_transport(msg.receiver, msg.counter, msg.encrypted_packet, len(data), addr, now)
             elif isinstance(msg, CookieReply):
                 self._receive_cookie_reply(msg, now)
             else:
                 self._receive_handshake(msg, bytes(data), addr, now)
         except RemoteProtocolError as exc:
             self._event("dropped", None, str(exc))
-        return self._flush()
 
     def update_timers(self, now: float) -> Output:
         """Fire every timer due at ``now``."""
@@ -358,15 +415,16 @@ class Device:
         entry[0].cookies.consume_reply(msg, now)
         self._event("cookie-received", entry[0].public_key)
 
-    def _receive_transport(self, msg: Transport, size: int, addr: Endpoint, now: float) -> None:
-        entry = self._index.get(msg.receiver)
+    def _receive_transport(self, receiver: int, counter: int, ciphertext: bytes, size: int, addr: Endpoint,
+                           now: float) -> None:
+        entry = self._index.get(receiver)
         if entry is None or entry[1] is None:
             raise RemoteProtocolError("transport message for an unknown index")
         peer, keypair = entry
         self._touched.add(peer)
         if not keypair.usable_for_receiving(now):
             raise RemoteProtocolError("transport message for an expired session")
-        plaintext = keypair.decrypt(msg.counter, msg.encrypted_packet)
+        plaintext = keypair.decrypt(counter, ciphertext)
         peer.stats.rx_bytes += size
         if keypair is peer.keypairs.next:
             self._drop_keypairs(peer.keypairs.received_with(keypair))
