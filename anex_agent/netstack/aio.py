@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable
 
 from anex_agent.netstack.stack import Stack, UdpPort
+from anex_agent.netstack.trim import BurstTrimmer
 from anex_agent.netstack.tcp.connection import CLOSED, REFUSED, TIMED_OUT, Connection
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class NetstackRuntime:
         self._udp: dict[UdpPort, UdpSocket] = {}
         self.send_failures = 0
         self.closed = False
+        self.trimmer = BurstTrimmer()  # the heap a burst of connections used goes back once it is over
 
     # ------------------------------------------------------------------ packets in, flushes
 
@@ -85,6 +87,7 @@ class NetstackRuntime:
                     sock._wake()
         if stack.out or stack.pending:  # a handler wrote or closed: go round once more
             self.kick()
+        self.trimmer.observe(len(stack.conns))
         self._arm(stack.next_deadline())
 
     def _send(self, packets: list[bytes]) -> None:
@@ -168,7 +171,7 @@ class NetstackRuntime:
     def report(self) -> dict:
         stack = self.stack
         return {"connections": len(stack.conns), "listening": sorted(self._listeners),
-                "drops": dict(stack.drops), "send_failures": self.send_failures,
+                "drops": dict(stack.drops), "send_failures": self.send_failures, "heap_trims": self.trimmer.trims,
                 "packets_in": stack.counters["packets_in"]}
 
 
