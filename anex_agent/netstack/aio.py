@@ -57,6 +57,13 @@ class NetstackRuntime:
         self.stack.receive(packet, self._loop.time())
         self.kick()
 
+    def deliver_packets(self, packets: list[bytes]) -> None:
+        """IP packets out of the tunnel, all at once (one clock read, one flush)."""
+        receive, now = self.stack.receive, self._loop.time()
+        for packet in packets:
+            receive(packet, now)
+        self.kick()
+
     def kick(self) -> None:
         """Flush at the end of this loop iteration (once, however many inputs came)."""
         if self._flush_handle is None and not self.closed:

@@ -7,7 +7,8 @@ Two layers:
   ``loop.call_at`` timer armed at the device's ``next_deadline``, and exposes the packet
   interface an IP layer uses: :meth:`UserspaceTunnel.send_packet` and
   :meth:`UserspaceTunnel.send_packets` (IPv4/IPv6 packets into the tunnel) and either an
-  ``on_packet`` callback or :meth:`receive_packet` (decrypted packets out of it). ``now`` is
+  ``on_packet`` callback (or ``on_packets``, all that one batch decrypted at once) or
+  :meth:`receive_packet` (decrypted packets out of it). ``now`` is
   the event loop's monotonic clock. Work goes in batches: a Bind that pushes (``set_receiver``)
   hands over all that one wake-up read, which is decrypted and delivered in one pass with one
   deadline computation and one timer; the datagrams the device returns go out with one
@@ -52,7 +53,7 @@ from anex_agent.tunnels.base import (
 from anex_agent.tunnels.endpoints import resolve_once
 from anex_agent.tunnels.bind import send_all, set_receiver
 from anex_agent.tunnels.udp_bind import Bind, BindClosed, UdpBind
-from anex_agent.wg.device import Device, Output
+from anex_agent.wg.device import Device, Output, ReceivedPacket
 from anex_agent.wg.peer import PeerConfig as WgPeerConfig
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class UserspaceTunnel:
         self.device = device
         self.bind = bind
         self.on_packet = on_packet
+        #: When set, takes all packets one device call decrypted (ReceivedPacket list) instead of on_packet.
+        self.on_packets: Callable[[list[ReceivedPacket]], None] | None = None
         self.events: collections.Counter[str] = collections.Counter()
         self.drop_reasons: collections.Counter[str] = collections.Counter()
         self._packets: asyncio.Queue[bytes] = asyncio.Queue(PACKET_QUEUE)
@@ -126,6 +129,13 @@ class UserspaceTunnel:
         """Act on a device output: send datagrams, deliver packets, count events, re-arm the timer."""
         if out.datagrams:
             send_all(self.bind, out.datagrams)
+        if out.packets and self.on_packets is not None:
+            try:
+                self.on_packets(out.packets)
+            except Exception:  # the IP layer's bug must not stop the tunnel
+                log.exception("userspace wg: packet handler failed")
+                self.drop_reasons["packet handler failed"] += len(out.packets)
+            out.packets = []
         for received in out.packets:
             if self.on_packet is not None:
                 try:
@@ -275,11 +285,16 @@ class UserspaceEngine(Engine):
                                            send_packets=self._send_packets)
             self._runtime_for = want
         self.tunnel.on_packet = self._deliver
+        self.tunnel.on_packets = self._deliver_all
         self._sync_inbound()
 
     def _deliver(self, packet: bytes, peer: bytes) -> None:
         if self.runtime is not None:
             self.runtime.deliver(packet)
+
+    def _deliver_all(self, received: list[ReceivedPacket]) -> None:
+        if self.runtime is not None:
+            self.runtime.deliver_packets([r.packet for r in received])
 
     def _send_packet(self, packet: bytes) -> None:
         if self.tunnel is not None:
@@ -349,6 +364,7 @@ class UserspaceEngine(Engine):
         self._task = self._tasks.spawn("userspace-wg-receive", tunnel.run)
         if self._netstack_wanted:
             tunnel.on_packet = self._deliver
+            tunnel.on_packets = self._deliver_all
         self._private_key, self._listen_port, self._mtu = desired.private_key, desired.listen_port, desired.mtu
         self._peers = ()
 

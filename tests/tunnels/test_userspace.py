@@ -304,3 +304,16 @@ async def test_a_burst_is_received_pushed_in_batches_and_sent_with_one_call_per_
     assert sends == [100]
     assert sum(batches) == 100 and len(batches) < 100
     assert b.tunnel.bind._queue.empty()
+
+
+async def test_on_packets_gets_all_that_one_batch_decrypted_in_one_call(engines):
+    a, b, ka, kb, port_b = engines
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"handshake first"))
+    await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS)
+    calls: list[list[bytes]] = []
+    b.tunnel.on_packets = lambda received: calls.append([r.packet for r in received])
+    packets = [ipv4(IP_A, IP_B, i.to_bytes(2, "big")) for i in range(50)]
+    a.tunnel.send_packets(packets)
+    await wait_until(lambda: sum(map(len, calls)) == 50, what="all packets at on_packets")
+    assert [p for call in calls for p in call] == packets and len(calls) < 50
+    assert b.tunnel._packets.empty()  # none went the one-by-one way
