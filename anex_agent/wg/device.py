@@ -325,14 +325,23 @@ class Device:
             self._event("dropped", peer.public_key, f"{len(peer.staged)} packet(s): peer has no endpoint")
             peer.staged.clear()
             return
-        while peer.staged:
-            packet = peer.staged.popleft()
-            datagram = kp.encrypt(packet, self.mtu)
-            self._emit(peer, datagram)
-            peer.timers.any_authenticated_packet_traversal(now)
-            peer.timers.any_authenticated_packet_sent()
+        staged, encrypt, mtu, endpoint = peer.staged, kp.encrypt, self.mtu, peer.endpoint
+        emitted = self._out.datagrams
+        sent_bytes = 0
+        data = False
+        while staged:
+            packet = staged.popleft()
+            datagram = encrypt(packet, mtu)
+            sent_bytes += len(datagram)
+            emitted.append((datagram, endpoint))
             if packet:
-                peer.timers.data_sent(now)
+                data = True
+        # the timers' events, once for the whole run: every packet of it went at the same ``now``
+        peer.stats.tx_bytes += sent_bytes
+        peer.timers.any_authenticated_packet_traversal(now)
+        peer.timers.any_authenticated_packet_sent()
+        if data:
+            peer.timers.data_sent(now)
         # §6.2: the initiator of a session rekeys once it is old or has sent a lot.
         if kp.send_counter > REKEY_AFTER_MESSAGES or (kp.is_initiator and now - kp.created > REKEY_AFTER_TIME):
             self._initiate(peer, now, retry=False)
