@@ -50,8 +50,8 @@ from anex_agent.tunnels.base import (
     WorkloadConfig,
     plan_peers,
 )
-from anex_agent.tunnels.endpoints import resolve_once
 from anex_agent.tunnels.bind import send_all, set_receiver
+from anex_agent.tunnels.endpoints import resolve_once
 from anex_agent.tunnels.udp_bind import Bind, BindClosed, UdpBind
 from anex_agent.wg.device import Device, Output, ReceivedPacket
 from anex_agent.wg.peer import PeerConfig as WgPeerConfig

@@ -33,17 +33,19 @@ from anex_agent.errors import LocalProtocolError, RemoteProtocolError
 from anex_agent.wg.constants import (
     KEEPALIVE_TIMEOUT,
     MAX_HANDSHAKE_ATTEMPTS,
+    MESSAGE_TRANSPORT,
     REJECT_AFTER_TIME,
     REKEY_AFTER_MESSAGES,
     REKEY_AFTER_TIME,
     REKEY_TIMEOUT,
+    TRANSPORT_HEADER_SIZE,
+    TRANSPORT_MIN_SIZE,
     UNDER_LOAD_HANDSHAKES_PER_SECOND,
     UNDER_LOAD_HOLD,
 )
 from anex_agent.wg.cookie import CookieChecker, endpoint_bytes
 from anex_agent.wg.crypto import tai64n
 from anex_agent.wg.handshake import Identity, consume_initiation
-from anex_agent.wg.constants import MESSAGE_TRANSPORT, TRANSPORT_HEADER_SIZE, TRANSPORT_MIN_SIZE
 from anex_agent.wg.messages import TRANSPORT_HEADER, CookieReply, Initiation, Response, Transport, parse
 from anex_agent.wg.peer import Peer, PeerConfig
 from anex_agent.wg.ratelimit import RateLimiter
