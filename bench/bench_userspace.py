@@ -109,9 +109,11 @@ def bulk(node, port: int, nbytes: int, direction: str, streams: int) -> dict:
     return {"mbit_s": moved * 8 / seconds / 1e6, "cpu_s_per_gb": cpu / (moved / 1e9)}
 
 
-def bulk_round(nodes: dict, nbytes: int, streams: int = 1) -> dict:
-    out: dict = {"down": {}, "up": {}}
+def bulk_round(nodes: dict, nbytes: int, streams: int = 1, directions=("down", "up")) -> dict:
+    out: dict = {d: {} for d in directions}
     for direction, port in (("down", TUNNEL_DOWN), ("up", TUNNEL_UP)):
+        if direction not in directions:
+            continue
         for name, node in nodes.items():
             out[direction][name] = bulk(node, port, nbytes, direction, streams)
     return out
@@ -120,7 +122,7 @@ def bulk_round(nodes: dict, nbytes: int, streams: int = 1) -> dict:
 def summarize(rounds: list[dict], nodes, key: str = "mbit_s") -> dict:
     """Median, min and max of ``key`` per node and direction, and the ratio of the medians."""
     doc = {}
-    for direction in ("down", "up"):
+    for direction in rounds[0]:
         samples = {n: [r[direction][n][key] for r in rounds] for n in nodes}
         med = {n: statistics.median(v) for n, v in samples.items()}
         doc[direction] = {
@@ -218,18 +220,23 @@ def main() -> int:
     parser.add_argument("--mb", type=int, default=32, help="MiB per transfer (default 32)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", default="1,4", help="comma list of parallel stream counts (default 1,4)")
+    parser.add_argument("--directions", default="down,up", help="comma list of: down,up (default both)")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--connections", type=int, default=500)
     parser.add_argument("--connection-mb", type=float, default=1.0)
     parser.add_argument("--skip", default="", help="comma list of: loss,many,latency,segment")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    text = args.streams
     try:
-        args.streams = [int(n) for n in args.streams.split(",") if n]
+        args.streams = [int(n) for n in text.split(",") if n]
         if not args.streams or min(args.streams) < 1:
             raise ValueError
     except ValueError:
-        parser.error(f"--streams {args.streams!r}: expected a comma list of positive integers, e.g. 1,4")
+        parser.error(f"--streams {text!r}: expected a comma list of positive integers, e.g. 1,4")
+    args.directions = tuple(d for d in ("down", "up") if d in args.directions.split(","))
+    if not args.directions:
+        parser.error("--directions: expected down, up or down,up")
     reason = missing_prerequisites("wireguard-go", "nft") or (None if shutil.which("setpriv") else "setpriv is missing")
     if reason:
         print(json.dumps({"benchmark": "userspace", "skipped": reason}))
@@ -249,10 +256,10 @@ def main() -> int:
         doc["throughput"] = {}
         doc["cpu_s_per_gb"] = {}
         for streams in args.streams:
-            rounds = [bulk_round(nodes, nbytes, streams) for _ in range(args.rounds)]
+            rounds = [bulk_round(nodes, nbytes, streams, args.directions) for _ in range(args.rounds)]
             label = f"{streams}_stream{'s' if streams > 1 else ''}"
             doc["throughput"][label] = summarize(rounds, nodes, "mbit_s")
-            for direction in ("down", "up"):
+            for direction in args.directions:
                 med = doc["throughput"][label][direction]["median"]["userspace"]
                 doc["throughput"][label][direction]["packets_s_userspace"] = round(med * 1e6 / 8 / 1380)
             doc["cpu_s_per_gb"][label] = summarize(rounds, nodes, "cpu_s_per_gb")
