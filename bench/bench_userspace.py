@@ -5,8 +5,10 @@ with two nodes behind the same gateway (wireguard-go) on the same bridge: node `
 ``anex-agent daemon`` as root on wireguard-go (kernel TCP end to end), node ``userspace`` runs it
 as ``nobody`` with no capabilities (``auto`` picks the built-in engine). In one run, for each node,
 interleaved round by round: bulk TCP through a ``GW_TUNNEL`` forward to the cluster's bulk source
-(down) and sink (up). Reported: the medians, the ratio userspace/native per direction
-(goal >= 0.5), packets/s and the in-process cost per segment of our stack, p50/p99 of a small
+(down) and sink (up), with 1 and 4 parallel streams (``--streams``). Reported: median, min and max
+of the rounds, the ratio userspace/native per direction (goal >= 1.0), the CPU seconds per GB
+the node's own processes spent (the agent, and wireguard-go on the native node; goal <= 1.2x),
+packets/s and the in-process cost per segment of our stack, p50/p99 of a small
 request through the proxy (new connection each), the userspace agent's RSS under many concurrent
 proxy connections, and, last, the same ratio with 2 % loss: each node's WireGuard datagrams go
 through a user-space relay (``integration/lossy_relay.py``, redirected with an nftables DNAT in
@@ -71,13 +73,66 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def bulk_round(nodes: dict, nbytes: int) -> dict:
-    out: dict = {"down": {}, "up": {}}
+def process_cpu_s(pids) -> float:
+    """User + system CPU seconds of ``pids`` (all their threads) so far; gone processes count 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def bulk(node, port: int, nbytes: int, direction: str, streams: int) -> dict:
+    """``streams`` parallel bulk transfers of ``nbytes / streams`` each; the aggregate Mbit/s and the
+    CPU seconds the node's own processes (agent, wireguard-go; not the clients) spent per GB."""
+    pids = node.ns.pids()  # before the clients start: the agent and its engine
+    cpu = process_cpu_s(pids)
+    each = nbytes // streams
+    cmd = [sys.executable, "-m", "anex_agent.demo.client", "bulk", f"127.0.0.1:{port}", "--bytes", str(each),
+           "--direction", direction, "--timeout", "60"]
+    started = time.perf_counter()
+    procs = [node.ns.popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(streams)]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    seconds = time.perf_counter() - started
+    cpu = process_cpu_s(pids) - cpu
+    for result in results:
+        if "error" in result:
+            raise RuntimeError(f"bulk {direction} x{streams}: {result['error']}")
+    moved = sum(r["bytes"] for r in results)
+    return {"mbit_s": moved * 8 / seconds / 1e6, "cpu_s_per_gb": cpu / (moved / 1e9)}
+
+
+def bulk_round(nodes: dict, nbytes: int, streams: int = 1, directions=("down", "up")) -> dict:
+    out: dict = {d: {} for d in directions}
     for direction, port in (("down", TUNNEL_DOWN), ("up", TUNNEL_UP)):
+        if direction not in directions:
+            continue
         for name, node in nodes.items():
-            result = client(node.ns, "bulk", f"127.0.0.1:{port}", "--bytes", str(nbytes), "--direction", direction)
-            out[direction][name] = result["mbit_s"]
+            out[direction][name] = bulk(node, port, nbytes, direction, streams)
     return out
+
+
+def summarize(rounds: list[dict], nodes, key: str = "mbit_s") -> dict:
+    """Median, min and max of ``key`` per node and direction, and the ratio of the medians."""
+    doc = {}
+    for direction in rounds[0]:
+        samples = {n: [r[direction][n][key] for r in rounds] for n in nodes}
+        med = {n: statistics.median(v) for n, v in samples.items()}
+        doc[direction] = {
+            "median": {n: round(v, 2) for n, v in med.items()},
+            "min": {n: round(min(v), 2) for n, v in samples.items()},
+            "max": {n: round(max(v), 2) for n, v in samples.items()},
+            "ratio_userspace_vs_native": round(med["userspace"] / med["native"], 3),
+            "ratios_per_round": [round(r[direction]["userspace"][key] / r[direction]["native"][key], 3) for r in rounds],
+        }
+    return doc
 
 
 def segment_cost(mbytes: int = 20) -> dict:
@@ -164,12 +219,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=32, help="MiB per transfer (default 32)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", default="1,4", help="comma list of parallel stream counts (default 1,4)")
+    parser.add_argument("--directions", default="down,up", help="comma list of: down,up (default both)")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--connections", type=int, default=500)
     parser.add_argument("--connection-mb", type=float, default=1.0)
     parser.add_argument("--skip", default="", help="comma list of: loss,many,latency,segment")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    text = args.streams
+    try:
+        args.streams = [int(n) for n in text.split(",") if n]
+        if not args.streams or min(args.streams) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--streams {text!r}: expected a comma list of positive integers, e.g. 1,4")
+    args.directions = tuple(d for d in ("down", "up") if d in args.directions.split(","))
+    if not args.directions:
+        parser.error("--directions: expected down, up or down,up")
     reason = missing_prerequisites("wireguard-go", "nft") or (None if shutil.which("setpriv") else "setpriv is missing")
     if reason:
         print(json.dumps({"benchmark": "userspace", "skipped": reason}))
@@ -186,16 +253,19 @@ def main() -> int:
         nodes = {"native": native, "userspace": user}
         for node in nodes.values():  # warm-up
             client(node.ns, "bulk", f"127.0.0.1:{TUNNEL_DOWN}", "--bytes", str(2 << 20))
-        rounds = [bulk_round(nodes, nbytes) for _ in range(args.rounds)]
-        throughput = {}
-        for direction in ("down", "up"):
-            med = {n: statistics.median(r[direction][n] for r in rounds) for n in nodes}
-            throughput[direction] = {"mbit_s": {n: round(v, 1) for n, v in med.items()},
-                                     "samples_mbit_s": {n: [round(r[direction][n], 1) for r in rounds] for n in nodes},
-                                     "ratio_userspace_vs_native": round(med["userspace"] / med["native"], 3),
-                                     "packets_s_userspace": round(med["userspace"] * 1e6 / 8 / 1380)}
-        doc["throughput"] = throughput
-        doc["goal"] = "ratio_userspace_vs_native >= 0.5 (under 0.2: a defect, profile attached)"
+        doc["throughput"] = {}
+        doc["cpu_s_per_gb"] = {}
+        for streams in args.streams:
+            rounds = [bulk_round(nodes, nbytes, streams, args.directions) for _ in range(args.rounds)]
+            label = f"{streams}_stream{'s' if streams > 1 else ''}"
+            doc["throughput"][label] = summarize(rounds, nodes, "mbit_s")
+            for direction in args.directions:
+                med = doc["throughput"][label][direction]["median"]["userspace"]
+                doc["throughput"][label][direction]["packets_s_userspace"] = round(med * 1e6 / 8 / 1380)
+            doc["cpu_s_per_gb"][label] = summarize(rounds, nodes, "cpu_s_per_gb")
+        doc["goal"] = {"throughput": "ratio_userspace_vs_native >= 1.0 for 1 and 4 streams, both directions",
+                       "cpu_s_per_gb": "ratio_userspace_vs_native <= 1.2 (the node's agent and engine processes)",
+                       "many_connections_userspace": "rss_mib_peak < 150"}
         if "latency" not in skip:
             url = f"http://{CLUSTER_IP}:{HTTP_PORT}/latency"
             lat = {n: client(node.ns, "latency", url, "--proxy", PROXY, "--count", str(args.requests)) for n, node in nodes.items()}
@@ -212,8 +282,9 @@ def main() -> int:
             lossy = bulk_round(nodes, max(nbytes // 4, 1 << 20))
             for relay in relays:
                 relay.terminate()
-            doc["loss_2_percent"] = {d: {"mbit_s": {n: round(v, 1) for n, v in lossy[d].items()},
-                                         "ratio_userspace_vs_native": round(lossy[d]["userspace"] / lossy[d]["native"], 3)}
+            doc["loss_2_percent"] = {d: {"mbit_s": {n: round(v["mbit_s"], 1) for n, v in lossy[d].items()},
+                                         "ratio_userspace_vs_native": round(lossy[d]["userspace"]["mbit_s"]
+                                                                            / lossy[d]["native"]["mbit_s"], 3)}
                                      for d in lossy}
             doc["loss_2_percent"]["relay"] = "user-space relay per node: 2 % dropped each way, 5 % reordered by 1-4 ms"
     if "segment" not in skip:

@@ -10,6 +10,15 @@ its datagram transport directly (``UserspaceEngine(bind_factory=...)``)::
         def close(self) -> None                                         # idempotent; receive() then raises BindClosed
         local_port: int                                                 # 0 where ports make no sense
 
+Two optional batch methods let a driver skip the per-datagram queue and task step (the UDP
+Bind and the switch Bind have both; :func:`set_receiver` and :func:`send_all` fall back to
+the methods above for a Bind without them)::
+
+        def set_receiver(self, receiver: Callable[[list[tuple[bytes, Hashable]]], None] | None) -> None
+            # every datagram from now on goes to receiver(batch), called in the event loop with
+            # all that one wake-up read; receive() then only raises BindClosed once closed
+        def send_batch(self, datagrams: list[tuple[bytes, Hashable]]) -> None   # send() of each, in order
+
 Implementations:
 
 * :class:`anex_agent.tunnels.udp_bind.UdpBind` -- a UDP socket; endpoints are ``(ip, port)``.
@@ -30,8 +39,10 @@ full, relay reconnecting) is dropped, as UDP would; WireGuard's timers recover.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Protocol, runtime_checkable
+
+Receiver = Callable[[list[tuple[bytes, Hashable]]], None]
 
 
 class BindClosed(Exception):
@@ -59,3 +70,23 @@ async def next_datagram(queue: asyncio.Queue[tuple[bytes, Hashable] | None], clo
     if item is None:
         raise BindClosed()
     return item
+
+
+def set_receiver(bind: Bind, receiver: Receiver | None) -> bool:
+    """Have ``bind`` push its datagrams to ``receiver(batch)``; False when it cannot (read with receive())."""
+    method = getattr(bind, "set_receiver", None)
+    if method is None:
+        return False
+    method(receiver)
+    return True
+
+
+def send_all(bind: Bind, datagrams: list[tuple[bytes, Hashable]]) -> None:
+    """Send ``datagrams`` through ``bind``: one ``send_batch`` call where it has one."""
+    batch = getattr(bind, "send_batch", None)
+    if batch is not None:
+        batch(datagrams)
+        return
+    send = bind.send
+    for datagram, endpoint in datagrams:
+        send(datagram, endpoint)

@@ -5,9 +5,14 @@ Two layers:
 * :class:`UserspaceTunnel` -- the driver. It feeds datagrams from a :class:`Bind` into
   :class:`anex_agent.wg.device.Device`, sends what the device returns, keeps one
   ``loop.call_at`` timer armed at the device's ``next_deadline``, and exposes the packet
-  interface an IP layer uses: :meth:`UserspaceTunnel.send_packet` (an IPv4/IPv6 packet
-  into the tunnel) and either an ``on_packet`` callback or :meth:`receive_packet`
-  (decrypted packets out of it). ``now`` is the event loop's monotonic clock.
+  interface an IP layer uses: :meth:`UserspaceTunnel.send_packet` and
+  :meth:`UserspaceTunnel.send_packets` (IPv4/IPv6 packets into the tunnel) and either an
+  ``on_packet`` callback (or ``on_packets``, all that one batch decrypted at once) or
+  :meth:`receive_packet` (decrypted packets out of it). ``now`` is
+  the event loop's monotonic clock. Work goes in batches: a Bind that pushes (``set_receiver``)
+  hands over all that one wake-up read, which is decrypted and delivered in one pass with one
+  deadline computation and one timer; the datagrams the device returns go out with one
+  ``send_batch``.
 * :class:`UserspaceEngine` -- the :class:`anex_agent.tunnels.base.Engine` contract
   around it: ``apply(desired)`` creates the device and a :class:`UdpBind` on the desired
   port and diffs peers into the device. It creates no OS interface and needs no
@@ -45,9 +50,10 @@ from anex_agent.tunnels.base import (
     WorkloadConfig,
     plan_peers,
 )
+from anex_agent.tunnels.bind import send_all, set_receiver
 from anex_agent.tunnels.endpoints import resolve_once
 from anex_agent.tunnels.udp_bind import Bind, BindClosed, UdpBind
-from anex_agent.wg.device import Device, Output
+from anex_agent.wg.device import Device, Output, ReceivedPacket
 from anex_agent.wg.peer import PeerConfig as WgPeerConfig
 
 if TYPE_CHECKING:
@@ -70,6 +76,8 @@ class UserspaceTunnel:
         self.device = device
         self.bind = bind
         self.on_packet = on_packet
+        #: When set, takes all packets one device call decrypted (ReceivedPacket list) instead of on_packet.
+        self.on_packets: Callable[[list[ReceivedPacket]], None] | None = None
         self.events: collections.Counter[str] = collections.Counter()
         self.drop_reasons: collections.Counter[str] = collections.Counter()
         self._packets: asyncio.Queue[bytes] = asyncio.Queue(PACKET_QUEUE)
@@ -82,20 +90,32 @@ class UserspaceTunnel:
         return self._loop.time()
 
     async def run(self) -> None:
-        """Receive datagrams until the Bind closes."""
+        """Receive datagrams until the Bind closes: pushed in batches where the Bind can, else one by one."""
+        pushed = set_receiver(self.bind, self.receive_batch)
         receive, process = self.bind.receive, self.device.receive_datagram
         try:
             while True:
-                data, endpoint = await receive()
+                data, endpoint = await receive()  # with a receiver set, only the close comes here
                 self.handle(process(data, endpoint, self._loop.time()))
         except BindClosed:
             pass
         finally:
+            if pushed:
+                set_receiver(self.bind, None)
             self._cancel_timer()
+
+    def receive_batch(self, batch: list) -> None:
+        """Datagrams ``(data, endpoint)`` from the Bind, all processed before anything is sent or armed."""
+        if not self._closed:
+            self.handle(self.device.receive_datagrams(batch, self._loop.time()))
 
     def send_packet(self, packet: bytes) -> None:
         """Send an IP packet into the tunnel (routed by allowed IPs). Non-IP input raises LocalProtocolError."""
         self.handle(self.device.send_packet(packet, self._loop.time()))
+
+    def send_packets(self, packets: list[bytes]) -> None:
+        """Send IP packets into the tunnel in one pass (a packet that is not IP is dropped and counted)."""
+        self.handle(self.device.send_packets(packets, self._loop.time()))
 
     async def receive_packet(self) -> bytes:
         """The next decrypted IP packet (only when no ``on_packet`` callback is set)."""
@@ -107,9 +127,15 @@ class UserspaceTunnel:
 
     def handle(self, out: Output) -> None:
         """Act on a device output: send datagrams, deliver packets, count events, re-arm the timer."""
-        send = self.bind.send
-        for datagram, endpoint in out.datagrams:
-            send(datagram, endpoint)
+        if out.datagrams:
+            send_all(self.bind, out.datagrams)
+        if out.packets and self.on_packets is not None:
+            try:
+                self.on_packets(out.packets)
+            except Exception:  # the IP layer's bug must not stop the tunnel
+                log.exception("userspace wg: packet handler failed")
+                self.drop_reasons["packet handler failed"] += len(out.packets)
+            out.packets = []
         for received in out.packets:
             if self.on_packet is not None:
                 try:
@@ -255,18 +281,28 @@ class UserspaceEngine(Engine):
             if self.runtime is not None:
                 self.runtime.close()  # the address moved: connections of the old address cannot live on
             # WireGuard authenticated every packet the stack gets: no second checksum check
-            self.runtime = NetstackRuntime(Stack(want[0], mtu=want[1], verify_checksums=False), self._send_packet)
+            self.runtime = NetstackRuntime(Stack(want[0], mtu=want[1], verify_checksums=False), self._send_packet,
+                                           send_packets=self._send_packets)
             self._runtime_for = want
         self.tunnel.on_packet = self._deliver
+        self.tunnel.on_packets = self._deliver_all
         self._sync_inbound()
 
     def _deliver(self, packet: bytes, peer: bytes) -> None:
         if self.runtime is not None:
             self.runtime.deliver(packet)
 
+    def _deliver_all(self, received: list[ReceivedPacket]) -> None:
+        if self.runtime is not None:
+            self.runtime.deliver_packets([r.packet for r in received])
+
     def _send_packet(self, packet: bytes) -> None:
         if self.tunnel is not None:
             self.tunnel.send_packet(packet)
+
+    def _send_packets(self, packets: list[bytes]) -> None:
+        if self.tunnel is not None:
+            self.tunnel.send_packets(packets)
 
     def _covers(self, address: str) -> bool:
         """Whether the tunnel carries ``address`` (some peer's allowed IPs hold it)."""
@@ -328,6 +364,7 @@ class UserspaceEngine(Engine):
         self._task = self._tasks.spawn("userspace-wg-receive", tunnel.run)
         if self._netstack_wanted:
             tunnel.on_packet = self._deliver
+            tunnel.on_packets = self._deliver_all
         self._private_key, self._listen_port, self._mtu = desired.private_key, desired.listen_port, desired.mtu
         self._peers = ()
 

@@ -504,6 +504,8 @@ class SwitchBind:
     :meth:`use_udp` back); what arrives from a relay is reported as coming from that endpoint,
     so the WireGuard core sees the same peer endpoint on both paths. Create with
     ``await SwitchBind.open(port, host, tasks, ...)``; its tasks end with :meth:`close`.
+    With a receiver set (:meth:`set_receiver`) the UDP side's batches go straight to it and each
+    relay datagram as a batch of one: no queue between the socket and the driver.
     """
 
     def __init__(self, udp: Any, tasks: Tasks, *, private_key: bytes, public_key: str) -> None:
@@ -512,6 +514,7 @@ class SwitchBind:
         self._private, self._public = private_key, public_key
         self.clients: dict[Hashable, RelayClient] = {}
         self._queue: asyncio.Queue[tuple[bytes, Hashable] | None] = asyncio.Queue(RECEIVE_QUEUE)
+        self._receiver: Callable[[list[tuple[bytes, Hashable]]], None] | None = None
         self._closed = False
         self.dropped = 0
 
@@ -535,10 +538,24 @@ class SwitchBind:
             return
 
     def _put(self, item: tuple[bytes, Hashable]) -> None:
+        receiver = self._receiver
+        if receiver is not None:
+            try:
+                receiver([item])
+            except Exception:  # the driver's bug must not end the relay connection
+                log.exception("switch bind: the receiver failed")
+            return
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
             self.dropped += 1
+
+    def set_receiver(self, receiver: Callable[[list[tuple[bytes, Hashable]]], None] | None) -> None:
+        """Every datagram, from either path, to ``receiver(batch)`` from now on (None: queue them again)."""
+        self._receiver = receiver
+        set_udp = getattr(self.udp, "set_receiver", None)
+        if set_udp is not None:
+            set_udp(receiver)
 
     def use_websocket(self, endpoint: Hashable, target: RelayTarget) -> None:
         """Send to (and hear) ``endpoint`` through the relay ``target`` from now on."""
@@ -565,6 +582,16 @@ class SwitchBind:
             client.send(datagram)
         else:
             self.udp.send(datagram, endpoint)
+
+    def send_batch(self, datagrams: list[tuple[bytes, Hashable]]) -> None:
+        """:meth:`send` of each, in order; the UDP ones in one ``send_batch`` when no relay is in use."""
+        if self._closed:
+            return
+        if not self.clients and hasattr(self.udp, "send_batch"):
+            self.udp.send_batch(datagrams)
+            return
+        for datagram, endpoint in datagrams:
+            self.send(datagram, endpoint)
 
     async def receive(self) -> tuple[bytes, Hashable]:
         return await next_datagram(self._queue, self._closed)

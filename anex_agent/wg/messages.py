@@ -31,6 +31,7 @@ _INITIATION = struct.Struct("<II32s48s28s16s16s")
 _RESPONSE = struct.Struct("<III32s16s16s16s")
 _COOKIE_REPLY = struct.Struct("<II24s32s")
 _TRANSPORT_HEADER = struct.Struct("<IIQ")
+TRANSPORT_HEADER = _TRANSPORT_HEADER  # type word (type + reserved bytes), receiver index, counter
 
 
 @dataclass(frozen=True, slots=True)

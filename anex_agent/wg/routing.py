@@ -6,7 +6,9 @@ only when its source address lies in the sending peer's prefixes. A prefix belon
 most one peer: inserting it for another peer moves it (as ``wg set ... allowed-ips`` does).
 
 The table keeps, per address family, one dict per prefix length; a lookup tries the
-lengths present from longest to shortest (at most 33 or 129 dict probes).
+lengths present from longest to shortest (at most 33 or 129 dict probes). Answers are
+remembered per address (:data:`LOOKUP_CACHE` of them, forgotten on any change of the table),
+so the packets of a flow cost one dict probe each.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from anex_agent import parse
 from anex_agent.errors import LocalProtocolError
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: Addresses whose lookup answer is remembered; the cache starts over when it is full.
+LOOKUP_CACHE = 4096
 
 
 def parse_prefix(text: str | Network) -> Network:
@@ -33,6 +38,7 @@ class AllowedIPs:
         # family bits (32/128) -> prefix length -> network int -> peer key
         self._tables: dict[int, dict[int, dict[int, Hashable]]] = {32: {}, 128: {}}
         self._lengths: dict[int, list[int]] = {32: [], 128: []}
+        self._cache: dict[bytes, Hashable | None] = {}
 
     def insert(self, prefix: str | Network, peer: Hashable) -> None:
         net = parse_prefix(prefix)
@@ -42,6 +48,7 @@ class AllowedIPs:
             by_len[net.prefixlen] = {}
             self._lengths[bits] = sorted(by_len, reverse=True)
         by_len[net.prefixlen][int(net.network_address)] = peer
+        self._cache.clear()
 
     def remove_peer(self, peer: Hashable) -> None:
         for bits, by_len in self._tables.items():
@@ -52,6 +59,7 @@ class AllowedIPs:
                 if not table:
                     del by_len[length]
             self._lengths[bits] = sorted(by_len, reverse=True)
+        self._cache.clear()
 
     def replace_peer(self, peer: Hashable, prefixes: Iterable[str | Network]) -> None:
         self.remove_peer(peer)
@@ -68,6 +76,20 @@ class AllowedIPs:
 
     def lookup(self, address: bytes) -> Hashable | None:
         """Peer owning the longest prefix containing ``address`` (4 or 16 packed bytes), or None."""
+        try:
+            return self._cache[address]
+        except KeyError:
+            pass
+        except TypeError:  # a memoryview or bytearray: not hashable, look it up as bytes
+            address = bytes(address)
+        peer = self._lookup(address)
+        cache = self._cache
+        if len(cache) >= LOOKUP_CACHE:
+            cache.clear()
+        cache[address] = peer
+        return peer
+
+    def _lookup(self, address: bytes) -> Hashable | None:
         bits = len(address) * 8
         by_len = self._tables.get(bits)
         if not by_len:

@@ -10,14 +10,19 @@ flowing across a rekey.
 
 from __future__ import annotations
 
+import struct
+
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from anex_agent.errors import LocalProtocolError, RemoteProtocolError
-from anex_agent.wg.constants import PADDING_MULTIPLE, REJECT_AFTER_MESSAGES, REJECT_AFTER_TIME
-from anex_agent.wg.crypto import counter_nonce
-from anex_agent.wg.messages import transport_bytes
+from anex_agent.wg.constants import MESSAGE_TRANSPORT, PADDING_MULTIPLE, REJECT_AFTER_MESSAGES, REJECT_AFTER_TIME
+from anex_agent.wg.messages import TRANSPORT_HEADER as _TRANSPORT_HEADER
 from anex_agent.wg.replay import ReplayWindow
+
+#: The 96-bit nonce of a transport message: 32 zero bits, then the 64-bit little-endian counter
+#: (:func:`anex_agent.wg.crypto.counter_nonce`, packed in one call).
+_NONCE = struct.Struct("<4xQ")
 
 
 def padded(packet: bytes, mtu: int | None) -> bytes:
@@ -64,8 +69,11 @@ class Keypair:
         if counter >= REJECT_AFTER_MESSAGES:
             raise LocalProtocolError("keypair exhausted its message counter")
         self.send_counter = counter + 1
-        sealed = self._send.encrypt(counter_nonce(counter), padded(packet, mtu), None)
-        return transport_bytes(self.remote_index, counter, sealed)
+        size = len(packet)
+        if size % PADDING_MULTIPLE:  # padded() inline: this runs once per packet sent
+            packet = padded(packet, mtu)
+        sealed = self._send.encrypt(_NONCE.pack(counter), packet, None)
+        return _TRANSPORT_HEADER.pack(MESSAGE_TRANSPORT, self.remote_index, counter) + sealed
 
     def decrypt(self, counter: int, ciphertext: bytes) -> bytes:
         """Authenticate and decrypt, then check the replay window. Returns the padded plaintext.
@@ -77,7 +85,7 @@ class Keypair:
         if not self.replay.would_accept(counter):
             raise RemoteProtocolError(f"transport counter {counter} replayed or outside the window")
         try:
-            plaintext = self._recv.decrypt(counter_nonce(counter), ciphertext, None)
+            plaintext = self._recv.decrypt(_NONCE.pack(counter), ciphertext, None)
         except InvalidTag:
             raise RemoteProtocolError("transport message failed authentication") from None
         if not self.replay.check(counter):  # pragma: no cover - would_accept said yes just before

@@ -386,3 +386,27 @@ async def test_the_watch_pulls_the_hub_back_after_a_quiet_probe(world):
     assert is_keepalive(first), f"the node's first datagram after the nudge was of type {first[0]}, not a keepalive"
     await hub_reaches_the_node(world, b"after the probe")
     assert manager.path == "udp"
+
+
+async def test_the_switch_bind_pushes_both_paths_to_a_receiver(tasks):
+    """With a receiver set, UDP batches and relay datagrams go straight to it; no queue in between."""
+    from anex_agent.tunnels.udp_bind import UdpBind
+    from anex_agent.tunnels.ws_bind import SwitchBind
+
+    key = keys.generate_private_key()
+    bind = await SwitchBind.open(0, "127.0.0.1", tasks, private_key=key, public_key=keys.encode_key(keys.public_key(key)))
+    peer = await UdpBind.open(0, "127.0.0.1")
+    got: list = []
+    bind.set_receiver(got.extend)
+    try:
+        endpoint = ("127.0.0.1", peer.local_port)
+        peer.send_batch([(b"one", ("127.0.0.1", bind.local_port)), (b"two", ("127.0.0.1", bind.local_port))])
+        await wait_until(lambda: len(got) == 2, what="both UDP datagrams at the receiver")
+        assert got == [(b"one", endpoint), (b"two", endpoint)]
+        bind._put((b"from a relay", endpoint))  # what a relay client's on_datagram does
+        assert got[-1] == (b"from a relay", endpoint) and bind._queue.empty()
+        bind.send_batch([(b"back", endpoint), (b"again", endpoint)])
+        assert [(await asyncio.wait_for(peer.receive(), GENEROUS))[0] for _ in range(2)] == [b"back", b"again"]
+    finally:
+        bind.close()
+        peer.close()

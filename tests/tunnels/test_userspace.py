@@ -283,3 +283,37 @@ async def test_stopping_a_task_never_swallows_the_caller_s_own_cancellation():
     await asyncio.wait({outer})
     assert outer.cancelled() and carried_on == []
     assert inner.cancelled()
+
+
+async def test_a_burst_is_received_pushed_in_batches_and_sent_with_one_call_per_batch(engines, monkeypatch):
+    """The UDP Bind pushes what one wake-up read (no queue between it and the device), the device
+    handles each batch in one call, and a batch of packets leaves with one send_batch."""
+    a, b, ka, kb, port_b = engines
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"handshake first"))
+    await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS)
+    batches, sends = [], []
+    receive_datagrams = b.tunnel.device.receive_datagrams
+    monkeypatch.setattr(b.tunnel.device, "receive_datagrams",
+                        lambda batch, now: batches.append(len(batch)) or receive_datagrams(batch, now))
+    send_batch = a.tunnel.bind.send_batch
+    monkeypatch.setattr(a.tunnel.bind, "send_batch", lambda datagrams: sends.append(len(datagrams)) or send_batch(datagrams))
+    packets = [ipv4(IP_A, IP_B, i.to_bytes(2, "big")) for i in range(100)]
+    a.tunnel.send_packets(packets)
+    got = [await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS) for _ in packets]
+    assert got == packets  # all, in order
+    assert sends == [100]
+    assert sum(batches) == 100 and len(batches) < 100
+    assert b.tunnel.bind._queue.empty()
+
+
+async def test_on_packets_gets_all_that_one_batch_decrypted_in_one_call(engines):
+    a, b, ka, kb, port_b = engines
+    a.tunnel.send_packet(ipv4(IP_A, IP_B, b"handshake first"))
+    await asyncio.wait_for(b.tunnel.receive_packet(), GENEROUS)
+    calls: list[list[bytes]] = []
+    b.tunnel.on_packets = lambda received: calls.append([r.packet for r in received])
+    packets = [ipv4(IP_A, IP_B, i.to_bytes(2, "big")) for i in range(50)]
+    a.tunnel.send_packets(packets)
+    await wait_until(lambda: sum(map(len, calls)) == 50, what="all packets at on_packets")
+    assert [p for call in calls for p in call] == packets and len(calls) < 50
+    assert b.tunnel._packets.empty()  # none went the one-by-one way

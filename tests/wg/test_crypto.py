@@ -100,3 +100,11 @@ def test_low_order_public_key_is_a_remote_error():
     private = crypto.private_from_bytes(os.urandom(32))
     with pytest.raises(RemoteProtocolError):
         crypto.dh(private, bytes(32))
+
+
+def test_the_sessions_packed_nonce_is_the_whitepapers_counter_nonce():
+    from anex_agent.wg.crypto import counter_nonce
+    from anex_agent.wg.session import _NONCE
+
+    for counter in (0, 1, 255, 256, 2**32 + 7, 2**60 + 12345, 2**64 - 1):
+        assert _NONCE.pack(counter) == counter_nonce(counter)

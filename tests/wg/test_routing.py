@@ -55,3 +55,31 @@ def test_packet_addresses():
     v6 = bytes([0x60, 0, 0, 0, 0, 8, 17, 64]) + a("fd00::1") + a("fd00::2") + bytes(8)
     assert packet_addresses(v6) == (a("fd00::1"), a("fd00::2"), 48)
     assert packet_addresses(b"") is None and packet_addresses(b"\x45" * 10) is None and packet_addresses(b"\x70" * 60) is None
+
+
+def test_remembered_answers_follow_every_change_of_the_table():
+    from anex_agent.wg import routing
+
+    table = routing.AllowedIPs()
+    addr = ipaddress.IPv4Address("10.7.1.5").packed
+    assert table.lookup(addr) is None
+    table.insert("10.7.0.0/16", "wide")
+    assert table.lookup(addr) == "wide"
+    table.insert("10.7.1.0/24", "narrow")  # a longer prefix added after the answer was remembered
+    assert table.lookup(addr) == "narrow"
+    table.remove_peer("narrow")
+    assert table.lookup(addr) == "wide"
+    table.replace_peer("wide", ["10.8.0.0/16"])
+    assert table.lookup(addr) is None
+    assert table.lookup(memoryview(ipaddress.IPv4Address("10.8.0.1").packed)) == "wide"
+    assert table.lookup(bytearray(ipaddress.IPv4Address("10.8.0.2").packed)) == "wide"
+
+
+def test_remembered_answers_are_bounded():
+    from anex_agent.wg import routing
+
+    table = routing.AllowedIPs()
+    table.insert("10.0.0.0/8", "peer")
+    for i in range(routing.LOOKUP_CACHE * 2 + 3):
+        assert table.lookup((0x0A000000 + i).to_bytes(4, "big")) == "peer"
+    assert len(table._cache) <= routing.LOOKUP_CACHE
