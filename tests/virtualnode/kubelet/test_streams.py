@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from anex_agent.virtualnode.kubelet import streams as streams_mod
+from anex_agent.virtualnode.kubelet.streams import portforward
 from tests.virtualnode.kubelet import fakes
 from tests.virtualnode.kubelet.local_node import LocalNode
 from tests.virtualnode.kubelet.spdy_client import Client, connect
@@ -246,6 +247,9 @@ async def test_port_forward_pairs_streams_and_copies_both_ways(kubelet):
         await error.ended.wait()
         assert bytes(data.data) == f"got hello {request}".encode() and bytes(error.data) == b""
     assert len(node.connects) == 1 and node.features == [["port-forwarding"]]  # one SSH connection, one feature
+    # each connection a channel whose SSH packets may be big (fewer decryptions and reads per MiB)
+    assert [o.get("max_pktsize") for o in node.channel_options] == [portforward.CHANNEL_PACKET] * 2
+    assert portforward.CHANNEL_PACKET > 32 * 1024  # asyncssh's default
     await client.close()
     upstream.close()
     await node.closed.wait()

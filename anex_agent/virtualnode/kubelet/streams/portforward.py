@@ -32,7 +32,10 @@ from anex_agent.virtualnode.kubelet.streams.session import SpdySession, SpdyStre
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 64 * 1024
+READ_SIZE = 256 * 1024  # per read from the node's side: one SPDY write (and TLS flush) per read
+#: SSH packets the node may send us on a forwarded channel (asyncssh's default is 32 KiB): a
+#: packet is one decryption and one read's worth of bytes, so bigger ones mean fewer of each.
+CHANNEL_PACKET = 256 * 1024
 MAX_PENDING = 64
 MAX_CONNECTIONS = 256
 
