@@ -255,6 +255,33 @@ async def test_port_forward_pairs_streams_and_copies_both_ways(kubelet):
     await node.closed.wait()
 
 
+async def test_a_node_side_that_fails_mid_transfer_resets_the_data_stream(kubelet):
+    """The connection to the node lost halfway (the SSH connection failed): the client's data
+    stream is reset, so kubectl ends that connection instead of waiting for more."""
+    import socket
+    import struct
+
+    server, _, _ = kubelet
+
+    async def send_then_reset(reader, writer):
+        writer.write(b"x" * 1000)
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST, as a connection that breaks
+
+    upstream = await asyncio.start_server(send_then_reset, "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+    _, _, _, client = await connect(server.host, server.port, "/portForward/ml/train", "portforward.k8s.io")
+    error = await client.open(streamType="error", port=str(port), requestID="0")
+    await client.end(error)
+    data = await client.open(streamType="data", port=str(port), requestID="0")  # the client sends nothing yet
+    await asyncio.wait_for(data.ended.wait(), 30)
+    assert data.reset
+    await client.close()
+    upstream.close()
+
+
 async def test_port_forward_to_a_closed_port_says_so_on_the_error_stream(kubelet):
     server, _, _ = kubelet
     probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
