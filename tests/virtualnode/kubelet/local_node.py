@@ -4,8 +4,8 @@ What the streams code calls on an asyncssh client connection, with the same shap
 ``create_process(command, term_type=, term_size=, encoding=None)`` (the command run by ``sh -c``;
 with a terminal type, on a real PTY whose size follows ``change_terminal_size``),
 ``open_connection(host, port, **options)`` (the options kept in ``channel_options``), ``close()``.
-``closed`` is set when the bridge closes it; ``processes`` are what ran (``started`` is set at the first; ``hung_up``: closed before the
-command ended; ``resized`` set at each size change)."""
+``closed`` is set when the bridge closes it; ``processes`` are what ran (``started`` is set at
+the first; ``hung_up``: closed before the command ended; ``resized`` set at each size change)."""
 
 from __future__ import annotations
 
