@@ -178,6 +178,19 @@ def describe_os_error(err: OSError) -> str:
     return f"{' -> '.join(paths)}: {text}" if paths else text
 
 
+#: Ciphers the client offers first: AES-GCM (AES-NI, one pass in ``cryptography``) costs about half
+#: the CPU per MiB of asyncssh's default first choice, ChaCha20-Poly1305 (two passes and a new
+#: cipher object per packet); the rest of asyncssh's defaults follow, so any server still agrees.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def cipher_preference() -> list[str]:
+    from asyncssh.encryption import get_default_encryption_algs
+
+    defaults = [alg.decode() for alg in get_default_encryption_algs()]
+    return [*(c for c in PREFERRED_CIPHERS if c in defaults), *(c for c in defaults if c not in PREFERRED_CIPHERS)]
+
+
 async def connect(target: Target):
     """An asyncssh connection to the node; the host certificate must verify against the CA."""
     import asyncssh
@@ -186,7 +199,7 @@ async def connect(target: Target):
     return await asyncio.wait_for(asyncssh.connect(
         target.address, target.port, username=target.node_id, client_keys=[(target.key, target.certificate)],
         known_hosts=known, agent_path=None, agent_forwarding=False, x11_forwarding=False, config=None,
-        preferred_auth="publickey"), CONNECT_TIMEOUT)
+        preferred_auth="publickey", encryption_algs=cipher_preference()), CONNECT_TIMEOUT)
 
 
 def exit_code(result_status: int | None, result_signal) -> int:

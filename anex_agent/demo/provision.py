@@ -8,6 +8,9 @@ reachable from the coordinator in the gateway namespace through ``socat`` on
 running ``anex-agent run -- <the pod's command>`` with exactly the environment the coordinator
 gave the rental (coordinator URL, single-use join token, provider, name, the pod's
 ``GW_TUNNEL_*``), the way the agent image's entrypoint would; ``on_destroy`` stops that agent.
+:attr:`SimulatedProvider.boot_for` says how each rental's machine boots (:class:`Boot`): by
+default as a host that gives the agent NET_ADMIN (wireguard-go); a test may make some rentals
+unprivileged (the built-in engine) and/or drop their UDP (the WebSocket path).
 
 :func:`provision_checks` provisions one machine through ``POST /v1/provisions``, waits for it to
 be ready, sends a request through its proxy, deletes it, and checks that nothing is left: no
@@ -20,6 +23,8 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +43,17 @@ OFFERS = [vast_bundle(5001, price=0.3), vast_bundle(5002, price=0.35), vast_bund
           vast_bundle(5101, gpus=2, price=0.6), vast_bundle(5102, gpus=2, price=0.65)]
 
 
+@dataclass(frozen=True)
+class Boot:
+    """How a rental's machine boots. ``unprivileged``: the agent runs as nobody with no capabilities
+    (``Mesh.start_agent(unprivileged=True)``), ``ANEX_ENGINE=auto`` picking the built-in engine;
+    ``udp_blocked``: the machine's namespace drops every outgoing UDP datagram (``Mesh.block_udp``)
+    and ``ANEX_PATH=auto`` finds the gateway's WebSocket relay."""
+
+    unprivileged: bool = False
+    udp_blocked: bool = False
+
+
 class SimulatedProvider:
     """The fake Vast.AI whose rentals are node namespaces of ``mesh`` (see the module docstring)."""
 
@@ -48,6 +64,7 @@ class SimulatedProvider:
         self.served = ThreadedFake(self.fake)
         self.nodes: dict[str, Node] = {}  # rental id -> its node namespace
         self.started_at: dict[str, float] = {}  # rental id -> when its agent was started (monotonic)
+        self.boot_for: Callable[[FakeRental], Boot] = lambda rental: Boot()  # read as each rental boots
 
     def start(self) -> dict[str, str]:
         """Serve the fake Vast.AI; return the coordinator's provider and provisioning environment."""
@@ -72,11 +89,18 @@ class SimulatedProvider:
         rental.handle = asyncio.get_running_loop().run_in_executor(None, self._boot, rental)
 
     def _boot(self, rental: FakeRental) -> None:
+        boot = self.boot_for(rental)
         node = self.mesh.add_node_namespace()
         env = self.mesh.agent_env(node, token=rental.env["ANEX_JOIN_TOKEN"], **rental.env)
+        if boot.unprivileged:
+            env["ANEX_ENGINE"] = "auto"
+        if boot.udp_blocked:
+            env["ANEX_PATH"] = "auto"
+            self.mesh.block_udp(node)
         self.nodes[rental.rental_id] = node
         self.started_at[rental.rental_id] = time.monotonic()
-        self.mesh.start_agent(node, env, list(rental.command) or None, wait_ready=False)
+        self.mesh.start_agent(node, env, list(rental.command) or None, wait_ready=False,
+                              unprivileged=boot.unprivileged)
 
     async def _on_destroy(self, rental: FakeRental) -> None:
         if rental.handle is not None:

@@ -357,19 +357,28 @@ def udp_socket(runtime: NetstackRuntime):
         sock.close()
 
 
+WRITE_HIGH_WATER = 1 << 20  # bytes a StreamTransport holds beyond the send buffer before pause_writing
+
+
 class StreamTransport(asyncio.Transport):
     """An asyncio transport over a :class:`TcpStream`, for protocol-based servers (the agent API's
     HTTP server on the mesh side). ``peername`` is the mesh peer, so a server that trusts
     loopback callers does not trust these. Run :meth:`pump` in a task: it feeds the protocol
     and returns when the connection is done. Writes go into the connection's send buffer; what
-    does not fit waits for :meth:`pump`'s writer (small answers, no flow control needed)."""
+    does not fit waits, in order, for :meth:`pump`'s writer: a later write never goes straight to
+    the connection while earlier bytes wait (nor while the writer is sending them). More than
+    :data:`WRITE_HIGH_WATER` waiting calls the protocol's ``pause_writing``, and
+    ``resume_writing`` follows once it is all sent (asyncssh ignores both; its channel windows
+    bound what it writes)."""
 
     def __init__(self, stream: TcpStream, protocol: asyncio.Protocol, peername: tuple[str, int],
                  sockname: tuple[str, int]) -> None:
         super().__init__({"peername": peername, "sockname": sockname, "socket": None})
         self._stream = stream
         self._protocol = protocol
-        self._pending = bytearray()
+        self._pending = bytearray()  # written, not yet in the connection's send buffer (the writer's, in order)
+        self._sending = False  # the writer is moving _pending's head into the connection
+        self._paused = False  # pause_writing was called, resume_writing not yet
         self._more = asyncio.Event()
         self._closing = False
 
@@ -382,7 +391,7 @@ class StreamTransport(asyncio.Transport):
     def write(self, data) -> None:
         if self._closing:
             return
-        if not self._pending:
+        if not self._pending and not self._sending:  # nothing waits: straight into the send buffer
             n = self._stream.conn.write(data)
             if n:
                 self._stream._rt.kick()
@@ -390,6 +399,9 @@ class StreamTransport(asyncio.Transport):
         if data:
             self._pending += data
             self._more.set()
+            if not self._paused and len(self._pending) > WRITE_HIGH_WATER:
+                self._paused = True
+                self._protocol.pause_writing()
 
     def can_write_eof(self) -> bool:
         return True
@@ -420,9 +432,17 @@ class StreamTransport(asyncio.Transport):
         while True:
             await self._more.wait()
             self._more.clear()
-            if self._pending:
-                data, self._pending = bytes(self._pending), bytearray()
-                await self._stream.sendall(data)
+            while self._pending:  # what write() adds meanwhile goes after it, in _pending
+                data = bytes(self._pending)
+                self._sending = True
+                try:
+                    await self._stream.sendall(data)
+                finally:
+                    self._sending = False
+                del self._pending[:len(data)]
+            if self._paused:
+                self._paused = False
+                self._protocol.resume_writing()
             if self._closing and not self._pending:
                 await self._stream.aclose()
                 return

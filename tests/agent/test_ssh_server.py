@@ -168,6 +168,23 @@ async def test_local_forward_reaches_only_this_node(server):
     target.close()
 
 
+async def test_our_client_agrees_on_aes_gcm_with_the_agent(server):
+    """``anex-agent ssh`` and the virtual node (ssh_client.connect) offer AES-GCM first, cheaper per
+    MiB than asyncssh's default ChaCha20-Poly1305; the agent's server takes the client's order."""
+    from anex_agent import ssh_client
+
+    pki, _, port = server
+    serial, key, cert = pki.user()
+    target = ssh_client.Target(node_id=NODE, address="127.0.0.1", port=port, key=key, certificate=cert,
+                               known_hosts=(f"@cert-authority * {pki.ca_line()}",), serial=serial)
+    conn = await ssh_client.connect(target)
+    try:
+        assert conn.get_extra_info("send_cipher") == conn.get_extra_info("recv_cipher") == "aes128-gcm@openssh.com"
+        assert set(ssh_client.cipher_preference()) >= {"chacha20-poly1305@openssh.com", "aes256-ctr"}  # the rest
+    finally:
+        conn.close()
+
+
 def test_the_agent_does_not_import_asyncssh_until_a_connection(tmp_path):
     import subprocess
 

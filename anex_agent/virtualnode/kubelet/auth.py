@@ -13,6 +13,13 @@
 * **Caches**, as the kubelet's webhook defaults: token reviews 2 minutes (keyed on the token's
   SHA-256, never the token), allowed access reviews 5 minutes, denied ones 30 seconds; each
   holds at most :data:`CACHE_MAX` entries (the oldest go first).
+* **Token reviews are rate-limited** (:class:`ReviewBudget`): anyone who reaches the port can
+  send a new made-up token with each request, and each would cost the API server a TokenReview.
+  A token not in the cache is reviewed only while its client address has a token of its bucket
+  (:data:`REVIEW_RATE` a second, bursts of :data:`REVIEW_BURST`) and all addresses together have
+  one (:data:`REVIEW_RATE_ALL`, :data:`REVIEW_BURST_ALL`); else the request is answered 429 with
+  ``Retry-After``, nothing asked of the API server. Cached tokens and client certificates (the API
+  server's own requests) are never held back. Refusals are logged at most 10 times a minute.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from anex_agent.errors import KubeError
+from anex_agent.peer_log import LogBudget, peer_text
 from anex_agent.virtualnode.kubelet import authmap
 from anex_agent.virtualnode.kubelet.context import User
 
@@ -37,6 +45,11 @@ TOKEN_TTL = 120.0
 ALLOWED_TTL = 300.0
 DENIED_TTL = 30.0
 CACHE_MAX = 4096
+REVIEW_RATE = 5.0  # token reviews a second for tokens not in the cache, per client address
+REVIEW_BURST = 20
+REVIEW_RATE_ALL = 50.0  # the same, all client addresses together
+REVIEW_BURST_ALL = 100
+RETRY_AFTER = 1  # seconds, in the 429 answer
 
 
 class Reviews(Protocol):
@@ -73,6 +86,45 @@ class TtlCache:
             self._items.popitem(last=False)
 
 
+class ReviewBudget:
+    """Token buckets for token reviews: one per client address (at most :data:`CACHE_MAX`, the
+    least recently used forgotten first, and any that has filled up again) and one for all."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, rate: float = REVIEW_RATE,
+                 burst: float = REVIEW_BURST, rate_all: float = REVIEW_RATE_ALL, burst_all: float = REVIEW_BURST_ALL,
+                 maximum: int = CACHE_MAX) -> None:
+        self.clock, self.rate, self.burst, self.maximum = clock, rate, burst, maximum
+        self.rate_all, self.burst_all = rate_all, burst_all
+        self._sources: OrderedDict[str, tuple[float, float]] = OrderedDict()  # address -> (tokens, when)
+        self._all = (float(burst_all), clock())
+
+    @staticmethod
+    def _refill(bucket: tuple[float, float], rate: float, burst: float, now: float) -> float:
+        tokens, when = bucket
+        return min(float(burst), tokens + max(0.0, now - when) * rate)
+
+    def allow(self, source: str) -> bool:
+        """Take one review for ``source`` (and one of all); False when either bucket is empty."""
+        now = self.clock()
+        mine = self._refill(self._sources.pop(source, (float(self.burst), now)), self.rate, self.burst, now)
+        everyone = self._refill(self._all, self.rate_all, self.burst_all, now)
+        allowed = mine >= 1.0 and everyone >= 1.0
+        if allowed:
+            mine, everyone = mine - 1.0, everyone - 1.0
+        self._all = (everyone, now)
+        self._sources[source] = (mine, now)
+        while len(self._sources) > self.maximum:
+            self._sources.popitem(last=False)
+        oldest = next(iter(self._sources.items()), None)
+        while oldest is not None and self._refill(oldest[1], self.rate, self.burst, now) >= self.burst:
+            del self._sources[oldest[0]]  # full again: the same as no bucket at all
+            oldest = next(iter(self._sources.items()), None)
+        return allowed
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+
 def user_from_peercert(peercert: dict | None) -> User | None:
     """The user of a verified client certificate (``SSLSocket.getpeercert()``'s dict): CN, Os."""
     if not peercert:
@@ -97,6 +149,8 @@ class ClusterAuthorizer:
         self.reviews = reviews
         self.tokens = TtlCache(clock)
         self.decisions = TtlCache(clock)
+        self.review_budget = ReviewBudget(clock)
+        self._refusals_logged = LogBudget(clock=clock)
 
     async def authenticate(self, request: web.Request) -> User:
         transport = request.transport
@@ -112,6 +166,14 @@ class ClusterAuthorizer:
             if cached is not None:
                 user = cached or None
             else:
+                source = getattr(request, "remote", None) or "-"
+                if not self.review_budget.allow(source):
+                    skipped = self._refusals_logged.take()
+                    if skipped is not None:
+                        log.warning("kubelet port: too many tokens to review from %s; answered 429%s",
+                                    peer_text(source), f" ({skipped} more not logged)" if skipped else "")
+                    raise web.HTTPTooManyRequests(text="Too many token reviews; try again later\n",
+                                                  content_type="text/plain", headers={"Retry-After": str(RETRY_AFTER)})
                 try:
                     user = await self.reviews.token_review(token)
                 except KubeError as err:

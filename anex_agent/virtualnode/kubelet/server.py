@@ -76,7 +76,10 @@ def tls_context(cert_file: str, key_file: str, client_ca_file: str | None) -> ss
 async def serve(context: KubeletContext, host: str, port: int, ssl_context: ssl.SSLContext,
                 started: asyncio.Event | None = None) -> None:
     """Serve ``context``'s Node on ``host:port`` until cancelled (PortInUseError when taken)."""
-    runner = web.AppRunner(build_app(context), access_log=None, handle_signals=False)
+    # handler_cancellation: a client that goes away cancels its handler, so a followed log of a
+    # quiet pod stops reading the coordinator and frees its stream slot at once (the API server
+    # closes its connection to us when kubectl goes away), not at the pod's next line
+    runner = web.AppRunner(build_app(context), access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=128)

@@ -3,9 +3,9 @@
 What the streams code calls on an asyncssh client connection, with the same shapes:
 ``create_process(command, term_type=, term_size=, encoding=None)`` (the command run by ``sh -c``;
 with a terminal type, on a real PTY whose size follows ``change_terminal_size``),
-``open_connection(host, port)``, ``close()``. ``closed`` is set when the bridge closes it;
-``processes`` are what ran (``started`` is set at the first; ``hung_up``: closed before the
-command ended; ``resized`` set at each size change)."""
+``open_connection(host, port, **options)`` (the options kept in ``channel_options``), ``close()``.
+``closed`` is set when the bridge closes it; ``processes`` are what ran (``started`` is set at
+the first; ``hung_up``: closed before the command ended; ``resized`` set at each size change)."""
 
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ class LocalNode:
         self.started = asyncio.Event()
         self.connects: list[str] = []
         self.features: list[list[str]] = []  # the certificate features each connection asked for
+        self.channel_options: list[dict] = []  # the options of each open_connection (max_pktsize, ...)
         self.closed = asyncio.Event()
         self.refuse: str | None = None
 
@@ -129,7 +130,8 @@ class LocalNode:
         self.started.set()
         return process
 
-    async def open_connection(self, host, port):
+    async def open_connection(self, host, port, **options):
+        self.channel_options.append(options)
         return await asyncio.open_connection(host, port)
 
     def close(self):

@@ -146,3 +146,61 @@ def test_the_cache_keeps_at_most_its_maximum():
 
 def test_attributes_are_hashable_cache_keys():
     assert hash(authmap.Attributes("get", "proxy", "n"))
+
+
+def bearer(token, remote="192.0.2.7"):
+    transport = SimpleNamespace(get_extra_info=lambda name: None)
+    return SimpleNamespace(transport=transport, headers={"Authorization": f"Bearer {token}"}, remote=remote)
+
+
+async def test_made_up_tokens_cost_the_api_server_a_bounded_number_of_reviews():
+    clock = Clock()
+    reviews = FakeReviews(tokens={"good": User("alice", ("dev",))})
+    authorizer = auth.ClusterAuthorizer("n", reviews, clock)
+    await authorizer.authenticate(bearer("good"))  # reviewed once, then cached
+    answers = []
+    for i in range(auth.REVIEW_BURST * 3):  # a new bogus token each time, from one address
+        try:
+            await authorizer.authenticate(bearer(f"bogus-{i}"))
+        except web.HTTPException as err:
+            answers.append(err)
+    assert reviews.token_calls == auth.REVIEW_BURST  # the burst, the first of them the good token's
+    limited = [a for a in answers if isinstance(a, web.HTTPTooManyRequests)]
+    assert len(limited) == auth.REVIEW_BURST * 2 + 1 and limited[0].headers["Retry-After"] == str(auth.RETRY_AFTER)
+    assert (await authorizer.authenticate(bearer("good"))).name == "alice"  # a cached token is never held back
+    assert (await authorizer.authenticate(request(CERT))).name == "kube-apiserver-kubelet-client"  # nor a certificate
+    other = bearer("from-elsewhere", remote="198.51.100.9")  # another address has a bucket of its own
+    with pytest.raises(web.HTTPUnauthorized):
+        await authorizer.authenticate(other)
+    assert reviews.token_calls == auth.REVIEW_BURST + 1
+    clock.now += 1.0  # a second later: REVIEW_RATE more for the first address
+    for i in range(int(auth.REVIEW_RATE)):
+        with pytest.raises(web.HTTPUnauthorized):
+            await authorizer.authenticate(bearer(f"later-{i}"))
+    with pytest.raises(web.HTTPTooManyRequests):
+        await authorizer.authenticate(bearer("one-too-many"))
+
+
+async def test_many_addresses_together_are_held_to_the_budget_of_all():
+    clock = Clock()
+    reviews = FakeReviews()
+    authorizer = auth.ClusterAuthorizer("n", reviews, clock)
+    refused = 0
+    for i in range(auth.REVIEW_BURST_ALL + 10):  # each from an address of its own
+        try:
+            await authorizer.authenticate(bearer(f"bogus-{i}", remote=f"10.0.{i // 250}.{i % 250}"))
+        except web.HTTPTooManyRequests:
+            refused += 1
+        except web.HTTPUnauthorized:
+            pass
+    assert reviews.token_calls == auth.REVIEW_BURST_ALL and refused == 10
+
+
+def test_the_review_budget_forgets_addresses_whose_bucket_filled_up_and_keeps_at_most_its_maximum():
+    clock = Clock()
+    budget = auth.ReviewBudget(clock, maximum=3)
+    for i in range(5):
+        assert budget.allow(f"a{i}")
+    assert len(budget) == 3
+    clock.now += auth.REVIEW_BURST / auth.REVIEW_RATE  # long enough for every bucket to fill up again
+    assert budget.allow("b") and len(budget) == 1

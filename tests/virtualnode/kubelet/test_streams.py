@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from anex_agent.virtualnode.kubelet import streams as streams_mod
+from anex_agent.virtualnode.kubelet.streams import portforward
 from tests.virtualnode.kubelet import fakes
 from tests.virtualnode.kubelet.local_node import LocalNode
 from tests.virtualnode.kubelet.spdy_client import Client, connect
@@ -246,9 +247,39 @@ async def test_port_forward_pairs_streams_and_copies_both_ways(kubelet):
         await error.ended.wait()
         assert bytes(data.data) == f"got hello {request}".encode() and bytes(error.data) == b""
     assert len(node.connects) == 1 and node.features == [["port-forwarding"]]  # one SSH connection, one feature
+    # each connection a channel whose SSH packets may be big (fewer decryptions and reads per MiB)
+    assert [o.get("max_pktsize") for o in node.channel_options] == [portforward.CHANNEL_PACKET] * 2
+    assert portforward.CHANNEL_PACKET > 32 * 1024  # asyncssh's default
     await client.close()
     upstream.close()
     await node.closed.wait()
+
+
+async def test_a_node_side_that_fails_mid_transfer_resets_the_data_stream(kubelet):
+    """The connection to the node lost halfway (the SSH connection failed): the client's data
+    stream is reset, so kubectl ends that connection instead of waiting for more."""
+    import socket
+    import struct
+
+    server, _, _ = kubelet
+
+    async def send_then_reset(reader, writer):
+        writer.write(b"x" * 1000)
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST, as a connection that breaks
+
+    upstream = await asyncio.start_server(send_then_reset, "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+    _, _, _, client = await connect(server.host, server.port, "/portForward/ml/train", "portforward.k8s.io")
+    error = await client.open(streamType="error", port=str(port), requestID="0")
+    await client.end(error)
+    data = await client.open(streamType="data", port=str(port), requestID="0")  # the client sends nothing yet
+    await asyncio.wait_for(data.ended.wait(), 30)
+    assert data.reset
+    await client.close()
+    upstream.close()
 
 
 async def test_port_forward_to_a_closed_port_says_so_on_the_error_stream(kubelet):

@@ -194,3 +194,31 @@ async def test_the_csr_certificate_is_asked_again_at_eighty_percent_and_swapped_
         await asyncio.gather(task, return_exceptions=True)
     orgs = x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
     assert [o.value for o in orgs] == ["system:nodes", "second"]
+
+
+async def test_a_followed_log_whose_client_went_away_stops_reading_and_frees_its_slot(tmp_path):
+    cluster = Ca(tmp_path, "cluster-ca")
+    serving = cluster.issue("serving", "system:node:anex-vastai", ["system:nodes"], server_ip="127.0.0.1")
+    tls = server.tls_context(str(serving[0]), str(serving[1]), str(cluster.file))
+    coordinator = fakes.FakeCoordinator()
+    coordinator.views = [fakes.view("u1")]
+    context = fakes.context(coordinator, [fakes.pod("train", "u1")])
+    port = free_port()
+    started = asyncio.Event()
+    task = asyncio.create_task(server.serve(context, "127.0.0.1", port, tls, started), name="kubelet-test")
+    await asyncio.wait_for(started.wait(), 30)
+    try:
+        coordinator.log_chunks.put_nowait(b"first\n")  # then nothing: a quiet pod
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context(cluster))
+        writer.write(b"GET /containerLogs/ml/train/training?follow=true HTTP/1.1\r\nHost: kubelet\r\n"
+                     b"Authorization: Bearer admin-token\r\n\r\n")
+        answer = b""
+        while b"first" not in answer:
+            answer += await asyncio.wait_for(reader.read(4096), 30)
+        assert context.slots.open == 1
+        writer.transport.abort()  # the client goes away while the pod writes nothing
+        await asyncio.wait_for(coordinator.log_closed.wait(), 30)  # the coordinator's stream closed
+        assert context.slots.open == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

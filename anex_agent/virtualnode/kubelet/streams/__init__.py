@@ -212,7 +212,8 @@ class Handlers:
                     if not connection:
                         connection.append(await self.connect(target, self._who(request, "port-forward", target),
                                                              ["port-forwarding"]))
-                    return await connection[0].open_connection("127.0.0.1", port)
+                    return await connection[0].open_connection("127.0.0.1", port,
+                                                               max_pktsize=portforward.CHANNEL_PACKET)
                 except node_ssh.NodeUnreachable as err:
                     raise portforward.DialFailed(str(err)) from None
                 except (OSError, CoordinatorError) as err:

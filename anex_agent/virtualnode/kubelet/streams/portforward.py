@@ -6,7 +6,8 @@ Contract (as the kubelet's ``portforward`` handler): the client opens, per conne
 pair is complete, :func:`forward_body` opens a TCP connection to ``127.0.0.1:<port>`` on the node
 through ``dial`` (a direct-tcpip channel of one SSH connection per session, opened at the first
 pair) and copies both ways: the client ending its data stream ends our side of the TCP
-connection (half-close), the node's side ending ends the data stream. A port that cannot be
+connection (half-close), the node's side ending ends the data stream, the node's side failing
+(the SSH connection lost) resets it. A port that cannot be
 reached writes ``error forwarding port N to pod NAME, uid UID: why`` on the error stream, as the
 kubelet does, and ends the pair. A bad ``port`` header is such an error too. At most
 :data:`MAX_PENDING` half-open pairs and :data:`MAX_CONNECTIONS` connections per session are kept;
@@ -32,7 +33,12 @@ from anex_agent.virtualnode.kubelet.streams.session import SpdySession, SpdyStre
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 64 * 1024
+READ_SIZE = 256 * 1024  # per read from the node's side: one SPDY write (and TLS flush) per read
+#: SSH packets the node may send us on a forwarded channel (asyncssh's default is 32 KiB): a
+#: packet is one decryption and one read's worth of bytes, so bigger ones mean fewer of each; at
+#: 192 KiB and more the node's side cost more per MiB on this machine (asyncssh copies each packet
+#: several times, and its reads of the socket are 256 KiB at most).
+CHANNEL_PACKET = 128 * 1024
 MAX_PENDING = 64
 MAX_CONNECTIONS = 256
 
@@ -65,14 +71,20 @@ async def _pump_to_node(stream: SpdyStream, writer: Any) -> None:
 
 
 async def _pump_to_client(reader: Any, stream: SpdyStream) -> None:
+    """The node's bytes to the client; the node's EOF is the stream's FIN. A failure either way
+    (the SSH connection lost, the client's stream reset) resets the stream: the client's
+    connection ends at once rather than waiting on bytes that will not come, and the other
+    direction's pump sees the end too."""
     try:
         while data := await reader.read(READ_SIZE):
             await stream.write(data)
         await stream.close()
-    except (ConnectionError, OSError):
-        pass
-    except Exception as err:
+        return
+    except (ConnectionError, OSError) as err:
         log.debug("port-forward from the node ended: %s", err)
+    except Exception as err:  # asyncssh: the connection to the node failed
+        log.info("port-forward from the node failed: %s", err or type(err).__name__)
+    await stream.abort()
 
 
 async def forward_pair(error: SpdyStream, data: SpdyStream, dial: Dial, pod: str, uid: str) -> None:

@@ -47,7 +47,7 @@ SETTINGS_INITIAL_WINDOW_SIZE = 7  # §2.6.4
 DEFAULT_WINDOW = 64 * 1024  # SPDY/3.1 §2.6.8: initial stream and session windows
 MAX_WINDOW = 0x7FFFFFFF
 MAX_FRAME_DATA = 0xFFFFFF  # 24-bit length
-SEND_CHUNK = 32 * 1024  # DATA frames we write carry at most this much
+SEND_CHUNK = 256 * 1024  # DATA frames we write carry at most this much (fewer frames per forwarded MiB)
 MAX_CONTROL_FRAME = 1 << 20  # a larger control frame (headers) from the peer is refused
 MAX_HEADER_BLOCK = 256 * 1024  # decompressed header block limit (a zlib bomb stops here)
 MAX_STREAM_ID = 0x7FFFFFFF
@@ -221,7 +221,7 @@ class Connection:
         self.client = client
         self.strict_flow_control = strict_flow_control
         self._buffer = bytearray()
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []  # frames, DATA payloads as views of the caller's bytes
         self._compressor = HeaderCompressor()
         self._decompressor = HeaderDecompressor()
         self._streams: dict[int, _Stream] = {}
@@ -241,15 +241,17 @@ class Connection:
 
     # -- output ---------------------------------------------------------------------------
     def data_to_send(self) -> bytes:
-        """Everything queued since the last call (b"" when nothing is)."""
+        """Everything queued since the last call (b"" when nothing is): the one copy of DATA payloads."""
         out, self._out = b"".join(self._out), []
         return out
 
     def _control(self, kind: int, flags: int, payload: bytes) -> None:
         self._out.append(struct.pack(">HHI", 0x8000 | VERSION, kind, (flags << 24) | len(payload)) + payload)
 
-    def _data(self, stream_id: int, flags: int, payload: bytes) -> None:
-        self._out.append(struct.pack(">II", stream_id, (flags << 24) | len(payload)) + payload)
+    def _data(self, stream_id: int, flags: int, payload: bytes | memoryview) -> None:
+        self._out.append(struct.pack(">II", stream_id, (flags << 24) | len(payload)))
+        if payload:
+            self._out.append(payload)
 
     # -- acting -----------------------------------------------------------------------------
     def open_stream(self, headers: dict[str, str], *, fin: bool = False, priority: int = 0,
@@ -310,9 +312,11 @@ class Connection:
             raise LocalProtocolError(f"SPDY stream {stream_id} is not replied yet")
         window = self.send_window(stream_id)
         take = len(data) if window is None else min(len(data), window)
-        view = memoryview(data)[:take]
+        # views, not copies: data_to_send joins them once (bytes cannot change under us; other
+        # buffers are copied here, since the caller may reuse them before the frames are sent)
+        view = memoryview(data if isinstance(data, bytes) else bytes(data))[:take]
         for start in range(0, take, SEND_CHUNK):
-            chunk = bytes(view[start: start + SEND_CHUNK])
+            chunk = view[start: start + SEND_CHUNK]
             last = start + SEND_CHUNK >= take
             self._data(stream_id, FLAG_FIN if (fin and last and take == len(data)) else 0, chunk)
         if self.peer_flow_control:
