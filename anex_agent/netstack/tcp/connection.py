@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from anex_agent.netstack.tcp import segment as wire
+from anex_agent.netstack.tcp.autotune import ReceiveTuner, send_target
+from anex_agent.netstack.tcp.cubic import Cubic
+from anex_agent.netstack.tcp.rack import Rack
 from anex_agent.netstack.tcp.reassembly import Reassembly
 from anex_agent.netstack.tcp.rtt import RttEstimator
 from anex_agent.netstack.tcp.scoreboard import Scoreboard
@@ -50,7 +53,7 @@ _RECEIVE_STATES = frozenset((ESTABLISHED, FIN_WAIT_1, FIN_WAIT_2))
 FIN, SYN, RST, PSH, ACK = wire.FIN, wire.SYN, wire.RST, wire.PSH, wire.ACK
 M32 = 0xFFFFFFFF
 HALF = 1 << 31
-OUR_WSCALE = 7  # 128-byte units: windows up to 8 MiB
+OUR_WSCALE = 9  # 512-byte units: windows up to 32 MiB (receive buffers grow to TcpParams.receive_buffer_max)
 DUPTHRESH = 3  # RFC 5681 §3.2
 MAX_DUPTHRESH = 9  # higher thresholds turn real losses into timeouts when windows are small
 COMPACT_AT = 64 * 1024  # acknowledged bytes kept at the send buffer's head before it is compacted
@@ -63,10 +66,19 @@ TIMED_OUT = "timed out"
 
 @dataclass(frozen=True)
 class TcpParams:
-    """Tunables. Buffers bound memory per connection: at most ``send_buffer`` + ``receive_buffer``."""
+    """Tunables. Buffers start at ``send_buffer`` and ``receive_buffer`` and grow with the
+    bandwidth-delay product (:mod:`autotune`) up to the ``_max`` sizes while the stack's
+    ``buffer_budget`` (growth above the base sizes, all connections together) lasts: a
+    connection holds at most ``send_buffer_max`` + ``receive_buffer_max``, the stack at most
+    the base sizes per connection plus ``buffer_budget``."""
 
     send_buffer: int = 512 * 1024
     receive_buffer: int = 512 * 1024
+    send_buffer_max: int = 16 * 1024 * 1024
+    receive_buffer_max: int = 16 * 1024 * 1024
+    buffer_budget: int = 64 * 1024 * 1024
+    cubic: bool = True  # RFC 9438 congestion avoidance (False: RFC 5681's additive increase)
+    rack: bool = True  # RFC 8985 loss detection, with SACK
     time_wait: float = 2.0  # short: RFC 9293's 2*MSL is minutes; our ISNs follow RFC 6528 and ports are random
     delayed_ack: float = 0.04  # RFC 9293 §3.8.6.3 allows up to 0.5 s
     syn_retries: int = 6  # 1+2+4+8+16+32 s before a connect gives up
@@ -92,6 +104,7 @@ class Connection:
         "tw_at", "_last_rx", "_ka_probes", "_unacked_segs",
         "connected", "cwnd", "ssthresh", "dupacks", "in_recovery", "recover", "_sched", "stats",
         "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi", "tlp_at", "_tlp_high", "dupthresh", "_undo_cwnd", "_undo_ssthresh", "_undo_retrans",
+        "rcv_buf", "snd_buf", "_grown", "_rtuner", "cc", "rack", "rack_at",
     )
 
     def __init__(self, stack: Stack, key: tuple, builder: wire.Builder, params: TcpParams, local_mss: int,
@@ -157,6 +170,13 @@ class Connection:
         self._undo_ssthresh = 0  # reported as duplicates (RFC 2883 D-SACK); at 0 the recovery was spurious
         self._undo_retrans = 0
         self.stats = {"retransmits": 0, "fast_retransmits": 0, "timeouts": 0, "segments_out": 0, "segments_in": 0}
+        self.rcv_buf = params.receive_buffer  # the sizes now (autotuned), and the bytes taken for
+        self.snd_buf = params.send_buffer  # their growth from the stack's budget
+        self._grown = 0
+        self._rtuner = ReceiveTuner(params.receive_buffer_max) if params.receive_buffer_max > params.receive_buffer else None
+        self.cc = Cubic(self.mss) if params.cubic else None
+        self.rack: Rack | None = None  # once both sides agreed on SACK
+        self.rack_at: float | None = None  # RACK's reordering timer
 
     def __repr__(self) -> str:
         return f"<tcp {self.key[1]}<->{self.key[2]} {STATE_NAMES[self.state]}>"
@@ -177,7 +197,7 @@ class Connection:
         """Bytes :meth:`write` takes now (0 after :meth:`close` or an error)."""
         if self._fin_queued or self.error is not None or self.state == CLOSED:
             return 0
-        return max(0, self.params.send_buffer - (len(self._sbuf) - self._soff))
+        return max(0, self.snd_buf - (len(self._sbuf) - self._soff))
 
     @property
     def unsent_or_unacked(self) -> int:
@@ -220,12 +240,22 @@ class Connection:
                 got = want
         if got:
             self._rlen -= got
+            if self._rtuner is not None:  # reads follow arrivals: the last one's time stands for now
+                want = self._rtuner.on_read(got, self._last_rx, self.rtt.srtt, self.rcv_buf)
+                if want > self.rcv_buf:
+                    self.rcv_buf += self._grow(want - self.rcv_buf)
             # a window update when the reader freed enough (receiver SWS avoidance, RFC 9293 §3.8.6.2.2)
             if self.state in _RECEIVE_STATES:
-                free = self.params.receive_buffer - self._rlen - self._ooo.size
-                if self.rcv_nxt + free - self.rcv_adv >= max(2 * self.local_mss, self.params.receive_buffer // 4):
+                free = self.rcv_buf - self._rlen - self._ooo.size
+                if self.rcv_nxt + free - self.rcv_adv >= max(2 * self.local_mss, self.rcv_buf // 4):
                     self.delack_at = -1.0  # "now": the flush sends it
                     self.stack.pending[self] = None
+        return got
+
+    def _grow(self, want: int) -> int:
+        """Take up to ``want`` bytes of buffer growth from the stack's budget; how much was granted."""
+        got = self.stack.budget.take(want)
+        self._grown += got
         return got
 
     def read(self, n: int = 65536) -> bytes:
@@ -276,6 +306,10 @@ class Connection:
         else:
             self.snd_wscale = self.rcv_wscale = 0
         self.sack_ok = seg.sack_ok
+        if self.cc is not None:
+            self.cc.mss = self.mss
+        if seg.sack_ok and self.params.rack:
+            self.rack = Rack()
         self.snd_wnd = seg.wnd  # the window in a SYN is never scaled (RFC 7323 §2.2)
         self.snd_wl1 = seg.seq
         self.cwnd = self.params.initial_window * self.mss
@@ -284,7 +318,7 @@ class Connection:
         active = self.state == SYN_SENT
         wscale = OUR_WSCALE if active or self.rcv_wscale else None
         opts = wire.syn_options(self.local_mss, wscale, active or self.sack_ok)
-        wnd = min(self.params.receive_buffer, 65535)
+        wnd = min(self.rcv_buf, 65535)
         if active:
             self.out.append(self._build(self.iss, 0, SYN, wnd, b"", opts))
         else:
@@ -375,14 +409,22 @@ class Connection:
             self._send_ack()
             return
         new_wnd = seg.wnd << self.snd_wscale
+        rack = self.rack
         if seg.sack is not None and self.sack_ok:
             self._take_sack(seg.sack, ack)
+            if rack is not None:  # the newest block first (RFC 2018 §4): the latest delivery
+                una = self.snd_una
+                rack.delivered(una + ((seg.sack[0][1] - una + HALF) & M32) - HALF, now)
         if ack > self.snd_una:
+            if rack is not None:
+                rack.delivered(ack, now)
             self._on_ack(ack, now)
         elif ack == self.snd_una and self.snd_max > self.snd_una and (
                 (seg.sack is not None and self.sack_ok)  # SACK information counts whatever the window did
                 or (plen == 0 and not flags & FIN and new_wnd == self.snd_wnd)):
             self._on_dupack(now)
+        if rack is not None and self._sacked and self.state in _SEND_STATES:
+            self._rack_detect(now)
         if self.snd_wl1 < seq or (self.snd_wl1 == seq and self.snd_wl2 <= ack):
             opened = new_wnd > self.snd_wnd
             self.snd_wnd = new_wnd
@@ -447,7 +489,7 @@ class Connection:
 
     def _resend_synack(self) -> None:
         wscale = OUR_WSCALE if self.rcv_wscale else None
-        wnd = min(self.params.receive_buffer, 65535)
+        wnd = min(self.rcv_buf, 65535)
         self.out.append(self._build(self.iss, self.rcv_nxt, SYN | ACK, wnd, b"",
                                     wire.syn_options(self.local_mss, wscale, self.sack_ok)))
         self.rcv_adv = max(self.rcv_adv, self.rcv_nxt + wnd)
@@ -482,6 +524,8 @@ class Connection:
             self.snd_nxt = ack
         if self._sacked:
             self._sacked.acked(ack)
+        if self.rack is not None:
+            self.rack.acked(ack)
         self._sample_rtt(ack, now)
         self._retries = 0
         mss = self.mss
@@ -490,6 +534,8 @@ class Connection:
                 self.cwnd = self.ssthresh  # a flight that drained in recovery must not collapse cwnd to 2 segments)
                 self.in_recovery = False
                 self.dupacks = 0
+                if self.rack is not None:
+                    self.rack.recovery_done()
             else:  # partial acknowledgement: the next hole was lost too
                 if not self._retransmit_hole(now) and ack >= self._rexmit_hi:
                     self._retransmit_head(now)
@@ -498,9 +544,16 @@ class Connection:
         else:
             self.dupacks = 0
             if self.cwnd < self.ssthresh:
-                self.cwnd += min(acked, 2 * mss)  # slow start, L = 2*SMSS (RFC 5681 §3.1, RFC 3465)
+                # slow start, counting bytes (RFC 3465) without its L = 2*SMSS per ACK: our receiver and
+                # Linux's (GRO) acknowledge whole bursts at once, and L would slow start to a crawl on
+                # a long pipe (as Linux, up to ssthresh)
+                self.cwnd = min(self.cwnd + acked, max(self.ssthresh, self.cwnd + 2 * mss))
+            elif self.cc is not None:
+                self.cwnd = self.cc.increase(self.cwnd, acked, now, self.rtt.srtt or 0.0)
             else:
                 self.cwnd += max(1, mss * mss // self.cwnd) * max(1, acked // mss)
+            if 2 * self.cwnd > self.snd_buf and self.snd_buf < self.params.send_buffer_max:
+                self.snd_buf += self._grow(send_target(self.cwnd, self.snd_buf, self.params.send_buffer_max) - self.snd_buf)
         self.rto_at = None if self.snd_una >= self.snd_max else now + self.rtt.rto
         if self._tlp_high is not None and ack >= self._tlp_high:
             self._tlp_high = None  # the probe (or what it stood for) arrived
@@ -519,25 +572,67 @@ class Connection:
         tail_lost = self._tlp_high is not None and bool(self._sacked) and self._sacked.highest >= self._tlp_high
         if (self.dupacks >= thresh or sacked >= self.dupthresh * mss or tail_lost) and not self.in_recovery:
             if self.snd_una >= self.recover or self.recover == self.iss or tail_lost:  # RFC 6582 §3.2 step 2
-                self._tlp_high = None
-                flight = self.snd_max - self.snd_una
-                self._undo_cwnd, self._undo_ssthresh, self._undo_retrans = self.cwnd, self.ssthresh, 0
-                self.ssthresh = max(flight // 2, 2 * mss)
-                self.recover = self.snd_max
-                self.in_recovery = True
-                self.stats["fast_retransmits"] += 1
-                self._rexmit_hi = 0
-                if not self._retransmit_hole(now):
-                    self._retransmit_head(now)
-                # SACKed bytes count as gone from the network in output() (RFC 6675's pipe); without
-                # SACK, NewReno inflates cwnd by the three segments the duplicate ACKs stand for
-                self.cwnd = self.ssthresh if self._sacked else self.ssthresh + 3 * mss
-                self.rto_at = now + self.rtt.rto
+                self._enter_recovery(now)
         elif self.in_recovery:
             if not self._sacked:
                 self.cwnd += mss  # NewReno: inflate for each segment that left the network
             self._retransmit_hole(now)  # with SACK: the next known hole, one per arriving ACK
         self.stack.pending[self] = None  # SACKed data left the network: new data may go (RFC 3042, 6675)
+
+    def _enter_recovery(self, now: float) -> None:
+        """Fast retransmit (RFC 5681 §3.2, RFC 6582): the loss halves ssthresh (CUBIC: x 0.7)."""
+        mss = self.mss
+        self._tlp_high = None
+        flight = self.snd_max - self.snd_una
+        self._undo_cwnd, self._undo_ssthresh, self._undo_retrans = self.cwnd, self.ssthresh, 0
+        self.ssthresh = self.cc.on_congestion(self.cwnd) if self.cc is not None else max(flight // 2, 2 * mss)
+        self.recover = self.snd_max
+        self.in_recovery = True
+        self.stats["fast_retransmits"] += 1
+        self._rexmit_hi = 0
+        if not self._retransmit_hole(now):
+            self._retransmit_head(now)
+        # SACKed bytes count as gone from the network in output() (RFC 6675's pipe); without
+        # SACK, NewReno inflates cwnd by the three segments the duplicate ACKs stand for
+        self.cwnd = self.ssthresh if self._sacked else self.ssthresh + 3 * mss
+        self.rto_at = now + self.rtt.rto
+
+    def _rack_detect(self, now: float) -> None:
+        """RACK (RFC 8985 §6.2 step 5): retransmit what a later delivery shows lost, enter recovery
+        for it; a retransmission found lost goes again at once instead of waiting for the RTO."""
+        rack = self.rack
+        srtt = self.rtt.srtt or 0.0
+        sacked = self._sacked
+        reo = rack.reo_wnd(self.in_recovery, sacked.total // self.mss, srtt, self.dupthresh)
+        lost, timeout = rack.detect_loss(now, reo, sacked.covers)
+        self.rack_at = None if timeout is None else now + timeout
+        if not lost:
+            return
+        repaired = self._rexmit_hi if self.in_recovery else 0  # retransmitted up to here before
+        if not self.in_recovery:
+            self._enter_recovery(now)  # repairs the first hole
+        for start, end in lost:
+            if start < repaired:  # a retransmission was lost: send it again now
+                self._retransmit_range(start, end, now)
+            elif end > self._rexmit_hi:  # not repaired yet: the next hole in order
+                self._retransmit_hole(now)
+        self.stack.pending[self] = None
+
+    def _retransmit_range(self, start: int, end: int, now: float) -> None:
+        data_end = self._buf_seq + len(self._sbuf) - self._soff
+        start = max(start, self.snd_una)
+        end = min(end, data_end)
+        while start < end:
+            n = min(self.mss, end - start)
+            off = self._soff + start - self._buf_seq
+            self._rtt_seq = None  # Karn
+            self.stats["retransmits"] += 1
+            self.stats["rack_retransmits"] = self.stats.get("rack_retransmits", 0) + 1
+            self._emit(start, ACK, bytes(self._sbuf[off:off + n]))
+            self.rack.sent(start, start + n, now, True)
+            self._undo_retrans += 1
+            start += n
+        self.rto_at = now + self.rtt.rto
 
     def _take_sack(self, blocks, ack: int) -> None:
         """Merge the peer's SACK blocks (wire edges) into the scoreboard; bogus ones are ignored.
@@ -548,9 +643,13 @@ class Connection:
         raised (as RFC 3708 and Linux's reordering metric do)."""
         una, top = self.snd_una, self.snd_max
         first_end = una + ((blocks[0][1] - una + HALF) & M32) - HALF
+        if first_end <= ack and self.rack is not None:
+            self.rack.dsack(una, self.snd_nxt)
         if first_end <= ack and self._undo_retrans > 0:
             self._undo_retrans -= 1
             if self._undo_retrans == 0 and self._undo_cwnd:
+                if self.cc is not None:
+                    self.cc.undo()
                 self.cwnd = max(self.cwnd, self._undo_cwnd)
                 self.ssthresh = max(self.ssthresh, self._undo_ssthresh)
                 self.in_recovery = False
@@ -576,6 +675,8 @@ class Connection:
         self._rtt_seq = None  # Karn
         self.stats["retransmits"] += 1
         self._emit(seq, ACK, bytes(self._sbuf[off:off + n]))
+        if self.rack is not None:
+            self.rack.sent(seq, seq + n, now, True)
         self._rexmit_hi = seq + n
         self._undo_retrans += 1
         self.rto_at = now + self.rtt.rto
@@ -595,6 +696,8 @@ class Connection:
             if self._fin_seq is not None and seq + n == self._fin_seq and self.snd_max > self._fin_seq:
                 flags |= FIN
             self._emit(seq, flags, bytes(self._sbuf[off:off + n]))
+            if self.rack is not None:
+                self.rack.sent(seq, seq + n, now, True)
         elif self._fin_seq is not None and seq == self._fin_seq:
             self._emit(seq, FIN | ACK, b"")
 
@@ -667,7 +770,7 @@ class Connection:
 
     def _enter_time_wait(self, now: float) -> None:
         self.state = TIME_WAIT
-        self.rto_at = self.delack_at = self.persist_at = self.tlp_at = None
+        self.rto_at = self.delack_at = self.persist_at = self.tlp_at = self.rack_at = None
         self.tw_at = now + self.params.time_wait
         self.stack.dirty[self] = None
 
@@ -677,14 +780,18 @@ class Connection:
             self.error = error
         if error is not None:
             self._eof = True
-        self.rto_at = self.delack_at = self.persist_at = self.tw_at = self.tlp_at = None
+        self.rto_at = self.delack_at = self.persist_at = self.tw_at = self.tlp_at = self.rack_at = None
+        if self._grown:
+            self.stack.budget.give(self._grown)
+            self._grown = 0
+            self.rcv_buf, self.snd_buf = self.params.receive_buffer, self.params.send_buffer
         self.stack.closed(self)
 
     # ------------------------------------------------------------------ output
 
     def _window(self) -> int:
         """The window field to send, moving the advertised right edge (never left)."""
-        free = self.params.receive_buffer - self._rlen - self._ooo.size
+        free = self.rcv_buf - self._rlen - self._ooo.size
         right = self.rcv_nxt + (free if free > 0 else 0)
         ws = self.rcv_wscale
         if right <= self.rcv_adv:  # keep the edge we offered, rounded up to the scale's unit
@@ -764,6 +871,8 @@ class Connection:
             if s < self.snd_max:
                 self.stats["retransmits"] += 1
             self._emit(s, flags, bytes(sbuf[off:off + n]))
+            if self.rack is not None:
+                self.rack.sent(s, end, now, s < self.snd_max)
             s = end + 1 if flags & FIN else end
             sent = True
         if fin_seq is not None and s == fin_seq and s == data_end:
@@ -807,6 +916,8 @@ class Connection:
             start = max(self.snd_una, end - self.mss)
             off = self._soff + start - self._buf_seq
             self._emit(start, ACK | PSH, bytes(self._sbuf[off:off + end - start]))
+            if self.rack is not None:
+                self.rack.sent(start, end, now, True)
         self.rto_at = now + self.rtt.rto
 
     def _ack_if_due(self) -> None:
@@ -820,7 +931,7 @@ class Connection:
     def deadline(self) -> float | None:
         """The earliest time :meth:`on_timer` has something to do (None: nothing scheduled)."""
         best = None
-        for t in (self.rto_at, self.delack_at, self.persist_at, self.tw_at, self.tlp_at):
+        for t in (self.rto_at, self.delack_at, self.persist_at, self.tw_at, self.tlp_at, self.rack_at):
             if t is not None and (best is None or t < best):
                 best = t
         ka = self.params.keepalive_idle
@@ -839,6 +950,10 @@ class Connection:
             self._on_rto(now)
             if self.state == CLOSED:
                 return
+        if self.rack_at is not None and now >= self.rack_at:
+            self.rack_at = None
+            if self.state in _SEND_STATES and self._sacked:
+                self._rack_detect(now)
         if self.tlp_at is not None and now >= self.tlp_at:
             self.tlp_at = None
             if self.state in _SEND_STATES and self.snd_max > self.snd_una and not self.in_recovery:
@@ -874,7 +989,7 @@ class Connection:
                 self.abort_with(TIMED_OUT)
                 return
             if self.state == SYN_SENT:
-                self.out.append(self._build(self.iss, 0, SYN, min(self.params.receive_buffer, 65535), b"",
+                self.out.append(self._build(self.iss, 0, SYN, min(self.rcv_buf, 65535), b"",
                                             wire.syn_options(self.local_mss, OUR_WSCALE, True)))
             else:
                 self._resend_synack()
@@ -884,7 +999,8 @@ class Connection:
             self.abort_with(TIMED_OUT)
             return
         if self.snd_max > self.snd_una:  # RFC 5681 §3.1 eq. 4, then go back to SND.UNA in slow start
-            self.ssthresh = max((self.snd_max - self.snd_una) // 2, 2 * self.mss)
+            flight = self.snd_max - self.snd_una
+            self.ssthresh = self.cc.on_timeout(flight) if self.cc is not None else max(flight // 2, 2 * self.mss)
             self.cwnd = self.mss
             if self._retries > 1:  # RFC 2018 §8: the receiver may have dropped what it SACKed; a second
                 self._sacked.clear()  # timeout in a row stops trusting the scoreboard
