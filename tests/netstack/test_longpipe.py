@@ -289,3 +289,46 @@ def test_a_loss_reduces_cwnd_by_cubic_beta():
     assert client.stats["fast_retransmits"] == 1
     assert client.cc.w_max == pytest.approx(client._undo_cwnd / client.mss)
     assert client.ssthresh == int(client._undo_cwnd * BETA)
+
+
+# ---------------------------------------------------------------- timestamps (RFC 7323)
+
+
+def test_timestamps_clock_echo_and_ts_recent_rule():
+    from anex_agent.netstack.tcp.timestamps import Timestamps, expected_samples
+
+    ts = Timestamps(offset=0xFFFFFF00, recent=5)
+    val = ts.value(1.5)
+    assert val == (1500 + 0xFFFFFF00) & 0xFFFFFFFF  # milliseconds, random offset, wrapping
+    assert ts.option(1.5)[:4] == bytes((1, 1, 8, 10))
+    assert ts.rtt(val, 1.623) == pytest.approx(0.123)  # the echo of what we sent 123 ms ago
+    assert ts.rtt((val + 1000) & 0xFFFFFFFF, 1.5) is None  # from the future: not a sample
+    ts.received(9, seq=100, rcv_nxt=100)
+    assert ts.recent == 9
+    ts.received(12, seq=200, rcv_nxt=100)  # out of order, above the window's left edge: ignored (§4.3)
+    assert ts.recent == 9
+    ts.received(7, seq=100, rcv_nxt=100)  # older: ignored
+    assert ts.recent == 9
+    ts.recent = 0xFFFFFFF0
+    ts.received(4, seq=100, rcv_nxt=100)  # newer across the wrap
+    assert ts.recent == 4
+    assert expected_samples(100 * MSS, MSS) == 50 and expected_samples(0, MSS) == 1
+
+
+def test_every_segment_carries_timestamps_and_every_ack_samples_the_rtt():
+    link = Link(delay=0.02)
+    link.tapping = True
+    client, server = connect(link)
+    data = os.urandom(200_000)
+    assert transfer(link, client, server, data, close=False) == data
+    after_syn = [tcp_fields(p) for _, p in link.tap[2:]]
+    assert after_syn and all(f["options"][:4] == bytes((1, 1, 8, 10)) for f in after_syn)
+    assert client.rtt.srtt == pytest.approx(0.04, abs=0.003)
+
+
+def test_no_timestamps_when_one_side_does_not_offer_them():
+    link = Link(params=TcpParams(timestamps=False))
+    link.b.params = TcpParams()
+    client, server = connect(link)
+    assert client.ts is None and server.ts is None
+    assert client.mss == server.mss == 1380

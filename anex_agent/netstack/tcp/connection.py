@@ -41,6 +41,8 @@ from anex_agent.netstack.tcp.rack import Rack
 from anex_agent.netstack.tcp.reassembly import Reassembly
 from anex_agent.netstack.tcp.rtt import RttEstimator
 from anex_agent.netstack.tcp.scoreboard import Scoreboard
+from anex_agent.netstack.tcp.timestamps import LENGTH as TS_LENGTH
+from anex_agent.netstack.tcp.timestamps import Timestamps, expected_samples
 
 if TYPE_CHECKING:
     from anex_agent.netstack.stack import Stack
@@ -79,6 +81,7 @@ class TcpParams:
     buffer_budget: int = 64 * 1024 * 1024
     cubic: bool = True  # RFC 9438 congestion avoidance (False: RFC 5681's additive increase)
     rack: bool = True  # RFC 8985 loss detection, with SACK
+    timestamps: bool = True  # RFC 7323 §3: offered on SYNs; RTT sampled from every ACK's echo
     time_wait: float = 2.0  # short: RFC 9293's 2*MSL is minutes; our ISNs follow RFC 6528 and ports are random
     delayed_ack: float = 0.04  # RFC 9293 §3.8.6.3 allows up to 0.5 s
     syn_retries: int = 6  # 1+2+4+8+16+32 s before a connect gives up
@@ -104,7 +107,7 @@ class Connection:
         "tw_at", "_last_rx", "_ka_probes", "_unacked_segs",
         "connected", "cwnd", "ssthresh", "dupacks", "in_recovery", "recover", "_sched", "stats",
         "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi", "tlp_at", "_tlp_high", "dupthresh", "_undo_cwnd", "_undo_ssthresh", "_undo_retrans",
-        "rcv_buf", "snd_buf", "_grown", "_rtuner", "cc", "rack", "rack_at",
+        "rcv_buf", "snd_buf", "_grown", "_rtuner", "cc", "rack", "rack_at", "ts", "_now",
     )
 
     def __init__(self, stack: Stack, key: tuple, builder: wire.Builder, params: TcpParams, local_mss: int,
@@ -177,6 +180,8 @@ class Connection:
         self.cc = Cubic(self.mss) if params.cubic else None
         self.rack: Rack | None = None  # once both sides agreed on SACK
         self.rack_at: float | None = None  # RACK's reordering timer
+        self.ts: Timestamps | None = None  # once both sides sent the TSopt
+        self._now = now  # the time of the last input (timer, segment, flush): TSval's clock
 
     def __repr__(self) -> str:
         return f"<tcp {self.key[1]}<->{self.key[2]} {STATE_NAMES[self.state]}>"
@@ -306,6 +311,9 @@ class Connection:
         else:
             self.snd_wscale = self.rcv_wscale = 0
         self.sack_ok = seg.sack_ok
+        if seg.ts_val is not None and self.params.timestamps:  # RFC 7323 §3.2: both sides sent it
+            self.ts = Timestamps(self.iss, seg.ts_val)
+            self.mss -= TS_LENGTH  # every segment carries the option: the payload is that much smaller
         if self.cc is not None:
             self.cc.mss = self.mss
         if seg.sack_ok and self.params.rack:
@@ -317,7 +325,7 @@ class Connection:
     def _send_syn(self, now: float) -> None:
         active = self.state == SYN_SENT
         wscale = OUR_WSCALE if active or self.rcv_wscale else None
-        opts = wire.syn_options(self.local_mss, wscale, active or self.sack_ok)
+        opts = wire.syn_options(self.local_mss, wscale, active or self.sack_ok, self._syn_ts(now))
         wnd = min(self.rcv_buf, 65535)
         if active:
             self.out.append(self._build(self.iss, 0, SYN, wnd, b"", opts))
@@ -329,11 +337,20 @@ class Connection:
         if self._retries == 0:
             self._rtt_seq, self._rtt_time = self.iss + 1, now
 
+    def _syn_ts(self, now: float) -> bytes:
+        """The TSopt for a SYN (ours offered) or SYN-ACK (when the peer's SYN had one)."""
+        if self.ts is not None:
+            return self.ts.option(now)
+        if self.state == SYN_SENT and self.params.timestamps:
+            return Timestamps(self.iss, 0).option(now)
+        return b""
+
     # ------------------------------------------------------------------ input
 
     def segment_arrived(self, seg: wire.Segment, now: float) -> None:
         """Process one segment (RFC 9293 §3.10.7)."""
         self.stats["segments_in"] += 1
+        self._now = now
         flags = seg.flags
         if self.state == SYN_SENT:
             self._syn_sent(seg, now)
@@ -358,7 +375,7 @@ class Connection:
                 if plen and self.sack_ok and seq + plen <= self.rcv_nxt:  # a duplicate: say so (RFC 2883 D-SACK)
                     blocks = [(seq, seq + plen)] + (self._sack_blocks()[:3] if self._ooo.size else [])
                     self.out.append(self._build(self.snd_nxt, self.rcv_nxt, ACK, self._window(), b"",
-                                                wire.sack_option(blocks)))
+                                                self._ts_option() + wire.sack_option(blocks, self._sack_max())))
                     self._unacked_segs = 0
                     self.delack_at = None
                 else:
@@ -383,6 +400,9 @@ class Connection:
             else:
                 self._send_ack()
                 return
+        ts = self.ts
+        if ts is not None and seg.ts_val is not None:
+            ts.received(seg.ts_val, seq, self.rcv_nxt)
         # 5. ACK
         if not flags & ACK:
             return
@@ -418,6 +438,10 @@ class Connection:
         if ack > self.snd_una:
             if rack is not None:
                 rack.delivered(ack, now)
+            if ts is not None and seg.ts_val is not None:  # RFC 7323 §4.1: every ACK of new data
+                r = ts.rtt(seg.ts_ecr, now)
+                if r is not None:
+                    self.rtt.sample(r, expected_samples(self.snd_max - self.snd_una, self.mss))
             self._on_ack(ack, now)
         elif ack == self.snd_una and self.snd_max > self.snd_una and (
                 (seg.sack is not None and self.sack_ok)  # SACK information counts whatever the window did
@@ -491,7 +515,7 @@ class Connection:
         wscale = OUR_WSCALE if self.rcv_wscale else None
         wnd = min(self.rcv_buf, 65535)
         self.out.append(self._build(self.iss, self.rcv_nxt, SYN | ACK, wnd, b"",
-                                    wire.syn_options(self.local_mss, wscale, self.sack_ok)))
+                                    wire.syn_options(self.local_mss, wscale, self.sack_ok, self._syn_ts(self._now))))
         self.rcv_adv = max(self.rcv_adv, self.rcv_nxt + wnd)
 
     def _established(self, now: float) -> None:
@@ -502,7 +526,8 @@ class Connection:
         self.stack.established(self)
 
     def _sample_rtt(self, ack: int, now: float) -> None:
-        if self._rtt_seq is not None and ack >= self._rtt_seq:
+        """One timed segment per round trip (RFC 6298 with Karn), when there are no timestamps."""
+        if self._rtt_seq is not None and ack >= self._rtt_seq and (self.ts is None or self.rtt.srtt is None):
             self.rtt.sample(now - self._rtt_time)
             self._rtt_seq = None
 
@@ -803,10 +828,19 @@ class Connection:
         self.rcv_adv = self.rcv_nxt + (wnd << ws)
         return wnd
 
+    def _ts_option(self) -> bytes:
+        return b"" if self.ts is None else self.ts.option(self._now)
+
+    def _sack_max(self) -> int:
+        return wire.MAX_SACK_BLOCKS if self.ts is None else wire.MAX_SACK_BLOCKS_TS
+
     def _emit(self, seq: int, flags: int, payload) -> None:
+        ts = self.ts
         if not payload and self.sack_ok and self._ooo.size:
             self.out.append(self._build(seq, self.rcv_nxt, flags, self._window(), payload,
-                                        wire.sack_option(self._sack_blocks())))
+                                        self._ts_option() + wire.sack_option(self._sack_blocks(), self._sack_max())))
+        elif ts is not None:
+            self.out.append(self._build(seq, self.rcv_nxt, flags, self._window(), payload, ts.option(self._now)))
         else:
             self.out.append(self._build(seq, self.rcv_nxt, flags, self._window(), payload))
         self.stats["segments_out"] += 1
@@ -825,6 +859,7 @@ class Connection:
 
     def output(self, now: float) -> None:
         """Send what the windows allow, a due ACK, a FIN (the stack calls this on flush)."""
+        self._now = now
         if self.state not in _SEND_STATES:
             self._ack_if_due()
             return
@@ -943,6 +978,7 @@ class Connection:
 
     def on_timer(self, now: float) -> None:
         p = self.params
+        self._now = now
         if self.tw_at is not None and now >= self.tw_at:
             self._enter_closed(None)
             return
@@ -963,7 +999,8 @@ class Connection:
         if self.persist_at is not None and now >= self.persist_at:
             self.persist_at = None
             if self.snd_wnd == 0 and self.unsent_or_unacked:
-                self.out.append(self._build(self.snd_una - 1, self.rcv_nxt, ACK, self._window()))  # elicits an ACK
+                self.out.append(self._build(self.snd_una - 1, self.rcv_nxt, ACK, self._window(), b"",
+                                            self._ts_option()))  # elicits an ACK
                 self._persist_backoff = min(p.persist_max, self._persist_backoff * 2)
                 self.persist_at = now + self._persist_backoff
         if p.keepalive_idle is not None and self.state in (ESTABLISHED, CLOSE_WAIT) and self.snd_max == self.snd_una:
@@ -972,7 +1009,7 @@ class Connection:
                     self.abort_with(TIMED_OUT)
                     return
                 self._ka_probes += 1
-                self.out.append(self._build(self.snd_una - 1, self.rcv_nxt, ACK, self._window()))
+                self.out.append(self._build(self.snd_una - 1, self.rcv_nxt, ACK, self._window(), b"", self._ts_option()))
 
     def abort_with(self, error: str) -> None:
         self.error = error
@@ -990,7 +1027,7 @@ class Connection:
                 return
             if self.state == SYN_SENT:
                 self.out.append(self._build(self.iss, 0, SYN, min(self.rcv_buf, 65535), b"",
-                                            wire.syn_options(self.local_mss, OUR_WSCALE, True)))
+                                            wire.syn_options(self.local_mss, OUR_WSCALE, True, self._syn_ts(now))))
             else:
                 self._resend_synack()
             self.rto_at = now + self.rtt.rto
