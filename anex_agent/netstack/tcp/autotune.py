@@ -9,12 +9,14 @@ Contract (sans-I/O: ``now`` and the RTT are passed in):
 * :class:`ReceiveTuner` is the receiver's dynamic right-sizing (as Linux's
   ``tcp_rcv_space_adjust``): once per RTT it compares the bytes the application read during
   that RTT with the buffer; when the reader kept up with more than half of it, the buffer grows
-  to twice the bytes per RTT (so a sender in slow start is not held back the next round), up to
-  ``maximum``. It never shrinks (the advertised window never moves left).
+  to twice the bytes per RTT plus :data:`STEP` (so a sender in slow start is not held back the
+  next round, and a paced flight that fills a little less than the window still grows it), up
+  to ``maximum``. It never shrinks (the advertised window never moves left).
 * :func:`send_target` is the sender's: twice the congestion window (a window in flight and one
   being filled), between ``base`` and ``maximum``.
 
-Growth is in whole steps of at least :data:`STEP` bytes so the budget is not touched per segment.
+The receiver's buffer is looked at once per RTT, the sender's when cwnd passes half of it: the
+budget is not touched per segment.
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ class ReceiveTuner:
         copied, self.copied, self.since = self.copied, 0, now
         if 2 * copied <= current:  # the reader used at most half the buffer in an RTT: big enough
             return current
-        want = min(self.maximum, 2 * copied)
-        return want if want >= current + STEP else current
+        want = min(self.maximum, 2 * copied + STEP)
+        return want if want > current else current
 
 
 def send_target(cwnd: int, base: int, maximum: int) -> int:

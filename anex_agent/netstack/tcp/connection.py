@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from anex_agent.netstack.tcp import pacing
 from anex_agent.netstack.tcp import segment as wire
 from anex_agent.netstack.tcp.autotune import ReceiveTuner, send_target
 from anex_agent.netstack.tcp.cubic import Cubic
@@ -82,6 +83,7 @@ class TcpParams:
     cubic: bool = True  # RFC 9438 congestion avoidance (False: RFC 5681's additive increase)
     rack: bool = True  # RFC 8985 loss detection, with SACK
     timestamps: bool = True  # RFC 7323 §3: offered on SYNs; RTT sampled from every ACK's echo
+    pacing: bool = True  # spread each window over the round trip (:mod:`pacing`)
     time_wait: float = 2.0  # short: RFC 9293's 2*MSL is minutes; our ISNs follow RFC 6528 and ports are random
     delayed_ack: float = 0.04  # RFC 9293 §3.8.6.3 allows up to 0.5 s
     syn_retries: int = 6  # 1+2+4+8+16+32 s before a connect gives up
@@ -107,7 +109,7 @@ class Connection:
         "tw_at", "_last_rx", "_ka_probes", "_unacked_segs",
         "connected", "cwnd", "ssthresh", "dupacks", "in_recovery", "recover", "_sched", "stats",
         "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi", "tlp_at", "_tlp_high", "dupthresh", "_undo_cwnd", "_undo_ssthresh", "_undo_retrans",
-        "rcv_buf", "snd_buf", "_grown", "_rtuner", "cc", "rack", "rack_at", "ts", "_now",
+        "rcv_buf", "snd_buf", "_grown", "_rtuner", "cc", "rack", "rack_at", "ts", "_now", "pacer", "pace_at",
     )
 
     def __init__(self, stack: Stack, key: tuple, builder: wire.Builder, params: TcpParams, local_mss: int,
@@ -182,6 +184,8 @@ class Connection:
         self.rack_at: float | None = None  # RACK's reordering timer
         self.ts: Timestamps | None = None  # once both sides sent the TSopt
         self._now = now  # the time of the last input (timer, segment, flush): TSval's clock
+        self.pacer = pacing.Pacer() if params.pacing else None
+        self.pace_at: float | None = None  # the pacer holds the next segment until then
 
     def __repr__(self) -> str:
         return f"<tcp {self.key[1]}<->{self.key[2]} {STATE_NAMES[self.state]}>"
@@ -561,8 +565,9 @@ class Connection:
                 self.dupacks = 0
                 if self.rack is not None:
                     self.rack.recovery_done()
-            else:  # partial acknowledgement: the next hole was lost too
-                if not self._retransmit_hole(now) and ack >= self._rexmit_hi:
+            else:  # partial acknowledgement: the next hole was lost too (with RACK: when it says so,
+                # since a paced flight may still be on its way)
+                if not self._retransmit_hole(now) and ack >= self._rexmit_hi and self.rack is None:
                     self._retransmit_head(now)
                 self.cwnd = max(self.cwnd - acked + mss, mss)
                 self.rto_at = now + self.rtt.rto
@@ -614,8 +619,11 @@ class Connection:
         self.recover = self.snd_max
         self.in_recovery = True
         self.stats["fast_retransmits"] += 1
-        self._rexmit_hi = 0
-        if not self._retransmit_hole(now):
+        if self.rack is None:
+            self._rexmit_hi = 0
+        # with RACK, what the last recovery retransmitted is not sent again now: RACK sends it
+        # again if it is lost again (a new recovery may start while those are on their way)
+        if not self._retransmit_hole(now) and (self.rack is None or self.snd_una >= self._rexmit_hi):
             self._retransmit_head(now)
         # SACKed bytes count as gone from the network in output() (RFC 6675's pipe); without
         # SACK, NewReno inflates cwnd by the three segments the duplicate ACKs stand for
@@ -795,7 +803,7 @@ class Connection:
 
     def _enter_time_wait(self, now: float) -> None:
         self.state = TIME_WAIT
-        self.rto_at = self.delack_at = self.persist_at = self.tlp_at = self.rack_at = None
+        self.rto_at = self.delack_at = self.persist_at = self.tlp_at = self.rack_at = self.pace_at = None
         self.tw_at = now + self.params.time_wait
         self.stack.dirty[self] = None
 
@@ -805,7 +813,7 @@ class Connection:
             self.error = error
         if error is not None:
             self._eof = True
-        self.rto_at = self.delack_at = self.persist_at = self.tw_at = self.tlp_at = self.rack_at = None
+        self.rto_at = self.delack_at = self.persist_at = self.tw_at = self.tlp_at = self.rack_at = self.pace_at = None
         if self._grown:
             self.stack.budget.give(self._grown)
             self._grown = 0
@@ -877,6 +885,11 @@ class Connection:
         sent = False
         s = self.snd_nxt
         sacked = self._sacked if s < self.snd_max else None
+        tokens = None
+        srtt = self.rtt.srtt
+        if self.pacer is not None and srtt and s < data_end:
+            pace_rate = pacing.rate(self.cwnd, srtt, self.cwnd < self.ssthresh)
+            tokens = self.pacer.available(now, pace_rate, mss)
         while s < data_end:
             if sacked:  # going back after a timeout: skip what the receiver holds
                 s = sacked.skip(s)
@@ -894,6 +907,13 @@ class Connection:
                 n = room
             if sacked:
                 n = sacked.limit(s, n)
+            if tokens is not None:
+                if tokens + 1 < n:  # paced: the rest after a timer
+                    self.pacer.tokens = tokens
+                    self.pace_at = self.pacer.ready_at(now, pace_rate, n)
+                    tokens = None
+                    break
+                tokens -= n
             off = soff + s - buf_seq
             flags = ACK
             end = s + n
@@ -914,6 +934,8 @@ class Connection:
             self._emit(s, FIN | ACK, b"")
             s += 1
             sent = True
+        if tokens is not None:
+            self.pacer.tokens = tokens
         self.snd_nxt = s
         if s > self.snd_max:
             self.snd_max = s
@@ -966,7 +988,7 @@ class Connection:
     def deadline(self) -> float | None:
         """The earliest time :meth:`on_timer` has something to do (None: nothing scheduled)."""
         best = None
-        for t in (self.rto_at, self.delack_at, self.persist_at, self.tw_at, self.tlp_at, self.rack_at):
+        for t in (self.rto_at, self.delack_at, self.persist_at, self.tw_at, self.tlp_at, self.rack_at, self.pace_at):
             if t is not None and (best is None or t < best):
                 best = t
         ka = self.params.keepalive_idle
@@ -986,6 +1008,9 @@ class Connection:
             self._on_rto(now)
             if self.state == CLOSED:
                 return
+        if self.pace_at is not None and now >= self.pace_at:
+            self.pace_at = None
+            self.stack.pending[self] = None  # the stack's flush after the timers sends on
         if self.rack_at is not None and now >= self.rack_at:
             self.rack_at = None
             if self.state in _SEND_STATES and self._sacked:
