@@ -379,3 +379,28 @@ def test_a_paced_sender_spreads_its_windows():
     assert in_big_bursts(unpaced) > 0.5  # whole windows at once
     assert in_big_bursts(paced) < 0.2  # at most a bucket after an idle moment
     assert len(paced) > 3 * len(unpaced)  # many more, smaller sends
+
+
+def test_out_of_order_segments_extending_the_newest_block_share_one_ack():
+    link = Link(delay=0.01)
+    client, server = connect(link)
+    assert transfer(link, client, server, os.urandom(200_000), close=False)  # a wide window first
+    link.tapping = True
+    link.tap.clear()
+    count = 0
+
+    def drop_fifth(sender, packet):
+        nonlocal count
+        if sender == "a" and tcp_fields(packet)["len"]:
+            count += 1
+            return count == 5
+        return False
+
+    link.filter = drop_fifth
+    data = os.urandom(300_000)
+    assert transfer(link, client, server, data, close=False) == data
+    held = [p for n, p in link.tap if n == "a" and tcp_fields(p)["len"]]
+    sack_acks = [p for n, p in link.tap if n == "b" and bytes((1, 1, 5)) in tcp_fields(p)["options"]]
+    # every segment after the hole arrived out of order, in bursts: far fewer ACKs than segments
+    assert len(held) > 100
+    assert 1 <= len(sack_acks) <= 20

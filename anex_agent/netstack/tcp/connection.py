@@ -16,17 +16,21 @@ hot path). Received numbers are unwrapped next to ``snd_una`` / ``rcv_nxt``.
 What is implemented: active and passive open, simultaneous open and close, a short
 TIME_WAIT (:attr:`TcpParams.time_wait`), RFC 5961 checks (RST only at exactly RCV.NXT,
 challenge ACKs for in-window RSTs and SYNs, ACK range check), MSS clamped to the link
-MTU, window scaling (RFC 7323 §2), RFC 6298 retransmission timer with Karn's rule,
-slow start and congestion avoidance (RFC 5681), fast retransmit and NewReno recovery
-(RFC 6582), out-of-order reassembly, zero-window probes, keepalive, delayed ACKs
+MTU, window scaling (RFC 7323 §2) and timestamps (RFC 7323 §3-4, :mod:`timestamps`: an RTT
+sample from every ACK of new data), RFC 6298 retransmission timer with Karn's rule when there
+are no timestamps, slow start (RFC 5681, counting whole stretch ACKs) and CUBIC congestion
+avoidance (RFC 9438, :mod:`cubic`), pacing (:mod:`pacing`), fast retransmit and NewReno
+recovery (RFC 6582), out-of-order reassembly, zero-window probes, keepalive, delayed ACKs
 (every second full segment or after :attr:`TcpParams.delayed_ack`), SACK (RFC 2018: we send
 blocks for held out-of-order data; as a sender we keep a scoreboard and, in recovery,
 retransmit the holes below the highest SACKed byte one per arriving ACK instead of only the
-head, a simplified RFC 6675), D-SACK undo of recoveries caused by reordering (RFC 2883/3708),
-early retransmit (RFC 5827), a tail loss probe (RFC 8985 §7). Not implemented: RACK,
-timestamps (RFC 7323 §3; RTT is measured
-one segment per round trip), urgent data (the URG flag is ignored), Nagle (writes are
-coalesced by the adapter instead, like TCP_NODELAY with corking).
+head, a simplified RFC 6675), RACK (RFC 8985 §6, :mod:`rack`: time-based loss detection, so a
+lost retransmission goes again after about an RTT instead of an RTO), D-SACK undo of
+recoveries caused by reordering (RFC 2883/3708), early retransmit (RFC 5827), a tail loss probe
+(RFC 8985 §7), send and receive buffers that grow with the bandwidth-delay product under the
+stack's budget (:mod:`autotune`). Not implemented: PAWS (RFC 7323 §5), urgent data (the URG
+flag is ignored), Nagle (writes are coalesced by the adapter instead, like TCP_NODELAY with
+corking).
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ class Connection:
         "tw_at", "_last_rx", "_ka_probes", "_unacked_segs",
         "connected", "cwnd", "ssthresh", "dupacks", "in_recovery", "recover", "_sched", "stats",
         "sack_ok", "_last_ooo", "_sacked", "_rexmit_hi", "tlp_at", "_tlp_high", "dupthresh", "_undo_cwnd", "_undo_ssthresh", "_undo_retrans",
-        "rcv_buf", "snd_buf", "_grown", "_rtuner", "cc", "rack", "rack_at", "ts", "_now", "pacer", "pace_at",
+        "rcv_buf", "snd_buf", "_grown", "_rtuner", "cc", "rack", "rack_at", "ts", "_now", "pacer", "pace_at", "_last_ooo_end",
     )
 
     def __init__(self, stack: Stack, key: tuple, builder: wire.Builder, params: TcpParams, local_mss: int,
@@ -166,6 +170,7 @@ class Connection:
         self._sched: float | None = None  # the stack's timer-heap bookkeeping
         self.sack_ok = False  # both sides sent SACK-permitted
         self._last_ooo = 0  # start of the most recent out-of-order segment (its block goes first)
+        self._last_ooo_end = 0  # and its end
         self._sacked = Scoreboard()  # what the receiver SACKed above SND.UNA
         self._rexmit_hi = 0  # in recovery: retransmitted up to here
         self.tlp_at: float | None = None  # tail loss probe (RFC 8985 §7): a lost tail costs ~2 RTT, not an RTO
@@ -773,13 +778,21 @@ class Connection:
                 self.stack.pending[self] = None
             elif self.delack_at is None:
                 self.delack_at = now + self.params.delayed_ack
-        else:  # out of order: hold it, and send a duplicate ACK at once (RFC 5681 §4.2)
+        else:  # out of order: hold it, and send a duplicate ACK at once (RFC 5681 §4.2); with SACK,
+            # a segment that only extends the newest block is acknowledged with the burst at the
+            # flush (that ACK's first block says it), one that opens a block at once
+            extends = self.sack_ok and seq == self._last_ooo_end and not fin
             if plen:
                 self._ooo.add(seq, bytes(payload))
                 self._last_ooo = seq
+                self._last_ooo_end = seq + plen
             if fin:
                 self._ooo.fin_at = seq + plen
-            self._send_ack()
+            if extends:
+                self.delack_at = -1.0
+                self.stack.pending[self] = None
+            else:
+                self._send_ack()
 
     def _append(self, data: bytes) -> None:
         self._rbuf.append(data)
