@@ -7,6 +7,8 @@ behind the same gateway (wireguard-go): node ``native`` runs the agent as root o
 built-in engine). Each node's WireGuard datagrams go through its own delay-and-loss relay (an
 nftables DNAT in its namespace), shaped the same for both, one scenario after the other:
 
+* ``no_delay``:  the relay only (the reference: each side's ceiling on this machine now; a ratio
+  that is already low here is the per-packet cost, not the path)
 * ``rtt_50ms``:  +25 ms each way (+50 ms round trip), 1 ms jitter
 * ``rtt_150ms``: +75 ms each way (+150 ms round trip), 1 ms jitter
 * ``loss_2pct``: 2 % dropped each way, 5 % reordered (held 1-4 ms more), +1 ms each way
@@ -39,6 +41,7 @@ from bench_userspace import TUNNEL_DOWN, TUNNEL_UP, client, start_nodes  # noqa:
 from integration.lossy import insert_relay, relay_binary, remove_relay  # noqa: E402
 
 SCENARIOS = {
+    "no_delay": {},  # the reference: what each side reaches on this machine without distance or loss
     "rtt_50ms": {"delay_ms": 25, "jitter_ms": 1},
     "rtt_150ms": {"delay_ms": 75, "jitter_ms": 1},
     "loss_2pct": {"delay_ms": 1, "loss": 0.02, "reorder": 0.05},
