@@ -16,7 +16,9 @@ nftables DNAT in its namespace), shaped the same for both, one scenario after th
 and per scenario, ``--rounds`` rounds interleaving the nodes: one bulk TCP stream through a
 ``GW_TUNNEL`` forward to the cluster's bulk source (down) and sink (up). Reported per scenario and
 direction: median, min and max Mbit/s of each node and the ratio userspace/native of the medians
-(goal >= 0.8). Prints one JSON document.
+(goal >= 0.8), and the kernel's congestion control on each side (under random loss a
+loss-based one such as CUBIC cannot keep up with BBR, whatever the stack). Prints one JSON
+document.
 """
 
 from __future__ import annotations
@@ -115,6 +117,10 @@ def main() -> int:
             doc["scenarios"][name] = run_scenario(nodes, SCENARIOS[name], args.rounds, args.mb << 20, args.timeout)
             print(json.dumps({name: doc["scenarios"][name]}), file=sys.stderr, flush=True)
         doc["userspace_status_netstack"] = user.status().get("userspace", {})
+        # the peer's congestion control matters under random loss (BBR does not back off for it)
+        doc["kernel_congestion_control"] = {
+            where: ns.run(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"], check=False).stdout.strip()
+            for where, ns in (("cluster", mesh.cluster), ("native_node", native.ns))}
     doc["setup"] = {"link": "veth through a bridge, network namespaces; tools/lossy-relay per node",
                     "gateway": "wireguard-go", "mb_per_transfer": args.mb, "rounds": args.rounds,
                     "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
