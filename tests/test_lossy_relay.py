@@ -22,6 +22,22 @@ def binary():
     return path
 
 
+@pytest.fixture
+def path(binary):
+    """A factory of relay paths; whatever a failed test left running is stopped afterwards."""
+    made: list[Path_] = []
+
+    def make(**shape) -> Path_:
+        made.append(Path_(binary, **shape))
+        return made[-1]
+
+    yield make
+    for p in made:
+        if p.relay.poll() is None:
+            p.relay.kill()
+            p.relay.wait()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -57,8 +73,8 @@ class Path_:
         return json.loads(out.strip().splitlines()[-1])
 
 
-def test_relays_both_ways_in_order_without_loss(binary):
-    p = Path_(binary)
+def test_relays_both_ways_in_order_without_loss(path):
+    p = path()
     for i in range(200):
         p.client.sendto(i.to_bytes(4, "big"), p.addr)
     got = [p.up.recvfrom(100) for _ in range(200)]
@@ -69,8 +85,8 @@ def test_relays_both_ways_in_order_without_loss(binary):
     assert p.counts() == {"forwarded": 201, "dropped": 0, "reordered": 0, "overflow": 0}
 
 
-def test_loss_drops_about_the_share_asked(binary):
-    p = Path_(binary, loss=0.3, seed=5)
+def test_loss_drops_about_the_share_asked(path):
+    p = path(loss=0.3, seed=5)
     for i in range(2000):
         p.client.sendto(i.to_bytes(4, "big"), p.addr)
     # a marker after them, sent again until one gets through: then all 2000 went through the relay
@@ -91,8 +107,8 @@ def test_loss_drops_about_the_share_asked(binary):
     assert counts["overflow"] == 0
 
 
-def test_delay_holds_each_datagram(binary):
-    p = Path_(binary, delay_ms=80)
+def test_delay_holds_each_datagram(path):
+    p = path(delay_ms=80)
     sent = time.monotonic()
     p.client.sendto(b"x", p.addr)
     assert p.up.recvfrom(100)[0] == b"x"
@@ -100,8 +116,8 @@ def test_delay_holds_each_datagram(binary):
     p.counts()
 
 
-def test_reordered_datagrams_are_overtaken(binary):
-    p = Path_(binary, reorder=0.2, seed=3)
+def test_reordered_datagrams_are_overtaken(path):
+    p = path(reorder=0.2, seed=3)
     for i in range(500):
         p.client.sendto(i.to_bytes(4, "big"), p.addr)
     order = [int.from_bytes(p.up.recvfrom(100)[0], "big") for _ in range(500)]
