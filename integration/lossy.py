@@ -12,6 +12,7 @@ stops it and returns its counters (forwarded, dropped, reordered, overflow).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,8 +24,6 @@ RELAY_UID = 65533  # not the agent's uid (root or nobody): the relay's own datag
 
 
 def relay_binary() -> str | None:
-    import os
-
     if shutil.which(os.environ.get("CC", "cc")) is None:
         return None
     out = subprocess.run([str(ROOT / "scripts" / "build-lossy-relay")], capture_output=True, text=True, check=True)
