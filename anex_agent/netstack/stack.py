@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from anex_agent.netstack import icmp, ipv4, udp
 from anex_agent.netstack.tcp import segment as tcpwire
+from anex_agent.netstack.tcp.autotune import MemoryBudget
 from anex_agent.netstack.tcp.connection import CLOSED, Connection, TcpParams
 
 EPHEMERAL = (49152, 65535)  # RFC 6335 §6
@@ -78,6 +79,7 @@ class Stack:
         self.verify = verify_checksums
         self.mtu = mtu
         self.params = params or TcpParams()
+        self.budget = MemoryBudget(self.params.buffer_budget)  # TCP buffer growth, all connections together
         self.mss = mtu - ipv4.HEADER_LEN - tcpwire.HEADER_LEN  # RFC 9293 §3.7.1: clamp to the link
         self._random = random_bytes
         self._isn_key = random_bytes(16)

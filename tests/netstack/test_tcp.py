@@ -79,9 +79,11 @@ def test_syn_carries_mss_clamped_to_the_mtu_and_window_scale():
     assert syn["flags"] == C.SYN
     assert syn["options"][:4] == bytes((2, 4)) + (1280 - 40).to_bytes(2, "big")
     assert syn["options"][4:8] == bytes((1, 3, 3, C.OUR_WSCALE))
-    assert syn["options"][8:] == bytes((1, 1, 4, 2))  # SACK-permitted
+    assert syn["options"][8:12] == bytes((1, 1, 4, 2))  # SACK-permitted
+    assert syn["options"][12:16] == bytes((1, 1, 8, 10)) and len(syn["options"]) == 24  # timestamps
     assert client.sack_ok and server.sack_ok
-    assert client.mss == server.mss == 1240
+    assert client.ts is not None and server.ts is not None
+    assert client.mss == server.mss == 1240 - 12  # the payload leaves room for the timestamps
     assert client.snd_wscale == server.rcv_wscale == C.OUR_WSCALE
     data = os.urandom(400_000)
     transfer(link, client, server, data, close=False)

@@ -22,13 +22,16 @@ class RttEstimator:
         self.rttvar = 0.0
         self.rto = INITIAL_RTO
 
-    def sample(self, r: float) -> None:
-        """Take a measurement ``r`` (seconds) of a segment that was not retransmitted (Karn)."""
+    def sample(self, r: float, per_rtt: int = 1) -> None:
+        """Take a measurement ``r`` (seconds) of a segment that was not retransmitted (Karn), or
+        from a timestamp echo; ``per_rtt``: samples expected per round trip, which divide the
+        gains (RFC 7323 Appendix G), so that sampling every ACK smooths over about one RTT."""
         if self.srtt is None:  # §2.2
             self.srtt, self.rttvar = r, r / 2
         else:  # §2.3
-            self.rttvar = (1 - BETA) * self.rttvar + BETA * abs(self.srtt - r)
-            self.srtt = (1 - ALPHA) * self.srtt + ALPHA * r
+            alpha, beta = ALPHA / per_rtt, BETA / per_rtt
+            self.rttvar = (1 - beta) * self.rttvar + beta * abs(self.srtt - r)
+            self.srtt = (1 - alpha) * self.srtt + alpha * r
         self.rto = min(MAX_RTO, max(MIN_RTO, self.srtt + max(GRANULARITY, K * self.rttvar)))
 
     def backoff(self) -> None:

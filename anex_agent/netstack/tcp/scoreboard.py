@@ -63,6 +63,16 @@ class Scoreboard:
                 seq = end
         return None
 
+    def covers(self, start: int, end: int) -> bool:
+        """``[start, end)`` lies inside one SACKed block."""
+        for s, e in self.blocks:
+            if s <= start:
+                if end <= e:
+                    return True
+            else:
+                return False
+        return False
+
     def skip(self, seq: int) -> int:
         """``seq``, or the end of the SACKed block holding it."""
         for start, end in self.blocks:

@@ -1,9 +1,10 @@
 """TCP segments on the wire (RFC 9293 §3.1): parse with checksum check, build with precomputed headers.
 
 Options we read on SYNs: MSS (RFC 9293 §3.7.1), window scale (RFC 7323 §2), SACK-permitted
-(RFC 2018 §2); on other segments only SACK blocks (RFC 2018 §3), and only when the header has
-options at all. We send MSS, window scale and SACK-permitted on SYNs, SACK blocks on ACKs
-while out-of-order data is held, nothing else.
+(RFC 2018 §2); on every segment timestamps (RFC 7323 §3); on other segments SACK blocks
+(RFC 2018 §3), and only when the header has options at all. We send MSS, window scale,
+SACK-permitted and timestamps on SYNs, timestamps on every segment once both sides agreed,
+SACK blocks on ACKs while out-of-order data is held, nothing else.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from anex_agent.netstack.checksum import finish, partial, pseudo_header_sum
 HEADER = struct.Struct("!HHIIBBHHH")
 HEADER_LEN = 20
 FIN, SYN, RST, PSH, ACK, URG = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
-OPT_END, OPT_NOP, OPT_MSS, OPT_WS, OPT_SACK_OK, OPT_SACK = 0, 1, 2, 3, 4, 5
+OPT_END, OPT_NOP, OPT_MSS, OPT_WS, OPT_SACK_OK, OPT_SACK, OPT_TS = 0, 1, 2, 3, 4, 5, 8
 MAX_SACK_BLOCKS = 4  # 2 + 4*8 = 34 option bytes: fits the 40 (no timestamps)
+MAX_SACK_BLOCKS_TS = 3  # with the 12 bytes of timestamps: 12 + 2 + 2 + 3*8 = 40
 MAX_WSCALE = 14  # RFC 7323 §2.3
 DEFAULT_MSS = 536  # RFC 9293 §3.7.1 when the peer sends no MSS option
 
@@ -25,7 +27,8 @@ DEFAULT_MSS = 536  # RFC 9293 §3.7.1 when the peer sends no MSS option
 class Segment:
     """A received segment. ``payload`` is a memoryview into the packet; options are parsed on SYNs only."""
 
-    __slots__ = ("src", "sport", "dport", "seq", "ack", "flags", "wnd", "payload", "mss", "wscale", "sack_ok", "sack")
+    __slots__ = ("src", "sport", "dport", "seq", "ack", "flags", "wnd", "payload", "mss", "wscale", "sack_ok", "sack",
+                 "ts_val", "ts_ecr")
 
     def __init__(self, src, sport, dport, seq, ack, flags, wnd, payload) -> None:
         self.src, self.sport, self.dport, self.seq, self.ack = src, sport, dport, seq, ack
@@ -34,6 +37,8 @@ class Segment:
         self.wscale = None
         self.sack_ok = False
         self.sack: list[tuple[int, int]] | None = None  # SACK blocks, 32-bit edges as on the wire
+        self.ts_val: int | None = None  # RFC 7323 timestamps, when the segment has them
+        self.ts_ecr = 0
 
     def __repr__(self) -> str:
         names = "".join(n for bit, n in ((SYN, "S"), (ACK, "."), (FIN, "F"), (RST, "R"), (PSH, "P")) if self.flags & bit)
@@ -70,7 +75,9 @@ def _options(seg: Segment, opts: memoryview, syn: int) -> None:
         if i + 1 >= n or opts[i + 1] < 2 or i + opts[i + 1] > n:
             return  # malformed: ignore the rest (RFC 9293 §3.1 asks for robustness)
         length = opts[i + 1]
-        if kind == OPT_SACK and not syn and length >= 10 and (length - 2) % 8 == 0:
+        if kind == OPT_TS and length == 10:
+            seg.ts_val, seg.ts_ecr = struct.unpack_from("!II", opts, i + 2)
+        elif kind == OPT_SACK and not syn and length >= 10 and (length - 2) % 8 == 0:
             edges = struct.unpack_from(f"!{(length - 2) // 4}I", opts, i + 2)
             seg.sack = list(zip(edges[::2], edges[1::2], strict=True))
         elif not syn:
@@ -84,19 +91,20 @@ def _options(seg: Segment, opts: memoryview, syn: int) -> None:
         i += length
 
 
-def syn_options(mss: int, wscale: int | None, sack_ok: bool = False) -> bytes:
-    """MSS, window scale when ``wscale`` is not None, SACK-permitted (padded to a multiple of 4)."""
+def syn_options(mss: int, wscale: int | None, sack_ok: bool = False, timestamps: bytes = b"") -> bytes:
+    """MSS, window scale when ``wscale`` is not None, SACK-permitted, then ``timestamps`` (a
+    whole option, :meth:`timestamps.Timestamps.option`), padded to a multiple of 4."""
     out = bytes((OPT_MSS, 4)) + mss.to_bytes(2, "big")
     if wscale is not None:
         out += bytes((OPT_NOP, OPT_WS, 3, wscale))
     if sack_ok:
         out += bytes((OPT_NOP, OPT_NOP, OPT_SACK_OK, 2))
-    return out
+    return out + timestamps
 
 
-def sack_option(blocks) -> bytes:
+def sack_option(blocks, max_blocks: int = MAX_SACK_BLOCKS) -> bytes:
     """A SACK option (RFC 2018 §3) for absolute ``(start, end)`` blocks, first block first, padded."""
-    blocks = blocks[:MAX_SACK_BLOCKS]
+    blocks = blocks[:max_blocks]
     out = bytes((OPT_NOP, OPT_NOP, OPT_SACK, 2 + 8 * len(blocks)))
     return out + struct.pack(f"!{2 * len(blocks)}I", *(e & 0xFFFFFFFF for b in blocks for e in b))
 
