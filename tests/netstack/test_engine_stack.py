@@ -162,6 +162,10 @@ async def test_a_protocol_writing_more_than_the_send_buffer_gets_its_bytes_throu
     class Talker(asyncio.Protocol):
         def connection_made(self, transport):
             self.transport, self.left = transport, list(chunks)
+            # a burst first: more than the send buffer (which grows with the path) plus the
+            # high-water mark waits at once; then one write per loop turn
+            for _ in range(24):
+                self.transport.write(self.left.pop(0))
             asyncio.get_running_loop().call_soon(self.more)
 
         def more(self):  # one write per loop turn, interleaved with ACKs freeing the buffer
