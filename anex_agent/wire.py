@@ -50,9 +50,10 @@ from pydantic import (
     AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
 )
 
-from anex_agent import parse, telemetry_bounds
+from anex_agent import parse
+from anex_agent.telemetry import bounds as telemetry_bounds
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
-from anex_agent.telemetry import Telemetry
+from anex_agent.telemetry.models import Telemetry
 
 
 # ---------------------------------------------------------------- limits (documented in the OpenAPI schema)
@@ -139,7 +140,7 @@ def check_telemetry(value: dict[str, Any] | None) -> dict[str, Any] | None:
 def _raw_telemetry(value: Any) -> Any:
     """The generic rules on the block as received, before it is read as :class:`Telemetry`
     (they also hold for keys the model does not know): :func:`check_telemetry`, then
-    :func:`anex_agent.telemetry_bounds.check`. A built :class:`Telemetry` is checked as its dict.
+    :func:`anex_agent.telemetry.bounds.check`. A built :class:`Telemetry` is checked as its dict.
 
     Every heartbeat carries a block (an 8-GPU one is about 600 values), so the common case
     is one pass of :func:`_telemetry_fine`; only a block it does not pass is walked by
@@ -153,7 +154,7 @@ def _raw_telemetry(value: Any) -> Any:
 
 def _telemetry_fine(block: dict, key: str, depth: int) -> bool:
     """Whether the object ``block`` (under ``key``, ``depth`` levels down) keeps every rule of
-    :func:`check_telemetry` and :func:`anex_agent.telemetry_bounds.check`, in one pass that
+    :func:`check_telemetry` and :func:`anex_agent.telemetry.bounds.check`, in one pass that
     builds no path. True only when both would pass; False where one would raise, and for any
     value that is not of a JSON type (the exact checks then decide)."""
     if depth > telemetry_bounds.MAX_DEPTH or len(block) > telemetry_bounds.MAX_KEYS:
@@ -502,9 +503,9 @@ class Heartbeat(Model):
     telemetry: Annotated[Telemetry | None, BeforeValidator(_raw_telemetry)] = Field(
         None,
         description=(
-            "the node's GPU and host telemetry (anex_agent.telemetry, docs/telemetry.md); the coordinator "
+            "the node's GPU and host telemetry (anex_agent.telemetry.models, docs/telemetry.md); the coordinator "
             "takes the node's health from telemetry['health'] and stores the block as sent. Keys this "
-            "version does not know are kept. Bounded by anex_agent.telemetry_bounds (64 GPUs, 256 list "
+            "version does not know are kept. Bounded by anex_agent.telemetry.bounds (64 GPUs, 256 list "
             "items and keys, nesting 8). Numbers are finite; counters and "
             "measures (keys ending in _bytes, _count, _errors, _pct, _mhz, _w, _seconds, _bits, _gbps, and "
             "the values of xid_counts) are not negative; strings hold at most 4096 characters and no NUL"
@@ -552,7 +553,7 @@ class NodeList(Model):
 class NodeTelemetry(Model):
     """``GET /v1/nodes/{id}/telemetry``: the latest telemetry payload the node sent, as it sent it.
 
-    The JSON form of :class:`anex_agent.telemetry.Telemetry` (validated when it arrived); served
+    The JSON form of :class:`anex_agent.telemetry.models.Telemetry` (validated when it arrived); served
     as an object so that a block stored by an older coordinator is still served as it is."""
 
     node_id: str

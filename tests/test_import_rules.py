@@ -32,8 +32,8 @@ FORBIDDEN = {
 }
 # the shared modules every role may import must not pull a role in behind its back
 SHARED = ("anex_agent.wire", "anex_agent.client", "anex_agent.client_link", "anex_agent.backoff",
-          "anex_agent.private_file", "anex_agent.telemetry", "anex_agent.telemetry_bounds",
-          "anex_agent.telemetry_exposition", "anex_agent.provision_wire")
+          "anex_agent.private_file", "anex_agent.telemetry.models", "anex_agent.telemetry.bounds",
+          "anex_agent.telemetry.exposition", "anex_agent.provision_wire")
 ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode")
 
 

@@ -91,7 +91,7 @@ def test_readers_ignore_fields_a_newer_coordinator_added_at_any_depth_and_reques
 
 from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
 
-from anex_agent import telemetry_bounds  # noqa: E402
+from anex_agent.telemetry import bounds as telemetry_bounds  # noqa: E402
 
 _LONG = telemetry_bounds.MAX_STRING
 _KEYS = st.sampled_from(["", "a", "gpus", "xid_counts", "gpu_xid_counts", "util_pct", "mem_used_bytes", "temp_c",

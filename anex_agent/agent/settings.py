@@ -35,7 +35,7 @@ ANEX_NODE_NAME         --name                           1-253 characters, defaul
 ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT,... the workload serves to the mesh
                                                         (wireproxy only; native engines need none)
 ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT   GPU metric naming on /metrics
-                                                        (see anex_agent.telemetry_options)
+                                                        (see anex_agent.telemetry.options)
 GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
 ANEX_FORWARD_MAX_CONNECTIONS --forward-max-connections  connections relayed at once per forward port,
                                                         1-1000000, default 1024; more are closed at once
@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 from anex_agent import parse, transport
 from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
-from anex_agent.telemetry_options import ExpositionOptions, exposition_options
+from anex_agent.telemetry.options import ExpositionOptions, exposition_options
 from anex_agent.wire import Provider, TunnelSpec
 
 ENGINES = ("auto", "kernel", "wireguard-go", "userspace", "wireproxy")

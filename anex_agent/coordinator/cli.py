@@ -40,7 +40,7 @@ from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT
 from anex_agent.coordinator.states import Timings
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
-from anex_agent.telemetry_options import exposition_options
+from anex_agent.telemetry.options import exposition_options
 
 log = logging.getLogger("anex_agent.coordinator")
 

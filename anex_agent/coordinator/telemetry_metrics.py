@@ -1,13 +1,13 @@
 """Fleet GPU metrics on the coordinator's ``/metrics``: every node's latest telemetry, DCGM names.
 
 Each node's latest heartbeat telemetry (``nodes.telemetry``, the JSON form of
-:class:`anex_agent.telemetry.Telemetry`) is rendered by the renderer the agent uses too
-(:func:`anex_agent.telemetry_exposition.metric_families`) with two more labels, ``node`` (the
+:class:`anex_agent.telemetry.models.Telemetry`) is rendered by the renderer the agent uses too
+(:func:`anex_agent.telemetry.exposition.metric_families`) with two more labels, ``node`` (the
 node's name) and ``node_id``, so a dashboard built for dcgm-exporter works on the whole
 fleet by adding ``node`` to its queries, or unchanged when Prometheus copies ``node`` into
 ``instance`` (``metric_relabel_configs``, docs/telemetry.md): every per-node series has ``node``.
 Label spelling and the deprecated PCIe pair follow ``ctx.settings.gpu_metrics``
-(:mod:`anex_agent.telemetry_options`). Added here:
+(:mod:`anex_agent.telemetry.options`). Added here:
 ``anex_fleet_node_telemetry_age_seconds{node,node_id}`` (now minus the sample time) and
 ``anex_fleet_nodes_with_telemetry``.
 
@@ -24,7 +24,7 @@ Contract:
   last_heartbeat_at)``, then the telemetry of only the nodes whose heartbeat time or name
   changed since the last look. The cache keeps
   each node's telemetry as the compact JSON text the node sent (bounded by
-  :mod:`anex_agent.telemetry_bounds`), not as parsed objects: memory is about the sum of
+  :mod:`anex_agent.telemetry.bounds`), not as parsed objects: memory is about the sum of
   the nodes' telemetry sizes and does not grow with the number of heartbeats.
   :func:`exposition` parses and renders that cache, one node at a time.
   Expired nodes are left out. A failed refresh keeps what the cache has and is logged once
@@ -50,8 +50,8 @@ from typing import Any, Callable, Iterator
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from anex_agent.telemetry_exposition import metric_families
-from anex_agent.telemetry_options import DEFAULT, ExpositionOptions
+from anex_agent.telemetry.exposition import metric_families
+from anex_agent.telemetry.options import DEFAULT, ExpositionOptions
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from anex_agent.coordinator.routes.provisions import provisioner_of
 from anex_agent.errors import ConfigError
 from anex_agent.selection.annotations import AnnotationError, parse_annotations
 from anex_agent.selection.bans import BanStore
-from anex_agent.telemetry import Telemetry
+from anex_agent.telemetry.models import Telemetry
 from tests.coordinator.conftest import stop_harness
 from tests.coordinator.provisioning_fakes import FAST, FakeRentals, FakeSelector, ShiftClock, boot_node, offers, start
 from tests.coordinator.test_provisioning import SPEC, Api

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from anex_agent.coordinator.telemetry_metrics import exposition as fleet_exposition
 from anex_agent.gpu.exposition import register_collectors
 from anex_agent.gpu.monitor import TelemetryMonitor
-from anex_agent.telemetry_options import ExpositionOptions
+from anex_agent.telemetry.options import ExpositionOptions
 
 from .fake_nvml import FakeGpu
 

@@ -14,8 +14,8 @@ from anex_agent.gpu.exposition import register_collectors
 from anex_agent.gpu.monitor import TelemetryMonitor
 from anex_agent.gpu.qualify import gather_facts, evaluate
 from anex_agent.gpu.qualify_cli import render_table
-from anex_agent.telemetry import Telemetry
-from anex_agent.telemetry_options import ExpositionOptions, exposition_options
+from anex_agent.telemetry.models import Telemetry
+from anex_agent.telemetry.options import ExpositionOptions, exposition_options
 from anex_agent.wire import Heartbeat
 
 from .fake_nvml import FakeGpu

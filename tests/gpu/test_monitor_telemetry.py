@@ -178,7 +178,7 @@ def _unknown_keys(model, path="telemetry"):
 
 
 def test_the_built_block_is_the_wire_model_field_for_field(fake, monitor, tmp_path):
-    """What gpu/telemetry.py builds and what anex_agent.telemetry.Telemetry declares stay in step."""
+    """What gpu/telemetry.py builds and what anex_agent.telemetry.models.Telemetry declares stay in step."""
     from anex_agent.gpu.qualify import Check, Qualification
     from anex_agent.wire import parse_telemetry
 

@@ -26,10 +26,10 @@ Contract:
   block serialises to exactly the fields it was given (:meth:`Block.as_sent`; ``Heartbeat``
   serialises its block so), so the coordinator stores and serves what the node sent.
 * Bounds are model constraints (they show in the OpenAPI document): at most
-  :data:`~anex_agent.telemetry_bounds.MAX_GPUS` GPUs in ``gpus`` and ``inventory.gpus``,
-  :data:`~anex_agent.telemetry_bounds.MAX_LIST` items in any other list, strings of at most
-  :data:`~anex_agent.telemetry_bounds.MAX_STRING` characters; counters and measures are
-  finite and not negative. The generic walk of :mod:`anex_agent.telemetry_bounds` (keys,
+  :data:`~anex_agent.telemetry.bounds.MAX_GPUS` GPUs in ``gpus`` and ``inventory.gpus``,
+  :data:`~anex_agent.telemetry.bounds.MAX_LIST` items in any other list, strings of at most
+  :data:`~anex_agent.telemetry.bounds.MAX_STRING` characters; counters and measures are
+  finite and not negative. The generic walk of :mod:`anex_agent.telemetry.bounds` (keys,
   nesting) and ``wire.check_telemetry`` (NUL, finite numbers) run first, on the raw block.
 * Forward compatible: a key this version does not know (a newer agent's) is kept, stored
   and served as is, under the same generic bounds; it is never an error. Values the
@@ -45,7 +45,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from anex_agent.telemetry_bounds import MAX_GPUS, MAX_KEYS, MAX_LIST, MAX_STRING
+from anex_agent.telemetry.bounds import MAX_GPUS, MAX_KEYS, MAX_LIST, MAX_STRING
 
 TELEMETRY_VERSION = 1
 VERDICTS = ("healthy", "degraded", "unhealthy")  # what the agent sends

@@ -2,7 +2,7 @@
 
 The agent's ``/metrics`` (:mod:`anex_agent.gpu.exposition`) and the coordinator's fleet
 ``/metrics`` (:mod:`anex_agent.coordinator.telemetry_metrics`) render the same telemetry
-blocks (:class:`anex_agent.telemetry.Telemetry`) through :func:`metric_families`, so one
+blocks (:class:`anex_agent.telemetry.models.Telemetry`) through :func:`metric_families`, so one
 node looks the same in both places (the coordinator adds a ``node`` label). It lives beside
 the wire models because both roles use it.
 
@@ -10,7 +10,7 @@ Names follow dcgm-exporter's ``etc/default-counters.csv`` (plus a few DCGM field
 ships commented out: ECC totals, FB reserved, row-remap pending, throttle reasons, SM
 active/occupancy, NVLink TX/RX bytes), with its labels ``gpu``, ``UUID``, ``pci_bus_id``,
 ``device``, ``modelName``, ``hostname`` (``Hostname`` by option, see
-:mod:`anex_agent.telemetry_options`), so existing Grafana dashboards work unchanged. Units
+:mod:`anex_agent.telemetry.options`), so existing Grafana dashboards work unchanged. Units
 are DCGM's: MiB, MHz, °C, W, mJ, %, ratios 0-1 for the profiling metrics, bytes/s.
 ``DCGM_FI_PROF_PCIE_{TX,RX}_BYTES`` come from GPM where the GPU has it, else from NVML's
 PCIe throughput counter (KB/s over a 20 ms window, x 1024); the deprecated
@@ -19,7 +19,7 @@ exposed as ``untyped``: prometheus_client would rename a counter to ``<name>_tot
 and break the dashboards' queries; PromQL does not check types, so ``rate()`` works.
 
 Input: a block's JSON form (``Telemetry.as_sent()``, which is what the coordinator
-stores) or a :class:`~anex_agent.telemetry.Telemetry`. The coordinator renders the JSON it
+stores) or a :class:`~anex_agent.telemetry.models.Telemetry`. The coordinator renders the JSON it
 cached without validating it again; a value not of the documented shape (a block stored by
 an older coordinator) is skipped, not an error.
 """
@@ -30,11 +30,11 @@ from typing import Any, Iterable, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, UntypedMetricFamily
 
-from anex_agent.telemetry import VERDICTS, Telemetry, classify_xid
-from anex_agent.telemetry_options import DEFAULT as DEFAULT_OPTIONS
-from anex_agent.telemetry_options import ExpositionOptions
+from anex_agent.telemetry.models import VERDICTS, Telemetry, classify_xid
+from anex_agent.telemetry.options import DEFAULT as DEFAULT_OPTIONS
+from anex_agent.telemetry.options import ExpositionOptions
 
-#: dcgm-exporter's GPU labels (its current release; see :mod:`anex_agent.telemetry_options` for ``Hostname``)
+#: dcgm-exporter's GPU labels (its current release; see :mod:`anex_agent.telemetry.options` for ``Hostname``)
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname")
 
 # (DCGM name, sample key, "gauge"|"untyped", help) -- help texts after default-counters.csv and

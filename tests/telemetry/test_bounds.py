@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from anex_agent import telemetry_bounds as tb
+from anex_agent.telemetry import bounds as tb
 
 
 def nested(depth: int) -> dict:

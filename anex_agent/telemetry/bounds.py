@@ -1,7 +1,7 @@
 """Bounds on the telemetry block a heartbeat carries (``wire.Heartbeat.telemetry``).
 
 The coordinator keeps the latest block per node, so its size is bounded here once, for
-both sides, at any depth: the typed fields of :class:`anex_agent.telemetry.Telemetry` carry
+both sides, at any depth: the typed fields of :class:`anex_agent.telemetry.models.Telemetry` carry
 the same bounds as model constraints, and this walk also bounds the keys that model does not
 know (a newer agent's). The agent's block (:mod:`anex_agent.gpu.telemetry`) stays far inside:
 
