@@ -1,7 +1,7 @@
 """Async client of the coordinator's REST API, used by the agent, the gateway and tools.
 
 Contract:
-* Every method returns the wire model of the response (:mod:`anex_agent.wire`) or
+* Every method returns the wire model of the response (:mod:`anex_agent.wire.models`) or
   raises :class:`~anex_agent.errors.CoordinatorError` with ``status`` (None when no
   response came back), ``retryable`` (True for connection errors, timeouts, 5xx and
   429) and ``problem`` (the RFC 9457 document the coordinator sent). A response that
@@ -9,8 +9,8 @@ Contract:
 * ``credential`` authenticates node/gateway calls, ``admin_token`` admin calls; a call
   uses whichever the route needs (:meth:`set_credential` after joining). A heartbeat
   answer or a gateway renewal carrying a rotated credential replaces it here too.
-* :meth:`join` and :meth:`register_gateway` take the caller's :class:`~anex_agent.keys.KeyPair`
-  and prove its possession (:mod:`anex_agent.proof`) against the coordinator's key, read
+* :meth:`join` and :meth:`register_gateway` take the caller's :class:`~anex_agent.wire.keys.KeyPair`
+  and prove its possession (:mod:`anex_agent.wire.proof`) against the coordinator's key, read
   once from ``GET /v1/coordinator``; ``clock`` gives the proof's timestamp.
 * :meth:`watch` yields :class:`wire.WatchEvent` forever: it reconnects with jittered
   exponential backoff and resumes from the last version it yielded (after a snapshot:
@@ -44,15 +44,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from anex_agent import keys, proof, provision_wire, wire
+from anex_agent.wire import keys, proof, provisioning as provision_wire, models as wire
 
 if TYPE_CHECKING:
-    from anex_agent import ssh_wire
+    from anex_agent.wire import ssh as ssh_wire
 
 
 def _ssh_wire():
     """The remote-access models, imported at the first SSH call (most processes never make one)."""
-    from anex_agent import ssh_wire
+    from anex_agent.wire import ssh as ssh_wire
 
     return ssh_wire
 from anex_agent.errors import CoordinatorError
@@ -404,7 +404,7 @@ class CoordinatorClient:
 
     # ------------------------------------------------------------ watch
 
-    # ------------------------------------------------------------ remote access (anex_agent.ssh_wire)
+    # ------------------------------------------------------------ remote access (anex_agent.wire.ssh)
 
     async def ssh_ca(self) -> ssh_wire.SshCa:
         return await self._call("GET", "/v1/ssh/ca", _ssh_wire().SshCa, auth=None)

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.client import CoordinatorClient
 from anex_agent.errors import ConfigError
-from anex_agent.wire import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest, NodeJoinResponse, WatchEvent
+from anex_agent.wire.models import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest, NodeJoinResponse, WatchEvent
 
 
 class LinkBase:

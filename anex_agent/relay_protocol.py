@@ -12,7 +12,7 @@ carries WireGuard datagrams between one node and the gateway's hub::
     binary = WireGuard datagram(s)    <->    binary = WireGuard datagram(s)
 
 Authentication is a proof of key possession (the same construction as
-:mod:`anex_agent.proof`, purpose :data:`anex_agent.proof.RELAY_CONNECT`), made with the
+:mod:`anex_agent.wire.proof`, purpose :data:`anex_agent.wire.proof.RELAY_CONNECT`), made with the
 node's WireGuard private key against the gateway's public key, over the gateway's fresh
 random challenge::
 
@@ -51,7 +51,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from anex_agent import proof
+from anex_agent.wire import proof
 
 SUBPROTOCOL = "anex-wg.v1"
 SUBPROTOCOL_BATCH = "anex-wg.v2"

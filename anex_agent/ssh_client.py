@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anex_agent import ssh_wire
+from anex_agent.wire import ssh as ssh_wire
 from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, CoordinatorError
 

@@ -127,7 +127,7 @@ async def config_reads(url: str, node_id: str, credential: str, count: int) -> d
 
 
 def join_body() -> str:
-    from anex_agent import keys
+    from anex_agent.wire import keys
 
     pair = keys.KeyPair(keys.generate_private_key())
     return json.dumps({"token": BAD_JOIN_TOKEN, "public_key": pair.public_b64, "name": "n", "provider": "vastai"})

@@ -344,7 +344,7 @@ def preload_fleet(database: str, state_dir: Path, count: int, *, network: str = 
 
 
 async def setup_nodes(client, count: int) -> list[tuple[str, str]]:
-    from anex_agent import keys
+    from anex_agent.wire import keys
     from anex_agent.client import CoordinatorClient
 
     token = await client.create_join_token(reusable=True, expires_in=3600)
@@ -546,7 +546,7 @@ async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
 
 
 async def loadgen_fanout(args: argparse.Namespace) -> dict:
-    from anex_agent import keys
+    from anex_agent.wire import keys
     from anex_agent.client import CoordinatorClient
 
     results = {}

@@ -170,7 +170,7 @@ class Gateway:
         return await uapi_dump(self.socket)
 
     def public_key(self) -> bytes:
-        from anex_agent import keys
+        from anex_agent.wire import keys
 
         return keys.public_key(keys.load_or_create(self.state / "private.key").private)
 
@@ -287,7 +287,7 @@ class Fleet:
 
     async def join_one(self, name: str, pair=None, client=None) -> tuple[str, bytes]:
         """Join one node; with ``client`` (a warm :func:`warm_client`) the request is the join alone."""
-        from anex_agent import keys
+        from anex_agent.wire import keys
         from anex_agent.client import CoordinatorClient
 
         pair = pair or keys.KeyPair(keys.generate_private_key())
@@ -365,7 +365,7 @@ async def answered_everywhere(gateways: list[Gateway], publics: list[bytes], fle
                               timeout: float, client) -> tuple[list[float], float, str, bytes]:
     """Join one node; per gateway, seconds from the join request to its handshake answer, and
     the seconds the coordinator took to answer the join."""
-    from anex_agent import keys
+    from anex_agent.wire import keys
 
     pair = keys.KeyPair(keys.generate_private_key())
     messages = [initiation(pair.private, public, 1000 + i) for i, public in enumerate(publics)]

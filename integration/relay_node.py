@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.tunnels.ws_bind import RelayTarget, check_relay
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.keys import encode_key, generate_private_key, public_key
+from anex_agent.wire.keys import encode_key, generate_private_key, public_key
 
 from integration.netns import Netns, missing_prerequisites, read_line, unique, veth
 

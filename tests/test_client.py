@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.client import CoordinatorClient
 from anex_agent.errors import CoordinatorError
 

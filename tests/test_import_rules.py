@@ -6,7 +6,7 @@ import is an import too). Imports under ``if TYPE_CHECKING:`` are left out: they
 run, so they tie no module to another at run time.
 
 What the roles share (the wire models, the coordinator client and its plumbing, the
-telemetry model and its rendering) lives in top-level modules beside :mod:`anex_agent.wire`.
+telemetry model and its rendering) lives in top-level modules beside :mod:`anex_agent.wire.models`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ FORBIDDEN = {
                                "anex_agent.selection", "anex_agent.gpu", "anex_agent.demo"),
 }
 # the shared modules every role may import must not pull a role in behind its back
-SHARED = ("anex_agent.wire", "anex_agent.client", "anex_agent.client_link", "anex_agent.backoff",
+SHARED = ("anex_agent.wire.models", "anex_agent.client", "anex_agent.client_link", "anex_agent.backoff",
           "anex_agent.private_file", "anex_agent.telemetry.models", "anex_agent.telemetry.bounds",
-          "anex_agent.telemetry.exposition", "anex_agent.provision_wire")
+          "anex_agent.telemetry.exposition", "anex_agent.wire.provisioning")
 ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode")
 
 

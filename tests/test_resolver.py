@@ -6,7 +6,7 @@ import pytest
 
 from anex_agent.errors import ConfigError, ResolveError
 from anex_agent.resolver import DnsServer, Resolver, parse_dns_server
-from anex_agent.wire import NodeConfig
+from anex_agent.wire.models import NodeConfig
 from frontends.servers import free_port, tiny_dns
 
 RECORDS = {

@@ -36,7 +36,7 @@ async def gateway_report(state_dir: Path, environ: dict[str, str]) -> dict[str, 
     """Per gateway of the saved config: ``{"udp": {"supported", "reason", "rtt_ms"}, "websocket": {...}}``.
 
     ``{}`` plus a ``note`` when the state dir holds no joined node."""
-    from anex_agent import keys
+    from anex_agent.wire import keys
     from anex_agent.agent.state import KEY_FILE, StateDir
     from anex_agent.transport import client_ssl_context
     from anex_agent.tunnels.udp_probe import probe_gateway

@@ -21,7 +21,7 @@ import signal
 from datetime import UTC, datetime
 from pathlib import Path
 
-from anex_agent.wire import ContainerState
+from anex_agent.wire.models import ContainerState
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 

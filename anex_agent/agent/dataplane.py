@@ -39,12 +39,12 @@ from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.dialer import Dialer, RedialDialer, RouteChanges
 from anex_agent.errors import EngineError
-from anex_agent.keys import KeyPair
+from anex_agent.wire.keys import KeyPair
 from anex_agent.resolver import Resolver, ResolverSlot
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, WorkloadConfig, choose_engine, new_ifname
 from anex_agent.tunnels.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
-from anex_agent.wire import PATH_REASON_MAX, NodeConfig, TransportStatus
+from anex_agent.wire.models import PATH_REASON_MAX, NodeConfig, TransportStatus
 
 log = logging.getLogger(__name__)
 

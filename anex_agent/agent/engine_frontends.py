@@ -18,7 +18,7 @@ from anex_agent.agent.desired import merge_tunnels
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.errors import ConfigError
 from anex_agent.tunnels.base import Engine, Forward, WorkloadConfig
-from anex_agent.wire import NodeConfig
+from anex_agent.wire.models import NodeConfig
 
 #: WorkloadConfig field -> the setting a user changes.
 SETTING_FOR_FIELD = {

@@ -55,12 +55,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from anex_agent.keys import KeyPair, decode_key
+from anex_agent.wire.keys import KeyPair, decode_key
 from anex_agent.tunnels.base import DesiredConfig
 from anex_agent.tunnels.netconf import split_host_port
 from anex_agent.tunnels.udp_probe import PROBE_TIMEOUT, ProbeResult, probe_gateway
 from anex_agent.tunnels.ws_bind import LocalRelay, RelayTarget, SwitchBind, proxy_for
-from anex_agent.wire import NodeConfig
+from anex_agent.wire.models import NodeConfig
 
 if TYPE_CHECKING:
     from anex_agent.tasks import Tasks

@@ -56,7 +56,7 @@ from anex_agent import parse, transport
 from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.telemetry.options import ExpositionOptions, exposition_options
-from anex_agent.wire import Provider, TunnelSpec
+from anex_agent.wire.models import Provider, TunnelSpec
 
 ENGINES = ("auto", "kernel", "wireguard-go", "userspace", "wireproxy")
 PATHS = ("auto", "udp", "websocket")

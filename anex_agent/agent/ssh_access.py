@@ -16,7 +16,7 @@ Contract:
 * :meth:`SshAccess.revoke` (a watch event) makes the serial refused from the next
   authentication on and closes that certificate's open connections; :meth:`load_revocations`
   replaces the list (start, and after a watch snapshot).
-* Sessions (:class:`~anex_agent.ssh_wire.SshSession`) are logged at start and end and sent
+* Sessions (:class:`~anex_agent.wire.ssh.SshSession`) are logged at start and end and sent
   to the coordinator in batches (``POST /v1/nodes/{id}/ssh-sessions``); a failed report is
   kept (up to :data:`REPORT_MAX`) and sent again.
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anex_agent import keys, ssh_wire
+from anex_agent.wire import keys, ssh as ssh_wire
 from anex_agent.childenv import AccountInfo
 from anex_agent.errors import ConfigError, CoordinatorError
 

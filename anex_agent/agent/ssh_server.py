@@ -7,7 +7,7 @@ Authentication: a user certificate signed by one of the CA keys the coordinator 
 user name equal to this node's id (its only principal), within its validity, whose serial is
 not revoked. Plain keys, passwords, keyboard-interactive and host-based logins are refused.
 The certificate's key id (signed with it) names the serial and the features
-(:func:`anex_agent.ssh_wire.user_key_id`): ``pty`` and ``port-forwarding`` are also OpenSSH
+(:func:`anex_agent.wire.ssh.user_key_id`): ``pty`` and ``port-forwarding`` are also OpenSSH
 certificate extensions, which asyncssh enforces as well; ``sftp`` gates the SFTP subsystem
 (and so ``scp``, which uses SFTP).
 
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncssh
 
-from anex_agent import ssh_wire
+from anex_agent.wire import ssh as ssh_wire
 from anex_agent.peer_log import peer_text
 if TYPE_CHECKING:  # ssh_access imports this module on the first connection; no cycle at run time
     from anex_agent.agent.ssh_access import SessionContext, SshAccess

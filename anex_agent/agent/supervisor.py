@@ -73,7 +73,7 @@ from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
 from anex_agent.loop_watchdog import LoopWatchdog
 from anex_agent.tasks import Tasks
-from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
+from anex_agent.wire.models import NodeConfig, NodeFacts, NodeJoinRequest
 
 if TYPE_CHECKING:
     from anex_agent.agent.api import AgentApi
@@ -275,7 +275,7 @@ class Agent:
 
     def verify_token(self, token: str, now: float):
         """The claims of a valid access token for this node at ``now``, else None (logged)."""
-        from anex_agent import access_token
+        from anex_agent.wire import access_token
 
         config = self.dataplane.config if self.dataplane else None
         if config is None or not config.agent_api_verify_key:

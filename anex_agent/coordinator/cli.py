@@ -28,7 +28,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from anex_agent import access_token, parse, statelock
+from anex_agent import parse, statelock
+from anex_agent.wire import access_token
 from anex_agent.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
 from anex_agent.coordinator import gateway_routes, limits, tls
@@ -39,7 +40,7 @@ from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT_NETWORK, Settings, default_state_dir
 from anex_agent.coordinator.states import Timings
 from anex_agent.errors import ConfigError, config_value
-from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
 from anex_agent.telemetry.options import exposition_options
 
 log = logging.getLogger("anex_agent.coordinator")

@@ -4,14 +4,14 @@ Contract: :func:`check` raises a 422 problem with one ``errors`` entry per refus
 route, named ``routes.N`` (N: its index in the request), before anything is stored;
 the ``detail`` repeats each field with its reason, so a client that prints only the
 detail (the gateway's log) still says which network and why.
-The rules themselves live in :mod:`anex_agent.route_policy` (shared with the node).
+The rules themselves live in :mod:`anex_agent.wire.route_policy` (shared with the node).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from anex_agent import route_policy
+from anex_agent.wire import route_policy
 from anex_agent.coordinator import problems
 from anex_agent.coordinator.settings import Settings
 from anex_agent.errors import ConfigError

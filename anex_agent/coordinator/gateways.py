@@ -28,7 +28,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import changes, credentials, gateway_routes, ipam, problems, registration, tokens
 from anex_agent.coordinator.auth import Principal
 from anex_agent.coordinator.db import Conn

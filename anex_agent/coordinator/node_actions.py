@@ -15,7 +15,7 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from anex_agent import access_token
+from anex_agent.wire import access_token
 from anex_agent.coordinator import node_logs, nodes, problems
 from anex_agent.coordinator.registry import QueryParam
 

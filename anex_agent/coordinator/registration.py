@@ -3,8 +3,8 @@ key ownership.
 
 Contract (inside the caller's join transaction):
 * the request must carry a ``proof`` that the caller holds the private key of the public
-  key it names (:mod:`anex_agent.proof`, against the coordinator's key): the MAC must hold
-  and its timestamp lie within :data:`anex_agent.proof.WINDOW` seconds of ours; else the
+  key it names (:mod:`anex_agent.wire.proof`, against the coordinator's key): the MAC must hold
+  and its timestamp lie within :data:`anex_agent.wire.proof.WINDOW` seconds of ours; else the
   one 401. Its nonce is recorded (``proof_nonces``, primary key ``(public_key, nonce)``,
   shared by every coordinator on the database) until the window has passed, so a replayed
   request is the same 401;
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from anex_agent import proof, wire
+from anex_agent.wire import proof, models as wire
 from anex_agent.coordinator import problems, tokens
 from anex_agent.coordinator.db import Conn, Database
 from anex_agent.peer_log import LogBudget, peer_text

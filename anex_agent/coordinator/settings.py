@@ -15,7 +15,7 @@ from anex_agent.coordinator.db import split_password
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.states import Timings
-from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
 from anex_agent.errors import ConfigError
 from anex_agent.telemetry.options import ExpositionOptions
 

@@ -49,7 +49,7 @@ from websockets.exceptions import ConnectionClosed
 from anex_agent import relay_protocol as rp
 from anex_agent.gateway.admission import Admission, Network, forwarded_source, is_trusted, source_key
 from anex_agent.gateway.relay_listener import listen
-from anex_agent.keys import public_key as derive_public
+from anex_agent.wire.keys import public_key as derive_public
 from anex_agent.peer_log import LogBudget, peer_text
 from anex_agent.tunnels.ws_bind import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anex_agent.errors import EngineError
-from anex_agent.keys import encode_key
+from anex_agent.wire.keys import encode_key
 from anex_agent.tunnels import netconf
 from anex_agent.tunnels.base import (
     IFNAME_PREFIX,

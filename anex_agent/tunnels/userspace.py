@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from anex_agent.errors import ConfigError, EngineError, LocalProtocolError
-from anex_agent.keys import decode_key, encode_key
+from anex_agent.wire.keys import decode_key, encode_key
 from anex_agent.tunnels import netconf
 from anex_agent.tunnels.base import (
     DesiredConfig,

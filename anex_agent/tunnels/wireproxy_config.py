@@ -16,7 +16,7 @@ import ipaddress
 from dataclasses import dataclass
 from anex_agent import parse
 from anex_agent.errors import ConfigError, config_value
-from anex_agent.keys import decode_key, encode_key
+from anex_agent.wire.keys import decode_key, encode_key
 from anex_agent.tunnels.base import DesiredConfig, WorkloadConfig
 
 #: wireproxy's default CheckAliveInterval (seconds); /readyz says 503 once the last pong is older than this + 2 s.

@@ -6,7 +6,7 @@ import ipaddress
 from typing import Any
 
 from anex_agent.errors import EngineError
-from anex_agent.keys import encode_key
+from anex_agent.wire.keys import encode_key
 from anex_agent.tunnels.base import PeerStatus
 
 

@@ -13,5 +13,5 @@ kubelet's follow a container. Modules, by concern:
 * :mod:`.events` -- Events about pods; :mod:`.metrics` -- its Prometheus metrics (``--metrics-listen``).
 
 It imports no other role: the coordinator is reached through :mod:`anex_agent.client` and the
-shared wire models (:mod:`anex_agent.wire`, :mod:`anex_agent.provision_wire`).
+shared wire models (:mod:`anex_agent.wire.models`, :mod:`anex_agent.wire.provisioning`).
 """

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from anex_agent.provision_wire import ProvisionCreate
+from anex_agent.wire.provisioning import ProvisionCreate
 
 #: Annotations the coordinator's selection reads; the others (kubectl's last-applied-configuration,
 #: tools' bookkeeping) stay in the cluster. Keep in step with docs/selection.md's prefixes.

@@ -17,10 +17,10 @@ import pytest
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.settings import AgentSettings, ListenAddress, TunnelSetting
 from anex_agent.dialer import OSDialer
-from anex_agent.keys import KeyPair, generate_private_key
+from anex_agent.wire.keys import KeyPair, generate_private_key
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support, WorkloadConfig
-from anex_agent.wire import GatewayPeer, NodeConfig, TunnelSpec
+from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec
 
 GW = KeyPair(generate_private_key()).public_b64
 

@@ -9,7 +9,7 @@ import pytest
 from anex_agent.agent.liveness import DeadPeerWatch, Silence, assign
 from anex_agent.agent.path import Counters
 from anex_agent.tasks import Tasks
-from anex_agent.keys import encode_key, generate_private_key, public_key
+from anex_agent.wire.keys import encode_key, generate_private_key, public_key
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 from tests.polling import wait_until
 

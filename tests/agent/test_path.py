@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.agent.path import Counters, PathManager, PathSettings, SilenceWatch
 from anex_agent.gateway.relay import Relay
-from anex_agent.keys import KeyPair
+from anex_agent.wire.keys import KeyPair
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 from anex_agent.tunnels.udp_probe import probe_gateway

@@ -10,7 +10,7 @@ import time
 import asyncssh
 import pytest
 
-from anex_agent import ssh_wire
+from anex_agent.wire import ssh as ssh_wire
 from anex_agent.agent import ssh_server
 from anex_agent.agent.ssh_access import SessionContext, SshAccess, load_or_create_host_key
 

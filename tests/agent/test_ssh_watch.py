@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from anex_agent import ssh_wire, wire
+from anex_agent.wire import ssh as ssh_wire, models as wire
 from anex_agent.agent.heartbeat import ssh_event
 from anex_agent.agent.ssh_access import SessionContext, SshAccess
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from aiohttp.test_utils import TestServer
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.modules import ROUTE_MODULES, load_modules

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.client import proven_body
 from anex_agent.coordinator import auth as auth_module
 from anex_agent.coordinator import changes, limits, metrics, telemetry_metrics

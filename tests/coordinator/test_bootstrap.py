@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.coordinator.provisioning import bootstrap
 from anex_agent.coordinator.routes import agent_download
 from anex_agent.errors import CoordinatorError

@@ -9,7 +9,7 @@ import pytest
 from anex_agent.client import CoordinatorError
 from anex_agent.coordinator import cli, gateway_routes
 from anex_agent.errors import ConfigError
-from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
 from tests.coordinator.conftest import start_harness, stop_harness
 
 

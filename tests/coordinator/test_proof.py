@@ -9,7 +9,7 @@ import os
 import aiohttp
 import pytest
 
-from anex_agent import keys, proof, wire
+from anex_agent.wire import keys, proof, models as wire
 from anex_agent.client import proven_body
 from anex_agent.coordinator import coordinator_key
 from anex_agent.coordinator.context import Coordinator

@@ -30,7 +30,7 @@ import urllib.request
 
 import pytest
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.client import CoordinatorClient
 from anex_agent.demo.fake_providers import (
     FakeRental, FakeRunPod, FakeVastAI, ThreadedFake, runpod_gpu_type, vast_bundle,

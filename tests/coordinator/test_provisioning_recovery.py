@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator.provisioning import policy as policy_mod
 from anex_agent.coordinator.provisioning.policy import PolicyDefaults, RecoveryPolicy, parse_policy
 from anex_agent.coordinator.routes.provisions import provisioner_of

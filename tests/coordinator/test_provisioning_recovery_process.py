@@ -17,7 +17,7 @@ import asyncio
 import time
 from datetime import datetime
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.client import CoordinatorClient
 from anex_agent.demo.fake_providers import vast_bundle
 from anex_agent.telemetry.models import Telemetry

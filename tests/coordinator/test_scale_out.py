@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.client import CoordinatorClient
 from tests.coordinator.conftest import POSTGRES_URL, backend_url
 from tests.coordinator.coordinator_process import CoordinatorProcess

@@ -72,7 +72,7 @@ async def test_names_and_remote_paths(coord):
 async def test_the_ssh_issuer_token_gets_certificates_and_nothing_else(tmp_path, clock):
     from aiohttp.test_utils import TestServer
 
-    from anex_agent import ssh_wire
+    from anex_agent.wire import ssh as ssh_wire
     from anex_agent.client import CoordinatorClient
     from anex_agent.coordinator.app import build_app
     from anex_agent.coordinator.context import Coordinator

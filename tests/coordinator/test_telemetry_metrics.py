@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import telemetry_metrics
 from anex_agent.gpu.monitor import TelemetryMonitor
 

@@ -17,10 +17,10 @@ from anex_agent.client import CoordinatorClient
 from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
-from anex_agent.keys import KeyPair, encode_key, generate_private_key
+from anex_agent.wire.keys import KeyPair, encode_key, generate_private_key
 from anex_agent.tunnels import uapi, wireguard_go
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, PeerConfig, Support, plan_peers
-from anex_agent.wire import MeshPeer, WatchEvent
+from anex_agent.wire.models import MeshPeer, WatchEvent
 from tests.polling import wait_until
 
 

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.gateway.relay import Relay, RelayLimits
 from anex_agent.tunnels.ws_bind import RelayTarget, check_relay
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.errors import DialRefused, DialTimeout
 from anex_agent.resolver import Resolver, ResolverSlot
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig, WorkloadConfig

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.client import CoordinatorClient
 from anex_agent.coordinator import app as coordinator_app
 from anex_agent.coordinator import routes_selection

@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from anex_agent.keys import encode_key
+from anex_agent.wire.keys import encode_key
 from anex_agent.tunnels import kernel, uapi, wireguard_go
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.errors import EngineError
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig, engine_classes
 from anex_agent.tunnels.userspace import UserspaceEngine

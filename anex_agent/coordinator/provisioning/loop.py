@@ -72,7 +72,7 @@ from anex_agent.coordinator.provisioning.rentals import (
 )
 from anex_agent.coordinator.provisioning.selector import DEFAULT_DISK_GB, Selector
 from anex_agent.selection.annotations import AnnotationError, parse_annotations
-from anex_agent.wire import NodeState
+from anex_agent.wire.models import NodeState
 
 if TYPE_CHECKING:
     from anex_agent.coordinator.context import Coordinator

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 
 
 @pytest.mark.parametrize("raw, field", [
@@ -62,7 +62,7 @@ def test_readers_ignore_fields_a_newer_coordinator_added_at_any_depth_and_reques
 
     import pydantic
 
-    from anex_agent import wire
+    from anex_agent.wire import models as wire
 
     gateway = {"id": "g1", "public_key": "A" * 43 + "=", "endpoint": "192.0.2.1:51820",
                "allowed_ips": ["10.254.0.0/16"], "mesh_address": "10.254.0.1", "added_later": {"x": 1}}

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from anex_agent import access_token as at
+from anex_agent.wire import access_token as at
 
 KEY = at.generate_signing_key()
 VERIFY = at.verify_key_of(KEY)

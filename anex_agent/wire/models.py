@@ -52,7 +52,7 @@ from pydantic import (
 
 from anex_agent import parse
 from anex_agent.telemetry import bounds as telemetry_bounds
-from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
 from anex_agent.telemetry.models import Telemetry
 
 
@@ -377,7 +377,7 @@ class JoinTokenList(Model):
 
 
 class KeyProof(Model):
-    """Proves the caller holds the private key of the ``public_key`` it names (see :mod:`anex_agent.proof`)."""
+    """Proves the caller holds the private key of the ``public_key`` it names (see :mod:`anex_agent.wire.proof`)."""
 
     timestamp: int = Field(ge=0, description="seconds since the epoch; within 120 s of the coordinator's clock")
     nonce: str = Field(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="random, never reused")
