@@ -80,7 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def coordinator_client(args: argparse.Namespace, environ=None):
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     env = os.environ if environ is None else environ
     url = args.coordinator or env.get("ANEX_COORDINATOR_URL")

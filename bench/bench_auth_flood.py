@@ -110,7 +110,7 @@ def end_flood(proc: subprocess.Popen) -> dict:
 
 
 async def config_reads(url: str, node_id: str, credential: str, count: int) -> dict:
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     latencies = []
     async with CoordinatorClient(url, credential=credential) as client:
@@ -134,7 +134,7 @@ def join_body() -> str:
 
 
 def bench(args: argparse.Namespace) -> dict:
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     async def join(url: str) -> tuple[str, str]:
         async with CoordinatorClient(url, admin_token=ADMIN) as admin:

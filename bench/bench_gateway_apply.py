@@ -5,7 +5,7 @@ a large peer set; ours beside the reference of the same run. Prints JSON. Needs 
 One network namespace holds a real ``anex-agent coordinator`` (SQLite) and real
 ``anex-agent gateway`` processes on wireguard-go (``--engine wireguard-go``); the bench
 itself runs inside it and plays the nodes: each joins over the REST API with a real proof
-of key possession (:func:`anex_agent.client.CoordinatorClient.join`).
+of key possession (:func:`anex_agent.client.rest.CoordinatorClient.join`).
 
 What is measured, read back from each gateway's wireguard-go:
 
@@ -288,7 +288,7 @@ class Fleet:
     async def join_one(self, name: str, pair=None, client=None) -> tuple[str, bytes]:
         """Join one node; with ``client`` (a warm :func:`warm_client`) the request is the join alone."""
         from anex_agent.wire import keys
-        from anex_agent.client import CoordinatorClient
+        from anex_agent.client.rest import CoordinatorClient
 
         pair = pair or keys.KeyPair(keys.generate_private_key())
         if client is not None:
@@ -301,7 +301,7 @@ class Fleet:
     async def warm_client(self):
         """A client whose connection is open and which knows the coordinator's key (read once), so
         a measured join is the join request itself, as a node that has started sends it."""
-        from anex_agent.client import CoordinatorClient
+        from anex_agent.client.rest import CoordinatorClient
 
         client = CoordinatorClient(self.url)
         await client.__aenter__()
@@ -487,7 +487,7 @@ async def bench_mode(result: dict, mode: str, root: Path, args, workdir: Path, u
             await asyncio.sleep(args.gap)
         result["join_to_listed_by_uapi"] = {"measured_by": "UAPI get=1 polling (coarse: see uapi_dump_ms)",
                                             **summary(rows)}
-        from anex_agent.client import CoordinatorClient
+        from anex_agent.client.rest import CoordinatorClient
 
         rows = []
         async with CoordinatorClient(url, admin_token=ADMIN) as admin:
@@ -510,7 +510,7 @@ async def bench_mode(result: dict, mode: str, root: Path, args, workdir: Path, u
 
 async def forget(url: str, gateways: list[Gateway]) -> None:
     """Delete the gateways' registrations (a reused fleet keeps only its nodes)."""
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
     from anex_agent.errors import CoordinatorError
 
     async with CoordinatorClient(url, admin_token=ADMIN) as admin:
@@ -549,7 +549,7 @@ async def follow_growth(out: dict, args, workdir: Path, url: str, gw_token: str,
 
 
 async def inside(args) -> dict:
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     workdir = Path(tempfile.mkdtemp(prefix="anex-gwbench-"))
     cache = Path(args.fleet_cache) if args.fleet_cache else None

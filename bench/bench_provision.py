@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aiohttp  # noqa: E402
 
 from anex_agent.wire import keys, models as wire  # noqa: E402
-from anex_agent.client import CoordinatorClient  # noqa: E402
+from anex_agent.client.rest import CoordinatorClient  # noqa: E402
 from anex_agent.demo.provision import phases  # noqa: E402
 from anex_agent.demo.fake_providers import FakeVastAI, vast_bundle  # noqa: E402
 

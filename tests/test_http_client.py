@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.errors import CoordinatorError
 from anex_agent.http_client import HttpClient
 from tests.tls_certs import make_certs

@@ -26,12 +26,12 @@ FORBIDDEN = {
     "anex_agent.gateway": ("anex_agent.agent", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode"),
     "anex_agent.coordinator": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu", "anex_agent.virtualnode"),
     "anex_agent.selection": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu", "anex_agent.virtualnode"),
-    # the virtual node reaches the coordinator through its REST API only (anex_agent.client)
+    # the virtual node reaches the coordinator through its REST API only (anex_agent.client.rest)
     "anex_agent.virtualnode": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator",
                                "anex_agent.selection", "anex_agent.gpu", "anex_agent.demo"),
 }
 # the shared modules every role may import must not pull a role in behind its back
-SHARED = ("anex_agent.wire.models", "anex_agent.client", "anex_agent.client_link", "anex_agent.backoff",
+SHARED = ("anex_agent.wire.models", "anex_agent.client.rest", "anex_agent.client.link", "anex_agent.backoff",
           "anex_agent.private_file", "anex_agent.telemetry.models", "anex_agent.telemetry.bounds",
           "anex_agent.telemetry.exposition", "anex_agent.wire.provisioning")
 ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode")

@@ -262,7 +262,7 @@ def test_boolean_refuses_the_rest_saying_what_is_accepted(text):
 
 def _boolean_readers():
     """Every reader of a boolean variable: (variable, read(environ) -> bool)."""
-    from anex_agent import transport
+    from anex_agent.client import transport
     from anex_agent.telemetry import options as telemetry_options
     from anex_agent.agent import run_options
 

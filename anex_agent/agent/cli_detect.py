@@ -38,7 +38,7 @@ async def gateway_report(state_dir: Path, environ: dict[str, str]) -> dict[str, 
     ``{}`` plus a ``note`` when the state dir holds no joined node."""
     from anex_agent.wire import keys
     from anex_agent.agent.state import KEY_FILE, StateDir
-    from anex_agent.transport import client_ssl_context
+    from anex_agent.client.transport import client_ssl_context
     from anex_agent.tunnels.udp_probe import probe_gateway
     from anex_agent.tunnels.ws_bind import RelayTarget, check_relay, proxy_for
 

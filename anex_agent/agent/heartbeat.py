@@ -40,11 +40,11 @@ import dataclasses
 import logging
 from typing import Any, Protocol
 
-from anex_agent import join_token
+from anex_agent.client import join_token
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.backoff import Backoff
-from anex_agent.client_link import CoordinatorLink
+from anex_agent.client.link import CoordinatorLink
 from anex_agent.errors import AnexError, CoordinatorError
 from anex_agent.telemetry.models import Telemetry
 from anex_agent.wire.models import Heartbeat, NodeConfig, NodeFacts, NodeJoinRequest, TransportStatus, parse_telemetry

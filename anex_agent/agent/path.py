@@ -125,7 +125,7 @@ class PathSettings:
 
 def path_settings(settings: Any) -> PathSettings:
     """The path part of :class:`anex_agent.agent.settings.AgentSettings` (wss:// trusts ``ca_file`` too)."""
-    from anex_agent.transport import client_ssl_context
+    from anex_agent.client.transport import client_ssl_context
 
     return PathSettings(mode=settings.path, probe_interval=settings.path_probe_interval,
                         proxy_env=settings.proxy_env,

@@ -16,7 +16,7 @@ ANEX_JOIN_TOKEN_FILE   --token-file                     a file holding the join 
 ANEX_CA_FILE           --ca-file                        PEM CA certificates trusted for an https://
                                                         coordinator, besides the system CA store
 ANEX_ALLOW_INSECURE    --allow-insecure                 1: accept plain http:// to a public coordinator
-                                                        (refused by default; see :mod:`anex_agent.transport`)
+                                                        (refused by default; see :mod:`anex_agent.client.transport`)
 ANEX_STATE_DIR         --state-dir                      directory; default see :func:`default_state_dir`
 ANEX_ENGINE            --engine                         auto|kernel|wireguard-go|userspace|wireproxy
 ANEX_PATH              --path                           auto|udp|websocket (see anex_agent.agent.path)
@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from anex_agent import parse, transport
+from anex_agent import parse
+from anex_agent.client import transport
 from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.telemetry.options import ExpositionOptions, exposition_options

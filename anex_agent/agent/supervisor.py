@@ -57,14 +57,15 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from anex_agent import __version__, join_token
+from anex_agent import __version__
+from anex_agent.client import join_token
 from anex_agent.sdnotify import Notifier
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import (first_heartbeat, heartbeat_loop, last_heartbeat, last_heartbeat_timeout,
                                         start_telemetry, watch_loop)
 from anex_agent.agent.stopping import HURRY_MARGIN, STOP_MARGIN, ExitDeadline, Teardown, cancel_and_wait
-from anex_agent.client_link import CoordinatorLink
+from anex_agent.client.link import CoordinatorLink
 from anex_agent.tunnels.ws_bind import proxy_for
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir

@@ -11,7 +11,7 @@ Reachability: the coordinator opens a TCP connection to the node's **mesh addres
 needs a route to the mesh, e.g. running in the cluster whose networks the gateways serve,
 with the mesh network routed to a gateway (docs/gateway.md). A coordinator without one
 answers 502 naming the address; the cluster can then call the agent itself with a token from
-``POST /v1/nodes/{id}/access-token`` (what :func:`anex_agent.client.node_logs` does).
+``POST /v1/nodes/{id}/access-token`` (what :func:`anex_agent.client.rest.node_logs` does).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ import signal
 import time
 from contextlib import AsyncExitStack
 
-from anex_agent import join_token
+from anex_agent.client import join_token
 from anex_agent.wire import keys
 from anex_agent.backoff import Backoff
 from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineError

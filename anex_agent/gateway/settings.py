@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from anex_agent import parse, transport
+from anex_agent import parse
+from anex_agent.client import transport
 from anex_agent.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.tunnels.base import IFNAME_PREFIX, check_ifname

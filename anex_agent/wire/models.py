@@ -2,7 +2,7 @@
 
 One set of pydantic models for both sides, like tailscale's ``tailcfg``: the
 coordinator validates requests with them and serialises responses with them; the
-client in :mod:`anex_agent.client` parses responses with the same classes. A change
+client in :mod:`anex_agent.client.rest` parses responses with the same classes. A change
 here is a change of the REST contract and of ``/v1/openapi.json``.
 
 Conventions:

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from anex_agent.agent import heartbeat
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.supervisor import Agent
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import sweeper
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator

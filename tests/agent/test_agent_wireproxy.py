@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.client import proven_body
+from anex_agent.client.rest import proven_body
 from anex_agent.wire.keys import KeyPair, generate_private_key
 from anex_agent.wire.models import GatewayRegisterRequest
 

@@ -55,7 +55,7 @@ Nvml().ensure_ready()
 # coordinator client, as the supervisor imports them
 from anex_agent.agent.supervisor import _api_modules
 _api_modules()
-import anex_agent.client, anex_agent.client_link, anex_agent.tunnels.wireproxy_process
+import anex_agent.client.rest, anex_agent.client.link, anex_agent.tunnels.wireproxy_process
 print(json.dumps(sorted(sys.modules)))
 """
 
@@ -102,7 +102,7 @@ def test_no_nvml_library_means_no_pynvml(modules):
 
 def test_the_steady_agent_serves_its_api_without_aiohttp(modules):
     assert {"anex_agent.agent.api", "anex_agent.agent.logs_api", "anex_agent.agent.actions",
-            "anex_agent.http_server", "anex_agent.http_client", "anex_agent.client"} <= modules
+            "anex_agent.http_server", "anex_agent.http_client", "anex_agent.client.rest"} <= modules
     assert offending(modules, ("aiohttp",)) == []
 
 

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from anex_agent.wire import keys, models as wire
-from anex_agent.client import proven_body
+from anex_agent.client.rest import proven_body
 from anex_agent.coordinator import auth as auth_module
 from anex_agent.coordinator import changes, limits, metrics, telemetry_metrics
 from anex_agent.coordinator.app import build_app

@@ -255,7 +255,7 @@ def test_coordinator_process_serves_the_agent_from_the_flag(tmp_path, agent_file
         url = proc.wait_listening()
 
         async def scenario():
-            from anex_agent.client import CoordinatorClient
+            from anex_agent.client.rest import CoordinatorClient
 
             admin = CoordinatorClient(url, admin_token="anexadm_test-admin-token-1234567890")
             try:

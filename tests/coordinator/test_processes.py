@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from anex_agent.wire import keys
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from tests.coordinator.conftest import POSTGRES_URL, backend_url
 from tests.coordinator.coordinator_process import CoordinatorProcess
 

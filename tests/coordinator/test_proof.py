@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from anex_agent.wire import keys, proof, models as wire
-from anex_agent.client import proven_body
+from anex_agent.client.rest import proven_body
 from anex_agent.coordinator import coordinator_key
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings

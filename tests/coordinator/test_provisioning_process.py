@@ -31,7 +31,7 @@ import urllib.request
 import pytest
 
 from anex_agent.wire import keys, models as wire
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.demo.fake_providers import (
     FakeRental, FakeRunPod, FakeVastAI, ThreadedFake, runpod_gpu_type, vast_bundle,
 )

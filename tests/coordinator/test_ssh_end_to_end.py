@@ -73,7 +73,7 @@ async def test_the_ssh_issuer_token_gets_certificates_and_nothing_else(tmp_path,
     from aiohttp.test_utils import TestServer
 
     from anex_agent.wire import ssh as ssh_wire
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
     from anex_agent.coordinator.app import build_app
     from anex_agent.coordinator.context import Coordinator
     from anex_agent.coordinator.settings import Settings

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
 from anex_agent.wire.keys import KeyPair, generate_private_key

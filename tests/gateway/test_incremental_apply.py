@@ -13,7 +13,7 @@ import asyncio
 import math
 from pathlib import Path
 
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings

@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from anex_agent.wire import keys, models as wire
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import app as coordinator_app
 from anex_agent.coordinator import routes_selection
 from anex_agent.coordinator.context import Coordinator

@@ -292,7 +292,7 @@ async def test_the_relay_serves_tls_itself_and_the_client_verifies_it(mesh, tmp_
     import ssl
 
     from anex_agent.gateway.relay import tls_context
-    from anex_agent.transport import client_ssl_context
+    from anex_agent.client.transport import client_ssl_context
     from anex_agent.tunnels.ws_bind import check_relay
     from tests.tls_certs import make_certs
 

@@ -1,4 +1,4 @@
-"""The links of the agent and the gateway to the coordinator, over :class:`anex_agent.client.CoordinatorClient`.
+"""The links of the agent and the gateway to the coordinator, over :class:`anex_agent.client.rest.CoordinatorClient`.
 
 :class:`LinkBase` is what both links share (the client, its credential, the watch stream);
 :class:`anex_agent.gateway.link.GatewayLink` adds the gateway's calls. :class:`CoordinatorLink`
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from anex_agent.wire import keys
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.errors import ConfigError
 from anex_agent.wire.models import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest, NodeJoinResponse, WatchEvent
 

@@ -1,4 +1,4 @@
-"""The coordinator URL check and the TLS client context (anex_agent.transport)."""
+"""The coordinator URL check and the TLS client context (anex_agent.client.transport)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ssl
 
 import pytest
 
-from anex_agent import transport
+from anex_agent.client import transport
 from anex_agent.errors import ConfigError
 
 

@@ -1,7 +1,7 @@
 """How agents and gateways reach the coordinator: the URL check and the TLS client context.
 
 Shared by the agent's and the gateway's settings parsing (one rule, one place) and by
-:class:`anex_agent.client.CoordinatorClient`.
+:class:`anex_agent.client.rest.CoordinatorClient`.
 
 Contract:
 * :func:`check_coordinator_url` runs while settings are parsed, before any connection.

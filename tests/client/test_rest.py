@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from anex_agent.wire import models as wire
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.errors import CoordinatorError
 
 PEER = {"node_id": "n-1", "name": "a", "public_key": "A" * 43 + "=", "allowed_ips": ["10.254.0.2/32"]}
@@ -138,7 +138,7 @@ async def test_calls_without_the_needed_secret_fail_before_sending():
 
 
 async def test_watch_reconnects_resumes_and_stops_on_revocation(server, monkeypatch):
-    monkeypatch.setattr("anex_agent.client.WATCH_BACKOFF_INITIAL", 0.05)
+    monkeypatch.setattr("anex_agent.client.rest.WATCH_BACKOFF_INITIAL", 0.05)
     async with CoordinatorClient(str(server.make_url("")), credential="anexgc_secret") as client:
         stream = client.watch(0)
         first = await asyncio.wait_for(anext(stream), 5)
@@ -158,7 +158,7 @@ async def test_watch_backoff_starts_over_after_a_stream_that_was_up(monkeypatch)
     Otherwise a gateway whose coordinator was down for a while would stay blind for the
     whole grown delay after the coordinator came back and dropped it once more.
     """
-    monkeypatch.setattr("anex_agent.client.WATCH_BACKOFF_INITIAL", 0.05)
+    monkeypatch.setattr("anex_agent.client.rest.WATCH_BACKOFF_INITIAL", 0.05)
     calls: list[float] = []
     loop = asyncio.get_running_loop()
 
@@ -189,7 +189,7 @@ async def test_watch_resumes_from_a_snapshot_even_when_it_is_older(monkeypatch):
     """A coordinator whose change log starts over (database restored or recreated) answers a
     too-new ``since`` with a snapshot at its own, lower version: the client must resume from
     that snapshot, or it would skip every change up to the version it had before."""
-    monkeypatch.setattr("anex_agent.client.WATCH_BACKOFF_INITIAL", 0.05)
+    monkeypatch.setattr("anex_agent.client.rest.WATCH_BACKOFF_INITIAL", 0.05)
     calls: list[int] = []
 
     async def watch(request):

@@ -18,7 +18,7 @@ Contract:
   not retry) a non-retryable error, e.g. a revoked credential (401).
 * Use as ``async with CoordinatorClient(url, ...) as client:`` (or call :meth:`close`).
 * An ``https://`` coordinator's certificate is verified against the system CA store plus
-  ``ca_file`` (:func:`anex_agent.transport.client_ssl_context`), for REST calls and the
+  ``ca_file`` (:func:`anex_agent.client.transport.client_ssl_context`), for REST calls and the
   watch WebSocket alike.
 * Transport: REST calls go over :class:`anex_agent.http_client.HttpClient` (HTTP/1.1 on h11,
   kept-alive connections, ``proxy`` through CONNECT for ``https://``); ``timeout`` bounds each
@@ -121,7 +121,7 @@ class CoordinatorClient:
         self.credential = credential
 
     def _ssl_context(self):
-        from anex_agent.transport import client_ssl_context
+        from anex_agent.client.transport import client_ssl_context
 
         return client_ssl_context(self.ca_file)
 
