@@ -113,7 +113,7 @@ def _percentiles(samples: list[float]) -> dict:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    from anex_agent.dialer import OSDialer
+    from anex_agent.net.dialer import OSDialer
     from anex_agent.frontends.proxy import ProxyServer
 
     origin = subprocess.Popen([sys.executable, __file__, "--role", "origin"], stdout=subprocess.PIPE, text=True)

@@ -1,4 +1,4 @@
-"""The agent API (HTTP/1.1 over :mod:`anex_agent.http_server`): ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
+"""The agent API (HTTP/1.1 over :mod:`anex_agent.net.http.server`): ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
 Who may connect:
 
@@ -42,8 +42,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from anex_agent.wire.access_token import Claims, ReplayCache, ReplayCacheFull, TokenReplayed
-from anex_agent.http_server import HttpServer, Request, Response, StreamResponse, json_response, text_response
-from anex_agent.http_server import problem as _problem_doc
+from anex_agent.net.http.server import HttpServer, Request, Response, StreamResponse, json_response, text_response
+from anex_agent.net.http.server import problem as _problem_doc
 
 log = logging.getLogger(__name__)
 

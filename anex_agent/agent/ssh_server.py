@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import asyncssh
 
 from anex_agent.wire import ssh as ssh_wire
-from anex_agent.peer_log import peer_text
+from anex_agent.net.peer_log import peer_text
 if TYPE_CHECKING:  # ssh_access imports this module on the first connection; no cycle at run time
     from anex_agent.agent.ssh_access import SessionContext, SshAccess
 

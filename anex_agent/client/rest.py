@@ -20,7 +20,7 @@ Contract:
 * An ``https://`` coordinator's certificate is verified against the system CA store plus
   ``ca_file`` (:func:`anex_agent.client.transport.client_ssl_context`), for REST calls and the
   watch WebSocket alike.
-* Transport: REST calls go over :class:`anex_agent.http_client.HttpClient` (HTTP/1.1 on h11,
+* Transport: REST calls go over :class:`anex_agent.net.http.client.HttpClient` (HTTP/1.1 on h11,
   kept-alive connections, ``proxy`` through CONNECT for ``https://``); ``timeout`` bounds each
   whole call; an answer larger than ``max_response_bytes`` is a non-retryable error. The watch
   stream is a WebSocket of the ``websockets`` library (ping every 20 s; the same headers, TLS
@@ -56,7 +56,7 @@ def _ssh_wire():
 
     return ssh_wire
 from anex_agent.errors import CoordinatorError
-from anex_agent.http_client import DEFAULT_MAX_BODY, HttpClient, HttpError, with_query
+from anex_agent.net.http.client import DEFAULT_MAX_BODY, HttpClient, HttpError, with_query
 
 log = logging.getLogger(__name__)
 
@@ -567,7 +567,7 @@ def proven_body(
 
 
 def _too_large(err: HttpError) -> bool:
-    from anex_agent.http_client import BodyTooLarge
+    from anex_agent.net.http.client import BodyTooLarge
 
     return isinstance(err, BodyTooLarge)
 

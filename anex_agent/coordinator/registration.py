@@ -23,7 +23,7 @@ import logging
 from anex_agent.wire import proof, models as wire
 from anex_agent.coordinator import problems, tokens
 from anex_agent.coordinator.db import Conn, Database
-from anex_agent.peer_log import LogBudget, peer_text
+from anex_agent.net.peer_log import LogBudget, peer_text
 
 log = logging.getLogger(__name__)
 #: refused proofs logged a minute; anex_coordinator_http_requests_total{status="401"} counts every one

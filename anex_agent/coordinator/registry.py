@@ -43,7 +43,7 @@ from pydantic import BaseModel, ValidationError
 from anex_agent import parse
 from anex_agent.coordinator import credentials, limits, problems
 from anex_agent.coordinator.auth import Auth, Principal, bearer, precheck_join
-from anex_agent.peer_log import peer_text
+from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 

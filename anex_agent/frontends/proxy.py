@@ -43,14 +43,14 @@ import socket
 
 import h11
 
-from anex_agent.dialer import Connection, Dialer, SocketConnection
+from anex_agent.net.dialer import Connection, Dialer, SocketConnection
 from anex_agent.errors import DialError, PortInUseError
 from anex_agent.frontends import proxy_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.forward import bind_listener
 from anex_agent.frontends.h11_stream import H11Stream
 from anex_agent.frontends.relay import relay, tune_socket
-from anex_agent.peer_log import peer_text
+from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from anex_agent.dialer import Dialer, NameResolver
+from anex_agent.net.dialer import Dialer, NameResolver
 from anex_agent import parse
 from anex_agent.errors import ConfigError, EngineError, config_value
 
@@ -297,9 +297,9 @@ class Engine(abc.ABC):
     def dialer(self, resolver: NameResolver) -> Dialer | None:
         """What the workload's front-ends dial through, or None when the engine serves them itself.
 
-        Kernel and wireguard-go return ``anex_agent.dialer.OSDialer(resolver)``: routes do
+        Kernel and wireguard-go return ``anex_agent.net.dialer.OSDialer(resolver)``: routes do
         the work. ``resolver`` resolves mesh/cluster names; the caller may change what it
-        answers later (see :class:`anex_agent.resolver.ResolverSlot`), the dialer keeps it.
+        answers later (see :class:`anex_agent.net.resolver.ResolverSlot`), the dialer keeps it.
         """
 
     async def serve_on_mesh(self, port: int, protocol_factory) -> bool:

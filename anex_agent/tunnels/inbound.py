@@ -20,7 +20,7 @@ import itertools
 import logging
 from collections.abc import Callable
 
-from anex_agent.dialer import OSDialer
+from anex_agent.net.dialer import OSDialer
 from anex_agent.errors import DialError
 from anex_agent.frontends.relay import relay
 from anex_agent.netstack.aio import NetstackRuntime, StreamTransport, TcpStream

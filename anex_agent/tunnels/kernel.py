@@ -45,7 +45,7 @@ from anex_agent.tunnels.uapi import UapiDevice, UapiPeer
 from anex_agent.tunnels.wireguard_go import peers_from_device, status_from_device
 
 if TYPE_CHECKING:
-    from anex_agent.dialer import NameResolver, OSDialer
+    from anex_agent.net.dialer import NameResolver, OSDialer
     from anex_agent.tasks import Tasks
 
 ZERO_KEY_B64 = base64.b64encode(bytes(32)).decode()
@@ -266,6 +266,6 @@ class KernelEngine(Engine):
 
     def dialer(self, resolver: NameResolver | None = None) -> OSDialer:
         """An OS dialer: the routes through the interface carry the traffic."""
-        from anex_agent.dialer import OSDialer
+        from anex_agent.net.dialer import OSDialer
 
         return OSDialer(resolver)

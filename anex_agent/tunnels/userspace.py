@@ -51,7 +51,7 @@ from anex_agent.wg.device import Device, Output
 from anex_agent.wg.peer import PeerConfig as WgPeerConfig
 
 if TYPE_CHECKING:
-    from anex_agent.dialer import NameResolver
+    from anex_agent.net.dialer import NameResolver
     from anex_agent.netstack.aio import NetstackRuntime
     from anex_agent.tasks import Tasks
 
@@ -371,9 +371,9 @@ class UserspaceEngine(Engine):
 
     def dialer(self, resolver: NameResolver | None = None):
         """A :class:`~anex_agent.netstack.dialer.NetstackDialer`; cluster DNS goes over the stack too
-        (when ``resolver`` takes a DNS transport: :class:`anex_agent.resolver.ResolverSlot`)."""
+        (when ``resolver`` takes a DNS transport: :class:`anex_agent.net.resolver.ResolverSlot`)."""
         from anex_agent.netstack.dialer import NetstackDialer, NetstackDnsTransport
-        from anex_agent.resolver import Resolver
+        from anex_agent.net.resolver import Resolver
 
         self._netstack_wanted = True
         self._ensure_runtime()

@@ -55,7 +55,7 @@ from anex_agent.tunnels.caps import CAP_NET_ADMIN, has_capability, tun_usable
 from anex_agent.tunnels.endpoints import resolve_once
 
 if TYPE_CHECKING:
-    from anex_agent.dialer import NameResolver, OSDialer
+    from anex_agent.net.dialer import NameResolver, OSDialer
     from anex_agent.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -345,6 +345,6 @@ class WireguardGoEngine(Engine):
 
     def dialer(self, resolver: NameResolver | None = None) -> OSDialer:
         """An OS dialer: the routes through the interface carry the traffic."""
-        from anex_agent.dialer import OSDialer
+        from anex_agent.net.dialer import OSDialer
 
         return OSDialer(resolver)

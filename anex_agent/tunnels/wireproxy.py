@@ -43,7 +43,7 @@ from anex_agent.tunnels.wireproxy_metrics import parse_metrics
 from anex_agent.tunnels.wireproxy_process import Supervision, WireproxyProcess, free_loopback_port, write_config
 
 if TYPE_CHECKING:
-    from anex_agent.dialer import NameResolver
+    from anex_agent.net.dialer import NameResolver
     from anex_agent.tasks import Tasks
 
 __all__ = ["BINARY", "ClientTunnel", "ServerTunnel", "Supervision", "WireproxyEngine", "WireproxyOptions",

@@ -10,7 +10,7 @@
   seconds), and when a start failed earlier (the binary was missing for a while). A
   failed restart raises out of the loop: the role's Tasks logs it and runs the loop
   again after a backoff, so the process comes back once it can;
-* ``/readyz`` and ``/metrics`` are read over HTTP (:mod:`anex_agent.http_client`, a fresh
+* ``/readyz`` and ``/metrics`` are read over HTTP (:mod:`anex_agent.net.http.client`, a fresh
   connection each time) from the health address (loopback only).
 
 The child is started with :func:`anex_agent.tunnels.process.spawn` (it dies with us).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from anex_agent.childenv import engine_env
 from anex_agent.errors import EngineError
-from anex_agent.http_client import HttpClient, HttpError
+from anex_agent.net.http.client import HttpClient, HttpError
 from anex_agent.tunnels import process
 
 log = logging.getLogger(__name__)

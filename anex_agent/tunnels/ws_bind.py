@@ -1,4 +1,4 @@
-"""WireGuard over a WebSocket relay: the client side of :mod:`anex_agent.relay_protocol`.
+"""WireGuard over a WebSocket relay: the client side of :mod:`anex_agent.net.relay_protocol`.
 
 * :class:`RelayClient` -- one connection to one gateway's relay. :meth:`RelayClient.run`
   connects, authenticates (proof made with the node's WireGuard key) and pumps datagrams;
@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from functools import cache
 
-from anex_agent import relay_protocol as rp
+from anex_agent.net import relay_protocol as rp
 from anex_agent.backoff import Backoff
 from anex_agent.tunnels.bind import BindClosed, next_datagram
 
@@ -64,7 +64,7 @@ READ_BATCH = 64
 
 def send_batch(ws: Connection, datagrams: list[bytes], limit: int = WRITE_LIMIT) -> bool:
     """Frame ``datagrams`` and write them with one call, at once: one binary message each
-    (``anex-wg.v1``), or as few as :func:`anex_agent.relay_protocol.pack` makes (``anex-wg.v2``).
+    (``anex-wg.v1``), or as few as :func:`anex_agent.net.relay_protocol.pack` makes (``anex-wg.v2``).
 
     False (all dropped, as UDP would) when the connection is not open or more than ``limit``
     bytes already wait to be written."""

@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 NODE_JOIN = "anex node join v1"
 GATEWAY_REGISTRATION = "anex gateway registration v1"
 #: A node opening a WebSocket relay connection to a gateway (the gateway's key instead of the
-#: coordinator's; see :mod:`anex_agent.relay_protocol`).
+#: coordinator's; see :mod:`anex_agent.net.relay_protocol`).
 RELAY_CONNECT = "anex relay connect v1"
 PURPOSES = (NODE_JOIN, GATEWAY_REGISTRATION, RELAY_CONNECT)
 

@@ -16,7 +16,7 @@ import pytest
 
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.settings import AgentSettings, ListenAddress, TunnelSetting
-from anex_agent.dialer import OSDialer
+from anex_agent.net.dialer import OSDialer
 from anex_agent.wire.keys import KeyPair, generate_private_key
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support, WorkloadConfig

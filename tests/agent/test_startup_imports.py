@@ -19,7 +19,7 @@ import pytest
 
 #: Never in a node agent: the other roles, the demo, and libraries only they (or only an
 #: optional path) use. aiohttp: the agent's HTTP (coordinator client, agent API, wireproxy
-#: health checks) goes over h11 (anex_agent.http_client, anex_agent.http_server).
+#: health checks) goes over h11 (anex_agent.net.http.client, anex_agent.net.http.server).
 NEVER = (
     "anex_agent.coordinator", "anex_agent.gateway", "anex_agent.selection", "anex_agent.demo",
     "asyncssh", "asyncpg", "aiohttp",
@@ -102,7 +102,7 @@ def test_no_nvml_library_means_no_pynvml(modules):
 
 def test_the_steady_agent_serves_its_api_without_aiohttp(modules):
     assert {"anex_agent.agent.api", "anex_agent.agent.logs_api", "anex_agent.agent.actions",
-            "anex_agent.http_server", "anex_agent.http_client", "anex_agent.client.rest"} <= modules
+            "anex_agent.net.http.server", "anex_agent.net.http.client", "anex_agent.client.rest"} <= modules
     assert offending(modules, ("aiohttp",)) == []
 
 

@@ -522,7 +522,7 @@ async def test_refused_join_proofs_reach_the_log_within_a_budget(harness_with, m
     import logging
 
     from anex_agent.coordinator import registration
-    from anex_agent.peer_log import LogBudget
+    from anex_agent.net.peer_log import LogBudget
 
     coord = await harness_with()
     monkeypatch.setattr(registration, "_REFUSALS_LOGGED", LogBudget(burst=3, interval=3600.0))

@@ -12,7 +12,7 @@ import pytest
 
 from anex_agent.wire import keys
 from anex_agent.errors import DialRefused, DialTimeout
-from anex_agent.resolver import Resolver, ResolverSlot
+from anex_agent.net.resolver import Resolver, ResolverSlot
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig, WorkloadConfig
 from anex_agent.tunnels.userspace import UserspaceEngine
 

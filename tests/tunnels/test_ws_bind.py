@@ -10,7 +10,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from anex_agent.wire import keys
-from anex_agent import relay_protocol as rp
+from anex_agent.net import relay_protocol as rp
 from anex_agent.gateway.relay import Relay, RelayLimits
 from anex_agent.tunnels.base import DesiredConfig, PeerConfig
 from anex_agent.tunnels.userspace import UserspaceEngine

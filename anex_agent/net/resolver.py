@@ -254,7 +254,7 @@ class Resolver:
 
 
 class ResolverSlot:
-    """A :class:`anex_agent.dialer.NameResolver` whose answers come from a resolver that can be replaced.
+    """A :class:`anex_agent.net.dialer.NameResolver` whose answers come from a resolver that can be replaced.
 
     The data plane gives one slot to the engine's dialer for good and puts a new
     :class:`Resolver` into it when the node's DNS config changes (:meth:`use`): the dialer

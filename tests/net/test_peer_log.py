@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from anex_agent.peer_log import LogBudget, peer_text
+from anex_agent.net.peer_log import LogBudget, peer_text
 
 
 def test_printable_text_is_kept_and_everything_else_escaped():

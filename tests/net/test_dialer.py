@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from anex_agent.dialer import Dialer, OSDialer, SocketConnection, StreamConnection
+from anex_agent.net.dialer import Dialer, OSDialer, SocketConnection, StreamConnection
 from anex_agent.errors import DialError, DialRefused, DialTimeout, ResolveError
-from anex_agent.resolver import Resolver
+from anex_agent.net.resolver import Resolver
 from frontends.servers import echo_server, free_port, tiny_dns
 
 
@@ -137,7 +137,7 @@ class _Held:
 
 
 async def test_a_dial_in_flight_starts_again_when_the_routes_move():
-    from anex_agent.dialer import RedialDialer, RouteChanges
+    from anex_agent.net.dialer import RedialDialer, RouteChanges
 
     changes, conn = RouteChanges(), object()
     inner = _Held(conn)
@@ -152,7 +152,7 @@ async def test_a_dial_in_flight_starts_again_when_the_routes_move():
 
 
 async def test_a_dial_error_after_a_move_is_the_inner_dialer_s():
-    from anex_agent.dialer import RedialDialer, RouteChanges
+    from anex_agent.net.dialer import RedialDialer, RouteChanges
 
     changes = RouteChanges()
     inner = _Held(DialRefused("echo", 80, "connection refused"))

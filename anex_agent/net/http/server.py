@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 import h11
 
 from anex_agent import parse
-from anex_agent.peer_log import peer_text
+from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The agent API's HTTP server (anex_agent.http_server): keep-alive, malformed requests, a
+"""The agent API's HTTP server (anex_agent.net.http.server): keep-alive, malformed requests, a
 streamed answer written as it comes and ended when the caller goes away, and the same server
 over a stream an engine hands over (the protocol factory)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from anex_agent.http_server import HttpServer, Request, Response, StreamResponse, json_response
+from anex_agent.net.http.server import HttpServer, Request, Response, StreamResponse, json_response
 
 
 class Recorder:

@@ -6,7 +6,7 @@ underneath, as with httpcore's network backends and tailscale's ``tsdial``:
 
 * kernel WireGuard and wireguard-go engines use :class:`OSDialer`: the kernel's
   routes send mesh destinations through the WireGuard interface, so a plain
-  kernel socket is enough; names go through the :mod:`anex_agent.resolver`;
+  kernel socket is enough; names go through the :mod:`anex_agent.net.resolver`;
 * an engine with a user-space TCP/IP stack provides a dialer whose connections live
   in that stack; such connections are stream-only (``socket`` is ``None``). Engines
   that serve the workload with front-ends of their own (wireproxy) give no dialer.
@@ -77,7 +77,7 @@ class Dialer(Protocol):
 
 
 class NameResolver(Protocol):
-    """What :class:`OSDialer` needs from a resolver (see :class:`anex_agent.resolver.Resolver`)."""
+    """What :class:`OSDialer` needs from a resolver (see :class:`anex_agent.net.resolver.Resolver`)."""
 
     async def resolve(self, host: str) -> list[str]:
         """Addresses (IP strings, preferred first) for ``host``; raise ``ResolveError``."""
@@ -212,7 +212,7 @@ class OSDialer:
 
     def __init__(self, resolver: NameResolver | None = None, *, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
         if resolver is None:
-            from anex_agent.resolver import Resolver
+            from anex_agent.net.resolver import Resolver
 
             resolver = Resolver()
         self.resolver = resolver

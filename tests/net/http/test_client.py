@@ -1,4 +1,4 @@
-"""The coordinator client's HTTP transport (anex_agent.http_client): connection reuse, a
+"""The coordinator client's HTTP transport (anex_agent.net.http.client): connection reuse, a
 bounded answer, an egress proxy (CONNECT for https://, absolute-form for http://) with
 TLS verified against the coordinator's CA, and streamed bodies."""
 
@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.errors import CoordinatorError
-from anex_agent.http_client import HttpClient
+from anex_agent.net.http.client import HttpClient
 from tests.tls_certs import make_certs
 
 ADMIN = "t" * 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from anex_agent.errors import ConfigError, ResolveError
-from anex_agent.resolver import DnsServer, Resolver, parse_dns_server
+from anex_agent.net.resolver import DnsServer, Resolver, parse_dns_server
 from anex_agent.wire.models import NodeConfig
 from frontends.servers import free_port, tiny_dns
 
@@ -168,7 +168,7 @@ class _Transport:
 
 
 async def test_cluster_queries_go_through_a_transport_given_to_the_slot():
-    from anex_agent.resolver import ResolverSlot
+    from anex_agent.net.resolver import ResolverSlot
 
     transport = _Transport({"db.default.svc.cluster.local": "10.96.0.9"})
     slot = ResolverSlot()
