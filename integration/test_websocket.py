@@ -88,7 +88,7 @@ def test_a_connection_without_a_node_key_is_refused(blocked, mesh):
     code = (
         "import asyncio,sys\n"
         "from websockets.asyncio.client import connect\n"
-        "from anex_agent import keys, relay_protocol as rp\n"
+        "from anex_agent.net import relay_protocol as rp; from anex_agent.wire import keys\n"
         "async def main():\n"
         "    k=keys.generate_private_key()\n"
         "    async with connect(sys.argv[1],subprotocols=[rp.SUBPROTOCOL]) as ws:\n"

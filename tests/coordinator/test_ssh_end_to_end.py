@@ -9,7 +9,7 @@ import os
 import asyncssh
 import pytest
 
-from anex_agent import ssh_client, ssh_client_cp
+from anex_agent.remote import ssh_client, cp_client as ssh_client_cp
 from anex_agent.agent.ssh_access import SessionContext, SshAccess
 
 

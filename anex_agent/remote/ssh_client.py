@@ -133,7 +133,7 @@ async def certify(client, node: str, *, validity: int | None = None, requested_f
                   features: list[str] | None = None) -> Target:
     """A fresh in-memory key and a certificate for it on ``node`` (an id or a unique name);
     ``features`` (``pty``, ``port-forwarding``, ``sftp``) default to the coordinator's: all."""
-    from anex_agent.ssh_asyncssh import load
+    from anex_agent.remote.asyncssh_import import load
 
     asyncssh = load()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from anex_agent import ssh_asyncssh
+from anex_agent.remote import asyncssh_import as ssh_asyncssh
 
 
 def test_finds_libraries_where_the_loader_looks(tmp_path):
@@ -25,7 +25,7 @@ def test_load_runs_no_process():
     code = ("import subprocess, sys\n"
             "def refuse(*a, **k): raise SystemExit('a process was started')\n"
             "subprocess.Popen.__init__ = refuse\n"
-            "from anex_agent import ssh_asyncssh\n"
+            "from anex_agent.remote import asyncssh_import as ssh_asyncssh\n"
             "m = ssh_asyncssh.load()\n"
             "import ctypes.util\n"
             "assert ctypes.util.find_library.__module__ == 'ctypes.util'\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from anex_agent.errors import ConfigError
-from anex_agent.ssh_client import _forward_spec
+from anex_agent.remote.ssh_client import _forward_spec
 
 
 def test_forward_spec_reads_local_port_host_and_port():

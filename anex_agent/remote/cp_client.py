@@ -2,7 +2,7 @@
 
 One of SRC and DST is ``NODE:PATH`` (a node id or unique name; a relative PATH starts in the
 workload's working directory), the other a local path; ``-r`` copies directories. The key,
-certificate and host verification are those of ``anex-agent ssh`` (:mod:`anex_agent.ssh_client`).
+certificate and host verification are those of ``anex-agent ssh`` (:mod:`anex_agent.remote.ssh_client`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import sys
 
 from anex_agent.errors import ConfigError, CoordinatorError
-from anex_agent.ssh_client import (FAILED, add_coordinator_arguments, certify, connect, coordinator_client,
+from anex_agent.remote.ssh_client import (FAILED, add_coordinator_arguments, certify, connect, coordinator_client,
                                    describe_os_error, failure, quiet_asyncssh)
 
 
