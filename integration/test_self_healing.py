@@ -24,7 +24,7 @@ import time
 import pytest
 
 from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, WG_PORT, anex_argv, wait_until
-from anex_agent.statelock import LOCK_NAME
+from anex_agent.host.statelock import LOCK_NAME
 from integration.conftest import client, ns_state
 
 PROXY = "127.0.0.1:3128"

@@ -32,7 +32,7 @@ FORBIDDEN = {
 }
 # the shared modules every role may import must not pull a role in behind its back
 SHARED = ("anex_agent.wire.models", "anex_agent.client.rest", "anex_agent.client.link", "anex_agent.backoff",
-          "anex_agent.private_file", "anex_agent.telemetry.models", "anex_agent.telemetry.bounds",
+          "anex_agent.host.private_file", "anex_agent.telemetry.models", "anex_agent.telemetry.bounds",
           "anex_agent.telemetry.exposition", "anex_agent.wire.provisioning")
 ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode")
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent import cli, statelock
+from anex_agent import cli
+from anex_agent.host import statelock
 from anex_agent.agent import cli_detect
 from anex_agent.agent.state import KEY_FILE, StateDir
 from anex_agent.tunnels import cleanup as cleanup_mod

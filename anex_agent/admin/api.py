@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from anex_agent.client import transport
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, CoordinatorError
 
 ADMIN_TOKEN = SecretSpec(None, "ANEX_ADMIN_TOKEN", file_flag="--token-file")

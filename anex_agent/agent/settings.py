@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 
 from anex_agent import parse
 from anex_agent.client import transport
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.telemetry.options import ExpositionOptions, exposition_options
 from anex_agent.wire.models import Provider, TunnelSpec

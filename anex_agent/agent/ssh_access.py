@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from anex_agent.wire import keys, ssh as ssh_wire
-from anex_agent.childenv import AccountInfo
+from anex_agent.host.childenv import AccountInfo
 from anex_agent.errors import ConfigError, CoordinatorError
 
 log = logging.getLogger(__name__)

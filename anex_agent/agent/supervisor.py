@@ -25,7 +25,7 @@ so the proxy already serves while they load.
 Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` (join
 retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
 the agent exits with 128+N), then ``heartbeat``, ``watch``, ``ssh`` (the SSH server's upkeep, :mod:`.ssh_access`), ``gpu-telemetry`` (when
-:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` and ``loop-watchdog`` (:mod:`anex_agent.loop_watchdog`: a step of the
+:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` and ``loop-watchdog`` (:mod:`anex_agent.host.loop_watchdog`: a step of the
 event loop over 1 s is logged with the task that took it) throughout.
 The data plane and its engine spawn theirs (``endpoint-follow``, an engine's own loops)
 through :class:`anex_agent.tasks.Tasks` over the same TaskGroup: a failure is logged and
@@ -41,7 +41,7 @@ stop; a second one while stopping hurries it) and the others are ignored. With a
 handshake completed, ``wait_ready`` seconds at most (None: the data plane's default, 20 s;
 0: at once); when none came by then it starts anyway and the task ``ready-wait`` logs when
 the tunnel answers. ``on_ready`` is called once the tunnel answers, and
-``notifier`` (:mod:`anex_agent.sdnotify`) then sends ``READY=1``; it gets ``STATUS=`` lines
+``notifier`` (:mod:`anex_agent.host.sdnotify`) then sends ``READY=1``; it gets ``STATUS=`` lines
 along the start, ``STOPPING=1`` at teardown, and the task ``watchdog`` pings when systemd
 asks for it.
 """
@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from anex_agent import __version__
 from anex_agent.client import join_token
-from anex_agent.sdnotify import Notifier
+from anex_agent.host.sdnotify import Notifier
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import (first_heartbeat, heartbeat_loop, last_heartbeat, last_heartbeat_timeout,
@@ -72,7 +72,7 @@ from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.agent.reaper import Reaper, become_subreaper
 from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
-from anex_agent.loop_watchdog import LoopWatchdog
+from anex_agent.host.loop_watchdog import LoopWatchdog
 from anex_agent.tasks import Tasks
 from anex_agent.wire.models import NodeConfig, NodeFacts, NodeJoinRequest
 
@@ -265,7 +265,7 @@ class Agent:
     def _session_context(self):
         """Where SSH sessions run: the workload's environment, account and directory."""
         from anex_agent.agent.ssh_access import SessionContext
-        from anex_agent.childenv import workload_env
+        from anex_agent.host.childenv import workload_env
 
         workload = self.workload
         env = workload.env if workload is not None and workload.env is not None else workload_env(os.environ)

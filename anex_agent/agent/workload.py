@@ -4,8 +4,8 @@ Contract:
 
 * :meth:`Workload.start` runs the command in a process group of its own (its pid is the
   group id), with the environment it is given (the CLI passes
-  :func:`anex_agent.childenv.workload_env`: no ``ANEX_*`` secret); with an
-  :class:`~anex_agent.childenv.AccountInfo` (``--user``) it runs as that account: the child
+  :func:`anex_agent.host.childenv.workload_env`: no ``ANEX_*`` secret); with an
+  :class:`~anex_agent.host.childenv.AccountInfo` (``--user``) it runs as that account: the child
   calls setgroups (the account's groups), setgid and setuid before exec;
 * the signals in :data:`FORWARDED` received by the agent are forwarded to the workload's
   process (the agent keeps running until the workload exits, so it can still reach the
@@ -51,7 +51,7 @@ from anex_agent.agent.container_state import StateTracker
 from anex_agent.agent.logs import LogStore, pump
 from anex_agent.agent.restart_policy import CrashLoopBackoff, restarts
 from anex_agent.agent.workload_lifetime import WorkloadRecord, die_with_parent
-from anex_agent.childenv import AccountInfo
+from anex_agent.host.childenv import AccountInfo
 from anex_agent.errors import ConfigError
 from anex_agent.wire.models import ContainerState
 

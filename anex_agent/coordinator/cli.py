@@ -28,9 +28,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from anex_agent import parse, statelock
+from anex_agent import parse
+from anex_agent.host import statelock
 from anex_agent.wire import access_token
-from anex_agent.config_secrets import SecretSpec, pick_secret, warn_command_line
+from anex_agent.host.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
 from anex_agent.coordinator import gateway_routes, limits, tls
 from anex_agent.coordinator.limits import Limits
@@ -310,7 +311,7 @@ def main(args: argparse.Namespace) -> int:
     warning = plain_http_warning(host, port, settings.tls_cert is not None)
     if warning:
         log.warning("%s", warning)
-    from anex_agent.sdnotify import Notifier, supervised
+    from anex_agent.host.sdnotify import Notifier, supervised
 
     notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once listening, watchdog
     Notifier.scrub(os.environ)

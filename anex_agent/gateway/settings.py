@@ -13,7 +13,7 @@ from pathlib import Path
 
 from anex_agent import parse
 from anex_agent.client import transport
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.tunnels.base import IFNAME_PREFIX, check_ifname
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from anex_agent.wire import ssh as ssh_wire
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, CoordinatorError
 
 ADMIN_TOKEN = SecretSpec(None, "ANEX_ADMIN_TOKEN", file_flag="--admin-token-file")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, env_number
 from anex_agent.selection.bans import DEFAULT_BAN_SECONDS
 from anex_agent.selection.providers.http import HttpPolicy

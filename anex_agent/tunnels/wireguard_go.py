@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from anex_agent import parse
-from anex_agent.childenv import engine_env
+from anex_agent.host.childenv import engine_env
 from anex_agent.errors import EngineError
 from anex_agent.wire.keys import decode_key, encode_key
 from anex_agent.tunnels import netconf, process, uapi

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from anex_agent.childenv import engine_env
+from anex_agent.host.childenv import engine_env
 from anex_agent.errors import EngineError
 from anex_agent.net.http.client import HttpClient, HttpError
 from anex_agent.tunnels import process

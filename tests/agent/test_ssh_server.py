@@ -229,7 +229,7 @@ def workload_dirs():
 
 
 from anex_agent.agent import ssh_sftp  # noqa: E402
-from anex_agent.childenv import AccountInfo  # noqa: E402
+from anex_agent.host.childenv import AccountInfo  # noqa: E402
 
 NOBODY = AccountInfo("nobody", 65534, 65534, "/nonexistent", ())
 

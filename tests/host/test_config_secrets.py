@@ -1,4 +1,4 @@
-"""Secrets from a flag, a file or the environment (anex_agent.config_secrets)."""
+"""Secrets from a flag, a file or the environment (anex_agent.host.config_secrets)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from anex_agent.config_secrets import SecretSpec, pick_secret, read_secret_file
+from anex_agent.host.config_secrets import SecretSpec, pick_secret, read_secret_file
 from anex_agent.errors import ConfigError
 
 TOKEN = SecretSpec("--token", "ANEX_JOIN_TOKEN")

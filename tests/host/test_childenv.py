@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from anex_agent import childenv
+from anex_agent.host import childenv
 from anex_agent.errors import EngineError
 
 AGENT_ENV = {

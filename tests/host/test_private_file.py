@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from anex_agent.private_file import ensure_private, open_private_append, tighten
+from anex_agent.host.private_file import ensure_private, open_private_append, tighten
 
 
 def mode(path) -> int:

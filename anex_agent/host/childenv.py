@@ -8,7 +8,7 @@ wireproxy) need almost nothing from us. So:
   :data:`WORKLOAD_ALLOWED` (harmless names the workload may use to find the agent's
   listeners); deny by default, so a secret added later is stripped too. Everything that is
   not ``ANEX_*`` (``PATH``, ``GW_TUNNEL_*``, the workload's own variables) stays. With a
-  :class:`~anex_agent.childenv.AccountInfo` the workload runs as that account: ``HOME``,
+  :class:`~anex_agent.host.childenv.AccountInfo` the workload runs as that account: ``HOME``,
   ``USER`` and ``LOGNAME`` are set for it.
 * :func:`engine_env`: ``PATH`` plus the few names an engine reads (:data:`ENGINE_NAMES`,
   ``WG_*``); nothing else of the agent's environment.
@@ -16,7 +16,7 @@ wireproxy) need almost nothing from us. So:
   ``os.environ`` once its settings are parsed, so nothing started later inherits them. The
   kernel shows the environment the process was started with in ``/proc/<pid>/environ``:
   :func:`take_out_of_process_environ` blanks their values there too
-  (:mod:`anex_agent.environ_block`; see docs/agent.md).
+  (:mod:`anex_agent.host.environ_block`; see docs/agent.md).
 
 Pure functions of the mapping given (but :func:`take_out_of_process_environ`, which writes
 this process's start-up environment block); no function here reads ``os.environ`` by itself.
@@ -101,7 +101,7 @@ def take_out_of_process_environ(environ: Mapping[str, str]) -> None:
     for the settings to be parsed from. Logs when the block cannot be written."""
     import logging
 
-    from anex_agent.environ_block import blank_environ_values
+    from anex_agent.host.environ_block import blank_environ_values
 
     if not any(withheld(name) for name in environ):
         return

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 
-from anex_agent.loop_watchdog import LoopWatchdog
+from anex_agent.host.loop_watchdog import LoopWatchdog
 
 
 class _Lines(logging.Handler):

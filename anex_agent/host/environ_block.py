@@ -1,6 +1,6 @@
 """Taking secrets out of the environment the kernel shows for this process (``/proc/<pid>/environ``).
 
-Deleting a variable from ``os.environ`` (:func:`anex_agent.childenv.scrub_environ`) keeps it
+Deleting a variable from ``os.environ`` (:func:`anex_agent.host.childenv.scrub_environ`) keeps it
 from everything started later, but ``/proc/<pid>/environ`` is not that: it is the memory of
 the environment block the process was started with (between the ``env_start`` and
 ``env_end`` addresses of ``/proc/<pid>/stat``), which any process of the same user, or root

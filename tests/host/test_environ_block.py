@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.environ_block import environ_bounds
+from anex_agent.host.environ_block import environ_bounds
 
 pytestmark = pytest.mark.skipif(environ_bounds() is None, reason="needs Linux /proc with the environment's bounds")
 
 CHILD = (
     "import os, sys\n"
-    "from anex_agent import childenv\n"
+    "from anex_agent.host import childenv\n"
     "childenv.take_out_of_process_environ(os.environ)\n"
     "print(os.environ.get('ANEX_JOIN_TOKEN'), flush=True)\n"  # the settings still read it from the copy
     "sys.stdin.readline()\n"

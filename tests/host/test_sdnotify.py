@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from anex_agent.sdnotify import Notifier
+from anex_agent.host.sdnotify import Notifier
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ async def test_supervised_announces_ready_and_stopping(listener):
         await asyncio.sleep(0.05)
         return 42
 
-    from anex_agent.sdnotify import supervised
+    from anex_agent.host.sdnotify import supervised
 
     assert await supervised(main(), notifier, ready, "up") == 42
     assert received(sock) == ["READY=1\nSTATUS=up\n", "STOPPING=1\nSTATUS=stopping\n"]
@@ -144,7 +144,7 @@ def test_the_coordinator_process_notifies_systemd(tmp_path, listener):
 
 async def test_supervised_raises_the_role_error_itself(listener):
     from anex_agent.errors import ConfigError
-    from anex_agent.sdnotify import supervised
+    from anex_agent.host.sdnotify import supervised
 
     path, sock = listener
 

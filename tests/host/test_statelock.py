@@ -1,4 +1,4 @@
-"""One instance per state directory (anex_agent.statelock)."""
+"""One instance per state directory (anex_agent.host.statelock)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from anex_agent import statelock
+from anex_agent.host import statelock
 from anex_agent.errors import ConfigError
 
 HOLD = (
     "import sys, time\n"
-    "from anex_agent import statelock\n"
+    "from anex_agent.host import statelock\n"
     "lock = statelock.acquire(sys.argv[1], 'gateway')\n"
     "print('held', flush=True)\n"
     "time.sleep(60)\n"
