@@ -626,7 +626,7 @@ def main() -> None:
     if args.inside:
         print(json.dumps(asyncio.run(inside(args)), indent=1))
         return
-    from anex_agent.demo.netlab import Namespace, missing_prerequisites
+    from anex_agent.testing.netlab import Namespace, missing_prerequisites
 
     reason = missing_prerequisites("wireguard-go")
     if reason:

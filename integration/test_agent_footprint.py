@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT
 from integration.conftest import client
 from tests.agent.test_startup_imports import LAZY, NEVER, offending
 

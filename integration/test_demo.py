@@ -22,8 +22,8 @@ import time
 import pytest
 
 from anex_agent.demo import coordinator_checks, kubernetes, view_cells
-from anex_agent.demo.mesh import anex_argv
-from anex_agent.demo.netlab import missing_prerequisites
+from anex_agent.testing.mesh import anex_argv
+from anex_agent.testing.netlab import missing_prerequisites
 from anex_agent.demo.observe import REQUIRED_SERIES, complete, node_series, summarize
 from integration.conftest import mesh_skip_reason
 

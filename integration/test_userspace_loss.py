@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import CLUSTER_IP, UNDERLAY_GW, UNPRIVILEGED_UID, WG_PORT
+from anex_agent.testing.mesh import CLUSTER_IP, UNDERLAY_GW, UNPRIVILEGED_UID, WG_PORT
 from integration.netns import read_line
 
 HERE = Path(__file__).resolve().parent

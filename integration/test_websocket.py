@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
+from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
 from integration.conftest import TUNNEL_1, TUNNEL_2, client
 
 PROXY = "127.0.0.1:3128"
@@ -107,7 +107,7 @@ def test_a_connection_without_a_node_key_is_refused(blocked, mesh):
 
 
 def detect_gateways(node) -> dict:
-    from anex_agent.demo.mesh import anex_argv
+    from anex_agent.testing.mesh import anex_argv
 
     out = node.ns.run([*anex_argv(), "detect", "--json", "--state-dir", str(node.state_dir)], timeout=60)
     return json.loads(out.stdout)["gateways"]

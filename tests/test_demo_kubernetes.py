@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import yaml
 
-from anex_agent.demo import kube, kubernetes
+from anex_agent.demo import kubernetes
+from anex_agent.testing import kube
 
 
 def test_missing_control_plane_programs_skip_the_rows_naming_them(monkeypatch, tmp_path):

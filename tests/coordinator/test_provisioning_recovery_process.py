@@ -19,7 +19,7 @@ from datetime import datetime
 
 from anex_agent.wire import keys, models as wire
 from anex_agent.client.rest import CoordinatorClient
-from anex_agent.demo.fake_providers import vast_bundle
+from anex_agent.testing.fake_providers import vast_bundle
 from anex_agent.telemetry.models import Telemetry
 from tests.coordinator.test_provisioning_process import SPEC, Coordinator, _call, _until, provider  # noqa: F401
 

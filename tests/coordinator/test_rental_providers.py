@@ -1,4 +1,4 @@
-"""The Vast.AI and RunPod rental clients against the fake providers (anex_agent.demo.fake_providers):
+"""The Vast.AI and RunPod rental clients against the fake providers (anex_agent.testing.fake_providers):
 rent, idempotent destroy, list by label, every error mapping, and no API key in any log line."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from anex_agent.coordinator.provisioning.rentals import (
 )
 from anex_agent.coordinator.provisioning.runpod import RunPodRentalConfig, RunPodRentals, parse_offer
 from anex_agent.coordinator.provisioning.vastai import VastAIRentals, rent_body
-from anex_agent.demo.fake_providers import FakeRunPod, FakeVastAI
+from anex_agent.testing.fake_providers import FakeRunPod, FakeVastAI
 from anex_agent.selection.providers.http import HttpPolicy
 from anex_agent.selection.providers.vastai import VastAIConfig
 

@@ -18,8 +18,7 @@ from anex_agent.gpu.monitor import TelemetryMonitor
 
 from .conftest import start_harness, stop_harness
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-from gpu.fake_nvml import FakeGpu, FakeNvml  # noqa: E402  (tests/gpu/fake_nvml.py)
+from anex_agent.testing.fake_nvml import FakeGpu, FakeNvml
 
 
 @pytest.fixture

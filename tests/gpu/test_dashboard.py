@@ -29,7 +29,7 @@ from anex_agent.gpu.exposition import register_collectors
 from anex_agent.gpu.monitor import TelemetryMonitor
 from anex_agent.telemetry.options import ExpositionOptions
 
-from .fake_nvml import FakeGpu
+from anex_agent.testing.fake_nvml import FakeGpu
 
 FIXTURES = Path(__file__).parent / "dcgm_exporter"
 TARGET_LABELS = {"instance", "job"}  # added by Prometheus to every series of a scrape target

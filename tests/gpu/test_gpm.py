@@ -18,7 +18,7 @@ from anex_agent.telemetry.models import Telemetry
 from anex_agent.telemetry.options import ExpositionOptions, exposition_options
 from anex_agent.wire.models import Heartbeat
 
-from .fake_nvml import FakeGpu
+from anex_agent.testing.fake_nvml import FakeGpu
 
 MIB = 1024 * 1024
 

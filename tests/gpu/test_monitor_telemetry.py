@@ -13,7 +13,7 @@ import pytest
 from anex_agent.gpu.monitor import TelemetryMonitor
 from anex_agent.wire.models import Heartbeat
 
-from .fake_nvml import FakeGpu
+from anex_agent.testing.fake_nvml import FakeGpu
 from .test_nvml import no_library
 from .test_xid import wait_for
 

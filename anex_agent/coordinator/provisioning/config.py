@@ -14,7 +14,7 @@ registry that builds a :class:`~.rentals.RentalProvider` for each configured pro
 
 Where each provider is reached: Vast.AI offers and rentals at ``ANEX_VASTAI_URL``; RunPod
 offers at ``ANEX_RUNPOD_URL`` (GraphQL), pods at ``ANEX_RUNPOD_REST_URL``. The demo, the tests
-and the benchmark point them at the fake providers (:mod:`anex_agent.demo.fake_providers`).
+and the benchmark point them at the fake providers (:mod:`anex_agent.testing.fake_providers`).
 
 Provider keys are the selection's (``ANEX_VASTAI_API_KEY`` / ``ANEX_VASTAI_API_KEY_FILE``,
 ``ANEX_RUNPOD_API_KEY`` / ``ANEX_RUNPOD_API_KEY_FILE``, see :mod:`anex_agent.selection.config`):

@@ -1,16 +1,16 @@
 """A small HTTP client that runs inside a namespace and prints one JSON result (demo, tests, bench).
 
-    python -m anex_agent.demo.client get URL [--proxy HOST:PORT] [--body-size N] [--method M]
-    python -m anex_agent.demo.client connect HOST:PORT --proxy HOST:PORT [--path /x]
-    python -m anex_agent.demo.client bulk HOST:PORT --bytes N [--proxy HOST:PORT] [--direction down|up]
-    python -m anex_agent.demo.client latency URL [--proxy HOST:PORT] [--count N]
+    python -m anex_agent.testing.probe_client get URL [--proxy HOST:PORT] [--body-size N] [--method M]
+    python -m anex_agent.testing.probe_client connect HOST:PORT --proxy HOST:PORT [--path /x]
+    python -m anex_agent.testing.probe_client bulk HOST:PORT --bytes N [--proxy HOST:PORT] [--direction down|up]
+    python -m anex_agent.testing.probe_client latency URL [--proxy HOST:PORT] [--count N]
 
 ``get`` sends an absolute-form request through the proxy (or directly), with a generated
 body of ``--body-size`` bytes for POST, and prints ``{"status", "headers", "body", "sha256"}``
 (``body`` decoded when it is text, at most 4 KiB; ``sha256`` of the whole body).
 ``connect`` opens a CONNECT tunnel and sends a plain GET through it.
 ``bulk`` moves N bytes from (down) or to (up) the bulk ``source``/``sink`` service of
-:mod:`anex_agent.demo.services`, optionally through a CONNECT tunnel, and prints
+:mod:`anex_agent.testing.services`, optionally through a CONNECT tunnel, and prints
 ``{"bytes", "seconds", "mbit_s"}``.
 Failures print ``{"error": "..."}`` and exit 1; a malformed HOST:PORT is argparse's error
 (exit 2). Standard library only, on purpose, besides :mod:`anex_agent.parse` (itself
@@ -161,7 +161,7 @@ def do_latency(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m anex_agent.demo.client")
+    parser = argparse.ArgumentParser(prog="python -m anex_agent.testing.probe_client")
     sub = parser.add_subparsers(dest="cmd", required=True)
     get = sub.add_parser("get")
     get.add_argument("url")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from anex_agent import parse
-from anex_agent.demo.netlab import Namespace, bridge, link, stop_processes
+from anex_agent.testing.netlab import Namespace, bridge, link, stop_processes
 
 #: An unprivileged agent: user and group nobody, no supplementary groups, no capabilities (none
 #: inheritable, none in the bounding set), so it can neither open /dev/net/tun nor configure links.
@@ -163,7 +163,7 @@ class Mesh:
             ["source", "--listen", f"{CLUSTER_IP}:{SOURCE_PORT}"],
         ]
         for args in services:
-            proc = self.cluster.popen([py, "-m", "anex_agent.demo.services", *args], stdout=subprocess.PIPE, stderr=self._logfile(f"cluster-{args[0]}"), text=True)
+            proc = self.cluster.popen([py, "-m", "anex_agent.testing.services", *args], stdout=subprocess.PIPE, stderr=self._logfile(f"cluster-{args[0]}"), text=True)
             line = proc.stdout.readline() if proc.stdout else ""
             if line.strip() != "ready":
                 raise RuntimeError(f"cluster service {args[0]} did not start (see {self.workdir})")

@@ -2,10 +2,10 @@
 
 Run as a process (inside the ``cluster`` network namespace)::
 
-    python -m anex_agent.demo.services http --listen 10.77.0.2:8080 [--name echo]
-    python -m anex_agent.demo.services dns --listen 10.77.0.2:53 --record echo.default.svc.cluster.local=10.77.0.2
-    python -m anex_agent.demo.services sink --listen 10.77.0.2:9000      # bulk TCP: counts and discards
-    python -m anex_agent.demo.services source --listen 10.77.0.2:9001    # bulk TCP: sends N bytes on request
+    python -m anex_agent.testing.services http --listen 10.77.0.2:8080 [--name echo]
+    python -m anex_agent.testing.services dns --listen 10.77.0.2:53 --record echo.default.svc.cluster.local=10.77.0.2
+    python -m anex_agent.testing.services sink --listen 10.77.0.2:9000      # bulk TCP: counts and discards
+    python -m anex_agent.testing.services source --listen 10.77.0.2:9001    # bulk TCP: sends N bytes on request
 
 * ``http``: aiohttp; ``GET /anything`` answers ``{"service": NAME, "method": "GET", "path": ...,
   "peer": ...}``; ``POST`` (and every other method) echoes the request body back with the
@@ -159,7 +159,7 @@ async def serve_bulk(listen: str, mode: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m anex_agent.demo.services")
+    parser = argparse.ArgumentParser(prog="python -m anex_agent.testing.services")
     parser.add_argument("kind", choices=["http", "dns", "sink", "source"])
     parser.add_argument("--listen", required=True, metavar="IP:PORT", type=parse.arg_type(parse.listen))
     parser.add_argument("--name", default="echo")

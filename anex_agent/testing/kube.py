@@ -5,7 +5,7 @@ rows run on it (:mod:`anex_agent.demo.kubernetes`) and so do the integration tes
 
 API::
 
-    from anex_agent.demo.kube import ControlPlane, kube_skip_reason
+    from anex_agent.testing.kube import ControlPlane, kube_skip_reason
 
     with ControlPlane(workdir) as cp:                        # started and ready when the block begins
         cp.create_namespace("t-1a2b3c")                      # returns once pods can be made in it
@@ -63,7 +63,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from anex_agent.demo.mesh import ProcessDied, wait_until
+from anex_agent.testing.mesh import ProcessDied, wait_until
 
 TOOLS_BIN_DIR = Path(os.environ.get("ANEX_TOOLS_BIN_DIR", "/var/cache/anex-agent/tools/bin"))
 PROGRAMS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
