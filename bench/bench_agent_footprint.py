@@ -78,7 +78,7 @@ MILESTONES = {
     "first_log": "",
     "engine_chosen": "anex_agent.agent.dataplane: engine: ",
     "joined": "anex_agent.agent: joined ",
-    "engine_running": "anex_agent.tunnels.wireguard_go: wireguard-go running",
+    "engine_running": "anex_agent.tunnels.engines.wireguard_go: wireguard-go running",
     "path_chosen": "anex_agent.agent.path: path: ",
     "proxy_listening": "anex_agent.frontends.proxy: HTTP proxy on ",
     "api_listening": "anex_agent.agent.api: agent API listening",

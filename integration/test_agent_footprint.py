@@ -28,7 +28,7 @@ def test_daemon_imports_neither_other_roles_nor_unused_libraries(mesh, fresh_nod
     assert fresh_node.status()["engine"] == "wireguard-go"
     mesh.stop_agent(fresh_node)
     modules = {m.group(2) for line in fresh_node.log().splitlines() if (m := IMPORTED.match(line))}
-    assert {"anex_agent.agent.supervisor", "anex_agent.frontends.proxy", "anex_agent.tunnels.rtnl",
+    assert {"anex_agent.agent.supervisor", "anex_agent.frontends.proxy", "anex_agent.tunnels.os.rtnl",
             "anex_agent.agent.api", "anex_agent.net.http.server", "anex_agent.client.rest"} <= modules  # the API is up
     assert offending(modules, NEVER) == []
     assert offending(modules, LAZY) == []

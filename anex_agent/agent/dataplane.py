@@ -10,7 +10,7 @@ from the coordinator; it says whether anything changed. ``stop()`` tears down in
 order and leaves nothing of ours (the engine removes its interface, routes and process).
 
 Every engine is treated the same, through the contract of
-:class:`anex_agent.tunnels.base.Engine` only: each ``apply()`` gives it the tunnel
+:class:`anex_agent.tunnels.engines.base.Engine` only: each ``apply()`` gives it the tunnel
 (:class:`DesiredConfig`, endpoints as addresses) and what the workload is offered
 (:class:`WorkloadConfig`, from :mod:`.engine_frontends`); status, readiness, session
 resets and engine-specific report facts all come from the contract's methods.
@@ -42,8 +42,8 @@ from anex_agent.errors import EngineError
 from anex_agent.wire.keys import KeyPair
 from anex_agent.net.resolver import Resolver, ResolverSlot
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, WorkloadConfig, choose_engine, new_ifname
-from anex_agent.tunnels.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
+from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, WorkloadConfig, choose_engine, new_ifname
+from anex_agent.tunnels.engines.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
 from anex_agent.wire.models import PATH_REASON_MAX, NodeConfig, TransportStatus
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ Contract:
   certificate after half its life and sends session reports.
 * The listener serves only the mesh address, on ``port``: a socket on that address where the
   engine puts it on an interface, else the engine's own inbound path
-  (:meth:`~anex_agent.tunnels.base.Engine.serve_on_mesh`). No connection is served before the
+  (:meth:`~anex_agent.tunnels.engines.base.Engine.serve_on_mesh`). No connection is served before the
   host certificate is there (it is closed at once).
 * asyncssh is imported on the first connection (:mod:`.ssh_server`), never before: an agent
   nobody logs into does not pay for it.

@@ -53,7 +53,7 @@ from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
 from anex_agent.gateway.state import GatewayState, Registration
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.base import DesiredConfig, Engine, choose_engine
+from anex_agent.tunnels.engines.base import DesiredConfig, Engine, choose_engine
 from anex_agent.wire.models import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, WatchEvent
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from anex_agent.agent.path import Counters, PathManager, PathSettings, SilenceWa
 from anex_agent.gateway.relay import Relay
 from anex_agent.wire.keys import KeyPair
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.base import DesiredConfig, PeerConfig
-from anex_agent.tunnels.udp_probe import probe_gateway
-from anex_agent.tunnels.userspace import UserspaceEngine
+from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.binds.udp_probe import probe_gateway
+from anex_agent.tunnels.engines.userspace import UserspaceEngine
 from tests.polling import GENEROUS, wait_until
 
 IP_NODE, IP_HUB = "10.45.0.2", "10.45.0.1"

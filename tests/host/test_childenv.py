@@ -71,7 +71,7 @@ def test_scrub_environ_removes_withheld_names_in_place():
 
 async def test_wireguard_go_is_spawned_with_the_engine_env(monkeypatch, tmp_path):
     """The spawn call itself: the agent's ANEX_* secrets and HOME do not reach wireguard-go."""
-    from anex_agent.tunnels import wireguard_go
+    from anex_agent.tunnels.engines import wireguard_go
 
     monkeypatch.setenv("ANEX_JOIN_TOKEN", "anexjt_secret")
     monkeypatch.setenv("ANEX_PROXY_AUTH", "u:pw")
