@@ -113,7 +113,7 @@ def telemetry_here(tmp_path_factory) -> dict:
 
 def _fleet_exposition(nodes: dict[str, tuple[str, dict]]) -> str:
     """What the coordinator's ``/metrics`` serves for ``nodes`` (id -> (name, telemetry))."""
-    from anex_agent.coordinator.telemetry_metrics import FleetTelemetry, exposition
+    from anex_agent.coordinator.routes.fleet_metrics import FleetTelemetry, exposition
 
     fleet = FleetTelemetry(db=None, clock=time.time)
     fleet.nodes = {node_id: (name, 0.0, json.dumps(block)) for node_id, (name, block) in nodes.items()}

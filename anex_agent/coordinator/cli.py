@@ -33,7 +33,7 @@ from anex_agent.host import statelock
 from anex_agent.wire import access_token
 from anex_agent.host.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
-from anex_agent.coordinator import gateway_routes, limits, tls
+from anex_agent.coordinator import gateway_networks as gateway_routes, limits, tls
 from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import split_password

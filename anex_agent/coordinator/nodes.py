@@ -22,7 +22,15 @@ import json
 from typing import TYPE_CHECKING
 
 from anex_agent.wire import models as wire
-from anex_agent.coordinator import changes, credentials, ipam, problems, registration, states, tokens
+from anex_agent.coordinator import (
+    changes,
+    credentials,
+    ipam,
+    problems,
+    enrollment as registration,
+    states,
+    tokens,
+)
 from anex_agent.coordinator.auth import Principal
 from anex_agent.coordinator.db import Conn
 

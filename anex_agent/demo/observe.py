@@ -10,7 +10,7 @@ Per node it asks the coordinator, as the admin, through :class:`anex_agent.clien
 ``GET /v1/nodes/{id}`` (state, address, the status block of the last heartbeat) and
 ``GET /v1/nodes/{id}/telemetry`` (the latest block of :mod:`anex_agent.gpu.telemetry`), and
 reads ``GET /metrics`` (with the admin token: the fleet series need it) for the series that
-:mod:`anex_agent.coordinator.telemetry_metrics` renders with a ``node="<name>"`` label.
+:mod:`anex_agent.coordinator.routes.fleet_metrics` renders with a ``node="<name>"`` label.
 
 Contract:
 * It polls every ``POLL_INTERVAL`` seconds until every node is :func:`complete` or ``--wait``

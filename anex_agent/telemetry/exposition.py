@@ -1,7 +1,7 @@
 """Prometheus rendering of telemetry blocks: dcgm-exporter's metric names and labels, plus ``anex_*`` metrics.
 
 The agent's ``/metrics`` (:mod:`anex_agent.gpu.exposition`) and the coordinator's fleet
-``/metrics`` (:mod:`anex_agent.coordinator.telemetry_metrics`) render the same telemetry
+``/metrics`` (:mod:`anex_agent.coordinator.routes.fleet_metrics`) render the same telemetry
 blocks (:class:`anex_agent.telemetry.models.Telemetry`) through :func:`metric_families`, so one
 node looks the same in both places (the coordinator adds a ``node`` label). It lives beside
 the wire models because both roles use it.

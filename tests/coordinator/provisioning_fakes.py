@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestServer
 from anex_agent.wire import keys, models as wire
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
-from anex_agent.coordinator.modules import ROUTE_MODULES, load_modules
+from anex_agent.coordinator.routes.modules import ROUTE_MODULES, load_modules
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
 from anex_agent.coordinator.provisioning.rentals import (
     KeyRefused, NoCapacity, ProviderUnavailable, Rental, RentRefused, RentRequest,

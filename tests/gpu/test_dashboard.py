@@ -24,7 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from anex_agent.coordinator.telemetry_metrics import exposition as fleet_exposition
+from anex_agent.coordinator.routes.fleet_metrics import exposition as fleet_exposition
 from anex_agent.gpu.exposition import register_collectors
 from anex_agent.gpu.monitor import TelemetryMonitor
 from anex_agent.telemetry.options import ExpositionOptions

@@ -262,7 +262,7 @@ def test_both_roles_read_the_options_at_their_edge(tmp_path):
 
 
 def test_fleet_view_follows_the_options(install_fake, tmp_path):
-    from anex_agent.coordinator.telemetry_metrics import exposition
+    from anex_agent.coordinator.routes.fleet_metrics import exposition
 
     install_fake([h100()])
     mon, clock = monitor_with_clock(tmp_path)

@@ -31,7 +31,7 @@ from anex_agent.wire import models as wire
 from anex_agent.coordinator import credentials, problems, tokens
 from anex_agent.coordinator.auth import Auth, bearer
 from anex_agent.coordinator.provisioning.bootstrap import AGENT_PATH, MIGRATION
-from anex_agent.coordinator.registry import Call, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry
 
 MIGRATIONS = [MIGRATION]
 _CHUNK = 1 << 20

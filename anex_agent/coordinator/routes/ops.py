@@ -14,7 +14,7 @@ from anex_agent import __version__
 from anex_agent.wire import models as wire
 from anex_agent.coordinator import problems
 from anex_agent.coordinator.auth import Auth, bearer
-from anex_agent.coordinator.registry import Call, Route, RouteRegistry, openapi
+from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry, openapi
 
 
 async def healthz(call: Call) -> web.Response:

@@ -11,7 +11,7 @@ from anex_agent.wire import ssh as ssh_wire
 from anex_agent.coordinator import problems, ssh_certs
 from anex_agent.coordinator.auth import Auth, Principal
 from anex_agent.coordinator.migrations import Migration
-from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, QueryParam, Route, RouteRegistry
 
 LIST_MAX = 1000
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from anex_agent.client.rest import CoordinatorError
-from anex_agent.coordinator import cli, gateway_routes
+from anex_agent.coordinator import cli, gateway_networks as gateway_routes
 from anex_agent.errors import ConfigError
 from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
 from tests.coordinator.conftest import start_harness, stop_harness

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from anex_agent.wire import models as wire
-from anex_agent.coordinator import telemetry_metrics
+from anex_agent.coordinator.routes import fleet_metrics as telemetry_metrics
 from anex_agent.gpu.monitor import TelemetryMonitor
 
 from .conftest import start_harness, stop_harness

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from anex_agent.wire import access_token
 from anex_agent.coordinator import nodes, problems
-from anex_agent.coordinator.registry import QueryParam
+from anex_agent.coordinator.routes.registry import QueryParam
 
 log = logging.getLogger(__name__)
 

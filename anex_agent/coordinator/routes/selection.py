@@ -7,7 +7,7 @@
     DELETE /v1/bans/{machine_id}        admin  -> 204
     POST   /v1/provisioning-failures    admin  ProvisioningFailure -> ProvisioningFailureAck
 
-Mounted by listing ``anex_agent.coordinator.routes_selection`` in
+Mounted by listing ``anex_agent.coordinator.routes.selection`` in
 ``anex_agent.coordinator.app.ROUTE_MODULES``; its ``MIGRATIONS`` add the bans table (100).
 Provider settings come from the environment once, in :func:`setup` (see
 :mod:`anex_agent.selection.config`); tests pass ``config=`` to :func:`make_setup`.
@@ -30,7 +30,7 @@ from aiohttp import web
 from anex_agent.coordinator import nodes, problems, states
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.migrations import Migration
-from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, QueryParam, Route, RouteRegistry
 from anex_agent.selection import models
 from anex_agent.selection.annotations import AnnotationError, Filters, parse_annotations
 from anex_agent.selection.bans import BANS_TABLE_SQL, Ban, BanStore
