@@ -190,8 +190,8 @@ def test_listen_and_ip_port_messages_do_not_echo_the_input():
 # database's row-count tag, a uid or PID, /proc entries, offer fields); everything else parses through
 # this module.
 ISDIGIT_ELSEWHERE = {
-    "coordinator/db.py", "agent/workload.py", "tunnels/cleanup.py", "demo/netlab.py", "statelock.py",
-    "agent/container_state.py", "agent/reaper.py", "sdnotify.py",
+    "coordinator/db.py", "agent/workload.py", "tunnels/engines/cleanup.py", "testing/netlab.py", "host/statelock.py",
+    "agent/container_state.py", "agent/reaper.py", "host/sdnotify.py",
     "selection/providers/http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
 }
 
