@@ -36,8 +36,8 @@ from anex_agent.coordinator.routes import selection as routes_selection  # noqa:
 from anex_agent.coordinator.context import Coordinator  # noqa: E402
 from anex_agent.coordinator.settings import Settings  # noqa: E402
 from anex_agent.selection.config import SelectionConfig  # noqa: E402
-from anex_agent.selection.providers.http import HttpPolicy  # noqa: E402
-from anex_agent.selection.providers.vastai import VastAIConfig  # noqa: E402
+from anex_agent.providers.offers_http import HttpPolicy  # noqa: E402
+from anex_agent.providers.vastai.offers import VastAIConfig  # noqa: E402
 
 POD = {"anex.sh/region": "europe", "anex.sh/gpu-names": "RTX 4090,RTX 3090", "anex.sh/gpu-count": "2",
        "anex.sh/price-max": "1.50", "vastai.anex.sh/verified-only": "true"}

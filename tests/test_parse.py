@@ -192,7 +192,7 @@ def test_listen_and_ip_port_messages_do_not_echo_the_input():
 ISDIGIT_ELSEWHERE = {
     "coordinator/db.py", "agent/workload.py", "tunnels/engines/cleanup.py", "testing/netlab.py", "host/statelock.py",
     "agent/container_state.py", "agent/reaper.py", "host/sdnotify.py",
-    "selection/providers/http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
+    "providers/offers_http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
 }
 
 

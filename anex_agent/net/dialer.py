@@ -14,7 +14,7 @@ underneath, as with httpcore's network backends and tailscale's ``tsdial``:
 Every connection made *for the workload* goes through a Dialer. The agent's own
 connections are system dials, made with the host's network stack and never through
 the mesh: the coordinator client (:mod:`anex_agent.client.rest`, h11 and websockets), machine
-selection's provider API clients (:mod:`anex_agent.selection.providers.http`), the
+selection's provider API clients (:mod:`anex_agent.providers.offers_http`), the
 wireproxy supervisor's calls to its loopback health endpoint, and the UDP probe of
 ``anex-agent detect``. Resolving a gateway's endpoint name (:mod:`.tunnels.endpoints`)
 uses the system resolver as well.

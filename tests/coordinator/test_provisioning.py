@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from anex_agent.coordinator.provisioning import store
-from anex_agent.coordinator.provisioning.rentals import Rental, cluster_label_prefix, rental_label
+from anex_agent.providers.rentals import Rental, cluster_label_prefix, rental_label
 from anex_agent.coordinator.routes.provisions import provisioner_of
 from anex_agent.selection.bans import BanStore
 from tests.coordinator.conftest import stop_harness

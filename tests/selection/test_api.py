@@ -17,9 +17,9 @@ from anex_agent.coordinator.routes import selection as routes_selection
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.selection.config import SelectionConfig
-from anex_agent.selection.providers.http import HttpPolicy
-from anex_agent.selection.providers.runpod import RunPodConfig
-from anex_agent.selection.providers.vastai import VastAIConfig
+from anex_agent.providers.offers_http import HttpPolicy
+from anex_agent.providers.runpod.offers import RunPodConfig
+from anex_agent.providers.vastai.offers import VastAIConfig
 from tests.coordinator.conftest import BACKENDS, FakeClock, backend_url
 from tests.selection.fake_providers import FakeProvider, runpod_data
 from tests.selection.test_doc_examples import CURRENT_EXAMPLE_POD, LEGACY_EXAMPLE_POD

@@ -26,8 +26,8 @@ from anex_agent.coordinator.settings import Settings
 from anex_agent.selection import offers as offers_module
 from anex_agent.selection.annotations import parse_annotations
 from anex_agent.selection.config import SelectionConfig
-from anex_agent.selection.providers.http import HttpPolicy
-from anex_agent.selection.providers.vastai import VastAIConfig
+from anex_agent.providers.offers_http import HttpPolicy
+from anex_agent.providers.vastai.offers import VastAIConfig
 from anex_agent.selection.worker import InProcessWorker, SelectionWorker, WorkerBusy, WorkerTimeout
 from anex_agent.selection.worker_process import SELECT, Job
 from tests.coordinator.conftest import FakeClock

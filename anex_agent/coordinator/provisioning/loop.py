@@ -66,7 +66,7 @@ from anex_agent.coordinator.provisioning import boot, costs, recovery, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
 from anex_agent.coordinator.provisioning.models import LIVE_STATES, ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import ERROR, INTERRUPTION, NO_CAPACITY, RecoveryPolicy, parse_policy
-from anex_agent.coordinator.provisioning.rentals import (
+from anex_agent.providers.rentals import (
     KeyRefused, NoCapacity, ProviderUnavailable, Rental, RentalProvider, RentRefused, RentRequest,
     cluster_label_prefix, provision_of_label, rental_label,
 )

@@ -39,7 +39,7 @@ from anex_agent.coordinator.provisioning.config import ProvisioningSettings, bui
 from anex_agent.coordinator.provisioning.loop import Provisioner
 from anex_agent.coordinator.provisioning.models import ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import parse_policy
-from anex_agent.coordinator.provisioning.rentals import RentalProvider
+from anex_agent.providers.rentals import RentalProvider
 from anex_agent.coordinator.provisioning.selector import LiveSelector, Selector
 from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry
 from anex_agent.selection.annotations import AnnotationError, parse_annotations

@@ -80,7 +80,7 @@ class SelectionRoutes:
         self.worker: SelectionWorker | InProcessWorker = worker  # type: ignore[assignment]
 
     async def onprem_nodes(self) -> list[dict[str, Any]]:
-        """On-prem nodes in the shape :func:`~anex_agent.selection.providers.onprem.offer_from_node` reads,
+        """On-prem nodes in the shape :func:`~anex_agent.providers.onprem.offer_from_node` reads,
         with ``labels`` and ``telemetry`` as the JSON text stored (decoded in the worker). The loop
         only works out each node's state, and lets other work in every :data:`ROWS_PER_TURN` rows."""
         await nodes.flush_for_read(self.ctx)

@@ -1,14 +1,14 @@
 """What the rental providers share: their HTTP clients and the mapping of HTTP outcomes onto
 the rental contract (:mod:`.rentals`).
 
-* :func:`clients` makes the two :class:`~anex_agent.selection.providers.http.JsonClient` a
+* :func:`clients` makes the two :class:`~anex_agent.providers.offers_http.JsonClient` a
   provider uses, both without the answer cache (every rental call asks the provider):
   ``rent`` makes **one** attempt (a create that timed out or answered 5xx may have created
   the rental: the loop lists by label before renting again, the client never retries it
   blindly); ``calls`` (destroy, list: idempotent) retries 429/5xx/timeouts as the selection
   does, honouring ``Retry-After``.
 * :func:`unavailable` and :func:`refused_or_unavailable` turn a
-  :class:`~anex_agent.selection.providers.http.ProviderError` into the contract's errors:
+  :class:`~anex_agent.providers.offers_http.ProviderError` into the contract's errors:
   429, 5xx, timeouts and connection errors are :class:`.rentals.ProviderUnavailable` (with the
   provider's ``Retry-After``); a refused API key (401/403: no other offer would fare better)
   is :class:`.rentals.KeyRefused`; a 5xx whose body says there is no machine for the offer
@@ -25,8 +25,8 @@ import json
 import re
 from dataclasses import replace
 
-from anex_agent.coordinator.provisioning.rentals import KeyRefused, NoCapacity, ProviderUnavailable, RentRefused
-from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError
+from anex_agent.providers.rentals import KeyRefused, NoCapacity, ProviderUnavailable, RentRefused
+from anex_agent.providers.offers_http import HttpPolicy, JsonClient, ProviderError
 
 REASON_LIMIT = 300  # characters of a provider's error text kept in a reason
 AUTH_STATUSES = (401, 403)

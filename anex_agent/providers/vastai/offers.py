@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from anex_agent.selection import versions
 from anex_agent.selection.annotations import Filters
 from anex_agent.selection.offers import Offer, OfferTable, normalize_gpu_name
-from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError
+from anex_agent.providers.offers_http import HttpPolicy, JsonClient, ProviderError
 from anex_agent.selection.regions import country_from_location
 from anex_agent.selection.units import num
 

@@ -30,10 +30,10 @@ import math
 from collections.abc import Mapping
 
 from anex_agent import parse
-from anex_agent.coordinator.provisioning import provider_http
-from anex_agent.coordinator.provisioning.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
-from anex_agent.selection.providers.http import JsonClient, ProviderError
-from anex_agent.selection.providers.vastai import VastAIConfig
+from anex_agent.providers import rentals_http as provider_http
+from anex_agent.providers.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
+from anex_agent.providers.offers_http import JsonClient, ProviderError
+from anex_agent.providers.vastai.offers import VastAIConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from anex_agent.selection.annotations import Filters
 from anex_agent.selection.offers import Offer, OfferTable
-from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError
+from anex_agent.providers.offers_http import HttpPolicy, JsonClient, ProviderError
 from anex_agent.selection.regions import region_of
 from anex_agent.selection.units import gb_to_mb, num
 

@@ -27,7 +27,7 @@ Contract of every :class:`RentalProvider`:
 * ``list_rentals(label_prefix)`` returns every rental whose label starts with
   ``label_prefix`` (this cluster's rentals: :func:`cluster_label_prefix`).
 * Providers never log API keys, and reuse the selection's HTTP client
-  (:class:`anex_agent.selection.providers.http.JsonClient`: retries,
+  (:class:`anex_agent.providers.offers_http.JsonClient`: retries,
   ``Retry-After``, timeouts).
 """
 

@@ -15,7 +15,7 @@ GraphQL mutation picks a machine by itself within looser filters.
   else ``"dockerStartCmd": command`` for the image's own entrypoint. The answer is the Pod
   (``id``, ``name``, ``costPerHr``, ``adjustedCostPerHr``, ``desiredStatus``, ``machineId``).
   The offer id is the selection's ``<gpu type id>@<data center>/<SECURE|COMMUNITY>/x<count>``
-  (:mod:`anex_agent.selection.providers.runpod`).
+  (:mod:`anex_agent.providers.runpod.offers`).
 * destroy: ``DELETE /pods/{id}``; 404 means already gone.
 * list: ``GET /pods`` (a JSON array), kept when ``name`` starts with the prefix; the price is
   ``adjustedCostPerHr``, else ``costPerHr`` (USD/hour).
@@ -31,10 +31,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from anex_agent.coordinator.provisioning import provider_http
-from anex_agent.coordinator.provisioning.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
-from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError
-from anex_agent.selection.providers.runpod import RunPodConfig
+from anex_agent.providers import rentals_http as provider_http
+from anex_agent.providers.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
+from anex_agent.providers.offers_http import HttpPolicy, JsonClient, ProviderError
+from anex_agent.providers.runpod.offers import RunPodConfig
 
 log = logging.getLogger(__name__)
 
