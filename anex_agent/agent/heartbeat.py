@@ -67,7 +67,7 @@ class Agent(Protocol):
     coordinator_reachable: bool | None
     credential_revoked: str | None
     heartbeat_acked: bool  # a heartbeat of this run was acknowledged by the coordinator
-    ssh: Any  # anex_agent.agent.ssh_access.SshAccess, or None
+    ssh: Any  # anex_agent.remote.ssh_access.SshAccess, or None
 
     def note_reachable(self, ok: bool, error: str | None = None) -> None: ...
 

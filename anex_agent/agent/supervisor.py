@@ -125,7 +125,7 @@ class Agent:
         self.facts: NodeFacts | None = None  # what the node reported at its join (a re-join reports it again)
         self.credential_revoked: str | None = None  # set when the credential is refused and joining again failed
         self.heartbeat_acked = False  # a heartbeat of this run was acknowledged (heartbeat.last_heartbeat_timeout)
-        self.ssh = None  # anex_agent.agent.ssh_access.SshAccess when the SSH server is on (ssh_port > 0)
+        self.ssh = None  # anex_agent.remote.ssh_access.SshAccess when the SSH server is on (ssh_port > 0)
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -264,7 +264,7 @@ class Agent:
 
     def _session_context(self):
         """Where SSH sessions run: the workload's environment, account and directory."""
-        from anex_agent.agent.ssh_access import SessionContext
+        from anex_agent.remote.ssh_access import SessionContext
         from anex_agent.host.childenv import workload_env
 
         workload = self.workload
@@ -377,7 +377,7 @@ class Agent:
         await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
         await self._serve_api_on_mesh(config)
         if self.settings.ssh_port:
-            from anex_agent.agent.ssh_access import SshAccess
+            from anex_agent.remote.ssh_access import SshAccess
 
             self.ssh = SshAccess(self.settings.state_dir, self.settings.ssh_port, self._session_context)
             await self.ssh.serve(self.dataplane, config.address)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from anex_agent.wire import ssh as ssh_wire, models as wire
 from anex_agent.agent.heartbeat import ssh_event
-from anex_agent.agent.ssh_access import SessionContext, SshAccess
+from anex_agent.remote.ssh_access import SessionContext, SshAccess
 
 
 class FakeClient:

@@ -10,7 +10,7 @@ import asyncssh
 import pytest
 
 from anex_agent.remote import ssh_client, cp_client as ssh_client_cp
-from anex_agent.agent.ssh_access import SessionContext, SshAccess
+from anex_agent.remote.ssh_access import SessionContext, SshAccess
 
 
 @pytest.fixture

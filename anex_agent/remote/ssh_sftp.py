@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # ssh_access imports the server (and so this module) on the first connection
-    from anex_agent.agent.ssh_access import SessionContext
+    from anex_agent.remote.ssh_access import SessionContext
 
 #: where images keep OpenSSH's SFTP server (Debian/Ubuntu, Fedora/RHEL, Alpine, Arch, SUSE)
 SFTP_SERVER_PATHS = (
@@ -36,7 +36,7 @@ SFTP_SERVER_PATHS = (
 )
 
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
-         "from anex_agent.agent.ssh_sftp_child import main; sys.exit(main(sys.argv[2:]))")
+         "from anex_agent.remote.ssh_sftp_child import main; sys.exit(main(sys.argv[2:]))")
 
 
 @dataclass(frozen=True)

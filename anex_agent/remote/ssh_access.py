@@ -252,7 +252,7 @@ class LazySshProtocol(asyncio.Protocol):
             log.info("SSH: connection refused, no host certificate yet")
             transport.close()
             return
-        from anex_agent.agent import ssh_server
+        from anex_agent.remote import ssh_server
 
         self._inner = ssh_server.connection(self._access)
         self._inner.connection_made(transport)

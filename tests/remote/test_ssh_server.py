@@ -11,8 +11,8 @@ import asyncssh
 import pytest
 
 from anex_agent.wire import ssh as ssh_wire
-from anex_agent.agent import ssh_server
-from anex_agent.agent.ssh_access import SessionContext, SshAccess, load_or_create_host_key
+from anex_agent.remote import ssh_server
+from anex_agent.remote.ssh_access import SessionContext, SshAccess, load_or_create_host_key
 
 NODE = "n_test"
 
@@ -171,7 +171,7 @@ async def test_local_forward_reaches_only_this_node(server):
 def test_the_agent_does_not_import_asyncssh_until_a_connection(tmp_path):
     import subprocess
 
-    code = ("import sys; from anex_agent.agent import supervisor, ssh_access; "
+    code = ("import sys; from anex_agent.agent import supervisor; from anex_agent.remote import ssh_access; "
             f"ssh_access.SshAccess(__import__('pathlib').Path({str(tmp_path)!r}), 2222, lambda: None); "
             "print('asyncssh' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -228,7 +228,7 @@ def workload_dirs():
     shutil.rmtree(base, ignore_errors=True)
 
 
-from anex_agent.agent import ssh_sftp  # noqa: E402
+from anex_agent.remote import ssh_sftp  # noqa: E402
 from anex_agent.host.childenv import AccountInfo  # noqa: E402
 
 NOBODY = AccountInfo("nobody", 65534, 65534, "/nonexistent", ())

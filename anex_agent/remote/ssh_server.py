@@ -1,7 +1,7 @@
 """The agent's SSH server on asyncssh: authentication by coordinator certificates, sessions in the
 workload's context, SFTP/scp and local port forwarding (docs/remote-access.md).
 
-Imported by :class:`~anex_agent.agent.ssh_access.LazySshProtocol` on the first connection only.
+Imported by :class:`~anex_agent.remote.ssh_access.LazySshProtocol` on the first connection only.
 
 Authentication: a user certificate signed by one of the CA keys the coordinator named, for the
 user name equal to this node's id (its only principal), within its validity, whose serial is
@@ -39,7 +39,7 @@ import asyncssh
 from anex_agent.wire import ssh as ssh_wire
 from anex_agent.net.peer_log import peer_text
 if TYPE_CHECKING:  # ssh_access imports this module on the first connection; no cycle at run time
-    from anex_agent.agent.ssh_access import SessionContext, SshAccess
+    from anex_agent.remote.ssh_access import SessionContext, SshAccess
 
 log = logging.getLogger("anex_agent.agent.ssh")
 if not logging.getLogger("asyncssh").isEnabledFor(logging.DEBUG):  # its INFO lines: one per packet kind
@@ -238,7 +238,7 @@ def _record(access: SshAccess, conn, kind: str, command: str) -> ssh_wire.SshSes
 
 async def _run_sftp(access: SshAccess, process: asyncssh.SSHServerProcess) -> None:
     """The SFTP subsystem: a child process in the workload's context (:mod:`.ssh_sftp`)."""
-    from anex_agent.agent import ssh_sftp
+    from anex_agent.remote import ssh_sftp
 
     conn = process.channel.get_connection()
     session = _record(access, conn, "sftp", "sftp")
@@ -420,7 +420,7 @@ async def _run_pipes(process, argv, env, cwd, ids) -> int:
 
 
 async def _run_pty(process, argv, env, cwd, ids) -> int:
-    from anex_agent.agent import ssh_pty
+    from anex_agent.remote import ssh_pty
 
     master, slave = os.openpty()
     try:
