@@ -150,3 +150,19 @@ class EndpointPolicy:
             return None
         current = self._current.get(endpoint)
         return current if current in addresses else addresses[0]
+
+
+async def resolve_endpoint(endpoint: str) -> str:
+    """An endpoint with its host resolved to an IP literal, by the one policy of this module
+    (first address, IPv4 first). EngineError when it fails."""
+    host, port = split_host_port(endpoint)
+    try:
+        ipaddress.ip_address(host)
+        return join_host_port(host, port)
+    except ValueError:
+        pass
+    policy = EndpointPolicy()
+    address = await policy.lookup(endpoint)
+    if address is None:
+        raise EngineError(f"cannot resolve peer endpoint {endpoint!r}")
+    return join_host_port(address, port)

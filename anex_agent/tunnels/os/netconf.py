@@ -187,20 +187,3 @@ def split_host_port(endpoint: str) -> tuple[str, int]:
 def join_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-
-async def resolve_endpoint(endpoint: str) -> str:
-    """An endpoint with its host resolved to an IP literal, by the one policy of
-    :mod:`anex_agent.tunnels.engines.endpoints` (first address, IPv4 first). EngineError when it fails."""
-    from anex_agent.tunnels.engines.endpoints import EndpointPolicy
-
-    host, port = split_host_port(endpoint)
-    try:
-        ipaddress.ip_address(host)
-        return join_host_port(host, port)
-    except ValueError:
-        pass
-    policy = EndpointPolicy()
-    address = await policy.lookup(endpoint)
-    if address is None:
-        raise EngineError(f"cannot resolve peer endpoint {endpoint!r}")
-    return join_host_port(address, port)

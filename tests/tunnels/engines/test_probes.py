@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from anex_agent.tunnels.engines import cleanup, detect
+from anex_agent.tunnels.engines import cleanup, detect, endpoints
 from anex_agent.tunnels.os import caps, netconf
 from anex_agent.tunnels.engines.base import Support
 
@@ -101,5 +101,5 @@ def test_endpoint_helpers():
     for odd in ("gw:²", "gw:٥١٨٢٠", "gw:５", "gw:0", "fd00::1:51820"):
         with pytest.raises(ValueError, match=f"endpoint {odd!r} must be HOST:PORT"):
             netconf.split_host_port(odd)
-    assert asyncio.run(netconf.resolve_endpoint("localhost:51820")) in ("127.0.0.1:51820", "[::1]:51820")
-    assert asyncio.run(netconf.resolve_endpoint("192.0.2.1:5")) == "192.0.2.1:5"
+    assert asyncio.run(endpoints.resolve_endpoint("localhost:51820")) in ("127.0.0.1:51820", "[::1]:51820")
+    assert asyncio.run(endpoints.resolve_endpoint("192.0.2.1:5")) == "192.0.2.1:5"
