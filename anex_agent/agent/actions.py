@@ -129,8 +129,9 @@ def write_confined(roots: Sequence[str], path: str, chunks: list[bytes], mode: i
 
 
 def add_routes(api, workload: Callable[[], object | None], *, push_dirs: Sequence[str] = (),
-               max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-    """Add the action routes to ``api`` (an :class:`~anex_agent.agent.api.AgentApi`)."""
+               max_bytes: int = DEFAULT_MAX_BYTES, on_pushed: Callable[[str], None] | None = None) -> None:
+    """Add the action routes to ``api`` (an :class:`~anex_agent.agent.api.AgentApi`); ``on_pushed(path)``
+    is called after each file written (:mod:`.pod_files` waits for the pod's)."""
     api.always_authenticated |= ACTION_PATHS
 
     def running():
@@ -183,6 +184,8 @@ def add_routes(api, workload: Callable[[], object | None], *, push_dirs: Sequenc
             return _problem(err.status, err.detail, field=err.field)
         log.info("agent API: the cluster pushed %s (%d bytes, mode %o%s)", path, written, mode,
                  f", owner {account.name}" if account is not None else "")
+        if on_pushed is not None:
+            on_pushed(path)
         return json_response({"path": path, "bytes": written, "mode": f"{mode:04o}"}, status=201)
 
     api.app.router.add_post("/signal", send_signal)

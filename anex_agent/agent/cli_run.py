@@ -21,10 +21,11 @@ import os
 
 from anex_agent.host import childenv, statelock
 from anex_agent.host.sdnotify import Notifier
-from anex_agent.agent import run_options
+from anex_agent.agent import pod_files, run_options
 from anex_agent.agent import settings as agent_settings
 from anex_agent.agent.container_state import StateTracker, memory_events_path
 from anex_agent.agent.logs import LogStore
+from anex_agent.agent.probes import Prober
 from anex_agent.agent.workload import Workload, check_command, resolve_account
 from anex_agent.agent.workload_lifetime import RECORD_FILE, WorkloadRecord
 
@@ -67,10 +68,15 @@ def main(args: argparse.Namespace) -> int:
     logs = LogStore(settings.state_dir / "logs") if options.capture_logs else None
     workload = Workload(command, env=env, account=account, grace=options.grace,
                         tracker=StateTracker(_memory_events()), logs=logs,
-                        record=WorkloadRecord(settings.state_dir / RECORD_FILE), restart_policy=options.restart_policy)
+                        record=WorkloadRecord(settings.state_dir / RECORD_FILE), restart_policy=options.restart_policy,
+                        prober=Prober(options.probes) if options.probes else None)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
+    push_dirs, delivery = options.push_dirs, None
+    if options.pod_files is not None:  # the cluster pushes the pod's files before the workload starts
+        push_dirs += pod_files.prepare(options.pod_files)
+        delivery = pod_files.Delivery(options.pod_files)
     agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
-                  push_dirs=options.push_dirs, exit_deadline=ExitDeadline(enabled=True))
+                  push_dirs=push_dirs, exit_deadline=ExitDeadline(enabled=True), pod_files=delivery)
     return asyncio.run(agent.run(workload))
 
 

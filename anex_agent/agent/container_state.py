@@ -18,10 +18,11 @@ kills are then reported as ``Error`` with the signal.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from anex_agent.wire.models import ContainerState
+from anex_agent.wire.models import SHORT_TEXT_MAX, ContainerState
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -64,17 +65,46 @@ class StateTracker:
         self._state = ContainerState(state="waiting", reason="ContainerCreating")
         self._oom_at_start: int | None = None
         self._ran = False
+        #: called after every change of the state (the agent then sends a heartbeat soon)
+        self.listeners: list[Callable[[], None]] = []
+        self.probe_failures = 0  # probe decisions against the workload, all runs (carried in every state)
+        self.probe_message = ""
 
     @property
     def state(self) -> ContainerState:
         return self._state
 
-    def started(self) -> None:
+    def _set(self, value: ContainerState) -> ContainerState:
+        if self.probe_failures:
+            value = value.model_copy(update={"probe_failures": self.probe_failures,
+                                             "probe_message": self.probe_message})
+        self._state = value
+        for listener in list(self.listeners):
+            listener()
+        return value
+
+    def started(self, *, ready: bool | None = None, started: bool | None = None) -> None:
+        """A run began; ``ready``/``started`` as its probes start it (:meth:`.probes.Prober.initial`)."""
         if self._ran:
             self.restart_count += 1
         self._ran = True
         self._oom_at_start = oom_kills(self.memory_events)
-        self._state = ContainerState(state="running", started_at=_now(), restart_count=self.restart_count)
+        self._set(ContainerState(state="running", started_at=_now(), restart_count=self.restart_count,
+                                 ready=ready, started=started))
+
+    def probed(self, *, ready: bool | None = None, started: bool | None = None) -> None:
+        """A probe's verdict on the running workload (None: unchanged)."""
+        if self._state.state != "running":
+            return
+        update = {k: v for k, v in (("ready", ready), ("started", started)) if v is not None}
+        if any(getattr(self._state, k) != v for k, v in update.items()):
+            self._set(self._state.model_copy(update=update))
+
+    def probe_failed(self, message: str) -> None:
+        """A probe decided against the workload (``message`` says which and why): counted and carried."""
+        self.probe_failures += 1
+        self.probe_message = message[:SHORT_TEXT_MAX]
+        self._set(self._state)
 
     def terminated(self, returncode: int) -> ContainerState:
         """Record the end (``returncode`` as asyncio gives it: ``-N`` for signal N)."""
@@ -84,14 +114,12 @@ class StateTracker:
         oom = (sig == signal.SIGKILL and self._oom_at_start is not None and oom_now is not None
                and oom_now > self._oom_at_start)
         reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
-        self._state = ContainerState(
+        return self._set(ContainerState(
             state="terminated", reason=reason, exit_code=code, signal=sig,
             started_at=self._state.started_at, finished_at=_now(), restart_count=self.restart_count,
-        )
-        return self._state
+        ))
 
     def backing_off(self) -> ContainerState:
         """The workload ended and waits to be started again: ``CrashLoopBackOff`` with the end of its last run."""
         last = self._state
-        self._state = last.model_copy(update={"state": "waiting", "reason": "CrashLoopBackOff"})
-        return self._state
+        return self._set(last.model_copy(update={"state": "waiting", "reason": "CrashLoopBackOff"}))

@@ -4,7 +4,7 @@ Owns, in start order: the WireGuard engine (chosen by ``ANEX_ENGINE`` or the aut
 order; it starts while the datagram path is chosen, :mod:`.path`), the endpoint policy (peer endpoint names resolved to addresses, followed when
 they move), the resolver built from the config's DNS servers, and what the engine asks
 for to serve the workload: when it gives a dialer, the ``GW_TUNNEL`` forwards (local +
-pushed) and the HTTP proxy over it; when it serves the workload itself (its dialer is
+pushed), the HTTP proxy and, when ``ANEX_SOCKS_LISTEN`` is set, the SOCKS5 proxy over it; when it serves the workload itself (its dialer is
 None), nothing more. ``apply(config)`` is declarative and may be called on every config
 from the coordinator; it says whether anything changed. ``stop()`` tears down in reverse
 order and leaves nothing of ours (the engine removes its interface, routes and process).
@@ -77,6 +77,7 @@ class DataPlane:
         self.route_changes = RouteChanges()  # a gateway network moved: dials in flight start again
         self.forwards = None
         self.proxy = None
+        self.socks = None  # the SOCKS5 proxy, when ANEX_SOCKS_LISTEN turned it on
         self._desired: DesiredConfig | None = None  # as last applied (endpoints resolved)
         self._workload: WorkloadConfig | None = None
         self._demoted: frozenset[str] = frozenset()  # gateways whose traffic the others carry (dead-peer watch)
@@ -131,6 +132,8 @@ class DataPlane:
             self.forwards = await self._stack.enter_async_context(_forward_manager(self.dialer, self.settings))
             await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
             self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
+            if self.settings.socks_listen is not None:
+                self.socks = await self._stack.enter_async_context(_socks(self.dialer, self.settings))
         self._set_config(config)
         tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
         tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions,
@@ -343,6 +346,7 @@ class DataPlane:
             "gateways": [g.model_dump() for g in config.gateways] if config else [],
             "tunnels": [{"listen_port": p, "target": t} for p, t in self.tunnels().items()],
             "proxy": str(self.settings.proxy_listen),
+            "socks": str(self.settings.socks_listen) if self.settings.socks_listen is not None else None,
             "inbound_ports": list(self.settings.inbound_ports),
             "endpoints": self.endpoints.current,
             **self._engine_report(),
@@ -364,6 +368,7 @@ class DataPlane:
         return (
             f"engine={self.engine_cls.name if self.engine_cls else '?'} path={self.path} "
             f"address={config.address if config else '?'} proxy={self.settings.proxy_listen}"
+            + (f" socks={self.settings.socks_listen}" if self.settings.socks_listen is not None else "")
             + (f" tunnels=[{tunnels}]" if tunnels else "")
         )
 
@@ -384,3 +389,11 @@ def _proxy(dialer: Dialer, settings: AgentSettings):
     from anex_agent.frontends.proxy import ProxyServer
 
     return ProxyServer(dialer, host=settings.proxy_listen.host, port=settings.proxy_listen.port, auth=settings.proxy_auth)
+
+
+def _socks(dialer: Dialer, settings: AgentSettings):
+    """The SOCKS5 proxy front-end (an async context manager that binds on entry)."""
+    from anex_agent.frontends.socks5 import Socks5Server
+
+    assert settings.socks_listen is not None
+    return Socks5Server(dialer, host=settings.socks_listen.host, port=settings.socks_listen.port, auth=settings.socks_auth)

@@ -2,7 +2,8 @@
 
 The data plane gives every engine a :class:`~anex_agent.tunnels.engines.base.WorkloadConfig`
 with each ``apply()``: the proxy address (``ANEX_PROXY_LISTEN``) and whether it asks for
-credentials (``ANEX_PROXY_AUTH``), the forwards (``GW_TUNNEL_*`` and pushed tunnels, local
+credentials (``ANEX_PROXY_AUTH``), the same for the SOCKS5 proxy when it is on
+(``ANEX_SOCKS_LISTEN``, ``ANEX_SOCKS_AUTH``), the forwards (``GW_TUNNEL_*`` and pushed tunnels, local
 settings winning on a port clash), the inbound ports (``ANEX_INBOUND_PORTS``), the cluster
 DNS and the gateways' mesh addresses. Engines that give a dialer ignore it (the agent's
 proxy and forwards serve the workload); engines with front-ends of their own (wireproxy)
@@ -24,6 +25,8 @@ from anex_agent.wire.models import NodeConfig
 SETTING_FOR_FIELD = {
     "proxy_address": "ANEX_PROXY_LISTEN",
     "proxy_auth": "ANEX_PROXY_AUTH",
+    "socks_address": "ANEX_SOCKS_LISTEN",
+    "socks_auth": "ANEX_SOCKS_AUTH",
     "forwards": "GW_TUNNEL_<port>",
     "inbound_ports": "ANEX_INBOUND_PORTS",
 }
@@ -35,6 +38,8 @@ def workload_config(config: NodeConfig | None, settings: AgentSettings) -> Workl
     return WorkloadConfig(
         proxy_address=str(settings.proxy_listen),
         proxy_auth=settings.proxy_auth is not None,
+        socks_address=str(settings.socks_listen) if settings.socks_listen is not None else "",
+        socks_auth=settings.socks_auth is not None,
         forwards=tuple(Forward(t.listen_port, str(t.target)) for t in tunnels),
         inbound_ports=tuple(settings.inbound_ports),
         dns=tuple(config.dns) if config is not None else (),

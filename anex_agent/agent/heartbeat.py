@@ -7,7 +7,8 @@ last good config. Neither ever raises out of its loop except on cancellation.
 * :func:`heartbeat_loop` sends status (engine, path, handshake age, byte counters) and
   the telemetry block of :mod:`anex_agent.gpu` (``TelemetryMonitor.telemetry()``, sent as
   the wire model :class:`anex_agent.telemetry.models.Telemetry`);
-  it waits ``next_heartbeat_in`` from the ack. When the ack says the coordinator holds
+  it waits ``next_heartbeat_in`` from the ack, or less when the workload's state changes
+  (:func:`pause`: a readiness verdict reaches the pod at once). When the ack says the coordinator holds
   a newer config than ours, it fetches and applies it (a watch event may have been lost).
 * :func:`watch_loop` follows ``GET /v1/watch?since=<version>`` and applies every
   ``snapshot`` / ``config`` / ``gateway_changed`` event's config; ``ssh_revoked`` events go to
@@ -221,6 +222,20 @@ async def _one_heartbeat(agent: Agent, timeout: float, which: str, otherwise: st
     return True
 
 
+async def pause(agent: Agent, interval: float) -> None:
+    """Wait ``interval`` seconds before the next heartbeat, or less: until the workload's state
+    changes (``agent.heartbeat_wanted``, set by its state tracker), but not sooner than
+    :data:`MIN_INTERVAL` after the last one."""
+    wanted = getattr(agent, "heartbeat_wanted", None)
+    if wanted is None:
+        await asyncio.sleep(interval)
+        return
+    await asyncio.sleep(min(MIN_INTERVAL, interval))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wanted.wait(), max(0.0, interval - MIN_INTERVAL))
+    wanted.clear()
+
+
 async def heartbeat_loop(agent: Agent) -> None:
     backoff = Backoff(base=1.0, cap=MAX_BACKOFF)
     interval = DEFAULT_INTERVAL
@@ -243,7 +258,7 @@ async def heartbeat_loop(agent: Agent) -> None:
             if ack.config_version > version:
                 config = await agent.link.get_config(agent.identity.node_id)
                 await agent.apply_config(config)
-            await asyncio.sleep(interval)
+            await pause(agent, interval)
         except CoordinatorError as err:
             if err.status == 401:
                 joined = await rejoin(agent, err)

@@ -7,6 +7,8 @@
 | - | ``ANEX_PUSH_DIRS`` | absolute directories, ``:``-separated, the cluster may push files into (``PUT /files``); default none: pushing is off |
 | - | ``ANEX_LOGS`` | ``1`` (default): the workload's stdout/stderr are pipes, copied unchanged to the agent's and kept for ``GET /logs``; ``0``: it inherits the agent's (a terminal stays a terminal) |
 | - | ``ANEX_RESTART_POLICY`` | ``Never`` (default: the agent ends with the workload), ``OnFailure`` or ``Always``: the workload is started again in place after it exits, with a kubelet's back-off (:mod:`.restart_policy`) |
+| - | ``ANEX_PROBES`` | the pod's startup, liveness and readiness probes as JSON (:mod:`.probe_spec`; the virtual node writes it); default none |
+| - | ``ANEX_POD_FILES`` | ``{"dirs": [...]}``: the pod's files (ConfigMap and Secret volumes) and Secret variables are pushed by the cluster; the workload waits for them (:mod:`.pod_files`); default none |
 | - | ``ANEX_PROXY_ENV`` | ``1``: the workload gets ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (and lower case) for the agent's proxy; default ``0`` |
 
 A bad value raises :class:`~anex_agent.errors.ConfigError` naming the flag or variable.
@@ -20,6 +22,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from anex_agent.agent import pod_files, probe_spec
+from anex_agent.agent.probe_spec import ProbeSet
 from anex_agent.agent.restart_policy import parse_policy
 from anex_agent.agent.workload import DEFAULT_GRACE
 from anex_agent import parse
@@ -38,6 +42,8 @@ class RunOptions:
     capture_logs: bool = True
     push_dirs: tuple[str, ...] = ()
     restart_policy: str = "Never"
+    probes: ProbeSet = ProbeSet()
+    pod_files: pod_files.Manifest | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +77,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> RunOption
             raise ConfigError("ANEX_PUSH_DIRS", f"{entry!r} is not an absolute directory without '..'")
         push_dirs.append(os.path.realpath(entry))
     return RunOptions(
+        probes=probe_spec.parse(environ.get("ANEX_PROBES")),
+        pod_files=pod_files.parse(environ.get("ANEX_POD_FILES")),
         restart_policy=parse_policy(environ.get("ANEX_RESTART_POLICY") or "Never"),
         push_dirs=tuple(push_dirs),
         capture_logs=capture,

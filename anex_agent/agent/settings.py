@@ -29,6 +29,11 @@ ANEX_PROXY_LISTEN      --proxy-listen                   IP:PORT, [IPv6]:PORT or 
 ANEX_API_LISTEN        --api-listen                     IP:PORT (as above), default 127.0.0.1:9555
 ANEX_PROXY_AUTH        --proxy-auth                     USER:PASSWORD the proxy requires (optional)
 ANEX_PROXY_AUTH_FILE   --proxy-auth-file                a file holding USER:PASSWORD
+ANEX_SOCKS_LISTEN      --socks-listen                   the SOCKS5 proxy: IP:PORT as above (e.g. 127.0.0.1:1080);
+                                                        unset or empty: no SOCKS5 proxy (the default)
+ANEX_SOCKS_AUTH        --socks-auth                     USER:PASSWORD the SOCKS5 proxy requires (RFC 1929);
+                                                        required when it listens beyond loopback
+ANEX_SOCKS_AUTH_FILE   --socks-auth-file                a file holding USER:PASSWORD
 ANEX_SSH_PORT          --ssh-port                       SSH server port on the mesh address, default 2222; 0: off
 ANEX_PROVIDER          --provider                       vastai|runpod|onprem|other, default other
 ANEX_NODE_NAME         --name                           1-253 characters, default the host name
@@ -98,6 +103,10 @@ class AgentSettings:
     tunnels: tuple[TunnelSetting, ...] = ()
     #: ``anex_agent.frontends.proxy_core.ProxyAuth`` when ANEX_PROXY_AUTH is set (secret: not in repr)
     proxy_auth: Any = field(default=None, repr=False)
+    #: ANEX_SOCKS_LISTEN: where the SOCKS5 proxy listens; None: no SOCKS5 proxy (the default)
+    socks_listen: ListenAddress | None = None
+    #: ``anex_agent.frontends.socks5_core.SocksAuth`` when ANEX_SOCKS_AUTH is set (secret: not in repr)
+    socks_auth: Any = field(default=None, repr=False)
     #: ANEX_INBOUND_PORTS: workload ports the mesh may reach at the node's mesh address. Native
     #: engines reach every port anyway; engines without an OS interface (wireproxy) serve these.
     inbound_ports: tuple[int, ...] = ()
@@ -205,13 +214,18 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def listeners(settings: AgentSettings) -> list[tuple[ListenAddress, str]]:
+    """The agent's own listeners and the variable that sets each: the HTTP proxy, the agent API,
+    and the SOCKS5 proxy when it is on."""
+    found = [(settings.proxy_listen, "ANEX_PROXY_LISTEN"), (settings.api_listen, "ANEX_API_LISTEN")]
+    if settings.socks_listen is not None:
+        found.append((settings.socks_listen, "ANEX_SOCKS_LISTEN"))
+    return found
+
+
 def check_ports_free(settings: AgentSettings) -> None:
     """Raise ConfigError naming the variable whose local port is taken (by another process or another setting)."""
-    taken = {
-        listen.port: source
-        for listen, source in ((settings.proxy_listen, "ANEX_PROXY_LISTEN"), (settings.api_listen, "ANEX_API_LISTEN"))
-        if listen.host in ("127.0.0.1", "0.0.0.0", "::")
-    }
+    taken = {listen.port: source for listen, source in listeners(settings) if listen.host in ("127.0.0.1", "0.0.0.0", "::")}
     for tunnel in settings.tunnels:
         port = tunnel.spec.listen_port
         if port in taken:
@@ -220,7 +234,7 @@ def check_ports_free(settings: AgentSettings) -> None:
             raise ConfigError(
                 tunnel.source, f"local port {port} is already in use on 127.0.0.1; GW_TUNNEL_<port> needs a free port"
             )
-    for listen, source in ((settings.proxy_listen, "ANEX_PROXY_LISTEN"), (settings.api_listen, "ANEX_API_LISTEN")):
+    for listen, source in listeners(settings):
         if port_in_use(listen.host, listen.port):
             raise ConfigError(source, f"{listen} is already in use; set {source}=HOST:PORT to a free address")
 
@@ -250,6 +264,7 @@ def _pick(flag_value, flag: str, environ: Mapping[str, str], var: str, default: 
 
 JOIN_TOKEN = SecretSpec("--token", "ANEX_JOIN_TOKEN")
 PROXY_AUTH = SecretSpec("--proxy-auth", "ANEX_PROXY_AUTH")
+SOCKS_AUTH = SecretSpec("--socks-auth", "ANEX_SOCKS_AUTH")
 
 
 def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = True) -> AgentSettings:
@@ -258,6 +273,8 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
                                       file_value=getattr(args, "token_file", None))
     auth_text, src_u = pick_secret(PROXY_AUTH, environ, flag_value=getattr(args, "proxy_auth", None),
                                    file_value=getattr(args, "proxy_auth_file", None))
+    socks_auth_text, src_sa = pick_secret(SOCKS_AUTH, environ, flag_value=getattr(args, "socks_auth", None),
+                                          file_value=getattr(args, "socks_auth_file", None))
     ca, src_c = _pick(getattr(args, "ca_file", None), "--ca-file", environ, transport.CA_FILE_VAR, None)
     ca_file = transport.parse_ca_file(ca, src_c)
     allow_insecure = bool(getattr(args, "allow_insecure", False)) or transport.allow_insecure_from(environ)
@@ -278,6 +295,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     dead, src_dp = _pick(getattr(args, "dead_peer_after", None), "--dead-peer-after", environ,
                          "ANEX_DEAD_PEER_AFTER", "2")
     proxy, src_x = _pick(getattr(args, "proxy_listen", None), "--proxy-listen", environ, "ANEX_PROXY_LISTEN", DEFAULT_PROXY_LISTEN)
+    socks, src_sl = _pick(getattr(args, "socks_listen", None), "--socks-listen", environ, "ANEX_SOCKS_LISTEN", None)
     api, src_a = _pick(getattr(args, "api_listen", None), "--api-listen", environ, "ANEX_API_LISTEN", DEFAULT_API_LISTEN)
     provider, src_v = _pick(getattr(args, "provider", None), "--provider", environ, "ANEX_PROVIDER", "other")
     name, src_n = _pick(getattr(args, "name", None), "--name", environ, "ANEX_NODE_NAME", socket.gethostname())
@@ -298,7 +316,14 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         raise ConfigError(src_n, "expected a node name of 1 to 253 characters")
     proxy_listen, api_listen = parse_listen(proxy, src_x), parse_listen(api, src_a)
     inbound_ports = parse_ports(inbound or "", src_i)
-    for listen, what in ((api_listen, "the agent API"), (proxy_listen, "the HTTP proxy")):
+    socks_listen, socks_auth = _socks(socks, src_sl, socks_auth_text, src_sa)
+    ours = [(api_listen, "the agent API"), (proxy_listen, "the HTTP proxy")]
+    if socks_listen is not None:
+        for listen, what in ours:
+            if listen.port == socks_listen.port and _overlap(listen.host, socks_listen.host):
+                raise ConfigError(src_sl, f"{socks_listen} is also {what}'s address ({listen}); choose another port")
+        ours.append((socks_listen, "the SOCKS5 proxy"))
+    for listen, what in ours:
         # wireproxy delivers inbound connections from 127.0.0.1: a mesh caller would look local
         # (the API trusts loopback callers without a token; the proxy would serve the mesh)
         if listen.port in inbound_ports:
@@ -323,6 +348,8 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         name=name,
         tunnels=parse_tunnels(environ, getattr(args, "tunnel", None)),
         proxy_auth=proxy_auth,
+        socks_listen=socks_listen,
+        socks_auth=socks_auth,
         inbound_ports=inbound_ports,
         ca_file=ca_file,
         path_probe_interval=_seconds(probe, src_pi),
@@ -333,6 +360,28 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         ssh_port=_ssh_port(ssh, src_s),
         forward_max_connections=_forward_max(fwd_max, src_f),
     )
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether listeners on hosts ``a`` and ``b`` with the same port would collide."""
+    return a == b or {a, b} & {"0.0.0.0", "::"} != set()
+
+
+def _socks(listen_text: str | None, listen_source: str, auth_text: str | None,
+           auth_source: str | None) -> tuple[ListenAddress | None, Any]:
+    """The SOCKS5 proxy's address (None: off) and credentials, checked together: credentials
+    without a listener are a mistake, and a listener beyond loopback needs credentials."""
+    from anex_agent.frontends import socks5_core
+
+    auth = socks5_core.SocksAuth.parse(auth_text, source=auth_source or "ANEX_SOCKS_AUTH") if auth_text else None
+    if listen_text is None or not listen_text.strip():
+        if auth is not None:
+            raise ConfigError(auth_source or "ANEX_SOCKS_AUTH", "is set but the SOCKS5 proxy is off; set "
+                              "ANEX_SOCKS_LISTEN=127.0.0.1:1080 (or --socks-listen) to turn it on, or unset it")
+        return None, None
+    listen = parse_listen(listen_text, listen_source)
+    socks5_core.check_listener(listen.host, auth, source=listen_source)
+    return listen, auth
 
 
 def _ssh_port(text: str, source: str) -> int:
@@ -382,6 +431,11 @@ def add_arguments(parser) -> None:
     g.add_argument("--proxy-auth", metavar="USER:PASSWORD",
                    help="require Proxy-Authorization Basic; visible in ps, prefer --proxy-auth-file [ANEX_PROXY_AUTH]")
     g.add_argument("--proxy-auth-file", metavar="FILE", help="file holding USER:PASSWORD [ANEX_PROXY_AUTH_FILE]")
+    g.add_argument("--socks-listen", metavar="HOST:PORT",
+                   help="SOCKS5 proxy, e.g. 127.0.0.1:1080; off unless set [ANEX_SOCKS_LISTEN]")
+    g.add_argument("--socks-auth", metavar="USER:PASSWORD",
+                   help="require SOCKS5 username/password; visible in ps, prefer --socks-auth-file [ANEX_SOCKS_AUTH]")
+    g.add_argument("--socks-auth-file", metavar="FILE", help="file holding USER:PASSWORD [ANEX_SOCKS_AUTH_FILE]")
     g.add_argument("--ca-file", metavar="FILE",
                    help="PEM CA certificates to trust for an https:// coordinator, besides the system ones [ANEX_CA_FILE]")
     g.add_argument("--allow-insecure", action="store_true", default=None,

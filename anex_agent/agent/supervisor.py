@@ -95,8 +95,10 @@ class Agent:
 
     def __init__(self, settings: AgentSettings, *, detect_report: Callable[[], dict[str, Any]] | None = None,
                  wait_ready: float | None = None, notifier: Notifier | None = None,
-                 push_dirs: tuple[str, ...] = (), exit_deadline: ExitDeadline | None = None) -> None:
+                 push_dirs: tuple[str, ...] = (), exit_deadline: ExitDeadline | None = None,
+                 pod_files=None) -> None:
         self.settings = settings
+        self.pod_files = pod_files  # .pod_files.Delivery: the workload waits for the pod's files (run)
         self.push_dirs = push_dirs  # where the cluster may push files (run: ANEX_PUSH_DIRS)
         self.notifier = notifier or Notifier(None)  # systemd: READY=1 once the tunnel is up, STATUS=, watchdog
         self.wait_ready = wait_ready  # how long the workload waits for the tunnel (s); None: the default
@@ -125,6 +127,7 @@ class Agent:
         self.facts: NodeFacts | None = None  # what the node reported at its join (a re-join reports it again)
         self.credential_revoked: str | None = None  # set when the credential is refused and joining again failed
         self.heartbeat_acked = False  # a heartbeat of this run was acknowledged (heartbeat.last_heartbeat_timeout)
+        self.heartbeat_wanted = asyncio.Event()  # the workload's state changed: heartbeat_loop sends one soon
         self.ssh = None  # anex_agent.remote.ssh_access.SshAccess when the SSH server is on (ssh_port > 0)
 
     # ---------------------------------------------------------------- start-up steps
@@ -334,6 +337,8 @@ class Agent:
         self.facts = facts
         loop = asyncio.get_running_loop()
         self.workload = workload
+        if workload is not None:
+            workload.tracker.listeners.append(self.heartbeat_wanted.set)  # e.g. a readiness probe's verdict
         if workload is not None and not become_subreaper():
             log.warning("cannot register as child subreaper: orphans of the workload are reaped only when the agent is PID 1")
         for signum in FORWARDED:
@@ -367,7 +372,8 @@ class Agent:
         api, actions, logs_api, metrics = await asyncio.to_thread(_api_modules)
         self.api = api.AgentApi(self.status, self.ready, self.verify_token)
         logs_api.add_routes(self.api.app, lambda: workload.logs if workload is not None else None)
-        actions.add_routes(self.api, lambda: workload, push_dirs=self.push_dirs)
+        actions.add_routes(self.api, lambda: workload, push_dirs=self.push_dirs,
+                           on_pushed=self.pod_files.pushed if self.pod_files is not None else None)
         self.api.registry.register(metrics.AgentCollector(self))
         self.last_transport = await self.dataplane.transport_status()
         self.telemetry = start_telemetry(str(self.settings.state_dir), self.api.registry,
@@ -391,7 +397,8 @@ class Agent:
         if workload is not None:
             # the coordinator hears of the node before a short workload can end (heartbeat.first_heartbeat)
             self.tasks.create("first-heartbeat", first_heartbeat(self))
-            await workload.start()
+            if self.pod_files is None:
+                await workload.start()  # else once the pod's files are in (_run_workload)
 
     async def _when_ready(self) -> None:
         """Task ``ready-wait``: once a gateway answers (it may register long after the agent started)."""
@@ -427,9 +434,13 @@ class Agent:
                     tasks.create("gpu-telemetry", self.telemetry.run())
                 if workload is not None:
                     tasks.create("reaper", Reaper().run())
-                    waiter = tasks.create("workload", workload.wait())
+                    waiter = tasks.create("workload", self._run_workload(workload))
                     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                    await self._wind_down(waiter.result() if waiter.done() else 1, workload)
+                    if waiter.done():
+                        code = waiter.result()
+                    else:  # stopped while it ran (its own end is its status), or before (the shell's status)
+                        code = 1 if workload.proc is not None else 128 + (self._stop_signal or signal.SIGTERM)
+                    await self._wind_down(code, workload)
                 else:
                     await stopper
                     await self._wind_down(0, None)
@@ -438,6 +449,14 @@ class Agent:
             if _first_error(group) is not None:
                 raise
         return self._exit_code
+
+    async def _run_workload(self, workload: Workload) -> int:
+        """Task ``workload``: (start it once the pod's files are in, when the cluster pushes them) wait for its end."""
+        if workload.proc is None and self.pod_files is not None:
+            await self.pod_files.wait()
+            self.pod_files.apply(workload)
+            await workload.start()
+        return await workload.wait()
 
     def _begin_stop(self, exit_code: int, workload: Workload | None) -> None:
         """The stop begins: from now on the process exits within :data:`STOP_MARGIN` s (plus the

@@ -29,6 +29,10 @@ Contract:
   state is ``waiting`` ``CrashLoopBackOff`` for the back-off (10 s doubling to 5 min, reset by a
   run of 10 min), then running again with ``restart_count`` + 1. A workload stopped by a
   forwarded terminating signal is not started again (the agent is stopping);
+* with a :class:`~.probes.Prober` (``prober``: the pod's startup, liveness and readiness probes)
+  each run is probed by a task of the same TaskGroup; the state carries ``ready`` and
+  ``started``, and a failed liveness or startup probe stops the run (:meth:`Workload.kill_unhealthy`),
+  after which the restart policy decides as after any exit;
 * :meth:`Workload.terminate` (teardown) stops what is left: SIGTERM, then SIGKILL to the
   whole process group after ``grace``;
 * it dies with the agent (:mod:`.workload_lifetime`): SIGKILL when the agent dies, however it
@@ -49,6 +53,7 @@ from collections.abc import Mapping, Sequence
 
 from anex_agent.agent.container_state import StateTracker
 from anex_agent.agent.logs import LogStore, pump
+from anex_agent.agent.probes import Prober
 from anex_agent.agent.restart_policy import CrashLoopBackoff, restarts
 from anex_agent.agent.workload_lifetime import WorkloadRecord, die_with_parent
 from anex_agent.host.childenv import AccountInfo
@@ -107,9 +112,10 @@ class Workload:
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, account: AccountInfo | None = None,
         *, grace: float = DEFAULT_GRACE, tracker: StateTracker | None = None, logs: LogStore | None = None,
         record: WorkloadRecord | None = None,
-        restart_policy: str = "Never", backoff: CrashLoopBackoff | None = None,
+        restart_policy: str = "Never", backoff: CrashLoopBackoff | None = None, prober: Prober | None = None,
     ) -> None:
         self.restart_policy = restart_policy
+        self.prober = prober
         self.backoff = backoff or CrashLoopBackoff()
         self._told_to_stop = False  # a terminating signal was forwarded: no restart by policy
         self.logs = logs
@@ -150,7 +156,8 @@ class Workload:
         except OSError as err:
             who = f" as user {self.account.name!r}" if self.account is not None else ""
             raise ConfigError("CMD", f"cannot run {self.argv[0]!r}{who}: {err.strerror or err}") from None
-        self.tracker.started()
+        ready, started = self.prober.initial() if self.prober is not None else (None, None)
+        self.tracker.started(ready=ready, started=started)
         if self.record is not None:
             self.record.save(self.proc.pid)
         who = f" as {self.account.name} (uid {self.account.uid})" if self.account is not None else ""
@@ -224,16 +231,33 @@ class Workload:
 
     async def _wait_once(self) -> int:
         assert self.proc is not None
-        if self.logs is None or self.proc.stdout is None or self.proc.stderr is None:
+        copying = self.logs is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        if not copying and self.prober is None:
             return await self.proc.wait()
         async with asyncio.TaskGroup() as tg:
             copies = [tg.create_task(pump(self.proc.stdout, "stdout", 1, self.logs), name="workload-stdout"),
-                      tg.create_task(pump(self.proc.stderr, "stderr", 2, self.logs), name="workload-stderr")]
+                      tg.create_task(pump(self.proc.stderr, "stderr", 2, self.logs), name="workload-stderr")] \
+                if copying else []
+            probing = tg.create_task(self.prober.run(self), name="workload-probes") if self.prober else None
             returncode = await self.proc.wait()
-            _, late = await asyncio.wait(copies, timeout=DRAIN_WAIT)
-            for task in late:
-                task.cancel()
+            if probing is not None:
+                probing.cancel()
+            if copies:
+                _, late = await asyncio.wait(copies, timeout=DRAIN_WAIT)
+                for task in late:
+                    task.cancel()
         return returncode
+
+    def kill_unhealthy(self, grace: float | None = None) -> None:
+        """Stop a workload its liveness or startup probe found unhealthy: SIGTERM, its process group
+        SIGKILLed after ``grace`` (default: the grace period). Not a stop of the agent: its restart
+        policy decides what follows, as after any exit."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        if self._grace_timer is None:
+            self._grace_timer = asyncio.get_running_loop().call_later(
+                self.grace if grace is None else grace, self._grace_over)
 
     def restart(self) -> bool:
         """Ask for a restart: SIGTERM with the grace period, then :meth:`wait` starts the

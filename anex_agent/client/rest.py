@@ -368,6 +368,12 @@ class CoordinatorClient:
         except HttpError as err:
             raise CoordinatorError(f"GET {url}: {err}", retryable=True) from None
 
+    async def push_file(self, node_id: str, path: str, data: bytes, mode: int) -> None:
+        """``PUT /v1/nodes/{id}/files``: ``data`` written atomically at ``path`` (inside the node's push
+        directories) with ``mode``; passed through the coordinator, never stored there."""
+        query = with_query(f"/v1/nodes/{node_id}/files", {"path": path, "mode": f"{mode:04o}"})
+        await self._send("PUT", query, data, "admin")
+
     # ------------------------------------------------------------ provisions (admin)
 
     async def create_provision(self, spec: provision_wire.ProvisionCreate) -> provision_wire.ProvisionView:

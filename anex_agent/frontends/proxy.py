@@ -43,13 +43,14 @@ import socket
 
 import h11
 
-from anex_agent.net.dialer import Connection, Dialer, SocketConnection
-from anex_agent.errors import DialError, PortInUseError
+from anex_agent.net.dialer import Connection, Dialer
+from anex_agent.errors import DialError
 from anex_agent.frontends import proxy_core as core
 from anex_agent.frontends import this_host
-from anex_agent.frontends.forward import bind_listener
+from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.h11_stream import H11Stream
-from anex_agent.frontends.relay import relay, tune_socket
+from anex_agent.frontends.relay import relay
+from anex_agent.frontends.tcp_server import TcpServer
 from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
@@ -78,12 +79,16 @@ class _OriginWriteFailed(Exception):
     """The origin stopped accepting the request body."""
 
 
-class ProxyServer:
+class ProxyServer(TcpServer):
     """Listens for proxy clients and serves each connection in a named task.
 
     Async context manager: entering binds (``PortInUseError`` naming ANEX_PROXY_LISTEN
     when the port is taken) and starts accepting; leaving stops and closes everything.
     """
+
+    listen_source = "ANEX_PROXY_LISTEN"
+    task_prefix = "proxy"
+    what = "HTTP proxy"
 
     def __init__(
         self,
@@ -94,86 +99,24 @@ class ProxyServer:
         auth: core.ProxyAuth | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
+        super().__init__(host, port)
         self.dialer = dialer
-        self.host = host
-        self.port = port
         self.auth = auth
         self.idle_timeout = idle_timeout
-        self._sock: socket.socket | None = None
-        self._tg: asyncio.TaskGroup | None = None
-        self._accept_task: asyncio.Task | None = None
-        self._sessions: set[asyncio.Task] = set()
-        self._ids = itertools.count(1)
-        self._closed = asyncio.Event()
 
-    @property
-    def address(self) -> tuple[str, int]:
-        """The bound (host, port); the real port when 0 was asked."""
-        assert self._sock is not None, "not started"
-        return self._sock.getsockname()[:2]
-
-    async def __aenter__(self) -> ProxyServer:
-        try:
-            self._sock = bind_listener(self.host, self.port)
-        except OSError as exc:
-            reason = "already in use by another process" if exc.errno == errno.EADDRINUSE else (
-                errno.errorcode.get(exc.errno or 0, "bind failed")
-            )
-            raise PortInUseError(
-                "ANEX_PROXY_LISTEN", [self.port], f"cannot listen on {self.host}:{self.port}: {reason}"
-            ) from None
+    def started(self) -> None:
         if not core.is_loopback(self.host) and self.auth is None:
             log.warning(
                 "HTTP proxy listens on %s:%d WITHOUT authentication: anyone who reaches that address can use the "
                 "mesh through it; set proxy credentials or bind 127.0.0.1",
                 *self.address,
             )
-        self._tg = asyncio.TaskGroup()
-        await self._tg.__aenter__()
-        self._accept_task = self._tg.create_task(self._accept_loop(), name=f"proxy-accept-{self.address[1]}")
         log.info("HTTP proxy on %s:%d (%s)", *self.address, "auth required" if self.auth else "no auth")
-        return self
 
-    async def __aexit__(self, *exc_info) -> None:
-        tasks = [t for t in [self._accept_task, *self._sessions] if t is not None]
-        for task in tasks:
-            task.cancel()
-        tg, self._tg = self._tg, None
-        assert tg is not None
-        await tg.__aexit__(*exc_info)
-        if self._sock is not None:
-            self._sock.close()
-        self._closed.set()
-
-    async def wait_closed(self) -> None:
-        await self._closed.wait()
-
-    async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        assert self._sock is not None and self._tg is not None
-        while True:
-            try:
-                sock, _ = await loop.sock_accept(self._sock)
-            except OSError as exc:
-                log.warning("proxy: accept failed (%s); retrying in 1 s", errno.errorcode.get(exc.errno or 0, "error"))
-                await asyncio.sleep(1)
-                continue
-            tune_socket(sock)
-            task = self._tg.create_task(self._serve(sock), name=f"proxy-client-{next(self._ids)}")
-            self._sessions.add(task)
-            task.add_done_callback(self._sessions.discard)
-
-    async def _serve(self, sock: socket.socket) -> None:
-        try:
-            client_ip = sock.getpeername()[0]
-        except OSError:
-            sock.close()
-            return
-        session = _ClientSession(self, SocketConnection(sock), client_ip)
+    async def serve_client(self, conn: Connection, client_ip: str) -> None:
+        session = _ClientSession(self, conn, client_ip)
         try:
             await session.run()
-        except Exception:  # one client must never take the proxy down
-            log.exception("proxy: client connection failed")
         finally:
             await session.aclose()
 
@@ -336,27 +279,12 @@ class _ClientSession:
         """Open a connection for this client; raises DialError, or _Forbidden.
 
         :meth:`handle` has refused every spelling of this machine already; a name that
-        resolved to it is caught here, on the addresses the dialer actually tried: the
-        connection is closed before a byte is sent, and a failed dial there is a 403 too
-        (see :mod:`.this_host`).
+        resolved to it is caught here (:func:`.dial_guard.dial_for_client`): a 403 too.
         """
         try:
-            conn = await self.server.dialer.open_connection(dest.host, dest.port)
-        except DialError as err:
-            # refused or silent, this machine is out of reach all the same: the answer must not
-            # tell a client from beyond loopback which of its ports are open
-            if not all(this_host.may_reach(self.client_ip, address) for address in err.tried):
-                raise _Forbidden(core.forbidden_text(dest.host, dest.port)) from None
-            raise
-        if conn.socket is not None:
-            try:
-                peer = conn.socket.getpeername()[0]
-            except OSError:
-                peer = ""
-            if peer and not this_host.may_reach(self.client_ip, peer):
-                await conn.aclose()
-                raise _Forbidden(core.forbidden_text(dest.host, dest.port))
-        return conn
+            return await dial_for_client(self.server.dialer, self.client_ip, dest.host, dest.port)
+        except Forbidden:
+            raise _Forbidden(core.forbidden_text(dest.host, dest.port)) from None
 
     def drop_origin(self, key: tuple[str, int], origin: H11Stream) -> None:
         if self.origins.get(key) is origin:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 WORKLOAD_ALLOWED = frozenset(
     {
         "ANEX_PROXY_LISTEN",
+        "ANEX_SOCKS_LISTEN",
         "ANEX_API_LISTEN",
         "ANEX_NODE_NAME",
         "ANEX_PROVIDER",

@@ -59,6 +59,16 @@ def provision_of_label(label: str, cluster_id: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class RegistryLogin:
+    """The login to the registry of a private image, opened for one rent; never logged."""
+
+    server: str
+    username: str
+    password: str = field(repr=False)
+    fingerprint: str = ""  # an HMAC of the login (registry_auth.fingerprint): a name that says nothing of it
+
+
+@dataclass(frozen=True)
 class RentRequest:
     """What to rent and what to run on it."""
 
@@ -74,6 +84,7 @@ class RentRequest:
     gpu_count: int = 1
     interruptible: bool = False  # interruptible (Vast.AI: a bid) or spot (RunPod) capacity
     bid_per_hour: float | None = None  # interruptible: the price to bid, USD/hour (the selection's offer price)
+    registry_login: RegistryLogin | None = None  # a private image's registry (Vast.AI image_login, RunPod auth id)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,12 @@ Routes and bodies:
   ``datacenters``; ``POST /pods`` -> 201 Pod ``{"id", "name",
   "desiredStatus", "costPerHr", "adjustedCostPerHr", "machineId", "gpuCount", "image", "env"}``;
   a refused offer is 400 ``{"error": ..., "status": 400}``; ``DELETE /pods/{id}`` -> 204, 404
-  when gone; ``GET /pods`` -> a JSON array of Pods.
+  when gone; ``GET /pods`` -> a JSON array of Pods. Saved registry logins:
+  ``POST /containerregistryauth`` ``{"name", "username", "password"}`` -> ``{"id", "name"}`` (a name
+  taken: 400), ``GET /containerregistryauth`` -> ``[{"id", "name"}]``, ``DELETE
+  /containerregistryauth/{id}`` -> 204; a pod naming an unknown ``containerRegistryAuthId`` is 400.
+* Vast.AI's ``image_login`` (a private image's registry login) must be ``docker login``'s
+  arguments, ``-u USER -p PASSWORD SERVER`` (else 400); it stays in the rental's ``body``.
 * Both want ``Authorization: Bearer <api_key>`` (else 401) when an ``api_key`` is set.
 
 Faults (each counts down and then the server behaves again):
@@ -55,6 +60,7 @@ import asyncio
 import inspect
 import itertools
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -64,6 +70,7 @@ from aiohttp import web
 
 Hook = Callable[["FakeRental"], Awaitable[None] | None]
 OPERATIONS = ("rent", "destroy", "list")
+_DOCKER_LOGIN = re.compile(r"-u \S+ -p \S+ \S+")
 
 
 @dataclass
@@ -320,6 +327,10 @@ class FakeVastAI(_FakeProvider):
         env = body.get("env") or {}
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             return self.error(400, "env must be an object of strings", "invalid_args")
+        login = body.get("image_login")
+        if login is not None and (not isinstance(login, str) or not _DOCKER_LOGIN.fullmatch(login)):
+            return self.error(400, "image_login must be docker login's arguments: -u USER -p PASSWORD SERVER",
+                              "invalid_args")
         if (self.offers is not None and offer_id not in self.offers) or \
                 (self.exclusive and offer_id in self.rented_offers):
             return web.json_response(self.refusal_body(400), status=400)  # unknown, or taken (by us too)
@@ -377,6 +388,7 @@ class FakeRunPod(_FakeProvider):
         super().__init__(**kwargs)
         self.gpu_types = list(gpu_types or [])
         self.datacenters = datacenters
+        self.registry_auths: dict[str, dict[str, str]] = {}  # id -> saved login (the password is never listed)
         for gpu in self.gpu_types:
             for dc in datacenters:
                 for tier, price in (("SECURE", gpu.get("securePrice")), ("COMMUNITY", gpu.get("communityPrice"))):
@@ -394,7 +406,33 @@ class FakeRunPod(_FakeProvider):
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/graphql", self._graphql), web.post("/v1/pods", self._rent), web.delete("/v1/pods/{pod_id}", self._delete),
-                web.get("/v1/pods", self._list)]
+                web.get("/v1/pods", self._list),
+                web.get("/v1/containerregistryauth", self._list_auths),
+                web.post("/v1/containerregistryauth", self._save_auth),
+                web.delete("/v1/containerregistryauth/{auth_id}", self._delete_auth)]
+
+    async def _list_auths(self, request: web.Request) -> web.Response:
+        return web.json_response([{"id": a["id"], "name": a["name"]} for a in self.registry_auths.values()])
+
+    async def _save_auth(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.text())
+        except ValueError:
+            return self.error(400, "body is not JSON")
+        if not isinstance(body, dict) or not all(isinstance(body.get(k), str) and body[k]
+                                                 for k in ("name", "username", "password")):
+            return self.error(400, "name, username and password are required")
+        if any(a["name"] == body["name"] for a in self.registry_auths.values()):
+            return self.error(400, f"a container registry auth named {body['name']} already exists")
+        auth_id = f"cra{next(self._ids)}"
+        self.registry_auths[auth_id] = {"id": auth_id, "name": body["name"], "username": body["username"],
+                                        "password": body["password"]}
+        return web.json_response({"id": auth_id, "name": body["name"]})
+
+    async def _delete_auth(self, request: web.Request) -> web.Response:
+        if self.registry_auths.pop(request.match_info["auth_id"], None) is None:
+            return self.error(404, "container registry auth not found")
+        return web.Response(status=204)
 
     def refusal_body(self, status: int) -> dict:
         return {"error": "There are no longer any instances available with the requested specifications. "
@@ -437,6 +475,9 @@ class FakeRunPod(_FakeProvider):
         env = body.get("env") or {}
         if not isinstance(env, dict):
             return self.error(400, "env must be an object")
+        auth_id = body.get("containerRegistryAuthId")
+        if auth_id is not None and auth_id not in self.registry_auths:
+            return self.error(400, f"container registry auth {auth_id} not found")
         entry = body.get("dockerEntrypoint") or []
         onstart = entry[2] if len(entry) == 3 and entry[:2] == ["/bin/sh", "-c"] else None
         rental, response = await self._create(self.offer_of(body), str(body["name"]), str(body["imageName"]),

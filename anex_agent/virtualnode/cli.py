@@ -86,6 +86,7 @@ async def run(settings: settings_mod.Settings, kubelet: Any = None) -> int:
                         tasks.spawn(f"pods-{name}", functools.partial(pods.watch_node_pods, name))
                     tasks.spawn("provisions-watch", pods.watch_provisions)
                     tasks.spawn("workload-poll", pods.poll_workloads)
+                    tasks.spawn("volume-refresh", pods.refresh_volumes)
                     for n in range(WORKERS):
                         tasks.spawn(f"pod-worker-{n}", pods.worker)
                     if kubelet is not None:  # the kubelet port of each Node (kubelet/runner.py)

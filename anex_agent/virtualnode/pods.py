@@ -13,7 +13,12 @@ Syncing a pod:
   for us; a pod without a provision gets one (:mod:`.podspec`: refused pods fail at once, with
   the field named, and nothing is rented; a 400/422 of the coordinator fails the pod with its
   message; another failure, a 503 or no answer, is a Warning Event ``ProvisioningDelayed`` once
-  and a retry); the status is written (:mod:`.podstatus`) and an Event recorded for each new step.
+  and a retry); once its machine is ready, the pod's files (ConfigMap and Secret volumes) and its
+  variables from Secrets are pushed through the coordinator to the agent, which holds the
+  workload until they are in (:meth:`PodController._deliver`); every ``volume_refresh`` seconds
+  a running pod's volumes are read again and a changed file pushed (:meth:`PodController._refresh`);
+  the status is written (:mod:`.podstatus`) and an Event recorded for each new step, and an
+  ``Unhealthy`` Event for each probe decision the agent reports.
 * **Succeeded or Failed**: the provision is deleted (the machine is released; the pod stays).
 * **being deleted**: the provision is deleted (an Event ``Killing``) and, once the coordinator
   says ``deleted`` (the rental destroyed, the node removed), the finalizer is removed and the
@@ -29,15 +34,18 @@ A failed call is logged in one line and the pod synced again with backoff (up to
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from anex_agent import pod_wire
 from anex_agent.backoff import Backoff
 from anex_agent.errors import CoordinatorError, KubeError
 from anex_agent.wire.provisioning import ProvisionState, ProvisionView
-from anex_agent.virtualnode import podspec, podstatus
+from anex_agent.virtualnode import podfiles, podspec, podstatus
 from anex_agent.virtualnode.events import Recorder
 from anex_agent.virtualnode.kube import MERGE_PATCH
 from anex_agent.virtualnode.metrics import PodMetrics, failure_reason
@@ -72,6 +80,10 @@ class PodController:
         self.workloads: dict[str, ContainerState | None] = {}  # provision id -> its node's workload state
         self.steps: dict[str, str] = {}  # uid -> the step whose Event was recorded
         self.written: dict[str, dict[str, Any]] = {}  # uid -> the status last written
+        self.delivered: set[str] = set()  # uids whose files reached their machine (or need none there)
+        self.volumes: dict[str, dict[str, str]] = {}  # uid -> path -> digest of the volume file pushed there
+        self.refresh_due: set[str] = set()  # uids whose volumes are read again at their next sync
+        self.probe_failures: dict[str, int] = {}  # uid -> the agent's probe_failures an Event was recorded for
         self.synced_nodes: set[str] = set()
         self.provisions_synced = False
         self.snapshot_seen = asyncio.Event()  # the first provisions snapshot is in
@@ -98,6 +110,10 @@ class PodController:
         self.metrics.forget(uid)
         self.steps.pop(uid, None)
         self.written.pop(uid, None)
+        self.delivered.discard(uid)
+        self.volumes.pop(uid, None)
+        self.refresh_due.discard(uid)
+        self.probe_failures.pop(uid, None)
         view = self.provisions.pop(podspec.provision_name(self.settings.provision_prefix, uid), None)
         if view is not None:
             self.workloads.pop(view.id, None)
@@ -258,12 +274,22 @@ class PodController:
             return
         if view.state == ProvisionState.ready and view.node_id and view.id not in self.workloads:
             await self._read_workload(view)  # first sight of it (a restart): never report Running as Pending
+        if view.state == ProvisionState.ready and view.node_id and key not in self.delivered:
+            if not await self._deliver(pod, view):
+                return
+        if key in self.refresh_due and view.state == ProvisionState.ready and view.node_id:
+            self.refresh_due.discard(key)
+            await self._refresh(pod, view)
         observation = podstatus.observe(pod, view, self.workloads.get(view.id), host_ip=self.settings.internal_ip,
                                         now=self.clock())
         await self._write_status(pod, observation.status)
         if observation.event is not None and self.steps.get(key) != observation.step:
             self.steps[key] = observation.step
             await self.recorder.record(pod, *observation.event)
+        workload = self.workloads.get(view.id)
+        if workload is not None and workload.probe_failures > self.probe_failures.get(key, 0):
+            self.probe_failures[key] = workload.probe_failures  # a kubelet's Unhealthy Event
+            await self.recorder.record(pod, podstatus.WARNING, "Unhealthy", workload.probe_message)
 
     async def reconcile(self) -> None:
         """Delete our provisions whose pod no longer exists (once pods and provisions are listed)."""
@@ -281,7 +307,7 @@ class PodController:
         meta = _meta(pod)
         namespace = meta.get("namespace", "default")
         objects: dict[tuple[str, str], dict[str, str] | None] = {}
-        for kind, name in podspec.references(pod):
+        for kind, name in podspec.fetched(pod):
             raw = await (self.kube.get_secret if kind == "secret" else self.kube.get_config_map)(namespace, name)
             objects[(kind, name)] = podspec.object_data(kind, raw)
         try:
@@ -313,6 +339,74 @@ class PodController:
         for warning in translation.warnings:
             await self.recorder.record(pod, podstatus.WARNING, "NotCarried", warning)
         self.queue.add(meta["uid"])
+
+    async def _deliver(self, pod: dict[str, Any], view: ProvisionView) -> bool:
+        """Push the pod's files (ConfigMap and Secret volumes) and its variables from Secrets to its
+        machine through the coordinator (which stores none of them), then the mark that lets the agent
+        start the workload; once per pod. False when the pod failed instead (an object gone since)."""
+        meta = _meta(pod)
+        uid, namespace = meta["uid"], meta.get("namespace", "default")
+        workload = self.workloads.get(view.id)
+        started = workload is not None and not (workload.state == "waiting" and workload.reason == "ContainerCreating")
+        if not podspec.delivers(pod) or started:  # nothing to push, or pushed before a restart of ours
+            self.delivered.add(uid)
+            return True
+        raw: dict[tuple[str, str], dict[str, Any] | None] = {}
+        for kind, name in podspec.references(pod):
+            raw[(kind, name)] = await (self.kube.get_secret if kind == "secret" else self.kube.get_config_map)(
+                namespace, name)
+        try:
+            files = podfiles.files(pod, raw)
+            secret = podspec.secret_env(pod, {k: podspec.object_data(k[0], v) for k, v in raw.items()})
+        except podspec.Refusal as refusal:
+            await self._fail(pod, "FailedMount", str(refusal))
+            return False
+        for file in files:
+            await self.coordinator.push_file(view.node_id, file.path, file.data, file.mode)
+        if files:
+            self.volumes[uid] = {file.path: _digest(file) for file in files}
+        if secret:
+            await self.coordinator.push_file(view.node_id, pod_wire.ENV_FILE,
+                                             json.dumps(secret).encode(), 0o600)
+        await self.coordinator.push_file(view.node_id, pod_wire.COMPLETE, b"", 0o600)
+        self.delivered.add(uid)
+        log.info("pod %s/%s: %d file(s) and %d variable(s) from Secrets delivered to node %s", namespace,
+                 meta.get("name"), len(files), len(secret), view.node_id)
+        return True
+
+    async def refresh_volumes(self) -> None:
+        """Every ``volume_refresh`` seconds, queue the running pods whose volume files were pushed:
+        their sync reads the ConfigMaps and Secrets again and pushes what changed (:meth:`_refresh`)."""
+        while True:
+            await asyncio.sleep(self.settings.volume_refresh)
+            for uid in list(self.volumes):
+                pod = self.pods.get(uid)
+                if pod is not None and not podstatus.is_terminal(pod) and not _meta(pod).get("deletionTimestamp"):
+                    self.refresh_due.add(uid)
+                    self.queue.add(uid)
+
+    async def _refresh(self, pod: dict[str, Any], view: ProvisionView) -> None:
+        """Push the pod's volume files whose content or mode changed since they were pushed (a file
+        whose key went away stays as it was, as does every file while an object is missing)."""
+        meta = _meta(pod)
+        uid, namespace = meta["uid"], meta.get("namespace", "default")
+        raw: dict[tuple[str, str], dict[str, Any] | None] = {}
+        for kind, name in podfiles.references(pod):
+            raw[(kind, name)] = await (self.kube.get_secret if kind == "secret" else self.kube.get_config_map)(
+                namespace, name)
+        try:
+            files = podfiles.files(pod, raw)
+        except podspec.Refusal as refusal:
+            log.info("pod %s/%s: its volumes are left as they are: %s", namespace, meta.get("name"), refusal)
+            return
+        pushed = self.volumes.setdefault(uid, {})
+        changed = [file for file in files if pushed.get(file.path) != _digest(file)]
+        for file in changed:
+            await self.coordinator.push_file(view.node_id, file.path, file.data, file.mode)
+            pushed[file.path] = _digest(file)
+        if changed:
+            log.info("pod %s/%s: %d volume file(s) updated on node %s", namespace, meta.get("name"), len(changed),
+                     view.node_id)
 
     async def _fail(self, pod: dict[str, Any], reason: str, message: str) -> None:
         meta = _meta(pod)
@@ -365,6 +459,10 @@ class PodController:
                 return
         if await self.kube.delete_pod(meta.get("namespace"), meta.get("name"), meta["uid"], grace=0):
             log.info("pod %s/%s deleted: nothing of it is left rented", meta.get("namespace"), meta.get("name"))
+
+
+def _digest(file: podfiles.PodFile) -> str:
+    return hashlib.sha256(file.mode.to_bytes(2, "big") + file.data).hexdigest()
 
 
 def _problem_text(err: CoordinatorError) -> str:

@@ -8,13 +8,19 @@ Contract:
 * :func:`check_pod` refuses what the product cannot honour (:class:`Refusal`, naming the field
   of the pod spec): more than one container, init containers, ``hostNetwork``/``hostPID``/
   ``hostIPC``, volumes other than ConfigMap, Secret, emptyDir, projected and downwardAPI ones.
-* :func:`references` lists the Secrets and ConfigMaps the container's ``env``/``envFrom``
-  read; the caller fetches them (``None`` for one that does not exist) and passes them to
-  :func:`translate`, which returns the :class:`Translation`: the ``ProvisionCreate`` (image,
-  command, args, env with ``valueFrom``/``envFrom`` resolved, container ports, the pod's
-  selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
+* :func:`references` lists the Secrets and ConfigMaps the container's ``env``/``envFrom`` and
+  its volume mounts read; the caller fetches them (``None`` for one that does not exist) and
+  passes them to :func:`translate`, which returns the :class:`Translation`: the
+  ``ProvisionCreate`` (image, command, args, env with ``valueFrom``/``envFrom`` resolved, container
+  ports, the registry login of the image from ``imagePullSecrets`` (:mod:`.pullsecrets`; the
+  coordinator stores it sealed), the pod's selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
   how many GPUs, ``restartPolicy`` as ``ANEX_RESTART_POLICY``: the agent restarts the workload
-  in place) and warnings about what is accepted but not carried to the machine.
+  in place, and its startup, liveness and readiness probes as ``ANEX_PROBES``: the agent runs them
+  next to the workload) and warnings about what is accepted but not carried to the machine.
+  The values from Secrets never travel in the provision (the coordinator stores it, the provider
+  sees its env): :func:`secret_env` gives them to the caller, which pushes them to the agent once
+  the machine is up, with the volumes' files (:mod:`.podfiles`); ``ANEX_POD_FILES`` tells the
+  agent to wait for them (:func:`delivers`). :func:`fetched` is every object to read for a pod.
   ``$(VAR)`` in ``command``, ``args`` and ``env`` values is expanded as the kubelet expands it
   (:func:`expand`).
 * Pods are plain dicts (the API's JSON); nothing here depends on a Kubernetes client.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +38,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from anex_agent import parse
+from anex_agent.pod_wire import POD_FILES_ENV, PROBES_ENV
+from anex_agent.pod_wire import expand  # noqa: F401 - the one $(VAR) expansion, the agent's too
 from anex_agent.wire.provisioning import ProvisionCreate
+from anex_agent.virtualnode import podfiles, pullsecrets
+from anex_agent.virtualnode.refusal import Refusal  # re-exported: podspec.Refusal
 
 #: Annotations the coordinator's selection reads; the others (kubectl's last-applied-configuration,
 #: tools' bookkeeping) stay in the cluster. Keep in step with docs/selection.md's prefixes.
@@ -40,18 +52,12 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT = "anex.sh/gpu-count"
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 RESTART_POLICY_ENV = "ANEX_RESTART_POLICY"  # read by the agent (anex_agent.agent.restart_policy)
+PROBE_KINDS = ("startup", "liveness", "readiness")
+PROBE_TIMINGS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold", "failureThreshold",
+                 "terminationGracePeriodSeconds")
 ACCEPTED_VOLUMES = ("configMap", "secret", "emptyDir", "projected", "downwardAPI")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER = "spec.containers[0]"
-
-
-class Refusal(Exception):
-    """The pod asks for something the virtual node cannot give; ``field`` names where in the pod."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,8 @@ def check_pod(pod: Mapping[str, Any]) -> None:
 
 
 def references(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
-    """``("secret"|"configmap", name)`` for every object the container's environment reads."""
-    found: set[tuple[str, str]] = set()
+    """``("secret"|"configmap", name)`` for every object the container's environment and mounts read."""
+    found: set[tuple[str, str]] = podfiles.references(pod)
     for container in (_spec(pod).get("containers") or [])[:1]:
         for var in container.get("env") or []:
             source = var.get("valueFrom") or {}
@@ -163,30 +169,12 @@ def _key_ref(kind: str, ref: Mapping[str, Any], objects: Mapping[tuple[str, str]
     return data[key]
 
 
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion: a defined variable is replaced, ``$$`` is one ``$`` (so
-    ``$$(VAR)`` stays ``$(VAR)``), a reference to an undefined variable is left as it is."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        if text.startswith("$$", i):
-            out.append("$")
-            i += 2
-            continue
-        if text.startswith("$(", i):
-            end = text.find(")", i + 2)
-            if end != -1 and text[i + 2:end] in env:
-                out.append(env[text[i + 2:end]])
-                i = end + 1
-                continue
-        out.append(text[i])
-        i += 1
-    return "".join(out)
-
-
 def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
-                 objects: Mapping[tuple[str, str], dict[str, str] | None], warnings: list[str]) -> dict[str, str]:
+                 objects: Mapping[tuple[str, str], dict[str, str] | None],
+                 warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the variables, those of them from Secrets): the second never travels in the provision."""
     env: dict[str, str] = {}
+    secret: dict[str, str] = {}
     for i, source in enumerate(container.get("envFrom") or []):
         where = f"{CONTAINER}.envFrom[{i}]"
         kind, ref = ("secret", source["secretRef"]) if "secretRef" in source else (
@@ -202,7 +190,8 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         prefix = source.get("prefix", "")
         for key in sorted(data):
             if ENV_NAME.fullmatch(prefix + key):
-                env[prefix + key] = data[key]
+                (secret if kind == "secret" else env)[prefix + key] = data[key]
+                (env if kind == "secret" else secret).pop(prefix + key, None)
             else:
                 warnings.append(f"{where}: key {key!r} is not a variable name: left out")
     for i, var in enumerate(container.get("env") or []):
@@ -210,7 +199,8 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         name = var.get("name", "")
         source = var.get("valueFrom")
         if source is None:
-            env[name] = expand(str(var.get("value", "")), env)  # what is defined before it
+            env[name] = expand(str(var.get("value", "")), env)  # what is defined before it (a Secret's: the agent)
+            secret.pop(name, None)
             continue
         value: str | None
         if "secretKeyRef" in source:
@@ -225,9 +215,30 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         else:
             raise Refusal(f"{where}.valueFrom", f"{next(iter(source), 'this source')} is not supported; accepted: "
                           "secretKeyRef, configMapKeyRef, fieldRef")
-        if value is not None:
+        if value is not None and "secretKeyRef" in source:
+            secret[name] = value
+            env.pop(name, None)
+        elif value is not None:
             env[name] = value
-    return env
+            secret.pop(name, None)
+    return env, secret
+
+
+def fetched(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """Every object the virtual node reads for the pod: :func:`references` and its ``imagePullSecrets``."""
+    return references(pod) | {("secret", name) for name in pullsecrets.names(pod)}
+
+
+def delivers(pod: Mapping[str, Any]) -> bool:
+    """Whether the virtual node pushes files to the pod's machine (ConfigMap or Secret volumes, or
+    variables from Secrets): then the agent waits for them (``ANEX_POD_FILES``)."""
+    return bool(podfiles.references(pod)) or any(kind == "secret" for kind, _name in references(pod))
+
+
+def secret_env(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str, str] | None]) -> dict[str, str]:
+    """The container's variables taken from Secrets (delivered to the agent, never in the provision)."""
+    container = (_spec(pod).get("containers") or [{}])[0]
+    return _environment(pod, container, objects, [])[1]
 
 
 def _gpus(container: Mapping[str, Any]) -> str | None:
@@ -268,10 +279,58 @@ def _mount_warnings(pod: Mapping[str, Any], container: Mapping[str, Any]) -> lis
         if mount.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_MOUNT:
             continue  # the service account token: a rented machine does not talk to the API server
         kind = kinds.get(mount.get("name"), "")
-        if kind != "emptyDir":
+        if kind not in ("emptyDir", *podfiles.DELIVERED):
             out.append(f"volume {mount.get('name')!r} ({kind}) is not delivered to the rented machine: "
                        f"{mount.get('mountPath')} will not hold its files; pass values through env or envFrom")
     return out
+
+
+def _probe_port(container: Mapping[str, Any], port: Any, where: str) -> int:
+    if isinstance(port, int) and not isinstance(port, bool):
+        return port
+    if isinstance(port, str) and port[:1] in "0123456789":
+        try:
+            return parse.port(port)
+        except ValueError as err:
+            raise Refusal(where, f"port {port!r} {err}") from None
+    for declared in container.get("ports") or []:
+        if declared.get("name") == port and isinstance(declared.get("containerPort"), int):
+            return declared["containerPort"]
+    raise Refusal(where, f"port {port!r} is not a number nor the name of one of the container's ports")
+
+
+def _probes(pod: Mapping[str, Any], container: Mapping[str, Any]) -> str | None:
+    """The container's probes as ``ANEX_PROBES`` (JSON, :mod:`anex_agent.agent.probe_spec`): named ports
+    resolved, the pod's ``terminationGracePeriodSeconds`` as the kill's grace unless the probe says;
+    None without probes. A gRPC probe is refused (the agent has no gRPC client)."""
+    out: dict[str, Any] = {}
+    for kind in PROBE_KINDS:
+        probe = container.get(f"{kind}Probe")
+        if not probe:
+            continue
+        where = f"{CONTAINER}.{kind}Probe"
+        if probe.get("grpc") is not None:
+            raise Refusal(f"{where}.grpc", "gRPC probes are not supported; probe the service with exec (e.g. "
+                          "grpc_health_probe) or tcpSocket")
+        carried = {k: v for k, v in probe.items() if k in PROBE_TIMINGS and v is not None}
+        if "exec" in probe:
+            carried["exec"] = {"command": [str(a) for a in (probe["exec"] or {}).get("command") or []]}
+        elif "httpGet" in probe:
+            get = dict(probe["httpGet"] or {})
+            get["port"] = _probe_port(container, get.get("port"), f"{where}.httpGet.port")
+            carried["httpGet"] = {k: v for k, v in get.items() if v not in (None, "")}
+        elif "tcpSocket" in probe:
+            sock = dict(probe["tcpSocket"] or {})
+            sock["port"] = _probe_port(container, sock.get("port"), f"{where}.tcpSocket.port")
+            carried["tcpSocket"] = {k: v for k, v in sock.items() if v not in (None, "")}
+        else:
+            raise Refusal(where, "expected exec, httpGet or tcpSocket")
+        grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+        if kind != "readiness" and "terminationGracePeriodSeconds" not in carried and isinstance(grace, int) \
+                and grace > 0:
+            carried["terminationGracePeriodSeconds"] = grace
+        out[kind] = carried
+    return json.dumps(out, separators=(",", ":"), sort_keys=True) if out else None
 
 
 def _field_of(err: ValidationError) -> str:
@@ -290,15 +349,23 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
     check_pod(pod)
     container = _spec(pod)["containers"][0]
     warnings: list[str] = []
-    env = _environment(pod, container, objects, warnings)
+    env, secret = _environment(pod, container, objects, warnings)
     ports = _ports(container, warnings)
     warnings += _mount_warnings(pod, container)
     env[RESTART_POLICY_ENV] = str(_spec(pod).get("restartPolicy") or "Always")  # the API server's default
+    probes = _probes(pod, container)
+    if probes is not None:
+        env[PROBES_ENV] = probes
+    dirs = podfiles.plan(pod, objects)
+    if delivers(pod):
+        env[POD_FILES_ENV] = json.dumps({"dirs": dirs}, separators=(",", ":"))
     uid = (pod.get("metadata") or {}).get("uid", "")
     if not uid:
         raise Refusal("metadata.uid", "is missing")
+    pulls = {name: objects.get(("secret", name)) for name in pullsecrets.names(pod)}
+    login = pullsecrets.login_for(container["image"].strip(), pulls, warnings)
     try:
-        spec = ProvisionCreate(name=provision_name(prefix, uid), image=container["image"].strip(),
+        spec = ProvisionCreate(name=provision_name(prefix, uid), image=container["image"].strip(), registry_auth=login,
                                command=[expand(str(a), env) for a in container.get("command") or []],
                                args=[expand(str(a), env) for a in container.get("args") or []],
                                env=env, ports=ports, annotations=_annotations(pod, container))

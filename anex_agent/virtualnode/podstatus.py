@@ -13,9 +13,12 @@ none yet, ``selecting``         Pending    waiting ``Selecting``
 ``renting``                     Pending    waiting ``Renting`` (offer, price)
 ``booting``                     Pending    waiting ``Booting`` (offer, rental, price)
 ``ready``, workload not started Pending    waiting ``ContainerCreating``
-``ready``, running              Running    running (``startedAt``); podIP = the mesh address
+``ready``, running              Running    running (``startedAt``); podIP = the mesh address;
+                                           ``ready``/``started`` (and the Ready condition)
+                                           as the agent's probes say (no probes: True)
 ``ready``, between two runs     Running    waiting ``CrashLoopBackOff``, lastState terminated (the
-                                           last run), restartCount (its policy restarts it)
+                                           last run, kept once it runs again), restartCount
+                                           (its policy restarts it)
 ``ready``, terminated           Succeeded  terminated: exitCode 0, ``Completed``
                                 / Failed   exitCode, signal, ``Error`` / ``OOMKilled``
 ``failed``                      Failed     waiting ``ProvisioningFailed`` (pod reason too)
@@ -69,7 +72,8 @@ def _price(view: ProvisionView) -> str:
     return f" at ${view.price_per_hour:g}/h" if view.price_per_hour is not None else ""
 
 
-def _conditions(pod: Mapping[str, Any], ready: bool, now: str, *, ended: bool = False) -> list[dict[str, Any]]:
+def _conditions(pod: Mapping[str, Any], ready: bool, now: str, *, ended: bool = False,
+                running: bool = False) -> list[dict[str, Any]]:
     before = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
     wanted = {"PodScheduled": True, "Initialized": True, "ContainersReady": ready, "Ready": ready}
     out = []
@@ -81,6 +85,10 @@ def _conditions(pod: Mapping[str, Any], ready: bool, now: str, *, ended: bool = 
                                      "lastProbeTime": None}
         if not value and ended:
             condition.update(reason="PodCompleted", message="the container has ended")
+        elif not value and running:
+            condition.update(reason="ContainersNotReady",
+                             message=f"containers with unready status: [{_name(pod)}] (its readiness or startup "
+                             "probe has not passed)")
         elif not value:
             condition.update(reason="ContainersNotReady", message="the container is not running")
         out.append(condition)
@@ -104,6 +112,12 @@ def _name(pod: Mapping[str, Any]) -> str:
 
 def _waiting(reason: str, message: str) -> dict[str, Any]:
     return {"waiting": {"reason": reason, "message": message}}
+
+
+def _last_state(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``lastState`` the pod's status holds now (written while its container backed off)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return dict(statuses[0].get("lastState") or {})
 
 
 def _start_time(pod: Mapping[str, Any], view: ProvisionView | None, now: str) -> str:
@@ -174,9 +188,13 @@ def observe(pod: Mapping[str, Any], view: ProvisionView | None, workload: Contai
         return pending("ContainerCreating", message, (NORMAL, "Booting", message))
     if workload.state == "running":
         started = kube_time(workload.started_at) or stamp
-        status = {**with_ip, "phase": "Running", "conditions": _conditions(pod, True, stamp),
-                  "containerStatuses": [_container(pod, {"running": {"startedAt": started}}, ready=True, started=True,
-                                                   restarts=restarts, container_id=container_id)]}
+        ready = workload.ready is not False  # None: an agent without probes, ready while it runs
+        container = _container(pod, {"running": {"startedAt": started}}, ready=ready,
+                               started=workload.started is not False, restarts=restarts, container_id=container_id)
+        if restarts:  # a kubelet keeps the last run's end while the container runs again
+            container["lastState"] = _last_state(pod)
+        status = {**with_ip, "phase": "Running", "conditions": _conditions(pod, ready, stamp, running=True),
+                  "containerStatuses": [container]}
         message = f"started the container on {view.provider} node {view.node_id}, pod IP {address}"
         return Observation(status, "Running", (NORMAL, "Started", message))
     code = workload.exit_code if workload.exit_code is not None else (0 if workload.reason == "Completed" else 1)

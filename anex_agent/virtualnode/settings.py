@@ -17,6 +17,8 @@ flag                           variable                          meaning
 ``--capacity-cpu/-memory-mib/-gpus N``                           capacity while the offers cannot be read
 ``--offers-limit N``                                             offers summed into the capacity (100)
 ``--poll-interval SECONDS``                                      how often ready provisions' nodes are read (2)
+``--volume-refresh SECONDS``                                     how often running pods' ConfigMap and Secret
+                                                                 volumes are read again, changed files pushed (60)
 ``--metrics-listen IP:PORT``   ``ANEX_VIRTUAL_NODE_METRICS_LISTEN``  Prometheus metrics there (GET /metrics, no
                                                                  token: bind loopback); default: not served
 =============================  ================================  =============================================
@@ -62,6 +64,7 @@ class Settings:
     fallback: Capacity = Capacity(pods=100, cpu=256, memory_mib=1024 * 1024, gpus=64)
     offers_limit: int = 100
     poll_interval: float = 2.0
+    volume_refresh: float = 60.0
     kubeconfig_source: str = "--kubeconfig"  # or KUBECONFIG: what a message about it names
     lease_interval: float = LEASE_INTERVAL
     status_interval: float = STATUS_INTERVAL
@@ -96,6 +99,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="offers (cheapest first) summed into a Node's capacity (100)")
     parser.add_argument("--poll-interval", default="2", metavar="SECONDS",
                         help="how often the nodes of ready provisions are read for the workload's state (2)")
+    parser.add_argument("--volume-refresh", default="60", metavar="SECONDS",
+                        help="how often the ConfigMap and Secret volumes of running pods are read again, a changed "
+                             "file pushed to the machine (60)")
     parser.add_argument("--metrics-listen", default=None, metavar="IP:PORT",
                         help="serve Prometheus metrics on IP:PORT (GET /metrics, no token: bind loopback or an "
                              "address only the cluster's Prometheus reaches) [ANEX_VIRTUAL_NODE_METRICS_LISTEN] "
@@ -165,6 +171,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         poll = parse.number(str(args.poll_interval), minimum=0.1)
     except ValueError as err:
         raise ConfigError("--poll-interval", f"{args.poll_interval!r}: {err}") from None
+    try:
+        refresh = parse.number(str(getattr(args, "volume_refresh", "60")), minimum=0.1)
+    except ValueError as err:
+        raise ConfigError("--volume-refresh", f"{args.volume_refresh!r}: {err}") from None
     metrics_text, metrics_source = ((args.metrics_listen, "--metrics-listen") if getattr(args, "metrics_listen", None)
                                     else (env.get("ANEX_VIRTUAL_NODE_METRICS_LISTEN", ""),
                                           "ANEX_VIRTUAL_NODE_METRICS_LISTEN"))
@@ -179,4 +189,4 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
                     internal_ip=internal_ip, ca_file=args.ca_file, node_prefix=args.node_prefix,
                     kubelet_port=kubelet_port, provision_prefix=args.provision_prefix, max_pods=max_pods,
                     fallback=fallback, offers_limit=_int("--offers-limit", args.offers_limit, 1, 1000),
-                    poll_interval=poll, metrics_listen=metrics, kubeconfig_source="--kubeconfig" if args.kubeconfig else "KUBECONFIG")
+                    poll_interval=poll, volume_refresh=refresh, metrics_listen=metrics, kubeconfig_source="--kubeconfig" if args.kubeconfig else "KUBECONFIG")

@@ -483,6 +483,13 @@ class ContainerState(Model):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     restart_count: Counter = 0
+    ready: bool | None = Field(None, description="running: whether its readiness probe passes (True without one, once "
+                               "started); None: the agent runs no probes (read: ready while running)")
+    started: bool | None = Field(None, description="running: whether its startup probe passed (True without one); "
+                                 "None: the agent runs no probes")
+    probe_failures: Counter = Field(0, description="how many times a probe decided against the workload so far "
+                                    "(a readiness probe unready, a liveness or startup probe stopping it), all runs")
+    probe_message: ShortText = Field("", description="the last such decision, e.g. 'Liveness probe failed: ...'")
 
 
 class TransportStatus(Model):

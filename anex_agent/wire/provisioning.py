@@ -51,6 +51,16 @@ LIVE_STATES = frozenset({ProvisionState.selecting, ProvisionState.renting, Provi
 WORK_STATES = LIVE_STATES - {ProvisionState.ready} | {ProvisionState.deleting}  # the loop acts on these
 
 
+class RegistryAuth(Model):
+    """A login to the registry of a private image (a pod's ``imagePullSecrets``). Secret: the
+    coordinator stores it sealed and never answers it back."""
+
+    server: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:\[\]-]+$",
+                        description="the registry's host[:port], e.g. ghcr.io or docker.io")
+    username: str = Field(min_length=1, max_length=256)
+    password: str = Field(min_length=1, max_length=8192, repr=False)
+
+
 class ProvisionCreate(Model):
     """What to provision. ``name`` is unique among provisions not deleted and makes the request
     idempotent: sending the same body again answers the existing provision."""
@@ -69,6 +79,9 @@ class ProvisionCreate(Model):
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list, max_length=64)
     disk_gb: float | None = Field(None, gt=0, le=100_000, description="disk to allocate; default: the "
                                   "anex.sh/disk annotation, else 20")
+    registry_auth: RegistryAuth | None = Field(
+        None, description="the login the provider uses to pull a private image (Vast.AI image_login, RunPod "
+        "container registry auth); stored sealed, never answered back")
     agent: Literal["entrypoint", "download"] | None = Field(
         None, description="how the agent starts on the machine: entrypoint (the image's entrypoint is the agent; "
         "it gets the join token in its environment) or download (a start script fetches the single-file agent "

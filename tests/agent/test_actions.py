@@ -23,7 +23,7 @@ def auth():
     return {"Authorization": f"Bearer {next(TOKENS)}"}
 
 
-def make_api(workload, push_dirs=(), local=True, max_bytes=1024):
+def make_api(workload, push_dirs=(), local=True, max_bytes=1024, on_pushed=None):
     async def status():
         return {}
 
@@ -34,7 +34,7 @@ def make_api(workload, push_dirs=(), local=True, max_bytes=1024):
         return Claims("n-1", int(now), int(now) + 60, token_id=token) if token.startswith("good") else None
 
     api = AgentApi(status, ready, verify, is_local=lambda request: local)
-    add_routes(api, lambda: workload, push_dirs=[str(d) for d in push_dirs], max_bytes=max_bytes)
+    add_routes(api, lambda: workload, push_dirs=[str(d) for d in push_dirs], max_bytes=max_bytes, on_pushed=on_pushed)
     return api
 
 
@@ -186,5 +186,18 @@ async def test_a_pushed_file_belongs_to_the_workload_account(tmp_path):
     try:
         assert (await client.put(f"/files?path={root}/mine", data=b"x", headers=auth())).status == 201
         assert (root / "mine").stat().st_uid == os.geteuid()
+    finally:
+        await client.close()
+
+
+async def test_each_pushed_file_is_told_to_the_hook_and_a_refused_one_is_not(tmp_path):
+    told: list[str] = []
+    client = await _client(make_api(None, [tmp_path], on_pushed=told.append))
+    try:
+        resp = await client.put(f"/files?path={tmp_path}/a.conf&mode=0600", data=b"a", headers=auth())
+        assert resp.status == 201
+        resp = await client.put(f"/files?path={tmp_path}/missing/b", data=b"b", headers=auth())
+        assert resp.status == 409
+        assert told == [f"{tmp_path}/a.conf"]
     finally:
         await client.close()

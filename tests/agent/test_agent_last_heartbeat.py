@@ -99,9 +99,9 @@ def _stop(agent: subprocess.Popen) -> None:
     print("--- agent\n" + out[-3000:] + "\n" + err[-6000:])
 
 
-def _node(url: str) -> dict:
+def _node(url: str, name: str = "last-beat") -> dict:
     _, nodes = http("GET", f"{url}/v1/nodes", token=ADMIN_TOKEN)
-    node = next(n for n in nodes["nodes"] if n["name"] == "last-beat")
+    node = next(n for n in nodes["nodes"] if n["name"] == name)
     return http("GET", f"{url}/v1/nodes/{node['id']}", token=ADMIN_TOKEN)[1]
 
 

@@ -385,3 +385,25 @@ async def test_the_wait_for_the_tunnel_lets_the_loop_run_with_no_gateway_and_end
     await asyncio.wait({waiter, readied}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
     assert ready.is_set() and waiter.done() and waiter.exception() is None
     readied.cancel()
+
+
+async def test_the_socks5_proxy_runs_over_the_engines_dialer_only_when_asked(plane):
+    make, _ = plane
+    dp, _ = await make(ContractEngine)
+    assert dp.socks is None and (await dp.status_doc())["socks"] is None  # off by default
+    socks = ListenAddress("127.0.0.1", free_port())
+    dp, _ = await make(ContractEngine, socks_listen=socks)
+    assert dp.socks is not None and dp.socks.dialer is dp.dialer
+    assert (await dp.status_doc())["socks"] == str(socks) and f"socks={socks}" in dp.summary()
+    reader, writer = await asyncio.open_connection("127.0.0.1", socks.port)
+    writer.write(bytes([5, 1, 0]))  # RFC 1928 greeting: no authentication
+    assert await asyncio.wait_for(reader.readexactly(2), 10) == bytes([5, 0])
+    writer.close()
+
+
+async def test_an_engine_that_serves_the_workload_is_told_where_the_socks5_proxy_goes(plane):
+    make, _ = plane
+    socks = ListenAddress("127.0.0.1", free_port())
+    dp, _ = await make(SelfServingEngine, socks_listen=socks)
+    assert dp.socks is None  # the engine serves it
+    assert dp.engine.applied[-1][1].socks_address == str(socks)

@@ -586,3 +586,34 @@ async def test_download_fails_the_provision_when_the_agent_file_is_gone(tmp_path
         assert vast.rent_calls == [] and view["attempts"][0]["outcome"] == "failed"
     finally:
         await stop_harness(harness)
+
+
+async def test_a_registry_login_is_stored_sealed_reaches_the_rent_and_is_never_answered(tmp_path, database_url,
+                                                                                          shift):
+    from anex_agent.coordinator.provisioning import registry_auth
+
+    vast = FakeRentals()
+    harness = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1")))
+    api = Api(harness)
+    password = "pull-pa55-word-7c1"
+    spec = {**SPEC, "registry_auth": {"server": "ghcr.io", "username": "acme", "password": password}}
+    try:
+        status, created = await api.call("POST", "/v1/provisions", spec)
+        assert status == 202 and password not in json.dumps(created)
+        assert (await api.call("POST", "/v1/provisions", spec))[0] == 200  # the same body: idempotent
+        other = {**spec, "registry_auth": {**spec["registry_auth"], "password": "another"}}
+        assert (await api.call("POST", "/v1/provisions", other))[0] == 409
+        _view, request = await _booting_request(api, vast, created["id"])
+        login = request.registry_login
+        assert (login.server, login.username, login.password) == ("ghcr.io", "acme", password)
+        row = await store.get(harness.ctx.db, created["id"])
+        assert password not in row["spec"] and password not in row["spec_hash"]
+        assert row["registry_auth"].startswith("v1:") and password not in row["registry_auth"]
+        assert registry_auth.unseal(harness.ctx.signing_key, row["registry_auth"], "train-1").password == password
+        with pytest.raises(registry_auth.SealError):  # bound to its provision's name
+            registry_auth.unseal(harness.ctx.signing_key, row["registry_auth"], "train-2")
+        with pytest.raises(registry_auth.SealError):  # and to this coordinator's key
+            registry_auth.unseal(b"\x01" * 32, row["registry_auth"], "train-1")
+        assert password not in json.dumps((await api.call("GET", f"/v1/provisions/{created['id']}"))[1])
+    finally:
+        await stop_harness(harness)

@@ -9,7 +9,8 @@ import logging
 import pytest
 
 from anex_agent.providers.rentals import (
-    KeyRefused, NoCapacity, ProviderUnavailable, RentRefused, RentRequest, cluster_label_prefix, rental_label,
+    KeyRefused, NoCapacity, ProviderUnavailable, RegistryLogin, RentRefused, RentRequest, cluster_label_prefix,
+    rental_label,
 )
 from anex_agent.providers.runpod.rentals import RunPodRentalConfig, RunPodRentals, parse_offer
 from anex_agent.providers.vastai.rentals import VastAIRentals, rent_body
@@ -243,3 +244,38 @@ async def test_no_capacity_is_its_own_error_and_rents_nothing(side):
         await side.rentals.rent(request(side.offer()))
     assert not isinstance(info.value, NoCapacity)
     assert (await side.rentals.rent(request(side.offer()))).rental_id in side.fake.rentals
+
+
+LOGIN = RegistryLogin("registry.example.com", "puller", "pull-pa55-word", fingerprint="f" * 64)
+
+
+async def test_a_private_images_registry_login_reaches_the_provider_as_its_api_takes_it(side, caplog):
+    caplog.set_level(logging.DEBUG)
+    first = await side.rentals.rent(request(side.offer(), registry_login=LOGIN))
+    second = await side.rentals.rent(request(side.offer(2), provision="p2", registry_login=LOGIN))
+    if side.kind == "vastai":
+        for rental in (first, second):
+            assert side.fake.rentals[rental.rental_id].body["image_login"] == \
+                "-u puller -p pull-pa55-word registry.example.com"
+    else:  # saved once at RunPod under a name that says nothing of it, then named by each pod
+        [saved] = side.fake.registry_auths.values()
+        assert (saved["username"], saved["password"]) == ("puller", "pull-pa55-word")
+        assert saved["name"] == "anex-" + "f" * 32
+        assert {side.fake.rentals[r.rental_id].body["containerRegistryAuthId"] for r in (first, second)} == \
+            {saved["id"]}
+    assert "pull-pa55-word" not in caplog.text and "pull-pa55-word" not in repr(LOGIN)
+    plain = await side.rentals.rent(request(side.offer(3), provision="p3"))
+    assert not {"image_login", "containerRegistryAuthId"} & set(side.fake.rentals[plain.rental_id].body)
+
+
+async def test_the_fakes_refuse_a_login_their_api_would_refuse(side):
+    import aiohttp
+
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {KEY}"}) as http:
+        if side.kind == "vastai":
+            answer = await http.put(f"{side.fake.url}/asks/{side.offer()}/", json={
+                "client_id": "me", "image": "x", "image_login": "puller:pw@registry"})
+        else:
+            answer = await http.post(f"{side.fake.url}/pods", json={
+                "name": "n", "imageName": "x", "containerRegistryAuthId": "cra-unknown"})
+        assert answer.status == 400

@@ -48,8 +48,11 @@ def test_env_value_from_secrets_config_maps_and_fields_and_env_from():
                ("secret", "nope"): None}
     out = translate(pod, objects, prefix="vk-")
     env = out.spec.env
-    assert env["PLAIN"] == "1" and env["PASSWORD"] == "s3cret" and env["MODE"] == "fast"
-    assert env["CFG_mode"] == "fast" and env["user"] == "me" and env["password"] == "s3cret"
+    assert env["PLAIN"] == "1" and env["MODE"] == "fast" and env["CFG_mode"] == "fast"
+    # values from Secrets never travel in the provision (the coordinator stores it): pushed to the agent
+    assert "s3cret" not in out.spec.model_dump_json() and "PASSWORD" not in env and "user" not in env
+    assert podspec.secret_env(pod, objects) == {"PASSWORD": "s3cret", "user": "me", "password": "s3cret"}
+    assert env["ANEX_POD_FILES"] == '{"dirs":[]}'  # the agent waits for them
     assert env["POD"] == "my-gpu-workload" and env["NS"] == "default" and env["UID"] == UID
     assert env["REGION"] == "europe" and env["GW_TUNNEL_5432"] == "db.default.svc.cluster.local:5432"
     assert "MISSING_OK" not in env and "IP" not in env and "CFG_bad-key" not in env
@@ -81,12 +84,20 @@ def test_what_cannot_run_is_refused_naming_the_field(change, field):
     assert refused.value.field == field and str(refused.value).startswith(field + ": ")
 
 
-def test_config_map_secret_and_empty_dir_volumes_are_accepted_and_undelivered_files_said():
-    pod = seed(volumeMounts=[{"name": "cfg", "mountPath": "/etc/app"}, {"name": "scratch", "mountPath": "/tmp/s"}])
+def test_config_map_and_secret_volumes_are_delivered_and_the_others_said_undelivered():
+    pod = seed(volumeMounts=[{"name": "cfg", "mountPath": "/etc/app"}, {"name": "scratch", "mountPath": "/tmp/s"},
+                             {"name": "info", "mountPath": "/etc/info"}])
     pod["spec"]["volumes"] += [{"name": "cfg", "configMap": {"name": "app"}}, {"name": "scratch", "emptyDir": {}},
-                               {"name": "tls", "secret": {"secretName": "t"}}]
-    out = translate(pod, {}, prefix="vk-")
-    assert [w for w in out.warnings if "/etc/app" in w] and not [w for w in out.warnings if "/tmp/s" in w]
+                               {"name": "tls", "secret": {"secretName": "t"}},
+                               {"name": "info", "downwardAPI": {"items": []}}]
+    out = translate(pod, {("configmap", "app"): {"a": "1"}}, prefix="vk-")
+    assert not [w for w in out.warnings if "/etc/app" in w or "/tmp/s" in w]
+    assert [w for w in out.warnings if "/etc/info" in w]
+    assert out.spec.env["ANEX_POD_FILES"] == '{"dirs":["/etc/app"]}'
+    assert podspec.references(pod) == {("configmap", "app")}  # tls is not mounted
+    with pytest.raises(Refusal) as refused:
+        translate(pod, {}, prefix="vk-")
+    assert refused.value.field == "spec.containers[0].volumeMounts[0].name" and "'app'" in refused.value.message
 
 
 def test_gpu_limits_become_the_gpu_count_unless_an_annotation_says_it():
@@ -137,3 +148,36 @@ def test_the_restart_policy_travels_to_the_agent_and_wins_over_the_pods_env(poli
     if policy is not None:
         pod["spec"]["restartPolicy"] = policy
     assert translate(pod, {}, prefix="vk-").spec.env["ANEX_RESTART_POLICY"] == carried
+
+
+def test_the_probes_travel_to_the_agent_with_named_ports_resolved_and_the_pods_grace():
+    import json
+
+    from anex_agent.agent import probe_spec
+
+    pod = seed(ports=[{"name": "http", "containerPort": 8080}],
+               livenessProbe={"httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"},
+                              "periodSeconds": 5, "failureThreshold": 2},
+               readinessProbe={"tcpSocket": {"port": 8080}, "successThreshold": 2},
+               startupProbe={"exec": {"command": ["cat", "/tmp/started"]}, "failureThreshold": 30})
+    pod["spec"]["terminationGracePeriodSeconds"] = 7
+    carried = translate(pod, {}, prefix="vk-").spec.env["ANEX_PROBES"]
+    probes = probe_spec.parse(carried)  # what the agent reads
+    assert probes.liveness.port == 8080 and probes.liveness.path == "/healthz" and probes.liveness.period == 5
+    assert probes.liveness.failure_threshold == 2 and probes.liveness.grace == 7
+    assert probes.readiness.handler == "tcpSocket" and probes.readiness.success_threshold == 2
+    assert probes.readiness.grace is None  # readiness never kills
+    assert probes.startup.command == ("cat", "/tmp/started") and probes.startup.failure_threshold == 30
+    assert "ANEX_PROBES" not in translate(seed(), {}, prefix="vk-").spec.env
+    assert json.loads(carried)["liveness"]["httpGet"]["port"] == 8080
+
+
+@pytest.mark.parametrize("probe, field", [
+    ({"grpc": {"port": 9000}}, "spec.containers[0].livenessProbe.grpc"),
+    ({"httpGet": {"port": "metrics"}}, "spec.containers[0].livenessProbe.httpGet.port"),
+    ({"tcpSocket": {"port": "nope"}}, "spec.containers[0].livenessProbe.tcpSocket.port"),
+])
+def test_a_probe_the_agent_cannot_run_is_refused_naming_its_field(probe, field):
+    with pytest.raises(Refusal) as err:
+        translate(seed(livenessProbe=probe), {}, prefix="vk-")
+    assert err.value.field == field

@@ -67,6 +67,24 @@ def test_running_with_the_mesh_address_as_pod_ip():
     assert obs.event == ("Normal", "Started", obs.event[2]) and "10.254.0.7" in obs.event[2]
 
 
+@pytest.mark.parametrize("ready, started", [(False, True), (False, False)])
+def test_a_running_container_its_probes_call_unready_leaves_the_pod_not_ready(ready, started):
+    workload = ContainerState(state="running", started_at=NOW, ready=ready, started=started)
+    obs = observe(seed(), view("ready", **READY), workload, host_ip=HOST, now=NOW)
+    assert obs.status["phase"] == "Running" and obs.step == "Running"
+    c = container(obs)
+    assert c["ready"] is False and c["started"] is started and "running" in c["state"]
+    conditions = {x["type"]: x for x in obs.status["conditions"]}
+    assert conditions["Ready"]["status"] == "False" and conditions["ContainersReady"]["status"] == "False"
+    assert conditions["Ready"]["reason"] == "ContainersNotReady" and "[training]" in conditions["Ready"]["message"]
+    flipped = observe({**seed(), "status": obs.status}, view("ready", **READY),
+                      workload.model_copy(update={"ready": True, "started": True}), host_ip=HOST,
+                      now=NOW + timedelta(seconds=7))
+    ready_now = {x["type"]: x for x in flipped.status["conditions"]}["Ready"]
+    assert ready_now["status"] == "True" and ready_now["lastTransitionTime"] == "2026-11-27T12:00:07Z"
+    assert container(flipped)["ready"] is True and container(flipped)["started"] is True
+
+
 @pytest.mark.parametrize("code, reason, signal, phase", [
     (0, "Completed", None, "Succeeded"), (3, "Error", None, "Failed"), (137, "OOMKilled", 9, "Failed"),
 ])
@@ -140,3 +158,13 @@ def test_a_workload_its_policy_restarts_is_running_in_crash_loop_back_off_with_i
     again = observe(pod, view("ready", **READY), workload.model_copy(update={"restart_count": 3}), host_ip=HOST,
                     now=NOW)
     assert again.step != obs.step  # each back-off is an Event of its own
+
+
+def test_running_again_after_a_restart_keeps_the_last_runs_end():
+    backing_off = ContainerState(state="waiting", reason="CrashLoopBackOff", exit_code=143, started_at=NOW,
+                                 finished_at=NOW, restart_count=0)
+    first = observe(seed(), view("ready", **READY), backing_off, host_ip=HOST, now=NOW)
+    again = observe({**seed(), "status": first.status}, view("ready", **READY),
+                    ContainerState(state="running", started_at=NOW, restart_count=1), host_ip=HOST, now=NOW)
+    c = container(again)
+    assert c["restartCount"] == 1 and c["lastState"]["terminated"]["exitCode"] == 143 and "running" in c["state"]

@@ -27,7 +27,8 @@ def test_defaults_and_environment():
               env={**ENV, "KUBECONFIG": "/k"})
     assert s.providers == ("vastai",) and s.kubelet_port == 10251 and s.internal_ip == "192.168.1.2"
     assert s.kubeconfig == "/k"
-    assert s.metrics_listen is None
+    assert s.metrics_listen is None and s.volume_refresh == 60
+    assert parse("--volume-refresh", "2.5").volume_refresh == 2.5
     assert parse("--metrics-listen", ":9108").metrics_listen == ("127.0.0.1", 9108)
     assert parse(env={**ENV, "ANEX_VIRTUAL_NODE_METRICS_LISTEN": "0.0.0.0:9108"}).metrics_listen == ("0.0.0.0", 9108)
 
@@ -43,6 +44,7 @@ def test_defaults_and_environment():
     (("--provision-prefix", "VK_"), ENV, "--provision-prefix"),
     (("--max-pods", "-1"), ENV, "--max-pods"),
     (("--poll-interval", "0"), ENV, "--poll-interval"),
+    (("--volume-refresh", "soon"), ENV, "--volume-refresh"),
     (("--coordinator", "ftp://x"), ENV, "--coordinator"),
     (("--metrics-listen", "127.0.0.1:x"), ENV, "--metrics-listen"),
     ((), {**ENV, "ANEX_VIRTUAL_NODE_METRICS_LISTEN": "nowhere"}, "ANEX_VIRTUAL_NODE_METRICS_LISTEN"),

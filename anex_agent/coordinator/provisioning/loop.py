@@ -62,7 +62,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from anex_agent.coordinator import changes, credentials, nodes, problems
-from anex_agent.coordinator.provisioning import boot, costs, recovery, store
+from anex_agent.coordinator.provisioning import boot, costs, recovery, registry_auth, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
 from anex_agent.coordinator.provisioning.models import LIVE_STATES, ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import ERROR, INTERRUPTION, NO_CAPACITY, RecoveryPolicy, parse_policy
@@ -441,7 +441,16 @@ class Provisioner:
             log.error("provision %s: %s", pid, err)
             await self._transition(pid, S.renting, S.failed, reason=str(err), end=(number, "failed", str(err)))
             return None
+        login = None
+        if row.get("registry_auth"):
+            try:
+                login = registry_auth.unseal(self.ctx.signing_key, row["registry_auth"], spec.name)
+            except registry_auth.SealError as err:
+                log.error("provision %s: %s", pid, err)
+                await self._transition(pid, S.renting, S.failed, reason=str(err), end=(number, "failed", str(err)))
+                return None
         request = RentRequest(
+            registry_login=login,
             provision_id=pid, label=rental_label(self.cluster_id, pid), offer_id=attempt["offer_id"],
             image=spec.image, env={**spec.env, **creds.env}, command=tuple(spec.command) + tuple(spec.args),
             onstart=creds.onstart, ports=tuple(spec.ports), disk_gb=_disk_gb(spec),

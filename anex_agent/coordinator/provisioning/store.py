@@ -9,6 +9,8 @@ Tables (migration 400, SQL portable between SQLite and PostgreSQL):
   made (above 0: a rental may exist, list by label before renting again);
   ``lease_owner``/``lease_until``: the coordinator process driving it (several coordinators
   on one PostgreSQL never drive one provision at once).
+* ``provisions.registry_auth`` (migration 470): the provision's registry login, sealed
+  (:mod:`.registry_auth`); the ``spec`` column never holds it.
 * ``provision_attempts``: every attempt (offer, provider, rental id, when rented and ended,
   outcome and reason); the cost is price x time rented.
 
@@ -28,7 +30,7 @@ from typing import Any
 from anex_agent.coordinator import changes, credentials, tokens
 from anex_agent.coordinator.db import Conn, Database
 from anex_agent.coordinator.migrations import Migration
-from anex_agent.coordinator.provisioning import boot, models
+from anex_agent.coordinator.provisioning import boot, models, registry_auth
 
 MIGRATIONS = [
     Migration(400, "provisioning: provisions and their attempts", """
@@ -71,6 +73,7 @@ MIGRATIONS = [
         );
         CREATE INDEX provision_attempts_rental ON provision_attempts (rental_id)
     """),
+    registry_auth.MIGRATION,
 ]
 
 CLUSTER_ID_SETTING = "cluster_id"
@@ -88,7 +91,8 @@ async def cluster_id(db: Database) -> str:
 
 
 def spec_json(spec: models.ProvisionCreate) -> str:
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The body as stored: everything but the registry login (sealed in its own column)."""
+    return json.dumps(spec.model_dump(mode="json", exclude={"registry_auth"}), sort_keys=True, separators=(",", ":"))
 
 
 def spec_hash(text: str) -> str:
@@ -104,12 +108,21 @@ async def append_change(db: Database, tx: Conn, provision_id: str, state: str, *
                          payload={"id": provision_id, "state": state}, now=now)
 
 
-async def create(db: Database, spec: models.ProvisionCreate, *, now: float) -> tuple[dict, bool]:
+async def create(db: Database, spec: models.ProvisionCreate, *, now: float,
+                 signing_key: bytes | None = None) -> tuple[dict, bool]:
     """``(row, created)``: a new provision in ``selecting``, or the live one of that name and body.
 
-    Raises :class:`ValueError` when a live provision of that name has another body."""
+    A registry login is stored sealed (:mod:`.registry_auth`, under ``signing_key``) and joins the
+    body's hash as its HMAC. Raises :class:`ValueError` when a live provision of that name has
+    another body."""
     text = spec_json(spec)
     digest = spec_hash(text)
+    sealed = None
+    if spec.registry_auth is not None:
+        if signing_key is None:
+            raise TypeError("a provision with a registry login needs the coordinator's signing key to seal it")
+        digest = f"{digest}:{registry_auth.fingerprint(signing_key, spec.registry_auth)}"
+        sealed = registry_auth.seal(signing_key, spec.registry_auth, spec.name)
     async with db.transaction() as tx:
         existing = await tx.fetchrow("SELECT * FROM provisions WHERE live_name = $1", spec.name)
         if existing is not None:
@@ -118,8 +131,9 @@ async def create(db: Database, spec: models.ProvisionCreate, *, now: float) -> t
             return existing, False
         provision_id = credentials.new_id("pv")
         await tx.execute(
-            "INSERT INTO provisions (id, name, live_name, spec, spec_hash, state, created_at, updated_at)"
-            " VALUES ($1, $2, $2, $3, $4, 'selecting', $5, $5)", provision_id, spec.name, text, digest, now)
+            "INSERT INTO provisions (id, name, live_name, spec, spec_hash, state, created_at, updated_at,"
+            " registry_auth) VALUES ($1, $2, $2, $3, $4, 'selecting', $5, $5, $6)", provision_id, spec.name, text,
+            digest, now, sealed)
         await append_change(db, tx, provision_id, "selecting", now=now)
         return await tx.fetchrow("SELECT * FROM provisions WHERE id = $1", provision_id), True
 

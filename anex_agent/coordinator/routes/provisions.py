@@ -122,7 +122,7 @@ class ProvisionRoutes:
             raise problems.Problem(503, "Service Unavailable", f"provisioning is not configured: {self.why_off}",
                                    slug="provisioning-off")
         try:
-            row, created = await store.create(self.ctx.db, spec, now=self._now())
+            row, created = await store.create(self.ctx.db, spec, now=self._now(), signing_key=self.ctx.signing_key)
         except ValueError:
             raise problems.Problem(
                 409, "Conflict", f"a provision named {spec.name} exists with another body; delete it first or "

@@ -12,7 +12,11 @@ GraphQL mutation picks a machine by itself within looser filters.
   "gpuCount", "cloudType": "SECURE"|"COMMUNITY", "dataCenterIds": [dc], "env": {..},
   "ports": ["P/tcp"], "containerDiskInGb", "interruptible": false}``; with a start script
   ``"dockerEntrypoint": ["/bin/sh", "-c", script]`` (RunPod has no separate on-start hook),
-  else ``"dockerStartCmd": command`` for the image's own entrypoint. The answer is the Pod
+  else ``"dockerStartCmd": command`` for the image's own entrypoint. A private image's registry
+  login is saved at RunPod first (``POST /containerregistryauth`` ``{"name", "username",
+  "password"}`` -> ``{"id", "name"}``, once per login: its name is the login's fingerprint and
+  ``GET /containerregistryauth`` finds it again) and the pod names it
+  (``"containerRegistryAuthId"``). Saved logins stay in the account (one per login, not per rent). The answer is the Pod
   (``id``, ``name``, ``costPerHr``, ``adjustedCostPerHr``, ``desiredStatus``, ``machineId``).
   The offer id is the selection's ``<gpu type id>@<data center>/<SECURE|COMMUNITY>/x<count>``
   (:mod:`anex_agent.providers.runpod.offers`).
@@ -32,7 +36,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from anex_agent.providers import rentals_http as provider_http
-from anex_agent.providers.rentals import ProviderUnavailable, Rental, RentRefused, RentRequest
+from anex_agent.providers.rentals import (
+    ProviderUnavailable, RegistryLogin, Rental, RentRefused, RentRequest,
+)
 from anex_agent.providers.offers_http import HttpPolicy, JsonClient, ProviderError
 from anex_agent.providers.runpod.offers import RunPodConfig
 
@@ -74,8 +80,15 @@ def parse_offer(offer_id: str) -> Offer | None:
     return Offer(match["gpu"], match["dc"], match["tier"], int(match["count"]))
 
 
-def create_body(request: RentRequest, offer: Offer) -> dict:
-    """The JSON body of ``POST /pods`` for ``request`` on ``offer``."""
+def registry_auth_name(login: RegistryLogin) -> str:
+    """The name a login is saved under at RunPod: its fingerprint (an HMAC), so the same login is
+    saved once and the name says nothing of it."""
+    return f"anex-{login.fingerprint[:32]}"
+
+
+def create_body(request: RentRequest, offer: Offer, registry_auth_id: str | None = None) -> dict:
+    """The JSON body of ``POST /pods`` for ``request`` on ``offer`` (``containerRegistryAuthId``: the
+    saved login to pull a private image with)."""
     body: dict = {
         "name": request.label,
         "imageName": request.image,
@@ -88,6 +101,8 @@ def create_body(request: RentRequest, offer: Offer) -> dict:
         "containerDiskInGb": max(1, math.ceil(request.disk_gb)),
         "interruptible": bool(request.interruptible),  # spot capacity (anex.sh/interruptible)
     }
+    if registry_auth_id is not None:
+        body["containerRegistryAuthId"] = registry_auth_id
     if request.onstart is not None:
         body["dockerEntrypoint"] = ["/bin/sh", "-c", request.onstart]
         body["dockerStartCmd"] = []
@@ -131,9 +146,10 @@ class RunPodRentals(provider_http.ProviderClient):
         if offer is None:
             raise RentRefused(NAME, str(request.offer_id),
                               "not a RunPod offer id (<gpu type>@<data center>/<SECURE|COMMUNITY>/x<count>)")
+        auth_id = await self._registry_auth(request.registry_login) if request.registry_login is not None else None
         try:
-            answer = await self._rent_client.request("POST", self._url("pods"), body=create_body(request, offer),
-                                                     headers=self._headers())
+            answer = await self._rent_client.request("POST", self._url("pods"),
+                                                     body=create_body(request, offer, auth_id), headers=self._headers())
         except ProviderError as err:
             raise provider_http.refused_or_unavailable(err, request.offer_id, f"creating a pod for {request.offer_id}") \
                 from None
@@ -144,6 +160,25 @@ class RunPodRentals(provider_http.ProviderClient):
         if rental.label != request.label:  # the pod is ours whatever name the answer echoes
             rental = replace(rental, label=request.label)
         return rental
+
+    async def _registry_auth(self, login: RegistryLogin) -> str:
+        """The id of ``login`` saved at RunPod (``GET /containerregistryauth``, else ``POST`` it)."""
+        name = registry_auth_name(login)
+        try:
+            saved = await self._client.request("GET", self._url("containerregistryauth"), headers=self._headers())
+            found = next((str(a["id"]) for a in saved if isinstance(a, dict) and a.get("name") == name
+                          and a.get("id")), None) if isinstance(saved, list) else None
+            if found is not None:
+                return found
+            made = await self._rent_client.request(
+                "POST", self._url("containerregistryauth"), headers=self._headers(),
+                body={"name": name, "username": login.username, "password": login.password})
+        except ProviderError as err:
+            raise provider_http.unavailable(err, f"saving the registry login for {login.server}") from None
+        if not isinstance(made, dict) or not made.get("id"):
+            raise ProviderUnavailable(NAME, "saving a registry login: the answer names no id")
+        log.info("runpod: saved the registry login for %s as %s", login.server, name)
+        return str(made["id"])
 
     async def destroy(self, rental_id: str) -> None:
         if not _POD_ID.match(str(rental_id)):

@@ -10,7 +10,9 @@
   arguments (the agent image). ``price`` (USD/hour) makes it an interruptible instance bidding
   that much (``anex.sh/interruptible``: the offer's price the selection chose); a higher bid
   takes the machine: the instance is then listed ``intended_status``/``actual_status``
-  ``stopped`` (the loop's event ``interruption``).
+  ``stopped`` (the loop's event ``interruption``). A private image's registry login is
+  ``"image_login": "-u USER -p PASSWORD SERVER"`` (the arguments of ``docker login``, as the vast
+  CLI's ``--login`` sends them).
 * destroy: ``DELETE /instances/{id}/``; 404 (or ``no_such_instance``) means already gone.
 * list: ``GET /instances/?owner=me`` -> ``{"instances": [...]}``, kept when ``label``
   starts with the prefix; the price is the instance's ``dph_total`` (USD/hour).
@@ -58,6 +60,9 @@ def rent_body(request: RentRequest) -> dict:
         "disk": max(1, math.ceil(request.disk_gb)),
         "label": request.label,
     }
+    if request.registry_login is not None:
+        login = request.registry_login
+        body["image_login"] = f"-u {login.username} -p {login.password} {login.server}"
     if request.interruptible and request.bid_per_hour is not None:
         body["price"] = round(float(request.bid_per_hour), 6)  # a bid: an interruptible instance
     if request.onstart is not None:

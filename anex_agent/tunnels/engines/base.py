@@ -214,7 +214,8 @@ class WorkloadConfig:
     """What the workload is offered, besides the tunnel: given to every engine with ``apply()``.
 
     ``proxy_address``: where the HTTP proxy listens (``HOST:PORT``); ``proxy_auth``:
-    whether it must ask for credentials; ``forwards``: ``GW_TUNNEL`` and pushed forwards;
+    whether it must ask for credentials; ``socks_address``: where the SOCKS5 proxy listens
+    (``""``: no SOCKS5 proxy), ``socks_auth``: whether it must ask for credentials; ``forwards``: ``GW_TUNNEL`` and pushed forwards;
     ``inbound_ports``: the workload's ports reachable from the mesh; ``dns``: cluster DNS
     servers; ``gateways``: the gateways' mesh addresses (for liveness checks).
     Engines that give a dialer ignore it (the agent serves the proxy and forwards);
@@ -223,6 +224,8 @@ class WorkloadConfig:
 
     proxy_address: str = "127.0.0.1:3128"
     proxy_auth: bool = False
+    socks_address: str = ""
+    socks_auth: bool = False
     forwards: tuple[Forward, ...] = ()
     inbound_ports: tuple[int, ...] = ()
     dns: tuple[str, ...] = ()

@@ -100,6 +100,9 @@ class WireproxyEngine(Engine):
         if workload.proxy_auth:
             raise ConfigError("proxy_auth", "is not supported with the wireproxy engine (its proxy is served by "
                                             "wireproxy, without credentials); unset it or use another engine")
+        if workload.socks_auth:
+            raise ConfigError("socks_auth", "is not supported with the wireproxy engine (its SOCKS5 proxy is served "
+                                            "by wireproxy, without credentials); unset it or use another engine")
 
     # ---------------------------------------------------------------- views (reports and tests)
 

@@ -63,12 +63,14 @@ class WireproxyOptions:
     """What wireproxy needs beyond the WireGuard config.
 
     ``proxy_address``: where its HTTP proxy listens (e.g. ``127.0.0.1:3128``);
+    ``socks_address``: where its SOCKS5 proxy listens (``""``: none);
     ``health_address``: where ``-i`` serves ``/readyz`` and ``/metrics`` (loopback only:
     ``/metrics`` reveals peers and endpoints); ``check_alive``: mesh addresses pinged for
     ``/readyz`` (the gateway's); ``dns``: resolvers inside the mesh.
     """
 
     proxy_address: str = "127.0.0.1:3128"
+    socks_address: str = ""
     health_address: str = "127.0.0.1:9080"
     dns: tuple[str, ...] = ()
     check_alive: tuple[str, ...] = ()
@@ -79,6 +81,8 @@ class WireproxyOptions:
     def __post_init__(self) -> None:
         _check_host_port(self.proxy_address, "proxy_address", literal=True)
         _check_host_port(self.health_address, "health_address", literal=True)
+        if self.socks_address:
+            _check_host_port(self.socks_address, "socks_address", literal=True)
         host, _ = parse.ip_port(self.health_address)
         if not ipaddress.ip_address(host).is_loopback:
             raise ConfigError("health_address", f"{self.health_address!r}: must be a loopback address "
@@ -92,19 +96,21 @@ class WireproxyOptions:
         if not 1 <= self.check_alive_interval <= 3600:
             raise ConfigError("check_alive_interval", f"{self.check_alive_interval} is not 1..3600 seconds")
         binds = [t.bind_address for t in self.client_tunnels] + [self.proxy_address, self.health_address]
+        binds += [self.socks_address] if self.socks_address else []
         if len(binds) != len(set(binds)):
-            raise ConfigError("client_tunnels", "two listeners (tunnels, proxy, health) share one address")
+            raise ConfigError("client_tunnels", "two listeners (tunnels, proxies, health) share one address")
         ports = [t.listen_port for t in self.server_tunnels]
         if len(ports) != len(set(ports)):
             raise ConfigError("server_tunnels", "the same listen_port appears twice")
 
     @classmethod
     def from_workload(cls, workload: WorkloadConfig, *, health_address: str = "127.0.0.1:9080") -> WireproxyOptions:
-        """Options serving ``workload``: the proxy on its address, a client tunnel
+        """Options serving ``workload``: the proxy (and the SOCKS5 proxy, when on) on its address, a client tunnel
         ``127.0.0.1:<listen_port> -> target`` per forward, a server tunnel ``<port> -> 127.0.0.1:<port>``
         per inbound port, its DNS, and CheckAlive on every gateway's mesh address."""
         return cls(
             proxy_address=workload.proxy_address,
+            socks_address=workload.socks_address,
             health_address=health_address,
             dns=tuple(workload.dns),
             check_alive=tuple(workload.gateways),
@@ -150,6 +156,8 @@ def render_config(desired: DesiredConfig, options: WireproxyOptions) -> str:
         if peer.persistent_keepalive:
             lines.append(f"PersistentKeepalive = {peer.persistent_keepalive}")
     lines += ["", "[http]", f"BindAddress = {options.proxy_address}"]
+    if options.socks_address:
+        lines += ["", "[Socks5]", f"BindAddress = {options.socks_address}"]
     for tunnel in options.client_tunnels:
         lines += ["", "[TCPClientTunnel]", f"BindAddress = {tunnel.bind_address}", f"Target = {tunnel.target}"]
     for server in options.server_tunnels:

@@ -1,0 +1,159 @@
+"""The SOCKS5 proxy the workload reaches at ``ANEX_SOCKS_LISTEN`` (off unless set; e.g. 127.0.0.1:1080).
+
+The thin asyncio driver of :mod:`.socks5_core` (RFC 1928 / RFC 1929, sans-I/O): it reads the
+client's greeting, credentials and request, dials the destination through the
+:class:`~anex_agent.net.dialer.Dialer` (a domain name goes to the Dialer as it is, so cluster
+names are resolved by the cluster's DNS over the mesh, as for the HTTP proxy), answers, and
+relays bytes both ways with :func:`anex_agent.frontends.relay.relay` (half-close;
+``os.splice`` between kernel sockets, the relay's pooled buffers otherwise).
+
+* ``CONNECT`` to an IPv4 address, an IPv6 address or a domain name; ``BIND`` and
+  ``UDP ASSOCIATE`` are answered "command not supported" (``07``);
+* replies: ``00`` succeeded (with the proxy's end of the outbound connection as BND, or
+  0.0.0.0:0 on a user-space stack), ``02`` not allowed (a client from beyond loopback asking
+  for this machine, :mod:`.this_host`: the HTTP proxy's 403), ``03`` network unreachable,
+  ``04`` host unreachable (the name does not resolve, or no answer), ``05`` connection
+  refused (the HTTP proxy's 502 cases), ``08`` address type not supported;
+* credentials (RFC 1929) when ``auth`` is given; the client must offer method ``02``;
+* the negotiation (greeting to request) must complete within ``handshake_timeout`` (the HTTP
+  proxy's 120 s for a request head); a malformed one is logged at debug level, naming the
+  field, and the connection is closed after the answer the RFC allows.
+
+Who may connect: anyone who can reach the listen address. The default is loopback;
+credentials are required to bind anywhere else (:func:`.socks5_core.check_listener`).
+
+Start it in-process::
+
+    async with Socks5Server(OSDialer(resolver), host="127.0.0.1", port=1080) as socks:
+        print(socks.address)
+        await socks.wait_closed()      # or do other work; leaving the block stops it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from anex_agent.net.dialer import Connection, Dialer
+from anex_agent.errors import DialError
+from anex_agent.frontends import socks5_core as core
+from anex_agent.frontends import this_host
+from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
+from anex_agent.frontends.relay import relay
+from anex_agent.frontends.tcp_server import TcpServer
+from anex_agent.net.peer_log import peer_text
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT = 120.0  # seconds from accept to a complete request (as the HTTP proxy's head timeout)
+HANDSHAKE_BUFFER = 1024  # bytes read at a time until the request is complete (a request is at most 262)
+
+
+class Socks5Server(TcpServer):
+    """Listens for SOCKS5 clients and serves each connection in a named task.
+
+    Async context manager: entering binds (``PortInUseError`` naming ANEX_SOCKS_LISTEN when
+    the port is taken) and starts accepting; leaving stops and closes everything. Bound beyond
+    loopback without ``auth``, it refuses to be built (ConfigError naming ANEX_SOCKS_LISTEN).
+    """
+
+    listen_source = core.LISTEN_SOURCE
+    task_prefix = "socks5"
+    what = "SOCKS5 proxy"
+
+    def __init__(
+        self,
+        dialer: Dialer,
+        *,
+        host: str = core.DEFAULT_LISTEN[0],
+        port: int = core.DEFAULT_LISTEN[1],
+        auth: core.SocksAuth | None = None,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    ) -> None:
+        core.check_listener(host, auth)
+        super().__init__(host, port)
+        self.dialer = dialer
+        self.auth = auth
+        self.handshake_timeout = handshake_timeout
+
+    def started(self) -> None:
+        log.info("SOCKS5 proxy on %s:%d (%s)", *self.address, "username/password required" if self.auth else "no auth")
+
+    async def serve_client(self, client: Connection, client_ip: str) -> None:
+        """Negotiate, dial, answer, relay: one client connection (closed by the caller)."""
+        socks = core.Socks5Connection(self.auth)
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                event = await _negotiate(socks, client)
+        except core.Socks5ProtocolError as err:
+            log.debug("SOCKS5 proxy: malformed negotiation from %s: %s", client_ip, peer_text(err.reason, 240))
+            await _send_quietly(client, socks.data_to_send())
+            return
+        except (TimeoutError, OSError):
+            return
+        if event is None:  # EOF before a request
+            return
+        if isinstance(event, core.Refused):  # its answer is sent
+            log.debug("SOCKS5 proxy: refused %s: %s", client_ip, event.reason)
+            return
+        upstream = await self._dial(socks, event, client_ip)
+        if upstream is None:
+            await _send_quietly(client, socks.data_to_send())
+            return
+        try:
+            bound = None
+            if upstream.socket is not None:
+                try:
+                    bound = upstream.socket.getsockname()[:2]
+                except OSError:
+                    pass
+            socks.reply(core.Reply.SUCCEEDED, bound)
+            await client.sendall(socks.data_to_send())
+            await relay(client, upstream, a_to_b_prefix=socks.trailing_data)
+        except OSError:
+            pass
+        finally:
+            await upstream.aclose()
+
+    async def _dial(self, socks: core.Socks5Connection, request: core.ConnectRequest, client_ip: str) -> Connection | None:
+        """The upstream connection, or None with the failure's reply queued."""
+        host, port = request.host, request.port
+        log.debug("SOCKS5 proxy: CONNECT %s:%d", peer_text(host), port)
+        if not this_host.may_reach(client_ip, host):  # every spelling of this machine, before dialling
+            socks.reply(core.Reply.NOT_ALLOWED)
+            return None
+        try:
+            return await dial_for_client(self.dialer, client_ip, host, port)
+        except Forbidden:
+            socks.reply(core.Reply.NOT_ALLOWED)
+        except DialError as err:
+            log.debug("SOCKS5 proxy: cannot reach %s:%d: %s", peer_text(host), port, err.reason)
+            socks.reply(core.reply_for(err))
+        return None
+
+
+async def _negotiate(socks: core.Socks5Connection, client: Connection) -> core.ConnectRequest | core.Refused | None:
+    """Read and answer until the request or a refusal (its answer sent); None at EOF.
+
+    Raises Socks5ProtocolError (its answer, if any, still queued) or OSError."""
+    buf = memoryview(bytearray(HANDSHAKE_BUFFER))
+    while True:
+        event = socks.next_event()
+        out = socks.data_to_send()  # the method selection, the auth status, a refusal's answer
+        if out:
+            await client.sendall(out)
+        if event is not core.NEED_DATA:
+            return event
+        n = await client.recv_into(buf)
+        if n == 0:
+            return None
+        socks.receive_data(bytes(buf[:n]))
+
+
+async def _send_quietly(client: Connection, data: bytes) -> None:
+    if not data:
+        return
+    try:
+        await client.sendall(data)
+    except OSError:
+        pass  # the client is gone: closing says enough

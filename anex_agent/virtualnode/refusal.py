@@ -1,0 +1,12 @@
+"""The virtual node's refusal of a pod it cannot run (pure)."""
+
+from __future__ import annotations
+
+
+class Refusal(Exception):
+    """The pod asks for something the virtual node cannot give; ``field`` names where in the pod."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
