@@ -41,7 +41,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from anex_agent import pod_wire
+from anex_agent.wire import pod as pod_wire
 from anex_agent.backoff import Backoff
 from anex_agent.errors import CoordinatorError, KubeError
 from anex_agent.wire.provisioning import ProvisionState, ProvisionView

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from anex_agent.pod_wire import COMPLETE, ENV_FILE
+from anex_agent.wire.pod import COMPLETE, ENV_FILE
 from tests.agent.test_agent_last_heartbeat import _node, _stop, coordinator_proc  # noqa: F401
 from tests.agent.test_agent_wireproxy import ADMIN_TOKEN, fake_on_path, free_port, http  # noqa: F401
 from tests.polling import wait_for
