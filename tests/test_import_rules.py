@@ -45,7 +45,8 @@ ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "an
 # sans-I/O cores: bytes (and ``now``) in, what to do out; no event loop, socket or clock of their own
 CORES = ("anex_agent.wg", "anex_agent.net.relay_protocol", "anex_agent.wire.proof", "anex_agent.wire.route_policy",
          "anex_agent.telemetry.bounds", "anex_agent.backoff", "anex_agent.coordinator.states",
-         "anex_agent.tunnels.engines.wireproxy_config", "anex_agent.tunnels.engines.wireproxy_metrics")
+         "anex_agent.tunnels.engines.wireproxy_config", "anex_agent.tunnels.engines.wireproxy_metrics",
+         "anex_agent.frontends.proxy_core", "anex_agent.frontends.socks5_core")
 NETSTACK_ADAPTERS = ("anex_agent.netstack.aio", "anex_agent.netstack.dialer")
 IO_AND_CLOCK = ("asyncio", "socket", "time", "selectors", "threading", "subprocess")
 # who may import the shared test harness: the demo command (and, outside the package, tests and bench)
