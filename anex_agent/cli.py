@@ -33,8 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "detect": ("anex_agent.agent.cli_detect", "probe which WireGuard engines and paths work here"),
     "cleanup": ("anex_agent.agent.cli_cleanup", "remove interfaces, routes, rules and processes left by a crash"),
     "qualify": ("anex_agent.gpu.qualify_cli", "check an on-prem server against the hardware rules"),
-    "ssh": ("anex_agent.ssh_client", "a shell or command on a node with a short-lived certificate: ssh NODE [-- CMD]"),
-    "cp": ("anex_agent.ssh_client_cp", "copy files to or from a node over SFTP: cp [-r] SRC DST (one is NODE:PATH)"),
+    "ssh": ("anex_agent.remote.ssh_client", "a shell or command on a node with a short-lived certificate: ssh NODE [-- CMD]"),
+    "cp": ("anex_agent.remote.cp_client", "copy files to or from a node over SFTP: cp [-r] SRC DST (one is NODE:PATH)"),
     "admin": ("anex_agent.admin.cli", "manage a coordinator: tokens, nodes, gateways, provisions, bans (list, show, create, delete)"),
     "demo": ("anex_agent.demo", "build a local end-to-end mesh in network namespaces and check it (root)"),
 }

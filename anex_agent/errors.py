@@ -141,7 +141,7 @@ class NotSupported(AnexError):
 
 
 class DialError(AnexError):
-    """Opening an outbound connection failed (raised by :mod:`anex_agent.dialer`).
+    """Opening an outbound connection failed (raised by :mod:`anex_agent.net.dialer`).
 
     ``host`` and ``port`` name the destination as the caller gave it; ``reason`` is a
     short, designed, human-readable sentence ("connection refused", "name does not

@@ -1,7 +1,7 @@
 """The agent's footprint: resident memory, steady, and the time from start to the first
 answer through its proxy.
 
-Needs root, wireguard-go and nftables. Builds the demo mesh (:mod:`anex_agent.demo.mesh`),
+Needs root, wireguard-go and nftables. Builds the demo mesh (:mod:`anex_agent.testing.mesh`),
 then starts ``anex-agent daemon`` (native engine: wireguard-go; GPU telemetry on, as by
 default) in a fresh node namespace while a probe in that namespace asks the cluster's HTTP
 service through the agent's proxy every 10 ms. Reported:
@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, Mesh  # noqa: E402
-from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, Mesh  # noqa: E402
+from anex_agent.testing.netlab import missing_prerequisites  # noqa: E402
 
 PROBE = r"""
 import sys, time, urllib.request
@@ -78,7 +78,7 @@ MILESTONES = {
     "first_log": "",
     "engine_chosen": "anex_agent.agent.dataplane: engine: ",
     "joined": "anex_agent.agent: joined ",
-    "engine_running": "anex_agent.tunnels.wireguard_go: wireguard-go running",
+    "engine_running": "anex_agent.tunnels.engines.wireguard_go: wireguard-go running",
     "path_chosen": "anex_agent.agent.path: path: ",
     "proxy_listening": "anex_agent.frontends.proxy: HTTP proxy on ",
     "api_listening": "anex_agent.agent.api: agent API listening",

@@ -110,7 +110,7 @@ def end_flood(proc: subprocess.Popen) -> dict:
 
 
 async def config_reads(url: str, node_id: str, credential: str, count: int) -> dict:
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     latencies = []
     async with CoordinatorClient(url, credential=credential) as client:
@@ -127,14 +127,14 @@ async def config_reads(url: str, node_id: str, credential: str, count: int) -> d
 
 
 def join_body() -> str:
-    from anex_agent import keys
+    from anex_agent.wire import keys
 
     pair = keys.KeyPair(keys.generate_private_key())
     return json.dumps({"token": BAD_JOIN_TOKEN, "public_key": pair.public_b64, "name": "n", "provider": "vastai"})
 
 
 def bench(args: argparse.Namespace) -> dict:
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     async def join(url: str) -> tuple[str, str]:
         async with CoordinatorClient(url, admin_token=ADMIN) as admin:

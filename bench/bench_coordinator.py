@@ -344,8 +344,8 @@ def preload_fleet(database: str, state_dir: Path, count: int, *, network: str = 
 
 
 async def setup_nodes(client, count: int) -> list[tuple[str, str]]:
-    from anex_agent import keys
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.wire import keys
+    from anex_agent.client.rest import CoordinatorClient
 
     token = await client.create_join_token(reusable=True, expires_in=3600)
     nodes = []
@@ -432,7 +432,7 @@ class RawHttp:
 async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
     from urllib.parse import urlsplit
 
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     if args.credentials:
         index, of = (int(x) for x in args.shard.split("/"))
@@ -546,8 +546,8 @@ async def loadgen_heartbeats(args: argparse.Namespace) -> dict:
 
 
 async def loadgen_fanout(args: argparse.Namespace) -> dict:
-    from anex_agent import keys
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.wire import keys
+    from anex_agent.client.rest import CoordinatorClient
 
     results = {}
     async with CoordinatorClient(args.url, admin_token=ADMIN) as admin:

@@ -1,7 +1,7 @@
 """Gateway failover as the workload sees it: two gateways on one route, the carrying one taken away.
 
 Runs the scenarios of ``integration/test_gateway_failover.py`` on the demo mesh
-(:mod:`anex_agent.demo.mesh`): a standby gateway in its own namespace offers the same route;
+(:mod:`anex_agent.testing.mesh`): a standby gateway in its own namespace offers the same route;
 a node on wireguard-go (root) and one on the built-in user-space engine (no privileges) fetch
 a cluster service through the agent's proxy every 0.2 s. The carrying gateway is SIGKILLed
 or stopped, with the coordinator up and down; the gap is the time from the kill (from the
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.demo.mesh import Mesh, wait_until  # noqa: E402
+from anex_agent.testing.mesh import Mesh, wait_until  # noqa: E402
 
 GOAL_S = 3.0
 

@@ -5,7 +5,7 @@ a large peer set; ours beside the reference of the same run. Prints JSON. Needs 
 One network namespace holds a real ``anex-agent coordinator`` (SQLite) and real
 ``anex-agent gateway`` processes on wireguard-go (``--engine wireguard-go``); the bench
 itself runs inside it and plays the nodes: each joins over the REST API with a real proof
-of key possession (:func:`anex_agent.client.CoordinatorClient.join`).
+of key possession (:func:`anex_agent.client.rest.CoordinatorClient.join`).
 
 What is measured, read back from each gateway's wireguard-go:
 
@@ -170,7 +170,7 @@ class Gateway:
         return await uapi_dump(self.socket)
 
     def public_key(self) -> bytes:
-        from anex_agent import keys
+        from anex_agent.wire import keys
 
         return keys.public_key(keys.load_or_create(self.state / "private.key").private)
 
@@ -287,8 +287,8 @@ class Fleet:
 
     async def join_one(self, name: str, pair=None, client=None) -> tuple[str, bytes]:
         """Join one node; with ``client`` (a warm :func:`warm_client`) the request is the join alone."""
-        from anex_agent import keys
-        from anex_agent.client import CoordinatorClient
+        from anex_agent.wire import keys
+        from anex_agent.client.rest import CoordinatorClient
 
         pair = pair or keys.KeyPair(keys.generate_private_key())
         if client is not None:
@@ -301,7 +301,7 @@ class Fleet:
     async def warm_client(self):
         """A client whose connection is open and which knows the coordinator's key (read once), so
         a measured join is the join request itself, as a node that has started sends it."""
-        from anex_agent.client import CoordinatorClient
+        from anex_agent.client.rest import CoordinatorClient
 
         client = CoordinatorClient(self.url)
         await client.__aenter__()
@@ -365,7 +365,7 @@ async def answered_everywhere(gateways: list[Gateway], publics: list[bytes], fle
                               timeout: float, client) -> tuple[list[float], float, str, bytes]:
     """Join one node; per gateway, seconds from the join request to its handshake answer, and
     the seconds the coordinator took to answer the join."""
-    from anex_agent import keys
+    from anex_agent.wire import keys
 
     pair = keys.KeyPair(keys.generate_private_key())
     messages = [initiation(pair.private, public, 1000 + i) for i, public in enumerate(publics)]
@@ -487,7 +487,7 @@ async def bench_mode(result: dict, mode: str, root: Path, args, workdir: Path, u
             await asyncio.sleep(args.gap)
         result["join_to_listed_by_uapi"] = {"measured_by": "UAPI get=1 polling (coarse: see uapi_dump_ms)",
                                             **summary(rows)}
-        from anex_agent.client import CoordinatorClient
+        from anex_agent.client.rest import CoordinatorClient
 
         rows = []
         async with CoordinatorClient(url, admin_token=ADMIN) as admin:
@@ -510,7 +510,7 @@ async def bench_mode(result: dict, mode: str, root: Path, args, workdir: Path, u
 
 async def forget(url: str, gateways: list[Gateway]) -> None:
     """Delete the gateways' registrations (a reused fleet keeps only its nodes)."""
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
     from anex_agent.errors import CoordinatorError
 
     async with CoordinatorClient(url, admin_token=ADMIN) as admin:
@@ -549,7 +549,7 @@ async def follow_growth(out: dict, args, workdir: Path, url: str, gw_token: str,
 
 
 async def inside(args) -> dict:
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     workdir = Path(tempfile.mkdtemp(prefix="anex-gwbench-"))
     cache = Path(args.fleet_cache) if args.fleet_cache else None
@@ -626,7 +626,7 @@ def main() -> None:
     if args.inside:
         print(json.dumps(asyncio.run(inside(args)), indent=1))
         return
-    from anex_agent.demo.netlab import Namespace, missing_prerequisites
+    from anex_agent.testing.netlab import Namespace, missing_prerequisites
 
     reason = missing_prerequisites("wireguard-go")
     if reason:

@@ -35,7 +35,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def _us(seconds: float) -> float:
@@ -167,7 +166,7 @@ def main() -> None:
     from anex_agent.gpu.host import HostSampler
     from anex_agent.gpu.monitor import DEFAULT_INTERVAL
 
-    from gpu.fake_nvml import FakeGpu, FakeNvml  # tests/gpu/fake_nvml.py
+    from anex_agent.testing.fake_nvml import FakeGpu, FakeNvml
 
     import pynvml as real_pynvml
 

@@ -45,8 +45,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.demo.mesh import CLUSTER_GW, COORDINATOR_PORT, Mesh, anex_argv, wait_until  # noqa: E402
-from anex_agent.demo.netlab import missing_prerequisites, unique  # noqa: E402
+from anex_agent.testing.mesh import CLUSTER_GW, COORDINATOR_PORT, Mesh, anex_argv, wait_until  # noqa: E402
+from anex_agent.testing.netlab import missing_prerequisites, unique  # noqa: E402
 from integration.kube import free_port, kube_skip_reason  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

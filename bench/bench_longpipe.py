@@ -1,7 +1,7 @@
 """Far-away machines and lossy paths: the built-in userspace engine vs wireguard-go with the kernel's TCP.
 
 Needs root, wireguard-go, nftables, setpriv and a C compiler (for ``tools/lossy-relay``, built by
-``scripts/build-lossy-relay``). Builds the demo mesh (:mod:`anex_agent.demo.mesh`) with two nodes
+``scripts/build-lossy-relay``). Builds the demo mesh (:mod:`anex_agent.testing.mesh`) with two nodes
 behind the same gateway (wireguard-go): node ``native`` runs the agent as root on wireguard-go
 (kernel TCP end to end), node ``userspace`` as ``nobody`` with no capabilities (``auto`` picks the
 built-in engine). Each node's WireGuard datagrams go through its own delay-and-loss relay (an
@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from anex_agent.demo.mesh import UNDERLAY_GW, WG_PORT, Mesh  # noqa: E402
-from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
+from anex_agent.testing.mesh import UNDERLAY_GW, WG_PORT, Mesh  # noqa: E402
+from anex_agent.testing.netlab import missing_prerequisites  # noqa: E402
 from bench_userspace import TUNNEL_DOWN, TUNNEL_UP, client, start_nodes  # noqa: E402
 from integration.lossy import insert_relay, relay_binary, remove_relay  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Mesh throughput: direct over WireGuard vs a GW_TUNNEL forward vs CONNECT through the proxy.
 
-Needs root, wireguard-go and nftables. Builds the demo mesh (:mod:`anex_agent.demo.mesh`):
+Needs root, wireguard-go and nftables. Builds the demo mesh (:mod:`anex_agent.testing.mesh`):
 a node namespace and the gateway namespace joined by a veth pair (through a bridge), with
 wireguard-go at both ends (``anex-agent daemon`` on the node, ``anex-agent gateway`` on the
 gateway), and a bulk source/sink in the cluster namespace behind the gateway. Then, from
@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
-from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
+from anex_agent.testing.netlab import missing_prerequisites  # noqa: E402
 
 TUNNEL_DOWN = 18090
 TUNNEL_UP = 18091
@@ -37,7 +37,7 @@ PROXY = "127.0.0.1:3128"
 
 
 def client(ns, *args: str, timeout: float = 60) -> dict:
-    out = ns.run([sys.executable, "-m", "anex_agent.demo.client", *args], check=False, timeout=timeout)
+    out = ns.run([sys.executable, "-m", "anex_agent.testing.probe_client", *args], check=False, timeout=timeout)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if "error" in result:
         raise RuntimeError(f"client {' '.join(args)}: {result['error']}")

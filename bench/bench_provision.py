@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
 
-from anex_agent import keys, wire  # noqa: E402
-from anex_agent.client import CoordinatorClient  # noqa: E402
+from anex_agent.wire import keys, models as wire  # noqa: E402
+from anex_agent.client.rest import CoordinatorClient  # noqa: E402
 from anex_agent.demo.provision import phases  # noqa: E402
-from anex_agent.demo.fake_providers import FakeVastAI, vast_bundle  # noqa: E402
+from anex_agent.testing.fake_providers import FakeVastAI, vast_bundle  # noqa: E402
 
 ADMIN = "anexadm_bench_provision_admin_token_0123456789"
 API_KEY = "bench-vastai-api-key"

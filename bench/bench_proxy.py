@@ -145,7 +145,7 @@ def _percentiles(samples: list[float]) -> dict:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    from anex_agent.dialer import OSDialer
+    from anex_agent.net.dialer import OSDialer
     from anex_agent.frontends.proxy import ProxyServer
     from anex_agent.frontends.socks5 import Socks5Server
 

@@ -32,12 +32,12 @@ sys.path.insert(0, str(ROOT))
 from aiohttp import ClientSession, web  # noqa: E402
 
 from anex_agent.coordinator import app as coordinator_app  # noqa: E402
-from anex_agent.coordinator import routes_selection  # noqa: E402
+from anex_agent.coordinator.routes import selection as routes_selection  # noqa: E402
 from anex_agent.coordinator.context import Coordinator  # noqa: E402
 from anex_agent.coordinator.settings import Settings  # noqa: E402
 from anex_agent.selection.config import SelectionConfig  # noqa: E402
-from anex_agent.selection.providers.http import HttpPolicy  # noqa: E402
-from anex_agent.selection.providers.vastai import VastAIConfig  # noqa: E402
+from anex_agent.providers.offers_http import HttpPolicy  # noqa: E402
+from anex_agent.providers.vastai.offers import VastAIConfig  # noqa: E402
 
 POD = {"anex.sh/region": "europe", "anex.sh/gpu-names": "RTX 4090,RTX 3090", "anex.sh/gpu-count": "2",
        "anex.sh/price-max": "1.50", "vastai.anex.sh/verified-only": "true"}
@@ -96,7 +96,7 @@ async def measure(mode: str, url: str, offers: int, seconds: float, times: Callb
         module = types.SimpleNamespace(setup=routes_selection.make_setup(config, worker=mode),
                                        MIGRATIONS=routes_selection.MIGRATIONS)
         core = coordinator_app.load_modules([m for m in coordinator_app.ROUTE_MODULES
-                                             if m != "anex_agent.coordinator.routes_selection"])
+                                             if m != "anex_agent.coordinator.routes.selection"])
         runner = web.AppRunner(coordinator_app.build_app(ctx, [*core, module]))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -2,7 +2,7 @@
 against raw TCP over the same mesh path, in one run.
 
 Needs root, wireguard-go, nftables and the OpenSSH client. Builds the demo mesh
-(:mod:`anex_agent.demo.mesh`): one node (``anex-agent daemon``, wireguard-go engine) and the
+(:mod:`anex_agent.testing.mesh`): one node (``anex-agent daemon``, wireguard-go engine) and the
 cluster namespace behind the gateway. From the cluster namespace, as an operator would:
 
 * ``ssh_true``: wall time of ``anex-agent ssh NODE -- true`` until it exits (a fresh key, a
@@ -10,7 +10,7 @@ cluster namespace behind the gateway. From the cluster namespace, as an operator
   with the median;
 * ``sftp``: OpenSSH's ``sftp`` downloads a file of ``--size`` MiB (default 256) from the node;
 * ``raw_tcp``: the same number of bytes from a plain TCP source on the node's mesh address
-  (:mod:`anex_agent.demo.services` ``source``), same path, same direction;
+  (:mod:`anex_agent.testing.services` ``source``), same path, same direction;
 
 rounds interleaved; medians reported with ``sftp / raw_tcp``. Prints one JSON document.
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.demo.mesh import CLUSTER_GW, COORDINATOR_PORT, Mesh, anex_argv  # noqa: E402
-from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
+from anex_agent.testing.mesh import CLUSTER_GW, COORDINATOR_PORT, Mesh, anex_argv  # noqa: E402
+from anex_agent.testing.netlab import missing_prerequisites  # noqa: E402
 
 SOURCE_PORT = 9101
 MIB = 1 << 20
@@ -76,7 +76,7 @@ def main() -> int:
         deadline = time.monotonic() + 30
         while "SSH: host certificate" not in node.log() and time.monotonic() < deadline:
             time.sleep(0.2)
-        source = node.ns.popen([sys.executable, "-m", "anex_agent.demo.services", "source", "--listen",
+        source = node.ns.popen([sys.executable, "-m", "anex_agent.testing.services", "source", "--listen",
                                 f"0.0.0.0:{SOURCE_PORT}"], stdout=subprocess.PIPE, text=True)
         source.stdout.readline()
         remote = f"/tmp/anex-bench-ssh-{os.getpid()}.bin"

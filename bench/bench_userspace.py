@@ -1,6 +1,6 @@
 """The built-in userspace engine (WireGuard + our TCP/IP stack, unprivileged) vs wireguard-go with the kernel's TCP.
 
-Needs root, wireguard-go, nftables and setpriv. Builds the demo mesh (:mod:`anex_agent.demo.mesh`)
+Needs root, wireguard-go, nftables and setpriv. Builds the demo mesh (:mod:`anex_agent.testing.mesh`)
 with two nodes behind the same gateway (wireguard-go) on the same bridge: node ``native`` runs
 ``anex-agent daemon`` as root on wireguard-go (kernel TCP end to end), node ``userspace`` runs it
 as ``nobody`` with no capabilities (``auto`` picks the built-in engine). In one run, for each node,
@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
-from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
+from anex_agent.testing.netlab import missing_prerequisites  # noqa: E402
 
 TUNNEL_DOWN = 18090
 TUNNEL_UP = 18091
@@ -39,7 +39,7 @@ PROXY = "127.0.0.1:3128"
 
 
 def client(ns, *args: str, timeout: float = 300) -> dict:
-    out = ns.run([sys.executable, "-m", "anex_agent.demo.client", *args], check=False, timeout=timeout)
+    out = ns.run([sys.executable, "-m", "anex_agent.testing.probe_client", *args], check=False, timeout=timeout)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if "error" in result:
         raise RuntimeError(f"client {' '.join(args)}: {result['error']}")
@@ -92,7 +92,7 @@ def bulk(node, port: int, nbytes: int, direction: str, streams: int) -> dict:
     pids = node.ns.pids()  # before the clients start: the agent and its engine
     cpu = process_cpu_s(pids)
     each = nbytes // streams
-    cmd = [sys.executable, "-m", "anex_agent.demo.client", "bulk", f"127.0.0.1:{port}", "--bytes", str(each),
+    cmd = [sys.executable, "-m", "anex_agent.testing.probe_client", "bulk", f"127.0.0.1:{port}", "--bytes", str(each),
            "--direction", direction, "--timeout", "60"]
     started = time.perf_counter()
     procs = [node.ns.popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(streams)]
@@ -195,7 +195,7 @@ RELAY_PORT = 40000
 def add_lossy_relays(nodes, loss: float = 0.02, reorder: float = 0.05) -> list[subprocess.Popen]:
     """A lossy relay per node between its WireGuard and the gateway's (the last thing the bench does:
     conntrack keeps redirecting the flows afterwards)."""
-    from anex_agent.demo.mesh import UNDERLAY_GW, WG_PORT
+    from anex_agent.testing.mesh import UNDERLAY_GW, WG_PORT
 
     script = Path(__file__).resolve().parent.parent / "integration" / "lossy_relay.py"
     relays = []

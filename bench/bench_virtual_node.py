@@ -2,7 +2,7 @@
 control plane (:mod:`integration.kube`), in one run. Prints one JSON document.
 
 The chain: the real kube-apiserver (etcd, scheduler, controller manager), a real coordinator
-process renting from the fake Vast.AI (:mod:`anex_agent.demo.fake_providers`, every offer kept
+process renting from the fake Vast.AI (:mod:`anex_agent.testing.fake_providers`, every offer kept
 available), and the virtual node as a process (admin kubeconfig, ``ANEX_ADMIN_TOKEN`` in its
 environment, ``--poll-interval 2``, its default). Pods are made by this process through the API
 with ``spec.nodeName`` already the virtual node's Node, so the scheduler is not in the figures;
@@ -52,11 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
 
-from anex_agent import keys, wire  # noqa: E402
-from anex_agent.client import CoordinatorClient  # noqa: E402
+from anex_agent.wire import keys, models as wire  # noqa: E402
+from anex_agent.client.rest import CoordinatorClient  # noqa: E402
 from anex_agent.errors import CoordinatorError  # noqa: E402
-from anex_agent.demo.fake_providers import FakeVastAI, vast_bundle  # noqa: E402
-from anex_agent.demo.mesh import anex_argv  # noqa: E402
+from anex_agent.testing.fake_providers import FakeVastAI, vast_bundle  # noqa: E402
+from anex_agent.testing.mesh import anex_argv  # noqa: E402
 from integration.kube import ControlPlane, free_port, kube_skip_reason  # noqa: E402
 
 ADMIN = "anexadm_bench_virtual_node_admin_token_0123"

@@ -1,6 +1,6 @@
 """WireGuard over the WebSocket relay vs over UDP: throughput ratio, relay cost, added latency, failover time.
 
-Needs root, wireguard-go and nftables. Builds the demo mesh (:mod:`anex_agent.demo.mesh`):
+Needs root, wireguard-go and nftables. Builds the demo mesh (:mod:`anex_agent.testing.mesh`):
 one node namespace and the gateway namespace joined by the same veth pair (through a
 bridge), wireguard-go at both ends, a bulk source/sink in the cluster namespace. In one run:
 
@@ -36,12 +36,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
-from anex_agent.demo.netlab import missing_prerequisites  # noqa: E402
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
+from anex_agent.testing.netlab import missing_prerequisites  # noqa: E402
 
 
 def client(ns, *args: str, timeout: float = 90) -> dict:
-    out = ns.run([sys.executable, "-m", "anex_agent.demo.client", *args], check=False, timeout=timeout)
+    out = ns.run([sys.executable, "-m", "anex_agent.testing.probe_client", *args], check=False, timeout=timeout)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if "error" in result:
         raise RuntimeError(f"client {' '.join(args)}: {result['error']}")
@@ -120,8 +120,8 @@ def _relay(hub_port: int, key: bytes, node_pub: str, port_queue, done) -> None:
 
 
 def relay_rate(seconds: float, size: int = 1400, window: int = 256) -> dict:
-    from anex_agent import keys
-    from anex_agent.tunnels.ws_bind import RelayClient, RelayTarget
+    from anex_agent.wire import keys
+    from anex_agent.tunnels.binds.ws import RelayClient, RelayTarget
 
     gw, node = keys.generate_private_key(), keys.generate_private_key()
     node_pub = keys.encode_key(keys.public_key(node))

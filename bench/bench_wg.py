@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from anex_agent import keys  # noqa: E402
+from anex_agent.wire import keys  # noqa: E402
 from anex_agent.wg.device import Device  # noqa: E402
 from anex_agent.wg.peer import PeerConfig  # noqa: E402
 

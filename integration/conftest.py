@@ -3,7 +3,7 @@
 * ``mesh`` (session): the ``cluster`` namespace (HTTP echo services, DNS knowing
   ``echo.default.svc.cluster.local``, bulk source/sink), the ``gateway`` namespace with the
   coordinator and ``anex-agent gateway`` (wireguard-go hub, --route to the cluster), all
-  started with the CLI users run. Built by :class:`anex_agent.demo.mesh.Mesh` (the demo
+  started with the CLI users run. Built by :class:`anex_agent.testing.mesh.Mesh` (the demo
   builds the very same mesh), torn down afterwards: processes stopped, namespaces (and
   with them every veth link) deleted.
 * ``node`` (module): one node namespace with ``anex-agent daemon`` up and ready (a
@@ -13,7 +13,7 @@
   kubeconfig for ``kubectl``: see :mod:`integration.kube`. Skipped, with the reason, where
   its programs are missing (``scripts/install-tools kube etcd`` builds them). Tests share it:
   each works in its own namespace and removes the cluster-scoped objects it made.
-* ``in_ns(ns, *args)``: run ``python -m anex_agent.demo.client ARGS`` inside a namespace
+* ``in_ns(ns, *args)``: run ``python -m anex_agent.testing.probe_client ARGS`` inside a namespace
   and return its JSON result.
 
 Everything is skipped, with the reason, where root, ``ip``, ``wireguard-go`` or ``nft`` is
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import Mesh, SERVICE2_NAME, SERVICE_NAME, HTTP2_PORT, HTTP_PORT, anex_argv
-from anex_agent.demo.netlab import missing_prerequisites
+from anex_agent.testing.mesh import Mesh, SERVICE2_NAME, SERVICE_NAME, HTTP2_PORT, HTTP_PORT, anex_argv
+from anex_agent.testing.netlab import missing_prerequisites
 from integration.kube import ControlPlane, kube_skip_reason
 
 TUNNEL_1 = 18080
@@ -53,7 +53,7 @@ def mesh_skip_reason() -> str | None:
 
 def client(ns, *args: str, timeout: float = 30) -> dict:
     """Run the demo client inside ``ns``; return its JSON result (``error`` key on failure)."""
-    out = ns.run([sys.executable, "-m", "anex_agent.demo.client", *args], check=False, timeout=timeout)
+    out = ns.run([sys.executable, "-m", "anex_agent.testing.probe_client", *args], check=False, timeout=timeout)
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -1,10 +1,10 @@
-"""The real Kubernetes control plane of :mod:`anex_agent.demo.kube`, for integration tests.
+"""The real Kubernetes control plane of :mod:`anex_agent.testing.kube`, for integration tests.
 
 API::
 
     from integration.kube import ControlPlane, kube_skip_reason, require_kube
 
-Everything but :func:`require_kube` is :mod:`anex_agent.demo.kube`'s (one implementation,
+Everything but :func:`require_kube` is :mod:`anex_agent.testing.kube`'s (one implementation,
 which the demo runs too); :func:`require_kube` is the ``pytest.mark.skipif`` marker that skips
 with :func:`kube_skip_reason` when a control-plane program is missing.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from anex_agent.demo.kube import (  # noqa: F401  (re-exported for the tests)
+from anex_agent.testing.kube import (  # noqa: F401  (re-exported for the tests)
     DEFAULT_CONTROLLERS,
     NODE_MONITOR_GRACE_PERIOD,
     PROGRAMS,

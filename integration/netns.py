@@ -34,7 +34,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from anex_agent.demo.netlab import Namespace, unique  # one namespace implementation for the demo and the tests
+from anex_agent.testing.netlab import Namespace, unique  # one namespace implementation for the demo and the tests
 
 __all__ = ["Netns", "veth", "require_root", "unique", "missing_prerequisites", "read_line"]
 
@@ -79,7 +79,7 @@ def require_root(*tools: str) -> Any:
 class Netns(Namespace):
     """A uniquely named network namespace that removes itself (and its processes) on close.
 
-    The package's demo :class:`~anex_agent.demo.netlab.Namespace` (create, run, popen,
+    The package's demo :class:`~anex_agent.testing.netlab.Namespace` (create, run, popen,
     close) plus a context manager and :meth:`check_output`.
     """
 

@@ -14,7 +14,7 @@ import resource
 import socket
 import sys
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.gateway.relay import Relay
 
 

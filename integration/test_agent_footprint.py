@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT
 from integration.conftest import client
 from tests.agent.test_startup_imports import LAZY, NEVER, offending
 
@@ -28,7 +28,7 @@ def test_daemon_imports_neither_other_roles_nor_unused_libraries(mesh, fresh_nod
     assert fresh_node.status()["engine"] == "wireguard-go"
     mesh.stop_agent(fresh_node)
     modules = {m.group(2) for line in fresh_node.log().splitlines() if (m := IMPORTED.match(line))}
-    assert {"anex_agent.agent.supervisor", "anex_agent.frontends.proxy", "anex_agent.tunnels.rtnl",
-            "anex_agent.agent.api", "anex_agent.http_server", "anex_agent.client"} <= modules  # the API is up
+    assert {"anex_agent.agent.supervisor", "anex_agent.frontends.proxy", "anex_agent.tunnels.os.rtnl",
+            "anex_agent.agent.api", "anex_agent.net.http.server", "anex_agent.client.rest"} <= modules  # the API is up
     assert offending(modules, NEVER) == []
     assert offending(modules, LAZY) == []

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, Mesh, anex_argv, wait_until
+from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, Mesh, anex_argv, wait_until
 from integration.conftest import client, finish, mesh_skip_reason, ns_state, read_until
 
 PROXY = "127.0.0.1:3128"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, anex_argv, wait_until
+from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, anex_argv, wait_until
 from integration.conftest import finish, ns_state, read_until, run_agent
 from integration.netns import read_line
 

@@ -22,8 +22,8 @@ import time
 import pytest
 
 from anex_agent.demo import coordinator_checks, kubernetes, view_cells
-from anex_agent.demo.mesh import anex_argv
-from anex_agent.demo.netlab import missing_prerequisites
+from anex_agent.testing.mesh import anex_argv
+from anex_agent.testing.netlab import missing_prerequisites
 from anex_agent.demo.observe import REQUIRED_SERIES, complete, node_series, summarize
 from integration.conftest import mesh_skip_reason
 
@@ -113,7 +113,7 @@ def telemetry_here(tmp_path_factory) -> dict:
 
 def _fleet_exposition(nodes: dict[str, tuple[str, dict]]) -> str:
     """What the coordinator's ``/metrics`` serves for ``nodes`` (id -> (name, telemetry))."""
-    from anex_agent.coordinator.telemetry_metrics import FleetTelemetry, exposition
+    from anex_agent.coordinator.routes.fleet_metrics import FleetTelemetry, exposition
 
     fleet = FleetTelemetry(db=None, clock=time.time)
     fleet.nodes = {node_id: (name, 0.0, json.dumps(block)) for node_id, (name, block) in nodes.items()}

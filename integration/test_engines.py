@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.keys import encode_key, generate_private_key, public_key
+from anex_agent.wire.keys import encode_key, generate_private_key, public_key
 
 from integration.netns import Netns, missing_prerequisites, read_line, unique, veth
 
@@ -95,7 +95,7 @@ def pair():
 
 def _wireguard_go_pids(ifname: str) -> list[int]:
     """PIDs of wireguard-go processes serving ``ifname`` (read from /proc; no procps needed)."""
-    from anex_agent.tunnels.cleanup import _read_cmdline, wireguard_go_ifname
+    from anex_agent.tunnels.engines.cleanup import _read_cmdline, wireguard_go_ifname
 
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and wireguard_go_ifname(_read_cmdline(int(e))) == ifname]
 
@@ -201,7 +201,7 @@ def test_cleanup_removes_what_a_crash_left(tmp_path):
         again = ns.run([sys.executable, "-m", "anex_agent", "cleanup"], env={**os.environ, "PYTHONPATH": REPO}).stdout
         assert orphan_if not in again and table not in again
     finally:
-        from anex_agent.tunnels.cleanup import _read_cmdline, wireguard_go_ifname
+        from anex_agent.tunnels.engines.cleanup import _read_cmdline, wireguard_go_ifname
 
         for entry in os.listdir("/proc"):  # the daemon we started, by its pid, if the test failed early
             if entry.isdigit() and wireguard_go_ifname(_read_cmdline(int(entry))) == orphan_if:
@@ -213,7 +213,7 @@ def test_cleanup_removes_what_a_crash_left(tmp_path):
 
 def test_sigkilled_owner_takes_wireguard_go_with_it():
     """A crashed agent (SIGKILL) must not leave wireguard-go running: PR_SET_PDEATHSIG ends it, the interface goes."""
-    from anex_agent.tunnels.cleanup import _read_cmdline, wireguard_go_ifname
+    from anex_agent.tunnels.engines.cleanup import _read_cmdline, wireguard_go_ifname
 
     ns = Netns("ek")
     try:

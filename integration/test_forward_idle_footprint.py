@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT
 from integration.conftest import client
 
 HERE = Path(__file__).parent

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from anex_agent.demo.mesh import wait_until
+from anex_agent.testing.mesh import wait_until
 from integration.test_self_healing import PROXY, URL, Workload
 
 ROUNDS = 3

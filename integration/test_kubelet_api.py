@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import anex_argv, wait_until
+from anex_agent.testing.mesh import anex_argv, wait_until
 from integration.kube import DEFAULT_CONTROLLERS, ControlPlane, find_program, free_port, kube_skip_reason
 from integration.test_virtual_node import REPO, _apply, _wait_pod, simulated  # noqa: F401  (a fixture)
 

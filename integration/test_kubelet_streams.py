@@ -38,9 +38,9 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import wait_until
+from anex_agent.testing.mesh import wait_until
 from anex_agent.demo.provision import Boot
-from anex_agent.demo.netlab import missing_prerequisites, unique
+from anex_agent.testing.netlab import missing_prerequisites, unique
 from integration.test_kubelet_api import cluster, kubelet, node_address  # noqa: F401  (fixtures)
 from integration.test_virtual_node import _apply, _wait_pod, simulated  # noqa: F401  (a fixture)
 

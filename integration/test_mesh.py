@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, wait_until
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, wait_until
 from integration.conftest import TUNNEL_1, TUNNEL_2, assert_agent_api_needs_the_cluster_token, client
 from integration.netns import read_line
 
@@ -75,7 +75,7 @@ def test_tunnel_pushed_from_the_coordinator_appears_and_goes_live(mesh, node):
 def test_cluster_reaches_a_workload_port_at_the_mesh_address(mesh, node):
     address = node.status()["address"]
     server = node.ns.popen(
-        [sys.executable, "-m", "anex_agent.demo.services", "http", "--listen", "0.0.0.0:8090", "--name", "workload"],
+        [sys.executable, "-m", "anex_agent.testing.services", "http", "--listen", "0.0.0.0:8090", "--name", "workload"],
         stdout=__import__("subprocess").PIPE, text=True,
     )
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, wait_until
+from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, wait_until
 from integration.conftest import TUNNEL_1, client
 
 PROXY = "127.0.0.1:3128"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import (CLUSTER_IP, HTTP_PORT, SERVICE2_NAME, SERVICE_NAME, SINK_PORT, SOURCE_PORT,
+from anex_agent.testing.mesh import (CLUSTER_IP, HTTP_PORT, SERVICE2_NAME, SERVICE_NAME, SINK_PORT, SOURCE_PORT,
                                   UNPRIVILEGED, UNPRIVILEGED_UID, wait_until)
 from integration.conftest import TUNNEL_1, TUNNEL_2, assert_agent_api_needs_the_cluster_token, client
 from integration.netns import read_line
@@ -120,7 +120,7 @@ def test_tunnel_pushed_from_the_coordinator_goes_live(mesh, unode):
 def test_cluster_reaches_a_workload_port_at_the_mesh_address(mesh, unode):
     address = unode.status()["address"]
     server = unode.ns.popen(
-        [*UNPRIVILEGED, sys.executable, "-m", "anex_agent.demo.services", "http", "--listen", f"127.0.0.1:{INBOUND}",
+        [*UNPRIVILEGED, sys.executable, "-m", "anex_agent.testing.services", "http", "--listen", f"127.0.0.1:{INBOUND}",
          "--name", "workload"], stdout=subprocess.PIPE, text=True)
     try:
         assert read_line(server, 30, "workload server ready").strip() == "ready"

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 SCRIPT = r"""
 import json, sys
-from anex_agent.tunnels import netconf
+from anex_agent.tunnels.os import netconf
 from anex_agent.errors import EngineError
 out = {}
 out["first"] = {k: [list(v.add), list(v.remove)] for k, v in netconf.configure("anex9", "10.9.0.2/24", 1380,
@@ -56,5 +56,5 @@ def test_configure_is_declarative_and_touches_only_our_routes():
         assert [(a["local"], a["prefixlen"]) for a in link["addr_info"] if a["family"] == "inet"] == [("10.9.0.2", 24)]
         assert "10.77.0.0/16" in ns.check_output(["ip", "route", "show", "dev", "keep0"])
         deleted = ns.check_output([sys.executable, "-c",
-                                   "from anex_agent.tunnels import netconf; print(netconf.delete_link('anex9'), netconf.delete_link('anex9'))"])
+                                   "from anex_agent.tunnels.os import netconf; print(netconf.delete_link('anex9'), netconf.delete_link('anex9'))"])
         assert deleted.split() == ["True", "False"]

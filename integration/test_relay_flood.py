@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from integration.netns import Netns, read_line, require_root, veth
 
 pytestmark = require_root()

@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, WG_PORT, anex_argv, wait_until
-from anex_agent.statelock import LOCK_NAME
+from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, WG_PORT, anex_argv, wait_until
+from anex_agent.host.statelock import LOCK_NAME
 from integration.conftest import client, ns_state
 
 PROXY = "127.0.0.1:3128"
@@ -165,7 +165,7 @@ ask("/idle-2")
 
 
 def test_an_idle_connection_survives_a_gateway_restart(mesh, node):
-    from anex_agent.demo.mesh import CLUSTER_IP
+    from anex_agent.testing.mesh import CLUSTER_IP
 
     conn = node.ns.popen([sys.executable, "-c", IDLE_CONNECTION, CLUSTER_IP, str(HTTP_PORT)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -304,7 +304,7 @@ def test_an_idle_tunnel_sends_no_extra_handshakes(mesh, node):
 
 
 def test_a_second_coordinator_on_the_running_ones_state_dir_is_refused(mesh, node):
-    from anex_agent.demo.mesh import COORDINATOR_PORT
+    from anex_agent.testing.mesh import COORDINATOR_PORT
 
     state_dir = mesh.workdir / "coordinator"
     before = _state_files(state_dir)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME
+from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME
 from integration.conftest import client, read_until
 
 SINGLE_FILE = os.environ.get("ANEX_SINGLE_FILE", "")

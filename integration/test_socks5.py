@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, UNPRIVILEGED_UID
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, UNPRIVILEGED_UID
 
 SOCKS = "127.0.0.1:1080"
 USER = "alice:s3cret"

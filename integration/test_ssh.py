@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import CLUSTER_GW, COORDINATOR_PORT, anex_argv, wait_until
+from anex_agent.testing.mesh import CLUSTER_GW, COORDINATOR_PORT, anex_argv, wait_until
 from integration.conftest import client
 
 pytestmark = pytest.mark.skipif(not (shutil.which("ssh") and shutil.which("script")),
@@ -75,7 +75,7 @@ class Nodes:
 def nodes(mesh):
     a = mesh.add_node_namespace()
     env = mesh.agent_env(a, ANEX_NODE_NAME="ssh-a", WORKLOAD_MARK="from-the-workload")
-    mesh.start_agent(a, env, [sys.executable, "-m", "anex_agent.demo.services", "http", "--listen",
+    mesh.start_agent(a, env, [sys.executable, "-m", "anex_agent.testing.services", "http", "--listen",
                               f"0.0.0.0:{WORKLOAD_PORT}", "--name", "workload"])
     b = mesh.add_node_namespace()
     mesh.start_agent(b, mesh.agent_env(b, ANEX_NODE_NAME="ssh-b", ANEX_ENGINE="userspace"), unprivileged=True)

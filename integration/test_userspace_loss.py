@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.demo.mesh import CLUSTER_IP, UNDERLAY_GW, WG_PORT
+from anex_agent.testing.mesh import CLUSTER_IP, UNDERLAY_GW, WG_PORT
 from integration.lossy import insert_relay, relay_binary, remove_relay
 from integration.netns import read_line
 

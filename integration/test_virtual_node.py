@@ -39,8 +39,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from anex_agent.demo.mesh import Mesh, anex_argv, wait_until
-from anex_agent.demo.netlab import missing_prerequisites
+from anex_agent.testing.mesh import Mesh, anex_argv, wait_until
+from anex_agent.testing.netlab import missing_prerequisites
 from integration.conftest import mesh_skip_reason
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def simulated():
     reason = mesh_skip_reason() or missing_prerequisites("socat", "wg")
     if reason:
         pytest.skip(reason)
-    from anex_agent.demo.fake_providers import vast_bundle
+    from anex_agent.testing.fake_providers import vast_bundle
     from anex_agent.demo.provision import SimulatedProvider
 
     workdir = Path(tempfile.mkdtemp(prefix="anex-vn-"))

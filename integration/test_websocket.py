@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
+from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
 from integration.conftest import TUNNEL_1, TUNNEL_2, client
 
 PROXY = "127.0.0.1:3128"
@@ -88,7 +88,7 @@ def test_a_connection_without_a_node_key_is_refused(blocked, mesh):
     code = (
         "import asyncio,sys\n"
         "from websockets.asyncio.client import connect\n"
-        "from anex_agent import keys, relay_protocol as rp\n"
+        "from anex_agent.net import relay_protocol as rp; from anex_agent.wire import keys\n"
         "async def main():\n"
         "    k=keys.generate_private_key()\n"
         "    async with connect(sys.argv[1],subprotocols=[rp.SUBPROTOCOL]) as ws:\n"
@@ -107,7 +107,7 @@ def test_a_connection_without_a_node_key_is_refused(blocked, mesh):
 
 
 def detect_gateways(node) -> dict:
-    from anex_agent.demo.mesh import anex_argv
+    from anex_agent.testing.mesh import anex_argv
 
     out = node.ns.run([*anex_argv(), "detect", "--json", "--state-dir", str(node.state_dir)], timeout=60)
     return json.loads(out.stdout)["gateways"]

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from anex_agent.demo.mesh import COORDINATOR_PORT, HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
+from anex_agent.testing.mesh import COORDINATOR_PORT, HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
 from integration.conftest import client
 from tests.tls_certs import make_certs
 

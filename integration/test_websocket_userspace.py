@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
+from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, WS_PORT, wait_until
 from integration.conftest import TUNNEL_1, client
 from integration.test_websocket import PROXY, URL, get_ok, hub_endpoint_port, over_websocket_and_back, udp_ports
 

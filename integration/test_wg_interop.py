@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from integration.netns import Netns, missing_prerequisites, read_line, unique, veth
 from tests.polling import wait_for
 

@@ -25,9 +25,9 @@ import base64
 import json
 import sys
 
-from anex_agent.keys import decode_key
-from anex_agent.tunnels.base import DesiredConfig, PeerConfig
-from anex_agent.tunnels.userspace import UserspaceEngine
+from anex_agent.wire.keys import decode_key
+from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.userspace import UserspaceEngine
 from integration import miniip
 
 ECHO_PORT = 7

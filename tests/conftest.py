@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings

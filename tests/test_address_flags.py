@@ -64,7 +64,7 @@ def test_process_exits_2_with_one_line_naming_the_flag(tmp_path, command, flag, 
 
 
 def test_demo_service_listen_is_an_argparse_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "anex_agent.demo.services", "http", "--listen", "10.0.0.1:²"],
+    out = subprocess.run([sys.executable, "-m", "anex_agent.testing.services", "http", "--listen", "10.0.0.1:²"],
                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "argument --listen: '10.0.0.1:²' must be HOST:PORT" in out.stderr

@@ -27,7 +27,7 @@ def test_every_command_module_imports_and_configures():
 
 def test_a_command_error_is_prefixed_once(monkeypatch, capsys):
     """The dispatcher adds ``anex-agent COMMAND: ``; a command's error must not carry it again."""
-    from anex_agent.demo import netlab
+    from anex_agent.testing import netlab
 
     monkeypatch.setattr(netlab, "missing_prerequisites", lambda *tools: "needs root (network namespaces)")
     assert cli.main(["demo", "--check"]) == 1

@@ -1,12 +1,15 @@
-"""The four roles do not import each other, and the coordinator's and agent's modules form no import cycle.
+"""The roles do not import each other, the shared packages import no role, the cores import no I/O or
+clock, ``testing/`` stays out of the product, and the main packages form no import cycle.
 
 Read from the source with :mod:`ast` (nothing is imported): every ``import`` and
 ``from ... import`` of every module under ``anex_agent/``, at any depth (a function-level
 import is an import too). Imports under ``if TYPE_CHECKING:`` are left out: they never
 run, so they tie no module to another at run time.
 
-What the roles share (the wire models, the coordinator client and its plumbing, the
-telemetry model and its rendering) lives in top-level modules beside :mod:`anex_agent.wire`.
+What the roles share lives in the shared packages (:data:`SHARED`: the wire contract, the
+telemetry model, the coordinator client, the network and host plumbing, remote access, the
+engines) and the foundation modules beside the CLI (errors, parse, tasks, backoff); see
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -18,23 +21,37 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "anex_agent"
 
-# role -> packages it must not import. Machine selection runs inside the coordinator (its
-# routes and providers), so it counts as the coordinator's: it reads the telemetry model,
-# never the agent's GPU package.
+# role -> packages it must not import. Machine selection and the providers run inside the
+# coordinator (its routes and provisioning), so they count as the coordinator's: they read the
+# telemetry model, never the agent's GPU package.
 FORBIDDEN = {
-    "anex_agent.agent": ("anex_agent.gateway", "anex_agent.coordinator", "anex_agent.virtualnode"),
-    "anex_agent.gateway": ("anex_agent.agent", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode"),
+    "anex_agent.agent": ("anex_agent.gateway", "anex_agent.coordinator", "anex_agent.virtualnode",
+                         "anex_agent.selection", "anex_agent.providers"),
+    "anex_agent.gateway": ("anex_agent.agent", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode",
+                           "anex_agent.selection", "anex_agent.providers"),
     "anex_agent.coordinator": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu", "anex_agent.virtualnode"),
     "anex_agent.selection": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu", "anex_agent.virtualnode"),
-    # the virtual node reaches the coordinator through its REST API only (anex_agent.client)
+    "anex_agent.providers": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.gpu", "anex_agent.virtualnode"),
+    # the virtual node reaches the coordinator through its REST API only (anex_agent.client.rest)
     "anex_agent.virtualnode": ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator",
-                               "anex_agent.selection", "anex_agent.gpu", "anex_agent.demo"),
+                               "anex_agent.selection", "anex_agent.providers", "anex_agent.gpu", "anex_agent.demo"),
 }
-# the shared modules every role may import must not pull a role in behind its back
-SHARED = ("anex_agent.wire", "anex_agent.client", "anex_agent.client_link", "anex_agent.backoff",
-          "anex_agent.private_file", "anex_agent.telemetry", "anex_agent.telemetry_bounds",
-          "anex_agent.telemetry_exposition", "anex_agent.provision_wire", "anex_agent.pod_wire")
-ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode")
+# the shared packages and modules every role may import must not pull a role in behind its back
+SHARED = tuple(f"anex_agent.{name}" for name in (  # (names built: a bare package name reads like a module)
+    "wire", "telemetry", "client", "net", "host", "remote", "tunnels", "wg", "netstack", "frontends",
+    "backoff", "errors", "parse", "tasks"))
+ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "anex_agent.gpu", "anex_agent.virtualnode",
+         "anex_agent.selection", "anex_agent.providers", "anex_agent.admin", "anex_agent.demo")
+# sans-I/O cores: bytes (and ``now``) in, what to do out; no event loop, socket or clock of their own
+CORES = ("anex_agent.wg", "anex_agent.net.relay_protocol", "anex_agent.wire.proof", "anex_agent.wire.route_policy",
+         "anex_agent.telemetry.bounds", "anex_agent.backoff", "anex_agent.coordinator.states",
+         "anex_agent.tunnels.engines.wireproxy_config", "anex_agent.tunnels.engines.wireproxy_metrics",
+         "anex_agent.frontends.proxy_core", "anex_agent.frontends.socks5_core")
+NETSTACK_ADAPTERS = ("anex_agent.netstack.aio", "anex_agent.netstack.dialer")
+IO_AND_CLOCK = ("asyncio", "socket", "time", "selectors", "threading", "subprocess")
+# who may import the shared test harness: the demo command (and, outside the package, tests and bench)
+TESTING = "anex_agent.testing"
+TESTING_USERS = ("anex_agent.testing", "anex_agent.demo")
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -121,8 +138,26 @@ def test_roles_do_not_import_each_other(role):
 def test_shared_modules_import_no_role():
     offences = sorted(
         f"{name} imports {target}"
-        for name in SHARED
+        for name in IMPORTS if any(_within(name, shared) for shared in SHARED)
         for target in IMPORTS[name] for role in ROLES if _within(target, role)
+    )
+    assert offences == []
+
+
+def test_cores_import_no_event_loop_socket_or_clock():
+    netstack = [name for name in IMPORTS if _within(name, "anex_agent.netstack") and name not in NETSTACK_ADAPTERS]
+    cores = [name for name in IMPORTS if any(_within(name, core) for core in CORES)] + netstack
+    assert len(cores) > len(CORES)
+    offences = sorted(f"{name} imports {target}" for name in cores
+                      for target in IMPORTS[name] for io in IO_AND_CLOCK if _within(target, io))
+    assert offences == []
+
+
+def test_testing_is_imported_only_by_the_demo():
+    offences = sorted(
+        f"{name} imports {target}"
+        for name, targets in IMPORTS.items() if not any(_within(name, user) for user in TESTING_USERS)
+        for target in targets if _within(target, TESTING)
     )
     assert offences == []
 
@@ -186,7 +221,10 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("package", ["anex_agent.coordinator", "anex_agent.agent", "anex_agent.virtualnode"])
+@pytest.mark.parametrize("package", [f"anex_agent.{name}" for name in (
+    "coordinator", "agent", "virtualnode", "gateway", "tunnels", "net", "wire", "client", "host", "remote",
+    "providers", "selection", "telemetry", "frontends", "testing", "gpu",
+)])
 def test_no_import_cycles(package):
     graph = {name: {t for t in edges if not t.endswith("__init__") and t != package}
              for name, edges in _graph(package).items() if name != package}

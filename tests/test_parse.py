@@ -190,9 +190,9 @@ def test_listen_and_ip_port_messages_do_not_echo_the_input():
 # database's row-count tag, a uid or PID, /proc entries, offer fields); everything else parses through
 # this module.
 ISDIGIT_ELSEWHERE = {
-    "coordinator/db.py", "agent/workload.py", "tunnels/cleanup.py", "demo/netlab.py", "statelock.py",
-    "agent/container_state.py", "agent/reaper.py", "sdnotify.py",
-    "selection/providers/http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
+    "coordinator/db.py", "agent/workload.py", "tunnels/engines/cleanup.py", "testing/netlab.py", "host/statelock.py",
+    "agent/container_state.py", "agent/reaper.py", "host/sdnotify.py",
+    "providers/offers_http.py", "selection/units.py", "selection/annotations.py", "selection/versions.py",
 }
 
 
@@ -262,7 +262,8 @@ def test_boolean_refuses_the_rest_saying_what_is_accepted(text):
 
 def _boolean_readers():
     """Every reader of a boolean variable: (variable, read(environ) -> bool)."""
-    from anex_agent import telemetry_options, transport
+    from anex_agent.client import transport
+    from anex_agent.telemetry import options as telemetry_options
     from anex_agent.agent import run_options
 
     def run(name):

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent import cli, statelock
+from anex_agent import cli
+from anex_agent.host import statelock
 from anex_agent.agent import cli_detect
 from anex_agent.agent.state import KEY_FILE, StateDir
-from anex_agent.tunnels import cleanup as cleanup_mod
+from anex_agent.tunnels.engines import cleanup as cleanup_mod
 
 
 def denied(path) -> PermissionError:
@@ -110,7 +111,7 @@ def leftovers(tmp_path, monkeypatch):
     monkeypatch.setattr(cleanup_mod, "stale_sockets",
                         lambda prefix, denied=None: STALE_SOCKETS(prefix, str(tmp_path), denied=denied))
     monkeypatch.setattr(cleanup_mod, "orphan_wireguard_go", lambda prefix: [])
-    from anex_agent.tunnels import netconf
+    from anex_agent.tunnels.os import netconf
     monkeypatch.setattr(netconf, "list_links", lambda prefix, kind=None: (_ for _ in ()).throw(denied("netlink")))
     monkeypatch.setattr(cleanup_mod, "nft_tables",
                         lambda prefix: (_ for _ in ()).throw(PermissionError(errno.EPERM, "Operation not permitted")))
@@ -141,7 +142,7 @@ def test_a_stale_socket_it_may_not_remove_is_named_not_raised(tmp_path, monkeypa
     monkeypatch.setattr(cleanup_mod, "stale_sockets", lambda prefix, denied=None: [str(path)])
     monkeypatch.setattr(cleanup_mod, "orphan_wireguard_go", lambda prefix: [])
     monkeypatch.setattr(cleanup_mod, "nft_tables", lambda prefix: [])
-    from anex_agent.tunnels import netconf
+    from anex_agent.tunnels.os import netconf
     monkeypatch.setattr(netconf, "list_links", lambda prefix, kind=None: [])
     monkeypatch.setattr(cleanup_mod.os, "unlink", lambda p: (_ for _ in ()).throw(denied(p)))
     result = cleanup_mod.cleanup()

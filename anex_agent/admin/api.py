@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from anex_agent import transport
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent.client import transport
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, CoordinatorError
 
 ADMIN_TOKEN = SecretSpec(None, "ANEX_ADMIN_TOKEN", file_flag="--token-file")
@@ -80,7 +80,7 @@ class AdminApi:
     """Admin calls to one coordinator (see the module contract). Use as ``async with``."""
 
     def __init__(self, settings: AdminSettings) -> None:
-        from anex_agent.client import CoordinatorClient
+        from anex_agent.client.rest import CoordinatorClient
 
         self.settings = settings
         self.client = CoordinatorClient(settings.url, admin_token=settings.token, ca_file=settings.ca_file)

@@ -123,7 +123,7 @@ async def tokens_create(api: AdminApi, args: Any) -> Shown:
         body["providers"] = list(dict.fromkeys(args.provider))
     created = await api.call("POST", "/v1/join-tokens", body=body, fields=TOKEN_FIELDS)
     if args.out:
-        from anex_agent.private_file import write_private
+        from anex_agent.host.private_file import write_private
 
         try:
             write_private(Path(args.out), created["token"] + "\n")

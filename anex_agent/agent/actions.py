@@ -32,7 +32,7 @@ import signal
 from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
-from anex_agent.http_server import Request, Response, json_response, problem
+from anex_agent.net.http.server import Request, Response, json_response, problem
 
 log = logging.getLogger(__name__)
 

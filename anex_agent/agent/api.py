@@ -1,4 +1,4 @@
-"""The agent API (HTTP/1.1 over :mod:`anex_agent.http_server`): ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
+"""The agent API (HTTP/1.1 over :mod:`anex_agent.net.http.server`): ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
 Who may connect:
 
@@ -8,12 +8,12 @@ Who may connect:
   ``Authorization: Bearer <token>`` where the token was signed by the coordinator for the
   cluster (checked with the ``agent_api_verify_key`` of the node config). A request whose
   *peer* address is not loopback always needs the token, whatever socket it arrived on.
-  A token is good for one request (:class:`anex_agent.access_token.ReplayCache`): the
+  A token is good for one request (:class:`anex_agent.wire.access_token.ReplayCache`): the
   caller fetches a new one for each call.
 
 Answers on the mesh side: no bearer token, or a token used before: 401; a token that is
 invalid, expired, lives longer than an hour or is for another node: 403; more live tokens
-than the agent remembers (:data:`anex_agent.access_token.MAX_REMEMBERED`): 429 with
+than the agent remembers (:data:`anex_agent.wire.access_token.MAX_REMEMBERED`): 429 with
 ``Retry-After``. Bodies are RFC 9457 problem documents; they never carry the reason a
 token was refused (the log does).
 
@@ -41,9 +41,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from anex_agent.access_token import Claims, ReplayCache, ReplayCacheFull, TokenReplayed
-from anex_agent.http_server import HttpServer, Request, Response, StreamResponse, json_response, text_response
-from anex_agent.http_server import problem as _problem_doc
+from anex_agent.wire.access_token import Claims, ReplayCache, ReplayCacheFull, TokenReplayed
+from anex_agent.net.http.server import HttpServer, Request, Response, StreamResponse, json_response, text_response
+from anex_agent.net.http.server import problem as _problem_doc
 
 log = logging.getLogger(__name__)
 

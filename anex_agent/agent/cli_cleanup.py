@@ -1,6 +1,6 @@
 """``anex-agent cleanup``: remove what a crashed agent or gateway left behind.
 
-Delegates to :func:`anex_agent.tunnels.cleanup.cleanup` (orphaned wireguard-go
+Delegates to :func:`anex_agent.tunnels.engines.cleanup.cleanup` (orphaned wireguard-go
 processes, stale UAPI sockets, ``anx*`` WireGuard links and ``anex_*`` nftables tables
 of this network namespace). Safe to run when nothing is left, so systemd runs it as
 ``ExecStopPost``. Run it only when no agent or gateway runs in this namespace.
@@ -22,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import sys
 
-    from anex_agent.tunnels.cleanup import cleanup
+    from anex_agent.tunnels.engines.cleanup import cleanup
 
     result = cleanup()
     for item in result.done:

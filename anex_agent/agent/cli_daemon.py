@@ -2,7 +2,7 @@
 
 The same as ``run`` without a workload; see ``systemd/anex-agent.service``. Under systemd
 (``Type=notify``) it sends ``READY=1`` once a gateway answered, ``STATUS=`` lines, and
-watchdog pings from its event loop (:mod:`anex_agent.sdnotify`).
+watchdog pings from its event loop (:mod:`anex_agent.host.sdnotify`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import argparse
 import asyncio
 import os
 
-from anex_agent import childenv, statelock
-from anex_agent.sdnotify import Notifier
+from anex_agent.host import childenv, statelock
+from anex_agent.host.sdnotify import Notifier
 from anex_agent.agent import settings as agent_settings
 
 

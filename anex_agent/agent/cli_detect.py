@@ -1,10 +1,10 @@
 """``anex-agent detect [--json] [--state-dir DIR]``: which WireGuard engines and paths work here, and why not.
 
-The engine report comes from :func:`anex_agent.tunnels.detect.detect` (the engines' own
+The engine report comes from :func:`anex_agent.tunnels.engines.detect.detect` (the engines' own
 probes); the same report is part of ``/status``, of the heartbeat facts and of the join
 request. When the state dir holds a joined node (its key and last config), ``detect`` also
 tests each gateway for real (:func:`gateway_report`): a WireGuard handshake over UDP
-(:mod:`anex_agent.tunnels.udp_probe`: proves datagrams get there and back, which opening a
+(:mod:`anex_agent.tunnels.binds.udp_probe`: proves datagrams get there and back, which opening a
 socket does not), and a connection to its WebSocket relay (authenticated with the node's
 key, through ``HTTPS_PROXY``/``HTTP_PROXY`` unless ``NO_PROXY`` says otherwise). A state dir
 it may not read (an unprivileged user, root's state dir) leaves the engine report standing
@@ -27,7 +27,7 @@ from anex_agent import parse
 def detect_report() -> dict[str, Any]:
     """``{"engines": {name: {"supported", "reason", "serves_workload", "workload_reason"}}, "auto",
     "auto_skipped", "udp", "capabilities"}``."""
-    from anex_agent.tunnels.detect import detect
+    from anex_agent.tunnels.engines.detect import detect
 
     return detect().to_dict()
 
@@ -36,11 +36,11 @@ async def gateway_report(state_dir: Path, environ: dict[str, str]) -> dict[str, 
     """Per gateway of the saved config: ``{"udp": {"supported", "reason", "rtt_ms"}, "websocket": {...}}``.
 
     ``{}`` plus a ``note`` when the state dir holds no joined node."""
-    from anex_agent import keys
+    from anex_agent.wire import keys
     from anex_agent.agent.state import KEY_FILE, StateDir
-    from anex_agent.transport import client_ssl_context
-    from anex_agent.tunnels.udp_probe import probe_gateway
-    from anex_agent.tunnels.ws_bind import RelayTarget, check_relay, proxy_for
+    from anex_agent.client.transport import client_ssl_context
+    from anex_agent.tunnels.binds.udp_probe import probe_gateway
+    from anex_agent.tunnels.binds.ws import RelayTarget, check_relay, proxy_for
 
     state = StateDir(state_dir)
     try:

@@ -8,7 +8,7 @@ acts as its init (:mod:`anex_agent.agent.run_options`, :mod:`.workload`, :mod:`.
 ``run`` exits with its status and tears the mesh down.
 
 The workload (and every process the agent starts) gets no ``ANEX_*`` secret: see
-:mod:`anex_agent.childenv`. ``--user NAME`` / ``ANEX_WORKLOAD_USER`` runs it as another
+:mod:`anex_agent.host.childenv`. ``--user NAME`` / ``ANEX_WORKLOAD_USER`` runs it as another
 account (the agent must be root), so it cannot read the state dir or the agent's
 ``/proc/<pid>/environ``.
 """
@@ -19,8 +19,8 @@ import argparse
 import asyncio
 import os
 
-from anex_agent import childenv, statelock
-from anex_agent.sdnotify import Notifier
+from anex_agent.host import childenv, statelock
+from anex_agent.host.sdnotify import Notifier
 from anex_agent.agent import pod_files, run_options
 from anex_agent.agent import settings as agent_settings
 from anex_agent.agent.container_state import StateTracker, memory_events_path

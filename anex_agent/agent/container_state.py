@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from anex_agent.wire import SHORT_TEXT_MAX, ContainerState
+from anex_agent.wire.models import SHORT_TEXT_MAX, ContainerState
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 

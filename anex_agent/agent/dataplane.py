@@ -10,14 +10,14 @@ from the coordinator; it says whether anything changed. ``stop()`` tears down in
 order and leaves nothing of ours (the engine removes its interface, routes and process).
 
 Every engine is treated the same, through the contract of
-:class:`anex_agent.tunnels.base.Engine` only: each ``apply()`` gives it the tunnel
+:class:`anex_agent.tunnels.engines.base.Engine` only: each ``apply()`` gives it the tunnel
 (:class:`DesiredConfig`, endpoints as addresses) and what the workload is offered
 (:class:`WorkloadConfig`, from :mod:`.engine_frontends`); status, readiness, session
 resets and engine-specific report facts all come from the contract's methods.
 
 Front-ends never see the engine: they hold the dialer, whose resolver is a
-:class:`~anex_agent.resolver.ResolverSlot` that gets a new resolver when the DNS config changes.
-The engine's dialer is wrapped in a :class:`~anex_agent.dialer.RedialDialer`: when a gateway
+:class:`~anex_agent.net.resolver.ResolverSlot` that gets a new resolver when the DNS config changes.
+The engine's dialer is wrapped in a :class:`~anex_agent.net.dialer.RedialDialer`: when a gateway
 network moves to another peer (a failover, a gateway gone from the config), connection
 attempts in flight start again at once instead of after their SYN's retransmission timeout.
 """
@@ -37,14 +37,14 @@ from anex_agent.agent.liveness import DeadPeerWatch, assign
 from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
-from anex_agent.dialer import Dialer, RedialDialer, RouteChanges
+from anex_agent.net.dialer import Dialer, RedialDialer, RouteChanges
 from anex_agent.errors import EngineError
-from anex_agent.keys import KeyPair
-from anex_agent.resolver import Resolver, ResolverSlot
+from anex_agent.wire.keys import KeyPair
+from anex_agent.net.resolver import Resolver, ResolverSlot
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, WorkloadConfig, choose_engine, new_ifname
-from anex_agent.tunnels.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
-from anex_agent.wire import PATH_REASON_MAX, NodeConfig, TransportStatus
+from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, WorkloadConfig, choose_engine, new_ifname
+from anex_agent.tunnels.engines.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
+from anex_agent.wire.models import PATH_REASON_MAX, NodeConfig, TransportStatus
 
 log = logging.getLogger(__name__)
 

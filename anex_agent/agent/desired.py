@@ -14,7 +14,7 @@
 * the node listens on a random UDP port (``listen_port=None``): it always initiates.
 
 Which gateway networks are admitted: those inside the coordinator's list of networks
-gateways may offer (``NodeConfig.gateway_routes``, see :mod:`anex_agent.route_policy`),
+gateways may offer (``NodeConfig.gateway_routes``, see :mod:`anex_agent.wire.route_policy`),
 and of those, none that is a default route or covers a *protected* address: the
 coordinator's address (given by the caller, who resolves it) or a gateway's endpoint
 (an IP literal in the config). Such a route would capture the node's own path to the
@@ -31,9 +31,10 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from anex_agent import parse, route_policy
-from anex_agent.tunnels.base import DesiredConfig, PeerConfig
-from anex_agent.wire import NodeConfig, TunnelSpec
+from anex_agent import parse
+from anex_agent.wire import route_policy
+from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.wire.models import NodeConfig, TunnelSpec
 
 
 @dataclass(frozen=True)

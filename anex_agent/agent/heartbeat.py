@@ -6,7 +6,7 @@ last good config. Neither ever raises out of its loop except on cancellation.
 
 * :func:`heartbeat_loop` sends status (engine, path, handshake age, byte counters) and
   the telemetry block of :mod:`anex_agent.gpu` (``TelemetryMonitor.telemetry()``, sent as
-  the wire model :class:`anex_agent.telemetry.Telemetry`);
+  the wire model :class:`anex_agent.telemetry.models.Telemetry`);
   it waits ``next_heartbeat_in`` from the ack, or less when the workload's state changes
   (:func:`pause`: a readiness verdict reaches the pod at once). When the ack says the coordinator holds
   a newer config than ours, it fetches and applies it (a watch event may have been lost).
@@ -41,14 +41,14 @@ import dataclasses
 import logging
 from typing import Any, Protocol
 
-from anex_agent import join_token
+from anex_agent.client import join_token
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.backoff import Backoff
-from anex_agent.client_link import CoordinatorLink
+from anex_agent.client.link import CoordinatorLink
 from anex_agent.errors import AnexError, CoordinatorError
-from anex_agent.telemetry import Telemetry
-from anex_agent.wire import Heartbeat, NodeConfig, NodeFacts, NodeJoinRequest, TransportStatus, parse_telemetry
+from anex_agent.telemetry.models import Telemetry
+from anex_agent.wire.models import Heartbeat, NodeConfig, NodeFacts, NodeJoinRequest, TransportStatus, parse_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Agent(Protocol):
     coordinator_reachable: bool | None
     credential_revoked: str | None
     heartbeat_acked: bool  # a heartbeat of this run was acknowledged by the coordinator
-    ssh: Any  # anex_agent.agent.ssh_access.SshAccess, or None
+    ssh: Any  # anex_agent.remote.ssh_access.SshAccess, or None
 
     def note_reachable(self, ok: bool, error: str | None = None) -> None: ...
 
@@ -106,8 +106,8 @@ def start_telemetry(state_dir: str, registry, options: Any = None) -> Any | None
 def telemetry_block(monitor: Any | None) -> Telemetry | None:
     """The heartbeat's telemetry block (cached by the monitor; never calls NVML), or None.
 
-    Read as the wire model :class:`anex_agent.telemetry.Telemetry`, with the coordinator's
-    rules (:func:`anex_agent.wire.parse_telemetry`): a block the coordinator would refuse
+    Read as the wire model :class:`anex_agent.telemetry.models.Telemetry`, with the coordinator's
+    rules (:func:`anex_agent.wire.models.parse_telemetry`): a block the coordinator would refuse
     (NaN, a negative counter, a NUL or an over-long string, more than 64 GPUs, a value of
     the wrong type) is left out with a warning, so that the heartbeat itself still goes through."""
     if monitor is None:

@@ -7,7 +7,7 @@ wait for them, nor for the coordinator: when it has **sent data** to the gateway
 **received nothing** (no data, no keepalive, no handshake response) for ``after`` s
 (``ANEX_DEAD_PEER_AFTER``, default :data:`DEAD_AFTER`, the path watcher's stall time), it starts a
 new handshake at once
-(:meth:`anex_agent.tunnels.base.Engine.reset_sessions`, every engine) and repeats it every
+(:meth:`anex_agent.tunnels.engines.base.Engine.reset_sessions`, every engine) and repeats it every
 :data:`RETRY` s until a handshake completes (every :data:`RETRY_SLOW` s once the gateways
 have been silent for :data:`FAST_FOR` s, and always for an engine whose reset does not wait
 for the handshake: wireproxy restarts its process), so traffic is back about a second after
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anex_agent.agent.path import CHECK_EVERY, STALL_AFTER, Counters
-from anex_agent.tunnels.base import DesiredConfig
+from anex_agent.tunnels.engines.base import DesiredConfig
 
 log = logging.getLogger(__name__)
 

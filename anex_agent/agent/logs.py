@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from anex_agent.private_file import open_private_append
+from anex_agent.host.private_file import open_private_append
 
 log = logging.getLogger(__name__)
 

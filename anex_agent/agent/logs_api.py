@@ -25,7 +25,7 @@ from datetime import datetime
 
 from anex_agent import parse
 from anex_agent.agent.logs import STREAMS, LogStore
-from anex_agent.http_server import Request, Response, StreamResponse, problem
+from anex_agent.net.http.server import Request, Response, StreamResponse, problem
 
 MAX_TAIL = 1_000_000
 _DIGITS = re.compile(r"[0-9]{1,7}")

@@ -6,7 +6,7 @@
 * ``websocket`` -- always through each gateway's relay (gateways without a ``ws_url`` stay on UDP).
 * ``auto`` (default) -- UDP first: before the engine is configured, a WireGuard handshake
   with the gateways over UDP must complete within :data:`PROBE_TIMEOUT` s
-  (:func:`anex_agent.tunnels.udp_probe.probe_gateway`), else the WebSocket path. Then it
+  (:func:`anex_agent.tunnels.binds.udp_probe.probe_gateway`), else the WebSocket path. Then it
   keeps watching, every :data:`CHECK_EVERY` s (probes then wait :data:`WATCH_PROBE_TIMEOUT` s):
 
   - on UDP: when nothing came from the gateways for :data:`STALL_AFTER` s, or the last
@@ -32,11 +32,11 @@ which transport the engine is steered to (a gateway without a relay stays on UDP
 says).
 
 How the engine is put on the WebSocket path: the native engines own their UDP socket, so
-each gateway gets a :class:`~anex_agent.tunnels.ws_bind.LocalRelay` (a UDP socket on
+each gateway gets a :class:`~anex_agent.tunnels.binds.ws.LocalRelay` (a UDP socket on
 127.0.0.1 connected to the gateway's relay) and :meth:`PathManager.route` points that
 gateway peer's endpoint at it. An engine that takes a Bind (``Engine.takes_bind``: the
 userspace engine) is built with :meth:`PathManager.bind_factory`: its datagram transport is
-a :class:`~anex_agent.tunnels.ws_bind.SwitchBind`, and :meth:`PathManager.route` moves each
+a :class:`~anex_agent.tunnels.binds.ws.SwitchBind`, and :meth:`PathManager.route` moves each
 gateway endpoint between UDP and the relay inside it, with no local UDP hop and no endpoint
 change. The relay connections reconnect by themselves; a switch
 re-applies the engine's config and asks for fresh handshakes, never restarting the engine or
@@ -55,12 +55,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from anex_agent.keys import KeyPair, decode_key
-from anex_agent.tunnels.base import DesiredConfig
-from anex_agent.tunnels.netconf import split_host_port
-from anex_agent.tunnels.udp_probe import PROBE_TIMEOUT, ProbeResult, probe_gateway
-from anex_agent.tunnels.ws_bind import LocalRelay, RelayTarget, SwitchBind, proxy_for
-from anex_agent.wire import NodeConfig
+from anex_agent.wire.keys import KeyPair, decode_key
+from anex_agent.tunnels.engines.base import DesiredConfig
+from anex_agent.tunnels.os.netconf import split_host_port
+from anex_agent.tunnels.binds.udp_probe import PROBE_TIMEOUT, ProbeResult, probe_gateway
+from anex_agent.tunnels.binds.ws import LocalRelay, RelayTarget, SwitchBind, proxy_for
+from anex_agent.wire.models import NodeConfig
 
 if TYPE_CHECKING:
     from anex_agent.tasks import Tasks
@@ -125,7 +125,7 @@ class PathSettings:
 
 def path_settings(settings: Any) -> PathSettings:
     """The path part of :class:`anex_agent.agent.settings.AgentSettings` (wss:// trusts ``ca_file`` too)."""
-    from anex_agent.transport import client_ssl_context
+    from anex_agent.client.transport import client_ssl_context
 
     return PathSettings(mode=settings.path, probe_interval=settings.path_probe_interval,
                         proxy_env=settings.proxy_env,
@@ -358,7 +358,7 @@ class PathManager:
         """Watch the current path (auto only) and switch when it stops working; runs until cancelled.
 
         ``nudge()`` makes the engine send something to the gateways now (the data plane's:
-        :meth:`~anex_agent.tunnels.base.Engine.send_keepalive`): after a probe that succeeded,
+        :meth:`~anex_agent.tunnels.engines.base.Engine.send_keepalive`): after a probe that succeeded,
         the gateway answers the probe's socket until the engine's next datagram."""
         next_probe = time.monotonic() + self.settings.probe_interval
         while True:

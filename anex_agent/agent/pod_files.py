@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from anex_agent.errors import ConfigError
-from anex_agent.pod_wire import COMPLETE, ENV_FILE, POD_DIR, POD_FILES_ENV
+from anex_agent.wire.pod import COMPLETE, ENV_FILE, POD_DIR, POD_FILES_ENV
 
 log = logging.getLogger(__name__)
 

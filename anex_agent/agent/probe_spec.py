@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anex_agent.errors import ConfigError
-from anex_agent.pod_wire import PROBES_ENV
+from anex_agent.wire.pod import PROBES_ENV
 
 SOURCE = PROBES_ENV
 KINDS = ("startup", "liveness", "readiness")

@@ -16,7 +16,7 @@ ANEX_JOIN_TOKEN_FILE   --token-file                     a file holding the join 
 ANEX_CA_FILE           --ca-file                        PEM CA certificates trusted for an https://
                                                         coordinator, besides the system CA store
 ANEX_ALLOW_INSECURE    --allow-insecure                 1: accept plain http:// to a public coordinator
-                                                        (refused by default; see :mod:`anex_agent.transport`)
+                                                        (refused by default; see :mod:`anex_agent.client.transport`)
 ANEX_STATE_DIR         --state-dir                      directory; default see :func:`default_state_dir`
 ANEX_ENGINE            --engine                         auto|kernel|wireguard-go|userspace|wireproxy
 ANEX_PATH              --path                           auto|udp|websocket (see anex_agent.agent.path)
@@ -40,7 +40,7 @@ ANEX_NODE_NAME         --name                           1-253 characters, defaul
 ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT,... the workload serves to the mesh
                                                         (wireproxy only; native engines need none)
 ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT   GPU metric naming on /metrics
-                                                        (see anex_agent.telemetry_options)
+                                                        (see anex_agent.telemetry.options)
 GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
 ANEX_FORWARD_MAX_CONNECTIONS --forward-max-connections  connections relayed at once per forward port,
                                                         1-1000000, default 1024; more are closed at once
@@ -57,11 +57,12 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from anex_agent import parse, transport
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent import parse
+from anex_agent.client import transport
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
-from anex_agent.telemetry_options import ExpositionOptions, exposition_options
-from anex_agent.wire import Provider, TunnelSpec
+from anex_agent.telemetry.options import ExpositionOptions, exposition_options
+from anex_agent.wire.models import Provider, TunnelSpec
 
 ENGINES = ("auto", "kernel", "wireguard-go", "userspace", "wireproxy")
 PATHS = ("auto", "udp", "websocket")
@@ -330,7 +331,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
                                      "through an inbound port, list only the workload's ports")
     engine = _choice(engine, src_e, ENGINES)
     if engine != "auto":  # fail here, before anything starts, when the engine cannot serve a workload
-        from anex_agent.tunnels.base import require_workload_engine
+        from anex_agent.tunnels.engines.base import require_workload_engine
 
         require_workload_engine(engine, src_e)
     return AgentSettings(

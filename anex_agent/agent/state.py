@@ -28,10 +28,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.errors import ConfigError
-from anex_agent.private_file import write_private
-from anex_agent.wire import NodeConfig, read
+from anex_agent.host.private_file import write_private
+from anex_agent.wire.models import NodeConfig, read
 
 KEY_FILE = "private.key"
 NODE_FILE = "node.json"

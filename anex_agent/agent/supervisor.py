@@ -25,7 +25,7 @@ so the proxy already serves while they load.
 Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` (join
 retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
 the agent exits with 128+N), then ``heartbeat``, ``watch``, ``ssh`` (the SSH server's upkeep, :mod:`.ssh_access`), ``gpu-telemetry`` (when
-:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` and ``loop-watchdog`` (:mod:`anex_agent.loop_watchdog`: a step of the
+:mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` and ``loop-watchdog`` (:mod:`anex_agent.host.loop_watchdog`: a step of the
 event loop over 1 s is logged with the task that took it) throughout.
 The data plane and its engine spawn theirs (``endpoint-follow``, an engine's own loops)
 through :class:`anex_agent.tasks.Tasks` over the same TaskGroup: a failure is logged and
@@ -41,7 +41,7 @@ stop; a second one while stopping hurries it) and the others are ignored. With a
 handshake completed, ``wait_ready`` seconds at most (None: the data plane's default, 20 s;
 0: at once); when none came by then it starts anyway and the task ``ready-wait`` logs when
 the tunnel answers. ``on_ready`` is called once the tunnel answers, and
-``notifier`` (:mod:`anex_agent.sdnotify`) then sends ``READY=1``; it gets ``STATUS=`` lines
+``notifier`` (:mod:`anex_agent.host.sdnotify`) then sends ``READY=1``; it gets ``STATUS=`` lines
 along the start, ``STOPPING=1`` at teardown, and the task ``watchdog`` pings when systemd
 asks for it.
 """
@@ -57,23 +57,24 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from anex_agent import __version__, join_token
-from anex_agent.sdnotify import Notifier
+from anex_agent import __version__
+from anex_agent.client import join_token
+from anex_agent.host.sdnotify import Notifier
 from anex_agent.backoff import Backoff
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.heartbeat import (first_heartbeat, heartbeat_loop, last_heartbeat, last_heartbeat_timeout,
                                         start_telemetry, watch_loop)
 from anex_agent.agent.stopping import HURRY_MARGIN, STOP_MARGIN, ExitDeadline, Teardown, cancel_and_wait
-from anex_agent.client_link import CoordinatorLink
-from anex_agent.tunnels.ws_bind import proxy_for
+from anex_agent.client.link import CoordinatorLink
+from anex_agent.tunnels.binds.ws import proxy_for
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.agent.reaper import Reaper, become_subreaper
 from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
-from anex_agent.loop_watchdog import LoopWatchdog
+from anex_agent.host.loop_watchdog import LoopWatchdog
 from anex_agent.tasks import Tasks
-from anex_agent.wire import NodeConfig, NodeFacts, NodeJoinRequest
+from anex_agent.wire.models import NodeConfig, NodeFacts, NodeJoinRequest
 
 if TYPE_CHECKING:
     from anex_agent.agent.api import AgentApi
@@ -127,7 +128,7 @@ class Agent:
         self.credential_revoked: str | None = None  # set when the credential is refused and joining again failed
         self.heartbeat_acked = False  # a heartbeat of this run was acknowledged (heartbeat.last_heartbeat_timeout)
         self.heartbeat_wanted = asyncio.Event()  # the workload's state changed: heartbeat_loop sends one soon
-        self.ssh = None  # anex_agent.agent.ssh_access.SshAccess when the SSH server is on (ssh_port > 0)
+        self.ssh = None  # anex_agent.remote.ssh_access.SshAccess when the SSH server is on (ssh_port > 0)
 
     # ---------------------------------------------------------------- start-up steps
 
@@ -266,8 +267,8 @@ class Agent:
 
     def _session_context(self):
         """Where SSH sessions run: the workload's environment, account and directory."""
-        from anex_agent.agent.ssh_access import SessionContext
-        from anex_agent.childenv import workload_env
+        from anex_agent.remote.ssh_access import SessionContext
+        from anex_agent.host.childenv import workload_env
 
         workload = self.workload
         env = workload.env if workload is not None and workload.env is not None else workload_env(os.environ)
@@ -278,7 +279,7 @@ class Agent:
 
     def verify_token(self, token: str, now: float):
         """The claims of a valid access token for this node at ``now``, else None (logged)."""
-        from anex_agent import access_token
+        from anex_agent.wire import access_token
 
         config = self.dataplane.config if self.dataplane else None
         if config is None or not config.agent_api_verify_key:
@@ -382,7 +383,7 @@ class Agent:
         await self.api.start(self.settings.api_listen.host, self.settings.api_listen.port)
         await self._serve_api_on_mesh(config)
         if self.settings.ssh_port:
-            from anex_agent.agent.ssh_access import SshAccess
+            from anex_agent.remote.ssh_access import SshAccess
 
             self.ssh = SshAccess(self.settings.state_dir, self.settings.ssh_port, self._session_context)
             await self.ssh.serve(self.dataplane, config.address)

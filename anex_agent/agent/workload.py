@@ -4,8 +4,8 @@ Contract:
 
 * :meth:`Workload.start` runs the command in a process group of its own (its pid is the
   group id), with the environment it is given (the CLI passes
-  :func:`anex_agent.childenv.workload_env`: no ``ANEX_*`` secret); with an
-  :class:`~anex_agent.childenv.AccountInfo` (``--user``) it runs as that account: the child
+  :func:`anex_agent.host.childenv.workload_env`: no ``ANEX_*`` secret); with an
+  :class:`~anex_agent.host.childenv.AccountInfo` (``--user``) it runs as that account: the child
   calls setgroups (the account's groups), setgid and setuid before exec;
 * the signals in :data:`FORWARDED` received by the agent are forwarded to the workload's
   process (the agent keeps running until the workload exits, so it can still reach the
@@ -14,7 +14,7 @@ Contract:
   then, its whole process group is killed (SIGKILL). A second SIGTERM/SIGINT kills at once;
 * :meth:`Workload.wait` returns the shell-style exit status: the workload's own, or
   ``128 + N`` when signal N killed it (as a shell reports it), and records the
-  :class:`~anex_agent.wire.ContainerState` (``state``): ``OOMKilled`` from the memory
+  :class:`~anex_agent.wire.models.ContainerState` (``state``): ``OOMKilled`` from the memory
   cgroup's events (:mod:`.container_state`);
 * with a :class:`~anex_agent.agent.logs.LogStore` (``logs``) its stdout and stderr are pipes:
   :meth:`Workload.wait` copies them, unchanged, to the agent's own stdout and stderr and into
@@ -56,9 +56,9 @@ from anex_agent.agent.logs import LogStore, pump
 from anex_agent.agent.probes import Prober
 from anex_agent.agent.restart_policy import CrashLoopBackoff, restarts
 from anex_agent.agent.workload_lifetime import WorkloadRecord, die_with_parent
-from anex_agent.childenv import AccountInfo
+from anex_agent.host.childenv import AccountInfo
 from anex_agent.errors import ConfigError
-from anex_agent.wire import ContainerState
+from anex_agent.wire.models import ContainerState
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import os
 import signal
 from pathlib import Path
 
-from anex_agent.private_file import write_private
+from anex_agent.host.private_file import write_private
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from aiohttp import WSCloseCode, web
 
 from anex_agent.coordinator import limits, problems
 from anex_agent.coordinator.context import Coordinator
-from anex_agent.coordinator.modules import ROUTE_MODULES, load_modules, module_migrations
-from anex_agent.coordinator.registry import RouteRegistry
-from anex_agent.peer_log import peer_text
+from anex_agent.coordinator.routes.modules import ROUTE_MODULES, load_modules, module_migrations
+from anex_agent.coordinator.routes.registry import RouteRegistry
+from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 

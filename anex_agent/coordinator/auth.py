@@ -37,7 +37,7 @@ from enum import Enum
 
 from aiohttp import web
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import changes, credentials, problems, tokens
 from anex_agent.coordinator.db import Database
 

@@ -28,10 +28,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from anex_agent import access_token, parse, statelock
-from anex_agent.config_secrets import SecretSpec, pick_secret, warn_command_line
+from anex_agent import parse
+from anex_agent.host import statelock
+from anex_agent.wire import access_token
+from anex_agent.host.config_secrets import SecretSpec, pick_secret, warn_command_line
 from anex_agent.coordinator import app as app_module
-from anex_agent.coordinator import gateway_routes, limits, tls
+from anex_agent.coordinator import gateway_networks as gateway_routes, limits, tls
 from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.db import split_password
@@ -39,8 +41,8 @@ from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.settings import DEFAULT_LISTEN, DEFAULT_MTU, DEFAULT_NETWORK, Settings, default_state_dir
 from anex_agent.coordinator.states import Timings
 from anex_agent.errors import ConfigError, config_value
-from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
-from anex_agent.telemetry_options import exposition_options
+from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.telemetry.options import exposition_options
 
 log = logging.getLogger("anex_agent.coordinator")
 
@@ -309,7 +311,7 @@ def main(args: argparse.Namespace) -> int:
     warning = plain_http_warning(host, port, settings.tls_cert is not None)
     if warning:
         log.warning("%s", warning)
-    from anex_agent.sdnotify import Notifier, supervised
+    from anex_agent.host.sdnotify import Notifier, supervised
 
     notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once listening, watchdog
     Notifier.scrub(os.environ)

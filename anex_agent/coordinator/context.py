@@ -24,8 +24,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from anex_agent.coordinator import (
-    changes, coordinator_key, credentials, limits, migrations, modules, signing, ssh_ca, sweeper,
+    changes,
+    coordinator_key,
+    credentials,
+    limits,
+    migrations,
+    signing,
+    ssh_ca,
+    sweeper,
 )
+from anex_agent.coordinator.routes import modules
 from anex_agent.coordinator.auth import Authenticator
 from anex_agent.coordinator.db import Database, open_database
 from anex_agent.coordinator.gatewayset import GatewaySetCache

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anex_agent import keys
-from anex_agent.coordinator import registered_key
+from anex_agent.wire import keys
+from anex_agent.coordinator import key_file as registered_key
 from anex_agent.coordinator.db import Database
 
 SETTING = "coordinator_public_key"

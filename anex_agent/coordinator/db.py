@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote
 
 from anex_agent.errors import ConfigError
-from anex_agent.private_file import ensure_private, tighten
+from anex_agent.host.private_file import ensure_private, tighten
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,16 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from anex_agent import wire
-from anex_agent.coordinator import changes, credentials, gateway_routes, ipam, problems, registration, tokens
+from anex_agent.wire import models as wire
+from anex_agent.coordinator import (
+    changes,
+    credentials,
+    gateway_networks as gateway_routes,
+    ipam,
+    problems,
+    enrollment as registration,
+    tokens,
+)
 from anex_agent.coordinator.auth import Principal
 from anex_agent.coordinator.db import Conn
 from anex_agent.coordinator.nodes import mesh_peer

@@ -15,7 +15,7 @@ Contract:
   committed 5,500 to 7,500 rows of a 150,000-node table in 8 s (about 1 ms a row), while
   one statement per flush committed every row offered (22,000). The rows written are the
   same either way; PostgreSQL (asyncpg, on the loop) uses executemany.
-* Telemetry arrives validated as :class:`anex_agent.telemetry.Telemetry` and is stored as
+* Telemetry arrives validated as :class:`anex_agent.telemetry.models.Telemetry` and is stored as
   the node sent it (latest JSON per node); the node's health is taken from
   ``telemetry.health.verdict`` (and ``.reasons``) when it is one this version knows, else left as is.
 """
@@ -28,8 +28,8 @@ import logging
 import sqlite3
 
 from anex_agent.coordinator.db import Database
-from anex_agent.telemetry import Telemetry
-from anex_agent.wire import Heartbeat
+from anex_agent.telemetry.models import Telemetry
+from anex_agent.wire.models import Heartbeat
 
 log = logging.getLogger(__name__)
 

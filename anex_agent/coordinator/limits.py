@@ -41,7 +41,7 @@ KIB = 1024
 
 JOIN_BODY_LIMIT = 16 * KIB  # a join or registration request: a token, a key, a name and the facts
 DEFAULT_BODY_LIMIT = 256 * KIB  # admin requests (tunnels, tokens, selection)
-HEARTBEAT_BODY_LIMIT = 256 * KIB  # status plus the telemetry block (anex_agent.telemetry_bounds)
+HEARTBEAT_BODY_LIMIT = 256 * KIB  # status plus the telemetry block (anex_agent.telemetry.bounds)
 MAX_BODY_LIMIT = 1024 * KIB  # aiohttp's own cap (client_max_size) for anything read without a route limit
 
 

@@ -21,8 +21,16 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from anex_agent import wire
-from anex_agent.coordinator import changes, credentials, ipam, problems, registration, states, tokens
+from anex_agent.wire import models as wire
+from anex_agent.coordinator import (
+    changes,
+    credentials,
+    ipam,
+    problems,
+    enrollment as registration,
+    states,
+    tokens,
+)
 from anex_agent.coordinator.auth import Principal
 from anex_agent.coordinator.db import Conn
 

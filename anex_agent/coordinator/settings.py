@@ -15,9 +15,9 @@ from anex_agent.coordinator.db import split_password
 from anex_agent.coordinator.ipam import Pool
 from anex_agent.coordinator.limits import Limits
 from anex_agent.coordinator.states import Timings
-from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
 from anex_agent.errors import ConfigError
-from anex_agent.telemetry_options import ExpositionOptions
+from anex_agent.telemetry.options import ExpositionOptions
 
 DEFAULT_LISTEN = "127.0.0.1:8700"
 DEFAULT_NETWORK = "10.254.0.0/16"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anex_agent import access_token
-from anex_agent.coordinator import registered_key
+from anex_agent.wire import access_token
+from anex_agent.coordinator import key_file as registered_key
 from anex_agent.coordinator.db import Database
 
 SETTING = "agent_api_verify_key"

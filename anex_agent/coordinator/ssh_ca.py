@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from anex_agent.coordinator import registered_key
+from anex_agent.coordinator import key_file as registered_key
 from anex_agent.coordinator.db import Database
 from anex_agent.errors import ConfigError
 

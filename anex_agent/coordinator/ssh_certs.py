@@ -24,7 +24,7 @@ import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from anex_agent import ssh_wire
+from anex_agent.wire import ssh as ssh_wire
 from anex_agent.coordinator import changes, nodes, problems, ssh_ca
 from anex_agent.coordinator.db import Conn
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import credentials, problems
 from anex_agent.coordinator.db import Conn
 

@@ -1,6 +1,6 @@
 """``anex-agent demo [--check]``: a whole mesh on this machine, every path checked, a table printed.
 
-Builds (root; network namespaces, see :mod:`anex_agent.demo.mesh`): a cluster namespace
+Builds (root; network namespaces, see :mod:`anex_agent.testing.mesh`): a cluster namespace
 with an HTTP service and a DNS server that knows ``echo.default.svc.cluster.local``, the
 coordinator and the gateway (``anex-agent coordinator|gateway``, with its WebSocket relay), and
 one node per entry of :data:`NODE_KINDS` (``anex-agent daemon`` with a ``GW_TUNNEL_18080``): a
@@ -92,7 +92,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _client(ns, *args: str, timeout: float = 30) -> dict:
-    out = ns.run([sys.executable, "-m", "anex_agent.demo.client", *args], check=False, timeout=timeout)
+    out = ns.run([sys.executable, "-m", "anex_agent.testing.probe_client", *args], check=False, timeout=timeout)
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -126,7 +126,7 @@ def path_check(node, expected: str) -> tuple[bool, str]:
 
 
 def run_checks(mesh, node, expected_path: str = "udp") -> list[tuple[str, bool, str]]:
-    from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME
+    from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME
 
     url = f"http://{SERVICE_NAME}:{HTTP_PORT}"
     proxy = "127.0.0.1:3128"
@@ -138,7 +138,7 @@ def run_checks(mesh, node, expected_path: str = "udp") -> list[tuple[str, bool, 
         ("tunnel", _verdict(_client(node.ns, "get", f"http://127.0.0.1:{TUNNEL_PORT}/tunnel"))),
     ]
     server = node.ns.popen(
-        [sys.executable, "-m", "anex_agent.demo.services", "http", "--listen", f"0.0.0.0:{INBOUND_PORT}", "--name", "workload"],
+        [sys.executable, "-m", "anex_agent.testing.services", "http", "--listen", f"0.0.0.0:{INBOUND_PORT}", "--name", "workload"],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -250,7 +250,7 @@ def observe_nodes(mesh, started: list[tuple[str, object, dict]]) -> tuple[dict[s
 
 def _provision_rows(mesh, provider) -> list[Row]:
     """Provision through POST /v1/provisions, check the proxy of the machine, delete it (docs/demo.md)."""
-    from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME
+    from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME
     from anex_agent.demo.provision import provision_checks
 
     def proxy(node) -> tuple[bool, str]:
@@ -278,10 +278,10 @@ def _kubernetes_rows(mesh, provider, cp, started, workdir: Path) -> list[Row]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from anex_agent.demo.mesh import HTTP_PORT, SERVICE_NAME, Mesh
+    from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, Mesh
     from anex_agent.demo.provision import SimulatedProvider
     from anex_agent.demo import kubernetes
-    from anex_agent.demo.netlab import missing_prerequisites
+    from anex_agent.testing.netlab import missing_prerequisites
     from anex_agent.errors import NotSupported
 
     reason = missing_prerequisites("wireguard-go", "nft", "socat", "wg")

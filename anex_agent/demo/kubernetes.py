@@ -1,7 +1,7 @@
 """The demo's Kubernetes rows: the example pod of the user guide on a rented machine, through a real control plane.
 
 Where the control-plane programs are there (:func:`skip_reason` is ``None``), the demo starts
-:class:`~anex_agent.demo.kube.ControlPlane` (:func:`start_control_plane`, on a thread of its
+:class:`~anex_agent.testing.kube.ControlPlane` (:func:`start_control_plane`, on a thread of its
 own while the mesh is checked), and :func:`kubernetes_checks` then wires the rest the way a
 cluster has it:
 
@@ -41,9 +41,9 @@ import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from anex_agent.demo.kube import ControlPlane, free_port, kube_skip_reason
-from anex_agent.demo.mesh import COORDINATOR_PORT, Mesh, anex_argv, wait_until
-from anex_agent.demo.netlab import unique
+from anex_agent.testing.kube import ControlPlane, free_port, kube_skip_reason
+from anex_agent.testing.mesh import COORDINATOR_PORT, Mesh, anex_argv, wait_until
+from anex_agent.testing.netlab import unique
 from anex_agent.demo.provision import SimulatedProvider
 
 NODE = "anex-vastai"

@@ -6,11 +6,11 @@ admin token in ``ANEX_ADMIN_TOKEN`` (never on the command line) and prints one J
 
     {"nodes": {"<id>": {...summary...}}, "complete": true, "waited_s": 1.2}
 
-Per node it asks the coordinator, as the admin, through :class:`anex_agent.client.CoordinatorClient`:
+Per node it asks the coordinator, as the admin, through :class:`anex_agent.client.rest.CoordinatorClient`:
 ``GET /v1/nodes/{id}`` (state, address, the status block of the last heartbeat) and
 ``GET /v1/nodes/{id}/telemetry`` (the latest block of :mod:`anex_agent.gpu.telemetry`), and
 reads ``GET /metrics`` (with the admin token: the fleet series need it) for the series that
-:mod:`anex_agent.coordinator.telemetry_metrics` renders with a ``node="<name>"`` label.
+:mod:`anex_agent.coordinator.routes.fleet_metrics` renders with a ``node="<name>"`` label.
 
 Contract:
 * It polls every ``POLL_INTERVAL`` seconds until every node is :func:`complete` or ``--wait``
@@ -144,7 +144,7 @@ async def observe(base_url: str, admin_token: str, nodes: dict[str, str], wait: 
     """Poll until every node is :func:`complete` or ``wait`` seconds passed; the last round's result."""
     import aiohttp
 
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
 
     started = time.monotonic()
     deadline = started + wait

@@ -1,6 +1,6 @@
 """The demo's provisioning: the fake Vast.AI as the provider, its rentals node namespaces running the agent.
 
-:class:`SimulatedProvider` serves :class:`~anex_agent.demo.fake_providers.FakeVastAI` (offers,
+:class:`SimulatedProvider` serves :class:`~anex_agent.testing.fake_providers.FakeVastAI` (offers,
 rent, list, destroy, as Vast.AI's API answers them) on a Unix socket in the work directory,
 reachable from the coordinator in the gateway namespace through ``socat`` on
 ``127.0.0.1:SIM_PORT`` there; the coordinator rents from it with its real Vast.AI client
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from anex_agent.demo.fake_providers import FakeRental, FakeVastAI, ThreadedFake, vast_bundle
-from anex_agent.demo.mesh import COORDINATOR_PORT, HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, Mesh, Node, wait_until
+from anex_agent.testing.fake_providers import FakeRental, FakeVastAI, ThreadedFake, vast_bundle
+from anex_agent.testing.mesh import COORDINATOR_PORT, HTTP_PORT, SERVICE_NAME, UNDERLAY_GW, Mesh, Node, wait_until
 
 SIM_PORT = 8710
 API_KEY = "demo-vastai-api-key"  # the fake's; a real key is never needed here

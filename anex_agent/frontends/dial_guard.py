@@ -8,7 +8,7 @@ on the host as the client wrote it); :func:`dial_for_client` catches a name that
 
 from __future__ import annotations
 
-from anex_agent.dialer import Connection, Dialer
+from anex_agent.net.dialer import Connection, Dialer
 from anex_agent.errors import DialError
 from anex_agent.frontends import this_host
 

@@ -15,7 +15,7 @@ or standalone (benchmarks, tests)::
         await fm.apply([TunnelSpec(listen_port=8080, target="10.96.0.10:80")])
         await asyncio.Event().wait()
 
-Each accepted connection dials ``target`` through the :class:`~anex_agent.dialer.Dialer`
+Each accepted connection dials ``target`` through the :class:`~anex_agent.net.dialer.Dialer`
 and relays bytes both ways (:func:`anex_agent.frontends.relay.relay`: half-close
 propagated, ``os.splice`` when both ends are kernel sockets). When the dial fails the
 client connection is closed at once (a TCP forward cannot say why; the log does).
@@ -39,10 +39,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from anex_agent import parse
-from anex_agent.dialer import Dialer, SocketConnection
+from anex_agent.net.dialer import Dialer, SocketConnection
 from anex_agent.errors import AnexError, DialError, PortInUseError
 from anex_agent.frontends.relay import relay, tune_socket
-from anex_agent.wire import TunnelSpec
+from anex_agent.wire.models import TunnelSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""An h11 connection bound to a :class:`anex_agent.dialer.Connection`, with coalesced output.
+"""An h11 connection bound to a :class:`anex_agent.net.dialer.Connection`, with coalesced output.
 
 The thin I/O driver the proxy uses on both sides (client: ``h11.SERVER``; origin:
 ``h11.CLIENT``). h11 itself is sans-I/O; this class only feeds it bytes and writes
@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import h11
 
-from anex_agent.dialer import Connection
+from anex_agent.net.dialer import Connection
 
 RECV_BUFFER = 64 * 1024  # bytes read per recv (one per side of each proxied connection: kept modest)
 MAX_HEAD_BYTES = 64 * 1024  # request/response line + headers (h11 max_incomplete_event_size)

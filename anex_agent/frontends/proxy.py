@@ -43,7 +43,7 @@ import socket
 
 import h11
 
-from anex_agent.dialer import Connection, Dialer
+from anex_agent.net.dialer import Connection, Dialer
 from anex_agent.errors import DialError
 from anex_agent.frontends import proxy_core as core
 from anex_agent.frontends import this_host
@@ -51,7 +51,7 @@ from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.h11_stream import H11Stream
 from anex_agent.frontends.relay import relay
 from anex_agent.frontends.tcp_server import TcpServer
-from anex_agent.peer_log import peer_text
+from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 

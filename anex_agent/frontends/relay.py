@@ -1,4 +1,4 @@
-"""Bidirectional byte relay between two :class:`anex_agent.dialer.Connection` objects.
+"""Bidirectional byte relay between two :class:`anex_agent.net.dialer.Connection` objects.
 
 Used by the ``GW_TUNNEL_<port>`` forwards and by the proxy's ``CONNECT`` tunnels.
 
@@ -30,7 +30,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from anex_agent.dialer import Connection
+from anex_agent.net.dialer import Connection
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The thin asyncio driver of :mod:`.socks5_core` (RFC 1928 / RFC 1929, sans-I/O): it reads the
 client's greeting, credentials and request, dials the destination through the
-:class:`~anex_agent.dialer.Dialer` (a domain name goes to the Dialer as it is, so cluster
+:class:`~anex_agent.net.dialer.Dialer` (a domain name goes to the Dialer as it is, so cluster
 names are resolved by the cluster's DNS over the mesh, as for the HTTP proxy), answers, and
 relays bytes both ways with :func:`anex_agent.frontends.relay.relay` (half-close;
 ``os.splice`` between kernel sockets, the relay's pooled buffers otherwise).
@@ -34,14 +34,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from anex_agent.dialer import Connection, Dialer
+from anex_agent.net.dialer import Connection, Dialer
 from anex_agent.errors import DialError
 from anex_agent.frontends import socks5_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.relay import relay
 from anex_agent.frontends.tcp_server import TcpServer
-from anex_agent.peer_log import peer_text
+from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 

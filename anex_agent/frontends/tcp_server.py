@@ -15,7 +15,7 @@ import logging
 import socket
 from typing import ClassVar
 
-from anex_agent.dialer import Connection, SocketConnection
+from anex_agent.net.dialer import Connection, SocketConnection
 from anex_agent.errors import PortInUseError
 from anex_agent.frontends.forward import bind_listener
 from anex_agent.frontends.relay import tune_socket

@@ -31,7 +31,7 @@ import argparse
 import asyncio
 import os
 
-from anex_agent import statelock
+from anex_agent.host import statelock
 from anex_agent.gateway.settings import DEFAULT_LISTEN_UDP, GATEWAY_ENGINES, from_args
 
 
@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     lock = statelock.acquire(settings.state_dir, "gateway")  # before anything else: one instance per state dir
     from anex_agent.gateway.service import Gateway
 
-    from anex_agent.sdnotify import Notifier, supervised
+    from anex_agent.host.sdnotify import Notifier, supervised
 
     notifier = Notifier.from_environ(os.environ)  # systemd Type=notify: READY=1 once the hub serves, watchdog
     Notifier.scrub(os.environ)

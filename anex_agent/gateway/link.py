@@ -1,4 +1,4 @@
-"""The gateway's calls to the coordinator, over :class:`anex_agent.client.CoordinatorClient`.
+"""The gateway's calls to the coordinator, over :class:`anex_agent.client.rest.CoordinatorClient`.
 
     register(GatewayRegisterRequest, KeyPair) -> GatewayRegisterResponse
                                                                    POST /v1/gateways (gateway join token and
@@ -16,9 +16,9 @@ Every failure is a :class:`~anex_agent.errors.CoordinatorError` that says whethe
 
 from __future__ import annotations
 
-from anex_agent import keys
-from anex_agent.client_link import LinkBase
-from anex_agent.wire import CredentialRenewal, GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
+from anex_agent.wire import keys
+from anex_agent.client.link import LinkBase
+from anex_agent.wire.models import CredentialRenewal, GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
 
 
 class GatewayLink(LinkBase):

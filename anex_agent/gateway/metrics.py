@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from anex_agent.http_server import MetricsEndpoint
+from anex_agent.net.http.server import MetricsEndpoint
 
 if TYPE_CHECKING:
     from anex_agent.gateway.service import Gateway

@@ -1,6 +1,6 @@
 """The gateway's peer book: the set of nodes the hub serves, driven by the watch stream. Pure.
 
-:class:`PeerBook` applies :class:`anex_agent.wire.WatchEvent` s in order:
+:class:`PeerBook` applies :class:`anex_agent.wire.models.WatchEvent` s in order:
 
 * ``snapshot``: the full set replaces what we had;
 * ``peer_added``: adds the node, or replaces it (same ``node_id`` with a new key: the old
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from anex_agent.tunnels.base import PeerConfig
-from anex_agent.wire import MeshPeer, PeerSet, WatchEvent
+from anex_agent.tunnels.engines.base import PeerConfig
+from anex_agent.wire.models import MeshPeer, PeerSet, WatchEvent
 
 GATEWAY_EVENT_TYPES = ("snapshot", "peer_added", "peer_removed")
 

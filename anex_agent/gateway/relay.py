@@ -3,7 +3,7 @@
 ``anex-agent gateway --ws-listen HOST:PORT`` serves it (plain, or TLS with ``--tls-cert`` and
 ``--tls-key``; behind a TLS-terminating reverse proxy or ingress it listens plain and the
 advertised ``--ws-url`` is the ingress URL). Per connection (protocol:
-:mod:`anex_agent.relay_protocol`):
+:mod:`anex_agent.net.relay_protocol`):
 
 0. who may wait for authentication is bounded apart from the nodes' slots
    (:mod:`anex_agent.gateway.admission`): per source address (reset at the TCP accept by the
@@ -29,7 +29,7 @@ timers and TCP inside the tunnel recover).
 
 Refusals are counted (:meth:`Relay.report`, the gateway's metrics) and logged at most
 :data:`REFUSALS_LOGGED` a minute; what a client sent appears in a log line only through
-:func:`anex_agent.peer_log.peer_text`.
+:func:`anex_agent.net.peer_log.peer_text`.
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ from typing import Any
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from anex_agent import relay_protocol as rp
+from anex_agent.net import relay_protocol as rp
 from anex_agent.gateway.admission import Admission, Network, forwarded_source, is_trusted, source_key
 from anex_agent.gateway.relay_listener import listen
-from anex_agent.keys import public_key as derive_public
-from anex_agent.peer_log import LogBudget, peer_text
-from anex_agent.tunnels.ws_bind import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
+from anex_agent.wire.keys import public_key as derive_public
+from anex_agent.net.peer_log import LogBudget, peer_text
+from anex_agent.tunnels.binds.ws import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
 
 log = logging.getLogger(__name__)
 _ws_log = log.getChild("websocket")  # the library's per-connection lines ("connection open") are not kept

@@ -42,7 +42,8 @@ import signal
 import time
 from contextlib import AsyncExitStack
 
-from anex_agent import join_token, keys
+from anex_agent.client import join_token
+from anex_agent.wire import keys
 from anex_agent.backoff import Backoff
 from anex_agent.errors import AnexError, ConfigError, CoordinatorError, EngineError
 from anex_agent.gateway import forwarding, nft
@@ -52,8 +53,8 @@ from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
 from anex_agent.gateway.state import GatewayState, Registration
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.base import DesiredConfig, Engine, choose_engine
-from anex_agent.wire import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, WatchEvent
+from anex_agent.tunnels.engines.base import DesiredConfig, Engine, choose_engine
+from anex_agent.wire.models import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, WatchEvent
 
 log = logging.getLogger(__name__)
 

@@ -45,10 +45,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.gateway.peers import GATEWAY_EVENT_TYPES, PeerBook
-from anex_agent.private_file import write_private
-from anex_agent.wire import MeshPeer, PeerSet, WatchEvent, read
+from anex_agent.host.private_file import write_private
+from anex_agent.wire.models import MeshPeer, PeerSet, WatchEvent, read
 
 log = logging.getLogger(__name__)
 

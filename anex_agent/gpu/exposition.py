@@ -1,7 +1,7 @@
 """The agent's Prometheus collector for its own GPU and host telemetry.
 
 Rendering (dcgm-exporter's names and labels, ``anex_*`` metrics) is shared with the
-coordinator's fleet ``/metrics``: :func:`anex_agent.telemetry_exposition.metric_families`.
+coordinator's fleet ``/metrics``: :func:`anex_agent.telemetry.exposition.metric_families`.
 
 Wiring (agent)::
 
@@ -19,8 +19,8 @@ from typing import Any, Iterator, Protocol
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from anex_agent.telemetry_exposition import DCGM_FIELDS, GPU_LABELS, metric_families
-from anex_agent.telemetry_options import DEFAULT, ExpositionOptions
+from anex_agent.telemetry.exposition import DCGM_FIELDS, GPU_LABELS, metric_families
+from anex_agent.telemetry.options import DEFAULT, ExpositionOptions
 
 __all__ = ["DCGM_FIELDS", "GPU_LABELS", "GpuTelemetryCollector", "metric_families", "register_collectors"]
 
@@ -50,7 +50,7 @@ def register_collectors(registry: CollectorRegistry, telemetry_source: SnapshotS
                         options: ExpositionOptions | None = None) -> Collector:
     """Register the GPU/host collector on ``registry`` (the agent API's). Returns it (for unregister).
 
-    ``options``: host label spelling and the deprecated PCIe pair (:mod:`anex_agent.telemetry_options`)."""
+    ``options``: host label spelling and the deprecated PCIe pair (:mod:`anex_agent.telemetry.options`)."""
     collector = GpuTelemetryCollector(telemetry_source, options or DEFAULT)
     registry.register(collector)
     return collector

@@ -6,7 +6,7 @@ Usage in the agent (one owned task in its TaskGroup)::
     register_collectors(api.registry, monitor)          # /metrics reads monitor.snapshot()
     tg.create_task(monitor.run(), name="gpu-telemetry")
     ...
-    heartbeat.telemetry = monitor.telemetry()           # compact block, see telemetry.py
+    heartbeat.telemetry = monitor.telemetry()           # compact block, see telemetry/models.py
     ...
     monitor.close()                                     # at shutdown (stops the XID thread)
 

@@ -29,7 +29,7 @@ JSON-serialisable dict (plain str/int/float/bool/None/list/dict). Shape, version
     }
 
 Fields a GPU does not support are absent, not null. On the wire the block is the model
-:class:`anex_agent.telemetry.Telemetry` (the agent validates it before sending, the
+:class:`anex_agent.telemetry.models.Telemetry` (the agent validates it before sending, the
 coordinator on intake); keep this builder and that model in step (a test checks that
 every key built here is a field the model knows). At most ``MAX_XIDS`` recent XIDs and
 ``MAX_PROCESSES`` processes per GPU are sent.
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from anex_agent.telemetry import TELEMETRY_VERSION
+from anex_agent.telemetry.models import TELEMETRY_VERSION
 
 if TYPE_CHECKING:
     from anex_agent.gpu.monitor import Snapshot

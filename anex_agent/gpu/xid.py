@@ -6,7 +6,7 @@ number in ``eventData``. :class:`XidWatcher` registers every GPU for that type o
 one event set and loops on ``nvmlEventSetWait(set, timeout_ms)``; the timeout keeps
 the loop responsive to :meth:`XidWatcher.stop` (an NVML wait cannot be interrupted).
 
-Classification (:func:`anex_agent.telemetry.classify_xid`, shared with the coordinator): 13 (graphics engine exception), 31 (GPU memory
+Classification (:func:`anex_agent.telemetry.models.classify_xid`, shared with the coordinator): 13 (graphics engine exception), 31 (GPU memory
 page fault), 43 (GPU stopped processing), 45 (preemptive cleanup), 68 (video
 processor exception) are caused by the application and leave the GPU usable
 ("application"); every other XID is a hardware, driver or bus fault that makes the
@@ -32,7 +32,7 @@ from anex_agent.gpu.nvml import (
     error_code,
     text,
 )
-from anex_agent.telemetry import APPLICATION_XIDS, classify_xid  # the classification is part of the wire vocabulary
+from anex_agent.telemetry.models import APPLICATION_XIDS, classify_xid  # the classification is part of the wire vocabulary
 
 log = logging.getLogger(__name__)
 

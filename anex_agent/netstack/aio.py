@@ -6,7 +6,7 @@ the tunnel's ``on_packet`` callback) and gives packets to ``send_packet``; it ke
 marks the runtime dirty and one ``call_soon`` flush per loop iteration sends what all of
 them made due (several writes become full segments, several received segments one ACK).
 
-:class:`TcpStream` is a :class:`anex_agent.dialer.Connection` (``recv_into``, ``sendall``,
+:class:`TcpStream` is a :class:`anex_agent.net.dialer.Connection` (``recv_into``, ``sendall``,
 ``shutdown_write``, ``aclose``; ``socket`` is None). Back-pressure both ways: ``sendall``
 waits while the connection's send buffer is full (it drains as the peer acknowledges),
 and a reader that does not read lets the receive buffer fill, which closes the window
@@ -191,7 +191,7 @@ def _error_for(conn: Connection) -> OSError:
 
 
 class TcpStream:
-    """A :class:`anex_agent.dialer.Connection` over one netstack TCP connection."""
+    """A :class:`anex_agent.net.dialer.Connection` over one netstack TCP connection."""
 
     socket = None
 

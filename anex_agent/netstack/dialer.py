@@ -1,8 +1,8 @@
-"""The netstack dialer: :class:`anex_agent.dialer.Dialer` over the user-space stack.
+"""The netstack dialer: :class:`anex_agent.net.dialer.Dialer` over the user-space stack.
 
 Destinations the tunnel carries (an address inside some peer's allowed IPs, e.g. the
 cluster's service and pod networks) are dialled through the netstack; every other
-destination goes through the OS (:class:`anex_agent.dialer.OSDialer`), as the kernel's
+destination goes through the OS (:class:`anex_agent.net.dialer.OSDialer`), as the kernel's
 routes would send it with the kernel and wireguard-go engines. Names are resolved with
 the resolver the data plane gives (cluster names through the mesh DNS, whose UDP the
 netstack carries: :class:`NetstackDnsTransport`).
@@ -15,7 +15,7 @@ import ipaddress
 import logging
 from collections.abc import Callable
 
-from anex_agent.dialer import DEFAULT_CONNECT_TIMEOUT, NameResolver, OSDialer
+from anex_agent.net.dialer import DEFAULT_CONNECT_TIMEOUT, NameResolver, OSDialer
 from anex_agent.errors import DialError, DialRefused, DialTimeout, DialUnreachable, ResolveError
 from anex_agent.netstack.aio import NetstackRuntime, TcpStream
 
@@ -84,7 +84,7 @@ class NetstackDialer:
 
 
 class NetstackDnsTransport:
-    """DNS over the netstack's UDP, for :class:`anex_agent.resolver.Resolver` (``dns_transport``)."""
+    """DNS over the netstack's UDP, for :class:`anex_agent.net.resolver.Resolver` (``dns_transport``)."""
 
     def __init__(self, runtime: RuntimeGetter) -> None:
         self._runtime = runtime

@@ -23,14 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, env_number
 from anex_agent.selection.bans import DEFAULT_BAN_SECONDS
-from anex_agent.selection.providers.http import HttpPolicy
+from anex_agent.providers.offers_http import HttpPolicy
 from anex_agent.selection.qualification import DEFAULT_POLICY, parse_policy
 from anex_agent.selection.rank import ORDERINGS, PRICE
-from anex_agent.selection.providers.runpod import DEFAULT_URL as RUNPOD_URL, RunPodConfig
-from anex_agent.selection.providers.vastai import DEFAULT_URL as VASTAI_URL, VastAIConfig
+from anex_agent.providers.runpod.offers import DEFAULT_URL as RUNPOD_URL, RunPodConfig
+from anex_agent.providers.vastai.offers import DEFAULT_URL as VASTAI_URL, VastAIConfig
 
 
 # how to switch on a provider that is not configured, for answers that say it is not

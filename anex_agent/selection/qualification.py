@@ -12,7 +12,7 @@ Two kinds of rules:
   Enough memory and disk for what the pod asks is the pod's own ``ram`` / ``disk-space-gb``
   filters, checked against the node's telemetry like any other offer.
 
-* **hardware** rules are the on-prem hardware rules of :data:`anex_agent.telemetry.QUALIFICATION_RULES` (the ids and scopes of :data:`anex_agent.gpu.qualify.RULES`)
+* **hardware** rules are the on-prem hardware rules of :data:`anex_agent.telemetry.models.QUALIFICATION_RULES` (the ids and scopes of :data:`anex_agent.gpu.qualify.RULES`)
   (the agent evaluates them and sends ``telemetry["qualification"]``). A policy says which of
   them a node must pass:
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from anex_agent.telemetry import QUALIFICATION_RULES
+from anex_agent.telemetry.models import QUALIFICATION_RULES
 
 RUNNABLE_RULES = ("driver_loaded", "gpu_present", "gpu_healthy")
 HARDWARE_RULES: tuple[str, ...] = tuple(rule for rule, _ in QUALIFICATION_RULES)

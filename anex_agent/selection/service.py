@@ -20,8 +20,8 @@ from anex_agent.selection import models, threads, versions
 from anex_agent.selection.annotations import Filters, parse_annotations
 from anex_agent.selection.filters import FilterResult, apply_filters
 from anex_agent.selection.offers import COLUMNS, OfferTable
-from anex_agent.selection.providers import OfferSource
-from anex_agent.selection.providers.http import ProviderError
+from anex_agent.providers.offers import OfferSource
+from anex_agent.providers.offers_http import ProviderError
 from anex_agent.selection.rank import DESCRIPTIONS, PRICE, effective_ordering, rank
 from anex_agent.selection.units import compute_cap_text
 

@@ -39,9 +39,9 @@ from typing import Any, Mapping, Sequence
 from anex_agent.selection import threads
 from anex_agent.selection.annotations import Filters
 from anex_agent.selection.config import SelectionConfig
-from anex_agent.selection.providers.onprem import OnpremSource
-from anex_agent.selection.providers.runpod import RunPodSource
-from anex_agent.selection.providers.vastai import VastAISource
+from anex_agent.providers.onprem import OnpremSource
+from anex_agent.providers.runpod.offers import RunPodSource
+from anex_agent.providers.vastai.offers import VastAISource
 from anex_agent.selection.service import gather_offers, offers_body, selection_body
 
 log = logging.getLogger("anex_agent.selection.worker")
@@ -74,7 +74,7 @@ class Job:
 
     ``providers``: the configured sources to ask, in order (``onprem`` among them asks the
     ``nodes``); ``report``: per provider asked for but not configured, what to say about it;
-    ``nodes``: the on-prem nodes (:func:`~anex_agent.selection.providers.onprem.offer_from_node`'s
+    ``nodes``: the on-prem nodes (:func:`~anex_agent.providers.onprem.offer_from_node`'s
     shape, ``labels`` and ``telemetry`` may be JSON text).
     """
 

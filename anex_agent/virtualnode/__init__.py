@@ -12,6 +12,6 @@ kubelet's follow a container. Modules, by concern:
 * :mod:`.pods` and :mod:`.workqueue` -- the controller that keeps pods and provisions in step;
 * :mod:`.events` -- Events about pods; :mod:`.metrics` -- its Prometheus metrics (``--metrics-listen``).
 
-It imports no other role: the coordinator is reached through :mod:`anex_agent.client` and the
-shared wire models (:mod:`anex_agent.wire`, :mod:`anex_agent.provision_wire`).
+It imports no other role: the coordinator is reached through :mod:`anex_agent.client.rest` and the
+shared wire models (:mod:`anex_agent.wire.models`, :mod:`anex_agent.wire.provisioning`).
 """

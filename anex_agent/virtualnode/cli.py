@@ -56,7 +56,7 @@ class _Stop(Exception):
 
 async def run(settings: settings_mod.Settings, kubelet: Any = None) -> int:
     """The role until SIGTERM/SIGINT; with ``kubelet`` (KubeletSettings), each Node's kubelet port too."""
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
     from anex_agent.tasks import Tasks
     from anex_agent.virtualnode import kube
     from anex_agent.virtualnode.nodes import NodeKeeper

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from anex_agent.http_server import MetricsEndpoint
+from anex_agent.net.http.server import MetricsEndpoint
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed")
 PHASE_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)

@@ -41,16 +41,16 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from anex_agent import pod_wire
+from anex_agent.wire import pod as pod_wire
 from anex_agent.backoff import Backoff
 from anex_agent.errors import CoordinatorError, KubeError
-from anex_agent.provision_wire import ProvisionState, ProvisionView
+from anex_agent.wire.provisioning import ProvisionState, ProvisionView
 from anex_agent.virtualnode import podfiles, podspec, podstatus
 from anex_agent.virtualnode.events import Recorder
 from anex_agent.virtualnode.kube import MERGE_PATCH
 from anex_agent.virtualnode.metrics import PodMetrics, failure_reason
 from anex_agent.virtualnode.workqueue import WorkQueue
-from anex_agent.wire import ContainerState
+from anex_agent.wire.models import ContainerState
 
 log = logging.getLogger(__name__)
 

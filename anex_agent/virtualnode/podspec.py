@@ -39,9 +39,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from anex_agent import parse
-from anex_agent.pod_wire import POD_FILES_ENV, PROBES_ENV
-from anex_agent.pod_wire import expand  # noqa: F401 - the one $(VAR) expansion, the agent's too
-from anex_agent.provision_wire import ProvisionCreate
+from anex_agent.wire.pod import POD_FILES_ENV, PROBES_ENV
+from anex_agent.wire.pod import expand  # noqa: F401 - the one $(VAR) expansion, the agent's too
+from anex_agent.wire.provisioning import ProvisionCreate
 from anex_agent.virtualnode import podfiles, pullsecrets
 from anex_agent.virtualnode.refusal import Refusal  # re-exported: podspec.Refusal
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from anex_agent.provision_wire import RegistryAuth
+from anex_agent.wire.provisioning import RegistryAuth
 
 DOCKER_HUB = "docker.io"
 _HUB_NAMES = {"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"}

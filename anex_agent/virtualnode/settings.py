@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from anex_agent import parse
-from anex_agent.config_secrets import SecretSpec, pick_secret
+from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.virtualnode.nodeobject import Capacity
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent import cli, keys
-from anex_agent.client import CoordinatorClient
+from anex_agent import cli
+from anex_agent.wire import keys
+from anex_agent.client.rest import CoordinatorClient
 from tests.coordinator.coordinator_process import CoordinatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]

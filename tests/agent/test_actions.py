@@ -11,7 +11,7 @@ import sys
 import pytest
 from tests.agent.api_client import ApiClient
 
-from anex_agent.access_token import Claims
+from anex_agent.wire.access_token import Claims
 from anex_agent.agent.actions import PushRefused, add_routes, confine, parse_mode, write_confined
 from anex_agent.agent.api import AgentApi
 from anex_agent.agent.workload import Workload

@@ -4,8 +4,8 @@ import pytest
 from tests.agent.api_client import ApiClient
 from prometheus_client import Counter
 
-from anex_agent import access_token
-from anex_agent.access_token import Claims
+from anex_agent.wire import access_token
+from anex_agent.wire.access_token import Claims
 from anex_agent.agent.api import AgentApi
 from anex_agent.backoff import Backoff
 

@@ -15,13 +15,13 @@ from aiohttp.test_utils import TestServer
 from anex_agent.agent import heartbeat
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.supervisor import Agent
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import sweeper
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.coordinator.states import Timings
-from anex_agent.wire import NodeFacts, TransportStatus
+from anex_agent.wire.models import NodeFacts, TransportStatus
 from tests.coordinator.conftest import FakeClock
 
 TIMINGS = Timings(heartbeat_interval=0.2, not_ready_after=5, expired_after=10, credential_rotation=0.5,

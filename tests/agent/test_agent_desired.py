@@ -1,8 +1,8 @@
 """NodeConfig -> DesiredConfig (pure) and tunnel merging."""
 
 from anex_agent.agent.desired import admit_routes, desired_from_config, merge_tunnels
-from anex_agent.route_policy import DEFAULT_GATEWAY_ROUTES
-from anex_agent.wire import GatewayPeer, NodeConfig, TunnelSpec
+from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
+from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec
 
 PUB1 = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 PUB2 = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="

@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from anex_agent.client import proven_body
-from anex_agent.keys import KeyPair, generate_private_key
-from anex_agent.wire import GatewayRegisterRequest
+from anex_agent.client.rest import proven_body
+from anex_agent.wire.keys import KeyPair, generate_private_key
+from anex_agent.wire.models import GatewayRegisterRequest
 from tests.agent.test_agent_wireproxy import ADMIN_TOKEN, alive, coordinator, fake_on_path, free_port, http, wait_for  # noqa: F401
 
 WORKLOAD = r"""

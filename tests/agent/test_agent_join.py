@@ -10,7 +10,7 @@ import pytest
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.state import StateDir
 from anex_agent.agent.supervisor import Agent
-from anex_agent.wire import NodeFacts
+from anex_agent.wire.models import NodeFacts
 
 
 
@@ -127,7 +127,7 @@ async def test_a_token_from_a_file_names_the_file_variable(coordinator, tmp_path
 
 
 def test_an_expired_token_says_so_and_a_coordinator_that_does_not_say_why_gets_the_possible_causes():
-    from anex_agent.join_token import refusal
+    from anex_agent.client.join_token import refusal
     from anex_agent.errors import CoordinatorError
 
     expired = CoordinatorError("POST /v1/nodes: 401 join token refused: it expired at 2026-01-01 00:00:00 UTC",

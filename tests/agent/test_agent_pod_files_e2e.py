@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from anex_agent.pod_wire import COMPLETE, ENV_FILE
+from anex_agent.wire.pod import COMPLETE, ENV_FILE
 from tests.agent.test_agent_last_heartbeat import _node, _stop, coordinator_proc  # noqa: F401
 from tests.agent.test_agent_wireproxy import ADMIN_TOKEN, fake_on_path, free_port, http  # noqa: F401
 from tests.polling import wait_for
@@ -28,9 +28,9 @@ WORKLOAD = ("import os, sys\nprint('SAW', os.environ.get('DB_PASSWORD'), os.envi
 
 def _start(tmp_path, url: str, bindir, control, name: str) -> tuple[subprocess.Popen, int]:
     _, gw_token = http("POST", f"{url}/v1/join-tokens", {"kind": "gateway"}, ADMIN_TOKEN)
-    from anex_agent.client import proven_body
-    from anex_agent.keys import KeyPair, generate_private_key
-    from anex_agent.wire import GatewayRegisterRequest
+    from anex_agent.client.rest import proven_body
+    from anex_agent.wire.keys import KeyPair, generate_private_key
+    from anex_agent.wire.models import GatewayRegisterRequest
     _, info = http("GET", f"{url}/v1/coordinator")
     http("POST", f"{url}/v1/gateways", proven_body(GatewayRegisterRequest, {
         "token": gw_token["token"], "name": "gw", "endpoint": "127.0.0.1:51820", "routes": ["10.96.0.0/12"]},

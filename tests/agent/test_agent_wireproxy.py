@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.client import proven_body
-from anex_agent.keys import KeyPair, generate_private_key
-from anex_agent.wire import GatewayRegisterRequest
+from anex_agent.client.rest import proven_body
+from anex_agent.wire.keys import KeyPair, generate_private_key
+from anex_agent.wire.models import GatewayRegisterRequest
 
 FAKE = Path(__file__).resolve().parents[1] / "tunnels" / "fake_wireproxy.py"
 ADMIN_TOKEN = "wireproxy-e2e-admin-token-0123456789"

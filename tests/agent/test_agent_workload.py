@@ -95,7 +95,7 @@ async def test_workload_runs_as_the_account(tmp_path):
     import tempfile
 
     from anex_agent.agent.workload import resolve_account
-    from anex_agent.childenv import workload_env
+    from anex_agent.host.childenv import workload_env
 
     account = resolve_account("nobody", "--user", euid=0)
     shared = Path(tempfile.mkdtemp(prefix="anex-user-"))  # /tmp itself: nobody may enter

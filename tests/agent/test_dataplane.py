@@ -1,6 +1,6 @@
 """The data plane treats every engine the same, through the engine contract only.
 
-Two stand-in engines that implement nothing but :class:`anex_agent.tunnels.base.Engine`:
+Two stand-in engines that implement nothing but :class:`anex_agent.tunnels.engines.base.Engine`:
 one gives a dialer (the agent's proxy and forwards serve the workload), one serves the
 workload itself (its dialer is None). DNS is injected; everything else is real.
 """
@@ -16,11 +16,11 @@ import pytest
 
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.settings import AgentSettings, ListenAddress, TunnelSetting
-from anex_agent.dialer import OSDialer
-from anex_agent.keys import KeyPair, generate_private_key
+from anex_agent.net.dialer import OSDialer
+from anex_agent.wire.keys import KeyPair, generate_private_key
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support, WorkloadConfig
-from anex_agent.wire import GatewayPeer, NodeConfig, TunnelSpec
+from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, Support, WorkloadConfig
+from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec
 
 GW = KeyPair(generate_private_key()).public_b64
 
@@ -188,7 +188,7 @@ class SilentGatewayEngine(ContractEngine):
         self.rx, self.tx, self.handshake = 1000, 1000, None
 
     async def status(self) -> EngineStatus:
-        from anex_agent.tunnels.base import PeerStatus
+        from anex_agent.tunnels.engines.base import PeerStatus
 
         self.tx += 200
         return EngineStatus(self.name, None, 0, True, (PeerStatus(GW, "192.0.2.1:51820", self.handshake, self.rx, self.tx),))
@@ -238,7 +238,7 @@ class OneSilentOfTwoEngine(ContractEngine):
     async def status(self) -> EngineStatus:
         import time
 
-        from anex_agent.tunnels.base import PeerStatus
+        from anex_agent.tunnels.engines.base import PeerStatus
 
         self.tx += 200
         return EngineStatus(self.name, None, 0, True, (
@@ -354,7 +354,7 @@ class NoYieldEngine(ContractEngine):
     async def status(self) -> EngineStatus:
         import time
 
-        from anex_agent.tunnels.base import PeerStatus
+        from anex_agent.tunnels.engines.base import PeerStatus
 
         assert self.loop_ran, "status() asked again without the event loop running in between"
         self.loop_ran = False

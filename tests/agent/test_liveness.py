@@ -9,8 +9,8 @@ import pytest
 from anex_agent.agent.liveness import DeadPeerWatch, Silence, assign
 from anex_agent.agent.path import Counters
 from anex_agent.tasks import Tasks
-from anex_agent.keys import encode_key, generate_private_key, public_key
-from anex_agent.tunnels.base import DesiredConfig, PeerConfig
+from anex_agent.wire.keys import encode_key, generate_private_key, public_key
+from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
 from tests.polling import wait_until
 
 
@@ -158,7 +158,7 @@ def test_assign_gives_each_network_to_one_gateway_in_order_and_moves_a_demoted_o
 async def test_the_engine_holds_what_assign_gives_it_whichever_gateway_carries(tasks):
     """The failure assign prevents: two peers listing one network left the engine with the
     last one written (the live gateway showing none); assigned, each write holds."""
-    from anex_agent.tunnels.userspace import UserspaceEngine
+    from anex_agent.tunnels.engines.userspace import UserspaceEngine
 
     ka, kb = (encode_key(public_key(generate_private_key())) for _ in range(2))
     a = PeerConfig(ka, "127.0.0.1:9", ("10.254.0.0/16", "10.77.0.0/24", "10.254.0.1/32"), 0)

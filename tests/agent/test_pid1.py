@@ -20,7 +20,7 @@ from anex_agent.agent.container_state import StateTracker, memory_events_path, o
 from anex_agent.agent.reaper import zombie_children
 from anex_agent.agent.workload import FORWARDED, Workload
 from anex_agent.errors import ConfigError
-from anex_agent.wire import ContainerState, Heartbeat, TransportStatus
+from anex_agent.wire.models import ContainerState, Heartbeat, TransportStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from anex_agent import ssh_wire, wire
+from anex_agent.wire import ssh as ssh_wire, models as wire
 from anex_agent.agent.heartbeat import ssh_event
-from anex_agent.agent.ssh_access import SessionContext, SshAccess
+from anex_agent.remote.ssh_access import SessionContext, SshAccess
 
 
 class FakeClient:

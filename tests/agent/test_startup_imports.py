@@ -19,7 +19,7 @@ import pytest
 
 #: Never in a node agent: the other roles, the demo, and libraries only they (or only an
 #: optional path) use. aiohttp: the agent's HTTP (coordinator client, agent API, wireproxy
-#: health checks) goes over h11 (anex_agent.http_client, anex_agent.http_server).
+#: health checks) goes over h11 (anex_agent.net.http.client, anex_agent.net.http.server).
 NEVER = (
     "anex_agent.coordinator", "anex_agent.gateway", "anex_agent.selection", "anex_agent.demo",
     "asyncssh", "asyncpg", "aiohttp",
@@ -38,13 +38,13 @@ module.configure(argparse.ArgumentParser())
 # what main() imports, then what the start-up imports on its way to a proxied answer
 from anex_agent.agent.cli_detect import detect_report
 from anex_agent.agent.supervisor import Agent
-from anex_agent.tunnels.base import choose_engine
+from anex_agent.tunnels.engines.base import choose_engine
 detect_report()
 try:
     choose_engine("wireguard-go", for_workload=True)
 except Exception:
     pass  # not usable here: the probe ran all the same
-import anex_agent.tunnels.wireguard_go, anex_agent.tunnels.netconf
+import anex_agent.tunnels.engines.wireguard_go, anex_agent.tunnels.os.netconf
 from anex_agent.agent.dataplane import _forward_manager, _proxy
 import anex_agent.frontends.proxy, anex_agent.frontends.forward
 from anex_agent.agent.heartbeat import start_telemetry
@@ -55,7 +55,7 @@ Nvml().ensure_ready()
 # coordinator client, as the supervisor imports them
 from anex_agent.agent.supervisor import _api_modules
 _api_modules()
-import anex_agent.client, anex_agent.client_link, anex_agent.tunnels.wireproxy_process
+import anex_agent.client.rest, anex_agent.client.link, anex_agent.tunnels.engines.wireproxy_process
 print(json.dumps(sorted(sys.modules)))
 """
 
@@ -90,7 +90,7 @@ def test_startup_imports_no_other_role_and_no_demo(modules):
 
 
 def test_startup_leaves_optional_libraries_unimported(modules):
-    assert "anex_agent.tunnels.netconf" in modules and "anex_agent.frontends.proxy" in modules  # the path ran
+    assert "anex_agent.tunnels.os.netconf" in modules and "anex_agent.frontends.proxy" in modules  # the path ran
     assert offending(modules, LAZY) == []
 
 
@@ -102,7 +102,7 @@ def test_no_nvml_library_means_no_pynvml(modules):
 
 def test_the_steady_agent_serves_its_api_without_aiohttp(modules):
     assert {"anex_agent.agent.api", "anex_agent.agent.logs_api", "anex_agent.agent.actions",
-            "anex_agent.http_server", "anex_agent.http_client", "anex_agent.client"} <= modules
+            "anex_agent.net.http.server", "anex_agent.net.http.client", "anex_agent.client.rest"} <= modules
     assert offending(modules, ("aiohttp",)) == []
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from tests.agent.api_client import ApiClient
 
-from anex_agent.access_token import Claims
+from anex_agent.wire.access_token import Claims
 from anex_agent.agent.api import AgentApi
 from anex_agent.agent.logs import MAX_LINE, LogStore
 from anex_agent.agent.logs_api import add_routes

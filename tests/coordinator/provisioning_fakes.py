@@ -1,6 +1,6 @@
 """An in-memory rental provider and selector for the provisioning loop's tests, and a harness.
 
-:class:`FakeRentals` keeps the :mod:`anex_agent.coordinator.provisioning.rentals` contract
+:class:`FakeRentals` keeps the :mod:`anex_agent.providers.rentals` contract
 (labels, idempotent destroy, listing by label prefix) and takes faults per call:
 ``faults["rent"]`` is a list consumed one per rent call: ``"refuse"`` (RentRefused),
 ``"unavailable"`` (ProviderUnavailable, nothing rented), ``"rent-then-unavailable"`` (the
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 from aiohttp.test_utils import TestServer
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
-from anex_agent.coordinator.modules import ROUTE_MODULES, load_modules
+from anex_agent.coordinator.routes.modules import ROUTE_MODULES, load_modules
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
-from anex_agent.coordinator.provisioning.rentals import (
+from anex_agent.providers.rentals import (
     KeyRefused, NoCapacity, ProviderUnavailable, Rental, RentRefused, RentRequest,
 )
 from anex_agent.coordinator.provisioning.selector import Candidate, Choice

@@ -16,10 +16,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from anex_agent import keys, wire
-from anex_agent.client import proven_body
+from anex_agent.wire import keys, models as wire
+from anex_agent.client.rest import proven_body
 from anex_agent.coordinator import auth as auth_module
-from anex_agent.coordinator import changes, limits, metrics, telemetry_metrics
+from anex_agent.coordinator import changes, limits, metrics
+from anex_agent.coordinator.routes import fleet_metrics as telemetry_metrics
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.limits import Limits
 from anex_agent.errors import ConfigError
@@ -521,12 +522,12 @@ async def test_fleet_refresh_reads_only_nodes_whose_telemetry_changed(harness_wi
 async def test_refused_join_proofs_reach_the_log_within_a_budget(harness_with, monkeypatch, caplog):
     import logging
 
-    from anex_agent.coordinator import registration
-    from anex_agent.peer_log import LogBudget
+    from anex_agent.coordinator import enrollment as registration
+    from anex_agent.net.peer_log import LogBudget
 
     coord = await harness_with()
     monkeypatch.setattr(registration, "_REFUSALS_LOGGED", LogBudget(burst=3, interval=3600.0))
-    caplog.set_level(logging.INFO, logger="anex_agent.coordinator.registration")
+    caplog.set_level(logging.INFO, logger="anex_agent.coordinator.enrollment")
     token = (await coord.admin.create_join_token(reusable=True)).token  # a real token: the proof is checked
     for i in range(8):
         body = proven_join_body(coord.ctx, token, name=f"n{i}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent import access_token
+from anex_agent.wire import access_token
 from anex_agent.coordinator import cli
 from anex_agent.errors import ConfigError
 

@@ -7,8 +7,8 @@ import json
 import aiohttp
 import pytest
 
-from anex_agent import access_token, keys, wire
-from anex_agent.client import proven_body
+from anex_agent.wire import access_token, keys, models as wire
+from anex_agent.client.rest import proven_body
 from anex_agent.errors import CoordinatorError
 
 

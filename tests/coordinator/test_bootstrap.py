@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.coordinator.provisioning import bootstrap
 from anex_agent.coordinator.routes import agent_download
 from anex_agent.errors import CoordinatorError
@@ -255,7 +255,7 @@ def test_coordinator_process_serves_the_agent_from_the_flag(tmp_path, agent_file
         url = proc.wait_listening()
 
         async def scenario():
-            from anex_agent.client import CoordinatorClient
+            from anex_agent.client.rest import CoordinatorClient
 
             admin = CoordinatorClient(url, admin_token="anexadm_test-admin-token-1234567890")
             try:

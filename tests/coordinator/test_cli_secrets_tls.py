@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent import wire
-from anex_agent.client import CoordinatorClient
+from anex_agent.wire import models as wire
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import cli
 from anex_agent.coordinator.settings import Settings
 from anex_agent.errors import ConfigError, CoordinatorError

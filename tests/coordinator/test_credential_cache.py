@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import auth, credentials, states, sweeper
 from anex_agent.errors import CoordinatorError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import heartbeats
 
 COLUMNS = "id, last_heartbeat_at, status, telemetry, health, health_reasons, state"

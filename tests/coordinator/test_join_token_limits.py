@@ -9,7 +9,7 @@ import aiohttp
 
 import pytest
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.coordinator import db as dbmod
 from anex_agent.coordinator.migrations import CORE, apply
 from anex_agent.errors import CoordinatorError

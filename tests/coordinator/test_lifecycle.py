@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.coordinator import sweeper
 from anex_agent.errors import CoordinatorError
 from tests.coordinator.conftest import start_harness, stop_harness

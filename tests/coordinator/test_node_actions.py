@@ -10,7 +10,7 @@ import sys
 import aiohttp
 import pytest
 
-from anex_agent import access_token
+from anex_agent.wire import access_token
 from anex_agent.agent.actions import add_routes
 from anex_agent.agent.api import AgentApi
 from anex_agent.agent.workload import Workload

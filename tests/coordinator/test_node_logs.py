@@ -12,7 +12,7 @@ import socket
 import aiohttp
 import pytest
 
-from anex_agent import access_token
+from anex_agent.wire import access_token
 from anex_agent.agent.api import AgentApi
 from anex_agent.agent.logs import LogStore
 from anex_agent.agent.logs_api import add_routes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 
 
 async def test_the_node_view_shows_the_workload_state_of_the_last_heartbeat(coord):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import limits
 from anex_agent.coordinator.auth import Auth
-from anex_agent.coordinator.registry import QueryParam, Route, openapi
+from anex_agent.coordinator.routes.registry import QueryParam, Route, openapi
 
 
 async def _handler(call):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent import keys
-from anex_agent.client import CoordinatorClient
+from anex_agent.wire import keys
+from anex_agent.client.rest import CoordinatorClient
 from tests.coordinator.conftest import POSTGRES_URL, backend_url
 from tests.coordinator.coordinator_process import CoordinatorProcess
 
@@ -154,7 +154,7 @@ async def test_join_on_one_coordinator_reaches_a_gateway_watching_the_other(two_
                 CoordinatorClient(b.url, admin_token=ADMIN) as admin_b:
             node_stream = node.watch(joined.config.version)
             await asyncio.sleep(0.3)
-            from anex_agent import wire
+            from anex_agent.wire import models as wire
 
             await admin_b.put_tunnels(joined.node_id, [wire.TunnelSpec(listen_port=9000, target="svc:9000")])
             pushed = await asyncio.wait_for(anext(node_stream), 1.0)
@@ -201,7 +201,7 @@ def test_second_coordinator_with_another_coordinator_key_refuses_to_start(tmp_pa
 async def test_buffered_heartbeats_survive_a_clean_shutdown(tmp_path):
     """SIGTERM flushes the heartbeat batch: an acknowledged heartbeat is in the database afterwards."""
     args = ["--listen", "127.0.0.1:0", "--state-dir", str(tmp_path), "--heartbeat-flush-interval", "5"]
-    from anex_agent import wire
+    from anex_agent.wire import models as wire
 
     proc = Proc(args, cwd=tmp_path)
     try:

@@ -9,8 +9,8 @@ import os
 import aiohttp
 import pytest
 
-from anex_agent import keys, proof, wire
-from anex_agent.client import proven_body
+from anex_agent.wire import keys, proof, models as wire
+from anex_agent.client.rest import proven_body
 from anex_agent.coordinator import coordinator_key
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
@@ -123,7 +123,7 @@ async def test_a_replayed_join_is_refused(coord):
     await coord.client(first["credential"]).heartbeat(first["node_id"], wire.Heartbeat())
     # nonces are pruned only after the window, when the timestamp alone refuses the body
     coord.clock.advance(proof.WINDOW + 2)
-    from anex_agent.coordinator import registration
+    from anex_agent.coordinator import enrollment as registration
 
     assert await registration.prune_nonces(coord.ctx.db, now=coord.clock()) == 1
     status, _ = await post(coord, "/v1/nodes", body)

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from anex_agent.coordinator.provisioning import store
-from anex_agent.coordinator.provisioning.rentals import Rental, cluster_label_prefix, rental_label
+from anex_agent.providers.rentals import Rental, cluster_label_prefix, rental_label
 from anex_agent.coordinator.routes.provisions import provisioner_of
 from anex_agent.selection.bans import BanStore
 from tests.coordinator.conftest import stop_harness
@@ -111,7 +111,7 @@ async def test_refused_first_candidate_then_second_rented_and_ready(tmp_path, da
         assert ready["node_id"] == joined.node_id and ready["address"] == joined.config.address
         assert ready["rental_id"] == "r1" and ready["price_per_hour"] == 1.2 and ready["provider"] == "vastai"
         # the boot token was single-use: a second machine cannot join with it
-        from anex_agent import keys
+        from anex_agent.wire import keys
         with pytest.raises(Exception) as err:
             await harness.client().join(request.env["ANEX_JOIN_TOKEN"], keys.KeyPair(keys.generate_private_key()),
                                         "intruder", "vastai")

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from anex_agent.errors import CoordinatorError
-from anex_agent.provision_wire import ProvisionCreate, ProvisionState
+from anex_agent.wire.provisioning import ProvisionCreate, ProvisionState
 from tests.coordinator.conftest import stop_harness
 from tests.coordinator.provisioning_fakes import FakeRentals, FakeSelector, ShiftClock, offers, start
 

@@ -1,5 +1,5 @@
 """Provisioning end to end: a real coordinator process (``python -m anex_agent coordinator``)
-renting from the fake Vast.AI and RunPod servers (anex_agent/demo/fake_providers.py) through
+renting from the fake Vast.AI and RunPod servers (anex_agent/testing/fake_providers.py) through
 the real rental clients and the live selection, SQLite and PostgreSQL. The test plays the agent
 of each rented machine (join with the boot token it was given, heartbeat).
 
@@ -30,9 +30,9 @@ import urllib.request
 
 import pytest
 
-from anex_agent import keys, wire
-from anex_agent.client import CoordinatorClient
-from anex_agent.demo.fake_providers import (
+from anex_agent.wire import keys, models as wire
+from anex_agent.client.rest import CoordinatorClient
+from anex_agent.testing.fake_providers import (
     FakeRental, FakeRunPod, FakeVastAI, ThreadedFake, runpod_gpu_type, vast_bundle,
 )
 from tests.coordinator.conftest import BACKENDS, backend_url

@@ -14,14 +14,14 @@ import dataclasses
 
 import pytest
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator.provisioning import policy as policy_mod
 from anex_agent.coordinator.provisioning.policy import PolicyDefaults, RecoveryPolicy, parse_policy
 from anex_agent.coordinator.routes.provisions import provisioner_of
 from anex_agent.errors import ConfigError
 from anex_agent.selection.annotations import AnnotationError, parse_annotations
 from anex_agent.selection.bans import BanStore
-from anex_agent.telemetry import Telemetry
+from anex_agent.telemetry.models import Telemetry
 from tests.coordinator.conftest import stop_harness
 from tests.coordinator.provisioning_fakes import FAST, FakeRentals, FakeSelector, ShiftClock, boot_node, offers, start
 from tests.coordinator.test_provisioning import SPEC, Api
@@ -82,9 +82,9 @@ def test_backoff_is_one_backoff_with_equal_jitter():
 
 def test_provider_status_and_gpu_faults_are_read_as_documented():
     from anex_agent.coordinator.provisioning import recovery
-    from anex_agent.coordinator.provisioning.rentals import Rental
-    from anex_agent.coordinator.provisioning.runpod import rental_from_pod
-    from anex_agent.coordinator.provisioning.vastai import rental_from_instance
+    from anex_agent.providers.rentals import Rental
+    from anex_agent.providers.runpod.rentals import rental_from_pod
+    from anex_agent.providers.vastai.rentals import rental_from_instance
 
     def vast(**raw) -> Rental:
         return rental_from_instance({"id": 1, "label": "l", "cur_state": "running", "intended_status": "running",
@@ -110,9 +110,9 @@ def test_provider_status_and_gpu_faults_are_read_as_documented():
 
 
 def test_interruptible_rent_bodies():
-    from anex_agent.coordinator.provisioning.rentals import RentRequest
-    from anex_agent.coordinator.provisioning.runpod import create_body, parse_offer
-    from anex_agent.coordinator.provisioning.vastai import rent_body
+    from anex_agent.providers.rentals import RentRequest
+    from anex_agent.providers.runpod.rentals import create_body, parse_offer
+    from anex_agent.providers.vastai.rentals import rent_body
 
     base = RentRequest(provision_id="pv-1", label="l", offer_id="1", image="i", env={})
     assert "price" not in rent_body(base)

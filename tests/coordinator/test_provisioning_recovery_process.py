@@ -17,10 +17,10 @@ import asyncio
 import time
 from datetime import datetime
 
-from anex_agent import keys, wire
-from anex_agent.client import CoordinatorClient
-from anex_agent.demo.fake_providers import vast_bundle
-from anex_agent.telemetry import Telemetry
+from anex_agent.wire import keys, models as wire
+from anex_agent.client.rest import CoordinatorClient
+from anex_agent.testing.fake_providers import vast_bundle
+from anex_agent.telemetry.models import Telemetry
 from tests.coordinator.test_provisioning_process import SPEC, Coordinator, _call, _until, provider  # noqa: F401
 
 DEADLINE = 2  # seconds: the running phase (every provision), the join phase (the one whose agents never join)

@@ -19,7 +19,7 @@ from tests.selection.fake_providers import FakeProvider
 
 
 async def test_live_selection_asks_every_time_and_skips_tried_and_banned(monkeypatch):
-    from anex_agent.selection.providers import vastai
+    from anex_agent.providers.vastai import offers as vastai
 
     async def not_here(self, filters):
         raise AssertionError("the provider was asked from the coordinator's process")

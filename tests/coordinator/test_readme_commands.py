@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.admin import cli as admin_cli
 from anex_agent.admin.resources import tokens_create
 from anex_agent.errors import CoordinatorError

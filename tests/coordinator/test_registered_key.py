@@ -8,7 +8,7 @@ import base64
 
 import pytest
 
-from anex_agent import access_token, keys
+from anex_agent.wire import access_token, keys
 from anex_agent.coordinator import coordinator_key, signing
 from anex_agent.errors import ConfigError
 

@@ -1,4 +1,4 @@
-"""The Vast.AI and RunPod rental clients against the fake providers (anex_agent.demo.fake_providers):
+"""The Vast.AI and RunPod rental clients against the fake providers (anex_agent.testing.fake_providers):
 rent, idempotent destroy, list by label, every error mapping, and no API key in any log line."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import logging
 
 import pytest
 
-from anex_agent.coordinator.provisioning.rentals import (
+from anex_agent.providers.rentals import (
     KeyRefused, NoCapacity, ProviderUnavailable, RegistryLogin, RentRefused, RentRequest, cluster_label_prefix,
     rental_label,
 )
-from anex_agent.coordinator.provisioning.runpod import RunPodRentalConfig, RunPodRentals, parse_offer
-from anex_agent.coordinator.provisioning.vastai import VastAIRentals, rent_body
-from anex_agent.demo.fake_providers import FakeRunPod, FakeVastAI
-from anex_agent.selection.providers.http import HttpPolicy
-from anex_agent.selection.providers.vastai import VastAIConfig
+from anex_agent.providers.runpod.rentals import RunPodRentalConfig, RunPodRentals, parse_offer
+from anex_agent.providers.vastai.rentals import VastAIRentals, rent_body
+from anex_agent.testing.fake_providers import FakeRunPod, FakeVastAI
+from anex_agent.providers.offers_http import HttpPolicy
+from anex_agent.providers.vastai.offers import VastAIConfig
 
 KEY = "secret-provider-key-7f3a9c"
 CLUSTER = "c1"
@@ -227,7 +227,7 @@ async def test_hooks_run_on_rent_and_destroy(side):
 
 
 def test_runpod_rental_config_follows_the_selections():
-    from anex_agent.selection.providers.runpod import RunPodConfig
+    from anex_agent.providers.runpod.offers import RunPodConfig
 
     config = RunPodRentalConfig.from_source(RunPodConfig(api_key=KEY, policy=FAST), rest_url="http://x/v1")
     assert config.api_key == KEY and config.policy == FAST and config.rest_url == "http://x/v1"

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from anex_agent import keys, wire
-from anex_agent.client import CoordinatorClient
+from anex_agent.wire import keys, models as wire
+from anex_agent.client.rest import CoordinatorClient
 from tests.coordinator.conftest import POSTGRES_URL, backend_url
 from tests.coordinator.coordinator_process import CoordinatorProcess
 

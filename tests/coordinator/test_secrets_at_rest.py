@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import credentials
 
 

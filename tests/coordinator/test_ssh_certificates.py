@@ -9,7 +9,7 @@ import stat
 import asyncssh
 import pytest
 
-from anex_agent import ssh_wire
+from anex_agent.wire import ssh as ssh_wire
 from anex_agent.coordinator import ssh_ca
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings

@@ -16,7 +16,9 @@ import sys
 import asyncssh
 import pytest
 
-from anex_agent import cli, ssh_client, ssh_client_cp, wire
+from anex_agent import cli
+from anex_agent.remote import ssh_client, cp_client as ssh_client_cp
+from anex_agent.wire import models as wire
 from tests.coordinator.test_ssh_end_to_end import node_server  # noqa: F401 (a fixture)
 
 

@@ -9,8 +9,8 @@ import os
 import asyncssh
 import pytest
 
-from anex_agent import ssh_client, ssh_client_cp
-from anex_agent.agent.ssh_access import SessionContext, SshAccess
+from anex_agent.remote import ssh_client, cp_client as ssh_client_cp
+from anex_agent.remote.ssh_access import SessionContext, SshAccess
 
 
 @pytest.fixture
@@ -72,8 +72,8 @@ async def test_names_and_remote_paths(coord):
 async def test_the_ssh_issuer_token_gets_certificates_and_nothing_else(tmp_path, clock):
     from aiohttp.test_utils import TestServer
 
-    from anex_agent import ssh_wire
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.wire import ssh as ssh_wire
+    from anex_agent.client.rest import CoordinatorClient
     from anex_agent.coordinator.app import build_app
     from anex_agent.coordinator.context import Coordinator
     from anex_agent.coordinator.settings import Settings

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import states, sweeper
 from anex_agent.errors import CoordinatorError
-from anex_agent.wire import NodeState
+from anex_agent.wire.models import NodeState
 from tests.coordinator.conftest import HookedWrites
 
 T = states.Timings(heartbeat_interval=10, not_ready_after=30, expired_after=300)

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from anex_agent import keys, wire
+from anex_agent.wire import keys, models as wire
 from anex_agent.coordinator import server as http_server
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.errors import CoordinatorError
 from tests.polling import GENEROUS, wait_until
 
@@ -126,7 +126,7 @@ async def test_resume_from_a_pruned_version_gets_a_snapshot(coord):
 
 async def test_a_rejoin_seen_late_does_not_close_the_new_stream(coord):
     token = await coord.admin.create_join_token(reusable=True)
-    from anex_agent import keys
+    from anex_agent.wire import keys
 
     pair = keys.KeyPair(keys.generate_private_key())
     first = await coord.client().join(token.token, pair, "n", "other")

@@ -14,11 +14,11 @@ import aiohttp
 import h11
 import pytest
 
-from anex_agent.dialer import OSDialer
+from anex_agent.net.dialer import OSDialer
 from anex_agent.errors import PortInUseError
 from anex_agent.frontends.proxy import ProxyServer
 from anex_agent.frontends.proxy_core import ProxyAuth
-from anex_agent.resolver import Resolver
+from anex_agent.net.resolver import Resolver
 
 from .servers import PEERS, echo_server, free_port, loads, non_loopback_ipv4, pattern, run_origin, tiny_dns
 

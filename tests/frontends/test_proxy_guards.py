@@ -9,9 +9,9 @@ import contextlib
 
 import pytest
 
-from anex_agent.dialer import OSDialer
+from anex_agent.net.dialer import OSDialer
 from anex_agent.frontends.proxy import ProxyServer
-from anex_agent.resolver import Resolver
+from anex_agent.net.resolver import Resolver
 
 from .servers import non_loopback_ipv4, tiny_dns
 

@@ -12,12 +12,12 @@ import socket
 
 import pytest
 
-from anex_agent.dialer import OSDialer, StreamConnection
+from anex_agent.net.dialer import OSDialer, StreamConnection
 from anex_agent.errors import ConfigError, PortInUseError
 from anex_agent.frontends import relay as relay_module
 from anex_agent.frontends.socks5 import Socks5Server
 from anex_agent.frontends.socks5_core import SocksAuth
-from anex_agent.resolver import Resolver
+from anex_agent.net.resolver import Resolver
 
 from .servers import PEERS, echo_server, loads, non_loopback_ipv4, pattern, run_origin, tiny_dns
 from .test_proxy_guards import SPELLINGS, RawOrigin, RecordingDialer

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
-from anex_agent.keys import KeyPair, generate_private_key
-from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, Support
+from anex_agent.wire.keys import KeyPair, generate_private_key
+from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, Support
 from tests.polling import wait_until
 
 

@@ -13,14 +13,15 @@ import asyncio
 import math
 from pathlib import Path
 
-from anex_agent.client import CoordinatorClient
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
-from anex_agent.keys import KeyPair, encode_key, generate_private_key
-from anex_agent.tunnels import uapi, wireguard_go
-from anex_agent.tunnels.base import DesiredConfig, Engine, EngineStatus, PeerConfig, Support, plan_peers
-from anex_agent.wire import MeshPeer, WatchEvent
+from anex_agent.wire.keys import KeyPair, encode_key, generate_private_key
+from anex_agent.tunnels.engines import wireguard_go
+from anex_agent.tunnels.os import uapi
+from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, PeerConfig, Support, plan_peers
+from anex_agent.wire.models import MeshPeer, WatchEvent
 from tests.polling import wait_until
 
 
@@ -265,7 +266,7 @@ def test_a_snapshot_of_10000_peers_goes_in_a_bounded_number_of_writes():
 
 
 async def test_kernel_update_peers_is_one_set_of_only_those_peers(monkeypatch):
-    from anex_agent.tunnels import kernel
+    from anex_agent.tunnels.engines import kernel
 
     calls = []
     monkeypatch.setattr(kernel, "_wg_set", lambda ifname, device, peers: calls.append((ifname, device, peers)))

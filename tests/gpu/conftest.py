@@ -7,7 +7,7 @@ from typing import Callable
 
 import pytest
 
-from .fake_nvml import FakeGpu, FakeNvml
+from anex_agent.testing.fake_nvml import FakeGpu, FakeNvml
 
 
 @pytest.fixture

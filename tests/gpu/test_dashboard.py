@@ -24,12 +24,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from anex_agent.coordinator.telemetry_metrics import exposition as fleet_exposition
+from anex_agent.coordinator.routes.fleet_metrics import exposition as fleet_exposition
 from anex_agent.gpu.exposition import register_collectors
 from anex_agent.gpu.monitor import TelemetryMonitor
-from anex_agent.telemetry_options import ExpositionOptions
+from anex_agent.telemetry.options import ExpositionOptions
 
-from .fake_nvml import FakeGpu
+from anex_agent.testing.fake_nvml import FakeGpu
 
 FIXTURES = Path(__file__).parent / "dcgm_exporter"
 TARGET_LABELS = {"instance", "job"}  # added by Prometheus to every series of a scrape target

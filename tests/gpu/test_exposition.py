@@ -58,7 +58,7 @@ def test_dcgm_names_and_labels(fake, tmp_path):
 
 
 def test_unsupported_fields_leave_no_sample(install_fake, tmp_path):
-    from .fake_nvml import FakeGpu
+    from anex_agent.testing.fake_nvml import FakeGpu
 
     install_fake([FakeGpu(mem_temp=None, errors={"nvmlDeviceGetEncoderUtilization": real_pynvml.NVML_ERROR_NOT_SUPPORTED})])
     mon = TelemetryMonitor(state_dir=str(tmp_path), watch_xids=False)

@@ -14,11 +14,11 @@ from anex_agent.gpu.exposition import register_collectors
 from anex_agent.gpu.monitor import TelemetryMonitor
 from anex_agent.gpu.qualify import gather_facts, evaluate
 from anex_agent.gpu.qualify_cli import render_table
-from anex_agent.telemetry import Telemetry
-from anex_agent.telemetry_options import ExpositionOptions, exposition_options
-from anex_agent.wire import Heartbeat
+from anex_agent.telemetry.models import Telemetry
+from anex_agent.telemetry.options import ExpositionOptions, exposition_options
+from anex_agent.wire.models import Heartbeat
 
-from .fake_nvml import FakeGpu
+from anex_agent.testing.fake_nvml import FakeGpu
 
 MIB = 1024 * 1024
 
@@ -262,7 +262,7 @@ def test_both_roles_read_the_options_at_their_edge(tmp_path):
 
 
 def test_fleet_view_follows_the_options(install_fake, tmp_path):
-    from anex_agent.coordinator.telemetry_metrics import exposition
+    from anex_agent.coordinator.routes.fleet_metrics import exposition
 
     install_fake([h100()])
     mon, clock = monitor_with_clock(tmp_path)

@@ -9,7 +9,7 @@ from anex_agent.gpu.inventory import guess_form_factor, memory_bandwidth_gbps, r
 from anex_agent.gpu.nvml import Nvml
 from anex_agent.gpu.sampler import sample_gpu, throttle_names
 
-from .fake_nvml import FakeGpu
+from anex_agent.testing.fake_nvml import FakeGpu
 
 NS = real_pynvml.NVML_ERROR_NOT_SUPPORTED
 

@@ -11,7 +11,7 @@ import pytest
 
 from anex_agent.gpu.nvml import ABSENT, DeviceFailure, Nvml, NvmlState, NvmlUnavailable, classify
 
-from .fake_nvml import FakeGpu
+from anex_agent.testing.fake_nvml import FakeGpu
 
 
 def _nvml_library_present() -> bool:

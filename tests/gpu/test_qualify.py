@@ -142,8 +142,8 @@ def test_real_cli_table_and_bad_flag():
 
 def test_the_rules_telemetry_names_are_the_rules_applied():
     """Selection (on the coordinator, which imports nothing of anex_agent.gpu) reads the rule ids
-    and scopes from anex_agent.telemetry: they must be the ones evaluate() applies, in order."""
+    and scopes from anex_agent.telemetry.models: they must be the ones evaluate() applies, in order."""
     from anex_agent.gpu.qualify import RULES
-    from anex_agent.telemetry import QUALIFICATION_RULES
+    from anex_agent.telemetry.models import QUALIFICATION_RULES
 
     assert tuple((rule.id, rule.scope) for rule in RULES) == QUALIFICATION_RULES

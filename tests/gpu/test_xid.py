@@ -77,7 +77,7 @@ def test_wait_failure_ends_the_thread_without_raising(fake, caplog):
 
 
 def test_gpus_without_event_support_are_skipped(install_fake):
-    from .fake_nvml import FakeGpu
+    from anex_agent.testing.fake_nvml import FakeGpu
 
     fake = install_fake([FakeGpu(uuid="GPU-x", errors={"nvmlDeviceRegisterEvents": real_pynvml.NVML_ERROR_NOT_SUPPORTED})])
     nvml = Nvml()
@@ -90,7 +90,7 @@ def test_gpus_without_event_support_are_skipped(install_fake):
 
 
 def test_a_lost_gpu_does_not_stop_xid_watching_of_the_others(install_fake):
-    from .fake_nvml import FakeGpu
+    from anex_agent.testing.fake_nvml import FakeGpu
 
     fake = install_fake([
         FakeGpu(uuid="GPU-lost", bus_id="00000000:07:00.0",
@@ -113,7 +113,7 @@ def test_a_lost_gpu_does_not_stop_xid_watching_of_the_others(install_fake):
 
 
 def test_nvml_failing_while_registering_frees_the_event_set(install_fake):
-    from .fake_nvml import FakeGpu
+    from anex_agent.testing.fake_nvml import FakeGpu
 
     fake = install_fake([FakeGpu(uuid="GPU-x", errors={
         "nvmlDeviceRegisterEvents": real_pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH})])

@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.errors import DialRefused, DialTimeout
-from anex_agent.resolver import Resolver, ResolverSlot
-from anex_agent.tunnels.base import DesiredConfig, PeerConfig, WorkloadConfig
-from anex_agent.tunnels.userspace import UserspaceEngine
+from anex_agent.net.resolver import Resolver, ResolverSlot
+from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig, WorkloadConfig
+from anex_agent.tunnels.engines.userspace import UserspaceEngine
 
 IP_A, IP_B = "10.45.0.1", "10.45.0.2"
 

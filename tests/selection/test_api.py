@@ -10,16 +10,16 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from anex_agent import keys, wire
-from anex_agent.client import CoordinatorClient
+from anex_agent.wire import keys, models as wire
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import app as coordinator_app
-from anex_agent.coordinator import routes_selection
+from anex_agent.coordinator.routes import selection as routes_selection
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.selection.config import SelectionConfig
-from anex_agent.selection.providers.http import HttpPolicy
-from anex_agent.selection.providers.runpod import RunPodConfig
-from anex_agent.selection.providers.vastai import VastAIConfig
+from anex_agent.providers.offers_http import HttpPolicy
+from anex_agent.providers.runpod.offers import RunPodConfig
+from anex_agent.providers.vastai.offers import VastAIConfig
 from tests.coordinator.conftest import BACKENDS, FakeClock, backend_url
 from tests.selection.fake_providers import FakeProvider, runpod_data
 from tests.selection.test_doc_examples import CURRENT_EXAMPLE_POD, LEGACY_EXAMPLE_POD
@@ -78,7 +78,7 @@ async def api(tmp_path, database_url, request):
     ctx = await Coordinator.open(settings, clock=clock, environ={}, extra_migrations=routes_selection.MIGRATIONS)
     module = types.SimpleNamespace(setup=routes_selection.make_setup(config), MIGRATIONS=routes_selection.MIGRATIONS)
     core = coordinator_app.load_modules([m for m in coordinator_app.ROUTE_MODULES
-                                         if m != "anex_agent.coordinator.routes_selection"])
+                                         if m != "anex_agent.coordinator.routes.selection"])
     server = TestServer(coordinator_app.build_app(ctx, [*core, module]))
     await server.start_server()
     harness = Api(server, ctx, fake, clock)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from anex_agent import keys, wire
-from anex_agent.client import CoordinatorClient
+from anex_agent.wire import keys, models as wire
+from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import changes
 from tests.selection.test_api import api, database_url, telemetry  # noqa: F401  (fixtures)
 from tests.selection.test_doc_examples import CURRENT_EXAMPLE_POD

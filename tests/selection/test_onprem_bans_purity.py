@@ -9,7 +9,7 @@ import pytest
 
 from anex_agent.selection.annotations import parse_annotations
 from anex_agent.selection.bans import MemoryBans
-from anex_agent.selection.providers.onprem import OnpremSource, offer_from_node
+from anex_agent.providers.onprem import OnpremSource, offer_from_node
 from tests.selection.test_api import telemetry
 
 PURE = ["annotations", "filters", "rank", "offers", "regions", "units", "versions", "labels", "qualification",

@@ -10,9 +10,9 @@ from aiohttp.test_utils import TestServer
 from anex_agent.selection.annotations import parse_annotations
 from anex_agent.selection.filters import apply_filters
 from anex_agent.selection.offers import OfferTable
-from anex_agent.selection.providers.http import HttpPolicy, JsonClient, ProviderError, retry_after_seconds
-from anex_agent.selection.providers.runpod import RunPodConfig, RunPodSource, country_of_datacenter, offers_from_answer
-from anex_agent.selection.providers.vastai import VastAIConfig, VastAISource, offer_from_api
+from anex_agent.providers.offers_http import HttpPolicy, JsonClient, ProviderError, retry_after_seconds
+from anex_agent.providers.runpod.offers import RunPodConfig, RunPodSource, country_of_datacenter, offers_from_answer
+from anex_agent.providers.vastai.offers import VastAIConfig, VastAISource, offer_from_api
 from anex_agent.selection.service import select
 from tests.selection.fake_providers import VAST_OFFERS, FakeProvider, runpod_data
 from tests.selection.test_doc_examples import CURRENT_EXAMPLE_POD, LEGACY_EXAMPLE_POD
@@ -302,7 +302,7 @@ async def test_tables_are_built_and_chosen_off_the_event_loop(fake, monkeypatch)
     import threading
 
     from anex_agent.selection import jsonpieces, service
-    from anex_agent.selection.providers.onprem import OnpremSource
+    from anex_agent.providers.onprem import OnpremSource
     from tests.selection.test_onprem_bans_purity import node
 
     threads: dict[str, set[str]] = {}
@@ -316,7 +316,7 @@ async def test_tables_are_built_and_chosen_off_the_event_loop(fake, monkeypatch)
     monkeypatch.setattr(OfferTable, "__init__", spy("table", OfferTable.__init__))
     monkeypatch.setattr(OfferTable, "concat", classmethod(spy("concat", OfferTable.concat.__func__)))
     monkeypatch.setattr(service, "choose", spy("choose", service.choose))
-    monkeypatch.setattr("anex_agent.selection.providers.http.loads_in_pieces",
+    monkeypatch.setattr("anex_agent.providers.offers_http.loads_in_pieces",
                         spy("decode", jsonpieces.loads_in_pieces))
 
     async def lister():

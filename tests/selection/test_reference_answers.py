@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.selection.providers import runpod, vastai
+from anex_agent.providers.runpod import offers as runpod
+from anex_agent.providers.vastai import offers as vastai
 from tests.selection.fake_providers import RUNPOD_ANSWER, VAST_ANSWER, VAST_OFFERS
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "selection.md").read_text()

@@ -20,14 +20,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from anex_agent.coordinator import app as coordinator_app
-from anex_agent.coordinator import routes_selection
+from anex_agent.coordinator.routes import selection as routes_selection
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.selection import offers as offers_module
 from anex_agent.selection.annotations import parse_annotations
 from anex_agent.selection.config import SelectionConfig
-from anex_agent.selection.providers.http import HttpPolicy
-from anex_agent.selection.providers.vastai import VastAIConfig
+from anex_agent.providers.offers_http import HttpPolicy
+from anex_agent.providers.vastai.offers import VastAIConfig
 from anex_agent.selection.worker import InProcessWorker, SelectionWorker, WorkerBusy, WorkerTimeout
 from anex_agent.selection.worker_process import SELECT, Job
 from tests.coordinator.conftest import FakeClock
@@ -97,7 +97,7 @@ async def coordinator(tmp_path, worker="process", *, seen=None):
     module = types.SimpleNamespace(setup=routes_selection.make_setup(config, worker=worker),
                                    MIGRATIONS=routes_selection.MIGRATIONS)
     core = coordinator_app.load_modules([m for m in coordinator_app.ROUTE_MODULES
-                                         if m != "anex_agent.coordinator.routes_selection"])
+                                         if m != "anex_agent.coordinator.routes.selection"])
     server = TestServer(coordinator_app.build_app(ctx, [*core, module]))
     await server.start_server()
     harness = Harness(server, ctx, fake, clock, worker)

@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.errors import CoordinatorError
-from anex_agent.provision_wire import ProvisionCreate
+from anex_agent.wire.provisioning import ProvisionCreate
 from anex_agent.virtualnode.metrics import PodMetrics
 from anex_agent.virtualnode.pods import FINALIZER, PodController
 from anex_agent.virtualnode.podspec import provision_name

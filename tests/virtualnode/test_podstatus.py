@@ -6,10 +6,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from anex_agent.provision_wire import ProvisionView
+from anex_agent.wire.provisioning import ProvisionView
 from anex_agent.virtualnode import podstatus
 from anex_agent.virtualnode.podstatus import observe
-from anex_agent.wire import ContainerState
+from anex_agent.wire.models import ContainerState
 from tests.virtualnode.pods import seed
 
 NOW = datetime(2026, 11, 27, 12, 0, 0, tzinfo=timezone.utc)

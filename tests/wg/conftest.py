@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.wg.device import Device, Output
 from anex_agent.wg.peer import PeerConfig
 

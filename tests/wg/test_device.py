@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from anex_agent.errors import LocalProtocolError
 from anex_agent.wg.device import Device
 from anex_agent.wg.peer import PeerConfig

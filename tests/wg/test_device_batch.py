@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from anex_agent import keys
+from anex_agent.wire import keys
 from .conftest import ADDR_A, ADDR_B, IP_A, IP_B, Pair, ipv4_packet
 
 

@@ -183,7 +183,7 @@ def test_timer_index_matches_a_scan_of_every_peer():
     """next_deadline()/update_timers() use a heap; check them against the obvious scan under random traffic."""
     import random as _random
 
-    from anex_agent import keys
+    from anex_agent.wire import keys
     from anex_agent.wg.device import Device
     from anex_agent.wg.peer import PeerConfig
 

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator.db import Conn
 from anex_agent.coordinator.provisioning import bootstrap
 from anex_agent.errors import AnexError

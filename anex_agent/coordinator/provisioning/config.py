@@ -14,7 +14,7 @@ registry that builds a :class:`~.rentals.RentalProvider` for each configured pro
 
 Where each provider is reached: Vast.AI offers and rentals at ``ANEX_VASTAI_URL``; RunPod
 offers at ``ANEX_RUNPOD_URL`` (GraphQL), pods at ``ANEX_RUNPOD_REST_URL``. The demo, the tests
-and the benchmark point them at the fake providers (:mod:`anex_agent.demo.fake_providers`).
+and the benchmark point them at the fake providers (:mod:`anex_agent.testing.fake_providers`).
 
 Provider keys are the selection's (``ANEX_VASTAI_API_KEY`` / ``ANEX_VASTAI_API_KEY_FILE``,
 ``ANEX_RUNPOD_API_KEY`` / ``ANEX_RUNPOD_API_KEY_FILE``, see :mod:`anex_agent.selection.config`):
@@ -35,20 +35,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from anex_agent.coordinator.provisioning.policy import PolicyDefaults, RecoveryPolicy
-from anex_agent.coordinator.provisioning.rentals import RentalProvider
+from anex_agent.providers.rentals import RentalProvider
 from anex_agent.errors import ConfigError, env_number
 from anex_agent.selection.config import SelectionConfig
 
 log = logging.getLogger(__name__)
 
 def _vastai(config: Any, settings: "ProvisioningSettings") -> RentalProvider:
-    from anex_agent.coordinator.provisioning.vastai import VastAIRentals
+    from anex_agent.providers.vastai.rentals import VastAIRentals
 
     return VastAIRentals(config)
 
 
 def _runpod(config: Any, settings: "ProvisioningSettings") -> RentalProvider:
-    from anex_agent.coordinator.provisioning.runpod import RunPodRentalConfig, RunPodRentals
+    from anex_agent.providers.runpod.rentals import RunPodRentalConfig, RunPodRentals
 
     return RunPodRentals(RunPodRentalConfig.from_source(config, settings.runpod_rest_url))
 

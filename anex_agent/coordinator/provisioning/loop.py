@@ -66,13 +66,13 @@ from anex_agent.coordinator.provisioning import boot, costs, recovery, registry_
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
 from anex_agent.coordinator.provisioning.models import LIVE_STATES, ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import ERROR, INTERRUPTION, NO_CAPACITY, RecoveryPolicy, parse_policy
-from anex_agent.coordinator.provisioning.rentals import (
+from anex_agent.providers.rentals import (
     KeyRefused, NoCapacity, ProviderUnavailable, Rental, RentalProvider, RentRefused, RentRequest,
     cluster_label_prefix, provision_of_label, rental_label,
 )
 from anex_agent.coordinator.provisioning.selector import DEFAULT_DISK_GB, Selector
 from anex_agent.selection.annotations import AnnotationError, parse_annotations
-from anex_agent.wire import NodeState
+from anex_agent.wire.models import NodeState
 
 if TYPE_CHECKING:
     from anex_agent.coordinator.context import Coordinator

@@ -31,8 +31,8 @@ from datetime import datetime, timezone
 
 from anex_agent.coordinator.migrations import Migration
 from anex_agent.coordinator.provisioning.policy import ERROR, INTERRUPTION, NO_CAPACITY, RecoveryPolicy
-from anex_agent.coordinator.provisioning.rentals import Rental
-from anex_agent.telemetry import classify_xid
+from anex_agent.providers.rentals import Rental
+from anex_agent.telemetry.models import classify_xid
 
 MIGRATION = Migration(420, "provisioning: recovery (retries, phases, idle)", """
     ALTER TABLE provisions ADD COLUMN retries BIGINT NOT NULL DEFAULT 0;

@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from anex_agent.coordinator.migrations import Migration
-from anex_agent.coordinator.provisioning.rentals import RegistryLogin
-from anex_agent.provision_wire import RegistryAuth
+from anex_agent.providers.rentals import RegistryLogin
+from anex_agent.wire.provisioning import RegistryAuth
 
 MIGRATION = Migration(470, "provisioning: a provision's registry login, sealed", """
     ALTER TABLE provisions ADD COLUMN registry_auth TEXT

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import credentials, problems, tokens
 from anex_agent.coordinator.auth import Auth, bearer
 from anex_agent.coordinator.provisioning.bootstrap import AGENT_PATH, MIGRATION
-from anex_agent.coordinator.registry import Call, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry
 
 MIGRATIONS = [MIGRATION]
 _CHUNK = 1 << 20

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from anex_agent import wire
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import gateways, ipam, problems
 from anex_agent.coordinator.auth import Auth
-from anex_agent.coordinator.registry import Call, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry
 
 
 async def register(call: Call) -> wire.GatewayRegisterResponse:

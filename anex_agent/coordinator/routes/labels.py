@@ -20,7 +20,7 @@ import json
 
 from anex_agent.coordinator import changes, problems
 from anex_agent.coordinator.auth import Auth
-from anex_agent.coordinator.registry import Call, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry
 from anex_agent.selection import labels
 from anex_agent.selection.models import NodeLabels, NodeLabelsUpdate
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from anex_agent import access_token, wire
-from anex_agent.coordinator import ipam, limits, node_actions, node_logs, nodes, problems, tokens
+from anex_agent.wire import access_token, models as wire
+from anex_agent.coordinator import ipam, limits, nodes, problems, tokens
+from anex_agent.coordinator.routes import node_actions, node_logs
 from anex_agent.coordinator.auth import Auth, Principal
-from anex_agent.coordinator.registry import Call, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry
 
 
 def _own_node(call: Call) -> str:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from anex_agent import __version__, wire
+from anex_agent import __version__
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import problems
 from anex_agent.coordinator.auth import Auth, bearer
-from anex_agent.coordinator.registry import Call, Route, RouteRegistry, openapi
+from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry, openapi
 
 
 async def healthz(call: Call) -> web.Response:

@@ -39,9 +39,9 @@ from anex_agent.coordinator.provisioning.config import ProvisioningSettings, bui
 from anex_agent.coordinator.provisioning.loop import Provisioner
 from anex_agent.coordinator.provisioning.models import ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import parse_policy
-from anex_agent.coordinator.provisioning.rentals import RentalProvider
+from anex_agent.providers.rentals import RentalProvider
 from anex_agent.coordinator.provisioning.selector import LiveSelector, Selector
-from anex_agent.coordinator.registry import Call, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry
 from anex_agent.selection.annotations import AnnotationError, parse_annotations
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def check_spec(spec: models.ProvisionCreate) -> None:
         except AnnotationError as err:
             found.extend(err.problems)
     if found:
-        from anex_agent.coordinator.routes_selection import annotation_problem
+        from anex_agent.coordinator.routes.selection import annotation_problem
 
         raise annotation_problem(AnnotationError(found), "annotations")
 

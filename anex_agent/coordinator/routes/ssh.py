@@ -6,11 +6,12 @@ The CA itself is :mod:`..ssh_ca`; issuing, revoking and the audit are :mod:`..ss
 
 from __future__ import annotations
 
-from anex_agent import parse, ssh_wire
+from anex_agent import parse
+from anex_agent.wire import ssh as ssh_wire
 from anex_agent.coordinator import problems, ssh_certs
 from anex_agent.coordinator.auth import Auth, Principal
 from anex_agent.coordinator.migrations import Migration
-from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, QueryParam, Route, RouteRegistry
 
 LIST_MAX = 1000
 

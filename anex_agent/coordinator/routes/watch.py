@@ -35,10 +35,11 @@ import logging
 
 from aiohttp import WSMsgType, web
 
-from anex_agent import parse, wire
+from anex_agent import parse
+from anex_agent.wire import models as wire
 from anex_agent.coordinator import changes, credentials, gateways, nodes, problems
 from anex_agent.coordinator.auth import Auth, bearer
-from anex_agent.coordinator.registry import Call, QueryParam, Route, RouteRegistry
+from anex_agent.coordinator.routes.registry import Call, QueryParam, Route, RouteRegistry
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from anex_agent.errors import KubeError
-from anex_agent.peer_log import LogBudget, peer_text
+from anex_agent.net.peer_log import LogBudget, peer_text
 from anex_agent.virtualnode.kubelet import authmap
 from anex_agent.virtualnode.kubelet.context import User
 

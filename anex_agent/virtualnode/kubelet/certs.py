@@ -33,7 +33,7 @@ from cryptography.x509.oid import NameOID
 
 from anex_agent.backoff import Backoff
 from anex_agent.errors import KubeError
-from anex_agent.private_file import write_private
+from anex_agent.host.private_file import write_private
 
 log = logging.getLogger(__name__)
 

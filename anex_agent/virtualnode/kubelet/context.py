@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from anex_agent.client import CoordinatorClient
+    from anex_agent.client.rest import CoordinatorClient
     from anex_agent.tasks import Tasks
 
 #: ``app[CONTEXT_KEY]``: the :class:`KubeletContext` of the application.

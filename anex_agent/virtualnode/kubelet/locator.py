@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from anex_agent.errors import CoordinatorError
-from anex_agent.provision_wire import ProvisionState
+from anex_agent.wire.provisioning import ProvisionState
 from anex_agent.virtualnode import podspec
 from anex_agent.virtualnode.kubelet.context import PodTarget, TargetError
 

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from anex_agent.errors import CoordinatorError
-from anex_agent.provision_wire import ProvisionState
+from anex_agent.wire.provisioning import ProvisionState
 from anex_agent.virtualnode import podspec
 from anex_agent.virtualnode.kubelet import statshape
 from anex_agent.virtualnode.kubelet.context import CONTEXT_KEY, KubeletContext

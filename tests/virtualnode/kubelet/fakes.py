@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 
 from anex_agent.errors import CoordinatorError
-from anex_agent.provision_wire import ProvisionList, ProvisionState, ProvisionView
+from anex_agent.wire.provisioning import ProvisionList, ProvisionState, ProvisionView
 from anex_agent.virtualnode.kubelet.auth import ClusterAuthorizer
 from anex_agent.virtualnode.kubelet.context import KubeletContext, User
 from anex_agent.virtualnode.kubelet.locator import CoordinatorPodLocator

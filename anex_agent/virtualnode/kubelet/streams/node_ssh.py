@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from anex_agent import ssh_client
+from anex_agent.remote import ssh_client
 from anex_agent.errors import ConfigError, CoordinatorError
 from anex_agent.virtualnode.kubelet.context import PodTarget
 
@@ -35,7 +35,7 @@ async def connect(coordinator: Any, target: PodTarget, *, requested_for: str, ti
                   features: list[str]) -> Any:
     """An asyncssh client connection to ``target``'s node (see the module docstring), with a
     certificate granting only ``features`` (``pty`` for a terminal, ``port-forwarding``)."""
-    from anex_agent.ssh_asyncssh import load
+    from anex_agent.remote.asyncssh_import import load
 
     asyncssh = load()
     where = f'node {target.node_id} of pod "{target.namespace}/{target.name}"'

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from anex_agent.errors import CoordinatorError, RemoteProtocolError
-from anex_agent.ssh_client import exit_code
+from anex_agent.remote.ssh_client import exit_code
 import anex_agent.virtualnode.kubelet.streams.channels as channels
 from anex_agent.virtualnode.kubelet.streams.channels import ERROR, RESIZE, STDERR, STDIN, STDOUT, ExecOptions
 from anex_agent.virtualnode.kubelet.streams.session import SpdyStream

@@ -1,0 +1,1 @@
+"""RunPod: offers from its GraphQL API (:mod:`.offers`), pods through its REST API (:mod:`.rentals`)."""

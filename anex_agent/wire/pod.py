@@ -1,0 +1,42 @@
+"""What the virtual node and the agent agree on about a pod (shared by both roles, beside
+:mod:`anex_agent.wire.provisioning`): the variables the virtual node puts in a provision's ``env``
+for the agent, the paths of the files it pushes, and Kubernetes' ``$(VAR)`` expansion, which
+both sides apply (the virtual node to the provision, the agent to the values from Secrets).
+
+* ``ANEX_PROBES`` (:data:`PROBES_ENV`): the container's probes, read by
+  :mod:`anex_agent.agent.probe_spec`;
+* ``ANEX_POD_FILES`` (:data:`POD_FILES_ENV`): ``{"dirs": [...]}``, the directories of the pod's
+  files; the agent holds the workload until :data:`COMPLETE` is pushed, after the files and the
+  variables from Secrets (:data:`ENV_FILE`) (:mod:`anex_agent.agent.pod_files`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+PROBES_ENV = "ANEX_PROBES"
+POD_FILES_ENV = "ANEX_POD_FILES"
+POD_DIR = "/run/anex-pod"
+ENV_FILE = f"{POD_DIR}/env.json"  # the pod's variables from Secrets (a JSON object)
+COMPLETE = f"{POD_DIR}/complete"  # pushed last: every file of the pod is there
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: a defined variable is replaced, ``$$`` is one ``$`` (so
+    ``$$(VAR)`` stays ``$(VAR)``), a reference to an undefined variable is left as it is."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+            continue
+        if text.startswith("$(", i):
+            end = text.find(")", i + 2)
+            if end != -1 and text[i + 2:end] in env:
+                out.append(env[text[i + 2:end]])
+                i = end + 1
+                continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
