@@ -8,24 +8,52 @@ truthy value, which it returns; after ``timeout`` seconds it raises AssertionErr
 
 The deadline is how long the test gives up after, never what it measures: pick it so that a
 machine running the suite on two busy cores still sees the event long before it
-(:data:`GENEROUS`, the default of :func:`wait_until`).
+(:data:`GENEROUS`, the default of both helpers).
+
+One unit for every deadline: :func:`scaled` multiplies seconds by ``ANEX_TEST_TIMEOUT_SCALE``
+(a positive number, default 1), so a slower machine raises all deadlines at once instead of
+each test carrying its own constant. A deadline only bounds how long a failing test takes: a
+passing test returns as soon as its event happens, whatever the scale.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 
+
+
+def _scale() -> float:
+    text = os.environ.get("ANEX_TEST_TIMEOUT_SCALE", "1")
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise SystemExit(f"ANEX_TEST_TIMEOUT_SCALE={text!r}: expected a positive number (1 is the default)")
+    return value
+
+
+#: ``ANEX_TEST_TIMEOUT_SCALE``: the factor every test deadline is multiplied by.
+SCALE = _scale()
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` of test deadline on this machine (times ``ANEX_TEST_TIMEOUT_SCALE``)."""
+    return seconds * SCALE
+
+
 #: A deadline for events a test expects within milliseconds on an idle machine.
-GENEROUS = 30.0
+GENEROUS = scaled(30.0)
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 15.0, what: str = "condition", *,
+def wait_for(predicate: Callable[[], T], timeout: float = GENEROUS, what: str = "condition", *,
              interval: float = 0.05) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,15 +51,27 @@ PROCESS_CASES = (
 )
 
 
-@pytest.mark.parametrize("command, flag, value", PROCESS_CASES)
-def test_process_exits_2_with_one_line_naming_the_flag(tmp_path, command, flag, value):
+def _run_case(command: str, flag: str, value: str, tmp_path: Path) -> subprocess.CompletedProcess:
     args = [sys.executable, "-m", "anex_agent", command, flag, value]
     if command == "gateway":
         args += ["--coordinator", "http://127.0.0.1:9", "--state-dir", str(tmp_path)]
     else:
         args += ["--state-dir", str(tmp_path)]
-    out = subprocess.run(args, cwd=tmp_path, env=_env(ANEX_GATEWAY_TOKEN="t"), capture_output=True, text=True,
-                         timeout=60)
+    return subprocess.run(args, cwd=tmp_path, env=_env(ANEX_GATEWAY_TOKEN="t"), capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def process_runs(tmp_path_factory):
+    """Every case's process, four at a time from the first test on: they are independent, and each
+    is mostly an interpreter starting up (one after the other they took most of this module's time)."""
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="flag-process") as pool:
+        yield {case: pool.submit(_run_case, *case, tmp_path_factory.mktemp("flags")) for case in PROCESS_CASES}
+
+
+@pytest.mark.parametrize("command, flag, value", PROCESS_CASES)
+def test_process_exits_2_with_one_line_naming_the_flag(process_runs, command, flag, value):
+    out = process_runs[(command, flag, value)].result()
     assert out.returncode == 2, out.stderr
     _assert_one_line_naming(out.stderr, command, flag, value)
 

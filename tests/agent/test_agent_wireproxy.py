@@ -104,13 +104,19 @@ def starts(control: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+#: What the test coordinator tells nodes (``--heartbeat-interval``): a test that waits for heartbeats
+#: sees them within a second or two, not the default 15 s.
+HEARTBEAT_INTERVAL = 1.0
+
+
 @pytest.fixture
 def coordinator(tmp_path):
     port = free_port()
     env = {**os.environ, "ANEX_ADMIN_TOKEN": ADMIN_TOKEN}
     log = open(tmp_path / "coordinator.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "anex_agent", "coordinator", "--listen", f"127.0.0.1:{port}",
-                             "--state-dir", str(tmp_path / "coord")], env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "--state-dir", str(tmp_path / "coord"), "--heartbeat-interval", str(HEARTBEAT_INTERVAL)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: http("GET", f"{url}/v1/nodes", token=ADMIN_TOKEN)[0] == 200, 30, "the coordinator")

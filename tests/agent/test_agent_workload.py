@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -128,10 +129,14 @@ def test_cli_bad_user_stops_before_anything_with_one_line(tmp_path):
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("ANEX_", "GW_TUNNEL_"))}
     base.update(ANEX_COORDINATOR_URL="http://127.0.0.1:9", ANEX_STATE_DIR=str(tmp_path / "state"))
-    for flags, extra, source in ((["--user", "no-such-user-anex"], {}, "--user"),
-                                 ([], {"ANEX_WORKLOAD_USER": "no-such-user-anex"}, "ANEX_WORKLOAD_USER")):
-        out = subprocess.run([sys.executable, "-m", "anex_agent", "run", *flags, "--", "true"], env={**base, **extra},
-                             capture_output=True, text=True, timeout=60)
+    cases = ((["--user", "no-such-user-anex"], {}, "--user"),
+             ([], {"ANEX_WORKLOAD_USER": "no-such-user-anex"}, "ANEX_WORKLOAD_USER"))
+    with ThreadPoolExecutor(max_workers=len(cases)) as pool:  # two independent processes, side by side
+        runs = [(pool.submit(subprocess.run, [sys.executable, "-m", "anex_agent", "run", *flags, "--", "true"],
+                             env={**base, **extra}, capture_output=True, text=True, timeout=60), source)
+                for flags, extra, source in cases]
+    for run, source in runs:
+        out = run.result()
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert out.returncode == 2 and len(lines) == 1, out
         assert lines[0].startswith(f"anex-agent run: {source}: no user 'no-such-user-anex'"), lines

@@ -3,7 +3,9 @@
 No test here races the clock: a probe that must succeed gets a generous timeout (it returns
 as soon as the handshake completes), a probe that must fail gets a short one (a busy machine
 only makes it fail more surely), and every wait is for the event itself, with a deadline
-(:data:`tests.polling.GENEROUS`) far beyond what an idle machine needs.
+(:data:`tests.polling.GENEROUS`) far beyond what an idle machine needs. The watch uses one
+setting (``watch_probe_timeout``) both for the probes that find UDP still working and for the
+one that finds it blocked: :func:`patient_while_open` gives the former a generous timeout.
 """
 
 from __future__ import annotations
@@ -129,6 +131,18 @@ async def world(tasks):
         await hub.stop()
 
 
+def patient_while_open(world, manager: PathManager) -> None:
+    """The manager's probes wait :data:`GENEROUS` s when the blocker lets UDP through as they start
+    (they must succeed, however busy the machine), and the timeout the manager asked for when it is
+    blocked (the watch's short one must fail; a probe with the generous ``probe_timeout`` that spans
+    the unblocking completes on one of its retries)."""
+    real_probe = manager.probe_udp
+
+    async def probe(timeout=None):
+        return await real_probe(timeout if world.blocker.blocked else GENEROUS)
+    manager.probe_udp = probe
+
+
 def wire(world, manager: PathManager):
     async def reapply():
         await world.node.apply(await manager.route(world.desired, world.config))
@@ -197,8 +211,9 @@ async def test_auto_picks_websocket_when_udp_is_blocked_from_the_start(world):
 async def test_blocked_mid_session_moves_to_websocket_and_returns_when_unblocked(world):
     # probe_timeout: the probes that must succeed (the first choice, the return); watch_probe_timeout:
     # the one that must fail once UDP is blocked (short, so the switch comes soon)
-    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=1, probe_interval=2, stall_after=1,
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=1, probe_interval=1, stall_after=1,
                                        check_every=0.2), world.keypair)
+    patient_while_open(world, manager)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     reapply, counters, reset = wire(world, manager)
     await reapply()
@@ -238,6 +253,7 @@ async def test_udp_blocked_and_no_relay_offered_is_path_none_with_the_reason(wor
     # the one that must fail once UDP is blocked
     manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=0.5, probe_interval=1,
                                        stall_after=0.5, check_every=0.1), world.keypair)
+    patient_while_open(world, manager)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     reapply, counters, reset = wire(world, manager)
     await reapply()

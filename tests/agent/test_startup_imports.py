@@ -60,10 +60,46 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 
-def startup_modules(command: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", STARTUP, command], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+#: What ``daemon``/``run`` import before the data plane is up (the supervisor loads the rest later).
+BEFORE_DATA_PLANE = ("import json, sys\n"
+                     "import anex_agent.agent.cli_daemon, anex_agent.agent.cli_run, anex_agent.agent.supervisor\n"
+                     "import anex_agent.agent.dataplane, anex_agent.agent.cli_detect\n"
+                     "print(json.dumps(sorted(sys.modules)))")
+SCRIPTS = {"daemon": (STARTUP, "daemon"), "run": (STARTUP, "run"), "before-data-plane": (BEFORE_DATA_PLANE,)}
+
+
+class Interpreters:
+    """The fresh interpreters of this module, all started at once (they are independent, and an
+    interpreter's start-up is most of each test's time): :meth:`modules` is what one imported."""
+
+    def __init__(self) -> None:
+        self.procs = {name: subprocess.Popen([sys.executable, "-c", *argv], stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True)
+                      for name, argv in SCRIPTS.items()}
+        self.results: dict[str, set[str]] = {}
+
+    def modules(self, name: str) -> set[str]:
+        if name not in self.results:
+            proc = self.procs[name]
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err[-3000:]
+            self.results[name] = set(json.loads(out.strip().splitlines()[-1]))
+        return self.results[name]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def interpreters():
+    started = Interpreters()
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 def offending(modules: set[str], names: tuple[str, ...]) -> list[str]:
@@ -81,8 +117,8 @@ def _nvml_library_present() -> bool:
 
 
 @pytest.fixture(scope="module", params=["daemon", "run"])
-def modules(request) -> set[str]:
-    return startup_modules(request.param)
+def modules(request, interpreters) -> set[str]:
+    return interpreters.modules(request.param)
 
 
 def test_startup_imports_no_other_role_and_no_demo(modules):
@@ -111,16 +147,10 @@ def test_the_guard_sees_a_forbidden_import():
         "anex_agent.gateway.relay", "dns"]
 
 
-def test_the_api_and_telemetry_modules_load_after_the_data_plane():
+def test_the_api_and_telemetry_modules_load_after_the_data_plane(interpreters):
     """Importing what ``daemon``/``run`` import before the data plane is up leaves the agent API's
     server and the telemetry out: the supervisor loads them in a thread once the proxy serves."""
-    script = ("import json, sys\n"
-              "import anex_agent.agent.cli_daemon, anex_agent.agent.cli_run, anex_agent.agent.supervisor\n"
-              "import anex_agent.agent.dataplane, anex_agent.agent.cli_detect\n"
-              "print(json.dumps(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    modules = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    modules = interpreters.modules("before-data-plane")
     assert "anex_agent.agent.supervisor" in modules
     assert offending(modules, ("aiohttp.web", "prometheus_client", "psutil", "anex_agent.agent.api",
                                "anex_agent.gpu")) == []

@@ -25,6 +25,8 @@ from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.limits import Limits
 from anex_agent.errors import ConfigError
 
+from tests.polling import GENEROUS
+
 from .conftest import start_harness, stop_harness
 
 BAD_TOKEN = "anexjt_" + "x" * 43
@@ -136,18 +138,26 @@ async def test_bad_join_token_flood_never_takes_the_lock_and_config_reads_go_on(
         sys.executable, "-c", FLOOD, coord.url + "/v1/nodes", "16", json.dumps(join_body(BAD_TOKEN)), "",
         stdout=asyncio.subprocess.PIPE,
     )
+    def refused_so_far() -> float:
+        return coord.ctx.metrics.requests.labels(route="POST /v1/nodes", status="401")._value.get()
+
     try:
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(GENEROUS):
             assert await flood.stdout.readline() == b"flooding\n"
-        for _ in range(200):
-            config = await client.get_config(joined.node_id)
-            assert config.node_id == joined.node_id
+        # config reads while the flood runs: until it was refused more than 200 times (and 20 reads
+        # at least), each read with the node's own config; the deadline only bounds a stalled flood
+        reads = 0
+        async with asyncio.timeout(GENEROUS):
+            while reads < 20 or refused_so_far() <= 200:
+                config = await client.get_config(joined.node_id)
+                assert config.node_id == joined.node_id
+                reads += 1
         assert flood.returncode is None, "the flood stopped early"
     finally:
         if flood.returncode is None:
             flood.kill()
         await flood.wait()
-    refused = coord.ctx.metrics.requests.labels(route="POST /v1/nodes", status="401")._value.get()
+    refused = refused_so_far()
     assert refused > 200
     assert lock.acquired == 0  # no unauthenticated join took the lock (nor its transaction)
     # a good token still joins (and takes the lock)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -135,10 +136,13 @@ def test_password_on_the_command_line_warns_and_never_shows(tmp_path):
 
 
 def test_tls_flag_errors_exit_2_naming_the_flag(tmp_path, certs):
-    out = run_cli(["coordinator", "--state-dir", str(tmp_path), "--tls-cert", str(certs.cert)])
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two independent processes, side by side
+        without_key = pool.submit(run_cli, ["coordinator", "--state-dir", str(tmp_path), "--tls-cert", str(certs.cert)])
+        other_key = pool.submit(run_cli, ["coordinator", "--state-dir", str(tmp_path), "--tls-cert", str(certs.cert),
+                                          "--tls-key", str(certs.other_key)])
+    out = without_key.result()
     assert out.returncode == 2 and "--tls-key" in out.stderr and "Traceback" not in out.stderr
-    out = run_cli(["coordinator", "--state-dir", str(tmp_path), "--tls-cert", str(certs.cert),
-                   "--tls-key", str(certs.other_key)])
+    out = other_key.result()
     assert out.returncode == 2 and "--tls-key" in out.stderr and "does not match" in out.stderr
 
 

@@ -28,10 +28,28 @@ from tests.coordinator.conftest import stop_harness
 from tests.coordinator.provisioning_fakes import (
     FAST, FakeRentals, FakeSelector, ShiftClock, boot_node, offers, start,
 )
+from tests.polling import GENEROUS, wait_until
 
 SPEC = {"name": "train-1", "image": "ghcr.io/acme/train:1", "command": ["python"], "args": ["train.py"],
         "env": {"GW_TUNNEL_5432": "db.default.svc.cluster.local:5432", "EPOCHS": "3"}, "ports": [8888],
         "annotations": {"anex.sh/gpu-count": "1"}}
+
+
+async def scheduler_passes(harness, n: int) -> None:
+    """Return once the provisioning scheduler made ``n`` more passes over the provisions (each
+    pass ends by refreshing the metrics snapshot)."""
+    loop = provisioner_of(harness.ctx)
+    real = loop._refresh_metrics
+    done = [0]
+
+    async def counted(now):
+        await real(now)
+        done[0] += 1
+    loop._refresh_metrics = counted
+    try:
+        await wait_until(lambda: done[0] >= n, what=f"{n} passes of the provisioning scheduler")
+    finally:
+        del loop._refresh_metrics
 
 
 class Api:
@@ -54,7 +72,7 @@ class Api:
         assert status == 200, body
         return body
 
-    async def until(self, pid: str, predicate, what: str, timeout: float = 10.0) -> dict:
+    async def until(self, pid: str, predicate, what: str, timeout: float = GENEROUS) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             view = await self.get(pid)
@@ -63,7 +81,7 @@ class Api:
             await asyncio.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}; last view: {view}")
 
-    async def state(self, pid: str, state: str, timeout: float = 10.0) -> dict:
+    async def state(self, pid: str, state: str, timeout: float = GENEROUS) -> dict:
         return await self.until(pid, lambda v: v["state"] == state, f"state {state}", timeout)
 
 
@@ -120,10 +138,12 @@ async def test_refused_first_candidate_then_second_rented_and_ready(tmp_path, da
         shift.advance(1800)
         view = await api.get(pid)
         assert view["cost_usd"] == pytest.approx(0.6, abs=0.01)
-        await asyncio.sleep(0.2)  # the scheduler refreshes the metrics snapshot
-        async with aiohttp.ClientSession() as s:
-            async with s.get(api.url + "/metrics", headers=api.headers) as r:
-                text = await r.text()
+        async def scraped_after_ready() -> str | None:  # the scheduler refreshes the metrics snapshot
+            async with aiohttp.ClientSession() as s:
+                async with s.get(api.url + "/metrics", headers=api.headers) as r:
+                    text = await r.text()
+            return text if 'anex_provisions{state="ready"} 1' in text and pid in text else None
+        text = await wait_until(scraped_after_ready, what="a metrics snapshot taken since the provision is ready")
         line = next(x for x in text.splitlines() if x.startswith("anex_provision_cost_usd{") and pid in x)
         assert float(line.split()[-1]) == pytest.approx(0.6, abs=0.01)
         from prometheus_client.parser import text_string_to_metric_families
@@ -321,9 +341,7 @@ async def test_restart_adopts_the_rental_a_dead_coordinator_made(tmp_path, datab
     first = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1", "o2")), settings)
     api = Api(first)
     pid = (await api.create())["id"]
-    deadline = time.monotonic() + 10
-    while not vast.rentals and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: vast.rentals, what="the first rent call")
     assert list(vast.rentals) == ["r1"]
     await stop_harness(first)  # the loop is cancelled mid-rent: its row says renting, one rent call made
     row = await _row(database_url, pid)
@@ -332,7 +350,7 @@ async def test_restart_adopts_the_rental_a_dead_coordinator_made(tmp_path, datab
     second = await start(tmp_path, database_url, shift, {"vastai": vast}, FakeSelector(offers("o1", "o2")), settings)
     api = Api(second)
     try:
-        view = await api.until(pid, lambda v: v["state"] == "booting", "adoption", timeout=15)
+        view = await api.until(pid, lambda v: v["state"] == "booting", "adoption")
         assert view["rental_id"] == "r1" and vast.rent_calls == ["o1"] and list(vast.rentals) == ["r1"]
         await boot_node(second, vast.requests["r1"])
         await api.state(pid, "ready")
@@ -357,12 +375,12 @@ async def test_watch_stream_tells_state_changes(tmp_path, database_url, shift):
     try:
         async with aiohttp.ClientSession() as s:
             async with s.ws_connect(api.url + "/v1/provisions/watch", headers=api.headers) as ws:
-                snapshot = json.loads((await ws.receive(timeout=5)).data)
+                snapshot = json.loads((await ws.receive(timeout=GENEROUS)).data)
                 assert snapshot["type"] == "snapshot" and snapshot["provisions"] == []
                 pid = (await api.create())["id"]
                 seen = []
                 while "booting" not in seen:
-                    event = json.loads((await ws.receive(timeout=5)).data)
+                    event = json.loads((await ws.receive(timeout=GENEROUS)).data)
                     assert event["type"] == "changed" and event["provision"]["id"] == pid
                     seen.append(event["provision"]["state"])
                 assert seen[0] == "selecting" or "renting" in seen
@@ -462,7 +480,7 @@ async def test_a_refused_api_key_fails_the_provision_with_the_reason(tmp_path, s
         assert "vastai refused the API key" in view["reason"] and "check the provider key" in view["reason"]
         assert vast.rent_calls == ["o1"]  # not retried, no other offer tried: no key works for any
         assert [a["outcome"] for a in view["attempts"]] == ["failed"]
-        await asyncio.sleep(0.3)
+        await scheduler_passes(harness, 3)  # its chances to try again
         assert vast.rent_calls == ["o1"] and (await api.get(pid))["state"] == "failed"
     finally:
         await stop_harness(harness)
@@ -499,9 +517,8 @@ async def test_a_ready_provision_whose_node_goes_is_lost_and_its_rental_destroye
         view = await api.state(pid, "lost")
         assert f"its node {joined.node_id} " in view["reason"] and how in view["reason"]
         assert view["attempts"][0]["outcome"] == "lost"
-        deadline = time.monotonic() + 5
-        while vast.rentals and time.monotonic() < deadline:  # destroyed right after the state change
-            await asyncio.sleep(0.02)
+        # destroyed right after the state change
+        await wait_until(lambda: not vast.rentals, what="the lost provision's rental destroyed")
         assert vast.rentals == {} and vast.destroyed == ["r1"]
         assert joined.node_id not in [n.id for n in (await harness.admin.list_nodes()).nodes]
     finally:

@@ -20,6 +20,8 @@ from anex_agent.frontends.proxy import ProxyServer
 from anex_agent.frontends.proxy_core import ProxyAuth
 from anex_agent.net.resolver import Resolver
 
+from tests.polling import wait_until
+
 from .servers import PEERS, echo_server, free_port, loads, non_loopback_ipv4, pattern, run_origin, tiny_dns
 
 CLUSTER_NAME = "web.default.svc.cluster.local"
@@ -189,9 +191,10 @@ async def test_keep_alive_across_two_origins_reuses_origin_connections():
 async def one_shot_origin():
     """An origin that answers one request per connection, claims keep-alive, then closes.
 
-    Yields (port, connections) where connections counts accepted connections.
+    Yields (port, connections, closed) where connections counts accepted connections and
+    closed the ones the origin has closed.
     """
-    connections = []
+    connections, closed = [], []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections.append(writer.get_extra_info("peername"))
@@ -199,20 +202,23 @@ async def one_shot_origin():
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         await writer.drain()
         writer.close()  # an idle keep-alive connection the origin drops
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        closed.append(writer.get_extra_info("peername"))
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     try:
-        yield server.sockets[0].getsockname()[1], connections
+        yield server.sockets[0].getsockname()[1], connections, closed
     finally:
         server.close()
 
 
 async def test_stale_reused_origin_connection_is_retried_for_bodyless_requests():
-    async with one_shot_origin() as (port, connections), proxy_env() as (_, proxy_port):
+    async with one_shot_origin() as (port, connections, closed), proxy_env() as (_, proxy_port):
         client = await RawClient.open(proxy_port)
         try:
             first, data1 = await client.request("GET", f"http://127.0.0.1:{port}/one")
-            await asyncio.sleep(0.2)  # let the origin's FIN arrive at the idle proxy connection
+            await wait_until(lambda: closed, what="the origin closing the idle proxy connection")
             second, data2 = await client.request("GET", f"http://127.0.0.1:{port}/two")
         finally:
             await client.close()
@@ -224,11 +230,11 @@ async def test_stale_reused_origin_connection_is_retried_for_bodyless_requests()
 async def test_stale_reused_origin_connection_is_not_retried_for_a_post():
     """RFC 9110 §9.2.2: a proxy MUST NOT retry a non-idempotent request by itself (the origin may
     have acted on it): the client gets a 502 and decides."""
-    async with one_shot_origin() as (port, connections), proxy_env() as (_, proxy_port):
+    async with one_shot_origin() as (port, connections, closed), proxy_env() as (_, proxy_port):
         client = await RawClient.open(proxy_port)
         try:
             first, _ = await client.request("GET", f"http://127.0.0.1:{port}/one")
-            await asyncio.sleep(0.2)  # let the origin's FIN arrive at the idle proxy connection
+            await wait_until(lambda: closed, what="the origin closing the idle proxy connection")
             second, text = await client.request("POST", f"http://127.0.0.1:{port}/two", [("Content-Length", "0")])
         finally:
             await client.close()

@@ -16,6 +16,7 @@ import pytest
 from anex_agent.errors import ConfigError
 from anex_agent.gateway.dns import DnsForwarder, error_reply
 from anex_agent.gateway.settings import parse_upstream
+from tests.polling import GENEROUS
 
 ZONE = {"web.default.svc.cluster.local.": "10.96.0.42"}
 
@@ -87,7 +88,7 @@ async def upstream():
     await server.close()
 
 
-async def _forwarder(addr, tg, timeout=2.0):
+async def _forwarder(addr, tg, timeout=GENEROUS):
     fwd = DnsForwarder(listen_host="127.0.0.1", listen_port=0, upstream=addr, timeout=timeout)
     # port 0 for UDP and TCP separately would differ; bind UDP first, then TCP on the same port
     await fwd.serve(tg)
@@ -101,12 +102,12 @@ async def test_udp_query_is_forwarded_with_its_id(upstream):
         try:
             query = dns.message.make_query("web.default.svc.cluster.local", "A")
             query.id = 4242
-            reply = await dns.asyncquery.udp(query, "127.0.0.1", port=fwd.bound_port, timeout=5)
+            reply = await dns.asyncquery.udp(query, "127.0.0.1", port=fwd.bound_port, timeout=GENEROUS)
             assert reply.id == 4242
             assert reply.rcode() == dns.rcode.NOERROR
             assert [r.address for r in reply.answer[0]] == ["10.96.0.42"]
             missing = await dns.asyncquery.udp(dns.message.make_query("nope.cluster.local", "A"),
-                                               "127.0.0.1", port=fwd.bound_port, timeout=5)
+                                               "127.0.0.1", port=fwd.bound_port, timeout=GENEROUS)
             assert missing.rcode() == dns.rcode.NXDOMAIN
             assert server.queries == 2
         finally:
@@ -122,7 +123,7 @@ async def test_tcp_query_is_forwarded_over_tcp(upstream):
             for qid in (7, 8):  # two queries on one connection would need a raw client; two connections here
                 query = dns.message.make_query("web.default.svc.cluster.local", "A")
                 query.id = qid
-                reply = await dns.asyncquery.tcp(query, "127.0.0.1", port=tcp_port, timeout=5)
+                reply = await dns.asyncquery.tcp(query, "127.0.0.1", port=tcp_port, timeout=GENEROUS)
                 assert reply.id == qid
                 assert [r.address for r in reply.answer[0]] == ["10.96.0.42"]
         finally:
@@ -137,7 +138,7 @@ async def test_silent_upstream_gives_servfail():
             fwd = await _forwarder(addr, tg, timeout=0.3)
             try:
                 query = dns.message.make_query("web.default.svc.cluster.local", "A")
-                reply = await dns.asyncquery.udp(query, "127.0.0.1", port=fwd.bound_port, timeout=5)
+                reply = await dns.asyncquery.udp(query, "127.0.0.1", port=fwd.bound_port, timeout=GENEROUS)
                 assert reply.id == query.id
                 assert reply.rcode() == dns.rcode.SERVFAIL
                 assert server.queries == 1

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from anex_agent.host.sdnotify import Notifier
+from tests.polling import wait_for, wait_until
 
 
 @pytest.fixture
@@ -77,19 +78,20 @@ async def test_watchdog_pings_from_the_event_loop_and_a_stuck_loop_stops_them(li
     task = asyncio.create_task(notifier.watchdog(), name="watchdog")
     stamps = []
 
-    async def collect(seconds):
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+    async def collect(at_least: int) -> None:
+        """Gather pings until ``at_least`` were seen (the deadline only bounds a failing test)."""
+        async def seen():
             stamps.extend(time.monotonic() for msg in received(sock) if msg == "WATCHDOG=1\n")
-            await asyncio.sleep(0.01)
+            return len(stamps) >= at_least
+        await wait_until(seen, what=f"{at_least} watchdog pings", interval=0.01)
 
-    await collect(0.5)
+    await collect(5)
     assert len(stamps) >= 5
     before = len(stamps)
     time.sleep(0.6)  # the event loop is stuck: no ping goes out meanwhile
     stuck_pings = len(received(sock))
     assert stuck_pings <= 1  # at most the one already due when the loop froze
-    await collect(0.3)
+    await collect(before + 1)
     assert len(stamps) > before
     task.cancel()
 
@@ -126,15 +128,13 @@ def test_the_coordinator_process_notifies_systemd(tmp_path, listener):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     messages: list[str] = []
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any("READY=1" in m for m in messages):
-            messages += received(sock)
-            time.sleep(0.05)
+        wait_for(lambda: messages.extend(received(sock)) or any("READY=1" in m for m in messages), what="READY=1")
         assert f"READY=1\nSTATUS=listening on 127.0.0.1:{port}\n" in messages
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass  # READY=1 came once it was listening
-        time.sleep(0.5)
-        assert received(sock).count("WATCHDOG=1\n") >= 1
+        later: list[str] = []
+        wait_for(lambda: later.extend(received(sock)) or "WATCHDOG=1\n" in later, what="a watchdog ping")
+        assert later.count("WATCHDOG=1\n") >= 1
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

@@ -13,6 +13,7 @@ import pytest
 from anex_agent.wire import ssh as ssh_wire
 from anex_agent.remote import ssh_server
 from anex_agent.remote.ssh_access import SessionContext, SshAccess, load_or_create_host_key
+from tests.polling import GENEROUS, wait_until
 
 NODE = "n_test"
 
@@ -85,10 +86,11 @@ async def test_pty_has_the_window_size_and_follows_resizes(server):
         result = await conn.run("stty size", term_type="xterm", term_size=(91, 27))
         assert result.stdout.strip() == "27 91"
         process = await conn.create_process("read x; stty size", term_type="xterm", term_size=(80, 24))
+        # the size change travels in the channel's stream before "go": the server sets it on the
+        # terminal before it writes what follows (asyncssh raises TerminalSizeChanged in order)
         process.change_terminal_size(132, 43)
-        await asyncio.sleep(0.2)
         process.stdin.write("go\n")
-        out = await asyncio.wait_for(process.wait(), 10)
+        out = await asyncio.wait_for(process.wait(), GENEROUS)
         assert out.stdout.strip().splitlines()[-1] == "43 132"
 
 
@@ -117,7 +119,7 @@ async def test_a_revoked_serial_is_refused_and_its_connections_closed(server):
     conn = await connect(pki, port, key, cert)
     assert (await conn.run("true")).exit_status == 0
     access.revoke(serial, time.time() + 600)
-    await asyncio.wait_for(conn.wait_closed(), 5)
+    await asyncio.wait_for(conn.wait_closed(), GENEROUS)
     with pytest.raises(asyncssh.PermissionDenied):
         await connect(pki, port, key, cert)
     access.load_revocations([])
@@ -201,20 +203,17 @@ async def test_a_client_that_goes_away_hangs_up_its_command(server, tmp_path):
     pidfile = tmp_path / "pid"
     conn = await connect(pki, port, key, cert)
     await conn.create_process(f"echo $$ > {pidfile}; exec sleep 30")
-    for _ in range(50):
-        if pidfile.exists() and pidfile.read_text().strip():
-            break
-        await asyncio.sleep(0.1)
+    await wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the command's pid file")
     pid = int(pidfile.read_text())
     conn.close()
-    for _ in range(50):
+
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            break
-        await asyncio.sleep(0.1)
-    else:
-        pytest.fail("the command outlived its session")
+            return True
+        return False
+    await wait_until(gone, what="the command to end with its session (it outlived it)")
 
 
 def test_host_key_file_holds_the_seed_and_its_public_form_is_what_openssh_reads(tmp_path):

@@ -1,5 +1,8 @@
 """REST API of machine selection against the real coordinator app (SQLite; PostgreSQL when
-ANEX_TEST_POSTGRES_URL is set), with Vast.AI and RunPod served by local fake API servers."""
+ANEX_TEST_POSTGRES_URL is set), with Vast.AI and RunPod served by local fake API servers.
+
+The selection jobs run on the inline worker (this process); the worker process behind the same
+API is tested in test_worker.py."""
 
 from __future__ import annotations
 
@@ -76,7 +79,10 @@ async def api(tmp_path, database_url, request):
     clock = FakeClock()
     settings = Settings.for_tests(tmp_path, database_url, poll_interval=0.2, sweep_interval=3600)
     ctx = await Coordinator.open(settings, clock=clock, environ={}, extra_migrations=routes_selection.MIGRATIONS)
-    module = types.SimpleNamespace(setup=routes_selection.make_setup(config), MIGRATIONS=routes_selection.MIGRATIONS)
+    # the jobs run in this process (the inline worker): a worker process per test cost seconds of start-up
+    # and exit; test_worker.py runs the API over the process and checks that both answer alike
+    module = types.SimpleNamespace(setup=routes_selection.make_setup(config, worker="inline"),
+                                   MIGRATIONS=routes_selection.MIGRATIONS)
     core = coordinator_app.load_modules([m for m in coordinator_app.ROUTE_MODULES
                                          if m != "anex_agent.coordinator.routes.selection"])
     server = TestServer(coordinator_app.build_app(ctx, [*core, module]))

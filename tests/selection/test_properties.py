@@ -17,29 +17,47 @@ CUDAS = ["11.8", "12.1", "12.4", "12.9", "12.10"]
 
 maybe = lambda s: st.one_of(st.just(NAN), s)  # noqa: E731
 
+# Every strategy is built once, here: a strategy object built inside a composite on each draw is
+# validated and labelled anew every time, which cost hypothesis more than the test itself.
+PROVIDERS = st.sampled_from(["vastai", "runpod", "onprem"])
+MACHINE_IDS = st.integers(0, 5)
+GPU_NAME = st.sampled_from(GPU_NAMES)
+GPU_COUNT = maybe(st.sampled_from([1.0, 2.0, 4.0, 8.0]))
+VRAM = maybe(st.sampled_from([10240.0, 16384.0, 24576.0, 81920.0]))
+CPU_CORES = maybe(st.sampled_from([4.0, 8.0, 16.0]))
+RAM = maybe(st.sampled_from([16384.0, 32768.0, 65536.0]))
+PRICE = maybe(st.sampled_from([0.2, 0.5, 1.0, 1.5, 2.0, 3.5]))
+DOWNLOAD = maybe(st.sampled_from([100.0, 1000.0, 5000.0]))
+CUDA = maybe(st.sampled_from([float(version_key(v)) for v in CUDAS]))
+COMPUTE_CAP = maybe(st.sampled_from([800.0, 860.0, 890.0, 900.0]))
+TRI_STATE = st.sampled_from([True, False, None])
+COUNTRY = st.sampled_from(COUNTRIES)
+DATACENTER_ID = st.sampled_from(["EU-RO-1", "US-CA-2"])
+OFFER_COUNT = st.integers(0, 25)
+
 
 @st.composite
-def offers(draw, max_size=25):
-    n = draw(st.integers(0, max_size))
+def offers(draw):
+    n = draw(OFFER_COUNT)
     out = []
     for i in range(n):
-        provider = draw(st.sampled_from(["vastai", "runpod", "onprem"]))
+        provider = draw(PROVIDERS)
         out.append(Offer(
-            provider=provider, offer_id=f"o{i}", machine_id=f"m{draw(st.integers(0, 5))}",
-            gpu_name=draw(st.sampled_from(GPU_NAMES)),
-            gpu_count=draw(maybe(st.sampled_from([1.0, 2.0, 4.0, 8.0]))),
-            vram_mb=draw(maybe(st.sampled_from([10240.0, 16384.0, 24576.0, 81920.0]))),
-            cpu_cores=draw(maybe(st.sampled_from([4.0, 8.0, 16.0]))),
-            ram_mb=draw(maybe(st.sampled_from([16384.0, 32768.0, 65536.0]))),
-            price=draw(maybe(st.sampled_from([0.2, 0.5, 1.0, 1.5, 2.0, 3.5]))),
-            download_mbps=draw(maybe(st.sampled_from([100.0, 1000.0, 5000.0]))),
-            cuda=draw(maybe(st.sampled_from([float(version_key(v)) for v in CUDAS]))),
-            compute_cap=draw(maybe(st.sampled_from([800.0, 860.0, 890.0, 900.0]))),
-            verified=draw(st.sampled_from([True, False, None])),
-            datacenter=draw(st.sampled_from([True, False, None])),
-            country=draw(st.sampled_from(COUNTRIES)),
+            provider=provider, offer_id=f"o{i}", machine_id=f"m{draw(MACHINE_IDS)}",
+            gpu_name=draw(GPU_NAME),
+            gpu_count=draw(GPU_COUNT),
+            vram_mb=draw(VRAM),
+            cpu_cores=draw(CPU_CORES),
+            ram_mb=draw(RAM),
+            price=draw(PRICE),
+            download_mbps=draw(DOWNLOAD),
+            cuda=draw(CUDA),
+            compute_cap=draw(COMPUTE_CAP),
+            verified=draw(TRI_STATE),
+            datacenter=draw(TRI_STATE),
+            country=draw(COUNTRY),
             cloud_type="SECURE" if provider == "runpod" else None,
-            datacenter_id=draw(st.sampled_from(["EU-RO-1", "US-CA-2"])) if provider == "runpod" else None,
+            datacenter_id=draw(DATACENTER_ID) if provider == "runpod" else None,
         ))
     return out
 
@@ -47,31 +65,42 @@ def offers(draw, max_size=25):
 NUMERIC = {"gpu-count": ["1", "2", "4"], "vram": ["16384", "24576"], "cpu": ["4", "8", "16"],
            "ram": ["16384", "32768"], "price": ["0.5", "1.0", "1.50", "2"], "download-speed": ["100", "1000"],
            "cuda": CUDAS}
+ANNOTATION_KIND = st.sampled_from(["numeric", "region", "gpu-names", "compute-cap", "vast"])
+NUMERIC_NAME = st.sampled_from(sorted(NUMERIC))
+NUMERIC_VALUE = {name: st.sampled_from(values) for name, values in NUMERIC.items()}
+SUFFIX = st.sampled_from(["", "-min", "-max"])
+REGIONS = st.lists(st.sampled_from(["europe", "north-america", "asia-pacific", "africa", "south-america", "oceania"]),
+                   min_size=1, max_size=3)
+GPU_NAME_LISTS = st.lists(st.sampled_from(GPU_NAMES), min_size=1, max_size=3)
+COMPUTE_CAPS = st.lists(st.sampled_from(["8.0", "8.6", "8.9", "9.0"]), min_size=1, max_size=3)
+VAST_FLAG = st.sampled_from(["verified-only", "datacenter-only"])
+BOOLEAN_TEXT = st.sampled_from(["true", "false"])
 
 
 @st.composite
 def one_annotation(draw):
-    kind = draw(st.sampled_from(["numeric", "region", "gpu-names", "compute-cap", "vast"]))
+    kind = draw(ANNOTATION_KIND)
     if kind == "numeric":
-        name = draw(st.sampled_from(sorted(NUMERIC)))
-        suffix = draw(st.sampled_from(["", "-min", "-max"]))
-        return f"anex.sh/{name}{suffix}", draw(st.sampled_from(NUMERIC[name]))
+        name = draw(NUMERIC_NAME)
+        suffix = draw(SUFFIX)
+        return f"anex.sh/{name}{suffix}", draw(NUMERIC_VALUE[name])
     if kind == "region":
-        names = draw(st.lists(st.sampled_from(["europe", "north-america", "asia-pacific", "africa",
-                                               "south-america", "oceania"]), min_size=1, max_size=3))
+        names = draw(REGIONS)
         return "anex.sh/region", ",".join(names)
     if kind == "gpu-names":
-        return "anex.sh/gpu-names", ",".join(draw(st.lists(st.sampled_from(GPU_NAMES), min_size=1, max_size=3)))
+        return "anex.sh/gpu-names", ",".join(draw(GPU_NAME_LISTS))
     if kind == "compute-cap":
-        return "anex.sh/compute-cap", ",".join(draw(st.lists(st.sampled_from(["8.0", "8.6", "8.9", "9.0"]),
-                                                              min_size=1, max_size=3)))
-    name = draw(st.sampled_from(["verified-only", "datacenter-only"]))
-    return f"vastai.anex.sh/{name}", draw(st.sampled_from(["true", "false"]))
+        return "anex.sh/compute-cap", ",".join(draw(COMPUTE_CAPS))
+    name = draw(VAST_FLAG)
+    return f"vastai.anex.sh/{name}", draw(BOOLEAN_TEXT)
+
+
+ANNOTATION_LISTS = st.lists(one_annotation(), max_size=5)
 
 
 @st.composite
 def annotation_sets(draw):
-    pairs = draw(st.lists(one_annotation(), max_size=5))
+    pairs = draw(ANNOTATION_LISTS)
     out = dict(pairs)
     for name in NUMERIC:  # keep -min <= -max so the set is valid
         lo, hi = out.get(f"anex.sh/{name}-min"), out.get(f"anex.sh/{name}-max")
@@ -95,9 +124,9 @@ SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[Heal
 @given(offers(), st.sampled_from(sorted(NUMERIC)), st.data())
 def test_exact_overrides_range(offer_list, name, data):
     values = NUMERIC[name]
-    exact = data.draw(st.sampled_from(values))
-    lo = data.draw(st.sampled_from(values))
-    hi = data.draw(st.sampled_from(values))  # may be below lo: ignored because exact is set
+    exact = data.draw(NUMERIC_VALUE[name])  # st.sampled_from(values), built once
+    lo = data.draw(NUMERIC_VALUE[name])
+    hi = data.draw(NUMERIC_VALUE[name])  # may be below lo: ignored because exact is set
     with_range = {f"anex.sh/{name}": exact, f"anex.sh/{name}-min": lo, f"anex.sh/{name}-max": hi}
     assert selected(offer_list, with_range) == selected(offer_list, {f"anex.sh/{name}": exact})
 

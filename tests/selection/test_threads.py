@@ -51,11 +51,15 @@ def test_a_table_keeps_no_object_per_offer_and_rebuilds_rows_on_demand():
     from anex_agent.selection.offers import Offer, OfferTable
 
     gc.collect()
-    before = sum(isinstance(o, Offer) for o in gc.get_objects())
-    table = OfferTable(Offer(provider="vastai", offer_id=str(i), gpu_name="RTX 4090", price=i / 10,
-                             details={"reliability": 0.99}) for i in range(2000))
-    gc.collect()
-    assert sum(isinstance(o, Offer) for o in gc.get_objects()) == before
+    gc.freeze()  # what lived before is set aside: the collection and the counts walk only what came after
+    try:
+        before = sum(isinstance(o, Offer) for o in gc.get_objects())
+        table = OfferTable(Offer(provider="vastai", offer_id=str(i), gpu_name="RTX 4090", price=i / 10,
+                                 details={"reliability": 0.99}) for i in range(2000))
+        gc.collect()
+        assert sum(isinstance(o, Offer) for o in gc.get_objects()) == before
+    finally:
+        gc.unfreeze()
     row = table.offers[1234]
     assert (row.offer_id, row.price, row.gpu_name, row.details, row.gpu_key) == ("1234", 123.4, "RTX 4090",
                                                                                  {"reliability": 0.99}, "rtx 4090")

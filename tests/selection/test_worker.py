@@ -69,10 +69,17 @@ class Harness(Api):
         return await self.call("POST", "/v1/selections", {"annotations": pod, **body})
 
 
+def at_our_priority(config: SelectionConfig) -> SelectionWorker:
+    """The worker process at the test's own priority (``nice=0``): on a busy machine a niced worker
+    waits seconds for the CPU, to answer and to exit (the priority has a test of its own)."""
+    return SelectionWorker(config, nice=0)
+
+
 @contextlib.asynccontextmanager
 async def coordinator(tmp_path, worker="process", *, seen=None):
     """A coordinator on SQLite with a fake Vast.AI; ``seen`` (a list) gets, per provider request,
-    which processes held the requesting socket."""
+    which processes held the requesting socket. ``worker``: ``"process"`` (at the test's
+    priority), ``"inline"``, or a factory of a worker from the config."""
     fake = FakeProvider()
     fake_app = fake.app()
     if seen is not None:
@@ -90,7 +97,7 @@ async def coordinator(tmp_path, worker="process", *, seen=None):
     await fake_server.start_server()
     config = SelectionConfig(vastai=VastAIConfig(api_key=fake.api_key, base_url=str(fake_server.make_url("/api/v0")),
                                                  policy=POLICY), policy=POLICY)
-    worker = {"process": SelectionWorker, "inline": InProcessWorker}.get(worker, worker)(config)
+    worker = {"process": at_our_priority, "inline": InProcessWorker}.get(worker, worker)(config)
     clock = FakeClock()
     settings = Settings.for_tests(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", poll_interval=0.2, sweep_interval=3600)
     ctx = await Coordinator.open(settings, clock=clock, environ={}, extra_migrations=routes_selection.MIGRATIONS)
@@ -169,7 +176,7 @@ def test_the_coordinator_uses_the_process_by_default(tmp_path):
 
 
 async def test_the_worker_runs_at_a_lower_priority(tmp_path):
-    async with coordinator(tmp_path) as api:
+    async with coordinator(tmp_path, SelectionWorker) as api:  # the default priority
         assert (await api.select())[0] == 200
         ours = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, api.worker.pid) == min(ours + 10, 19)
@@ -255,7 +262,7 @@ async def test_the_worker_object_limits_jobs_times_out_and_keeps_working(tmp_pat
     await server.start_server()
     config = SelectionConfig(vastai=VastAIConfig(api_key=fake.api_key, base_url=str(server.make_url("/api/v0")),
                                                  policy=POLICY), policy=POLICY)
-    worker = SelectionWorker(config, max_jobs=1)
+    worker = SelectionWorker(config, max_jobs=1, nice=0)
     job = Job(SELECT, parse_annotations(POD), ("vastai",))
     try:
         assert b'"candidates"' in await worker.run(job)
@@ -284,7 +291,7 @@ async def test_the_worker_object_limits_jobs_times_out_and_keeps_working(tmp_pat
 
 
 async def test_busy_and_timeout_answer_503_problem_details(tmp_path):
-    async with coordinator(tmp_path, lambda config: SelectionWorker(config, max_jobs=1)) as api:
+    async with coordinator(tmp_path, lambda config: SelectionWorker(config, max_jobs=1, nice=0)) as api:
         assert (await api.select())[0] == 200
         api.fake.script.append((200, {}, 5.0))
         api.worker.job_timeout = 1.0  # fires late on a loaded machine, never early
@@ -321,7 +328,7 @@ async def test_a_large_on_prem_fleet_reaches_the_worker_in_parts_and_whole():
               "labels": json.dumps({"price-per-hour": f"{0.10 + i / 10000:.4f}"}), "telemetry": json.dumps(telemetry())}
              for i in range(count)]
     nodes[3]["labels"] = "{not json"
-    worker = SelectionWorker(SelectionConfig())
+    worker = SelectionWorker(SelectionConfig(), nice=0)
     try:
         body = json.loads(await worker.run(Job(SELECT, parse_annotations(POD), ("onprem",), limit=3, nodes=nodes)))
     finally:
@@ -332,7 +339,7 @@ async def test_a_large_on_prem_fleet_reaches_the_worker_in_parts_and_whole():
 
 
 async def test_a_worker_found_dead_before_it_takes_a_job_is_replaced_for_that_job():
-    worker = SelectionWorker(SelectionConfig())
+    worker = SelectionWorker(SelectionConfig(), nice=0)
     job = Job(SELECT, parse_annotations(POD), ("onprem",))
     try:
         await worker.run(job)

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestServer
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.errors import CoordinatorError
 from anex_agent.net.http.client import HttpClient
+from tests.polling import GENEROUS
 from tests.tls_certs import make_certs
 
 ADMIN = "t" * 20
@@ -100,22 +101,26 @@ async def test_calls_reuse_one_kept_alive_connection():
 
 async def test_a_connection_the_server_closed_while_idle_is_replaced():
     connections: list[int] = []
+    answered, closed = asyncio.Event(), asyncio.Event()
 
-    async def handle(reader, writer):  # answers one request, keeps the connection briefly, closes it
+    async def handle(reader, writer):  # answers one request, keeps the connection until it was read, closes it
         connections.append(1)
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n"
                      b'{"nodes": []}')
         await writer.drain()
-        await asyncio.sleep(0.1)
+        await answered.wait()
         writer.close()
+        await writer.wait_closed()
+        closed.set()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         async with CoordinatorClient(f"http://127.0.0.1:{port}", admin_token=ADMIN) as client:
             assert (await client.list_nodes()).nodes == []
-            await asyncio.sleep(0.3)  # the server closed the idle connection
+            answered.set()
+            await asyncio.wait_for(closed.wait(), GENEROUS)  # the server closed the idle connection
             assert (await client.list_nodes()).nodes == []
     finally:
         server.close()
@@ -143,7 +148,7 @@ async def test_a_streamed_body_comes_chunk_by_chunk_and_only_the_head_is_timed()
         client = HttpClient(timeout=0.1)
         try:
             got, loop = [], asyncio.get_running_loop()
-            async with client.stream("GET", str(srv.make_url("/stream")), connect_timeout=1) as resp:
+            async with client.stream("GET", str(srv.make_url("/stream")), connect_timeout=GENEROUS) as resp:
                 assert resp.status == 200
                 async for chunk in resp.chunks():
                     got.append((loop.time(), chunk))

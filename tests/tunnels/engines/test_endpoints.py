@@ -10,6 +10,7 @@ import pytest
 from anex_agent.errors import EngineError
 from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
 from anex_agent.tunnels.engines.endpoints import EndpointPolicy
+from tests.polling import wait_until
 
 KEYS = [base64.b64encode(bytes([i]) * 32).decode() for i in range(1, 4)]
 
@@ -69,7 +70,7 @@ async def test_a_first_failure_raises_a_later_one_keeps_the_last_good_address(dn
 
 
 async def test_follow_reapplies_only_when_a_name_moves(dns):
-    answers, _, resolve = dns
+    answers, asked, resolve = dns
     policy = EndpointPolicy(resolve)
     answers["gw.test"] = ["192.0.2.1"]
     applied = [await policy.resolve(desired("gw.test:51820"))]
@@ -77,17 +78,18 @@ async def test_follow_reapplies_only_when_a_name_moves(dns):
     async def reapply():
         applied.append(await policy.resolve(desired("gw.test:51820")))
 
+    def rounds(n: int):  # the follower looked the name up n more times (a look-up per round)
+        mark = len(asked)
+        return lambda: len(asked) >= mark + n
+
     follower = asyncio.create_task(policy.follow(reapply, 0.02), name="test-follow")
     try:
-        await asyncio.sleep(0.1)
+        await wait_until(rounds(3), what="three rounds of the follower")
         assert len(applied) == 1
         answers["gw.test"] = ["198.51.100.7"]
-        for _ in range(100):
-            if len(applied) > 1:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: len(applied) > 1, what="the follower applying the moved name")
         assert applied[-1].peers[0].endpoint == "198.51.100.7:51820"
-        await asyncio.sleep(0.1)
+        await wait_until(rounds(3), what="three more rounds of the follower")
         assert len(applied) == 2  # it stays where it moved
     finally:
         follower.cancel()
