@@ -21,6 +21,7 @@ from anex_agent.wire.keys import KeyPair, generate_private_key
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, Support, WorkloadConfig
 from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec
+from tests.polling import wait_until
 
 GW = KeyPair(generate_private_key()).public_b64
 
@@ -264,10 +265,7 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
     make, _ = plane
     monkeypatch.setattr(sys.modules[__name__], "config", lambda *a, **k: two)
     dp, _ = await make(OneSilentOfTwoEngine)
-    for _ in range(100):
-        if dp.liveness.demoted:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: dp.liveness.demoted, what="the silent gateway demoted")
     steered = {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}
     # the other gateway carries the mesh now; each keeps its own address
     assert steered[GW] == ("10.254.0.1/32",) and steered[GW2] == ("10.254.0.0/16", "10.254.0.2/32")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -177,15 +178,22 @@ async def test_the_engine_holds_what_assign_gives_it_whichever_gateway_carries(t
 
 
 class TwoGateways:
-    """A carries the traffic and goes silent; B is an idle standby that handshook recently."""
+    """A carries the traffic and goes silent; B is an idle standby that handshook recently.
+    Handshake ages grow with the clock, as an engine's do (a constant age would read as a fresh
+    handshake once more than that age has passed)."""
 
     def __init__(self) -> None:
-        self.c = {A: [1000, 1000, 1.0], B: [500, 500, 30.0]}
+        now = time.monotonic()
+        self.c = {A: [1000, 1000], B: [500, 500]}
+        self.handshook = {A: now - 1.0, B: now - 30.0}
         self.steered: list[frozenset[str]] = []
         self.resets = 0
+        self.looks = 0  # how many times the watch read the counters
 
     async def counters(self) -> dict[str, Counters]:
-        return {k: Counters(rx, tx, age) for k, (rx, tx, age) in self.c.items()}
+        self.looks += 1
+        now = time.monotonic()
+        return {k: Counters(rx, tx, now - self.handshook[k]) for k, (rx, tx) in self.c.items()}
 
     async def reset(self, within: float) -> bool:
         self.resets += 1
@@ -202,18 +210,23 @@ def test_a_silent_gateway_s_traffic_moves_to_one_that_answers_and_back():
 
     async def scenario():
         task = asyncio.create_task(watch.run(gws.counters, gws.reset, gws.steer))
-        for _ in range(30):                        # A gets data and never answers
+
+        async def a_gets_data_and_never_answers():
             gws.c[A][1] += 300
             await asyncio.sleep(0.02)
+            return gws.steered
+
+        await wait_until(a_gets_data_and_never_answers, what="the traffic moving off the silent gateway")
         assert gws.steered == [frozenset({A})] and gws.resets == 0
         assert watch.demoted.keys() == {A} and "traffic moved to gateway BBBBBBBB" in watch.last()
-        for _ in range(10):                        # B carries it now; A is only retried
+        looks = gws.looks
+        while gws.looks < looks + 10:  # B carries it now; A is only retried
             gws.c[B][0] += 200
             gws.c[B][1] += 200
             gws.c[A][1] += 148
             await asyncio.sleep(0.02)
         assert gws.steered == [frozenset({A})]     # no second failover for a demoted gateway
-        gws.c[A][2] = 0.0                          # A handshook again
+        gws.handshook[A] = time.monotonic()        # A handshook again
         await wait_until(lambda: gws.steered[-1] == frozenset() and not watch.demoted, what="A taking its traffic back")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
