@@ -84,7 +84,9 @@ def test_udp_blocked_mid_session_then_unblocked(mesh):
         # the engine's keepalive then pulls the hub back, so the cluster reaches the node at once
         # (the engine itself sends nothing for 25 s: its persistent keepalive)
         time.sleep(3)
-        wait_until(lambda: hub_endpoint_port(mesh, n) in udp_ports(n), 6, "the hub back on the engine's socket",
+        # within 15 s: the pull-back is at once; without it only the engine's 25 s persistent
+        # keepalive would bring the hub back (the margin is for a busy machine)
+        wait_until(lambda: hub_endpoint_port(mesh, n) in udp_ports(n), 15, "the hub back on the engine's socket",
                    interval=0.2)
         ping = mesh.cluster.run(["ping", "-c", "1", "-W", "2", status["address"]], check=False)
         assert ping.returncode == 0, ping.stdout + ping.stderr
