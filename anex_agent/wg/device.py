@@ -31,15 +31,13 @@ from anex_agent.wg.constants import (
     REKEY_AFTER_MESSAGES,
     REKEY_AFTER_TIME,
     REKEY_TIMEOUT,
-    UNDER_LOAD_HANDSHAKES_PER_SECOND,
-    UNDER_LOAD_HOLD,
 )
+from anex_agent.wg.budget import BACKLOG_MAX_AGE, HANDSHAKES_PER_TURN, HandshakeBudget
 from anex_agent.wg.cookie import CookieChecker, endpoint_bytes
 from anex_agent.wg.crypto import tai64n
 from anex_agent.wg.handshake import Identity, consume_initiation
 from anex_agent.wg.messages import CookieReply, Initiation, Response, Transport, parse
 from anex_agent.wg.peer import Peer, PeerConfig
-from anex_agent.wg.ratelimit import RateLimiter
 from anex_agent.wg.routing import AllowedIPs, packet_addresses
 from anex_agent.wg.session import Keypair
 
@@ -83,6 +81,10 @@ class Device:
     ``random_bytes`` supplies ephemeral keys, indices and cookie secrets; ``jitter``
     returns [0, 1) for the retransmission jitter. ``force_under_load`` set to True/False
     overrides the built-in load estimate (handshake messages per second).
+
+    What handshake work strangers can cause is budgeted (:mod:`anex_agent.wg.budget`): under
+    load, initiations wait in a bounded backlog that :meth:`update_timers` works a few at a
+    time (``next_deadline`` is then due at once), after the data of the same event-loop turn.
     """
 
     def __init__(self, private_key: bytes, *, wall_time: Callable[[], float], mtu: int | None = 1420,
@@ -90,12 +92,11 @@ class Device:
                  jitter: Callable[[], float] = random.SystemRandom().random) -> None:
         self.identity = Identity(private_key)
         self.mtu = mtu
-        self.force_under_load: bool | None = None
         self._wall_time = wall_time
         self._random_bytes = random_bytes
         self._jitter = jitter
         self._cookies = CookieChecker(self.identity.public, random_bytes)
-        self._ratelimit = RateLimiter()
+        self._budget = HandshakeBudget()
         self._peers: dict[bytes, Peer] = {}
         self._index: dict[int, tuple[Peer, Keypair | None]] = {}
         self._allowed = AllowedIPs()
@@ -105,9 +106,14 @@ class Device:
         self._scheduled: dict[Peer, float] = {}
         self._seq = itertools.count()
         self._touched: set[Peer] = set()
-        self._load_window_start = float("-inf")
-        self._load_count = 0
-        self._under_load_until = float("-inf")
+
+    @property
+    def force_under_load(self) -> bool | None:
+        return self._budget.force_under_load
+
+    @force_under_load.setter
+    def force_under_load(self, value: bool | None) -> None:
+        self._budget.force_under_load = value
 
     # -- configuration -----------------------------------------------------------
 
@@ -186,7 +192,9 @@ class Device:
         return self._flush()
 
     def update_timers(self, now: float) -> Output:
-        """Fire every timer due at ``now``."""
+        """Work the waiting handshake initiations the budget allows, then fire every timer due at ``now``."""
+        if self._budget.backlog:
+            self._work_backlog(now)
         self._refresh_heap()
         due: list[Peer] = []
         while self._heap and self._heap[0][0] <= now:
@@ -202,12 +210,14 @@ class Device:
         return self._flush()
 
     def next_deadline(self) -> float | None:
-        """The earliest pending timer of any peer (None: nothing pending)."""
+        """The earliest pending timer of any peer, or when waiting initiations can be worked (None: nothing pending)."""
         self._refresh_heap()
+        backlog = self._budget.due()
         while self._heap:
             if self._settle_top() is not None:
-                return self._heap[0][0]
-        return None
+                top = self._heap[0][0]
+                return top if backlog is None else min(top, backlog)
+        return backlog
 
     # The timer index: a heap of (wake-up time, seq, peer) with at most a few entries per peer.
     # ``_scheduled[peer]`` is the peer's earliest entry. A peer touched by a call gets a new entry
@@ -305,35 +315,79 @@ class Device:
     # -- receiving ---------------------------------------------------------------
 
     def _receive_handshake(self, msg: Initiation | Response, data: bytes, addr: Endpoint, now: float) -> None:
+        """mac1, then (under load) the source's budget and mac2 or a cookie reply (§5.3), then the
+        Diffie-Hellman work: at once, or later from the backlog (see :mod:`anex_agent.wg.budget`)."""
         if not self._cookies.check_mac1(data):
             raise RemoteProtocolError("handshake message with an invalid mac1")
-        if self._under_load(now):
+        if isinstance(msg, Response):
+            entry = self._index.get(msg.receiver)
+            if entry is None or entry[1] is not None:
+                raise RemoteProtocolError("handshake response for an unknown index")
+        budget = self._budget
+        if budget.under_load(now):
+            if not budget.source_allows(addr, now):
+                raise RemoteProtocolError("under load: handshake rate limit for this source exceeded")
             src = endpoint_bytes(addr)
             if not self._cookies.check_mac2(data, src, now):
+                if not budget.cookies.take(now):
+                    raise RemoteProtocolError("under load: cookie reply budget spent")
                 reply = self._cookies.create_reply(data, msg.sender, src, now)
                 self._out.datagrams.append((reply.to_bytes(), addr))
                 self._event("cookie-sent", None, "under load: answered with a cookie reply")
                 return
-            if not self._ratelimit.allow(src[:-2] if isinstance(addr, tuple) else src, now):  # per IP, not port
-                raise RemoteProtocolError("under load: handshake rate limit for this source exceeded")
-        if isinstance(msg, Initiation):
-            hs = consume_initiation(self.identity, msg, self._find_handshake, now)
-            peer = self._peers[hs.remote_static]
-            self._touched.add(peer)
-            peer.endpoint = addr
-            peer.timers.any_authenticated_packet_traversal(now)
-            peer.timers.any_authenticated_packet_received()
-            self._unindex(hs.local_index)
-            index = self._new_index(peer, None)
-            response = hs.create_response(index, self._random_bytes(32))
-            keypair = hs.derive_keypair(now)
-            self._index[index] = (peer, keypair)
-            self._drop_keypairs(peer.keypairs.install(keypair))
-            self._emit(peer, peer.cookies.add_macs(response.to_bytes(), now))
-            peer.timers.any_authenticated_packet_sent()
-            peer.timers.session_derived(now)
-            self._event("handshake-responded", peer.public_key)
+            if isinstance(msg, Initiation):
+                self._defer(msg, addr, now)  # behind the data of this turn
+                return
+        elif isinstance(msg, Initiation) and (budget.backlog or not budget.work.take(now)):
+            self._defer(msg, addr, now)
             return
+        if isinstance(msg, Initiation):
+            self._consume_initiation(msg, addr, now)
+        else:
+            self._consume_response(msg, addr, now)
+
+    def _defer(self, msg: Initiation, addr: Endpoint, now: float) -> None:
+        if not self._budget.defer(msg, addr, now):
+            raise RemoteProtocolError("handshake backlog full")
+
+    def _work_backlog(self, now: float) -> None:
+        """Work up to HANDSHAKES_PER_TURN waiting initiations while the work budget allows."""
+        budget = self._budget
+        worked = 0
+        while budget.backlog and worked < HANDSHAKES_PER_TURN:
+            arrived, msg, addr = budget.backlog[0]
+            if now - arrived > BACKLOG_MAX_AGE:
+                budget.backlog.popleft()
+                self._event("dropped", None, "handshake initiation waited too long")
+                continue
+            if not budget.work.take(now):
+                return
+            budget.backlog.popleft()
+            worked += 1
+            try:
+                self._consume_initiation(msg, addr, now)
+            except RemoteProtocolError as exc:
+                self._event("dropped", None, str(exc))
+
+    def _consume_initiation(self, msg: Initiation, addr: Endpoint, now: float) -> None:
+        hs = consume_initiation(self.identity, msg, self._find_handshake, now)
+        peer = self._peers[hs.remote_static]
+        self._touched.add(peer)
+        peer.endpoint = addr
+        peer.timers.any_authenticated_packet_traversal(now)
+        peer.timers.any_authenticated_packet_received()
+        self._unindex(hs.local_index)
+        index = self._new_index(peer, None)
+        response = hs.create_response(index, self._random_bytes(32))
+        keypair = hs.derive_keypair(now)
+        self._index[index] = (peer, keypair)
+        self._drop_keypairs(peer.keypairs.install(keypair))
+        self._emit(peer, peer.cookies.add_macs(response.to_bytes(), now))
+        peer.timers.any_authenticated_packet_sent()
+        peer.timers.session_derived(now)
+        self._event("handshake-responded", peer.public_key)
+
+    def _consume_response(self, msg: Response, addr: Endpoint, now: float) -> None:
         entry = self._index.get(msg.receiver)
         if entry is None or entry[1] is not None:
             raise RemoteProtocolError("handshake response for an unknown index")
@@ -440,16 +494,6 @@ class Device:
     def _find_handshake(self, remote_static: bytes):
         peer = self._peers.get(remote_static)
         return peer.handshake if peer is not None else None
-
-    def _under_load(self, now: float) -> bool:
-        if self.force_under_load is not None:
-            return self.force_under_load
-        if now - self._load_window_start >= 1.0:
-            self._load_window_start, self._load_count = now, 0
-        self._load_count += 1
-        if self._load_count > UNDER_LOAD_HANDSHAKES_PER_SECOND:
-            self._under_load_until = now + UNDER_LOAD_HOLD
-        return now < self._under_load_until
 
     def _new_index(self, peer: Peer, keypair: Keypair | None) -> int:
         while True:
