@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from anex_agent.errors import LocalProtocolError, RemoteProtocolError
 from anex_agent.wg.constants import (
+    FIRST_CONTACT_MIN_INTERVAL,
     KEEPALIVE_TIMEOUT,
     MAX_HANDSHAKE_ATTEMPTS,
     REJECT_AFTER_TIME,
@@ -249,6 +250,23 @@ class Device:
     def initiate_handshake(self, public_key: bytes, now: float) -> Output:
         """Start a handshake with a peer now (as ``wg`` does when a peer gets persistent keepalive)."""
         self._initiate(self._peers[public_key], now, retry=False)
+        return self._flush()
+
+    def initiate_again(self, public_key: bytes, now: float) -> Output:
+        """A new initiation to a peer that has no usable session, now, also within REKEY_TIMEOUT of
+        the last one. §6.4 spaces initiations REKEY_TIMEOUT apart for a responder that lost one; a
+        responder that did not know us a moment ago (a gateway the coordinator tells of us just
+        after our first initiation) answers the next one at once, so the caller asks again with a
+        back-off of its own. Nothing is sent when the peer has a usable session or its last
+        initiation is younger than FIRST_CONTACT_MIN_INTERVAL. Staged packets stay staged and go
+        out with the session; the event is ``handshake-initiated`` (the retransmission timer's are
+        ``handshake-retry``)."""
+        peer = self._peers[public_key]
+        kp = peer.keypairs.current
+        if (kp is not None and kp.usable_for_sending(now)) or now - peer.last_sent_handshake < FIRST_CONTACT_MIN_INTERVAL:
+            return self._flush()
+        peer.last_sent_handshake = float("-inf")
+        self._initiate(peer, now, retry=False)
         return self._flush()
 
     def send_keepalive(self, public_key: bytes, now: float) -> Output:
