@@ -36,6 +36,7 @@ class ContractEngine(Engine):
         self.resets = 0
         self.started_with = None
         self.keepalives: list[dict[str, str]] = []
+        self.handshake_asks: list[frozenset[str]] = []
 
     @classmethod
     def is_supported(cls) -> Support:
@@ -64,6 +65,10 @@ class ContractEngine(Engine):
 
     def send_keepalive(self, gateways) -> bool:
         self.keepalives.append(dict(gateways))
+        return True
+
+    async def handshake_now(self, desired, keys) -> bool:
+        self.handshake_asks.append(frozenset(keys))
         return True
 
     def report(self):
@@ -385,3 +390,30 @@ async def test_the_wait_for_the_tunnel_lets_the_loop_run_with_no_gateway_and_end
     await asyncio.wait({waiter, readied}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
     assert ready.is_set() and waiter.done() and waiter.exception() is None
     readied.cancel()
+
+
+class LateGatewayEngine(ContractEngine):
+    """A gateway that learns of the node late: no handshake until the engine was asked for a second new initiation."""
+
+    name = "contract-late"
+
+    async def status(self) -> EngineStatus:
+        import time
+
+        from anex_agent.tunnels.base import PeerStatus
+
+        handshake = time.time() if len(self.handshake_asks) >= 2 else None
+        return EngineStatus(self.name, None, 0, True, (PeerStatus(GW, "192.0.2.1:51820", handshake, 1, 1),))
+
+
+async def test_a_gateway_that_learns_of_the_node_late_is_asked_again_until_it_answers(plane):
+    """The first handshake does not wait for WireGuard's 5 s retry: the data plane asks the engine
+    for new initiations (with a back-off) until the gateway answers, then stops asking."""
+    make, _ = plane
+    dp, _ = await make(LateGatewayEngine)
+    assert await dp.wait_handshake(30.0)
+    await dp._first_contact_task  # it ends once every gateway answered
+    assert dp.engine.handshake_asks == [frozenset({GW})] * 2
+    assert dp.first_contact.asked == {GW: 2} and GW in dp.first_contact.answered
+    await dp.apply(config(version=2))  # the same gateway again: no new asking
+    assert dp._first_contact_task.done() and len(dp.engine.handshake_asks) == 2
