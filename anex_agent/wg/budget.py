@@ -108,7 +108,7 @@ class HandshakeBudget:
         self._window_count = 0
         self._under_load_until = float("-inf")
 
-    def under_load(self, now: float) -> bool:
+    def arrived(self, now: float) -> bool:
         """Count one handshake message arriving at ``now``; True while the device is under load."""
         if self.force_under_load is not None:
             return self.force_under_load
@@ -117,6 +117,12 @@ class HandshakeBudget:
         self._window_count += 1
         if self._window_count > UNDER_LOAD_HANDSHAKES_PER_SECOND or len(self.backlog) >= HANDSHAKE_BACKLOG // 8:
             self._under_load_until = now + UNDER_LOAD_HOLD
+        return now < self._under_load_until
+
+    def loaded(self, now: float) -> bool:
+        """Whether the device is under load at ``now`` (counts nothing)."""
+        if self.force_under_load is not None:
+            return self.force_under_load
         return now < self._under_load_until
 
     def source_allows(self, endpoint: Hashable, now: float) -> bool:

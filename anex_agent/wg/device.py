@@ -64,6 +64,9 @@ class ReceivedPacket:
     peer: bytes  # sender's public key
 
 
+_SHED = Event("dropped", None, "under load: handshake rate limit for this source exceeded")
+
+
 @dataclass(slots=True)
 class Output:
     datagrams: list[tuple[bytes, Endpoint]] = field(default_factory=list)
@@ -180,6 +183,8 @@ class Device:
 
     def receive_datagram(self, data: bytes, addr: Endpoint, now: float) -> Output:
         """Process one datagram from ``addr``."""
+        if data and (data[0] == 1 or data[0] == 2) and self._shed(addr, now):
+            return self._flush()
         try:
             msg = parse(data)
             if isinstance(msg, Transport):
@@ -342,9 +347,7 @@ class Device:
             if entry is None or entry[1] is not None:
                 raise RemoteProtocolError("handshake response for an unknown index")
         budget = self._budget
-        if budget.under_load(now):
-            if not budget.source_allows(addr, now):
-                raise RemoteProtocolError("under load: handshake rate limit for this source exceeded")
+        if budget.loaded(now):
             src = endpoint_bytes(addr)
             if not self._cookies.check_mac2(data, src, now):
                 if not budget.cookies.take(now):
@@ -363,6 +366,15 @@ class Device:
             self._consume_initiation(msg, addr, now)
         else:
             self._consume_response(msg, addr, now)
+
+    def _shed(self, addr: Endpoint, now: float) -> bool:
+        """Count a handshake message; under load, True (and a ``dropped`` event) when its source's
+        budget is spent: before parsing or mac1, the cheapest refusal (a valid mac1 proves nothing)."""
+        budget = self._budget
+        if budget.arrived(now) and not budget.source_allows(addr, now):
+            self._out.events.append(_SHED)
+            return True
+        return False
 
     def _defer(self, msg: Initiation, addr: Endpoint, now: float) -> None:
         if not self._budget.defer(msg, addr, now):

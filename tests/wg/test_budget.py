@@ -156,3 +156,15 @@ def test_responses_for_unknown_indices_cost_no_cookie():
     forged = CookieGenerator(p.a.public_key).add_macs(resp[:8] + b"\x09\x09\x09\x09" + resp[12:], p.clock.now)
     res = p.a.receive_datagram(forged, ADDR_B, p.clock.now)
     assert res.kinds() == ["dropped"] and "unknown index" in res.events[0].detail and res.datagrams == []
+
+
+def test_under_load_a_spent_source_is_refused_before_any_parsing():
+    p = Pair()
+    p.b.force_under_load = True
+    init = stranger_initiation(p.b, p.clock.now)
+    src = ("203.0.113.9", 1)
+    assert [p.b.receive_datagram(init, src, p.clock.now).kinds() for _ in range(BURST)] == [["cookie-sent"]] * BURST
+    res = p.b.receive_datagram(b"\x01\0\0\0" + bytes(3), src, p.clock.now)  # not even a whole message
+    assert [e.detail for e in res.events] == ["under load: handshake rate limit for this source exceeded"]
+    res = p.b.receive_datagram(b"\x01\0\0\0" + bytes(3), ("203.0.113.10", 1), p.clock.now)  # another source
+    assert "bytes; it must be exactly" in res.events[0].detail
