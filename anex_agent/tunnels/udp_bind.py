@@ -14,7 +14,7 @@ import socket
 from collections.abc import Hashable
 
 from anex_agent.errors import EngineError
-from anex_agent.tunnels.bind import Bind, BindClosed, next_datagram
+from anex_agent.tunnels.bind import Bind, BindClosed, admit, next_datagram
 
 __all__ = ["Bind", "BindClosed", "UdpBind", "RECEIVE_QUEUE"]
 
@@ -112,9 +112,7 @@ class UdpBind:
             except asyncio.QueueFull:
                 pass
             return
-        try:
-            self._queue.put_nowait((data, addr))
-        except asyncio.QueueFull:
+        if not admit(self._queue, (data, addr)):
             self.dropped += 1
 
     def send(self, datagram: bytes, endpoint: Hashable) -> None:

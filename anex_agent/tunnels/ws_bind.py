@@ -36,7 +36,7 @@ from functools import cache
 
 from anex_agent import relay_protocol as rp
 from anex_agent.backoff import Backoff
-from anex_agent.tunnels.bind import BindClosed, next_datagram
+from anex_agent.tunnels.bind import BindClosed, admit, next_datagram
 
 # websockets is imported where a relay connection is made or served: an agent on the UDP
 # path (and the proxy_for users) never imports it.
@@ -535,9 +535,7 @@ class SwitchBind:
             return
 
     def _put(self, item: tuple[bytes, Hashable]) -> None:
-        try:
-            self._queue.put_nowait(item)
-        except asyncio.QueueFull:
+        if not admit(self._queue, item):
             self.dropped += 1
 
     def use_websocket(self, endpoint: Hashable, target: RelayTarget) -> None:

@@ -97,3 +97,29 @@ async def test_a_burst_is_read_in_few_readiness_events():
         udp_bind._Protocol.datagram_received = original
         sender.close()
         bind.close()
+
+
+async def test_a_backed_up_queue_takes_data_but_not_more_handshakes():
+    """Past HANDSHAKE_QUEUE_SHARE waiting datagrams a handshake message is dropped at the Bind;
+    transport data is still queued (the data of established sessions first)."""
+    from anex_agent.tunnels.bind import HANDSHAKE_QUEUE_SHARE
+    from anex_agent.tunnels.udp_bind import RECEIVE_QUEUE
+
+    bind = await UdpBind.open(0, "127.0.0.1")
+    try:
+        initiation, transport = b"\x01\0\0\0" + bytes(144), b"\x04\0\0\0" + bytes(28)
+        for _ in range(HANDSHAKE_QUEUE_SHARE):
+            bind._deliver(initiation, ("192.0.2.1", 1))
+        assert bind.dropped == 0
+        bind._deliver(initiation, ("192.0.2.1", 1))
+        bind._deliver(b"\x02\0\0\0" + bytes(88), ("192.0.2.1", 1))
+        assert bind.dropped == 2
+        bind._deliver(transport, ("192.0.2.2", 2))
+        assert bind.dropped == 2
+        for _ in range(RECEIVE_QUEUE):
+            bind._deliver(transport, ("192.0.2.2", 2))
+        assert bind.dropped == 2 + HANDSHAKE_QUEUE_SHARE + 1  # full: data dropped too, as a full socket buffer would
+        got = [await bind.receive() for _ in range(HANDSHAKE_QUEUE_SHARE + 1)]
+        assert got[-1] == (transport, ("192.0.2.2", 2))
+    finally:
+        bind.close()
