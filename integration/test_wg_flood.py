@@ -55,6 +55,7 @@ def test_a_real_node_gets_through_a_valid_mac1_flood(setup):
     s = setup
     s.configure_ours(peer_public=s.go_key.public_b64)
     flood = start_flood(s.go, s.our_key.public_b64)
+    assert json.loads(read_line(flood, 60, "the flood's start"))["started"]
     wait_for(lambda: s.peer.status()["events"].get("cookie-sent", 0) > 0, 60, "the flood to reach the engine")
     s.configure_go(peer_public=s.our_key.public_b64)  # the real node initiates into the flood
     result = s.go.run(["ping", "-c", "1", "-w", "60", OUR_TUN], check=False, timeout=90)

@@ -8,8 +8,9 @@ Run inside a network namespace::
 It builds ``--identities`` initiations from random key pairs to ``PUBLIC_KEY`` (mac1 made with
 that key; no cookie is ever taken up) and sends them round robin from one UDP socket per
 source address at ``--rate`` datagrams a second in all (as fast as it can when it cannot keep
-up), for ``--seconds`` s or until SIGTERM. It prints one JSON line at the end:
-``{"sent": N, "seconds": S}``. Test and benchmark tool only.
+up), for ``--seconds`` s or until SIGTERM. It prints one JSON line when it starts sending,
+``{"started": true}``, and one at the end: ``{"sent": N, "seconds": S}``. Test and benchmark
+tool only.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     sent = 0
+    print(json.dumps({"started": True}), flush=True)
     started = time.monotonic()
     end = started + args.seconds
     batch = 64
