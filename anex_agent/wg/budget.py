@@ -139,4 +139,4 @@ class HandshakeBudget:
         """When the backlog can next be worked (None: it is empty)."""
         if not self.backlog:
             return None
-        return self.work.ready_at()
+        return max(self.work.ready_at(), self.backlog[0][0])  # never before the oldest arrived
