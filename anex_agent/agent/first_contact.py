@@ -25,9 +25,11 @@ from anex_agent.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
-#: Seconds after the tunnel came up before the first extra initiation (a gateway hears of a node
-#: from the coordinator within a few hundred ms of its registration).
-FIRST_RETRY = 0.25
+#: Seconds after the tunnel came up before the first extra initiation (at most; jittered down to
+#: half). A gateway hears of a node from the coordinator within a few hundred ms of its
+#: registration; an extra initiation replaces one still in flight (its answer is then dropped),
+#: so it comes no sooner than a slow round trip on a busy machine.
+FIRST_RETRY = 0.5
 FACTOR = 1.5
 #: Longest gap between two extra initiations (below REKEY_TIMEOUT, or they would add nothing).
 RETRY_CAP = 2.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from anex_agent.agent.first_contact import RETRY_CAP, FirstContact
+from anex_agent.agent.first_contact import FIRST_RETRY, RETRY_CAP, FirstContact
 
 
 class Fake:
@@ -37,7 +37,7 @@ async def test_asks_with_a_growing_delay_until_the_gateway_answers():
     await contact.run(fake.handshaken, fake.ask, fake.sleep)
     assert fake.asks == [frozenset({"gw-a"})] * 4  # and none after the answer
     assert contact.asked == {"gw-a": 4} and not contact.waiting and "gw-a" in contact.answered
-    assert all(s <= RETRY_CAP for s in fake.sleeps) and fake.sleeps[0] <= 0.25 < max(fake.sleeps)
+    assert all(s <= RETRY_CAP for s in fake.sleeps) and fake.sleeps[0] <= FIRST_RETRY < max(fake.sleeps)
     assert sum(fake.sleeps[:3]) < 5.0  # three extra initiations before WireGuard's own retry would come
 
 
