@@ -11,9 +11,10 @@ answer is the sample. The agent is stopped before the next start.
 ``--before PATH``: a source tree of another version (``git archive <commit> | tar -x -C PATH``)
 whose agent runs in turn with this one, start by start, on the same mesh; both are reported side
 by side (p50, p99, max, and how many starts took 5 s or more: a first handshake that waited for
-WireGuard's REKEY_TIMEOUT). ``--gateway-lag S`` pauses the gateway (SIGSTOP, its hub keeps
-running) for S seconds from each agent's start, so that the node's first initiation always
-comes before the gateway knows the node; 0 (the default) leaves the race to chance.
+WireGuard's REKEY_TIMEOUT). ``--late-gateway`` pauses the gateway (SIGSTOP; its hub keeps
+running) from each agent's start until the agent's status API answers (its tunnel is up and its
+first initiation sent), so that the gateway always learns of the node after that initiation
+(``resumed_to_answer`` is then reported too); without it the race is left to chance.
 
 Prints one JSON document.
 """
@@ -58,21 +59,44 @@ print("nan")
 """
 
 
-def one_start(mesh: Mesh, argv: list[str], extra_env: dict[str, str], cwd: Path, engine: str, lag: float) -> float:
+def one_start(mesh: Mesh, argv: list[str], extra_env: dict[str, str], cwd: Path, engine: str,
+              late: bool) -> tuple[float, float | None]:
+    """One fresh node: (seconds from the agent's start to the first proxied answer, seconds from
+    the gateway's resumption to it when ``late``)."""
     node = mesh.add_node_namespace()
     env = {**mesh.agent_env(node, ANEX_ENGINE=engine), **extra_env}
+    resumed: list[float] = []
+    gateway = mesh.gateway_proc
+
+    def resume_after_first_initiation() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the status API comes after the data plane: initiation sent
+            try:
+                node.status()
+                break
+            except Exception:
+                time.sleep(0.05)
+        resumed.append(time.monotonic())
+        os.kill(gateway.pid, signal.SIGCONT)
+
     started = time.monotonic()
-    if lag > 0:
-        os.kill(mesh.gateway_proc.pid, signal.SIGSTOP)
-        threading.Timer(lag, os.kill, (mesh.gateway_proc.pid, signal.SIGCONT)).start()
+    if late:
+        os.kill(gateway.pid, signal.SIGSTOP)
     node.env = env
     node.proc = node.ns.popen([*argv, "daemon"], stdout=open(node.log_path, "ab", buffering=0),
                               stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    waker = threading.Thread(target=resume_after_first_initiation, daemon=True) if late else None
     try:
+        if waker is not None:
+            waker.start()
         out = node.ns.run([sys.executable, "-c", CLIENT, str(started), SERVICE_NAME, str(HTTP_PORT)],
                           check=False, timeout=90).stdout.strip()
-        return float(out or "nan")
+        answer = float(out or "nan")
+        if waker is not None:
+            waker.join(60)
+        return answer, (round(started + answer - resumed[0], 3) if resumed else None)
     finally:
+        os.kill(gateway.pid, signal.SIGCONT)
         mesh.stop_agent(node)
         node.ns.close()
 
@@ -91,9 +115,9 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=30)
     parser.add_argument("--before", type=Path, help="source tree of the version to compare with")
     parser.add_argument("--engine", default="wireguard-go", help="ANEX_ENGINE of the nodes")
-    parser.add_argument("--gateway-lag", type=float, default=0.0)
+    parser.add_argument("--late-gateway", action="store_true")
     args = parser.parse_args()
-    doc: dict = {"benchmark": "bench_first_answer", "engine": args.engine, "gateway_lag_s": args.gateway_lag}
+    doc: dict = {"benchmark": "bench_first_answer", "engine": args.engine, "late_gateway": args.late_gateway}
     reason = missing_prerequisites("wireguard-go", "wg", "nft")
     if reason:
         doc["skipped"] = reason
@@ -104,6 +128,7 @@ def main() -> int:
         before = args.before.resolve()
         versions["before"] = ([sys.executable, "-m", "anex_agent"], {"PYTHONPATH": str(before)}, before)
     samples: dict[str, list[float]] = {name: [] for name in versions}
+    after_resume: dict[str, list[float]] = {name: [] for name in versions}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="anex-first-") as workdir, Mesh(Path(workdir)) as mesh:
         mesh.build_network()
@@ -111,8 +136,13 @@ def main() -> int:
         mesh.start_gateway()
         for _ in range(args.starts):
             for name, (argv, env, cwd) in versions.items():  # interleaved: both see the same machine
-                samples[name].append(one_start(mesh, argv, env, cwd, args.engine, args.gateway_lag))
+                answer, since_resume = one_start(mesh, argv, env, cwd, args.engine, args.late_gateway)
+                samples[name].append(answer)
+                if since_resume is not None:
+                    after_resume[name].append(since_resume)
     doc.update({name: summary(values) for name, values in samples.items()})
+    if args.late_gateway:
+        doc["resumed_to_answer"] = {name: summary(values) for name, values in after_resume.items()}
     doc["samples"] = samples
     doc["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(doc, indent=2))
