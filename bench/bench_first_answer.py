@@ -3,7 +3,10 @@ request through the proxy gets its answer from the cluster, over many starts.
 
 Needs root, wireguard-go and nftables. Builds the demo mesh (:mod:`anex_agent.demo.mesh`:
 coordinator, gateway, a cluster service) once; then each start is a fresh node (its own
-namespace, state dir and join token) whose agent is started while a client in the node's
+namespace, state dir and join token; ``ANEX_PATH=udp`` by default: with ``auto`` and a gateway
+that offers a relay the agent first probes UDP with a handshake, which succeeds only once the
+gateway knows the node, so the tunnel's first initiation never races the gateway) whose agent
+is started while a client in the node's
 namespace asks ``GET http://echo.default.svc.cluster.local:8080/`` through the agent's proxy
 (127.0.0.1:3128) every 20 ms until it gets a 200; the time from the agent's start to that
 answer is the sample. The agent is stopped before the next start.
@@ -59,12 +62,12 @@ print("nan")
 """
 
 
-def one_start(mesh: Mesh, argv: list[str], extra_env: dict[str, str], cwd: Path, engine: str,
+def one_start(mesh: Mesh, argv: list[str], extra_env: dict[str, str], cwd: Path, engine: str, path: str,
               late: bool) -> tuple[float, float | None]:
     """One fresh node: (seconds from the agent's start to the first proxied answer, seconds from
     the gateway's resumption to it when ``late``)."""
     node = mesh.add_node_namespace()
-    env = {**mesh.agent_env(node, ANEX_ENGINE=engine), **extra_env}
+    env = {**mesh.agent_env(node, ANEX_ENGINE=engine, ANEX_PATH=path), **extra_env}
     resumed: list[float] = []
     gateway = mesh.gateway_proc
 
@@ -115,9 +118,10 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=30)
     parser.add_argument("--before", type=Path, help="source tree of the version to compare with")
     parser.add_argument("--engine", default="wireguard-go", help="ANEX_ENGINE of the nodes")
+    parser.add_argument("--path", default="udp", help="ANEX_PATH of the nodes (udp: no probe before the tunnel)")
     parser.add_argument("--late-gateway", action="store_true")
     args = parser.parse_args()
-    doc: dict = {"benchmark": "bench_first_answer", "engine": args.engine, "late_gateway": args.late_gateway}
+    doc: dict = {"benchmark": "bench_first_answer", "engine": args.engine, "path": args.path, "late_gateway": args.late_gateway}
     reason = missing_prerequisites("wireguard-go", "wg", "nft")
     if reason:
         doc["skipped"] = reason
@@ -136,7 +140,7 @@ def main() -> int:
         mesh.start_gateway()
         for _ in range(args.starts):
             for name, (argv, env, cwd) in versions.items():  # interleaved: both see the same machine
-                answer, since_resume = one_start(mesh, argv, env, cwd, args.engine, args.late_gateway)
+                answer, since_resume = one_start(mesh, argv, env, cwd, args.engine, args.path, args.late_gateway)
                 samples[name].append(answer)
                 if since_resume is not None:
                     after_resume[name].append(since_resume)

@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 #: so it comes no sooner than a slow round trip on a busy machine.
 FIRST_RETRY = 0.5
 FACTOR = 1.5
-#: Longest gap between two extra initiations (below REKEY_TIMEOUT, or they would add nothing).
-RETRY_CAP = 2.0
+#: Longest gap between two extra initiations (well below REKEY_TIMEOUT, or they would add little):
+#: a gateway that learns of the node late answers within a second of learning.
+RETRY_CAP = 1.0
 #: How long extra initiations are asked for a gateway that does not answer.
 RETRY_FOR = 30.0
 
