@@ -183,7 +183,7 @@ class DataPlane:
             return
         if self._first_contact_task is None or self._first_contact_task.done():
             self._first_contact_task = self._tasks.spawn("first-handshake", lambda: self.first_contact.run(
-                self._handshaken, self._handshake_now, asyncio.sleep))
+                self._handshaken, self._handshake_now, asyncio.sleep, self.route_changes.moved))
 
     async def _handshaken(self) -> set[str]:
         status = await self.engine_status()

@@ -63,10 +63,13 @@ class FirstContact:
 
     async def run(self, handshaken: Callable[[], Awaitable[Collection[str]]],
                   ask: Callable[[frozenset[str]], Awaitable[object]],
-                  sleep: Callable[[float], Awaitable[object]]) -> None:
+                  sleep: Callable[[float], Awaitable[object]],
+                  answered: Callable[[], object] = lambda: None) -> None:
         """Until no gateway waits. ``handshaken()``: the gateways with a handshake now;
         ``ask(keys)``: a new initiation to each of ``keys`` (the engine's handshake_now);
-        ``sleep(s)``: the event loop's sleep."""
+        ``sleep(s)``: the event loop's sleep; ``answered()``: called when a gateway that was asked
+        answered (what was sent to it meanwhile may have been dropped with the re-added peer:
+        the caller starts connection attempts in flight again)."""
         backoff = Backoff(base=self.first_retry, cap=self.cap, factor=FACTOR)
         while self.waiting:
             if self._fresh:
@@ -75,11 +78,15 @@ class FirstContact:
             await sleep(backoff.next_delay())
             done = set(await handshaken())
             now = self.clock()
+            asked_answered = False
             for key in [k for k in self.waiting if k in done]:
                 took = now - self.waiting.pop(key)
                 self.answered[key] = round(took, 3)
+                asked_answered |= self.asked[key] > 0
                 log.info("first handshake with gateway %s after %.2f s (%d extra initiation(s) asked for)",
                          key[:8], took, self.asked[key])
+            if asked_answered:
+                answered()
             for key in [k for k, since in self.waiting.items() if now - since > self.retry_for]:
                 del self.waiting[key]
                 log.info("gateway %s has not answered in %.0f s; WireGuard keeps trying on its own", key[:8],

@@ -34,7 +34,9 @@ async def test_asks_with_a_growing_delay_until_the_gateway_answers():
     fake = Fake(answers_after=4)
     contact = FirstContact(clock=fake.clock)
     assert contact.add(["gw-a"]) and not contact.add(["gw-a"])
-    await contact.run(fake.handshaken, fake.ask, fake.sleep)
+    answers = []
+    await contact.run(fake.handshaken, fake.ask, fake.sleep, lambda: answers.append(fake.now))
+    assert answers == [fake.now]  # once, when the answer came: connection attempts start again
     assert fake.asks == [frozenset({"gw-a"})] * 4  # and none after the answer
     assert contact.asked == {"gw-a": 4} and not contact.waiting and "gw-a" in contact.answered
     assert all(s <= RETRY_CAP for s in fake.sleeps) and fake.sleeps[0] <= FIRST_RETRY < max(fake.sleeps)
@@ -54,5 +56,6 @@ async def test_a_gateway_with_a_session_is_not_asked_for():
     fake = Fake(answers_after=0)
     contact = FirstContact(clock=fake.clock)
     contact.add(["gw-a"])
-    await contact.run(fake.handshaken, fake.ask, fake.sleep)
-    assert fake.asks == [] and contact.asked == {"gw-a": 0}
+    answers = []
+    await contact.run(fake.handshaken, fake.ask, fake.sleep, lambda: answers.append(fake.now))
+    assert fake.asks == [] and contact.asked == {"gw-a": 0} and answers == []
