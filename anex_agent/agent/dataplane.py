@@ -33,6 +33,7 @@ from typing import Any
 
 from anex_agent.agent import engine_frontends
 from anex_agent.agent.desired import merge_tunnels
+from anex_agent.agent.first_contact import FirstContact
 from anex_agent.agent.liveness import DeadPeerWatch, assign
 from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
@@ -70,6 +71,9 @@ class DataPlane:
         self.config: NodeConfig | None = None
         self.paths = PathManager(path_settings(settings), keypair)
         self.liveness = DeadPeerWatch(after=settings.dead_peer_after)
+        self.first_contact = FirstContact()  # gateways just named: extra initiations until they answer
+        self._tasks: Tasks | None = None
+        self._first_contact_task: asyncio.Task | None = None
         self.endpoints = EndpointPolicy(endpoint_resolve)
         self.resolve_interval = resolve_interval
         self.resolver = ResolverSlot()
@@ -109,6 +113,7 @@ class DataPlane:
     async def start(self, config: NodeConfig, tasks: Tasks) -> None:
         """Engine up with ``config``, then the front-ends it asks for; the endpoint follower in ``tasks``."""
         assert self.engine_cls is not None, "choose_engine() first"
+        self._tasks = tasks
         # an engine that takes a Bind gets the path's (UDP and the relays, switched inside); the
         # others own their UDP socket and are steered through their peer endpoints
         extra = {"bind_factory": self.paths.bind_factory(tasks)} if self.engine_cls.takes_bind else {}
@@ -171,7 +176,30 @@ class DataPlane:
             before, self._desired, self._workload = self._desired, desired, workload
             if before is not None and _routes(before) != _routes(desired):
                 self.route_changes.moved()
-            return changed
+        had = {p.public_key for p in before.peers} if before is not None else set()
+        self._first_handshakes([p.public_key for p in desired.peers if p.public_key not in had])
+        return changed
+
+    def _first_handshakes(self, keys: list[str]) -> None:
+        """Gateways just named: extra initiations until each answers (:mod:`.first_contact`)."""
+        if not self.first_contact.add(keys) or self._tasks is None:
+            return
+        if self._first_contact_task is None or self._first_contact_task.done():
+            self._first_contact_task = self._tasks.spawn("first-handshake", lambda: self.first_contact.run(
+                self._handshaken, self._handshake_now, asyncio.sleep, self.route_changes.moved))
+
+    async def _handshaken(self) -> set[str]:
+        status = await self.engine_status()
+        return {p.public_key for p in (status.peers if status else ()) if p.last_handshake}
+
+    async def _handshake_now(self, keys: frozenset[str]) -> None:
+        if self.engine is None or self._desired is None:
+            return
+        async with self._lock:
+            try:
+                await self.engine.handshake_now(self._desired, keys)
+            except EngineError as err:
+                log.warning("could not ask the engine for a new handshake: %s", err)
 
     async def _resolved(self, config: NodeConfig) -> DesiredConfig:
         """The tunnel of ``config``: refused routes left out, endpoint names resolved (UDP endpoints)."""

@@ -18,7 +18,8 @@ only: no key, node name or address. Off by default.
     anex_gateway_relay_refused_total{reason}    full (max nodes), protocol, auth (no valid proof), source
                                                 (too many waiting from one address), evicted (the oldest
                                                 waiting, dropped for a newer one), timeout (no proof in time)
-    anex_gateway_relay_datagrams_total{direction} to_hub, to_node, dropped_to_node
+    anex_gateway_relay_datagrams_total{direction} to_hub, to_node, dropped_to_node, dropped_handshake_to_hub
+                                                (a node's handshake messages past its relay budget)
 
 plus the process's own (``process_*``). Gauges are read at scrape time from the gateway's
 state; a scrape never calls the engine or the coordinator.
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 APPLY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RELAY_REFUSALS = ("full", "protocol", "auth", "source", "evicted", "timeout")
-RELAY_DIRECTIONS = ("to_hub", "to_node", "dropped_to_node")
+RELAY_DIRECTIONS = ("to_hub", "to_node", "dropped_to_node", "dropped_handshake_to_hub")
 
 
 class _Live(Collector):

@@ -19,7 +19,12 @@ advertised ``--ws-url`` is the ingress URL). Per connection (protocol:
 3. only then a UDP socket of its own is connected to the hub, so WireGuard sees a distinct
    endpoint per node; each datagram of a binary message goes to the hub, and what the hub
    sends comes back framed the same way (v1: one datagram per message; v2: the datagrams
-   read from the hub's socket in one go, in one message).
+   read from the hub's socket in one go, in one message). Handshake messages (WireGuard
+   initiations and responses) go to the hub at most :attr:`RelayLimits.handshakes_per_second`
+   a second per connection (bursts of :attr:`RelayLimits.handshake_burst`); past it they are
+   dropped and counted (``dropped_handshake_to_hub``). Every relayed node reaches the hub from
+   127.0.0.1, so the hub's own per-address limit under load (wireguard-go, the kernel: 20 a
+   second) counts them all as one source: one node must not spend it for the others.
 
 Ping/pong keepalive every :attr:`RelayLimits.ping_interval` s (a peer silent for
 ``ping_timeout`` more is closed). A datagram from the hub is framed and written at once
@@ -52,11 +57,13 @@ from anex_agent.gateway.relay_listener import listen
 from anex_agent.wire.keys import public_key as derive_public
 from anex_agent.net.peer_log import LogBudget, peer_text
 from anex_agent.tunnels.binds.ws import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
+from anex_agent.wg.budget import TokenBucket
 
 log = logging.getLogger(__name__)
 _ws_log = log.getChild("websocket")  # the library's per-connection lines ("connection open") are not kept
 _ws_log.setLevel(logging.WARNING)
 REFUSALS_LOGGED = 10  # refusal lines a minute; the metrics count every refusal
+_HANDSHAKES = (b"\x01", b"\x02")  # WireGuard message types: initiation, response
 LISTEN_BACKLOG = 4096  # accepted-but-unserved connections the kernel holds (capped by net.core.somaxconn)
 CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455 §7.4.1 / IANA registry: the relay holds max_connections nodes
 
@@ -100,6 +107,8 @@ class RelayLimits:
     max_pending: int = 256               # connections waiting for authentication, in all
     max_pending_per_source: int = 8      # of which from one source address (IPv6: one /64)
     trusted_proxies: tuple[Network, ...] = ()  # peers whose X-Forwarded-For names the source
+    handshakes_per_second: float = 2.0   # handshake messages per connection to the hub (WireGuard: one per 5 s)
+    handshake_burst: int = 10            # ... in bursts of this many (a first contact asks a few quickly)
 
 
 class Relay:
@@ -272,8 +281,13 @@ class Relay:
         log.info("relay: node %s connected from %s (hub endpoint %s)", public_key[:8], _peer_name(ws),
                  hub.sock.getsockname())
         send = hub.send
+        handshakes = TokenBucket(self.limits.handshakes_per_second, self.limits.handshake_burst)
+        clock = asyncio.get_running_loop().time
 
         def one_to_hub(datagram: bytes) -> None:
+            if datagram[:1] in _HANDSHAKES and not handshakes.take(clock()):
+                counters["dropped_handshake_to_hub"] += 1
+                return
             send(datagram)
             counters["to_hub"] += 1
 

@@ -69,3 +69,7 @@ MAX_STAGED_PACKETS = 128
 # and it then answers initiations without a valid mac2 with a cookie reply.
 UNDER_LOAD_HANDSHAKES_PER_SECOND = 64
 UNDER_LOAD_HOLD = 1.0
+
+# Our own: Device.initiate_again() sends a new initiation to a peer without a session at most
+# this often (§6.4's REKEY_TIMEOUT is for a responder that lost one; a first contact retries sooner).
+FIRST_CONTACT_MIN_INTERVAL = 0.1

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from anex_agent.errors import LocalProtocolError, RemoteProtocolError
 from anex_agent.wg.constants import (
+    FIRST_CONTACT_MIN_INTERVAL,
     KEEPALIVE_TIMEOUT,
     MAX_HANDSHAKE_ATTEMPTS,
     MESSAGE_TRANSPORT,
@@ -40,15 +41,13 @@ from anex_agent.wg.constants import (
     REKEY_TIMEOUT,
     TRANSPORT_HEADER_SIZE,
     TRANSPORT_MIN_SIZE,
-    UNDER_LOAD_HANDSHAKES_PER_SECOND,
-    UNDER_LOAD_HOLD,
 )
+from anex_agent.wg.budget import BACKLOG_MAX_AGE, HANDSHAKES_PER_TURN, HandshakeBudget
 from anex_agent.wg.cookie import CookieChecker, endpoint_bytes
 from anex_agent.wg.crypto import tai64n
 from anex_agent.wg.handshake import Identity, consume_initiation
 from anex_agent.wg.messages import TRANSPORT_HEADER, CookieReply, Initiation, Response, Transport, parse
 from anex_agent.wg.peer import Peer, PeerConfig
-from anex_agent.wg.ratelimit import RateLimiter
 from anex_agent.wg.routing import AllowedIPs, packet_addresses
 from anex_agent.wg.session import Keypair
 
@@ -75,6 +74,9 @@ class ReceivedPacket(NamedTuple):
     peer: bytes  # sender's public key
 
 
+_SHED = Event("dropped", None, "under load: handshake rate limit for this source exceeded")
+
+
 @dataclass(slots=True)
 class Output:
     datagrams: list[tuple[bytes, Endpoint]] = field(default_factory=list)
@@ -93,6 +95,10 @@ class Device:
     ``random_bytes`` supplies ephemeral keys, indices and cookie secrets; ``jitter``
     returns [0, 1) for the retransmission jitter. ``force_under_load`` set to True/False
     overrides the built-in load estimate (handshake messages per second).
+
+    What handshake work strangers can cause is budgeted (:mod:`anex_agent.wg.budget`): under
+    load, initiations wait in a bounded backlog that :meth:`update_timers` works a few at a
+    time (``next_deadline`` is then due at once), after the data of the same event-loop turn.
     """
 
     def __init__(self, private_key: bytes, *, wall_time: Callable[[], float], mtu: int | None = 1420,
@@ -100,12 +106,11 @@ class Device:
                  jitter: Callable[[], float] = random.SystemRandom().random) -> None:
         self.identity = Identity(private_key)
         self.mtu = mtu
-        self.force_under_load: bool | None = None
         self._wall_time = wall_time
         self._random_bytes = random_bytes
         self._jitter = jitter
         self._cookies = CookieChecker(self.identity.public, random_bytes)
-        self._ratelimit = RateLimiter()
+        self._budget = HandshakeBudget()
         self._peers: dict[bytes, Peer] = {}
         self._index: dict[int, tuple[Peer, Keypair | None]] = {}
         self._allowed = AllowedIPs()
@@ -115,9 +120,14 @@ class Device:
         self._scheduled: dict[Peer, float] = {}
         self._seq = itertools.count()
         self._touched: set[Peer] = set()
-        self._load_window_start = float("-inf")
-        self._load_count = 0
-        self._under_load_until = float("-inf")
+
+    @property
+    def force_under_load(self) -> bool | None:
+        return self._budget.force_under_load
+
+    @force_under_load.setter
+    def force_under_load(self, value: bool | None) -> None:
+        self._budget.force_under_load = value
 
     # -- configuration -----------------------------------------------------------
 
@@ -235,6 +245,8 @@ class Device:
         return self._flush()
 
     def _receive(self, data: bytes, addr: Endpoint, now: float) -> None:
+        if data and (data[0] == 1 or data[0] == 2) and self._shed(addr, now):
+            return
         try:
             msg = parse(data)
             if isinstance(msg, Transport):
@@ -247,7 +259,9 @@ class Device:
             self._event("dropped", None, str(exc))
 
     def update_timers(self, now: float) -> Output:
-        """Fire every timer due at ``now``."""
+        """Work the waiting handshake initiations the budget allows, then fire every timer due at ``now``."""
+        if self._budget.backlog:
+            self._work_backlog(now)
         self._refresh_heap()
         due: list[Peer] = []
         while self._heap and self._heap[0][0] <= now:
@@ -263,12 +277,14 @@ class Device:
         return self._flush()
 
     def next_deadline(self) -> float | None:
-        """The earliest pending timer of any peer (None: nothing pending)."""
+        """The earliest pending timer of any peer, or when waiting initiations can be worked (None: nothing pending)."""
         self._refresh_heap()
+        backlog = self._budget.due()
         while self._heap:
             if self._settle_top() is not None:
-                return self._heap[0][0]
-        return None
+                top = self._heap[0][0]
+                return top if backlog is None else min(top, backlog)
+        return backlog
 
     # The timer index: a heap of (wake-up time, seq, peer) with at most a few entries per peer.
     # ``_scheduled[peer]`` is the peer's earliest entry. A peer touched by a call gets a new entry
@@ -300,6 +316,23 @@ class Device:
     def initiate_handshake(self, public_key: bytes, now: float) -> Output:
         """Start a handshake with a peer now (as ``wg`` does when a peer gets persistent keepalive)."""
         self._initiate(self._peers[public_key], now, retry=False)
+        return self._flush()
+
+    def initiate_again(self, public_key: bytes, now: float) -> Output:
+        """A new initiation to a peer that has no usable session, now, also within REKEY_TIMEOUT of
+        the last one. §6.4 spaces initiations REKEY_TIMEOUT apart for a responder that lost one; a
+        responder that did not know us a moment ago (a gateway the coordinator tells of us just
+        after our first initiation) answers the next one at once, so the caller asks again with a
+        back-off of its own. Nothing is sent when the peer has a usable session or its last
+        initiation is younger than FIRST_CONTACT_MIN_INTERVAL. Staged packets stay staged and go
+        out with the session; the event is ``handshake-initiated`` (the retransmission timer's are
+        ``handshake-retry``)."""
+        peer = self._peers[public_key]
+        kp = peer.keypairs.current
+        if (kp is not None and kp.usable_for_sending(now)) or now - peer.last_sent_handshake < FIRST_CONTACT_MIN_INTERVAL:
+            return self._flush()
+        peer.last_sent_handshake = float("-inf")
+        self._initiate(peer, now, retry=False)
         return self._flush()
 
     def send_keepalive(self, public_key: bytes, now: float) -> Output:
@@ -375,35 +408,86 @@ class Device:
     # -- receiving ---------------------------------------------------------------
 
     def _receive_handshake(self, msg: Initiation | Response, data: bytes, addr: Endpoint, now: float) -> None:
+        """mac1, then (under load) the source's budget and mac2 or a cookie reply (§5.3), then the
+        Diffie-Hellman work: at once, or later from the backlog (see :mod:`anex_agent.wg.budget`)."""
         if not self._cookies.check_mac1(data):
             raise RemoteProtocolError("handshake message with an invalid mac1")
-        if self._under_load(now):
+        if isinstance(msg, Response):
+            entry = self._index.get(msg.receiver)
+            if entry is None or entry[1] is not None:
+                raise RemoteProtocolError("handshake response for an unknown index")
+        budget = self._budget
+        if budget.loaded(now):
             src = endpoint_bytes(addr)
             if not self._cookies.check_mac2(data, src, now):
+                if not budget.cookies.take(now):
+                    raise RemoteProtocolError("under load: cookie reply budget spent")
                 reply = self._cookies.create_reply(data, msg.sender, src, now)
                 self._out.datagrams.append((reply.to_bytes(), addr))
                 self._event("cookie-sent", None, "under load: answered with a cookie reply")
                 return
-            if not self._ratelimit.allow(src[:-2] if isinstance(addr, tuple) else src, now):  # per IP, not port
-                raise RemoteProtocolError("under load: handshake rate limit for this source exceeded")
-        if isinstance(msg, Initiation):
-            hs = consume_initiation(self.identity, msg, self._find_handshake, now)
-            peer = self._peers[hs.remote_static]
-            self._touched.add(peer)
-            peer.endpoint = addr
-            peer.timers.any_authenticated_packet_traversal(now)
-            peer.timers.any_authenticated_packet_received()
-            self._unindex(hs.local_index)
-            index = self._new_index(peer, None)
-            response = hs.create_response(index, self._random_bytes(32))
-            keypair = hs.derive_keypair(now)
-            self._index[index] = (peer, keypair)
-            self._drop_keypairs(peer.keypairs.install(keypair))
-            self._emit(peer, peer.cookies.add_macs(response.to_bytes(), now))
-            peer.timers.any_authenticated_packet_sent()
-            peer.timers.session_derived(now)
-            self._event("handshake-responded", peer.public_key)
+            if isinstance(msg, Initiation):
+                self._defer(msg, addr, now)  # behind the data of this turn
+                return
+        elif isinstance(msg, Initiation) and (budget.backlog or not budget.work.take(now)):
+            self._defer(msg, addr, now)
             return
+        if isinstance(msg, Initiation):
+            self._consume_initiation(msg, addr, now)
+        else:
+            self._consume_response(msg, addr, now)
+
+    def _shed(self, addr: Endpoint, now: float) -> bool:
+        """Count a handshake message; under load, True (and a ``dropped`` event) when its source's
+        budget is spent: before parsing or mac1, the cheapest refusal (a valid mac1 proves nothing)."""
+        budget = self._budget
+        if budget.arrived(now) and not budget.source_allows(addr, now):
+            self._out.events.append(_SHED)
+            return True
+        return False
+
+    def _defer(self, msg: Initiation, addr: Endpoint, now: float) -> None:
+        if not self._budget.defer(msg, addr, now):
+            raise RemoteProtocolError("handshake backlog full")
+
+    def _work_backlog(self, now: float) -> None:
+        """Work up to HANDSHAKES_PER_TURN waiting initiations while the work budget allows."""
+        budget = self._budget
+        worked = 0
+        while budget.backlog and worked < HANDSHAKES_PER_TURN:
+            arrived, msg, addr = budget.backlog[0]
+            if now - arrived > BACKLOG_MAX_AGE:
+                budget.backlog.popleft()
+                self._event("dropped", None, "handshake initiation waited too long")
+                continue
+            if not budget.work.take(now):
+                return
+            budget.backlog.popleft()
+            worked += 1
+            try:
+                self._consume_initiation(msg, addr, now)
+            except RemoteProtocolError as exc:
+                self._event("dropped", None, str(exc))
+
+    def _consume_initiation(self, msg: Initiation, addr: Endpoint, now: float) -> None:
+        hs = consume_initiation(self.identity, msg, self._find_handshake, now)
+        peer = self._peers[hs.remote_static]
+        self._touched.add(peer)
+        peer.endpoint = addr
+        peer.timers.any_authenticated_packet_traversal(now)
+        peer.timers.any_authenticated_packet_received()
+        self._unindex(hs.local_index)
+        index = self._new_index(peer, None)
+        response = hs.create_response(index, self._random_bytes(32))
+        keypair = hs.derive_keypair(now)
+        self._index[index] = (peer, keypair)
+        self._drop_keypairs(peer.keypairs.install(keypair))
+        self._emit(peer, peer.cookies.add_macs(response.to_bytes(), now))
+        peer.timers.any_authenticated_packet_sent()
+        peer.timers.session_derived(now)
+        self._event("handshake-responded", peer.public_key)
+
+    def _consume_response(self, msg: Response, addr: Endpoint, now: float) -> None:
         entry = self._index.get(msg.receiver)
         if entry is None or entry[1] is not None:
             raise RemoteProtocolError("handshake response for an unknown index")
@@ -511,16 +595,6 @@ class Device:
     def _find_handshake(self, remote_static: bytes):
         peer = self._peers.get(remote_static)
         return peer.handshake if peer is not None else None
-
-    def _under_load(self, now: float) -> bool:
-        if self.force_under_load is not None:
-            return self.force_under_load
-        if now - self._load_window_start >= 1.0:
-            self._load_window_start, self._load_count = now, 0
-        self._load_count += 1
-        if self._load_count > UNDER_LOAD_HANDSHAKES_PER_SECOND:
-            self._under_load_until = now + UNDER_LOAD_HOLD
-        return now < self._under_load_until
 
     def _new_index(self, peer: Peer, keypair: Keypair | None) -> int:
         while True:

@@ -1,4 +1,4 @@
-"""Per-source rate limit for handshake messages that passed mac2 while under load (whitepaper §5.3).
+"""Per-source rate limit for handshake messages while under load (whitepaper §5.3; see :mod:`anex_agent.wg.budget`).
 
 A token bucket per source address (the IP, not the port): ``RATE`` messages per second with
 bursts of ``BURST``, the values wireguard-go uses. Buckets idle for a second are forgotten

@@ -37,6 +37,7 @@ class ContractEngine(Engine):
         self.resets = 0
         self.started_with = None
         self.keepalives: list[dict[str, str]] = []
+        self.handshake_asks: list[frozenset[str]] = []
 
     @classmethod
     def is_supported(cls) -> Support:
@@ -65,6 +66,10 @@ class ContractEngine(Engine):
 
     def send_keepalive(self, gateways) -> bool:
         self.keepalives.append(dict(gateways))
+        return True
+
+    async def handshake_now(self, desired, keys) -> bool:
+        self.handshake_asks.append(frozenset(keys))
         return True
 
     def report(self):
@@ -405,3 +410,30 @@ async def test_an_engine_that_serves_the_workload_is_told_where_the_socks5_proxy
     dp, _ = await make(SelfServingEngine, socks_listen=socks)
     assert dp.socks is None  # the engine serves it
     assert dp.engine.applied[-1][1].socks_address == str(socks)
+
+
+class LateGatewayEngine(ContractEngine):
+    """A gateway that learns of the node late: no handshake until the engine was asked for a second new initiation."""
+
+    name = "contract-late"
+
+    async def status(self) -> EngineStatus:
+        import time
+
+        from anex_agent.tunnels.engines.base import PeerStatus
+
+        handshake = time.time() if len(self.handshake_asks) >= 2 else None
+        return EngineStatus(self.name, None, 0, True, (PeerStatus(GW, "192.0.2.1:51820", handshake, 1, 1),))
+
+
+async def test_a_gateway_that_learns_of_the_node_late_is_asked_again_until_it_answers(plane):
+    """The first handshake does not wait for WireGuard's 5 s retry: the data plane asks the engine
+    for new initiations (with a back-off) until the gateway answers, then stops asking."""
+    make, _ = plane
+    dp, _ = await make(LateGatewayEngine)
+    assert await dp.wait_handshake(30.0)
+    await dp._first_contact_task  # it ends once every gateway answered
+    assert dp.engine.handshake_asks == [frozenset({GW})] * 2
+    assert dp.first_contact.asked == {GW: 2} and GW in dp.first_contact.answered
+    await dp.apply(config(version=2))  # the same gateway again: no new asking
+    assert dp._first_contact_task.done() and len(dp.engine.handshake_asks) == 2

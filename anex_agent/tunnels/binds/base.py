@@ -60,6 +60,25 @@ class Bind(Protocol):
     def close(self) -> None: ...
 
 
+#: A Bind's receive queue takes a handshake message (WireGuard types 1 and 2) only while it holds
+#: fewer datagrams than this; past it they are dropped at once, so the data of established
+#: sessions never waits behind a flood of initiations (the core budgets those that get through:
+#: anex_agent/wg/budget.py; wireguard-go gives handshakes a queue of their own).
+HANDSHAKE_QUEUE_SHARE = 256
+
+
+def admit(queue: asyncio.Queue[tuple[bytes, Hashable] | None], item: tuple[bytes, Hashable]) -> bool:
+    """Put a received ``(datagram, endpoint)`` into a Bind's queue; False (dropped) when the queue
+    is full, or holds HANDSHAKE_QUEUE_SHARE datagrams and this one is a handshake message."""
+    if queue.qsize() >= HANDSHAKE_QUEUE_SHARE and item[0][:1] in (b"\x01", b"\x02"):
+        return False
+    try:
+        queue.put_nowait(item)
+    except asyncio.QueueFull:
+        return False
+    return True
+
+
 async def next_datagram(queue: asyncio.Queue[tuple[bytes, Hashable] | None], closed: bool) -> tuple[bytes, Hashable]:
     """``receive()`` of a Bind that queues what it gets: the next ``(datagram, endpoint)``, or
     :class:`BindClosed` once the Bind is closed and the queue drained (``None`` in the queue is

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Hashable
 
 from anex_agent.errors import EngineError
-from anex_agent.tunnels.binds.base import Bind, BindClosed, Receiver, next_datagram
+from anex_agent.tunnels.binds.base import Bind, BindClosed, Receiver, admit, next_datagram
 
 __all__ = ["Bind", "BindClosed", "UdpBind", "RECEIVE_QUEUE"]
 
@@ -150,11 +150,8 @@ class UdpBind:
             except Exception:  # the driver's bug must not stop reading the socket
                 log.exception("udp bind: the receiver failed")
             return
-        put = self._queue.put_nowait
-        for item in batch:
-            try:
-                put(item)
-            except asyncio.QueueFull:
+        for item in batch:  # queued for receive(): handshake messages take only a share of the queue
+            if not admit(self._queue, item):
                 self.dropped += 1
 
     def set_receiver(self, receiver: Receiver | None) -> None:

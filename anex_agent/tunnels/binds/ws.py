@@ -36,7 +36,7 @@ from functools import cache
 
 from anex_agent.net import relay_protocol as rp
 from anex_agent.backoff import Backoff
-from anex_agent.tunnels.binds.base import BindClosed, next_datagram
+from anex_agent.tunnels.binds.base import BindClosed, admit, next_datagram
 
 # websockets is imported where a relay connection is made or served: an agent on the UDP
 # path (and the proxy_for users) never imports it.
@@ -545,9 +545,7 @@ class SwitchBind:
             except Exception:  # the driver's bug must not end the relay connection
                 log.exception("switch bind: the receiver failed")
             return
-        try:
-            self._queue.put_nowait(item)
-        except asyncio.QueueFull:
+        if not admit(self._queue, item):
             self.dropped += 1
 
     def set_receiver(self, receiver: Callable[[list[tuple[bytes, Hashable]]], None] | None) -> None:

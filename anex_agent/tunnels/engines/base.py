@@ -16,6 +16,7 @@ proxy and the forwards, open connections through it) or front-ends of its own
     verdict = await engine.readiness()           # its own verdict, or None: judge by the last handshake
     await engine.reset_sessions(desired)         # fresh handshakes now (a gateway restarted)
     engine.send_keepalive({key: mesh_address})   # one datagram to each gateway now (pull a hub back)
+    await engine.handshake_now(desired, keys)    # a new initiation to these session-less peers now
     details = engine.report()                    # engine-specific facts for /status ({} for most)
     await engine.stop()                          # nothing of ours is left afterwards
 
@@ -53,7 +54,7 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -354,6 +355,25 @@ class Engine(abc.ABC):
         one; the caller then applies the whole config with :meth:`apply`. Raises EngineError.
         Default: False."""
         return False
+
+    async def handshake_now(self, desired: DesiredConfig, keys: Collection[str]) -> bool:
+        """A new handshake initiation to each peer of ``desired`` named in ``keys`` now, also within
+        WireGuard's REKEY_TIMEOUT (5 s, whitepaper §6.4) of the last one. For peers that have no
+        session yet: a gateway that did not know this node when its first initiation came (the
+        coordinator told it a moment later) answers the next one; the caller asks with a back-off.
+
+        Default: drop those peers and add them again (:meth:`update_peers`, else :meth:`apply`
+        without them, then with them): a new peer has no last initiation, and one with a persistent
+        keepalive initiates at once (kernel, wireguard-go). What was queued for them is dropped;
+        they had no session. Returns whether anything was asked; raises EngineError."""
+        peers = tuple(p for p in desired.peers if p.public_key in keys)
+        if not peers:
+            return False
+        if await self.update_peers((), tuple(p.public_key for p in peers)):
+            return await self.update_peers(peers, ())
+        await self.apply(dataclasses.replace(desired, peers=tuple(p for p in desired.peers if p.public_key not in keys)))
+        await self.apply(desired)
+        return True
 
     async def reset_sessions(self, desired: DesiredConfig, *, within: float = 10.0, every: float = 1.0) -> bool:
         """Start fresh handshakes with ``desired``'s peers now (a gateway restarted and lost its sessions).

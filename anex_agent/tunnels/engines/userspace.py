@@ -33,7 +33,7 @@ import collections
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -405,6 +405,23 @@ class UserspaceEngine(Engine):
             sent = True
         log.debug("userspace wg: keepalive to %s", "the gateways" if sent else "no gateway (not peers)")
         return sent
+
+    async def handshake_now(self, desired: DesiredConfig, keys: Collection[str]) -> bool:
+        """A new initiation to each of ``keys`` without a session, from the core
+        (:meth:`Device.initiate_again`): the peers, their staged packets and timers stay."""
+        tunnel = self.tunnel
+        if tunnel is None:
+            return False
+        asked = False
+        for key in keys:
+            try:
+                public_key = decode_key(key, what="peer public_key")
+            except ConfigError:
+                continue
+            if tunnel.device.peer(public_key) is not None:
+                tunnel.call(lambda now, public_key=public_key: tunnel.device.initiate_again(public_key, now))
+                asked = True
+        return asked
 
     def dialer(self, resolver: NameResolver | None = None):
         """A :class:`~anex_agent.netstack.dialer.NetstackDialer`; cluster DNS goes over the stack too

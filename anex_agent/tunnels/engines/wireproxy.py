@@ -27,6 +27,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,6 +154,11 @@ class WireproxyEngine(Engine):
         if self._supervisor is None or self._supervisor.done():
             self._supervisor = self._tasks.spawn("wireproxy-supervisor", self._proc().supervise)
         return changed
+
+    async def handshake_now(self, desired: DesiredConfig, keys: Collection[str]) -> bool:
+        """No peer-level control, and a restart per ask would cost more than it saves: False
+        (wireproxy retries on its own, every REKEY_TIMEOUT)."""
+        return False
 
     async def reset_sessions(self, desired: DesiredConfig, *, within: float = 10.0, every: float = 1.0) -> bool:
         """No peer-level control: restart the process (a fresh one handshakes at once). Returns False (not awaited)."""

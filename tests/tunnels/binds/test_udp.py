@@ -221,3 +221,28 @@ async def test_a_refused_offload_falls_back_to_one_send_each_for_good():
         a._sock = fake.sock
         a.close()
         b.close()
+
+
+async def test_a_backed_up_queue_takes_data_but_not_more_handshakes():
+    """Queued for receive() (no receiver set): past HANDSHAKE_QUEUE_SHARE waiting datagrams a
+    handshake message is dropped at the Bind; transport data is still queued (the data of
+    established sessions first)."""
+    from anex_agent.tunnels.binds.base import HANDSHAKE_QUEUE_SHARE
+    from anex_agent.tunnels.binds.udp import RECEIVE_QUEUE
+
+    bind = await UdpBind.open(0, "127.0.0.1")
+    try:
+        initiation, transport = b"\x01\0\0\0" + bytes(144), b"\x04\0\0\0" + bytes(28)
+        for _ in range(HANDSHAKE_QUEUE_SHARE):
+            bind._hand_over([(initiation, ("192.0.2.1", 1))])
+        assert bind.dropped == 0
+        bind._hand_over([(initiation, ("192.0.2.1", 1)), (b"\x02\0\0\0" + bytes(88), ("192.0.2.1", 1))])
+        assert bind.dropped == 2
+        bind._hand_over([(transport, ("192.0.2.2", 2))])
+        assert bind.dropped == 2
+        bind._hand_over([(transport, ("192.0.2.2", 2))] * RECEIVE_QUEUE)
+        assert bind.dropped == 2 + HANDSHAKE_QUEUE_SHARE + 1  # full: data dropped too, as a full socket buffer would
+        got = [await bind.receive() for _ in range(HANDSHAKE_QUEUE_SHARE + 1)]
+        assert got[-1] == (transport, ("192.0.2.2", 2))
+    finally:
+        bind.close()

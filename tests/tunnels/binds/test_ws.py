@@ -315,3 +315,30 @@ async def test_the_relay_serves_tls_itself_and_the_client_verifies_it(mesh, tmp_
     untrusted = RelayTarget(url=url, gateway_public_key=keys.public_key(mesh.k_hub), ssl_context=ssl.create_default_context())
     ok, why = await check_relay(untrusted, private_key=mesh.k_node, public_key=mesh.node_pub, timeout=GENEROUS)
     assert not ok and "certificate" in why.lower()
+
+
+async def test_a_node_s_handshake_messages_reach_the_hub_within_its_relay_budget(mesh):
+    """Every relayed node reaches the hub from one address: a node sending initiations beyond its
+    budget has them dropped at the relay (counted); its other datagrams still go through."""
+    from anex_agent.gateway.relay import RelayLimits
+
+    burst = RelayLimits().handshake_burst
+    hub = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    hub.bind(("127.0.0.1", 0))
+    hub.settimeout(5)
+    mesh.relay.hub = hub.getsockname()
+    initiation, transport = b"\x01\0\0\0" + bytes(144), b"\x04\0\0\0" + bytes(28)
+    async with connect(mesh.target().url, subprotocols=[rp.SUBPROTOCOL]) as ws:
+        challenge = rp.parse_challenge(await ws.recv())
+        await ws.send(rp.answer_message(private_key=mesh.k_node, public_key=mesh.node_pub,
+                                        gateway_public=keys.public_key(mesh.k_hub), challenge=challenge))
+        rp.parse_ok(await ws.recv())
+        for _ in range(3 * burst):
+            await ws.send(initiation)
+        await ws.send(transport)
+        got = []
+        while not got or got[-1] != transport:
+            got.append((await asyncio.to_thread(hub.recvfrom, 2048))[0])
+    hub.close()
+    assert burst <= got.count(initiation) < 2 * burst  # the burst, and what the budget refilled meanwhile
+    assert mesh.relay.counters["dropped_handshake_to_hub"] == 3 * burst - got.count(initiation)
