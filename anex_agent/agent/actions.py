@@ -74,6 +74,8 @@ def confine(roots: Sequence[str], path: str) -> tuple[str, list[str], str]:
         raise PushRefused(400, f"{path!r}: empty, '.' and '..' components are not accepted")
     for root in roots:
         root_parts = PurePosixPath(root).parts[1:]
+        if not root_parts or not root.startswith("/"):
+            continue  # "" or "/" would hold every path: never a root to push into
         if len(parts) > len(root_parts) and tuple(parts[:len(root_parts)]) == root_parts:
             below = parts[len(root_parts):]
             return root, below[:-1], below[-1]

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import os
 
+import anex_agent
 from anex_agent.host import childenv, statelock
 from anex_agent.host.sdnotify import Notifier
 from anex_agent.agent import pod_files, run_options
@@ -73,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
     push_dirs, delivery = options.push_dirs, None
     if options.pod_files is not None:  # the cluster pushes the pod's files before the workload starts
-        push_dirs += pod_files.prepare(options.pod_files)
+        push_dirs += pod_files.prepare(options.pod_files,
+                                       reserved=(str(settings.state_dir), os.path.dirname(anex_agent.__file__)))
         delivery = pod_files.Delivery(options.pod_files)
     agent = Agent(settings, detect_report=detect_report, wait_ready=options.wait_ready, notifier=notifier,
                   push_dirs=push_dirs, exit_deadline=ExitDeadline(enabled=True), pod_files=delivery)

@@ -416,7 +416,8 @@ def _proxy(dialer: Dialer, settings: AgentSettings):
     """The HTTP proxy front-end (an async context manager that binds on entry)."""
     from anex_agent.frontends.proxy import ProxyServer
 
-    return ProxyServer(dialer, host=settings.proxy_listen.host, port=settings.proxy_listen.port, auth=settings.proxy_auth)
+    return ProxyServer(dialer, host=settings.proxy_listen.host, port=settings.proxy_listen.port, auth=settings.proxy_auth,
+                       max_connections=settings.proxy_max_connections)
 
 
 def _socks(dialer: Dialer, settings: AgentSettings):
@@ -424,4 +425,5 @@ def _socks(dialer: Dialer, settings: AgentSettings):
     from anex_agent.frontends.socks5 import Socks5Server
 
     assert settings.socks_listen is not None
-    return Socks5Server(dialer, host=settings.socks_listen.host, port=settings.socks_listen.port, auth=settings.socks_auth)
+    return Socks5Server(dialer, host=settings.socks_listen.host, port=settings.socks_listen.port, auth=settings.socks_auth,
+                        max_connections=settings.proxy_max_connections)

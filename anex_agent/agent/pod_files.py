@@ -17,7 +17,8 @@ Then ``anex-agent run``:
 * later pushes (a changed ConfigMap) replace files while the workload runs; a later
   :data:`ENV_FILE` is deleted at once (a running process's environment does not change).
 
-:func:`parse` raises ConfigError naming ``ANEX_POD_FILES``.
+:func:`parse` and :func:`prepare` raise ConfigError naming ``ANEX_POD_FILES``; neither accepts
+``/`` nor a directory over or under the agent's own (its state and install directories).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from anex_agent.errors import ConfigError
-from anex_agent.wire.pod import COMPLETE, ENV_FILE, POD_DIR, POD_FILES_ENV
+from anex_agent.wire.pod import COMPLETE, ENV_FILE, POD_DIR, POD_FILES_ENV, unsafe_dir
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,21 @@ def parse(text: str | None) -> Manifest | None:
     for entry in dirs:
         if not entry.startswith("/") or "\0" in entry or any(p in ("..", ".") for p in entry.split("/")):
             raise ConfigError(SOURCE, f"{entry!r} is not an absolute directory without '.' or '..'")
+        why = unsafe_dir(entry)
+        if why:
+            raise ConfigError(SOURCE, f"{entry!r}: {why}")
     return Manifest(tuple(dict.fromkeys([POD_DIR, *dirs])))
 
 
-def prepare(manifest: Manifest) -> tuple[str, ...]:
-    """Create the manifest's directories; their real paths (to accept pushed files in)."""
+def prepare(manifest: Manifest, reserved: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Create the manifest's directories; their real paths (to accept pushed files in). A directory
+    over or under one of ``reserved`` (the agent's state and install directories) is refused."""
+    reserved = tuple(dict.fromkeys(os.path.realpath(r) for r in reserved))
     out = []
     for entry in manifest.dirs:
+        why = unsafe_dir(os.path.realpath(entry), reserved) if entry != POD_DIR else None
+        if why:
+            raise ConfigError(SOURCE, f"{entry!r}: {why}")
         try:
             os.makedirs(entry, mode=0o700 if entry == POD_DIR else 0o755, exist_ok=True)
         except OSError as err:

@@ -16,7 +16,8 @@ default: the agent's ``--grace-period``). Ports are numbers here: the virtual no
 named port against the container's ports before the spec travels. The host defaults to the
 loopback address, where the workload listens (a kubelet probes the pod IP; here the workload
 and its probes share the machine). :func:`parse` raises ConfigError naming ``ANEX_PROBES`` and
-the field.
+the field (a :class:`ProbeError`, whose ``field`` the virtual node reports when it refuses the
+pod). A host must be a host name or an IP address; an exec argument must hold no NUL.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from anex_agent import parse as parse_text
 from anex_agent.errors import ConfigError
 from anex_agent.wire.pod import PROBES_ENV
 
@@ -69,8 +71,16 @@ class ProbeSet:
         return any((self.startup, self.liveness, self.readiness))
 
 
-def _fail(where: str, message: str) -> ConfigError:
-    return ConfigError(SOURCE, f"{where}: {message}")
+class ProbeError(ConfigError):
+    """A probe field the agent cannot run; ``field`` names it (``liveness.tcpSocket.host``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(SOURCE, f"{field}: {message}")
+
+
+def _fail(where: str, message: str) -> ProbeError:
+    return ProbeError(where, message)
 
 
 def _int(raw: dict[str, Any], key: str, where: str, default: int, minimum: int) -> int:
@@ -92,9 +102,10 @@ def _port(raw: dict[str, Any], where: str) -> int:
 
 def _host(raw: dict[str, Any], where: str) -> str:
     host = raw.get("host") or LOOPBACK
-    if not isinstance(host, str) or not host.strip() or any(c.isspace() for c in host):
-        raise _fail(f"{where}.host", f"{host!r} is not a host name or address")
-    return host
+    try:
+        return parse_text.host(host)
+    except ValueError as err:
+        raise _fail(f"{where}.host", f"{host!r} {err}") from None
 
 
 def _probe(kind: str, raw: Any) -> Probe:
@@ -113,6 +124,10 @@ def _probe(kind: str, raw: Any) -> Probe:
         command = body.get("command")
         if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
             raise _fail(f"{where}.exec.command", "expected a non-empty list of strings")
+        for i, arg in enumerate(command):
+            if "\0" in arg:
+                raise _fail(f"{where}.exec.command[{i}]", "contains a NUL character, which no program argument can "
+                            "hold")
         options["command"] = tuple(command)
     elif handler == "httpGet":
         scheme = str(body.get("scheme") or "HTTP").upper()

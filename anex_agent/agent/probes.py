@@ -20,8 +20,10 @@ the workload's own TaskGroup, cancelled when the run ends):
 * each decisive failure (readiness turning unready, a liveness or startup kill) is counted in
   the state (``probe_failures``, ``probe_message``: the pod's ``Unhealthy`` Event);
 * a check that does not answer within ``timeoutSeconds`` is a failure (an exec probe's process
-  group is killed). Each failure is logged with its reason (the first one of a series at
-  INFO, the decisive one at WARNING).
+  group is killed). Any other error of one check (a host that cannot be resolved or encoded, a
+  command the system refuses to run) is a failure too, never the end of :meth:`Prober.run`.
+  Each failure is logged with its reason, one bounded printable line (the first one of a
+  series at INFO, the decisive one at WARNING).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from anex_agent.agent.probe_spec import Probe, ProbeSet
 log = logging.getLogger(__name__)
 
 OUTPUT_MAX = 512  # bytes of an exec probe's output kept for the log
+WHY_MAX = 600  # characters of a failure's reason (logged, and in the pod's Unhealthy Event)
 USER_AGENT = "kube-probe/anex-agent"
 
 
@@ -145,7 +148,15 @@ async def check(probe: Probe, workload) -> tuple[bool, str]:
     except TimeoutError:
         return False, f"no answer within {probe.timeout:g} s"
     except OSError as err:
-        return False, err.strerror or str(err) or type(err).__name__
+        return False, _why(err.strerror or str(err) or type(err).__name__)
+    except Exception as err:  # noqa: BLE001 - any error of one check is that check failing, never the run's end
+        return False, _why(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+
+
+def _why(text: str) -> str:
+    """A failure's reason as one bounded, printable line (it is logged and shown in the pod's Events)."""
+    text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return text if len(text) <= WHY_MAX else text[:WHY_MAX - 3] + "..."
 
 
 async def _exec(probe: Probe, workload) -> tuple[bool, str]:

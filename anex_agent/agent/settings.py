@@ -44,6 +44,9 @@ ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT   GPU metric naming on /me
 GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
 ANEX_FORWARD_MAX_CONNECTIONS --forward-max-connections  connections relayed at once per forward port,
                                                         1-1000000, default 1024; more are closed at once
+ANEX_PROXY_MAX_CONNECTIONS --proxy-max-connections      clients served at once by the HTTP proxy and by the
+                                                        SOCKS5 proxy (each), 1-1000000, default 1024; more
+                                                        are closed at once
 ====================== ================================ =====================================
 """
 
@@ -128,13 +131,15 @@ class AgentSettings:
     ssh_port: int = 2222
     #: ANEX_FORWARD_MAX_CONNECTIONS: connections relayed at once per forward port (more are refused)
     forward_max_connections: int = 1024
+    #: ANEX_PROXY_MAX_CONNECTIONS: clients served at once by each proxy listener (more are refused)
+    proxy_max_connections: int = 1024
 
     @property
     def tunnel_specs(self) -> list[TunnelSpec]:
         return [t.spec for t in self.tunnels]
 
 
-#: the largest ANEX_FORWARD_MAX_CONNECTIONS accepted
+#: the largest ANEX_FORWARD_MAX_CONNECTIONS (and ANEX_PROXY_MAX_CONNECTIONS) accepted
 MAX_FORWARD_CONNECTIONS = 1_000_000
 
 
@@ -303,6 +308,8 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     ssh, src_s = _pick(getattr(args, "ssh_port", None), "--ssh-port", environ, "ANEX_SSH_PORT", "2222")
     fwd_max, src_f = _pick(getattr(args, "forward_max_connections", None), "--forward-max-connections", environ,
                            "ANEX_FORWARD_MAX_CONNECTIONS", "1024")
+    proxy_max, src_pm = _pick(getattr(args, "proxy_max_connections", None), "--proxy-max-connections", environ,
+                              "ANEX_PROXY_MAX_CONNECTIONS", "1024")
     proxy_auth = None
     if auth_text:
         from anex_agent.frontends.proxy_core import ProxyAuth
@@ -359,6 +366,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         gpu_metrics=exposition_options(environ),
         ssh_port=_ssh_port(ssh, src_s),
         forward_max_connections=_forward_max(fwd_max, src_f),
+        proxy_max_connections=_forward_max(proxy_max, src_pm, "clients served at once by each proxy"),
     )
 
 
@@ -391,11 +399,11 @@ def _ssh_port(text: str, source: str) -> int:
         raise ConfigError(source, f"{text!r}: {err} (a port, or 0 for no SSH server)") from None
 
 
-def _forward_max(text: str, source: str) -> int:
+def _forward_max(text: str, source: str, what: str = "connections relayed at once per forward port") -> int:
     try:
         return parse.integer(str(text).strip(), minimum=1, maximum=MAX_FORWARD_CONNECTIONS)
     except ValueError as err:
-        raise ConfigError(source, f"{text!r}: {err} (connections relayed at once per forward port)") from None
+        raise ConfigError(source, f"{text!r}: {err} ({what})") from None
 
 
 def _seconds(text: str, source: str) -> float:
@@ -428,6 +436,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--forward-max-connections", metavar="N",
                    help="connections relayed at once per forward port, default 1024; more are closed at once "
                         "[ANEX_FORWARD_MAX_CONNECTIONS]")
+    g.add_argument("--proxy-max-connections", metavar="N",
+                   help="clients served at once by the HTTP proxy and by the SOCKS5 proxy (each), default 1024; "
+                        "more are closed at once [ANEX_PROXY_MAX_CONNECTIONS]")
     g.add_argument("--proxy-auth", metavar="USER:PASSWORD",
                    help="require Proxy-Authorization Basic; visible in ps, prefer --proxy-auth-file [ANEX_PROXY_AUTH]")
     g.add_argument("--proxy-auth-file", metavar="FILE", help="file holding USER:PASSWORD [ANEX_PROXY_AUTH_FILE]")

@@ -50,7 +50,7 @@ from anex_agent.frontends import this_host
 from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.h11_stream import H11Stream
 from anex_agent.frontends.relay import relay
-from anex_agent.frontends.tcp_server import TcpServer
+from anex_agent.frontends.tcp_server import DEFAULT_MAX_CONNECTIONS, TcpServer
 from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,9 @@ class ProxyServer(TcpServer):
         port: int = core.DEFAULT_LISTEN[1],
         auth: core.ProxyAuth | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
-        super().__init__(host, port)
+        super().__init__(host, port, max_connections)
         self.dialer = dialer
         self.auth = auth
         self.idle_timeout = idle_timeout

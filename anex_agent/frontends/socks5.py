@@ -40,7 +40,7 @@ from anex_agent.frontends import socks5_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.relay import relay
-from anex_agent.frontends.tcp_server import TcpServer
+from anex_agent.frontends.tcp_server import DEFAULT_MAX_CONNECTIONS, TcpServer
 from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,10 @@ class Socks5Server(TcpServer):
         port: int = core.DEFAULT_LISTEN[1],
         auth: core.SocksAuth | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         core.check_listener(host, auth)
-        super().__init__(host, port)
+        super().__init__(host, port, max_connections)
         self.dialer = dialer
         self.auth = auth
         self.handshake_timeout = handshake_timeout

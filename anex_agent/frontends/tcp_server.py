@@ -4,6 +4,12 @@
 setting, :attr:`TcpServer.listen_source`) and starts accepting in a task of its own TaskGroup;
 leaving cancels every task and closes the listener. A subclass says what one connection is
 (:meth:`TcpServer.serve_client`); an exception there is logged and ends that connection only.
+
+At most ``max_connections`` clients are served at once (the agent's ``ANEX_PROXY_MAX_CONNECTIONS``,
+default :data:`DEFAULT_MAX_CONNECTIONS`, per listener): one more is closed as soon as it is
+accepted, counted in :attr:`TcpServer.refused`, and logged at most once per
+:data:`REFUSAL_LOG_INTERVAL` with the number refused since the last line, so a stranger holding
+connections open through the handshake timeout cannot exhaust the agent's descriptors.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from anex_agent.frontends.relay import tune_socket
 
 log = logging.getLogger(__name__)
 
+DEFAULT_MAX_CONNECTIONS = 1024  # clients served at once per listener
+REFUSAL_LOG_INTERVAL = 60.0  # seconds between two "refused" log lines of one listener
+
 
 class TcpServer:
     """Accepts TCP connections on ``host:port`` and serves each in a named task.
@@ -35,9 +44,16 @@ class TcpServer:
     task_prefix: ClassVar[str]
     what: ClassVar[str]
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
         self.host = host
         self.port = port
+        self.max_connections = max_connections
+        #: connections closed at once because ``max_connections`` clients were being served
+        self.refused = 0
+        self._refused_since_log = 0
+        self._last_refusal_log: float | None = None
         self._sock: socket.socket | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._accept_task: asyncio.Task | None = None
@@ -98,10 +114,24 @@ class TcpServer:
                             errno.errorcode.get(exc.errno or 0, "error"))
                 await asyncio.sleep(1)
                 continue
+            if len(self._sessions) >= self.max_connections:
+                self._refuse(sock, loop.time())
+                continue
             tune_socket(sock)
             task = self._tg.create_task(self._serve(sock), name=f"{self.task_prefix}-client-{next(self._ids)}")
             self._sessions.add(task)
             task.add_done_callback(self._sessions.discard)
+
+    def _refuse(self, sock: socket.socket, now: float) -> None:
+        """Close a connection past the cap at once; count it; one log line per interval."""
+        sock.close()
+        self.refused += 1
+        self._refused_since_log += 1
+        if self._last_refusal_log is None or now - self._last_refusal_log >= REFUSAL_LOG_INTERVAL:
+            log.warning("%s %s:%d: %d connection(s) refused, %d already open (the limit, ANEX_PROXY_MAX_CONNECTIONS)",
+                        self.what, self.host, self.port, self._refused_since_log, self.max_connections)
+            self._refused_since_log = 0
+            self._last_refusal_log = now
 
     async def _serve(self, sock: socket.socket) -> None:
         try:

@@ -4,7 +4,8 @@ Contract:
 
 * :func:`references` lists the ConfigMaps and Secrets the container's mounts read;
 * :func:`plan` checks the mounts (:class:`~anex_agent.virtualnode.podspec.Refusal` naming the
-  field: a relative ``mountPath``, an item ``path`` that is absolute or holds ``..``, a volume
+  field: a relative ``mountPath``, one that is (or, with ``subPath``, lies directly in) ``/``
+  or overlaps the agent's own directory (:func:`anex_agent.wire.pod.unsafe_dir`), an item ``path`` that is absolute or holds ``..``, a volume
   missing that is not ``optional``) and returns the directories that will hold files, which
   travel in the provision as ``ANEX_POD_FILES`` (:mod:`anex_agent.agent.pod_files`): paths only,
   never a value;
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anex_agent.virtualnode.refusal import Refusal
+from anex_agent.wire.pod import unsafe_dir
 
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 DELIVERED = ("configMap", "secret")
@@ -102,10 +104,14 @@ def plan(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], Any]) -> list
             raise _refusal(f"{where}.name", f"volume {mount.get('name')!r}: {label} {name!r} does not exist in the "
                            "pod's namespace")
         _mode(source.get("defaultMode"), f"volumes[{mount.get('name')}].defaultMode", 0)
+        directory = posixpath.dirname(target) if mount.get("subPath") else target
+        why = unsafe_dir(directory)
+        if why:
+            raise _refusal(f"{where}.mountPath", f"volume {mount.get('name')!r} at {target!r}: {why}; mount it in "
+                           "a directory of its own (e.g. /etc/app)")
+        dirs.append(directory)
         if mount.get("subPath"):
-            dirs.append(posixpath.dirname(target))
             continue
-        dirs.append(target)
         for j, item in enumerate(source.get("items") or []):
             rel = _clean(str(item.get("path", "")), f"volumes[{mount.get('name')}].items[{j}].path", absolute=False)
             _mode(item.get("mode"), f"volumes[{mount.get('name')}].items[{j}].mode", 0)

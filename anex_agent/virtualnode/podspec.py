@@ -299,10 +299,21 @@ def _probe_port(container: Mapping[str, Any], port: Any, where: str) -> int:
     raise Refusal(where, f"port {port!r} is not a number nor the name of one of the container's ports")
 
 
+def _probe_host(host: Any, where: str) -> None:
+    """A probe's host, when given, is a host name or an IP address (what the agent can dial)."""
+    if host in (None, ""):
+        return
+    try:
+        parse.host(host)
+    except ValueError as err:
+        raise Refusal(where, f"{host!r} {err}") from None
+
+
 def _probes(pod: Mapping[str, Any], container: Mapping[str, Any]) -> str | None:
     """The container's probes as ``ANEX_PROBES`` (JSON, :mod:`anex_agent.agent.probe_spec`): named ports
     resolved, the pod's ``terminationGracePeriodSeconds`` as the kill's grace unless the probe says;
-    None without probes. A gRPC probe is refused (the agent has no gRPC client)."""
+    None without probes. A gRPC probe is refused (the agent has no gRPC client), and so is a host that is
+    not a host name or an IP address or an exec argument with a NUL (the agent could not run either)."""
     out: dict[str, Any] = {}
     for kind in PROBE_KINDS:
         probe = container.get(f"{kind}Probe")
@@ -314,14 +325,21 @@ def _probes(pod: Mapping[str, Any], container: Mapping[str, Any]) -> str | None:
                           "grpc_health_probe) or tcpSocket")
         carried = {k: v for k, v in probe.items() if k in PROBE_TIMINGS and v is not None}
         if "exec" in probe:
-            carried["exec"] = {"command": [str(a) for a in (probe["exec"] or {}).get("command") or []]}
+            command = [str(a) for a in (probe["exec"] or {}).get("command") or []]
+            for i, arg in enumerate(command):
+                if "\0" in arg:
+                    raise Refusal(f"{where}.exec.command[{i}]", "contains a NUL character, which no program "
+                                  "argument can hold")
+            carried["exec"] = {"command": command}
         elif "httpGet" in probe:
             get = dict(probe["httpGet"] or {})
             get["port"] = _probe_port(container, get.get("port"), f"{where}.httpGet.port")
+            _probe_host(get.get("host"), f"{where}.httpGet.host")
             carried["httpGet"] = {k: v for k, v in get.items() if v not in (None, "")}
         elif "tcpSocket" in probe:
             sock = dict(probe["tcpSocket"] or {})
             sock["port"] = _probe_port(container, sock.get("port"), f"{where}.tcpSocket.port")
+            _probe_host(sock.get("host"), f"{where}.tcpSocket.host")
             carried["tcpSocket"] = {k: v for k, v in sock.items() if v not in (None, "")}
         else:
             raise Refusal(where, "expected exec, httpGet or tcpSocket")

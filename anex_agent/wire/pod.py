@@ -7,7 +7,8 @@ both sides apply (the virtual node to the provision, the agent to the values fro
   :mod:`anex_agent.agent.probe_spec`;
 * ``ANEX_POD_FILES`` (:data:`POD_FILES_ENV`): ``{"dirs": [...]}``, the directories of the pod's
   files; the agent holds the workload until :data:`COMPLETE` is pushed, after the files and the
-  variables from Secrets (:data:`ENV_FILE`) (:mod:`anex_agent.agent.pod_files`).
+  variables from Secrets (:data:`ENV_FILE`) (:mod:`anex_agent.agent.pod_files`); neither side
+  accepts the root directory nor one over or under the agent's own (:func:`unsafe_dir`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ POD_FILES_ENV = "ANEX_POD_FILES"
 POD_DIR = "/run/anex-pod"
 ENV_FILE = f"{POD_DIR}/env.json"  # the pod's variables from Secrets (a JSON object)
 COMPLETE = f"{POD_DIR}/complete"  # pushed last: every file of the pod is there
+# directories a pod's files may never be written in, over or under: the agent's own (its state
+# directory as root; the running agent adds its actual state and install directories)
+AGENT_DIRS = ("/var/lib/anex-agent",)
+
+
+def unsafe_dir(path: str, reserved: tuple[str, ...] = AGENT_DIRS) -> str | None:
+    """Why the normalized absolute directory ``path`` may not hold a pod's files (None: it may):
+    the root, or a directory that is, holds or lies in one of ``reserved``."""
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        return "the root directory cannot hold a pod's files"
+    for other in reserved:
+        theirs = [p for p in str(other).split("/") if p]
+        common = min(len(parts), len(theirs))
+        if parts[:common] == theirs[:common]:
+            return f"it overlaps the agent's own directory {other}"
+    return None
 
 
 def expand(text: str, env: Mapping[str, str]) -> str:

@@ -137,6 +137,10 @@ def test_confinement_dotdot_and_outside(tmp_path):
         confine([], "/tmp/x")
     assert err.value.status == 403
     assert confine(roots, f"{tmp_path}/inbox/a/b/c") == (roots[0], ["a", "b"], "c")
+    for everything in ([""], ["/"], ["", "/"]):  # an empty root prefix never holds every path
+        with pytest.raises(PushRefused) as err:
+            confine(everything, "/var/lib/anex-agent/key")
+        assert err.value.status == 403
     assert parse_mode("600") == 0o600
     for bad in ("rw", "0888", "12345", "٦٠٠"):
         with pytest.raises(PushRefused):

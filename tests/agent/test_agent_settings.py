@@ -316,3 +316,14 @@ def test_forward_max_connections_default_flag_and_bad_values():
         with pytest.raises(ConfigError) as err:
             parse({**BASE, "ANEX_FORWARD_MAX_CONNECTIONS": bad})
         assert "ANEX_FORWARD_MAX_CONNECTIONS" in str(err.value) and "connections" in str(err.value)
+
+
+def test_proxy_max_connections_default_flag_and_bad_values():
+    assert parse({**BASE, "ANEX_STATE_DIR": "/tmp/x"}).proxy_max_connections == 1024
+    assert parse({**BASE, "ANEX_PROXY_MAX_CONNECTIONS": "50"}).proxy_max_connections == 50
+    assert parse({**BASE, "ANEX_PROXY_MAX_CONNECTIONS": "50"},
+                 ["--proxy-max-connections", "7"]).proxy_max_connections == 7
+    for bad in ("0", "many", "2000000"):
+        with pytest.raises(ConfigError) as err:
+            parse({**BASE, "ANEX_PROXY_MAX_CONNECTIONS": bad})
+        assert "ANEX_PROXY_MAX_CONNECTIONS" in str(err.value) and "each proxy" in str(err.value)

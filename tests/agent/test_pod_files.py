@@ -23,7 +23,9 @@ def test_the_manifest_is_read_once_naming_the_variable(tmp_path):
     assert options.pod_files == Manifest((pod_files.POD_DIR, "/etc/app", "/etc/app/conf"))
     assert run_options.from_args(args, {}).pod_files is None
     for bad, said in (("[", "is not JSON"), ('{"dirs": "x"}', "expected"), ('{"dirs": ["etc"]}', "'etc'"),
-                      ('{"dirs": ["/a/../b"]}', "'..'")):
+                      ('{"dirs": ["/a/../b"]}', "'..'"), ('{"dirs": ["/"]}', "root directory"),
+                      ('{"dirs": ["/var/lib"]}', "/var/lib/anex-agent"),
+                      ('{"dirs": ["/var/lib/anex-agent/x"]}', "/var/lib/anex-agent")):
         with pytest.raises(ConfigError) as err:
             pod_files.parse(bad)
         assert err.value.source == "ANEX_POD_FILES" and said in str(err.value)
@@ -37,6 +39,16 @@ def test_prepare_creates_the_directories_the_cluster_may_push_into(tmp_path):
     with pytest.raises(ConfigError) as err:
         pod_files.prepare(Manifest((str(tmp_path / "file" / "below"),)))
     assert err.value.source == "ANEX_POD_FILES" and "below" in str(err.value)
+
+
+def test_prepare_refuses_a_directory_over_or_under_the_agents_own(tmp_path):
+    state = tmp_path / "state"
+    for bad in (tmp_path, state, state / "below"):
+        with pytest.raises(ConfigError) as err:
+            pod_files.prepare(Manifest((str(bad),)), reserved=(str(state),))
+        assert err.value.source == "ANEX_POD_FILES" and str(bad) in str(err.value) and str(state) in str(err.value)
+    assert not (state / "below").exists()
+    assert pod_files.prepare(Manifest((str(tmp_path / "app"),)), reserved=(str(state),)) == (str(tmp_path / "app"),)
 
 
 async def test_the_workload_gets_the_secret_variables_expanded_and_their_file_goes(tmp_path):

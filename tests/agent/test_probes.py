@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import logging
 import os
+import signal
 import socket
 import sys
 
@@ -17,6 +20,7 @@ from aiohttp import web
 
 from anex_agent.agent import heartbeat, run_options
 from anex_agent.agent.probe_spec import Probe, ProbeSet, parse
+from anex_agent.agent import probes as probes_module
 from anex_agent.agent.probes import Prober, check
 from anex_agent.agent.restart_policy import CrashLoopBackoff
 from anex_agent.agent.workload import Workload
@@ -53,6 +57,9 @@ def test_the_spec_is_read_with_kubernetes_defaults():
     (json.dumps({"liveness": {"exec": {"command": ["x"]}, "successThreshold": 2}}), "liveness.successThreshold"),
     (json.dumps({"readiness": {"httpGet": {"port": 1, "scheme": "FTP"}}}), "readiness.httpGet.scheme"),
     (json.dumps({"readiness": {"exec": {"command": ["x"]}, "periodSeconds": 0}}), "readiness.periodSeconds"),
+    (json.dumps({"liveness": {"tcpSocket": {"port": 1, "host": "a" * 70}}}), "liveness.tcpSocket.host"),
+    (json.dumps({"readiness": {"httpGet": {"port": 1, "host": "no/slash"}}}), "readiness.httpGet.host"),
+    (json.dumps({"startup": {"exec": {"command": ["sh", "a\0b"]}}}), "startup.exec.command[1]"),
 ])
 def test_a_bad_spec_is_one_error_naming_the_variable_and_the_field(raw, named):
     with pytest.raises(ConfigError) as err:
@@ -173,16 +180,45 @@ async def test_a_startup_probe_holds_started_and_ready_until_it_passes():
             await _stop(w, waiter)
 
 
-async def test_an_exec_probe_past_its_timeout_fails_and_leaves_no_process(tmp_path):
-    pidfile = tmp_path / "pid"
-    probe = Probe(kind="liveness", handler="exec", command=("sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"),
-                  period=1, timeout=0.2)
-    w = Workload(["true"])
-    ok, why = await check(probe, w)
+async def test_an_exec_probe_past_its_timeout_fails_and_leaves_no_process(monkeypatch):
+    # the probe's process is seen as it is made (not through a file it would have to write in time):
+    # whether the timeout comes before or after the shell runs, its process group must be gone
+    made = []
+    create = asyncio.create_subprocess_exec
+
+    async def spy(*args, **kwargs):
+        made.append(await create(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(probes_module.asyncio, "create_subprocess_exec", spy)
+    probe = Probe(kind="liveness", handler="exec", command=("sh", "-c", "exec sleep 600"), period=1, timeout=0.2)
+    ok, why = await check(probe, Workload(["true"]))
     assert not ok and "no answer within" in why
-    pid = int(pidfile.read_text())
+    (proc,) = made
+    assert proc.returncode == -signal.SIGKILL
     with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+        os.killpg(proc.pid, 0)
+
+
+@pytest.mark.parametrize("probe", [
+    Probe(kind="liveness", handler="tcpSocket", host="a" * 70, port=1, timeout=5.0),  # UnicodeError: label too long
+    Probe(kind="liveness", handler="httpGet", host="a" * 70, port=1, timeout=5.0),
+    Probe(kind="liveness", handler="exec", command=("echo", "a\0b"), timeout=5.0),  # ValueError: embedded null byte
+])
+async def test_any_error_of_one_check_is_a_failure_never_an_escape(probe, caplog):
+    ok, why = await check(probe, Workload(["true"]))
+    assert ok is False and why and why.isprintable() and len(why) <= probes_module.WHY_MAX
+    caplog.set_level(logging.INFO, logger="anex_agent")
+    prober = Prober(ProbeSet(liveness=dataclasses.replace(probe, period=0.05, failure_threshold=10_000)))
+    w = Workload([sys.executable, "-c", "import time; time.sleep(60)"], prober=prober)
+    await w.start()
+    waiter = asyncio.create_task(w.wait(), name="test-workload")
+    try:
+        await wait_until(lambda: "liveness probe" in caplog.text and "failed" in caplog.text,
+                         what="the failing check logged")
+        assert not waiter.done()  # the run goes on: the error did not escape into its TaskGroup
+    finally:
+        await _stop(w, waiter)
 
 
 async def test_without_probes_ready_and_started_stay_unknown():

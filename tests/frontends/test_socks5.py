@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import ipaddress
+import logging
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ from anex_agent.frontends import relay as relay_module
 from anex_agent.frontends.socks5 import Socks5Server
 from anex_agent.frontends.socks5_core import SocksAuth
 from anex_agent.net.resolver import Resolver
+from tests.polling import GENEROUS, wait_until
 
 from .servers import PEERS, echo_server, loads, non_loopback_ipv4, pattern, run_origin, tiny_dns
 from .test_proxy_guards import SPELLINGS, RawOrigin, RecordingDialer
@@ -273,3 +275,28 @@ async def test_a_name_resolving_to_loopback_is_not_allowed_on_the_address_dialle
                 assert code == 2
                 assert await asyncio.wait_for(client.reader.read(), 20) == b""
     assert origin.received == b""  # the connection that reached it was closed before a byte was sent
+
+
+async def test_past_its_connection_cap_a_client_is_closed_at_once_counted_and_logged_once(caplog):
+    """Clients holding the handshake open fill the cap; the next ones are closed on accept,
+    counted, one log line for the burst; a freed slot serves again."""
+    caplog.set_level(logging.WARNING, logger="anex_agent.frontends.tcp_server")
+    async with Socks5Server(OSDialer(Resolver()), host="127.0.0.1", port=0, max_connections=2) as socks:
+        port = socks.address[1]
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await wait_until(lambda: len(socks._sessions) == 2, what="both clients served")
+        for n in (1, 2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(reader.read(1), GENEROUS) == b""  # closed at once, no answer
+            writer.close()
+            await wait_until(lambda: socks.refused == n, what=f"refusal {n} counted")
+        lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert len(lines) == 1 and "ANEX_PROXY_MAX_CONNECTIONS" in lines[0] and "2 already open" in lines[0]
+        held[0][1].close()
+        await wait_until(lambda: len(socks._sessions) == 1, what="the closed client's session ended")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"\x05\x01\x00")  # a SOCKS5 greeting: served again, answered
+        assert await asyncio.wait_for(reader.readexactly(2), GENEROUS) == b"\x05\x00"
+        assert socks.refused == 2
+        for _r, w in [held[1], (reader, writer)]:
+            w.close()

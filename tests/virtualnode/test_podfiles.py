@@ -56,6 +56,10 @@ def test_items_default_mode_sub_path_and_optional():
 @pytest.mark.parametrize("mount, source, field", [
     ({"mountPath": "etc/app"}, {"name": "app"}, "spec.containers[0].volumeMounts[0].mountPath"),
     ({"mountPath": "/etc/../app"}, {"name": "app"}, "spec.containers[0].volumeMounts[0].mountPath"),
+    ({"mountPath": "/"}, {"name": "app"}, "spec.containers[0].volumeMounts[0].mountPath"),
+    ({"mountPath": "/app.conf", "subPath": "app.conf"}, {"name": "app"}, "spec.containers[0].volumeMounts[0].mountPath"),
+    ({"mountPath": "/var/lib"}, {"name": "app"}, "spec.containers[0].volumeMounts[0].mountPath"),
+    ({"mountPath": "/var/lib/anex-agent/x"}, {"name": "app"}, "spec.containers[0].volumeMounts[0].mountPath"),
     ({"mountPath": "/etc/app"}, {"name": "app", "items": [{"key": "other", "path": "../x"}]},
      "volumes[cfg].items[0].path"),
     ({"mountPath": "/etc/app"}, {"name": "app", "items": [{"key": "other", "path": "/x"}]},

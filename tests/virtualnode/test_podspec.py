@@ -176,6 +176,9 @@ def test_the_probes_travel_to_the_agent_with_named_ports_resolved_and_the_pods_g
     ({"grpc": {"port": 9000}}, "spec.containers[0].livenessProbe.grpc"),
     ({"httpGet": {"port": "metrics"}}, "spec.containers[0].livenessProbe.httpGet.port"),
     ({"tcpSocket": {"port": "nope"}}, "spec.containers[0].livenessProbe.tcpSocket.port"),
+    ({"tcpSocket": {"port": 80, "host": "a" * 70}}, "spec.containers[0].livenessProbe.tcpSocket.host"),
+    ({"httpGet": {"port": 80, "host": "x y"}}, "spec.containers[0].livenessProbe.httpGet.host"),
+    ({"exec": {"command": ["sh", "a\0b"]}}, "spec.containers[0].livenessProbe.exec.command[1]"),
 ])
 def test_a_probe_the_agent_cannot_run_is_refused_naming_its_field(probe, field):
     with pytest.raises(Refusal) as err:
