@@ -360,7 +360,7 @@ class PodController:
                 namespace, name)
         try:
             files = podfiles.files(pod, raw)
-            secret = podspec.secret_env(pod, {k: podspec.object_data(k[0], v) for k, v in raw.items()})
+            variables = podspec.delivered_env(pod, {k: podspec.object_data(k[0], v) for k, v in raw.items()})
         except podspec.Refusal as refusal:
             await self._fail(pod, "FailedMount", str(refusal))
             return False
@@ -368,13 +368,13 @@ class PodController:
             await self.coordinator.push_file(view.node_id, file.path, file.data, file.mode)
         if files:
             self.volumes[uid] = {file.path: _digest(file) for file in files}
-        if secret:
+        if variables is not None:
             await self.coordinator.push_file(view.node_id, pod_wire.ENV_FILE,
-                                             json.dumps(secret).encode(), 0o600)
+                                             json.dumps(variables).encode(), 0o600)
         await self.coordinator.push_file(view.node_id, pod_wire.COMPLETE, b"", 0o600)
         self.delivered.add(uid)
-        log.info("pod %s/%s: %d file(s) and %d variable(s) from Secrets delivered to node %s", namespace,
-                 meta.get("name"), len(files), len(secret), view.node_id)
+        log.info("pod %s/%s: %d file(s) and %d variable(s) delivered to node %s", namespace,
+                 meta.get("name"), len(files), len(variables or ()), view.node_id)
         return True
 
     async def refresh_volumes(self) -> None:
