@@ -28,7 +28,6 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from anex_agent.errors import ConfigError
