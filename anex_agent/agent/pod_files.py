@@ -10,10 +10,12 @@ Then ``anex-agent run``:
   pushed every file and then :data:`COMPLETE`; the virtual node pushes them through the
   coordinator once the machine has joined (``PUT /v1/nodes/{id}/files``): the coordinator passes
   them through and stores none of them;
-* reads the Secret variables from :data:`ENV_FILE` (a JSON object of names to values), deletes
-  the file, adds them to the workload's environment and expands ``$(NAME)`` of them in its
-  command, arguments and the other variables' values, as a kubelet expands them (the virtual
-  node leaves those references for the agent: the values never reach the coordinator);
+* for a pod with variables from Secrets, reads :data:`ENV_FILE` (every variable of the container
+  in order, ``[[NAME, VALUE, TEMPLATE], ...]``), deletes the file, defines the variables as a
+  kubelet does (:func:`anex_agent.wire.pod.resolve`: a template expanded once against the variables
+  before it), adds them to the workload's environment and expands ``$(NAME)`` of them, once, in
+  its command and arguments, which the virtual node left as written (the values never reach the
+  coordinator); the agent's own environment is never expanded into;
 * later pushes (a changed ConfigMap) replace files while the workload runs; a later
   :data:`ENV_FILE` is deleted at once (a running process's environment does not change).
 
@@ -27,11 +29,10 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from anex_agent.errors import ConfigError
-from anex_agent.wire.pod import COMPLETE, ENV_FILE, POD_DIR, POD_FILES_ENV, unsafe_dir
+from anex_agent.wire.pod import COMPLETE, ENV_FILE, POD_DIR, POD_FILES_ENV, expand, resolve, unsafe_dir
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +80,12 @@ def prepare(manifest: Manifest, reserved: tuple[str, ...] = ()) -> tuple[str, ..
     return tuple(dict.fromkeys(out))
 
 
-def expand_only(text: str, env: Mapping[str, str]) -> str:
-    """``$(VAR)`` of ``env``'s names replaced; everything else (``$$`` included) left as it is,
-    for a text :func:`expand` has seen once already."""
-    for name, value in env.items():
-        text = text.replace(f"$({name})", value)
-    return text
+def _variables(raw: object) -> list[tuple[str, str, bool]] | None:
+    if not isinstance(raw, list) or not all(
+            isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], str)
+            and isinstance(e[2], bool) for e in raw):
+        return None
+    return [(name, value, template) for name, value, template in raw]
 
 
 class Delivery:
@@ -111,29 +112,31 @@ class Delivery:
 
     def apply(self, workload) -> None:
         """The Secret variables into ``workload``'s environment and command (see the module docstring)."""
-        secret: dict[str, str] = {}
+        variables: list[tuple[str, str, bool]] | None = None
         try:
             with open(self.env_file, "rb") as f:
-                raw = json.loads(f.read())
-            if isinstance(raw, dict):
-                secret = {str(k): str(v) for k, v in raw.items()}
+                variables = _variables(json.loads(f.read()))
+            if variables is None:
+                log.error("the pod's variables in %s are not [[NAME, VALUE, TEMPLATE], ...]: the workload starts "
+                          "without them", self.env_file)
         except FileNotFoundError:
             pass
         except (OSError, ValueError) as err:
-            log.error("the pod's Secret variables in %s are unreadable (%s): the workload starts without them",
+            log.error("the pod's variables in %s are unreadable (%s): the workload starts without them",
                       self.env_file, err)
         _unlink(self.env_file)
         _unlink(self.complete_file)
         self.applied = True
-        if secret:
+        container: dict[str, str] = {}
+        if variables is not None:
+            container = resolve(variables)
             env = dict(workload.env if workload.env is not None else os.environ)
-            env = {k: expand_only(v, secret) for k, v in env.items()}
-            env.update(secret)
+            env.update(container)
             workload.env = env
-            workload.argv = [expand_only(a, secret) for a in workload.argv]
+            workload.argv = [expand(a, container) for a in workload.argv]
         log.info("the pod's files are in place (%s)%s", ", ".join(d for d in self.manifest.dirs if d != POD_DIR)
                  or "no volume",
-                 f"; {len(secret)} variable(s) from Secrets added" if secret else "")
+                 f"; {len(container)} variable(s) defined" if container else "")
 
 
 def _unlink(path: str) -> None:

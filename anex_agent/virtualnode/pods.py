@@ -16,7 +16,8 @@ Syncing a pod:
   and a retry); once its machine is ready, the pod's files (ConfigMap and Secret volumes) and its
   variables from Secrets are pushed through the coordinator to the agent, which holds the
   workload until they are in (:meth:`PodController._deliver`); every ``volume_refresh`` seconds
-  a running pod's volumes are read again and a changed file pushed (:meth:`PodController._refresh`);
+  a running pod's volumes are read again and a changed file pushed (:meth:`PodController._refresh`;
+  after a restart of ours, a running pod's volumes are all pushed again at the first refresh);
   the status is written (:mod:`.podstatus`) and an Event recorded for each new step, and an
   ``Unhealthy`` Event for each probe decision the agent reports.
 * **Succeeded or Failed**: the provision is deleted (the machine is released; the pod stays).
@@ -349,6 +350,8 @@ class PodController:
         workload = self.workloads.get(view.id)
         started = workload is not None and not (workload.state == "waiting" and workload.reason == "ContainerCreating")
         if not podspec.delivers(pod) or started:  # nothing to push, or pushed before a restart of ours
+            if started and podfiles.references(pod):
+                self.volumes.setdefault(uid, {})  # what was pushed is not known: the next refresh pushes them all
             self.delivered.add(uid)
             return True
         raw: dict[tuple[str, str], dict[str, Any] | None] = {}
@@ -357,7 +360,7 @@ class PodController:
                 namespace, name)
         try:
             files = podfiles.files(pod, raw)
-            secret = podspec.secret_env(pod, {k: podspec.object_data(k[0], v) for k, v in raw.items()})
+            variables = podspec.delivered_env(pod, {k: podspec.object_data(k[0], v) for k, v in raw.items()})
         except podspec.Refusal as refusal:
             await self._fail(pod, "FailedMount", str(refusal))
             return False
@@ -365,13 +368,13 @@ class PodController:
             await self.coordinator.push_file(view.node_id, file.path, file.data, file.mode)
         if files:
             self.volumes[uid] = {file.path: _digest(file) for file in files}
-        if secret:
+        if variables is not None:
             await self.coordinator.push_file(view.node_id, pod_wire.ENV_FILE,
-                                             json.dumps(secret).encode(), 0o600)
+                                             json.dumps(variables).encode(), 0o600)
         await self.coordinator.push_file(view.node_id, pod_wire.COMPLETE, b"", 0o600)
         self.delivered.add(uid)
-        log.info("pod %s/%s: %d file(s) and %d variable(s) from Secrets delivered to node %s", namespace,
-                 meta.get("name"), len(files), len(secret), view.node_id)
+        log.info("pod %s/%s: %d file(s) and %d variable(s) delivered to node %s", namespace,
+                 meta.get("name"), len(files), len(variables or ()), view.node_id)
         return True
 
     async def refresh_volumes(self) -> None:

@@ -18,11 +18,13 @@ Contract:
   in place, and its startup, liveness and readiness probes as ``ANEX_PROBES``: the agent runs them
   next to the workload) and warnings about what is accepted but not carried to the machine.
   The values from Secrets never travel in the provision (the coordinator stores it, the provider
-  sees its env): :func:`secret_env` gives them to the caller, which pushes them to the agent once
-  the machine is up, with the volumes' files (:mod:`.podfiles`); ``ANEX_POD_FILES`` tells the
-  agent to wait for them (:func:`delivers`). :func:`fetched` is every object to read for a pod.
-  ``$(VAR)`` in ``command``, ``args`` and ``env`` values is expanded as the kubelet expands it
-  (:func:`expand`).
+  sees its env): :func:`delivered_env` gives the caller the container's variables, which it pushes
+  to the agent once the machine is up, with the volumes' files (:mod:`.podfiles`);
+  ``ANEX_POD_FILES`` tells the agent to wait for them (:func:`delivers`). :func:`fetched` is every
+  object to read for a pod. ``$(VAR)`` in ``command``, ``args`` and ``env`` values is expanded as
+  the kubelet expands it (:func:`expand`, one pass), by this module for a pod without variables
+  from Secrets, else by the agent: then the provision carries the command, the arguments and the
+  ``env`` values as written (:func:`has_secret_env`).
 * Pods are plain dicts (the API's JSON); nothing here depends on a Kubernetes client.
 """
 
@@ -40,7 +42,7 @@ from pydantic import ValidationError
 
 from anex_agent import parse
 from anex_agent.wire.pod import POD_FILES_ENV, PROBES_ENV
-from anex_agent.wire.pod import expand  # noqa: F401 - the one $(VAR) expansion, the agent's too
+from anex_agent.wire.pod import expand, resolve  # the one $(VAR) expansion, the agent's too
 from anex_agent.wire.provisioning import ProvisionCreate
 from anex_agent.virtualnode import podfiles, pullsecrets
 from anex_agent.virtualnode.refusal import Refusal  # re-exported: podspec.Refusal
@@ -169,12 +171,20 @@ def _key_ref(kind: str, ref: Mapping[str, Any], objects: Mapping[tuple[str, str]
     return data[key]
 
 
+@dataclass(frozen=True)
+class Variable:
+    """One definition of a container variable, in Kubernetes' order (``envFrom``, then ``env``)."""
+    name: str
+    value: str
+    template: bool  # an env entry's ``value``: ``$(VAR)`` in it is expanded (:func:`anex_agent.wire.pod.resolve`)
+    secret: bool  # taken from a Secret: never in the provision
+
+
 def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
                  objects: Mapping[tuple[str, str], dict[str, str] | None],
-                 warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(the variables, those of them from Secrets): the second never travels in the provision."""
-    env: dict[str, str] = {}
-    secret: dict[str, str] = {}
+                 warnings: list[str]) -> list[Variable]:
+    """The container's variable definitions in order (a later one of a name wins)."""
+    out: list[Variable] = []
     for i, source in enumerate(container.get("envFrom") or []):
         where = f"{CONTAINER}.envFrom[{i}]"
         kind, ref = ("secret", source["secretRef"]) if "secretRef" in source else (
@@ -190,8 +200,7 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         prefix = source.get("prefix", "")
         for key in sorted(data):
             if ENV_NAME.fullmatch(prefix + key):
-                (secret if kind == "secret" else env)[prefix + key] = data[key]
-                (env if kind == "secret" else secret).pop(prefix + key, None)
+                out.append(Variable(prefix + key, data[key], template=False, secret=kind == "secret"))
             else:
                 warnings.append(f"{where}: key {key!r} is not a variable name: left out")
     for i, var in enumerate(container.get("env") or []):
@@ -199,8 +208,7 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         name = var.get("name", "")
         source = var.get("valueFrom")
         if source is None:
-            env[name] = expand(str(var.get("value", "")), env)  # what is defined before it (a Secret's: the agent)
-            secret.pop(name, None)
+            out.append(Variable(name, str(var.get("value", "")), template=True, secret=False))
             continue
         value: str | None
         if "secretKeyRef" in source:
@@ -215,13 +223,21 @@ def _environment(pod: Mapping[str, Any], container: Mapping[str, Any],
         else:
             raise Refusal(f"{where}.valueFrom", f"{next(iter(source), 'this source')} is not supported; accepted: "
                           "secretKeyRef, configMapKeyRef, fieldRef")
-        if value is not None and "secretKeyRef" in source:
-            secret[name] = value
-            env.pop(name, None)
-        elif value is not None:
-            env[name] = value
-            secret.pop(name, None)
-    return env, secret
+        if value is not None:
+            out.append(Variable(name, value, template=False, secret="secretKeyRef" in source))
+    return out
+
+
+def has_secret_env(pod: Mapping[str, Any]) -> bool:
+    """Whether the container takes variables from Secrets (``secretKeyRef``, ``envFrom.secretRef``):
+    then the agent, not the virtual node, expands ``$(VAR)`` (:func:`translate`, :func:`delivered_env`).
+    Decided by the pod spec alone, so the provision and the pushed variables always agree."""
+    for container in (_spec(pod).get("containers") or [])[:1]:
+        if any("secretKeyRef" in (var.get("valueFrom") or {}) for var in container.get("env") or []):
+            return True
+        if any("secretRef" in source for source in container.get("envFrom") or []):
+            return True
+    return False
 
 
 def fetched(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
@@ -235,10 +251,16 @@ def delivers(pod: Mapping[str, Any]) -> bool:
     return bool(podfiles.references(pod)) or any(kind == "secret" for kind, _name in references(pod))
 
 
-def secret_env(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str, str] | None]) -> dict[str, str]:
-    """The container's variables taken from Secrets (delivered to the agent, never in the provision)."""
+def delivered_env(pod: Mapping[str, Any],
+                  objects: Mapping[tuple[str, str], dict[str, str] | None]) -> list[list[Any]] | None:
+    """For a pod with variables from Secrets (:func:`has_secret_env`), what the caller pushes to the
+    agent as :data:`anex_agent.wire.pod.ENV_FILE` (never in the provision): every variable definition
+    of the container in order, ``[NAME, VALUE, TEMPLATE]``, templates raw; the agent defines them with
+    :func:`anex_agent.wire.pod.resolve` and expands the command and arguments once. None otherwise."""
+    if not has_secret_env(pod):
+        return None
     container = (_spec(pod).get("containers") or [{}])[0]
-    return _environment(pod, container, objects, [])[1]
+    return [[v.name, v.value, v.template] for v in _environment(pod, container, objects, [])]
 
 
 def _gpus(container: Mapping[str, Any]) -> str | None:
@@ -367,7 +389,15 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
     check_pod(pod)
     container = _spec(pod)["containers"][0]
     warnings: list[str] = []
-    env, secret = _environment(pod, container, objects, warnings)
+    variables = _environment(pod, container, objects, warnings)
+    command = [str(a) for a in container.get("command") or []]
+    args = [str(a) for a in container.get("args") or []]
+    if has_secret_env(pod):  # the agent expands, once, with the values from Secrets (delivered_env)
+        last = {v.name: v for v in variables}
+        env = {name: v.value for name, v in last.items() if not v.secret}
+    else:
+        env = resolve((v.name, v.value, v.template) for v in variables)
+        command, args = [expand(a, env) for a in command], [expand(a, env) for a in args]
     ports = _ports(container, warnings)
     warnings += _mount_warnings(pod, container)
     env[RESTART_POLICY_ENV] = str(_spec(pod).get("restartPolicy") or "Always")  # the API server's default
@@ -384,8 +414,7 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
     login = pullsecrets.login_for(container["image"].strip(), pulls, warnings)
     try:
         spec = ProvisionCreate(name=provision_name(prefix, uid), image=container["image"].strip(), registry_auth=login,
-                               command=[expand(str(a), env) for a in container.get("command") or []],
-                               args=[expand(str(a), env) for a in container.get("args") or []],
+                               command=command, args=args,
                                env=env, ports=ports, annotations=_annotations(pod, container))
     except ValidationError as err:
         detail = err.errors()[0].get("msg", "is not accepted") if err.errors() else "is not accepted"

@@ -8,7 +8,9 @@ is ``localhost``, else Docker Hub (``docker.io``, which ``index.docker.io``,
 ``kubernetes.io/dockerconfigjson`` (``.dockerconfigjson``: ``{"auths": {REGISTRY: {...}}}``) or
 ``kubernetes.io/dockercfg`` (``.dockercfg``: the map itself) gives ``username`` and ``password``,
 or ``auth`` (base64 of ``user:password``). What cannot be used is said in the warnings (a
-kubelet goes on without it too: a public image needs none).
+kubelet goes on without it too: a public image needs none); a login the provider cannot pass
+on (a space or a control character in it, or a leading ``-``: :class:`RegistryAuth`) is a
+:class:`Refusal` naming the pull secret.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
+from anex_agent.virtualnode.refusal import Refusal
 from anex_agent.wire.provisioning import RegistryAuth
 
 DOCKER_HUB = "docker.io"
@@ -67,7 +72,7 @@ def login_for(image: str, secrets: Mapping[str, Mapping[str, str] | None],
               warnings: list[str]) -> RegistryAuth | None:
     """The login for ``image`` from the pull secrets ``secrets`` (name -> its data, in the pod's order)."""
     registry = registry_of(image)
-    for name, data in secrets.items():
+    for index, (name, data) in enumerate(secrets.items()):
         if data is None:
             warnings.append(f"spec.imagePullSecrets: Secret {name!r} does not exist in the pod's namespace: left out")
             continue
@@ -79,7 +84,15 @@ def login_for(image: str, secrets: Mapping[str, Mapping[str, str] | None],
         for key, entry in entries.items():
             found = _credentials(entry)
             if _host(key) == registry and found is not None:
-                return RegistryAuth(server=registry, username=found[0], password=found[1])
+                try:
+                    return RegistryAuth(server=registry, username=found[0], password=found[1])
+                except ValidationError as err:
+                    problem = err.errors()[0]
+                    where = ".".join(str(p) for p in problem.get("loc", ()))
+                    message = str(problem.get("msg", "is not accepted")).removeprefix("Value error, ")
+                    raise Refusal(f"spec.imagePullSecrets[{index}]",
+                                  f"Secret {name!r}: its login for {registry} cannot be used: registry_auth.{where} "
+                                  f"{message}") from None
     if secrets:
         warnings.append(f"spec.imagePullSecrets: no login for the registry {registry} of the image {image}: the "
                         "provider pulls it without one")

@@ -1,7 +1,9 @@
 """What the virtual node and the agent agree on about a pod (shared by both roles, beside
 :mod:`anex_agent.wire.provisioning`): the variables the virtual node puts in a provision's ``env``
 for the agent, the paths of the files it pushes, and Kubernetes' ``$(VAR)`` expansion, which
-both sides apply (the virtual node to the provision, the agent to the values from Secrets).
+one side applies, once: the virtual node to the provision of a pod without variables from
+Secrets; for a pod with some, the agent, to the raw templates (the provision's command and
+arguments, :data:`ENV_FILE`'s ``value`` entries), with the values never reaching the coordinator.
 
 * ``ANEX_PROBES`` (:data:`PROBES_ENV`): the container's probes, read by
   :mod:`anex_agent.agent.probe_spec`;
@@ -13,12 +15,12 @@ both sides apply (the virtual node to the provision, the agent to the values fro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 PROBES_ENV = "ANEX_PROBES"
 POD_FILES_ENV = "ANEX_POD_FILES"
 POD_DIR = "/run/anex-pod"
-ENV_FILE = f"{POD_DIR}/env.json"  # the pod's variables from Secrets (a JSON object)
+ENV_FILE = f"{POD_DIR}/env.json"  # every variable of a pod with some from Secrets: JSON [[NAME, VALUE, TEMPLATE]]
 COMPLETE = f"{POD_DIR}/complete"  # pushed last: every file of the pod is there
 # directories a pod's files may never be written in, over or under: the agent's own (its state
 # directory as root; the running agent adds its actual state and install directories)
@@ -58,3 +60,14 @@ def expand(text: str, env: Mapping[str, str]) -> str:
         out.append(text[i])
         i += 1
     return "".join(out)
+
+
+def resolve(variables: Iterable[tuple[str, str, bool]]) -> dict[str, str]:
+    """A container's variables, given in Kubernetes' order (``envFrom`` then ``env``) as
+    ``(name, value, template)``, defined as a kubelet defines them: a template (an ``env`` entry's
+    ``value``) is expanded once (:func:`expand`) against the variables defined before it; any other
+    value (from a Secret, a ConfigMap, a field) is taken as it is; a later definition wins."""
+    out: dict[str, str] = {}
+    for name, value, template in variables:
+        out[name] = expand(value, out) if template else value
+    return out

@@ -22,7 +22,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from anex_agent.wire.models import NAME_MAX, Model
 
@@ -59,6 +59,18 @@ class RegistryAuth(Model):
                         description="the registry's host[:port], e.g. ghcr.io or docker.io")
     username: str = Field(min_length=1, max_length=256)
     password: str = Field(min_length=1, max_length=8192, repr=False)
+
+    @field_validator("server", "username", "password")
+    @classmethod
+    def _one_word(cls, value: str) -> str:
+        """Each is one word of ``docker login``'s arguments (Vast.AI's ``image_login`` is
+        ``-u USER -p PASSWORD SERVER``, split at spaces, with no quoting): a space would split it, a
+        leading ``-`` would be read as an option."""
+        if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("must not hold spaces or control characters")
+        if value.startswith("-"):
+            raise ValueError("must not start with '-'")
+        return value
 
 
 class ProvisionCreate(Model):

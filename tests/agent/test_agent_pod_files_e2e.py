@@ -79,7 +79,8 @@ def test_the_workload_starts_once_its_files_and_secret_variables_are_pushed(tmp_
         node_id = _waiting(agent, url, "pod-files")
         assert (tmp_path / "cfg").is_dir()  # made by the agent before anything was pushed
         _push(url, node_id, api_port, str(tmp_path / "cfg" / "app.conf"), b"threads=4", "0640")
-        _push(url, node_id, api_port, ENV_FILE, json.dumps({"DB_PASSWORD": "s3cret"}).encode())
+        _push(url, node_id, api_port, ENV_FILE, json.dumps([["DB_PASSWORD", "s3cret", False],
+                                                            ["URL", "db://u:$(DB_PASSWORD)@h", True]]).encode())
         assert agent.poll() is None and (_node(url, "pod-files")["status"]["workload"]["state"]) == "waiting"
         _push(url, node_id, api_port, COMPLETE, b"")
         out, err = agent.communicate(timeout=60)

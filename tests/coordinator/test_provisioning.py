@@ -605,6 +605,26 @@ async def test_download_fails_the_provision_when_the_agent_file_is_gone(tmp_path
         await stop_harness(harness)
 
 
+@pytest.mark.parametrize("login, field", [
+    ({"username": "acme", "password": "pw -u x"}, "registry_auth.password"),
+    ({"username": "-x", "password": "pw"}, "registry_auth.username"),
+    ({"username": "ac\tme", "password": "pw"}, "registry_auth.username"),
+    ({"server": "-h.io", "username": "acme", "password": "pw"}, "registry_auth.server"),
+])
+async def test_a_registry_login_that_would_split_docker_logins_arguments_is_422_naming_the_field(
+        tmp_path, shift, login, field):
+    vast = FakeRentals()
+    harness = await start(tmp_path, f"sqlite:///{tmp_path / 'c.db'}", shift, {"vastai": vast}, FakeSelector([]))
+    try:
+        status, problem = await Api(harness).call("POST", "/v1/provisions",
+                                                  {**SPEC, "registry_auth": {"server": "ghcr.io", **login}})
+        assert status == 422 and problem["errors"][0]["field"] == field
+        assert "spaces" in problem["errors"][0]["message"] or "'-'" in problem["errors"][0]["message"]
+        assert vast.rent_calls == []
+    finally:
+        await stop_harness(harness)
+
+
 async def test_a_registry_login_is_stored_sealed_reaches_the_rent_and_is_never_answered(tmp_path, database_url,
                                                                                           shift):
     from anex_agent.coordinator.provisioning import registry_auth

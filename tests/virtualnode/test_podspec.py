@@ -51,7 +51,11 @@ def test_env_value_from_secrets_config_maps_and_fields_and_env_from():
     assert env["PLAIN"] == "1" and env["MODE"] == "fast" and env["CFG_mode"] == "fast"
     # values from Secrets never travel in the provision (the coordinator stores it): pushed to the agent
     assert "s3cret" not in out.spec.model_dump_json() and "PASSWORD" not in env and "user" not in env
-    assert podspec.secret_env(pod, objects) == {"PASSWORD": "s3cret", "user": "me", "password": "s3cret"}
+    assert podspec.delivered_env(pod, objects) == [
+        ["CFG_mode", "fast", False], ["password", "s3cret", False], ["user", "me", False], ["PLAIN", "1", True],
+        ["PASSWORD", "s3cret", False], ["MODE", "fast", False], ["POD", "my-gpu-workload", False],
+        ["NS", "default", False], ["UID", UID, False], ["REGION", "europe", False],
+        ["GW_TUNNEL_5432", "db.default.svc.cluster.local:5432", True]]  # the agent defines them, in order
     assert env["ANEX_POD_FILES"] == '{"dirs":[]}'  # the agent waits for them
     assert env["POD"] == "my-gpu-workload" and env["NS"] == "default" and env["UID"] == UID
     assert env["REGION"] == "europe" and env["GW_TUNNEL_5432"] == "db.default.svc.cluster.local:5432"
@@ -138,6 +142,29 @@ def test_dollar_references_expand_as_the_kubelet_expands_them():
     spec = translate(pod, {}, prefix="vk-").spec
     assert spec.command == ["sh", "-c", "echo hello x3 $(HOME)"] and spec.args == ["--epochs=3"]
     assert spec.env["GREETING"] == "hello x3" and spec.env["EARLY"] == "$(LATE)"  # only what is defined before
+
+
+def test_with_variables_from_secrets_the_templates_travel_as_written_for_the_agent():
+    pod = seed(command=["sh", "-c", "echo $$(TOKEN) $(A)"], args=["$(MODE)"],
+               env=[{"name": "A", "value": "$(B)"}, {"name": "MODE", "value": "x$(TOKEN)"},
+                    {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}}])
+    objects = {("secret", "s"): {"token": "s3cr3t"}}
+    spec = translate(pod, objects, prefix="vk-").spec
+    assert spec.command == ["sh", "-c", "echo $$(TOKEN) $(A)"] and spec.args == ["$(MODE)"]  # expanded once: there
+    assert spec.env["A"] == "$(B)" and spec.env["MODE"] == "x$(TOKEN)" and "TOKEN" not in spec.env
+    assert "s3cr3t" not in spec.model_dump_json()
+    assert podspec.delivered_env(pod, objects) == [["A", "$(B)", True], ["MODE", "x$(TOKEN)", True],
+                                                   ["TOKEN", "s3cr3t", False]]
+    assert podspec.delivered_env(seed(env=[{"name": "A", "value": "1"}]), {}) is None  # the virtual node expands
+
+
+def test_config_map_values_are_not_expanded_and_later_definitions_win():
+    pod = seed(command=["echo", "$(CFG)", "$(ANEX_RESTART_POLICY)"],
+               envFrom=[{"configMapRef": {"name": "c"}}],
+               env=[{"name": "CFG", "value": "$(CFG)-$(REF)"}, {"name": "REF", "value": "r"}])
+    spec = translate(pod, {("configmap", "c"): {"CFG": "c", "REF": "$(CFG)"}}, prefix="vk-").spec
+    assert spec.env["CFG"] == "c-$(CFG)" and spec.env["REF"] == "r"  # a value from a ConfigMap is never expanded
+    assert spec.command == ["echo", "c-$(CFG)", "$(ANEX_RESTART_POLICY)"]  # not a container variable
 
 
 @pytest.mark.parametrize("policy, carried", [("Never", "Never"), ("OnFailure", "OnFailure"), ("Always", "Always"),

@@ -58,3 +58,21 @@ def test_the_login_travels_in_the_provision_and_the_secret_is_read_but_not_deliv
     assert out.spec.registry_auth.model_dump() == {"server": "ghcr.io", "username": "acme", "password": "tok"}
     assert "tok" not in repr(out.spec.registry_auth) and "ANEX_POD_FILES" not in out.spec.env
     assert translate(seed(), {}, prefix="vk-").spec.registry_auth is None
+
+
+@pytest.mark.parametrize("username, password, field, said", [
+    ("me", "pass word", "registry_auth.password", "spaces"),
+    ("me", "pw\n-u x", "registry_auth.password", "control"),
+    ("-x", "pw", "registry_auth.username", "'-'"),
+    ("m e", "pw", "registry_auth.username", "spaces"),
+])
+def test_a_login_the_provider_cannot_pass_on_fails_the_pod_naming_the_pull_secret(username, password, field, said):
+    pod = seed(image="ghcr.io/acme/train:1", imagePullSecrets=[])
+    pod["spec"]["imagePullSecrets"] = [{"name": "absent"}, {"name": "ghcr"}]
+    objects = {("secret", "absent"): None,
+               ("secret", "ghcr"): config({"ghcr.io": {"username": username, "password": password}})}
+    with pytest.raises(podspec.Refusal) as refused:
+        translate(pod, objects, prefix="vk-")
+    assert refused.value.field == "spec.imagePullSecrets[1]"
+    assert "'ghcr'" in refused.value.message and field in refused.value.message and said in refused.value.message
+    assert password not in str(refused.value)  # the value itself is never said

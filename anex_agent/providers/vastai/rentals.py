@@ -62,6 +62,7 @@ def rent_body(request: RentRequest) -> dict:
     }
     if request.registry_login is not None:
         login = request.registry_login
+        # docker login's words, split at spaces: RegistryAuth refuses spaces, control characters, a leading '-'
         body["image_login"] = f"-u {login.username} -p {login.password} {login.server}"
     if request.interruptible and request.bid_per_hour is not None:
         body["price"] = round(float(request.bid_per_hour), 6)  # a bid: an interruptible instance
