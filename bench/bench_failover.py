@@ -38,6 +38,8 @@ def main() -> int:
     parser.add_argument("--engines", default="wireguard-go,userspace",
                         help="comma-separated: wireguard-go, userspace (default both)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds: {args.rounds} is not accepted; give a whole number of at least 1")
     from integration.conftest import mesh_skip_reason
     from integration.test_gateway_failover import _primary_key, _rounds, figures, idle_rounds
     from integration.test_self_healing import _restart_and_measure

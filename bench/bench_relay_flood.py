@@ -35,6 +35,10 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=5000, help="flooding clients (default 5000)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the flood lasts (default 20)")
     args = parser.parse_args()
+    if args.clients < 1:
+        parser.error(f"--clients: {args.clients} is not accepted; give a whole number of at least 1")
+    if not args.seconds > 0:  # also refuses nan
+        parser.error(f"--seconds: {args.seconds} is not accepted; give a number of seconds above 0")
     if os.geteuid() != 0:
         print(json.dumps({"benchmark": "relay_flood", "skipped": "needs root (network namespaces)"}))
         return 0

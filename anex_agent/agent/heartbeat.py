@@ -12,7 +12,7 @@ last good config. Neither ever raises out of its loop except on cancellation.
   a newer config than ours, it fetches and applies it (a watch event may have been lost).
 * :func:`watch_loop` follows ``GET /v1/watch?since=<version>`` and applies every
   ``snapshot`` / ``config`` / ``gateway_changed`` event's config; ``ssh_revoked`` events go to
-  the SSH server (:mod:`.ssh_access`), which also reloads its revoked serials after a snapshot.
+  the SSH server (:mod:`anex_agent.remote.ssh_access`), which also reloads its revoked serials after a snapshot.
 
 :func:`first_heartbeat` is sent as the workload of ``run`` starts (a task of its own, holding
 nothing), so that the coordinator hears of the node before a short workload can end: a

@@ -24,7 +24,7 @@ so the proxy already serves while they load.
 
 Tasks (named, owned by the TaskGroup of :meth:`Agent._supervise`): ``start-up`` (join
 retries through workload start; a SIGTERM/SIGINT before the workload runs cancels it and
-the agent exits with 128+N), then ``heartbeat``, ``watch``, ``ssh`` (the SSH server's upkeep, :mod:`.ssh_access`), ``gpu-telemetry`` (when
+the agent exits with 128+N), then ``heartbeat``, ``watch``, ``ssh`` (the SSH server's upkeep, :mod:`anex_agent.remote.ssh_access`), ``gpu-telemetry`` (when
 :mod:`anex_agent.gpu` is usable), ``workload`` (run only), and ``stop-wait`` and ``loop-watchdog`` (:mod:`anex_agent.host.loop_watchdog`: a step of the
 event loop over 1 s is logged with the task that took it) throughout.
 The data plane and its engine spawn theirs (``endpoint-follow``, an engine's own loops)

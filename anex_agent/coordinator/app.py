@@ -1,7 +1,7 @@
 """Builds the coordinator's aiohttp application from route modules.
 
 Extension points (for other parts of anex-agent):
-* ``ROUTE_MODULES`` (:mod:`.modules`, re-exported here): the modules whose
+* ``ROUTE_MODULES`` (:mod:`.routes.modules`, re-exported here): the modules whose
   ``setup(registry, ctx)`` declares routes, and whose ``MIGRATIONS``
   :meth:`Coordinator.open` applies with the core ones.
 * ``setup`` may also call ``ctx.metrics.add_collector(...)``, ``ctx.feed.add_listener(...)``

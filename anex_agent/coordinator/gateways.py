@@ -1,7 +1,7 @@
 """Gateways: registration (idempotent per public key), views, and the peer set they serve.
 
 Contract:
-* Registration needs a proof of possession of the key (:mod:`.registration`). A gateway
+* Registration needs a proof of possession of the key (:mod:`.enrollment`). A gateway
   gets a mesh address from the same pool as nodes (so no node ever gets it) and a
   credential (stored hashed; re-registering replaces it at once).
 * :func:`renew` rotates the credential on the gateway's own call (it renews every

@@ -1,7 +1,7 @@
 """Nodes: join, config, views, tunnels, deletion. Every multi-row change is one transaction.
 
 Contract:
-* :func:`join` needs a proof of possession of the key (:mod:`.registration`) and is
+* :func:`join` needs a proof of possession of the key (:mod:`.enrollment`) and is
   idempotent per public key: the same key gets the same node id and address (and a
   fresh credential, which revokes the previous one at once, grace or not).
 * A new node becomes a ``peer_added`` for every gateway; a deleted one (by an admin, or

@@ -2,7 +2,7 @@
 
 Where it is kept: ``<state-dir>/ssh-ca-key`` by default (``--ssh-ca-key-file``), base64 of
 the 32-byte Ed25519 private key, mode 0600 (a file readable by others is refused), created
-on first start. Like the coordinator's other keys (:mod:`.registered_key`) its *public* key
+on first start. Like the coordinator's other keys (:mod:`.key_file`) its *public* key
 is registered in the ``settings`` table by the first coordinator (``ssh_ca_public_key``);
 a coordinator started with a different CA refuses to start, naming the file.
 

@@ -16,7 +16,7 @@ connections are system dials, made with the host's network stack and never throu
 the mesh: the coordinator client (:mod:`anex_agent.client.rest`, h11 and websockets), machine
 selection's provider API clients (:mod:`anex_agent.providers.offers_http`), the
 wireproxy supervisor's calls to its loopback health endpoint, and the UDP probe of
-``anex-agent detect``. Resolving a gateway's endpoint name (:mod:`.tunnels.endpoints`)
+``anex-agent detect``. Resolving a gateway's endpoint name (:mod:`anex_agent.tunnels.engines.endpoints`)
 uses the system resolver as well.
 
 Contract of :class:`Connection` (what a dialer returns and what listeners wrap):

@@ -41,7 +41,7 @@ from anex_agent.net.peer_log import peer_text
 if TYPE_CHECKING:  # ssh_access imports this module on the first connection; no cycle at run time
     from anex_agent.remote.ssh_access import SessionContext, SshAccess
 
-log = logging.getLogger("anex_agent.agent.ssh")
+log = logging.getLogger(__name__)
 if not logging.getLogger("asyncssh").isEnabledFor(logging.DEBUG):  # its INFO lines: one per packet kind
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
 

@@ -197,6 +197,33 @@ def test_rack_reordering_and_dsack_widen_the_window_and_it_shrinks_back():
     assert rack.reo_wnd_mult == 1
 
 
+def test_rack_walks_each_sacked_or_dead_segment_once_during_a_recovery():
+    """Every segment the loss scan passes (lost, SACKed or retransmitted) leaves the list, so the
+    next ACK of the recovery starts where the last scan stopped: O(1) amortised per ACK."""
+    rack = Rack()
+    for i in range(10):
+        rack.sent(i * MSS, (i + 1) * MSS, 0.0, False)
+    rack.sent(0, MSS, 0.01, True)  # the first one already retransmitted: its old entry is dead
+    for i in range(10, 20):  # sent later, not judged yet
+        rack.sent(i * MSS, (i + 1) * MSS, 0.05, False)
+    rack.delivered(10 * MSS, 0.1)
+    asked: list[tuple[int, int]] = []
+    sacked = sacked_by([(2 * MSS, 10 * MSS)])
+
+    def is_sacked(start, end):
+        asked.append((start, end))
+        return sacked(start, end)
+
+    lost, _ = rack.detect_loss(0.2, 0.0, is_sacked)
+    assert lost == [(MSS, 2 * MSS)]
+    assert rack.segs[0][:2] == [0, MSS] and rack.segs[0][3]  # stopped at the retransmission
+    assert len(rack.segs) == 11  # it and the ten sent later: nothing passed is left
+    asked.clear()
+    for _ in range(5):  # more ACKs of the recovery, nothing new delivered
+        rack.detect_loss(0.2, 0.0, is_sacked)
+    assert asked == [(0, MSS)] * 5  # only the segment the scan stops at, never those passed
+
+
 def test_rack_forgets_what_the_cumulative_ack_covers():
     rack = Rack()
     for i in range(100):

@@ -312,3 +312,8 @@ async def test_pty_takes_the_terminal_modes_the_client_sends(server):
         result = await conn.run("stty -a", term_type="xterm", term_size=(200, 24))
     words = result.stdout.replace(";", " ").split()
     assert "echo" in words and "onlcr" in words and "intr = ^C" in " ".join(words)
+
+
+def test_logs_under_its_own_module_name():
+    """Log filters and levels set on ``anex_agent.remote`` reach the SSH server's lines."""
+    assert ssh_server.log.name == "anex_agent.remote.ssh_server"

@@ -179,6 +179,16 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    /* The signals stay blocked except inside ppoll, which unblocks them atomically: one that
+     * arrives between the `stopping` check and the wait is delivered there and ends the wait,
+     * instead of landing before a wait with no timeout (nothing held) that would never end. */
+    sigset_t stop_signals, waiting_mask;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    sigprocmask(SIG_BLOCK, &stop_signals, &waiting_mask);
+    sigdelset(&waiting_mask, SIGTERM);
+    sigdelset(&waiting_mask, SIGINT);
 
     heap_cap = (size_t)limit;
     heap = calloc(heap_cap, sizeof *heap);
@@ -195,14 +205,17 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     while (!stopping) {
-        int timeout = -1;
+        struct timespec wait_for, *timeout = NULL;  /* NULL: until a datagram or a signal */
         if (heap_n) {
             uint64_t t = now_ns();
-            timeout = heap[0].at <= t ? 0 : (int)((heap[0].at - t + 999999) / 1000000);
+            uint64_t left = heap[0].at <= t ? 0 : heap[0].at - t;
+            wait_for.tv_sec = (time_t)(left / 1000000000u);
+            wait_for.tv_nsec = (long)(left % 1000000000u);
+            timeout = &wait_for;
         }
         struct pollfd pfd = {fd, POLLIN, 0};
-        int pr = poll(&pfd, 1, timeout);
-        if (pr < 0 && errno != EINTR) { perror("lossy-relay: poll"); return 1; }
+        int pr = ppoll(&pfd, 1, timeout, &waiting_mask);
+        if (pr < 0 && errno != EINTR) { perror("lossy-relay: ppoll"); return 1; }
         if (pr > 0 && (pfd.revents & POLLIN)) {
             for (int i = 0; i < BATCH; i++) {
                 iovs[i].iov_base = bufs[i];

@@ -1,5 +1,5 @@
 """Provisioning settings, parsed once at the edge from the coordinator's environment, and the
-registry that builds a :class:`~.rentals.RentalProvider` for each configured provider.
+registry that builds a :class:`~anex_agent.providers.rentals.RentalProvider` for each configured provider.
 
 | variable | default | meaning |
 |---|---|---|
@@ -21,7 +21,7 @@ Provider keys are the selection's (``ANEX_VASTAI_API_KEY`` / ``ANEX_VASTAI_API_K
 a provider the selection can search is one the coordinator can rent from. Keys live only in
 the provider configs (left out of ``repr``) and are never logged.
 
-Registry: :data:`RENTAL_FACTORIES` builds, per provider, its :class:`~.rentals.RentalProvider`
+Registry: :data:`RENTAL_FACTORIES` builds, per provider, its :class:`~anex_agent.providers.rentals.RentalProvider`
 from the selection's ``VastAIConfig`` / ``RunPodConfig`` (same key, same HTTP policy), importing
 the client module only then; :func:`register` adds or replaces a factory (tests).
 :func:`build_providers` builds every configured one.

@@ -22,13 +22,13 @@ Steps, per state (every attempt is recorded with how it ended):
   provision that expires at the boot deadline, in the environment or in a start script that
   downloads the agent, as the provision's ``agent`` says) and the offer is rented.
   A rent call unanswered within the ``rent`` phase deadline: the attempt ends ``deadline``.
-  :class:`~.rentals.RentRefused`: the attempt ends ``refused``, next candidate.
-  :class:`~.rentals.NoCapacity`: listed at once; nothing found: ``refused``, next candidate.
-  :class:`~.rentals.ProviderUnavailable` (or any other error: the outcome is unknown):
+  :class:`~anex_agent.providers.rentals.RentRefused`: the attempt ends ``refused``, next candidate.
+  :class:`~anex_agent.providers.rentals.NoCapacity`: listed at once; nothing found: ``refused``, next candidate.
+  :class:`~anex_agent.providers.rentals.ProviderUnavailable` (or any other error: the outcome is unknown):
   retried with exponential backoff (``Retry-After`` honoured), listing first; after
   ``rent_tries`` calls the attempt ends ``unavailable`` (a rental made meanwhile is destroyed
   by the reconciler). :class:`.boot.BootUnavailable` (no agent file to download): ``failed``.
-* :class:`~.rentals.KeyRefused` in any step: ``failed`` with the reason (``deleting``: stays,
+* :class:`~anex_agent.providers.rentals.KeyRefused` in any step: ``failed`` with the reason (``deleting``: stays,
   retried slowly, the reason says why).
 * ``booting``: the node that joined with the provision's token is its node; once it is
   ``ready`` (it heartbeats) the provision is ``ready``. Each phase has its deadline (the

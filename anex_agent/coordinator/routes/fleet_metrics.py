@@ -11,7 +11,7 @@ Label spelling and the deprecated PCIe pair follow ``ctx.settings.gpu_metrics``
 ``anex_fleet_node_telemetry_age_seconds{node,node_id}`` (now minus the sample time) and
 ``anex_fleet_nodes_with_telemetry``.
 
-Served only to a scrape presenting the admin or metrics token (see :mod:`.metrics`).
+Served only to a scrape presenting the admin or metrics token (see :mod:`anex_agent.coordinator.metrics`).
 
 Contract:
 * The cache is brought up to date by the scrapes themselves, never by a timer: before an

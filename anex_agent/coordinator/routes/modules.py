@@ -4,7 +4,7 @@ Extension point: ``ROUTE_MODULES`` lists the modules whose ``setup(registry, ctx
 declares routes (add a module name here: a one-line additive edit); their routes
 appear in ``/v1/openapi.json`` by themselves. A route module may define
 ``MIGRATIONS = [Migration(100, "...", "CREATE TABLE ...")]`` (number ranges in
-:mod:`.migrations`); :func:`module_migrations` collects them and
+:mod:`anex_agent.coordinator.migrations`); :func:`module_migrations` collects them and
 :meth:`~anex_agent.coordinator.context.Coordinator.open` applies them with the core ones.
 
 This module imports no route module at import time (they import the context, which

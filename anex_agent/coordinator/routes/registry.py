@@ -2,8 +2,8 @@
 
 A route module provides ``setup(registry, ctx)`` and calls :meth:`RouteRegistry.add`.
 The registry wires the aiohttp route, and does the common work for every route:
-refuse a source with too many failed authentications (429, :mod:`.limits`),
-authenticate (:mod:`.auth`; join routes: a join token in an ``Authorization: Bearer``
+refuse a source with too many failed authentications (429, :mod:`anex_agent.coordinator.limits`),
+authenticate (:mod:`anex_agent.coordinator.auth`; join routes: a join token in an ``Authorization: Bearer``
 header is checked before the body is read, the body's token before the handler runs),
 read the body within the route's ``body_limit`` (413), parse and validate the JSON body into ``request_model``
 (422 problem naming each field), call the handler, serialise a returned pydantic model

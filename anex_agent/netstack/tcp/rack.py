@@ -112,19 +112,17 @@ class Rack:
         segs, by_end = self.segs, self.by_end
         rack_ts, rack_end, window = self.xmit_ts, self.end_seq, self.rtt + reo_wnd
         timeout = None
-        i = 0
-        while i < len(segs):
-            seg = segs[i]
+        # Every entry passed is removed (it is at the head when passed), and the walk stops at
+        # the first one not judged yet or not overdue: each entry is walked over once.
+        while segs:
+            seg = segs[0]
             start, end, ts, _, live = seg
             if not live or is_sacked(start, end):
                 if live:  # delivered: never asked again
                     seg[4] = False
                     if by_end.get(end) is seg:
                         del by_end[end]
-                if i == 0:
-                    segs.popleft()
-                else:
-                    i += 1
+                segs.popleft()
                 continue
             if not (ts < rack_ts or (ts == rack_ts and end < rack_end)):
                 break  # sent after the newest delivered segment: not judged yet
@@ -136,9 +134,6 @@ class Rack:
             seg[4] = False
             if by_end.get(end) is seg:
                 del by_end[end]
-            if i == 0:
-                segs.popleft()
-            else:
-                i += 1
+            segs.popleft()
         self.stats_lost += len(lost)
         return lost, timeout

@@ -24,7 +24,7 @@ GraphQL mutation picks a machine by itself within looser filters.
 * list: ``GET /pods`` (a JSON array), kept when ``name`` starts with the prefix; the price is
   ``adjustedCostPerHr``, else ``costPerHr`` (USD/hour).
 
-Errors as in :mod:`.provider_http`. The API key is only ever in a header, never logged.
+Errors as in :mod:`anex_agent.providers.rentals_http`. The API key is only ever in a header, never logged.
 """
 
 from __future__ import annotations

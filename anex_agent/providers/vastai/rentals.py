@@ -17,7 +17,7 @@
 * list: ``GET /instances/?owner=me`` -> ``{"instances": [...]}``, kept when ``label``
   starts with the prefix; the price is the instance's ``dph_total`` (USD/hour).
 
-Errors (:mod:`.provider_http`): a 4xx about the offer (``no_such_ask``, already rented, bad
+Errors (:mod:`anex_agent.providers.rentals_http`): a 4xx about the offer (``no_such_ask``, already rented, bad
 request), or ``"success": false`` in a 2xx answer, is :class:`RentRefused`; 401/403, 429, 5xx,
 timeouts and an answer without ``new_contract`` are :class:`ProviderUnavailable` (the
 instance may exist: the loop lists by label before renting again). The API key is only
