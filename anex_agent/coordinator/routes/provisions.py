@@ -130,7 +130,10 @@ class ProvisionRoutes:
                 errors=[{"field": "name", "message": "taken by a provision with a different body"}]) from None
         self.ctx.committed()
         self.provisioner.kick()
-        view = await store.view(self.ctx.db, row["id"], now=self._now())
+        # a new provision is answered as created (selecting, no attempt yet): the loop, woken by the
+        # commit, may already have moved it on; the same one asked again is answered as it is now
+        view = (store.view_of(row, [], now=self._now()) if created
+                else await store.view(self.ctx.db, row["id"], now=self._now()))
         return web.json_response(text=view.model_dump_json(), status=202 if created else 200)
 
     async def list(self, call: Call) -> models.ProvisionList:
