@@ -189,10 +189,11 @@ def _state_files(state_dir) -> dict[str, bytes]:
 
 def _identity_files(files: dict[str, bytes]) -> dict:
     """The state dir's files without what the running gateway rewrites as peers change: the
-    journal, and the peer set (with its version) inside ``gateway.json``."""
+    journal, and the peer set (with its version and the id of the journal that continues it)
+    inside ``gateway.json``."""
     def strip(value):
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in ("peers", "version")}
+            return {k: strip(v) for k, v in value.items() if k not in ("peers", "version", "journal")}
         return value
 
     out: dict = {name: data for name, data in files.items() if name not in ("peers.journal", "gateway.json")}

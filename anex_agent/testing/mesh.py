@@ -271,10 +271,15 @@ class Mesh:
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANEX_")}  # only what we pass below
         env["ANEX_GATEWAY_TOKEN"] = self.gateway_token  # not --token: ps shows argv to every local user
+        log_from = self._log_size("gateway")
         self.gateway_proc = self.gateway.popen(argv, stdout=self._logfile("gateway"), stderr=subprocess.STDOUT, env=env)
         if registered:
             wait_until(self._gateway_registered, 30, "the gateway registering with the coordinator")
         wait_until(self._gateway_up, 30, "the gateway's WireGuard interface")
+        # the listing above may still show the previous run's registration (same key, same id):
+        # this run is started once it logged "gateway up", which comes after its registration
+        # (or the saved one) is applied and saved to the state dir
+        wait_until(lambda: self._gateway_started(log_from, registered), 30, "the gateway logging that it is up")
 
     def add_standby_gateway(self) -> None:
         """A namespace for a second gateway offering the same route: on the nodes' bridge at
@@ -328,6 +333,21 @@ class Mesh:
         """Our WireGuard interfaces in the gateway namespace (or ``ns``)."""
         lines = (ns or self.gateway).run(["ip", "-o", "link"]).stdout.splitlines()
         return [l.split(": ")[1].split("@")[0] for l in lines if ": anx" in l and "anxd" not in l]
+
+    def _log_size(self, name: str) -> int:
+        try:
+            return (self.workdir / f"{name}.log").stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def _gateway_started(self, log_from: int, registered: bool) -> bool:
+        """Whether the gateway started at log offset ``log_from`` logged that it is up (and,
+        with ``registered``, that it registered rather than starting from its saved state)."""
+        self._gateway_up()  # raises if it exited
+        with open(self.workdir / "gateway.log", "rb") as f:
+            f.seek(log_from)
+            text = f.read().decode(errors="replace")
+        return "gateway up:" in text and (not registered or "registered as gateway" in text)
 
     def _gateway_up(self) -> bool:
         if self.gateway_proc is not None and self.gateway_proc.poll() is not None:
