@@ -1,7 +1,7 @@
 """The built-in userspace engine (WireGuard + our TCP/IP stack, unprivileged) vs wireguard-go with the kernel's TCP.
 
-Needs root, wireguard-go, nftables and setpriv. Builds the demo mesh (:mod:`anex_agent.testing.mesh`)
-with two nodes behind the same gateway (wireguard-go) on the same bridge: node ``native`` runs
+Needs root, wireguard-go, nftables, setpriv and (for the loss row) a C compiler. Builds the demo
+mesh (:mod:`anex_agent.testing.mesh`) with two nodes behind the same gateway (wireguard-go) on the same bridge: node ``native`` runs
 ``anex-agent daemon`` as root on wireguard-go (kernel TCP end to end), node ``userspace`` runs it
 as ``nobody`` with no capabilities (``auto`` picks the built-in engine). In one run, for each node,
 interleaved round by round: bulk TCP through a ``GW_TUNNEL`` forward to the cluster's bulk source
@@ -11,8 +11,8 @@ the node's own processes spent (the agent, and wireguard-go on the native node; 
 packets/s and the in-process cost per segment of our stack, p50/p99 of a small
 request through the proxy (new connection each), the userspace agent's RSS under many concurrent
 proxy connections, and, last, the same ratio with 2 % loss: each node's WireGuard datagrams go
-through a user-space relay (``integration/lossy_relay.py``, redirected with an nftables DNAT in
-the node's namespace) that drops 2 % each way and reorders 5 %. Prints one JSON document.
+through the C delay-and-loss relay (``tools/lossy-relay`` via ``integration/lossy.py``, redirected
+with an nftables DNAT in the node's namespace) that drops 2 % each way and reorders 5 %. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, Mesh  # noqa: E402
+from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, SINK_PORT, SOURCE_PORT, UNDERLAY_GW, WG_PORT, Mesh  # noqa: E402
+from integration.lossy import insert_relay, remove_relay  # noqa: E402
 from anex_agent.testing.netlab import missing_prerequisites  # noqa: E402
 
 TUNNEL_DOWN = 18090
@@ -188,33 +189,6 @@ def many_connections(mesh: Mesh, node, count: int, each: int) -> dict:
             "rss_mib_peak": round(peak, 1), "rss_mib_after": round(rss_mib(pid), 1)}
 
 
-RELAY_UID = 65533  # the relay's own datagrams must not be redirected to itself
-RELAY_PORT = 40000
-
-
-def add_lossy_relays(nodes, loss: float = 0.02, reorder: float = 0.05) -> list[subprocess.Popen]:
-    """A lossy relay per node between its WireGuard and the gateway's (the last thing the bench does:
-    conntrack keeps redirecting the flows afterwards)."""
-    from anex_agent.testing.mesh import UNDERLAY_GW, WG_PORT
-
-    script = Path(__file__).resolve().parent.parent / "integration" / "lossy_relay.py"
-    relays = []
-    for node in nodes:
-        relay = node.ns.popen(["setpriv", f"--reuid={RELAY_UID}", f"--regid={RELAY_UID}", "--clear-groups", "--",
-                               sys.executable, str(script), f"{node.underlay}:{RELAY_PORT}", f"{UNDERLAY_GW}:{WG_PORT}",
-                               str(loss), str(reorder)], stdout=subprocess.PIPE, text=True)
-        if relay.stdout.readline().strip() != "ready":
-            raise RuntimeError("the lossy relay did not start")
-        node.ns.run(["nft", "add table ip anex_benchloss"])
-        node.ns.run(["nft", "add chain ip anex_benchloss out { type nat hook output priority -100; }"])
-        node.ns.run(["nft", f"add rule ip anex_benchloss out meta skuid != {RELAY_UID} ip daddr {UNDERLAY_GW} "
-                            f"udp dport {WG_PORT} dnat to {node.underlay}:{RELAY_PORT}"])
-        # flows already tracked would bypass the new rule: forget them (this node's namespace only)
-        node.ns.run([sys.executable, "-c", "from pyroute2 import Conntrack; Conntrack().flush()"])
-        relays.append(relay)
-    return relays
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=32, help="MiB per transfer (default 32)")
@@ -277,16 +251,18 @@ def main() -> int:
             doc["many_connections_userspace"] = many_connections(mesh, user, args.connections, int(args.connection_mb * 1e6))
         doc["userspace_status_netstack"] = user.status().get("userspace", {})
         if "loss" not in skip:
-            relays = add_lossy_relays(nodes.values())
-            time.sleep(1)
-            lossy = bulk_round(nodes, max(nbytes // 4, 1 << 20))
-            for relay in relays:
-                relay.terminate()
+            relays = {name: insert_relay(node, UNDERLAY_GW, WG_PORT, loss=0.02, reorder=0.05)
+                      for name, node in nodes.items()}
+            try:
+                lossy = bulk_round(nodes, max(nbytes // 4, 1 << 20))
+            finally:
+                counts = {name: remove_relay(nodes[name], relay) for name, relay in relays.items()}
             doc["loss_2_percent"] = {d: {"mbit_s": {n: round(v["mbit_s"], 1) for n, v in lossy[d].items()},
                                          "ratio_userspace_vs_native": round(lossy[d]["userspace"]["mbit_s"]
                                                                             / lossy[d]["native"]["mbit_s"], 3)}
                                      for d in lossy}
-            doc["loss_2_percent"]["relay"] = "user-space relay per node: 2 % dropped each way, 5 % reordered by 1-4 ms"
+            doc["loss_2_percent"]["relay"] = "tools/lossy-relay per node: 2 % dropped each way, 5 % reordered by 1-4 ms"
+            doc["loss_2_percent"]["relay_counts"] = counts
     if "segment" not in skip:
         doc["stack_in_process"] = segment_cost()
     doc["setup"] = {"link": "veth through a bridge, network namespaces", "gateway": "wireguard-go",
