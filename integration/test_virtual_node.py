@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from anex_agent.testing.memcg import memory_controller
 from anex_agent.testing.mesh import Mesh, anex_argv, wait_until
 from anex_agent.testing.netlab import missing_prerequisites
 from integration.conftest import mesh_skip_reason
@@ -244,6 +245,33 @@ def test_exit_3_fails_the_pod_with_error_and_its_code(virtual_node):
     _apply(cp, namespace, "three", ["sh", "-c", "exit 3"])
     failed = _wait_pod(cp, namespace, "three", lambda p: p["status"].get("phase") == "Failed", "the pod Failed", log)
     assert _terminated(failed)["exitCode"] == 3 and _terminated(failed)["reason"] == "Error"
+
+
+#: The machine's container memory in the OOM test: room for the agent, not for the workload's hog.
+MACHINE_MEMORY = 384 << 20
+
+
+@pytest.mark.skipif(memory_controller() is None,
+                    reason="no writable memory controller with an OOM-kill counter here (cgroup v2, or cgroup v1 on "
+                           "kernel 4.13+): the simulated machine cannot be given a memory limit")
+def test_a_workload_that_outgrows_its_machines_memory_is_oomkilled(virtual_node, simulated):
+    """The machine's container has a memory limit (a memory cgroup, as ``docker run --memory``
+    makes); the workload grows past it and the kernel's OOM killer ends it: the pod shows what a
+    kubelet shows, ``OOMKilled`` with exit code 137, read by the agent from the cgroup's counter."""
+    from anex_agent.demo.provision import Boot
+
+    cp, namespace, log, _restart = virtual_node
+    _mesh, provider, _url = simulated
+    tag = f"hog-{secrets.token_hex(4)}"  # in this pod's command: its rental boots with the limit
+    hog = f"# {tag}\nx = []\nwhile True:\n    x.append(bytearray(1 << 20))"
+    provider.boot_for = lambda rental: Boot(memory_limit=MACHINE_MEMORY) if tag in " ".join(rental.command) else Boot()
+    try:
+        _apply(cp, namespace, "hog", ["python3", "-c", hog])
+        failed = _wait_pod(cp, namespace, "hog", lambda p: p["status"].get("phase") == "Failed", "the hog pod Failed",
+                           log)
+    finally:
+        provider.boot_for = lambda rental: Boot()
+    assert _terminated(failed)["reason"] == "OOMKilled" and _terminated(failed)["exitCode"] == 137, failed["status"]
 
 
 def test_deleting_a_running_pod_leaves_no_rental_and_no_pod(virtual_node, simulated):

@@ -148,6 +148,7 @@ COVERED_ELSEWHERE = {
     'testing/fake_nvml.py': (('tests/coordinator/test_fleet_metrics.py', 'tests/gpu/test_dashboard.py',), 'exercises it directly'),
     'testing/fake_providers.py': (('tests/coordinator/test_provisioning_process.py', 'tests/coordinator/test_provisioning_recovery_process.py',), 'exercises it directly'),
     'testing/kube.py': (('tests/demo/test_kubernetes.py',), 'exercises it directly'),
+    'testing/memcg.py': (('tests/agent/test_pid1.py', 'integration/test_virtual_node.py',), 'makes the memory cgroups of the real OOM kills there (root)'),
     'testing/mesh.py': (('integration/test_agent_footprint.py', 'integration/test_agent_gateway_later_and_stop.py',), 'needs real processes in network namespaces'),
     'testing/netlab.py': (('tests/test_cli.py',), 'exercises it directly'),
     'testing/probe_client.py': (('integration/test_mesh.py',), 'runs inside network namespaces (root)'),

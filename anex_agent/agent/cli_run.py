@@ -24,7 +24,7 @@ from anex_agent.host import childenv, statelock
 from anex_agent.host.sdnotify import Notifier
 from anex_agent.agent import pod_files, run_options
 from anex_agent.agent import settings as agent_settings
-from anex_agent.agent.container_state import StateTracker, memory_events_path
+from anex_agent.agent.container_state import StateTracker, oom_counter_path
 from anex_agent.agent.logs import LogStore
 from anex_agent.agent.probes import Prober
 from anex_agent.agent.workload import Workload, check_command, resolve_account
@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         env.update(run_options.proxy_variables(settings.proxy_listen.host, settings.proxy_listen.port))
     logs = LogStore(settings.state_dir / "logs") if options.capture_logs else None
     workload = Workload(command, env=env, account=account, grace=options.grace,
-                        tracker=StateTracker(_memory_events()), logs=logs,
+                        tracker=StateTracker(_oom_counter()), logs=logs,
                         record=WorkloadRecord(settings.state_dir / RECORD_FILE), restart_policy=options.restart_policy,
                         prober=Prober(options.probes) if options.probes else None)
     childenv.scrub_environ(os.environ)  # nothing the agent starts later inherits a secret either
@@ -82,10 +82,10 @@ def main(args: argparse.Namespace) -> int:
     return asyncio.run(agent.run(workload))
 
 
-def _memory_events():
-    """The memory.events file of the agent's cgroup v2 (OOMKilled detection), or None."""
+def _oom_counter():
+    """The file with the OOM-kill counter of the agent's cgroup (OOMKilled detection), or None."""
     try:
         with open("/proc/self/cgroup") as f:
-            return memory_events_path(f.read())
+            return oom_counter_path(f.read())
     except OSError:
         return None

@@ -7,12 +7,15 @@ while it ran, else ``Error``), with ``restart_count``; between two runs of a wor
 restart policy starts again, ``waiting`` ``CrashLoopBackOff`` carrying the last run's end
 (exit code, signal, ``started_at``, ``finished_at``: the pod's ``lastState``).
 
-OOM kills are read from the cgroup v2 ``memory.events`` file (``oom_kill N``), which counts
-the kills in the cgroup and below it: the counter is read when the workload starts and when
-it ends, and a workload killed by SIGKILL while it grew is ``OOMKilled``. The path comes
-from :func:`memory_events_path` (the agent's own cgroup, which in a container is the
-container's); None where there is no cgroup v2 memory controller (cgroup v1 hosts): OOM
-kills are then reported as ``Error`` with the signal.
+OOM kills are read from the kernel's per-cgroup ``oom_kill N`` counter: cgroup v2's
+``memory.events`` (which counts the kills in the cgroup and below it) or, on a cgroup v1
+host, the memory controller's ``memory.oom_control`` (kernel 4.13 and later; it counts the
+kills of the cgroup's own processes, which is where a container's workload runs). The
+counter is read when the workload starts and when it ends, and a workload killed by
+SIGKILL while the counter grew is ``OOMKilled``. The file comes from
+:func:`oom_counter_path` (the agent's own cgroup, which in a container is the container's);
+None where neither hierarchy has a memory controller with the counter: OOM kills are then
+reported as ``Error`` with the signal.
 """
 
 from __future__ import annotations
@@ -27,18 +30,30 @@ from anex_agent.wire.models import SHORT_TEXT_MAX, ContainerState
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def memory_events_path(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Path | None:
-    """The ``memory.events`` file of the cgroup v2 path in ``proc_cgroup`` (the text of
-    ``/proc/self/cgroup``), or None when there is none (no ``0::`` line, no memory controller)."""
+def oom_counter_path(proc_cgroup: str, root: Path = CGROUP_ROOT) -> Path | None:
+    """The file with the ``oom_kill`` counter of the cgroup in ``proc_cgroup`` (the text of
+    ``/proc/self/cgroup``): cgroup v2's ``memory.events`` where the unified hierarchy has the
+    memory controller, else cgroup v1's ``memory/<path>/memory.oom_control`` when it carries the
+    counter; None when there is neither."""
+    v1: Path | None = None
     for line in proc_cgroup.splitlines():
-        if line.startswith("0::"):
-            path = root / line[3:].strip().lstrip("/") / "memory.events"
-            return path if path.is_file() else None
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        relative = path.strip().lstrip("/")
+        if hierarchy == "0" and controllers == "":
+            events = root / relative / "memory.events"
+            if events.is_file():
+                return events
+        elif "memory" in controllers.split(","):
+            v1 = root / "memory" / relative / "memory.oom_control"
+    if v1 is not None and oom_kills(v1) is not None:  # kernels before 4.13 have no counter there
+        return v1
     return None
 
 
 def oom_kills(path: Path | None) -> int | None:
-    """The ``oom_kill`` counter of a ``memory.events`` file; None when unreadable."""
+    """The ``oom_kill`` counter of a ``memory.events`` or ``memory.oom_control`` file; None when
+    unreadable or absent."""
     if path is None:
         return None
     try:
@@ -59,8 +74,8 @@ def _now() -> datetime:
 class StateTracker:
     """Follows one workload through its life (and restarts) and answers :class:`ContainerState`."""
 
-    def __init__(self, memory_events: Path | None = None) -> None:
-        self.memory_events = memory_events
+    def __init__(self, oom_counter: Path | None = None) -> None:
+        self.oom_counter = oom_counter
         self.restart_count = 0
         self._state = ContainerState(state="waiting", reason="ContainerCreating")
         self._oom_at_start: int | None = None
@@ -88,7 +103,7 @@ class StateTracker:
         if self._ran:
             self.restart_count += 1
         self._ran = True
-        self._oom_at_start = oom_kills(self.memory_events)
+        self._oom_at_start = oom_kills(self.oom_counter)
         self._set(ContainerState(state="running", started_at=_now(), restart_count=self.restart_count,
                                  ready=ready, started=started))
 
@@ -110,7 +125,7 @@ class StateTracker:
         """Record the end (``returncode`` as asyncio gives it: ``-N`` for signal N)."""
         sig = -returncode if returncode < 0 else None
         code = 128 + sig if sig is not None else returncode
-        oom_now = oom_kills(self.memory_events)
+        oom_now = oom_kills(self.oom_counter)
         oom = (sig == signal.SIGKILL and self._oom_at_start is not None and oom_now is not None
                and oom_now > self._oom_at_start)
         reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")

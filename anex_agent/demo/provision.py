@@ -48,10 +48,13 @@ class Boot:
     """How a rental's machine boots. ``unprivileged``: the agent runs as nobody with no capabilities
     (``Mesh.start_agent(unprivileged=True)``), ``ANEX_ENGINE=auto`` picking the built-in engine;
     ``udp_blocked``: the machine's namespace drops every outgoing UDP datagram (``Mesh.block_udp``)
-    and ``ANEX_PATH=auto`` finds the gateway's WebSocket relay."""
+    and ``ANEX_PATH=auto`` finds the gateway's WebSocket relay; ``memory_limit``: the machine's
+    container has that many bytes (the agent and its workload in a memory cgroup of their own,
+    where a workload that outgrows it is OOM-killed)."""
 
     unprivileged: bool = False
     udp_blocked: bool = False
+    memory_limit: int | None = None
 
 
 class SimulatedProvider:
@@ -100,7 +103,7 @@ class SimulatedProvider:
         self.nodes[rental.rental_id] = node
         self.started_at[rental.rental_id] = time.monotonic()
         self.mesh.start_agent(node, env, list(rental.command) or None, wait_ready=False,
-                              unprivileged=boot.unprivileged)
+                              unprivileged=boot.unprivileged, memory_limit=boot.memory_limit)
 
     async def _on_destroy(self, rental: FakeRental) -> None:
         if rental.handle is not None:

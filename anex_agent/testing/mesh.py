@@ -144,6 +144,7 @@ class Mesh:
         self.standby_proc: subprocess.Popen | None = None
         self._service_procs: list[subprocess.Popen] = []
         self._private_dirs: list[Path] = []  # state directories of unprivileged agents (outside workdir)
+        self._memory_groups: list = []  # memory cgroups of agents started with a memory limit
         self._next_node = 1
 
     # ---------------------------------------------------------------- network
@@ -422,11 +423,13 @@ class Mesh:
         return env
 
     def start_agent(self, node: Node, env: dict[str, str], command: list[str] | None = None, *, wait_ready: bool = True,
-                    unprivileged: bool = False) -> subprocess.Popen:
+                    unprivileged: bool = False, memory_limit: int | None = None) -> subprocess.Popen:
         """``anex-agent run -- command`` (or ``daemon`` when no command) in the node's namespace.
 
         ``unprivileged``: as :data:`UNPRIVILEGED` (nobody, no capabilities), with a state
-        directory of its own that nobody owns (``ANEX_STATE_DIR`` in ``env`` is replaced)."""
+        directory of its own that nobody owns (``ANEX_STATE_DIR`` in ``env`` is replaced).
+        ``memory_limit``: the agent (and so its workload) runs in a memory cgroup of its own with
+        that many bytes, as a container with ``--memory`` does (:mod:`anex_agent.testing.memcg`)."""
         argv = [*anex_argv(), "run", "--", *command] if command else [*anex_argv(), "daemon"]
         if unprivileged:
             import tempfile
@@ -437,7 +440,18 @@ class Mesh:
             env = {**env, "ANEX_STATE_DIR": str(node.state_dir)}
             argv = [*UNPRIVILEGED, *argv]
         node.env = env
-        node.proc = node.ns.popen(argv, stdout=open(node.log_path, "ab", buffering=0), stderr=subprocess.STDOUT, env=env)
+        log = open(node.log_path, "ab", buffering=0)
+        if memory_limit is None:
+            node.proc = node.ns.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        else:
+            from anex_agent.testing.memcg import make_group
+
+            group = make_group(memory_limit, prefix="anex-machine")
+            self._memory_groups.append(group)
+            # into the group on the host's /sys, then the namespace, where the hierarchy is mounted again
+            node.proc = subprocess.Popen([*group.enter_argv(), *node.ns.argv([*group.mount_argv(), *argv])],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env)
+            node.ns.procs.append(node.proc)
         if wait_ready:
             self.wait_agent_ready(node)
         return node.proc
@@ -481,6 +495,8 @@ class Mesh:
             ns.close()
         for path in self._private_dirs:
             shutil.rmtree(path, ignore_errors=True)
+        for group in self._memory_groups:
+            group.remove()
 
     def __enter__(self) -> Mesh:
         return self

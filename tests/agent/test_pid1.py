@@ -10,16 +10,16 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from anex_agent.agent import run_options
-from anex_agent.agent.container_state import StateTracker, memory_events_path, oom_kills
+from anex_agent.agent.container_state import StateTracker, oom_counter_path, oom_kills
 from anex_agent.agent.reaper import zombie_children
 from anex_agent.agent.workload import FORWARDED, Workload
 from anex_agent.errors import ConfigError
+from anex_agent.testing.memcg import make_group, memory_controller
 from anex_agent.wire.models import ContainerState, Heartbeat, TransportStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,45 +182,37 @@ def test_oomkilled_from_the_memory_events_counter(tmp_path):
     assert tracker.state.restart_count == 2
 
 
-def test_memory_events_path(tmp_path):
+def test_oom_counter_path(tmp_path):
     (tmp_path / "kubepods" / "pod1").mkdir(parents=True)
     (tmp_path / "kubepods" / "pod1" / "memory.events").write_text("oom_kill 0\n")
-    assert memory_events_path("0::/kubepods/pod1\n", tmp_path) == tmp_path / "kubepods" / "pod1" / "memory.events"
-    assert memory_events_path("4:memory:/x\n0::/\n", tmp_path) is None  # cgroup v1 memory: no file at the root
-    assert memory_events_path("4:memory:/x\n", tmp_path) is None
+    assert oom_counter_path("0::/kubepods/pod1\n", tmp_path) == tmp_path / "kubepods" / "pod1" / "memory.events"
+    assert oom_counter_path("4:memory:/x\n0::/\n", tmp_path) is None  # no v2 file at the root, no v1 file
+    assert oom_counter_path("4:memory:/x\n", tmp_path) is None
     assert oom_kills(None) is None and oom_kills(tmp_path / "nope") is None
+    # cgroup v1: the memory controller's memory.oom_control, when it carries the counter (kernel 4.13+)
+    v1 = tmp_path / "memory" / "docker" / "c1" / "memory.oom_control"
+    v1.parent.mkdir(parents=True)
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\n")
+    assert oom_counter_path("5:memory:/docker/c1\n0::/\n", tmp_path) is None  # an old kernel: no counter
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert oom_counter_path("9:pids:/docker/c1\n5:memory:/docker/c1\n0::/\n", tmp_path) == v1
+    assert oom_kills(v1) == 2
+    assert oom_counter_path("5:cpuacct,memory:/docker/c1\n", tmp_path) == v1  # co-mounted controllers
 
 
-def _cgroup2_memory() -> Path | None:
-    root = Path("/sys/fs/cgroup")
-    try:
-        controllers = (root / "cgroup.controllers").read_text().split()
-    except OSError:
-        return None
-    return root if "memory" in controllers and os.access(root, os.W_OK) else None
-
-
-@pytest.mark.skipif(_cgroup2_memory() is None,
-                    reason="no writable cgroup v2 hierarchy with the memory controller here (cgroup v1 or read-only): "
-                           "a memory limit cannot be set to provoke an OOM kill")
+@pytest.mark.skipif(memory_controller() is None,
+                    reason="no writable memory controller with an OOM-kill counter here (cgroup v2, or cgroup v1 "
+                           "on kernel 4.13+): a memory limit cannot be set to provoke an OOM kill")
 async def test_a_real_oom_kill_is_reported_as_oomkilled():
-    root = _cgroup2_memory()
-    group = root / f"anex-test-{uuid.uuid4().hex[:8]}"
-    group.mkdir()
+    group = make_group(32 << 20)
     try:
-        (group / "memory.max").write_text("33554432\n")
-        try:
-            (group / "memory.swap.max").write_text("0\n")
-        except OSError:
-            pass
         hog = "x = []\nwhile True:\n    x.append(bytearray(1 << 20))"
-        script = f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -c '{hog}'"
-        w = Workload(["sh", "-c", script], tracker=StateTracker(group / "memory.events"))
+        w = Workload([*group.enter_argv(), sys.executable, "-c", hog], tracker=StateTracker(group.counter))
         await w.start()
         assert await asyncio.wait_for(w.wait(), 60) == 137
         assert w.state.reason == "OOMKilled"
     finally:
-        group.rmdir()
+        group.remove()
 
 
 def test_container_state_travels_in_the_heartbeat():
