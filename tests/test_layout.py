@@ -157,6 +157,7 @@ COVERED_ELSEWHERE = {
     'tunnels/engines/cleanup.py': (('tests/test_unprivileged.py', 'tests/tunnels/engines/test_probes.py',), 'exercises it directly'),
     'tunnels/engines/detect.py': (('tests/tunnels/engines/test_engine_policy.py', 'tests/tunnels/engines/test_probe_in_loop.py',), 'exercises it directly'),
     'tunnels/engines/kernel.py': (('tests/gateway/test_incremental_apply.py', 'tests/tunnels/engines/test_engine_plans.py',), 'exercises it directly'),
+    'tunnels/engines/status.py': (('tests/tunnels/engines/test_engine_policy.py', 'tests/agent/test_dataplane.py',), 'what the engines report, read through detect and the data plane'),
     'tunnels/engines/wireguard_go.py': (('tests/gateway/test_incremental_apply.py', 'tests/host/test_childenv.py',), 'exercises it directly'),
     'tunnels/engines/wireproxy_config.py': (('tests/tunnels/engines/test_wireproxy.py',), 'through the engine or binds built on it'),
     'tunnels/engines/wireproxy_metrics.py': (('tests/tunnels/engines/test_wireproxy.py',), 'through the engine or binds built on it'),

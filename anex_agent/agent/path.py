@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from anex_agent.wire.keys import KeyPair, decode_key
-from anex_agent.tunnels.engines.base import DesiredConfig
+from anex_agent.tunnels.engines.config import DesiredConfig
 from anex_agent.tunnels.os.netconf import split_host_port
 from anex_agent.tunnels.binds.udp_probe import PROBE_TIMEOUT, ProbeResult, probe_gateway
 from anex_agent.tunnels.binds.ws import LocalRelay, RelayTarget, SwitchBind, proxy_for

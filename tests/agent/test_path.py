@@ -21,7 +21,7 @@ from anex_agent.agent.path import Counters, PathManager, PathSettings, SilenceWa
 from anex_agent.gateway.relay import Relay
 from anex_agent.wire.keys import KeyPair
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.binds.udp_probe import probe_gateway
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
 from tests.polling import GENEROUS, wait_until

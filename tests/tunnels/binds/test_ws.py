@@ -12,7 +12,7 @@ from websockets.exceptions import ConnectionClosed
 from anex_agent.wire import keys
 from anex_agent.net import relay_protocol as rp
 from anex_agent.gateway.relay import Relay, RelayLimits
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
 from anex_agent.tunnels.binds.ws import LocalRelay, RelayTarget, WebSocketBind, proxy_for
 from tests.polling import GENEROUS
