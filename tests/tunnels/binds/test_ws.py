@@ -14,7 +14,7 @@ from anex_agent.net import relay_protocol as rp
 from anex_agent.gateway.relay import Relay, RelayLimits
 from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
-from anex_agent.tunnels.binds.ws import LocalRelay, RelayTarget, WebSocketBind, proxy_for
+from anex_agent.tunnels.binds.relay_client import LocalRelay, RelayTarget, WebSocketBind, proxy_for
 from tests.polling import GENEROUS
 
 IP_A, IP_B = "10.44.0.1", "10.44.0.2"
@@ -298,7 +298,7 @@ async def test_the_relay_serves_tls_itself_and_the_client_verifies_it(mesh, tmp_
 
     from anex_agent.gateway.relay import tls_context
     from anex_agent.client.transport import client_ssl_context
-    from anex_agent.tunnels.binds.ws import check_relay
+    from anex_agent.tunnels.binds.relay_client import check_relay
     from tests.tls_certs import make_certs
 
     certs = make_certs(tmp_path, dns_names=())
