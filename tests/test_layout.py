@@ -154,6 +154,8 @@ COVERED_ELSEWHERE = {
     'testing/services.py': (('tests/test_address_flags.py',), 'exercises it directly'),
     'tunnels/binds/base.py': (('tests/tunnels/binds/test_udp.py', 'tests/tunnels/binds/test_ws.py',), 'through the engine or binds built on it'),
     'tunnels/binds/relay_client.py': (('tests/tunnels/binds/test_ws.py', 'tests/gateway/test_relay_admission.py',), 'against a live in-process relay: the binds built on it and check_relay'),
+    'tunnels/binds/relay_io.py': (('tests/tunnels/binds/test_ws.py', 'tests/gateway/test_relay_admission.py',), 'through both ends of the relay built on it, the client and the gateway relay'),
+    'tunnels/binds/switch.py': (('tests/agent/test_path.py',), 'exercises it directly, where the path chooser steers it'),
     'tunnels/binds/udp_probe.py': (('tests/agent/test_path.py',), 'exercises it directly'),
     'tunnels/engines/cleanup.py': (('tests/test_unprivileged.py', 'tests/tunnels/engines/test_probes.py',), 'exercises it directly'),
     'tunnels/engines/detect.py': (('tests/tunnels/engines/test_engine_policy.py', 'tests/tunnels/engines/test_probe_in_loop.py',), 'exercises it directly'),

@@ -22,14 +22,14 @@ the methods above for a Bind without them)::
 Implementations:
 
 * :class:`anex_agent.tunnels.binds.udp.UdpBind` -- a UDP socket; endpoints are ``(ip, port)``.
-* :class:`anex_agent.tunnels.binds.relay_client.WebSocketBind` -- one relay connection per gateway,
+* :class:`anex_agent.tunnels.binds.ws.WebSocketBind` -- one relay connection per gateway,
   reconnecting on its own; endpoints are the gateways' UDP endpoints ``(ip, port)``, so the
   core does not know which path a datagram took.
-* :class:`anex_agent.tunnels.binds.relay_client.SwitchBind` -- UDP and WebSocket side by side; the
+* :class:`anex_agent.tunnels.binds.switch.SwitchBind` -- UDP and WebSocket side by side; the
   path chooser moves each endpoint between them (``use(endpoint, "websocket")``).
 
 For the native engines (kernel, wireguard-go), which own their UDP socket, the WebSocket
-path is :class:`anex_agent.tunnels.binds.relay_client.LocalRelay`: a UDP socket on 127.0.0.1 that the
+path is :class:`anex_agent.tunnels.binds.ws.LocalRelay`: a UDP socket on 127.0.0.1 that the
 WireGuard peer's endpoint points at.
 
 Endpoints are opaque to the core. A datagram that cannot be sent (unreachable, buffer

@@ -14,7 +14,8 @@ from anex_agent.net import relay_protocol as rp
 from anex_agent.gateway.relay import Relay, RelayLimits
 from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
-from anex_agent.tunnels.binds.relay_client import LocalRelay, RelayTarget, WebSocketBind, proxy_for
+from anex_agent.tunnels.binds.relay_client import RelayTarget
+from anex_agent.tunnels.binds.ws import LocalRelay, WebSocketBind
 from tests.polling import GENEROUS
 
 IP_A, IP_B = "10.44.0.1", "10.44.0.2"
@@ -227,24 +228,6 @@ async def test_local_relay_carries_an_engine_that_owns_its_udp_socket(mesh):
     finally:
         local.close()
         await node.stop()
-
-
-@pytest.mark.parametrize("url, env, expected", [
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://proxy:3128"}, "http://proxy:3128"),
-    ("wss://gw.example.com/r", {"https_proxy": "proxy:3128"}, "http://proxy:3128"),
-    ("ws://gw.example.com/r", {"HTTPS_PROXY": "http://proxy:3128"}, None),
-    ("ws://gw.example.com/r", {"HTTP_PROXY": "http://p:1"}, "http://p:1"),
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "example.com"}, None),
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": ".example.com"}, None),
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "no_proxy": "other.com, *"}, None),
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "ample.com,10.0.0.1"}, "http://p:1"),
-    ("wss://10.0.0.1:443/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.0.0.1"}, None),
-    ("wss://gw.example.com/r", {}, None),
-    ("https://coordinator.example.com", {"HTTPS_PROXY": "http://p:1"}, "http://p:1"),   # the coordinator too
-    ("http://10.0.0.1:8700", {"HTTP_PROXY": "http://p:2", "HTTPS_PROXY": "http://p:1"}, "http://p:2"),
-])
-def test_proxy_choice_follows_the_environment(url, env, expected):
-    assert proxy_for(url, env) == expected
 
 
 def test_the_proof_is_bound_to_the_challenge_and_the_gateway():
