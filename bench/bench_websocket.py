@@ -121,7 +121,7 @@ def _relay(hub_port: int, key: bytes, node_pub: str, port_queue, done) -> None:
 
 def relay_rate(seconds: float, size: int = 1400, window: int = 256) -> dict:
     from anex_agent.wire import keys
-    from anex_agent.tunnels.binds.ws import RelayClient, RelayTarget
+    from anex_agent.tunnels.binds.relay_client import RelayClient, RelayTarget
 
     gw, node = keys.generate_private_key(), keys.generate_private_key()
     node_pub = keys.encode_key(keys.public_key(node))

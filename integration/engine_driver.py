@@ -46,7 +46,7 @@ async def main(engine_name: str, ifname: str) -> int:
 
 async def drive(engine_name: str, ifname: str, tg: asyncio.TaskGroup) -> int:
     from anex_agent.tasks import Tasks
-    from anex_agent.tunnels.engines.base import engine_classes
+    from anex_agent.tunnels.engines.registry import engine_classes
 
     engine = engine_classes()[engine_name](ifname=ifname)
     loop = asyncio.get_running_loop()

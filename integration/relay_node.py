@@ -1,5 +1,5 @@
 """``ANEX_TEST_NODE_KEY=<base64 private> python relay_node.py URL GATEWAY_PUBLIC_KEY``: a node's
-connections to a relay, with the agent's own client (:func:`anex_agent.tunnels.binds.ws.check_relay`).
+connections to a relay, with the agent's own client (:func:`anex_agent.tunnels.binds.relay_client.check_relay`).
 
 For each line ``connect`` on stdin: connect, authenticate, close; print one JSON line
 ``{"ok": bool, "seconds": float, "how": str}``. Test helper.
@@ -14,7 +14,7 @@ import sys
 import time
 
 from anex_agent.wire import keys
-from anex_agent.tunnels.binds.ws import RelayTarget, check_relay
+from anex_agent.tunnels.binds.relay_client import RelayTarget, check_relay
 
 
 async def main(url: str, gateway_public: str) -> None:

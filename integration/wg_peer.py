@@ -26,7 +26,7 @@ import json
 import sys
 
 from anex_agent.wire.keys import decode_key
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
 from integration import miniip
 

@@ -40,7 +40,8 @@ async def gateway_report(state_dir: Path, environ: dict[str, str]) -> dict[str, 
     from anex_agent.agent.state import KEY_FILE, StateDir
     from anex_agent.client.transport import client_ssl_context
     from anex_agent.tunnels.binds.udp_probe import probe_gateway
-    from anex_agent.tunnels.binds.ws import RelayTarget, check_relay, proxy_for
+    from anex_agent.tunnels.binds.egress_proxy import proxy_for
+    from anex_agent.tunnels.binds.relay_client import RelayTarget, check_relay
 
     state = StateDir(state_dir)
     try:

@@ -43,7 +43,11 @@ from anex_agent.errors import EngineError
 from anex_agent.wire.keys import KeyPair
 from anex_agent.net.resolver import Resolver, ResolverSlot
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, WorkloadConfig, choose_engine, new_ifname
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig, WorkloadConfig
+from anex_agent.tunnels.engines.ifnames import new_ifname
+from anex_agent.tunnels.engines.registry import choose_engine
+from anex_agent.tunnels.engines.status import EngineStatus
 from anex_agent.tunnels.engines.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
 from anex_agent.wire.models import PATH_REASON_MAX, NodeConfig, TransportStatus
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from anex_agent import parse
 from anex_agent.wire import route_policy
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.wire.models import NodeConfig, TunnelSpec
 
 

@@ -1,6 +1,6 @@
 """What the workload is offered, in the engine contract's terms: a WorkloadConfig from config + settings.
 
-The data plane gives every engine a :class:`~anex_agent.tunnels.engines.base.WorkloadConfig`
+The data plane gives every engine a :class:`~anex_agent.tunnels.engines.config.WorkloadConfig`
 with each ``apply()``: the proxy address (``ANEX_PROXY_LISTEN``) and whether it asks for
 credentials (``ANEX_PROXY_AUTH``), the same for the SOCKS5 proxy when it is on
 (``ANEX_SOCKS_LISTEN``, ``ANEX_SOCKS_AUTH``), the forwards (``GW_TUNNEL_*`` and pushed tunnels, local
@@ -18,7 +18,8 @@ from __future__ import annotations
 from anex_agent.agent.desired import merge_tunnels
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.errors import ConfigError
-from anex_agent.tunnels.engines.base import Engine, Forward, WorkloadConfig
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import Forward, WorkloadConfig
 from anex_agent.wire.models import NodeConfig
 
 #: WorkloadConfig field -> the setting a user changes.

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anex_agent.agent.path import CHECK_EVERY, STALL_AFTER, Counters
-from anex_agent.tunnels.engines.base import DesiredConfig
+from anex_agent.tunnels.engines.config import DesiredConfig
 
 log = logging.getLogger(__name__)
 

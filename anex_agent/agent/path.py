@@ -36,7 +36,7 @@ each gateway gets a :class:`~anex_agent.tunnels.binds.ws.LocalRelay` (a UDP sock
 127.0.0.1 connected to the gateway's relay) and :meth:`PathManager.route` points that
 gateway peer's endpoint at it. An engine that takes a Bind (``Engine.takes_bind``: the
 userspace engine) is built with :meth:`PathManager.bind_factory`: its datagram transport is
-a :class:`~anex_agent.tunnels.binds.ws.SwitchBind`, and :meth:`PathManager.route` moves each
+a :class:`~anex_agent.tunnels.binds.switch.SwitchBind`, and :meth:`PathManager.route` moves each
 gateway endpoint between UDP and the relay inside it, with no local UDP hop and no endpoint
 change. The relay connections reconnect by themselves; a switch
 re-applies the engine's config and asks for fresh handshakes, never restarting the engine or
@@ -56,10 +56,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from anex_agent.wire.keys import KeyPair, decode_key
-from anex_agent.tunnels.engines.base import DesiredConfig
+from anex_agent.tunnels.engines.config import DesiredConfig
 from anex_agent.tunnels.os.netconf import split_host_port
 from anex_agent.tunnels.binds.udp_probe import PROBE_TIMEOUT, ProbeResult, probe_gateway
-from anex_agent.tunnels.binds.ws import LocalRelay, RelayTarget, SwitchBind, proxy_for
+from anex_agent.tunnels.binds.egress_proxy import proxy_for
+from anex_agent.tunnels.binds.relay_client import RelayTarget
+from anex_agent.tunnels.binds.switch import SwitchBind
+from anex_agent.tunnels.binds.ws import LocalRelay
 from anex_agent.wire.models import NodeConfig
 
 if TYPE_CHECKING:

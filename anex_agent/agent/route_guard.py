@@ -21,7 +21,7 @@ import socket
 from urllib.parse import urlsplit
 
 from anex_agent.agent.desired import RefusedRoute, admit_routes, desired_from_config
-from anex_agent.tunnels.engines.base import DesiredConfig
+from anex_agent.tunnels.engines.config import DesiredConfig
 from anex_agent.wire.models import NodeConfig
 
 log = logging.getLogger(__name__)

@@ -338,7 +338,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
                                      "through an inbound port, list only the workload's ports")
     engine = _choice(engine, src_e, ENGINES)
     if engine != "auto":  # fail here, before anything starts, when the engine cannot serve a workload
-        from anex_agent.tunnels.engines.base import require_workload_engine
+        from anex_agent.tunnels.engines.registry import require_workload_engine
 
         require_workload_engine(engine, src_e)
     return AgentSettings(

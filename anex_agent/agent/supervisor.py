@@ -66,7 +66,7 @@ from anex_agent.agent.heartbeat import (first_heartbeat, heartbeat_loop, last_he
                                         start_telemetry, watch_loop)
 from anex_agent.agent.stopping import HURRY_MARGIN, STOP_MARGIN, ExitDeadline, Teardown, cancel_and_wait
 from anex_agent.client.link import CoordinatorLink
-from anex_agent.tunnels.binds.ws import proxy_for
+from anex_agent.tunnels.binds.egress_proxy import proxy_for
 from anex_agent.agent.settings import AgentSettings, check_ports_free
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.agent.reaper import Reaper, become_subreaper

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from anex_agent.tunnels.engines.base import PeerConfig
+from anex_agent.tunnels.engines.config import PeerConfig
 from anex_agent.wire.models import MeshPeer, PeerSet, WatchEvent
 
 GATEWAY_EVENT_TYPES = ("snapshot", "peer_added", "peer_removed")

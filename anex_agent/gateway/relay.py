@@ -56,7 +56,7 @@ from anex_agent.gateway.admission import Admission, Network, forwarded_source, i
 from anex_agent.gateway.relay_listener import listen
 from anex_agent.wire.keys import public_key as derive_public
 from anex_agent.net.peer_log import LogBudget, peer_text
-from anex_agent.tunnels.binds.ws import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
+from anex_agent.tunnels.binds.relay_io import DirectBinary, UdpReader, datagram_sink, send_batch, udp_socket
 from anex_agent.wg.budget import TokenBucket
 
 log = logging.getLogger(__name__)

@@ -53,7 +53,9 @@ from anex_agent.gateway.peers import PeerBook, PeerDelta
 from anex_agent.gateway.settings import GatewaySettings, interface_for, table_for
 from anex_agent.gateway.state import GatewayState, Registration
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.engines.base import DesiredConfig, Engine, choose_engine
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig
+from anex_agent.tunnels.engines.registry import choose_engine
 from anex_agent.wire.models import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, WatchEvent
 
 log = logging.getLogger(__name__)

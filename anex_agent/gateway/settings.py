@@ -15,7 +15,7 @@ from anex_agent import parse
 from anex_agent.client import transport
 from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
-from anex_agent.tunnels.engines.base import IFNAME_PREFIX, check_ifname
+from anex_agent.tunnels.engines.ifnames import IFNAME_PREFIX, check_ifname
 
 DEFAULT_LISTEN_UDP = "0.0.0.0:51820"
 DNS_PORT = 53  # RFC 1035 §4.2: the upstream's port when --dns-upstream names none

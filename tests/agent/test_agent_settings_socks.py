@@ -11,7 +11,7 @@ from anex_agent.host import childenv
 from anex_agent.agent import engine_frontends
 from anex_agent.agent import settings as s
 from anex_agent.errors import ConfigError
-from anex_agent.tunnels.engines.base import engine_classes
+from anex_agent.tunnels.engines.registry import engine_classes
 from anex_agent.tunnels.engines.wireproxy import WireproxyEngine
 
 BASE = {"ANEX_COORDINATOR_URL": "http://10.0.0.1:8080", "ANEX_JOIN_TOKEN": "tok", "ANEX_STATE_DIR": "/tmp/x"}
@@ -125,7 +125,7 @@ def test_wireproxy_serves_it_without_credentials_only():
 
 def test_wireproxy_renders_its_socks5_section_only_when_on():
     from anex_agent.wire.keys import KeyPair, generate_private_key
-    from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+    from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
     from anex_agent.tunnels.engines.wireproxy_config import WireproxyOptions, render_config
 
     desired = DesiredConfig(private_key=generate_private_key(), listen_port=None, address="10.254.0.5/16", mtu=1400,

@@ -19,7 +19,9 @@ from anex_agent.agent.settings import AgentSettings, ListenAddress, TunnelSettin
 from anex_agent.net.dialer import OSDialer
 from anex_agent.wire.keys import KeyPair, generate_private_key
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, Support, WorkloadConfig
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig, WorkloadConfig
+from anex_agent.tunnels.engines.status import EngineStatus, Support
 from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec
 from tests.polling import wait_until
 
@@ -197,7 +199,7 @@ class SilentGatewayEngine(ContractEngine):
         self.rx, self.tx, self.handshake = 1000, 1000, None
 
     async def status(self) -> EngineStatus:
-        from anex_agent.tunnels.engines.base import PeerStatus
+        from anex_agent.tunnels.engines.status import PeerStatus
 
         self.tx += 200
         return EngineStatus(self.name, None, 0, True, (PeerStatus(GW, "192.0.2.1:51820", self.handshake, self.rx, self.tx),))
@@ -244,7 +246,7 @@ class OneSilentOfTwoEngine(ContractEngine):
     async def status(self) -> EngineStatus:
         import time
 
-        from anex_agent.tunnels.engines.base import PeerStatus
+        from anex_agent.tunnels.engines.status import PeerStatus
 
         self.tx += 200
         return EngineStatus(self.name, None, 0, True, (
@@ -357,7 +359,7 @@ class NoYieldEngine(ContractEngine):
     async def status(self) -> EngineStatus:
         import time
 
-        from anex_agent.tunnels.engines.base import PeerStatus
+        from anex_agent.tunnels.engines.status import PeerStatus
 
         assert self.loop_ran, "status() asked again without the event loop running in between"
         self.loop_ran = False
@@ -420,7 +422,7 @@ class LateGatewayEngine(ContractEngine):
     async def status(self) -> EngineStatus:
         import time
 
-        from anex_agent.tunnels.engines.base import PeerStatus
+        from anex_agent.tunnels.engines.status import PeerStatus
 
         handshake = time.time() if len(self.handshake_asks) >= 2 else None
         return EngineStatus(self.name, None, 0, True, (PeerStatus(GW, "192.0.2.1:51820", handshake, 1, 1),))

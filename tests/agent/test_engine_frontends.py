@@ -11,7 +11,7 @@ from anex_agent.agent import engine_frontends
 from anex_agent.agent.settings import AgentSettings, ListenAddress, TunnelSetting
 from anex_agent.errors import ConfigError
 from anex_agent.wire.keys import KeyPair, generate_private_key
-from anex_agent.tunnels.engines.base import engine_classes
+from anex_agent.tunnels.engines.registry import engine_classes
 from anex_agent.tunnels.engines.wireproxy import WireproxyEngine, WireproxyOptions
 from anex_agent.tunnels.engines.wireproxy_process import free_loopback_port
 from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec

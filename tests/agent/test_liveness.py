@@ -11,7 +11,7 @@ from anex_agent.agent.liveness import DeadPeerWatch, Silence, assign
 from anex_agent.agent.path import Counters
 from anex_agent.tasks import Tasks
 from anex_agent.wire.keys import encode_key, generate_private_key, public_key
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from tests.polling import wait_until
 
 

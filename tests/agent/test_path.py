@@ -21,7 +21,7 @@ from anex_agent.agent.path import Counters, PathManager, PathSettings, SilenceWa
 from anex_agent.gateway.relay import Relay
 from anex_agent.wire.keys import KeyPair
 from anex_agent.tasks import Tasks
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.binds.udp_probe import probe_gateway
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
 from tests.polling import GENEROUS, wait_until
@@ -407,7 +407,7 @@ async def test_the_watch_pulls_the_hub_back_after_a_quiet_probe(world):
 async def test_the_switch_bind_pushes_both_paths_to_a_receiver(tasks):
     """With a receiver set, UDP batches and relay datagrams go straight to it; no queue in between."""
     from anex_agent.tunnels.binds.udp import UdpBind
-    from anex_agent.tunnels.binds.ws import SwitchBind
+    from anex_agent.tunnels.binds.switch import SwitchBind
 
     key = keys.generate_private_key()
     bind = await SwitchBind.open(0, "127.0.0.1", tasks, private_key=key, public_key=keys.encode_key(keys.public_key(key)))

@@ -38,7 +38,7 @@ module.configure(argparse.ArgumentParser())
 # what main() imports, then what the start-up imports on its way to a proxied answer
 from anex_agent.agent.cli_detect import detect_report
 from anex_agent.agent.supervisor import Agent
-from anex_agent.tunnels.engines.base import choose_engine
+from anex_agent.tunnels.engines.registry import choose_engine
 detect_report()
 try:
     choose_engine("wireguard-go", for_workload=True)

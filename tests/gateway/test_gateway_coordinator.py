@@ -19,7 +19,9 @@ from anex_agent.client.rest import CoordinatorClient
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
 from anex_agent.wire.keys import KeyPair, generate_private_key
-from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, Support
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig
+from anex_agent.tunnels.engines.status import EngineStatus, Support
 from tests.polling import wait_until
 
 

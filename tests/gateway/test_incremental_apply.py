@@ -20,7 +20,10 @@ from anex_agent.gateway.settings import build_settings
 from anex_agent.wire.keys import KeyPair, encode_key, generate_private_key
 from anex_agent.tunnels.engines import wireguard_go
 from anex_agent.tunnels.os import uapi
-from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, PeerConfig, Support, plan_peers
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.peer_plan import plan_peers
+from anex_agent.tunnels.engines.status import EngineStatus, Support
 from anex_agent.wire.models import MeshPeer, WatchEvent
 from tests.polling import wait_until
 

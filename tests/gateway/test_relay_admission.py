@@ -15,7 +15,7 @@ import pytest
 
 from anex_agent.wire import keys
 from anex_agent.gateway.relay import Relay, RelayLimits
-from anex_agent.tunnels.binds.ws import RelayTarget, check_relay
+from anex_agent.tunnels.binds.relay_client import RelayTarget, check_relay
 
 STRANGER = "127.0.0.2"
 UPGRADE = ("GET /relay HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"

@@ -13,7 +13,7 @@ import pytest
 from anex_agent.wire import keys
 from anex_agent.errors import DialRefused, DialTimeout
 from anex_agent.net.resolver import Resolver, ResolverSlot
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig, WorkloadConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig, WorkloadConfig
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
 
 IP_A, IP_B = "10.45.0.1", "10.45.0.2"

@@ -25,7 +25,7 @@ Implementations:
 * :class:`anex_agent.tunnels.binds.ws.WebSocketBind` -- one relay connection per gateway,
   reconnecting on its own; endpoints are the gateways' UDP endpoints ``(ip, port)``, so the
   core does not know which path a datagram took.
-* :class:`anex_agent.tunnels.binds.ws.SwitchBind` -- UDP and WebSocket side by side; the
+* :class:`anex_agent.tunnels.binds.switch.SwitchBind` -- UDP and WebSocket side by side; the
   path chooser moves each endpoint between them (``use(endpoint, "websocket")``).
 
 For the native engines (kernel, wireguard-go), which own their UDP socket, the WebSocket

@@ -1,6 +1,6 @@
 """Remove what a crashed agent or gateway left behind (``anex-agent cleanup``).
 
-What counts as ours (by name, see :data:`anex_agent.tunnels.engines.base.IFNAME_PREFIX`):
+What counts as ours (by name, see :data:`anex_agent.tunnels.engines.ifnames.IFNAME_PREFIX`):
 
 * wireguard-go processes serving an ``anx*`` interface that are orphaned (their parent
   is gone: PPID 1). Live agents' children are left alone. (A normal crash needs no
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from anex_agent.tunnels.engines.base import IFNAME_PREFIX
+from anex_agent.tunnels.engines.ifnames import IFNAME_PREFIX
 from anex_agent.tunnels.os.uapi import SOCKET_DIR
 
 NFT_TABLE_PREFIX = "anex_"

@@ -25,7 +25,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from anex_agent.tunnels.engines.base import AUTO_ORDER, Support, engine_classes
+from anex_agent.tunnels.engines.registry import AUTO_ORDER, engine_classes
+from anex_agent.tunnels.engines.status import Support
 
 #: capability names reported to the coordinator, per engine (NodeFacts.capabilities).
 CAPABILITY_NAMES = {"kernel": "kernel-wireguard", "wireguard-go": "wireguard-go", "userspace": "userspace", "wireproxy": "wireproxy"}

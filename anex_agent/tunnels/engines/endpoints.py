@@ -33,7 +33,7 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from anex_agent.errors import EngineError
-from anex_agent.tunnels.engines.base import DesiredConfig
+from anex_agent.tunnels.engines.config import DesiredConfig
 from anex_agent.tunnels.os.netconf import join_host_port, split_host_port
 
 log = logging.getLogger(__name__)

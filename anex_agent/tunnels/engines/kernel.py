@@ -2,7 +2,7 @@
 
 * ``start()`` creates the link (rtnetlink, kind ``wireguard``).
 * ``apply(desired)`` dumps the device (``WG_CMD_GET_DEVICE``), diffs it against
-  ``desired`` with :func:`anex_agent.tunnels.engines.base.plan_peers` and sends
+  ``desired`` with :func:`anex_agent.tunnels.engines.peer_plan.plan_peers` and sends
   ``WG_CMD_SET_DEVICE`` messages with only the changes (one per peer, as pyroute2's
   ``WireGuard.set`` builds them); addresses, MTU, routes and link state through
   :mod:`netconf`, exactly as the wireguard-go engine does.
@@ -28,17 +28,11 @@ from typing import TYPE_CHECKING, Any
 from anex_agent.errors import EngineError
 from anex_agent.wire.keys import encode_key
 from anex_agent.tunnels.os import netconf
-from anex_agent.tunnels.engines.base import (
-    IFNAME_PREFIX,
-    DesiredConfig,
-    Engine,
-    EngineStatus,
-    PeerConfig,
-    Support,
-    WorkloadConfig,
-    check_ifname,
-    plan_peers,
-)
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig, WorkloadConfig
+from anex_agent.tunnels.engines.ifnames import IFNAME_PREFIX, check_ifname
+from anex_agent.tunnels.engines.peer_plan import plan_peers
+from anex_agent.tunnels.engines.status import EngineStatus, Support
 from anex_agent.tunnels.engines.endpoints import resolve_once
 from anex_agent.tunnels.os.caps import CAP_NET_ADMIN, call_off_loop, has_capability
 from anex_agent.tunnels.os.uapi import UapiDevice, UapiPeer

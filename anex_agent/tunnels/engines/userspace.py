@@ -40,16 +40,10 @@ from typing import TYPE_CHECKING
 from anex_agent.errors import ConfigError, EngineError, LocalProtocolError
 from anex_agent.wire.keys import decode_key, encode_key
 from anex_agent.tunnels.os import netconf
-from anex_agent.tunnels.engines.base import (
-    DesiredConfig,
-    Engine,
-    EngineStatus,
-    PeerConfig,
-    PeerStatus,
-    Support,
-    WorkloadConfig,
-    plan_peers,
-)
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig, WorkloadConfig
+from anex_agent.tunnels.engines.peer_plan import plan_peers
+from anex_agent.tunnels.engines.status import EngineStatus, PeerStatus, Support
 from anex_agent.tunnels.binds.base import send_all, set_receiver
 from anex_agent.tunnels.engines.endpoints import resolve_once
 from anex_agent.tunnels.binds.udp import Bind, BindClosed, UdpBind

@@ -7,7 +7,7 @@ Lifecycle:
   PR_SET_PDEATHSIG, so a crashed agent does not leave it behind), then waits until its
   UAPI socket answers ``get=1``.
 * ``apply(desired)`` reads the device over UAPI, diffs it against ``desired``
-  (:func:`anex_agent.tunnels.engines.base.plan_peers`) and sends ``set=1`` requests with only the
+  (:func:`anex_agent.tunnels.engines.peer_plan.plan_peers`) and sends ``set=1`` requests with only the
   changes, at most :data:`SET_CHUNK` peers each (a fresh hub of 10,000 peers: 5 writes);
   then addresses, MTU, link state and routes through :mod:`netconf`.
 * ``update_peers(upsert, remove)`` sends one ``set=1`` naming only those peers: no
@@ -18,7 +18,7 @@ Lifecycle:
 
 The interface, the process and the socket are all named after ``ifname``; UAPI
 sockets live in one directory for the whole machine (not per namespace), so names
-must be unique machine-wide (see :func:`anex_agent.tunnels.engines.base.new_ifname`).
+must be unique machine-wide (see :func:`anex_agent.tunnels.engines.ifnames.new_ifname`).
 """
 
 from __future__ import annotations
@@ -40,17 +40,11 @@ from anex_agent.host.childenv import engine_env
 from anex_agent.errors import EngineError
 from anex_agent.wire.keys import decode_key, encode_key
 from anex_agent.tunnels.os import netconf, process, uapi
-from anex_agent.tunnels.engines.base import (
-    DesiredConfig,
-    Engine,
-    EngineStatus,
-    PeerConfig,
-    PeerStatus,
-    Support,
-    WorkloadConfig,
-    check_ifname,
-    plan_peers,
-)
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig, WorkloadConfig
+from anex_agent.tunnels.engines.ifnames import check_ifname
+from anex_agent.tunnels.engines.peer_plan import plan_peers
+from anex_agent.tunnels.engines.status import EngineStatus, PeerStatus, Support
 from anex_agent.tunnels.os.caps import CAP_NET_ADMIN, has_capability, tun_usable
 from anex_agent.tunnels.engines.endpoints import resolve_once
 

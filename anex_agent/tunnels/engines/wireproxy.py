@@ -3,7 +3,7 @@
 wireproxy (windtf/wireproxy v1.1, a Go program: wireguard-go + gVisor netstack) owns its
 own HTTP proxy and TCP tunnels, so this engine serves the workload itself
 (``frontends = "engine"``, ``dialer()`` is None): ``apply(desired, workload)`` renders
-the tunnel and the :class:`~anex_agent.tunnels.engines.base.WorkloadConfig` into one config and,
+the tunnel and the :class:`~anex_agent.tunnels.engines.config.WorkloadConfig` into one config and,
 as wireproxy has no live reconfiguration, restarts the process when the text changed.
 
 By concern:
@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anex_agent.errors import ConfigError, EngineError
-from anex_agent.tunnels.engines.base import DesiredConfig, Engine, EngineStatus, Support, WorkloadConfig
+from anex_agent.tunnels.engines.base import Engine
+from anex_agent.tunnels.engines.config import DesiredConfig, WorkloadConfig
+from anex_agent.tunnels.engines.status import EngineStatus, Support
 from anex_agent.tunnels.engines.wireproxy_config import (
     CHECK_ALIVE_INTERVAL,
     ClientTunnel,

@@ -2,9 +2,9 @@
 
 :class:`WireproxyOptions` is what wireproxy needs beyond the WireGuard config (its HTTP
 proxy, client and server tunnels, health address, DNS, CheckAlive), built from the
-engine contract's :class:`~anex_agent.tunnels.engines.base.WorkloadConfig` by
+engine contract's :class:`~anex_agent.tunnels.engines.config.WorkloadConfig` by
 :meth:`WireproxyOptions.from_workload`; :func:`render_config` turns a
-:class:`~anex_agent.tunnels.engines.base.DesiredConfig` and options into the file's text.
+:class:`~anex_agent.tunnels.engines.config.DesiredConfig` and options into the file's text.
 Every value is validated (ConfigError naming the field) before it is rendered, so
 nothing the coordinator or the environment sends can add a section or an ``$ENV``
 reference to the file. No I/O here.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from anex_agent import parse
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.wire.keys import decode_key, encode_key
-from anex_agent.tunnels.engines.base import DesiredConfig, WorkloadConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, WorkloadConfig
 
 #: wireproxy's default CheckAliveInterval (seconds); /readyz says 503 once the last pong is older than this + 2 s.
 CHECK_ALIVE_INTERVAL = 5

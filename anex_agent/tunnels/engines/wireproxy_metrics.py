@@ -7,7 +7,7 @@ from typing import Any
 
 from anex_agent.errors import EngineError
 from anex_agent.wire.keys import encode_key
-from anex_agent.tunnels.engines.base import PeerStatus
+from anex_agent.tunnels.engines.status import PeerStatus
 
 
 def parse_metrics(text: str, *, now: float | None = None) -> tuple[int, tuple[PeerStatus, ...]]:

@@ -12,9 +12,10 @@ from websockets.exceptions import ConnectionClosed
 from anex_agent.wire import keys
 from anex_agent.net import relay_protocol as rp
 from anex_agent.gateway.relay import Relay, RelayLimits
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
-from anex_agent.tunnels.binds.ws import LocalRelay, RelayTarget, WebSocketBind, proxy_for
+from anex_agent.tunnels.binds.relay_client import RelayTarget
+from anex_agent.tunnels.binds.ws import LocalRelay, WebSocketBind
 from tests.polling import GENEROUS
 
 IP_A, IP_B = "10.44.0.1", "10.44.0.2"
@@ -229,24 +230,6 @@ async def test_local_relay_carries_an_engine_that_owns_its_udp_socket(mesh):
         await node.stop()
 
 
-@pytest.mark.parametrize("url, env, expected", [
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://proxy:3128"}, "http://proxy:3128"),
-    ("wss://gw.example.com/r", {"https_proxy": "proxy:3128"}, "http://proxy:3128"),
-    ("ws://gw.example.com/r", {"HTTPS_PROXY": "http://proxy:3128"}, None),
-    ("ws://gw.example.com/r", {"HTTP_PROXY": "http://p:1"}, "http://p:1"),
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "example.com"}, None),
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": ".example.com"}, None),
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "no_proxy": "other.com, *"}, None),
-    ("wss://gw.example.com/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "ample.com,10.0.0.1"}, "http://p:1"),
-    ("wss://10.0.0.1:443/r", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.0.0.1"}, None),
-    ("wss://gw.example.com/r", {}, None),
-    ("https://coordinator.example.com", {"HTTPS_PROXY": "http://p:1"}, "http://p:1"),   # the coordinator too
-    ("http://10.0.0.1:8700", {"HTTP_PROXY": "http://p:2", "HTTPS_PROXY": "http://p:1"}, "http://p:2"),
-])
-def test_proxy_choice_follows_the_environment(url, env, expected):
-    assert proxy_for(url, env) == expected
-
-
 def test_the_proof_is_bound_to_the_challenge_and_the_gateway():
     node, gw, other_gw = (keys.generate_private_key() for _ in range(3))
     pub = keys.encode_key(keys.public_key(node))
@@ -298,7 +281,7 @@ async def test_the_relay_serves_tls_itself_and_the_client_verifies_it(mesh, tmp_
 
     from anex_agent.gateway.relay import tls_context
     from anex_agent.client.transport import client_ssl_context
-    from anex_agent.tunnels.binds.ws import check_relay
+    from anex_agent.tunnels.binds.relay_client import check_relay
     from tests.tls_certs import make_certs
 
     certs = make_certs(tmp_path, dns_names=())

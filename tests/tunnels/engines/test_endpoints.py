@@ -8,7 +8,7 @@ import base64
 import pytest
 
 from anex_agent.errors import EngineError
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.engines.endpoints import EndpointPolicy
 from tests.polling import wait_until
 

@@ -9,7 +9,7 @@ import pytest
 from anex_agent.wire.keys import encode_key
 from anex_agent.tunnels.engines import kernel, wireguard_go
 from anex_agent.tunnels.os import uapi
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 
 PRIV = bytes(range(32))
 K1, K2, K3 = bytes([1] * 32), bytes([2] * 32), bytes([3] * 32)

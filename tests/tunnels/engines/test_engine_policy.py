@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from anex_agent.errors import ConfigError, EngineError
-from anex_agent.tunnels.engines import base, detect
-from anex_agent.tunnels.engines.base import Support
+from anex_agent.tunnels.engines import base, detect, registry
+from anex_agent.tunnels.engines.status import Support
 
 
 def fake_engine(name: str, runs: bool, serves: bool):
@@ -33,19 +33,19 @@ def fake_engine(name: str, runs: bool, serves: bool):
 def engines(monkeypatch):
     """Install fake engine classes: set(name=(runs, serves), ...)."""
     def install(**spec):
-        classes = {n: fake_engine(n, *spec[n]) for n in base.AUTO_ORDER if n in spec}
-        monkeypatch.setattr(base, "engine_classes", lambda: classes)
+        classes = {n: fake_engine(n, *spec[n]) for n in registry.AUTO_ORDER if n in spec}
+        monkeypatch.setattr(registry, "engine_classes", lambda: classes)
         monkeypatch.setattr(detect, "engine_classes", lambda: classes)
         return classes
     return install
 
 
 def test_auto_order_puts_userspace_before_wireproxy():
-    assert base.AUTO_ORDER == ("kernel", "wireguard-go", "userspace", "wireproxy")
+    assert registry.AUTO_ORDER == ("kernel", "wireguard-go", "userspace", "wireproxy")
 
 
 def test_real_classes_answer_workload_support():
-    classes = base.engine_classes()
+    classes = registry.engine_classes()
     assert classes["kernel"].workload_support().ok and classes["wireguard-go"].workload_support().ok
     assert classes["wireproxy"].workload_support().ok and classes["wireproxy"].frontends == "engine"
     userspace = classes["userspace"].workload_support()
@@ -56,46 +56,46 @@ def test_real_classes_answer_workload_support():
 def test_auto_for_workload_skips_userspace_and_says_why(engines):
     engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (False, True), "userspace": (True, False)})
     with pytest.raises(EngineError) as err:
-        base.choose_engine("auto", for_workload=True)
+        registry.choose_engine("auto", for_workload=True)
     assert "userspace: runs here but cannot serve the workload: userspace has no stack" in str(err.value)
 
 
 def test_auto_for_workload_takes_wireproxy_when_it_runs(engines):
     classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (True, False)})
-    cls, tried = base.choose_engine("auto", for_workload=True)
+    cls, tried = registry.choose_engine("auto", for_workload=True)
     assert cls is classes["wireproxy"]
     assert list(tried) == ["kernel", "wireguard-go", "userspace", "wireproxy"]
 
 
 def test_auto_for_workload_prefers_native_engines(engines):
     classes = engines(kernel=(False, True), **{"wireguard-go": (True, True), "wireproxy": (True, True), "userspace": (True, True)})
-    assert base.choose_engine("auto", for_workload=True)[0] is classes["wireguard-go"]
+    assert registry.choose_engine("auto", for_workload=True)[0] is classes["wireguard-go"]
 
 
 def test_userspace_with_a_stack_is_picked_when_native_engines_cannot_run(engines):
     classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (True, True)})
-    cls, tried = base.choose_engine("auto", for_workload=True)
+    cls, tried = registry.choose_engine("auto", for_workload=True)
     assert cls is classes["userspace"]
     assert list(tried) == ["kernel", "wireguard-go", "userspace"]  # wireproxy's binary is not even probed
 
 
 def test_tunnel_only_purpose_keeps_plain_support(engines):
     classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (False, True), "userspace": (True, False)})
-    assert base.choose_engine("auto")[0] is classes["userspace"]  # e.g. the interop tests drive it directly
+    assert registry.choose_engine("auto")[0] is classes["userspace"]  # e.g. the interop tests drive it directly
 
 
 def test_tunnel_only_auto_never_picks_an_engine_that_serves_a_workload_only(engines):
     classes = engines(kernel=(False, True), **{"wireguard-go": (False, True), "wireproxy": (True, True), "userspace": (False, False)})
     classes["wireproxy"].frontends = "engine"
     with pytest.raises(EngineError) as err:  # e.g. the gateway's hub: wireproxy runs, but is never its tunnel
-        base.choose_engine("auto")
+        registry.choose_engine("auto")
     assert "wireproxy: serves a node's workload only" in str(err.value)
 
 
 def test_explicit_engine_that_cannot_serve_names_the_variable_and_the_choices(engines):
     engines(kernel=(False, True), **{"wireguard-go": (True, True), "wireproxy": (False, True), "userspace": (True, False)})
     with pytest.raises(ConfigError) as err:
-        base.choose_engine("userspace", for_workload=True, source="ANEX_ENGINE")
+        registry.choose_engine("userspace", for_workload=True, source="ANEX_ENGINE")
     text = str(err.value)
     assert err.value.source == "ANEX_ENGINE"
     assert text.startswith("ANEX_ENGINE: 'userspace' cannot serve the workload yet (userspace has no stack)")

@@ -9,7 +9,7 @@ import pytest
 
 from anex_agent.tunnels.engines import cleanup, detect, endpoints
 from anex_agent.tunnels.os import caps, netconf
-from anex_agent.tunnels.engines.base import Support
+from anex_agent.tunnels.engines.status import Support
 
 STATUS = "Name:\tpython\nCapInh:\t0000000000000000\nCapEff:\t{}\nCapBnd:\t000001ffffffffff\n"
 

@@ -10,7 +10,8 @@ import pytest
 
 from anex_agent.wire import keys
 from anex_agent.errors import EngineError
-from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig, engine_classes
+from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
+from anex_agent.tunnels.engines.registry import engine_classes
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
 from anex_agent.wg.routing import packet_addresses
 from tests.polling import GENEROUS, wait_until

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from anex_agent.errors import ConfigError, EngineError
-from anex_agent.tunnels.engines.base import DesiredConfig, Forward, PeerConfig, WorkloadConfig, engine_classes
+from anex_agent.tunnels.engines.config import DesiredConfig, Forward, PeerConfig, WorkloadConfig
+from anex_agent.tunnels.engines.registry import engine_classes
 from anex_agent.tunnels.engines.wireproxy import (
     ClientTunnel,
     ServerTunnel,

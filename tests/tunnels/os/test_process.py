@@ -117,7 +117,7 @@ def test_wireproxy_child_dies_with_the_agent(tmp_path):
     wrapper.write_text(f"#!/bin/sh\nFAKE_WIREPROXY_DIR={control} exec {sys.executable} {FAKE_WIREPROXY} \"$@\"\n")
     wrapper.chmod(0o755)
     parent = run_parent(tmp_path, f"""
-        from anex_agent.tunnels.engines.base import DesiredConfig, PeerConfig
+        from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
         from anex_agent.tunnels.engines.wireproxy import WireproxyEngine
         engine = WireproxyEngine(binary={str(wrapper)!r}, state_dir={str(tmp_path / "state")!r})
         await engine.start(tasks)
