@@ -26,9 +26,11 @@ driven by one coordinator at a time (a lease in its row).
   scheduler and every provision task waiting between steps.
 * A step that raises :class:`~anex_agent.providers.rentals.ProviderUnavailable` (or anything
   unexpected: logged with its traceback) ends the task; the provision is tried again after its
-  next retry delay (:class:`RetryDelays`, written to ``next_try_at``): ``ANEX_PROVISION_BACKOFF``
-  doubling per failure in a row, capped at 60 s, a provider's ``Retry-After`` a floor; they start
-  over once the provision moves on (a state change, a rental recorded). They are not the
+  next retry delay (:class:`RetryDelays`, written to ``next_try_at``). These delays are the
+  project's one :class:`anex_agent.backoff.Backoff` per provision, with its jitter (a random delay
+  in ``[d/2, d]`` for ``d = ANEX_PROVISION_BACKOFF × 2^n`` capped at 60 s; a provider's
+  ``Retry-After`` is a floor), so provisions that failed together do not come back together; they
+  start over once the provision moves on (a state change, a rental recorded). They are not the
   recovery policy's retries (:mod:`.policy`), which start another attempt or round.
   :class:`~anex_agent.providers.rentals.KeyRefused`: :meth:`.steps.Steps.key_refused` says what
   then (failed, or a slow retry while deleting).
@@ -38,9 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from anex_agent.backoff import Backoff
 from anex_agent.coordinator import changes, credentials
 from anex_agent.coordinator.provisioning import boot, costs, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
@@ -62,24 +66,25 @@ ACTIVE = (S.selecting.value, S.renting.value, S.booting.value, S.deleting.value)
 
 
 class RetryDelays:
-    """Per provision, how long to wait before trying a failed step again (base ``base``, doubling,
-    capped at ``cap``), started over by :meth:`reset`."""
+    """Per provision, how long to wait before trying a failed step again: one :class:`Backoff` each
+    (base ``base``, doubling, capped at ``cap``, equal jitter), started over by :meth:`reset`."""
 
-    def __init__(self, base: float, cap: float) -> None:
+    def __init__(self, base: float, cap: float, rng: random.Random | None = None) -> None:
         self.base = base
         self.cap = cap
-        self._failures: dict[str, int] = {}  # provision -> provider failures in a row
+        self.rng = rng or random.Random()
+        self._backoffs: dict[str, Backoff] = {}  # provision -> its provider failures in a row
 
     def next(self, pid: str, retry_after: float | None = None) -> float:
         """The delay before the next try of ``pid`` (never below ``retry_after``, the provider's ``Retry-After``)."""
-        n = self._failures.get(pid, 0)
-        self._failures[pid] = n + 1
-        delay = min(self.cap, self.base * (2 ** n))
-        return max(delay, retry_after or 0.0)
+        backoff = self._backoffs.get(pid)
+        if backoff is None:
+            backoff = self._backoffs[pid] = Backoff(base=self.base, cap=self.cap, rng=self.rng)
+        return max(backoff.next_delay(), retry_after or 0.0)
 
     def reset(self, pid: str) -> None:
         """``pid`` moved on: its next failure waits the shortest delay again."""
-        self._failures.pop(pid, None)
+        self._backoffs.pop(pid, None)
 
 
 class Provisioner:
