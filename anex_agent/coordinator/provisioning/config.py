@@ -7,7 +7,7 @@ registry that builds a :class:`~anex_agent.providers.rentals.RentalProvider` for
 | ``ANEX_PROVISION_BOOT_TIMEOUT`` | 900 | seconds a rented machine has to join and report ready |
 | ``ANEX_PROVISION_MAX_ATTEMPTS`` | 5 | offers tried per round (:mod:`.policy`: a provision without retries has one) |
 | ``ANEX_PROVISION_RECONCILE_INTERVAL`` | 60 | seconds between comparisons of the providers' rentals with the provisions |
-| ``ANEX_PROVISION_BACKOFF`` | 2 | seconds before the first retry of a provider that was unavailable (doubles, up to 60) |
+| ``ANEX_PROVISION_BACKOFF`` | 2 | seconds before the first retry of a provider that was unavailable (doubles, up to 60; jittered: :mod:`.scheduler`) |
 | ``ANEX_PROVISION_LEASE`` | 30 | seconds a coordinator holds a provision it works on (another takes over after a crash) |
 | ``ANEX_PROVISION_RETRY_*``, ``_DEADLINE_*``, ``_IDLE_*`` | see :mod:`.policy` | the recovery policy of provisions that do not say |
 | ``ANEX_RUNPOD_REST_URL`` | ``https://rest.runpod.io/v1`` | RunPod's REST API, where pods are rented (offers come from ``ANEX_RUNPOD_URL``) |

@@ -15,7 +15,7 @@ Mounted through ``ROUTE_MODULES``; ``MIGRATIONS`` (400-449) are :mod:`..provisio
 :func:`setup` builds them from the coordinator's environment (:mod:`..provisioning.config`),
 the issuer being :func:`default_issuer` (the bootstrap's, with the ``--agent-binary`` files).
 A provision's ``agent`` start mode is decided at ``POST`` (:func:`resolve_agent`) and kept in it.
-The loop itself is :class:`..provisioning.loop.Provisioner`, a coordinator background task.
+The loop itself is :class:`..provisioning.scheduler.Provisioner`, a coordinator background task.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from anex_agent.coordinator import problems
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.provisioning import boot, models, recovery, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings, build_providers
-from anex_agent.coordinator.provisioning.loop import Provisioner
+from anex_agent.coordinator.provisioning.scheduler import Provisioner
 from anex_agent.coordinator.provisioning.models import ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import parse_policy
 from anex_agent.providers.rentals import RentalProvider
