@@ -31,7 +31,6 @@ COVERED_ELSEWHERE = {
     'agent/reaper.py': (('tests/agent/test_pid1.py',), 'exercises it directly'),
     'agent/run_options.py': (('tests/agent/test_pid1.py', 'tests/agent/test_restart_policy.py',), 'exercises it directly'),
     'agent/supervisor.py': (('tests/agent/test_agent_credentials.py', 'tests/agent/test_agent_join.py',), 'exercises it directly'),
-    'backoff.py': (('tests/agent/test_agent_api.py',), 'exercises it directly'),
     'client/join_token.py': (('tests/agent/test_agent_join.py',), 'exercises it directly'),
     'client/link.py': (('tests/client/',), "through the package's entry points (commands, services), not imported by name"),
     'coordinator/app.py': (('tests/agent/test_agent_credentials.py', 'tests/coordinator/test_abuse.py',), 'exercises it directly'),
