@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 import h11
 
 from anex_agent import parse
+from anex_agent.errors import BadRequest
 from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,6 @@ class Headers(dict):
 
     def __contains__(self, name: object) -> bool:
         return super().__contains__(name.lower() if isinstance(name, str) else name)
-
-
-class BadRequest(Exception):
-    pass
 
 
 @dataclass
@@ -252,7 +249,7 @@ class HttpServer:
         try:
             response = await self._handler(request)
         except BadRequest as err:
-            await self._send_plain(send, problem(400, "Bad Request", str(err)), close=True)
+            await self._send_plain(send, problem(400, "Bad Request", err.reason), close=True)
             return False
         except Exception:
             log.exception("%s: %s %s failed", self._name, peer_text(request.method), peer_text(request.path))
