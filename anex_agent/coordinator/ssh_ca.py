@@ -127,8 +127,9 @@ def parse_public_key(text: str):
 
     try:
         key = asyncssh.import_public_key(text.strip())
-    except (asyncssh.KeyImportError, ValueError, TypeError) as err:
-        raise PublicKeyRefused(f"not an OpenSSH public key: {err}") from None
+    except (asyncssh.KeyImportError, ValueError, TypeError) as err:  # its text stays here: the caller reads ours
+        log.debug("a public key that does not import: %s", err)
+        raise PublicKeyRefused("not an OpenSSH public key (one line: TYPE BASE64 [COMMENT])") from None
     algorithm = key.get_algorithm()
     if algorithm == "ssh-dss":
         raise PublicKeyRefused("DSA keys are refused; use ed25519, ecdsa or rsa (2048 bits or more)")
