@@ -1,7 +1,8 @@
 """The one error tree of anex-agent.
 
-Every exception the package raises on purpose derives from :class:`AnexError`.
-The tree separates seven families, because callers handle them differently:
+Every exception the package raises on purpose derives from :class:`AnexError`; a module may keep
+a private one (``_Stop``, ``_Done``: a leading underscore) that never leaves it. Near the root, the
+tree separates seven families, defined here, because callers handle them differently:
 
 * :class:`ConfigError` -- bad local input (flags, environment, files). The message
   names the input and says what is accepted. Raised at the edge where config is
@@ -9,7 +10,11 @@ The tree separates seven families, because callers handle them differently:
 * :class:`LocalProtocolError` / :class:`RemoteProtocolError` -- a protocol core
   refused something. *Local* means our own side asked for something the protocol
   does not allow (a bug or misuse); *remote* means the peer sent something invalid.
-  Peers never see the text of these exceptions.
+  Peers never see the text of these exceptions; a server answers a request that does not
+  parse with a fixed text and logs the detail (at debug level: peers are not to fill logs).
+  :class:`BadRequest` is the remote one of a request that cannot be served; its ``reason`` is
+  a designed text fit for the peer (the proxy's and the agent API's 400 body), never a
+  library's exception text.
 * :class:`CoordinatorError` -- a call to the coordinator failed. ``retryable``
   says whether trying again later may succeed (network errors, 5xx, 429) or not
   (401/403/400: the request itself is wrong).
@@ -23,7 +28,71 @@ The tree separates seven families, because callers handle them differently:
   (:class:`ResolveError`, :class:`DialRefused`, :class:`DialTimeout`,
   :class:`DialUnreachable`); ``reason`` is fit to show the workload.
 
-:class:`PortInUseError` is a :class:`ConfigError` (a listen port that is taken).
+The whole tree, with the module that defines each error outside this one (a second base in
+parentheses is kept for callers that catch it; ``tests/test_errors.py`` checks that every
+exception class of the package is drawn here and derives from :class:`AnexError`)::
+
+    AnexError
+    ├── ConfigError (ValueError)
+    │   ├── PortInUseError
+    │   ├── StateDirInUse                host/statelock.py
+    │   ├── ProbeError                   agent/probe_spec.py
+    │   └── AnnotationError              selection/annotations.py
+    ├── ProtocolError
+    │   ├── LocalProtocolError
+    │   └── RemoteProtocolError
+    │       ├── BadRequest (ValueError)
+    │       ├── InvalidAccessToken       wire/access_token.py
+    │       │   └── TokenReplayed        wire/access_token.py
+    │       ├── ProofError (ValueError)  wire/proof.py
+    │       ├── RelayProtocolError (ValueError)  net/relay_protocol.py
+    │       ├── PacketError (ValueError) netstack/ipv4.py
+    │       └── Socks5ProtocolError      frontends/socks5_core.py
+    ├── CoordinatorError
+    ├── KubeError
+    ├── EngineError
+    │   └── UapiError                    tunnels/os/uapi.py
+    ├── NotSupported
+    ├── DialError
+    │   ├── ResolveError
+    │   ├── DialRefused
+    │   ├── DialTimeout
+    │   └── DialUnreachable
+    ├── HttpError                        net/http/client.py
+    │   └── BodyTooLarge                 net/http/client.py
+    ├── NetlinkError (OSError)           tunnels/os/rtnl.py
+    ├── BindClosed                       tunnels/binds/base.py
+    ├── StackError                       netstack/stack.py
+    ├── Forbidden                        frontends/dial_guard.py
+    ├── PushRefused                      agent/actions.py
+    ├── BadParameter (ValueError)        agent/logs_api.py
+    ├── NvmlUnavailable                  gpu/nvml.py
+    ├── DeviceFailure                    gpu/nvml.py
+    ├── ReplayCacheFull                  wire/access_token.py
+    ├── Problem                          coordinator/problems.py (an RFC 9457 answer)
+    ├── NetworkExhausted                 coordinator/ipam.py
+    ├── PublicKeyRefused (ValueError)    coordinator/ssh_ca.py
+    ├── SealError                        coordinator/provisioning/registry_auth.py
+    ├── BootUnavailable                  coordinator/provisioning/boot.py
+    ├── ClientClosed                     coordinator/routes/registry.py
+    ├── ProviderError                    providers/offers_http.py
+    ├── RentRefused                      providers/rentals.py
+    ├── ProviderUnavailable              providers/rentals.py
+    │   ├── KeyRefused                   providers/rentals.py
+    │   └── NoCapacity                   providers/rentals.py
+    ├── WorkerError                      selection/worker.py
+    │   ├── WorkerUnavailable            selection/worker.py
+    │   ├── WorkerBusy                   selection/worker.py
+    │   ├── WorkerTimeout                selection/worker.py
+    │   └── JobFailed                    selection/worker.py
+    ├── Refusal                          virtualnode/refusal.py
+    ├── TargetError                      virtualnode/kubelet/context.py
+    ├── BadQuery                         virtualnode/kubelet/logs.py
+    ├── StreamsMissing                   virtualnode/kubelet/streams/bridge.py
+    ├── NodeUnreachable                  virtualnode/kubelet/streams/node_ssh.py
+    ├── DialFailed                       virtualnode/kubelet/streams/portforward.py
+    ├── NodeFailure                      virtualnode/kubelet/streams/remotecommand.py
+    └── ProcessDied (RuntimeError)       testing/mesh.py (the test and demo harness)
 
 Exceptions from libraries (OSError, aiohttp errors, netlink errors) are translated
 into this tree only at I/O edges, never deep inside pure code.
@@ -88,6 +157,15 @@ class LocalProtocolError(ProtocolError):
 
 class RemoteProtocolError(ProtocolError):
     """The peer sent something invalid (malformed, replayed, unauthenticated)."""
+
+
+class BadRequest(RemoteProtocolError, ValueError):
+    """A peer's request cannot be served as sent. ``reason`` is a designed text fit for the peer
+    (the body of a 400): it may quote what the peer sent, never a library's exception text."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
 
 
 class CoordinatorError(AnexError):

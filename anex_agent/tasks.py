@@ -6,8 +6,8 @@ A role (the node agent, the gateway) opens one :class:`asyncio.TaskGroup` and wr
 is decided when it is spawned, and it is never silent:
 
 * ``on_failure="restart"`` (default): the exception is logged with its traceback and the
-  task is run again after a backoff (``base`` doubling up to ``cap`` seconds, with
-  jitter; a run that lasted ``healthy_after`` seconds resets it). The failures are
+  task is run again after a :class:`anex_agent.backoff.Backoff` delay (``base`` doubling up
+  to ``cap`` seconds, its jitter; a run that lasted ``healthy_after`` seconds resets it). The failures are
   counted in :attr:`Tasks.failures`.
 * ``on_failure="fail"``: the exception is logged and raised, so the TaskGroup cancels
   the role's other tasks and the role stops with that error.
@@ -24,9 +24,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import random
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from anex_agent.backoff import Backoff
+
+if TYPE_CHECKING:
+    import random
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class Tasks:
         self.base = base
         self.cap = cap
         self.healthy_after = healthy_after
-        self._rng = rng or random.Random()
+        self._rng = rng
         #: failures seen per task name (restarted or not)
         self.failures: collections.Counter[str] = collections.Counter()
         self._live: set[asyncio.Task] = set()
@@ -72,7 +76,7 @@ class Tasks:
 
     async def _guard(self, name: str, run: Callable[[], Awaitable[None]], on_failure: str) -> None:
         loop = asyncio.get_running_loop()
-        attempt = 0
+        backoff = self._backoff()
         while True:
             started = loop.time()
             try:
@@ -86,14 +90,15 @@ class Tasks:
                     log.critical("%s: task %s failed; stopping the %s: %s", self.role, name, self.role, err, exc_info=True)
                     raise
                 if loop.time() - started >= self.healthy_after:
-                    attempt = 0
-                delay = self.delay(attempt)
-                attempt += 1
+                    backoff.reset()
+                delay = backoff.next_delay()
                 log.error("%s: task %s failed (%d time(s)); restarting it in %.1f s: %s",
                           self.role, name, self.failures[name], delay, err, exc_info=True)
                 await asyncio.sleep(delay)
 
+    def _backoff(self) -> Backoff:
+        return Backoff(base=self.base, cap=self.cap, rng=self._rng)
+
     def delay(self, attempt: int) -> float:
-        """Backoff before restart number ``attempt`` (0-based): in [ceiling/2, ceiling], ceiling = min(cap, base*2**attempt)."""
-        ceiling = min(self.cap, self.base * 2 ** min(attempt, 32))
-        return self._rng.uniform(ceiling / 2, ceiling)
+        """The delay before restart number ``attempt`` (0-based): :meth:`Backoff.delay` of ``base`` and ``cap``."""
+        return self._backoff().delay(attempt)

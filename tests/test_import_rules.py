@@ -52,6 +52,9 @@ IO_AND_CLOCK = ("asyncio", "socket", "time", "selectors", "threading", "subproce
 # who may import the shared test harness: the demo command (and, outside the package, tests and bench)
 TESTING = "anex_agent.testing"
 TESTING_USERS = ("anex_agent.testing", "anex_agent.demo")
+# who may draw random numbers from ``random``: the one retry delay (its jitter), and WireGuard's
+# handshake retransmission jitter (a protocol timer, whitepaper §6.1). Secrets come from ``secrets``/``os``.
+RANDOM_USERS = ("anex_agent.backoff", "anex_agent.wg.device")
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -229,3 +232,10 @@ def test_no_import_cycles(package):
     graph = {name: {t for t in edges if not t.endswith("__init__") and t != package}
              for name, edges in _graph(package).items() if name != package}
     assert _cycles(graph) == []
+
+
+def test_retry_jitter_is_drawn_only_by_backoff():
+    """A retry or reconnect delay is an :class:`anex_agent.backoff.Backoff`: no module draws its own
+    (a ``random`` imported only under ``TYPE_CHECKING``, to type an ``rng`` argument, does not count)."""
+    drawing = sorted(name for name, imports in IMPORTS.items() if "random" in imports and name not in RANDOM_USERS)
+    assert drawing == [], "take the delay from anex_agent.backoff.Backoff"

@@ -32,6 +32,7 @@ import signal
 from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
+from anex_agent.errors import AnexError
 from anex_agent.net.http.server import Request, Response, json_response, problem
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ DEFAULT_MAX_BYTES = 16 << 20
 ACTION_PATHS = frozenset({"/signal", "/restart", "/files"})
 
 
-class PushRefused(Exception):
+class PushRefused(AnexError):
     def __init__(self, status: int, detail: str, field: str = "path") -> None:
         super().__init__(detail)
         self.status = status

@@ -25,6 +25,7 @@ from datetime import datetime
 
 from anex_agent import parse
 from anex_agent.agent.logs import STREAMS, LogStore
+from anex_agent.errors import AnexError
 from anex_agent.net.http.server import Request, Response, StreamResponse, problem
 
 MAX_TAIL = 1_000_000
@@ -32,7 +33,7 @@ _DIGITS = re.compile(r"[0-9]{1,7}")
 _RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})")
 
 
-class BadParameter(ValueError):
+class BadParameter(AnexError, ValueError):
     def __init__(self, name: str, detail: str) -> None:
         super().__init__(f"{name}: {detail}")
         self.name = name

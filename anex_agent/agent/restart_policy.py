@@ -3,14 +3,16 @@
 The policy is the pod's ``restartPolicy`` (``ANEX_RESTART_POLICY``, parsed once by
 :mod:`.run_options`): ``Never`` (the default: the agent ends with the workload), ``OnFailure``
 (again after a non-zero status) or ``Always``. Between two runs the agent waits as a kubelet
-does (``CrashLoopBackOff``): 10 s, doubling up to 5 minutes; a run that lasted 10 minutes or
-more starts the back-off over.
+does (``CrashLoopBackOff``): 10 s, doubling up to 5 minutes, without jitter (a
+:class:`anex_agent.backoff.Backoff` with ``jitter=False``); a run that lasted 10 minutes or more
+starts the back-off over.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from anex_agent.backoff import Backoff
 from anex_agent.errors import ConfigError
 
 POLICIES = ("Never", "OnFailure", "Always")
@@ -38,12 +40,13 @@ class CrashLoopBackoff:
     base: float = BACKOFF_BASE
     cap: float = BACKOFF_CAP
     reset_after: float = BACKOFF_RESET
-    _tries: int = 0
+    _backoff: Backoff = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._backoff = Backoff(base=self.base, cap=self.cap, jitter=False)
 
     def next_delay(self, ran_for: float) -> float:
         """Seconds to wait before the next run, the last one having lasted ``ran_for`` seconds."""
         if ran_for >= self.reset_after:
-            self._tries = 0
-        delay = min(self.cap, self.base * (2 ** min(self._tries, 32)))
-        self._tries += 1
-        return delay
+            self._backoff.reset()
+        return self._backoff.next_delay()

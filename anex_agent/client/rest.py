@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -55,6 +54,7 @@ def _ssh_wire():
     from anex_agent.wire import ssh as ssh_wire
 
     return ssh_wire
+from anex_agent.backoff import Backoff
 from anex_agent.errors import CoordinatorError
 from anex_agent.net.http.client import DEFAULT_MAX_BODY, HttpClient, HttpError, with_query
 
@@ -65,7 +65,7 @@ M = TypeVar("M", bound=BaseModel)
 DEFAULT_TIMEOUT = 10.0
 WATCH_BACKOFF_INITIAL = 0.5
 # The cap bounds how long a gateway or agent stays blind after the coordinator comes back;
-# the jitter (half to full delay) spreads a fleet's reconnects.
+# the jitter (anex_agent.backoff's) spreads a fleet's reconnects.
 WATCH_BACKOFF_MAX = 10.0
 CLOSE_REVOKED = 4001  # the coordinator's close code for a revoked credential
 WATCH_PING_INTERVAL = 20.0  # seconds between pings on the watch stream (a dead one is noticed)
@@ -445,7 +445,7 @@ class CoordinatorClient:
 
     async def watch(self, since: int = 0) -> AsyncIterator[wire.WatchEvent]:
         """Yield watch events forever, reconnecting and resuming from the last version seen."""
-        backoff = WATCH_BACKOFF_INITIAL
+        backoff = Backoff(base=WATCH_BACKOFF_INITIAL, cap=WATCH_BACKOFF_MAX)
         version = since
         while True:
             connected: list[bool] = []
@@ -456,7 +456,7 @@ class CoordinatorClient:
                         # a snapshot is the whole state as of its version, also when that version is
                         # lower than ours (the coordinator's change log started over): resume from it
                         version = event.version if event.type == "snapshot" else max(version, event.version)
-                        backoff = WATCH_BACKOFF_INITIAL
+                        backoff.reset()
                         yield event
                 err: CoordinatorError | None = CoordinatorError("watch stream closed by the coordinator", retryable=True)
             except CoordinatorError as exc:
@@ -464,23 +464,22 @@ class CoordinatorClient:
                     raise
                 err = exc
             if connected:  # the stream was up: this is a fresh outage, start the backoff over
-                backoff = WATCH_BACKOFF_INITIAL
-            delay = random.uniform(backoff / 2, backoff)
+                backoff.reset()
+            delay = backoff.next_delay()
             log.info("watch: %s; reconnecting in %.1fs from version %d", err, delay, version)
             await asyncio.sleep(delay)
-            backoff = min(backoff * 2, WATCH_BACKOFF_MAX)
 
     async def watch_provisions(self) -> AsyncIterator[provision_wire.ProvisionEvent]:
         """Yield ``/v1/provisions/watch`` events forever (admin), reconnecting with jittered backoff;
         every connection starts with a ``snapshot``. Raises a non-retryable error (401, 403)."""
-        backoff = WATCH_BACKOFF_INITIAL
+        backoff = Backoff(base=WATCH_BACKOFF_INITIAL, cap=WATCH_BACKOFF_MAX)
         while True:
             connected: list[bool] = []
             try:
                 async with contextlib.aclosing(self._watch_once("/v1/provisions/watch", provision_wire.ProvisionEvent,
                                                                 "admin", connected)) as stream:  # closed when we end
                     async for event in stream:
-                        backoff = WATCH_BACKOFF_INITIAL
+                        backoff.reset()
                         yield event
                 err = CoordinatorError("provisions watch stream closed by the coordinator", retryable=True)
             except CoordinatorError as exc:
@@ -488,11 +487,10 @@ class CoordinatorClient:
                     raise
                 err = exc
             if connected:
-                backoff = WATCH_BACKOFF_INITIAL
-            delay = random.uniform(backoff / 2, backoff)
+                backoff.reset()
+            delay = backoff.next_delay()
             log.info("provisions watch: %s; reconnecting in %.1fs", err, delay)
             await asyncio.sleep(delay)
-            backoff = min(backoff * 2, WATCH_BACKOFF_MAX)
 
     async def _watch_once(self, path: str, model: type[M], auth: str,
                           connected: list[bool]) -> AsyncIterator[M]:

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 from anex_agent.coordinator.db import Conn
 from anex_agent import parse
-from anex_agent.errors import ConfigError, config_value
+from anex_agent.errors import AnexError, ConfigError, config_value
 
 _MAX_ATTEMPTS = 1000
 
 
-class NetworkExhausted(Exception):
+class NetworkExhausted(AnexError):
     """No free (or quarantine-expired) address is left in the mesh network."""
 
 

@@ -14,6 +14,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from anex_agent.errors import AnexError
+
 CONTENT_TYPE = "application/problem+json"
 TYPE_BASE = "https://anex.sh/problems/"
 
@@ -21,7 +23,7 @@ TYPE_BASE = "https://anex.sh/problems/"
 UNAUTHENTICATED_DETAIL = "missing, unknown, expired or already used credential or token"
 
 
-class Problem(Exception):
+class Problem(AnexError):
     def __init__(
         self,
         status: int,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from anex_agent.coordinator import key_file as registered_key
 from anex_agent.coordinator.db import Database
-from anex_agent.errors import ConfigError
+from anex_agent.errors import AnexError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -117,23 +117,24 @@ def fingerprint(key) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-class KeyRefused(ValueError):
+class PublicKeyRefused(AnexError, ValueError):
     """The public key given cannot be certified (unreadable, a certificate, or a weak kind)."""
 
 
 def parse_public_key(text: str):
-    """An asyncssh public key from OpenSSH text; :class:`KeyRefused` for anything else."""
+    """An asyncssh public key from OpenSSH text; :class:`PublicKeyRefused` for anything else."""
     import asyncssh
 
     try:
         key = asyncssh.import_public_key(text.strip())
-    except (asyncssh.KeyImportError, ValueError, TypeError) as err:
-        raise KeyRefused(f"not an OpenSSH public key: {err}") from None
+    except (asyncssh.KeyImportError, ValueError, TypeError) as err:  # its text stays here: the caller reads ours
+        log.debug("a public key that does not import: %s", err)
+        raise PublicKeyRefused("not an OpenSSH public key (one line: TYPE BASE64 [COMMENT])") from None
     algorithm = key.get_algorithm()
     if algorithm == "ssh-dss":
-        raise KeyRefused("DSA keys are refused; use ed25519, ecdsa or rsa (2048 bits or more)")
+        raise PublicKeyRefused("DSA keys are refused; use ed25519, ecdsa or rsa (2048 bits or more)")
     if algorithm == "ssh-rsa" and getattr(key.pyca_key, "key_size", 4096) < 2048:
-        raise KeyRefused("RSA keys need 2048 bits or more")
+        raise PublicKeyRefused("RSA keys need 2048 bits or more")
     return key
 
 

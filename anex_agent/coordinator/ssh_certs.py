@@ -40,7 +40,7 @@ def _dt(seconds: float) -> datetime:
 def _key(text: str, field: str = "public_key"):
     try:
         return ssh_ca.parse_public_key(text)
-    except ssh_ca.KeyRefused as err:
+    except ssh_ca.PublicKeyRefused as err:
         raise problems.Problem(422, "Unprocessable Content", str(err), slug="validation",
                                errors=[{"field": field, "message": str(err)}]) from None
 

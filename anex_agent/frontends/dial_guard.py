@@ -9,11 +9,11 @@ on the host as the client wrote it); :func:`dial_for_client` catches a name that
 from __future__ import annotations
 
 from anex_agent.net.dialer import Connection, Dialer
-from anex_agent.errors import DialError
+from anex_agent.errors import AnexError, DialError
 from anex_agent.frontends import this_host
 
 
-class Forbidden(Exception):
+class Forbidden(AnexError):
     """The client may not reach that destination (it is this machine, and the client is not local)."""
 
 

@@ -44,7 +44,7 @@ import socket
 import h11
 
 from anex_agent.net.dialer import Connection, Dialer
-from anex_agent.errors import DialError
+from anex_agent.errors import BadRequest, DialError
 from anex_agent.frontends import proxy_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
@@ -180,7 +180,7 @@ class _ClientSession:
             return False
         try:
             dest = core.parse_target(request.method, request.target)
-        except core.BadRequest as err:
+        except BadRequest as err:
             await self.reply_error(400, err.reason)
             return False
         if not this_host.may_reach(self.client_ip, dest.host):  # before dialling anything

@@ -19,7 +19,7 @@ from http import HTTPStatus
 from urllib.parse import urlsplit
 
 from anex_agent import parse
-from anex_agent.errors import ConfigError
+from anex_agent.errors import BadRequest, ConfigError
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -42,14 +42,6 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-
-
-class BadRequest(ValueError):
-    """The request cannot be proxied; ``reason`` is the text of the 400 body."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
 
 
 @dataclass(frozen=True)

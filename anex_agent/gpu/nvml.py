@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from anex_agent.errors import AnexError
+
 log = logging.getLogger(__name__)
 
 # nvmlReturn_t values (nvml.h). Stable ABI constants.
@@ -147,7 +149,7 @@ class _Absent:
 ABSENT: Any = _Absent()
 
 
-class NvmlUnavailable(Exception):
+class NvmlUnavailable(AnexError):
     """NVML cannot be used now; ``status`` says why."""
 
     def __init__(self, status: NvmlStatus) -> None:
@@ -155,7 +157,7 @@ class NvmlUnavailable(Exception):
         super().__init__(status.reason)
 
 
-class DeviceFailure(Exception):
+class DeviceFailure(AnexError):
     """One GPU failed (lost, reset required); ``status`` says how."""
 
     def __init__(self, status: NvmlStatus) -> None:

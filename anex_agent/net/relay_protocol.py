@@ -51,6 +51,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from anex_agent.errors import RemoteProtocolError
 from anex_agent.wire import proof
 
 SUBPROTOCOL = "anex-wg.v1"
@@ -71,7 +72,7 @@ CHALLENGE_BYTES = 24
 MAX_CONTROL = 1024  # bytes: a control (text) message is never longer
 
 
-class RelayProtocolError(ValueError):
+class RelayProtocolError(RemoteProtocolError, ValueError):
     """A control message is malformed or the proof does not hold. Never sent to the peer."""
 
 

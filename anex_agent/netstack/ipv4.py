@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from anex_agent.errors import RemoteProtocolError
 from anex_agent.netstack.checksum import finish, partial
 
 VERSION_IHL = 0x45  # version 4, header of 5 words
@@ -25,7 +26,7 @@ PROTO_TCP = 6
 PROTO_UDP = 17
 
 
-class PacketError(ValueError):
+class PacketError(RemoteProtocolError, ValueError):
     """A packet we drop; the text says why (for counters, never sent anywhere)."""
 
 

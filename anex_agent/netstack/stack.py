@@ -26,6 +26,7 @@ import ipaddress
 import os
 from collections.abc import Callable
 
+from anex_agent.errors import AnexError
 from anex_agent.netstack import icmp, ipv4, udp
 from anex_agent.netstack.tcp import segment as tcpwire
 from anex_agent.netstack.tcp.autotune import MemoryBudget
@@ -37,7 +38,7 @@ ISN_TICK = 250_000  # RFC 6528: the clock part of the ISN advances every 4 µs
 MIN_TIMER_STEP = 0.001
 
 
-class StackError(Exception):
+class StackError(AnexError):
     """A local misuse (port in use, no ephemeral port left, not an IPv4 destination)."""
 
 

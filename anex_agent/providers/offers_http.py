@@ -1,7 +1,8 @@
 """The HTTP client shared by the provider sources.
 
-* retries on 429 and 5xx responses and on connection errors/timeouts, with exponential
-  backoff and full jitter (base ``backoff`` seconds, doubling, capped at ``max_backoff``);
+* retries on 429 and 5xx responses and on connection errors/timeouts, after a
+  :class:`anex_agent.backoff.Backoff` delay (base ``backoff`` seconds, doubling, capped at
+  ``max_backoff``, its jitter);
   a ``Retry-After`` header (RFC 9110 §10.2.3: delay-seconds or an HTTP-date) is honoured,
   capped at ``max_retry_after``;
 * a per-attempt timeout (``timeout`` seconds for the whole request);
@@ -25,16 +26,19 @@ import asyncio
 import email.utils
 import json
 import logging
-import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import aiohttp
 
+from anex_agent.backoff import Backoff
 from anex_agent.errors import AnexError
 from anex_agent.selection import threads
 from anex_agent.selection.jsonpieces import dismantle, loads_in_pieces
+
+if TYPE_CHECKING:
+    import random
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +106,7 @@ class JsonClient:
         self.policy = policy
         self._sleep = sleep
         self._clock = clock
-        self._rng = rng or random.Random()
+        self._backoff = Backoff(base=policy.backoff, cap=policy.max_backoff, rng=rng)
         self._cache: dict[str, tuple[float, Any]] = {}
         self._inflight: dict[str, asyncio.Future] = {}
         self.calls = 0  # HTTP attempts made (for tests and metrics)
@@ -173,8 +177,7 @@ class JsonClient:
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, self.policy.max_retry_after)
-        ceiling = min(self.policy.max_backoff, self.policy.backoff * (2 ** attempt))
-        return self._rng.uniform(0, ceiling)
+        return self._backoff.delay(attempt)
 
     async def _fetch(self, method: str, url: str, params: dict | None, body: Any, headers: dict[str, str],
                      build: Callable[[Any], Any] | None) -> Any:

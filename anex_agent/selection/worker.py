@@ -187,8 +187,9 @@ class SelectionWorker:
                 self.python, "-m", "anex_agent.selection.worker_process", "--parent", str(os.getpid()),
                 "--log-level", self.log_level, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 limit=1 << 20)
-        except OSError as err:
-            raise WorkerUnavailable(f"the selection worker could not start: {err}") from None
+        except OSError as err:  # the detail is the coordinator's to read, not the caller's
+            log.error("the selection worker could not start: %s", err)
+            raise WorkerUnavailable("the selection worker could not start; see the coordinator's log") from None
         assert proc.stdout is not None
         try:
             await self._send(proc, ("config", self.config, self.nice))
@@ -197,8 +198,9 @@ class SelectionWorker:
                 raise EOFError(f"unexpected first message {ready[0]!r}")
         except (EOFError, TimeoutError, WorkerUnavailable) as err:
             await _stop(proc)
-            raise WorkerUnavailable(f"the selection worker did not start ({type(err).__name__}: {err}); "
-                                    "see the coordinator's standard error") from None
+            log.error("the selection worker did not start (%s: %s); see its lines on standard error",
+                      type(err).__name__, err)
+            raise WorkerUnavailable("the selection worker did not start; see the coordinator's log") from None
         except BaseException:
             await _stop(proc)
             raise

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from anex_agent import parse
+from anex_agent.errors import AnexError
 from anex_agent.testing.netlab import Namespace, bridge, link, stop_processes
 
 #: An unprivileged agent: user and group nobody, no supplementary groups, no capabilities (none
@@ -69,7 +70,7 @@ def anex_argv() -> list[str]:
     return [found] if found else [sys.executable, "-m", "anex_agent"]
 
 
-class ProcessDied(RuntimeError):
+class ProcessDied(AnexError, RuntimeError):
     """A process the mesh started exited while we waited for it: waiting longer cannot help."""
 
 

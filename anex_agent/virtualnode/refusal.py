@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from anex_agent.errors import AnexError
 
-class Refusal(Exception):
+
+class Refusal(AnexError):
     """The pod asks for something the virtual node cannot give; ``field`` names where in the pod."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -38,6 +38,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from anex_agent.errors import RemoteProtocolError
+
 NODE_JOIN = "anex node join v1"
 GATEWAY_REGISTRATION = "anex gateway registration v1"
 #: A node opening a WebSocket relay connection to a gateway (the gateway's key instead of the
@@ -50,7 +52,7 @@ WINDOW = 120
 NONCE_BYTES = 16
 
 
-class ProofError(ValueError):
+class ProofError(RemoteProtocolError, ValueError):
     """The proof does not hold (wrong key, wrong MAC, stale timestamp)."""
 
 

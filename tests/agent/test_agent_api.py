@@ -7,7 +7,6 @@ from prometheus_client import Counter
 from anex_agent.wire import access_token
 from anex_agent.wire.access_token import Claims
 from anex_agent.agent.api import AgentApi
-from anex_agent.backoff import Backoff
 
 SIGNING_KEY = access_token.generate_signing_key()
 VERIFY_KEY = access_token.verify_key_of(SIGNING_KEY)
@@ -207,18 +206,6 @@ async def test_a_token_living_longer_than_an_hour_is_refused():
         assert (await client.get("/healthz", headers={"Authorization": f"Bearer {token}"})).status == 403
     finally:
         await client.close()
-
-
-def test_backoff_grows_with_jitter_and_caps():
-    import random
-
-    b = Backoff(base=1, cap=8, rng=random.Random(1))
-    delays = [b.next_delay() for _ in range(8)]
-    for i, d in enumerate(delays):
-        ceiling = min(8, 2**i)
-        assert ceiling / 2 <= d <= ceiling
-    b.reset()
-    assert b.next_delay() <= 1
 
 
 async def test_unknown_routes_and_methods_are_problem_documents():

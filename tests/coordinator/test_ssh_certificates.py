@@ -67,6 +67,11 @@ async def test_validity_is_capped_and_keys_are_checked(coord):
     with pytest.raises(CoordinatorError) as err:
         await coord.admin.create_ssh_certificate(joined.node_id, ssh_wire.SshCertificateRequest(public_key="ssh-ed25519 AAAA"))
     assert err.value.status == 422 and err.value.problem["errors"][0]["field"] == "public_key"
+    with pytest.raises(asyncssh.KeyImportError) as library:
+        asyncssh.import_public_key("ssh-ed25519 AAAA")
+    # the caller reads the coordinator's text, never the SSH library's
+    assert err.value.problem["errors"][0]["message"] == "not an OpenSSH public key (one line: TYPE BASE64 [COMMENT])"
+    assert str(library.value) not in err.value.problem["detail"]
     with pytest.raises(CoordinatorError) as err:
         await coord.admin.create_ssh_certificate("n_nope", ssh_wire.SshCertificateRequest(public_key=public))
     assert err.value.status == 404

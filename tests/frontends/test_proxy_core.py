@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from anex_agent.errors import ConfigError
+from anex_agent.errors import BadRequest, ConfigError
 from anex_agent.frontends import proxy_core as core
 from anex_agent.frontends import this_host
 
@@ -57,7 +57,7 @@ def test_parse_target(method, target, expected):
     ],
 )
 def test_parse_target_rejects_with_a_reason(method, target, words):
-    with pytest.raises(core.BadRequest) as info:
+    with pytest.raises(BadRequest) as info:
         core.parse_target(method, target)
     assert words in info.value.reason
 

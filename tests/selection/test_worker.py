@@ -28,7 +28,7 @@ from anex_agent.selection.annotations import parse_annotations
 from anex_agent.selection.config import SelectionConfig
 from anex_agent.providers.offers_http import HttpPolicy
 from anex_agent.providers.vastai.offers import VastAIConfig
-from anex_agent.selection.worker import InProcessWorker, SelectionWorker, WorkerBusy, WorkerTimeout
+from anex_agent.selection.worker import InProcessWorker, SelectionWorker, WorkerBusy, WorkerTimeout, WorkerUnavailable
 from anex_agent.selection.worker_process import SELECT, Job
 from tests.coordinator.conftest import FakeClock
 from tests.selection.fake_providers import FakeProvider
@@ -288,6 +288,19 @@ async def test_the_worker_object_limits_jobs_times_out_and_keeps_working(tmp_pat
         await worker.aclose()
         await server.close()
     assert worker.pid is None
+
+
+async def test_a_worker_that_cannot_start_says_so_in_its_own_words_and_logs_the_system_s(tmp_path, caplog):
+    missing = str(tmp_path / "no-python-here")
+    worker = SelectionWorker(SelectionConfig(policy=POLICY), python=missing)
+    try:
+        with pytest.raises(WorkerUnavailable) as info:
+            await worker.run(Job(SELECT, parse_annotations(POD), ()))
+    finally:
+        await worker.aclose()
+    # the caller (a 503's detail) reads the coordinator's text; the OSError's, with the path, is logged
+    assert str(info.value) == "the selection worker could not start; see the coordinator's log"
+    assert any(missing in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
 
 
 async def test_busy_and_timeout_answer_503_problem_details(tmp_path):

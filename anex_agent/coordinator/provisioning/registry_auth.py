@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from anex_agent.coordinator.migrations import Migration
+from anex_agent.errors import AnexError
 from anex_agent.providers.rentals import RegistryLogin
 from anex_agent.wire.provisioning import RegistryAuth
 
@@ -38,7 +39,7 @@ _INFO_SEAL = b"anex provision registry login: seal"
 _INFO_MAC = b"anex provision registry login: fingerprint"
 
 
-class SealError(Exception):
+class SealError(AnexError):
     """A sealed login that does not open (another key, another provision, damaged)."""
 
 

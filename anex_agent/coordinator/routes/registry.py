@@ -43,6 +43,7 @@ from pydantic import BaseModel, ValidationError
 from anex_agent import parse
 from anex_agent.coordinator import credentials, limits, problems
 from anex_agent.coordinator.auth import Auth, Principal, bearer, precheck_join
+from anex_agent.errors import AnexError
 from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ CLIENT_CLOSED = 499  # the client went away before the answer (nginx's conventio
 INT64_MAX = 2**63 - 1
 
 
-class ClientClosed(Exception):
+class ClientClosed(AnexError):
     """The client closed the connection while the coordinator was reading its request."""
 
 

@@ -29,6 +29,8 @@ from urllib.parse import unquote, urlencode, urlsplit
 
 import h11
 
+from anex_agent.errors import AnexError
+
 READ_CHUNK = 64 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_MAX_BODY = 256 << 20
@@ -36,7 +38,7 @@ MAX_IDLE_PER_HOST = 4
 USER_AGENT = "anex-agent"
 
 
-class HttpError(Exception):
+class HttpError(AnexError):
     """The request could not be completed (no answer, or an unusable one)."""
 
 

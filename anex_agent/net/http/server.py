@@ -7,7 +7,9 @@ Contract:
   asyncio protocol factory; the transport's ``peername`` is the caller).
 * Connections are kept alive between requests (idle at most :data:`KEEPALIVE_TIMEOUT` s);
   a request's head must arrive within :data:`HEAD_TIMEOUT` s and be at most
-  :data:`MAX_HEAD_BYTES`. A broken request is answered 400 and the connection closed.
+  :data:`MAX_HEAD_BYTES`. A broken request is answered 400 with the fixed text
+  :data:`MALFORMED` and the connection closed; what h11 found wrong is logged at debug level
+  only (the peer never sees exception text).
 * A request body is read by the handler (:meth:`Request.chunks`); what it leaves unread is
   discarded up to :data:`MAX_DISCARD` bytes, beyond which the connection is closed.
 * A :class:`StreamResponse` is written chunk by chunk as its iterator yields, each chunk
@@ -30,6 +32,7 @@ from urllib.parse import parse_qsl, urlsplit
 import h11
 
 from anex_agent import parse
+from anex_agent.errors import BadRequest
 from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,8 @@ HEAD_TIMEOUT = 30.0
 KEEPALIVE_TIMEOUT = 75.0
 MAX_DISCARD = 1 << 20
 READ_CHUNK = 64 * 1024
+#: The detail of the 400 answering a request that does not parse (the same for every flaw).
+MALFORMED = "bad request: malformed HTTP"
 
 
 class Headers(dict):
@@ -52,10 +57,6 @@ class Headers(dict):
 
     def __contains__(self, name: object) -> bool:
         return super().__contains__(name.lower() if isinstance(name, str) else name)
-
-
-class BadRequest(Exception):
-    pass
 
 
 @dataclass
@@ -196,9 +197,9 @@ class HttpServer:
                         else:
                             raise BadRequest(f"unexpected {type(event).__name__}")
                 except (h11.RemoteProtocolError, BadRequest) as err:
+                    log.debug("%s: a malformed request from %s: %s", self._name, peer, peer_text(str(err)))
                     if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                        await self._send_plain(send, problem(400, "Bad Request", f"a malformed HTTP request: {err}"),
-                                               close=True)
+                        await self._send_plain(send, problem(400, "Bad Request", MALFORMED), close=True)
                     return
                 except TimeoutError:
                     return
@@ -251,8 +252,8 @@ class HttpServer:
         """Run the handler and send its answer; False when the connection must close after it."""
         try:
             response = await self._handler(request)
-        except BadRequest as err:
-            await self._send_plain(send, problem(400, "Bad Request", str(err)), close=True)
+        except BadRequest as err:  # a designed text (the body ended early, a handler's refusal)
+            await self._send_plain(send, problem(400, "Bad Request", err.reason), close=True)
             return False
         except Exception:
             log.exception("%s: %s %s failed", self._name, peer_text(request.method), peer_text(request.path))

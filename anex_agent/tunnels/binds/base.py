@@ -42,10 +42,12 @@ import asyncio
 from collections.abc import Callable, Hashable
 from typing import Protocol, runtime_checkable
 
+from anex_agent.errors import AnexError
+
 Receiver = Callable[[list[tuple[bytes, Hashable]]], None]
 
 
-class BindClosed(Exception):
+class BindClosed(AnexError):
     """receive() on a closed Bind. Internal to drivers: never escapes an engine."""
 
 

@@ -23,6 +23,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from anex_agent.errors import AnexError
+
 # linux/netlink.h
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
@@ -64,7 +66,7 @@ _ERR = struct.Struct("=i")
 RECV_SIZE = 1 << 15
 
 
-class NetlinkError(OSError):
+class NetlinkError(AnexError, OSError):
     """The kernel refused a request; ``errno`` says why."""
 
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
+from anex_agent.errors import AnexError
+
 if TYPE_CHECKING:
     from anex_agent.client.rest import CoordinatorClient
     from anex_agent.tasks import Tasks
@@ -68,7 +70,7 @@ class PodTarget:
         return container in self.containers
 
 
-class TargetError(Exception):
+class TargetError(AnexError):
     """No usable target: ``status`` (404, 502, 503) and ``message`` are what the client is answered."""
 
     def __init__(self, status: int, message: str) -> None:

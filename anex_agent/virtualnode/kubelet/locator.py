@@ -9,6 +9,7 @@ are :class:`~.context.TargetError` with the kubelet's wording: 404 ``pod "x" doe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,6 +17,8 @@ from anex_agent.errors import CoordinatorError
 from anex_agent.wire.provisioning import ProvisionState
 from anex_agent.virtualnode import podspec
 from anex_agent.virtualnode.kubelet.context import PodTarget, TargetError
+
+log = logging.getLogger(__name__)
 
 
 def containers_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
@@ -59,9 +62,11 @@ class CoordinatorPodLocator:
                 state = view.state.value if view is not None else "not made yet"
                 raise TargetError(503, f'pod "{name}" has no running machine yet (its provision: {state})')
             node = await self.coordinator.get_node(view.node_id)
-        except CoordinatorError as err:
+        except CoordinatorError as err:  # its text (a library's, maybe) is logged; the client reads ours
+            log.info("kubelet port: the machine of pod %s/%s cannot be found: %s", namespace, name, err)
             raise TargetError(503 if err.retryable or err.status == 404 else 502,
-                              f'the machine of pod "{name}" cannot be found now: {err}') from None
+                              f'the machine of pod "{name}" cannot be found now: the coordinator cannot be '
+                              f'read; try again later') from None
         return PodTarget(namespace=namespace, name=name, uid=uid, node_name=self.node_name, provision_id=view.id,
                          node_id=view.node_id, address=node.address, ssh_port=node.facts.ssh_port,
                          api_port=node.facts.api_port, containers=containers)

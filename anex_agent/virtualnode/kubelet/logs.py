@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 
 from aiohttp import web
 
-from anex_agent.errors import CoordinatorError
+from anex_agent.errors import AnexError, CoordinatorError
 from anex_agent.virtualnode.kubelet.context import CONTEXT_KEY, KubeletContext, TargetError
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ _RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}
 STREAMS = {"All": None, "Stdout": "stdout", "Stderr": "stderr"}
 
 
-class BadQuery(Exception):
+class BadQuery(AnexError):
     def __init__(self, status: int, message: str) -> None:
         self.status = status
         super().__init__(message)

@@ -64,9 +64,9 @@ async def summary(request: web.Request) -> web.Response:
     context: KubeletContext = request.app[CONTEXT_KEY]
     try:
         found = await samples(context)
-    except CoordinatorError as err:
-        return web.Response(status=503, text=f"Internal Error: the coordinator cannot be read: {err}",
-                            content_type="text/plain")
+    except CoordinatorError as err:  # its text is logged; the client reads ours
+        log.info("kubelet port: /stats/summary: the coordinator cannot be read: %s", err)
+        return web.Response(status=503, text="Internal Error: the coordinator cannot be read", content_type="text/plain")
     counters = request.app[COUNTERS_KEY]
     counters.forget_others({s.node_id for s in found})
     doc = statshape.summary(context.node_name, request.app[STARTED_KEY], found, counters, time.time())

@@ -5,8 +5,13 @@ over a stream an engine hands over (the protocol factory)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 
-from anex_agent.net.http.server import HttpServer, Request, Response, StreamResponse, json_response
+import h11
+import pytest
+
+from anex_agent.net.http.server import MALFORMED, HttpServer, Request, Response, StreamResponse, json_response
 
 
 class Recorder:
@@ -75,6 +80,41 @@ async def test_a_malformed_request_is_a_400_problem_and_the_connection_closes():
     finally:
         writer.close()
         await server.close()
+
+
+def h11_complaint(data: bytes) -> str:
+    """What h11 says about ``data`` as a request (the text the peer must not see)."""
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(data)
+    with pytest.raises(h11.RemoteProtocolError) as info:
+        conn.next_event()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("data", [
+    b"GET / HTTP/1.1\r\nno colon here\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    b"NOT-HTTP\r\n\r\n",
+])
+async def test_a_malformed_request_is_answered_with_a_fixed_text_and_the_detail_is_logged_at_debug(data, caplog):
+    complaint = h11_complaint(data)
+    caplog.set_level(logging.DEBUG, logger="anex_agent.net.http.server")
+    server = HttpServer(Recorder().handle)
+    await server.listen("127.0.0.1", 0)
+    port = next(iter(server._servers.values())).sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        answer = await asyncio.wait_for(reader.read(), 60)
+    finally:
+        writer.close()
+        await server.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert json.loads(body)["detail"] == MALFORMED
+    assert complaint.encode() not in answer
+    logged = [r for r in caplog.records if "malformed request" in r.getMessage()]
+    assert logged and all(r.levelno == logging.DEBUG for r in logged) and complaint in logged[0].getMessage()
 
 
 async def test_a_stream_is_written_as_it_comes_and_ends_when_the_caller_leaves():

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from anex_agent.errors import AnexError
 from anex_agent.virtualnode.kubelet.streams.channels import STREAM_TYPE
 from anex_agent.virtualnode.kubelet.streams.session import SpdySession, SpdyStream
 
@@ -37,7 +38,7 @@ class Session(Protocol):
     async def close(self) -> None: ...
 
 
-class StreamsMissing(Exception):
+class StreamsMissing(AnexError):
     """The client did not open the streams the request needs in time (or went away first)."""
 
 

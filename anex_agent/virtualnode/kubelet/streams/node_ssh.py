@@ -21,13 +21,13 @@ import asyncio
 from typing import Any
 
 from anex_agent.remote import ssh_client
-from anex_agent.errors import ConfigError, CoordinatorError
+from anex_agent.errors import AnexError, ConfigError, CoordinatorError
 from anex_agent.virtualnode.kubelet.context import PodTarget
 
 CERT_VALIDITY = 60
 
 
-class NodeUnreachable(Exception):
+class NodeUnreachable(AnexError):
     """The node's SSH server could not be reached or refused us; ``str()`` says which node and why."""
 
 

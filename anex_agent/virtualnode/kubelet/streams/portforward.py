@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from anex_agent import parse
+from anex_agent.errors import AnexError
 from anex_agent.virtualnode.kubelet.streams.channels import DATA, ERROR, STREAM_TYPE
 from anex_agent.virtualnode.kubelet.streams.session import SpdySession, SpdyStream
 
@@ -46,7 +47,7 @@ MAX_CONNECTIONS = 256
 Dial = Callable[[int], Awaitable[tuple[Any, Any]]]
 
 
-class DialFailed(Exception):
+class DialFailed(AnexError):
     """A port of the node could not be reached; ``str()`` says why."""
 
 

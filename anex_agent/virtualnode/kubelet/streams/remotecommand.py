@@ -27,7 +27,7 @@ import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from anex_agent.errors import CoordinatorError, RemoteProtocolError
+from anex_agent.errors import AnexError, CoordinatorError, RemoteProtocolError
 from anex_agent.remote.ssh_client import exit_code
 import anex_agent.virtualnode.kubelet.streams.channels as channels
 from anex_agent.virtualnode.kubelet.streams.channels import ERROR, RESIZE, STDERR, STDIN, STDOUT, ExecOptions
@@ -43,7 +43,7 @@ TERM = "xterm"
 OpenProcess = Callable[[str, "str | None", "tuple[int, int] | None"], Awaitable[Any]]
 
 
-class NodeFailure(Exception):
+class NodeFailure(AnexError):
     """The command could not run on the node; ``str()`` is what the client is told."""
 
 
