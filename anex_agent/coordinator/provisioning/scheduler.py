@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +56,8 @@ from anex_agent.coordinator.provisioning.transitions import Transitions
 from anex_agent.providers.rentals import KeyRefused, ProviderUnavailable, RentalProvider
 
 if TYPE_CHECKING:
+    import random
+
     from anex_agent.coordinator.context import Coordinator
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class RetryDelays:
     def __init__(self, base: float, cap: float, rng: random.Random | None = None) -> None:
         self.base = base
         self.cap = cap
-        self.rng = rng or random.Random()
+        self.rng = rng  # None: each Backoff draws from a fresh generator
         self._backoffs: dict[str, Backoff] = {}  # provision -> its provider failures in a row
 
     def next(self, pid: str, retry_after: float | None = None) -> float:
