@@ -134,7 +134,7 @@ class Stack:
         conn = self.conns.get((seg.src, seg.sport, seg.dport))
         if conn is not None:
             conn.segment_arrived(seg, now)
-            if events.established or events.closed:
+            if events.established or events.closed:  # (Events.changed(), inline: once per packet)
                 self._settle()
             self._schedule(conn)
             return
@@ -277,7 +277,7 @@ class Stack:
     def flush(self, now: float) -> None:
         """Let connections with new data, freed window or a due ACK send."""
         events = self.events
-        if events.established or events.closed:
+        if events.changed():
             self._settle()
         while events.pending:
             pending, events.pending = events.pending, {}
@@ -296,7 +296,7 @@ class Stack:
             conn._sched = None
             if conn.state != CLOSED:
                 conn.on_timer(now)
-                if self.events.established or self.events.closed:
+                if self.events.changed():
                     self._settle()
                 self._schedule(conn, floor=now + MIN_TIMER_STEP)
         self.flush(now)
