@@ -91,11 +91,7 @@ class InboundServer:
                     tg.create_task(self._serve(port, stream), name=f"inbound-{port}-conn-{next(self._ids)}")
 
     async def _serve_protocol(self, stream: TcpStream, factory: Callable[[], asyncio.Protocol]) -> None:
-        import ipaddress
-
-        conn = stream.conn
-        peer = (str(ipaddress.IPv4Address(conn.key[0])), conn.key[1])
-        local = (str(ipaddress.IPv4Address(conn.stack.address)), conn.key[2])
+        peer, local = stream.peername, stream.sockname
         try:
             await StreamTransport(stream, factory(), peer, local).pump()
         except Exception:  # one connection must never take the server down

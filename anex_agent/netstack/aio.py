@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Callable
 
 from anex_agent.netstack.stack import Stack, UdpPort
 from anex_agent.netstack.trim import BurstTrimmer
-from anex_agent.netstack.tcp.connection import CLOSED, REFUSED, TIMED_OUT, Connection
+from anex_agent.netstack.tcp.connection import Connection
+from anex_agent.netstack.tcp.states import CLOSED, REFUSED, TIMED_OUT
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class NetstackRuntime:
                 sock = self._udp.get(port)
                 if sock is not None:
                     sock._wake()
-        if stack.out or stack.pending:  # a handler wrote or closed: go round once more
+        if stack.flush_due():  # a handler wrote or closed: go round once more
             self.kick()
         self.trimmer.observe(len(stack.conns))
         self._arm(stack.next_deadline())
@@ -206,6 +208,17 @@ class TcpStream:
     def __repr__(self) -> str:
         return f"<TcpStream {self.conn!r}>"
 
+    @property
+    def peername(self) -> tuple[str, int]:
+        """The remote end: (IPv4 address, port)."""
+        remote, rport, _ = self.conn.key
+        return str(ipaddress.IPv4Address(remote)), rport
+
+    @property
+    def sockname(self) -> tuple[str, int]:
+        """Our end: (the stack's address, port)."""
+        return str(ipaddress.IPv4Address(self._rt.stack.address)), self.conn.key[2]
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None:
@@ -231,7 +244,7 @@ class TcpStream:
         while True:
             n = conn.readinto(buf)
             if n:
-                if self._rt.stack.pending:
+                if self._rt.stack.events.pending:
                     self._rt.kick()  # a window update is due
                 return n
             if conn.error is not None:
@@ -329,8 +342,6 @@ class UdpSocket:
         self._rt.kick()
 
     async def recvfrom(self) -> tuple[bytes, tuple[str, int]]:
-        import ipaddress
-
         while not self.port.queue:
             if self.closed or self._rt.closed:
                 raise OSError("the UDP socket is closed")

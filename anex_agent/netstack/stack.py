@@ -15,6 +15,13 @@ Driving it (the asyncio adapter does this; tests do it by hand)::
 
 After ``receive``, ``tcp_connect``, ``poll`` or user calls on a connection, call
 ``flush(now)`` and then take packets, dirty connections and accepted ones.
+
+Connections never call the stack: they report into the one
+:class:`~anex_agent.netstack.tcp.events.Events` the stack gives each of them (``self.events``;
+``self.out`` is its packet list). The stack acts on handshakes completed and connections
+closed right after each call into a connection (a segment, a timer), and on those the
+user's side closed (``close`` before the handshake, ``abort``) before its next lookup, connect
+or flush.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from anex_agent.errors import AnexError
 from anex_agent.netstack import icmp, ipv4, udp
 from anex_agent.netstack.tcp import segment as tcpwire
 from anex_agent.netstack.tcp.autotune import MemoryBudget
-from anex_agent.netstack.tcp.connection import CLOSED, Connection, TcpParams
+from anex_agent.netstack.tcp.connection import Connection, TcpParams
+from anex_agent.netstack.tcp.events import Events
+from anex_agent.netstack.tcp.states import CLOSED
 
 EPHEMERAL = (49152, 65535)  # RFC 6335 §6
 UDP_QUEUE = 256  # datagrams held per UDP port before new ones are dropped
@@ -84,9 +93,8 @@ class Stack:
         self.mss = mtu - ipv4.HEADER_LEN - tcpwire.HEADER_LEN  # RFC 9293 §3.7.1: clamp to the link
         self._random = random_bytes
         self._isn_key = random_bytes(16)
-        self.out: list[bytes] = []
-        self.dirty: dict[Connection, None] = {}
-        self.pending: dict[Connection, None] = {}
+        self.events = Events()  # what the connections did (tcp/events.py): drained here and by flush
+        self.out = self.events.packets  # our own packets (resets, ICMP, UDP) join the connections'
         self.accepted: list[tuple[int, Connection]] = []
         self.udp_ready: dict[UdpPort, None] = {}
         self.conns: dict[tuple[bytes, int, int], Connection] = {}
@@ -121,9 +129,14 @@ class Stack:
         self.counters["packets_in"] += 1
 
     def _tcp(self, seg: tcpwire.Segment, now: float) -> None:
+        events = self.events
+        if events.closed:  # closed by their users since: their addresses are free
+            self._settle()
         conn = self.conns.get((seg.src, seg.sport, seg.dport))
         if conn is not None:
             conn.segment_arrived(seg, now)
+            if events.established or events.closed:  # (Events.changed(), inline: once per packet)
+                self._settle()
             self._schedule(conn)
             return
         flags = seg.flags
@@ -136,7 +149,7 @@ class Stack:
             conn.passive_port = seg.dport
             listener.half_open += 1
             conn.open_passive(seg, now)
-            self._schedule(conn)
+            self._schedule(conn)  # (a SYN-ACK sent: nothing for _settle)
             return
         if not flags & tcpwire.RST:  # RFC 9293 §3.10.7.1: answer with a reset
             self.counters["resets_sent"] += 1
@@ -165,6 +178,8 @@ class Stack:
         dst = _ip(dst)
         if not 1 <= dport <= 65535:
             raise StackError("port must be from 1 to 65535")
+        if self.events.closed:
+            self._settle()
         sport = sport or self._ephemeral(dst, dport)
         if (dst, dport, sport) in self.conns:
             raise StackError(f"local port {sport} is in use towards that destination")
@@ -196,13 +211,25 @@ class Stack:
                                  digest_size=4).digest()
         iss = (int.from_bytes(digest, "big") + int(now * ISN_TICK)) & 0xFFFFFFFF  # RFC 6528
         builder = tcpwire.Builder(self.address, lport, remote, rport)
-        conn = Connection(self, (remote, rport, lport), builder, self.params, self.mss, iss, now)
+        conn = Connection(self.events, self.budget, (remote, rport, lport), builder, self.params, self.mss, iss, now)
         self.conns[conn.key] = conn
         return conn
 
-    # callbacks from connections
-    def established(self, conn: Connection) -> None:
-        self.dirty[conn] = None
+    def _settle(self) -> None:
+        """Act on the handshakes completed and the connections closed that ``events`` reports
+        (all handshakes first: a connection can complete and close within one call)."""
+        events = self.events
+        while events.established or events.closed:
+            if events.established:
+                opened, events.established = events.established, []
+                for conn in opened:
+                    self._established(conn)
+            if events.closed:
+                ended, events.closed = events.closed, []
+                for conn in ended:
+                    self._closed(conn)
+
+    def _established(self, conn: Connection) -> None:
         if conn.passive_port is not None:
             listener = self.listeners.get(conn.passive_port)
             if listener is not None:
@@ -211,8 +238,7 @@ class Stack:
             else:  # the listener went away during the handshake
                 conn.abort()
 
-    def closed(self, conn: Connection) -> None:
-        self.dirty[conn] = None
+    def _closed(self, conn: Connection) -> None:
         if self.conns.get(conn.key) is conn:
             del self.conns[conn.key]
             if conn.passive_port is not None and not conn.connected:
@@ -251,8 +277,11 @@ class Stack:
 
     def flush(self, now: float) -> None:
         """Let connections with new data, freed window or a due ACK send."""
-        while self.pending:
-            pending, self.pending = self.pending, {}
+        events = self.events
+        if events.changed():
+            self._settle()
+        while events.pending:
+            pending, events.pending = events.pending, {}
             for conn in pending:
                 if conn.state != CLOSED:
                     conn.output(now)
@@ -268,6 +297,8 @@ class Stack:
             conn._sched = None
             if conn.state != CLOSED:
                 conn.on_timer(now)
+                if self.events.changed():
+                    self._settle()
                 self._schedule(conn, floor=now + MIN_TIMER_STEP)
         self.flush(now)
 
@@ -303,11 +334,16 @@ class Stack:
         return taken
 
     def take_dirty(self) -> list[Connection]:
-        if not self.dirty:
+        dirty = self.events.dirty
+        if not dirty:
             return []
-        dirty = list(self.dirty)
-        self.dirty.clear()
-        return dirty
+        taken = list(dirty)
+        dirty.clear()
+        return taken
+
+    def flush_due(self) -> bool:
+        """Packets wait to be taken or a connection has something to send: flush (again)."""
+        return bool(self.out or self.events.pending)
 
     def take_accepted(self) -> list[tuple[int, Connection]]:
         accepted, self.accepted = self.accepted, []

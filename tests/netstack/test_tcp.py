@@ -10,8 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from anex_agent.netstack import ipv4
 from anex_agent.netstack.tcp import connection as C
-from anex_agent.netstack.tcp.connection import TcpParams
+from anex_agent.netstack.tcp import segment as tcpwire
+from anex_agent.netstack.tcp.autotune import MemoryBudget
+from anex_agent.netstack.tcp.connection import Connection, TcpParams
+from anex_agent.netstack.tcp.events import Events
 from tests.netstack.link import A, B, Link
 
 
@@ -69,6 +73,75 @@ def test_handshake_transfer_and_close_through_every_state():
     link.run_until(lambda: client.state_name == "CLOSED")
     assert link.now - entered == pytest.approx(TcpParams().time_wait, abs=0.01)  # a short TIME-WAIT
     assert not link.a.conns and not link.b.conns
+
+
+def test_a_connection_reports_what_happened_in_its_events_and_needs_no_stack():
+    a, b = bytes((10, 254, 0, 1)), bytes((10, 254, 0, 2))
+    params, budget = TcpParams(), MemoryBudget(TcpParams().buffer_budget)
+    ca, cb = Events(), Events()
+    client = Connection(ca, budget, (b, 80, 40000), tcpwire.Builder(a, 40000, b, 80), params, 1380, 1000, 0.0)
+    server = Connection(cb, budget, (a, 40000, 80), tcpwire.Builder(b, 80, a, 40000), params, 1380, 5000, 0.0)
+
+    def segments(events: Events) -> list[tcpwire.Segment]:
+        taken = [tcpwire.parse(ipv4.parse(p)) for p in events.packets]
+        events.packets.clear()
+        return taken
+
+    client.open_active(0.0)
+    (syn,) = segments(ca)
+    assert syn.flags == tcpwire.SYN and not ca.established and not ca.closed
+    server.open_passive(syn, 0.001)
+    (synack,) = segments(cb)
+    assert synack.flags == tcpwire.SYN | tcpwire.ACK
+    client.segment_arrived(synack, 0.002)
+    assert ca.established == [client] and client in ca.dirty and client.state_name == "ESTABLISHED"
+    (ack,) = segments(ca)
+    server.segment_arrived(ack, 0.003)
+    assert cb.established == [server] and server in cb.dirty
+
+    assert client.write(b"hello") == 5 and client in ca.pending
+    assert segments(ca) == []  # nothing leaves before the owner's flush calls output()
+    client.output(0.004)
+    (data,) = segments(ca)
+    assert bytes(data.payload) == b"hello"
+    cb.dirty.clear()
+    server.segment_arrived(data, 0.005)
+    assert server in cb.dirty and server.read() == b"hello"
+
+    client.abort()
+    (rst,) = segments(ca)
+    assert rst.flags & tcpwire.RST and ca.closed == [client] and client.state_name == "CLOSED"
+    server.segment_arrived(rst, 0.006)
+    assert cb.closed == [server] and server.error == C.RESET
+
+
+def test_a_listener_closed_during_the_handshake_resets_the_connection():
+    link = Link()
+    link.b.tcp_listen(80)
+    client = link.a.tcp_connect(B, 80, link.now)
+    link.run_until(lambda: len(link.b.conns) == 1)  # SYN-RECEIVED, the SYN-ACK on its way
+    link.b.tcp_unlisten(80)
+    link.run_until(lambda: client.state_name == "CLOSED")
+    assert client.error == C.RESET
+    assert link.b.take_accepted() == [] and not link.b.conns
+
+
+def test_the_backlog_holds_a_half_open_connection_until_it_is_accepted_or_gives_up():
+    link = Link()
+    link.b.tcp_listen(80, backlog=1)
+    link.filter = lambda sender, packet: sender == "b"  # every SYN-ACK is lost
+    first = link.a.tcp_connect(B, 80, link.now)
+    link.run_until(lambda: len(link.b.conns) == 1)
+    second = link.a.tcp_connect(B, 80, link.now)
+    link.run_until(lambda: link.b.drops["listener backlog full"] > 0)  # no room for the second
+    link.run_until(lambda: not link.b.conns and first.state_name == second.state_name == "CLOSED")
+    assert first.error == second.error == C.TIMED_OUT
+    link.filter = None
+    accepted = []
+    for _ in range(2):  # the slot came back when the half-open one gave up, and again when one is accepted
+        client = link.a.tcp_connect(B, 80, link.now)
+        link.run_until(lambda: (accepted.extend(link.b.take_accepted()) or len(accepted) > 0) and client.established)
+        assert accepted.pop()[1].established
 
 
 def test_syn_carries_mss_clamped_to_the_mtu_and_window_scale():
