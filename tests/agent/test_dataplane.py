@@ -272,7 +272,13 @@ async def test_a_silent_gateway_s_traffic_moves_to_the_other_through_the_engine(
     make, _ = plane
     monkeypatch.setattr(sys.modules[__name__], "config", lambda *a, **k: two)
     dp, _ = await make(OneSilentOfTwoEngine)
-    await wait_until(lambda: dp.liveness.demoted, what="the silent gateway demoted")
+    # the watch records the demotion, then steers (an engine apply): wait for the apply itself
+    def steered_away() -> bool:
+        peers = dp.engine.applied[-1][0].peers
+        return bool(dp.liveness.demoted) and len(peers) == 2 and any(
+            p.public_key == GW2 and "10.254.0.0/16" in p.allowed_ips for p in peers)
+
+    await wait_until(steered_away, what="the silent gateway demoted and the traffic steered away from it")
     steered = {p.public_key: p.allowed_ips for p in dp.engine.applied[-1][0].peers}
     # the other gateway carries the mesh now; each keeps its own address
     assert steered[GW] == ("10.254.0.1/32",) and steered[GW2] == ("10.254.0.0/16", "10.254.0.2/32")
