@@ -15,9 +15,12 @@ through kube-proxy's DNAT and the gateway's WireGuard hub, for a machine whose a
 wireguard-go and for one whose agent runs unprivileged (the built-in engine: the container's
 ports are its inbound ports); the pod's readiness probe failing makes the endpoint not ready
 and the cluster IP stops answering, passing again brings both back; the pod deleted, the slice
-lists it as terminating and then no more. A rented pod that calls the cluster IP of a Service
-whose endpoint is another rented pod is refused by the gateway (mesh to mesh stays dropped,
-a Service's DNAT included), while a cluster service stays reachable from it.
+lists it as terminating (while a finalizer of the test's holds the pod) and then no more.
+
+The gateway routes the Service network to the mesh too: a rented pod reaches the cluster IP of
+a Service whose endpoint is in the cluster (the cluster's echo service), and gets no answer
+from the cluster IP of a Service whose endpoint is another rented pod (mesh to mesh stays
+dropped at the gateway, after a Service's DNAT too), which the cluster reaches.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import pytest
 import yaml
 
 from anex_agent.demo.provision import Boot
-from anex_agent.testing.mesh import CLUSTER_GW, ProcessDied, wait_until
+from anex_agent.testing.mesh import CLUSTER_GW, CLUSTER_IP, HTTP_PORT, ProcessDied, wait_until
 from anex_agent.testing.netlab import missing_prerequisites, stop_processes
 from integration.kube import SERVICE_CIDR, find_program
 from integration.test_virtual_node import SEED_POD, WAIT, _pod, _wait_pod, simulated, virtual_node  # noqa: F401
@@ -41,6 +44,7 @@ from integration.test_virtual_node import SEED_POD, WAIT, _pod, _wait_pod, simul
 WEB_PORT = 8000  # the workload's port (containerPort and the Service's targetPort)
 SERVICE_PORT = 80
 GATEWAY_NODE = "anex-gateway"  # kube-proxy's --hostname-override: the node the gateway runs on
+HOLD = "anex.sh/test-hold"  # a finalizer of the test's
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +75,10 @@ def kube_proxy(control_plane, simulated):  # noqa: F811
                                      f"UNIX-CONNECT:{sock}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     log_path = workdir / "kube-proxy.log"
     mesh.cluster.run(["ip", "route", "add", SERVICE_CIDR, "via", CLUSTER_GW])
+    # the gateway routes the Service network to the mesh too: rented pods may call cluster IPs
+    mesh.stop_gateway()
+    mesh.gateway_routes.append(SERVICE_CIDR)
+    mesh.start_gateway()
     # kube-proxy serves its node's proxy (its /healthz says so only once that Node exists): the
     # gateway's host as a cluster node, without a kubelet here, so tainted against any pod
     cp.kubectl("apply", "-f", "-", input=json.dumps(
@@ -124,6 +132,11 @@ def _service(name: str, label: str) -> dict:
                                                            "targetPort": WEB_PORT}]}}
 
 
+def _apply_list(cp, namespace: str, items: list[dict]) -> None:
+    cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                      "items": items}))
+
+
 def _endpoints(cp, namespace: str, service: str) -> list[dict]:
     slices = cp.kubectl_json("-n", namespace, "get", "endpointslices", "-l", f"kubernetes.io/service-name={service}")
     return [e for s in slices["items"] for e in s.get("endpoints") or []]
@@ -136,6 +149,16 @@ def _wait_endpoints(cp, namespace: str, service: str, predicate, what: str, log:
     except TimeoutError as err:
         raise AssertionError(f"{err}; endpoints: {_endpoints(cp, namespace, service)}; virtual node log: "
                              f"{log.read_text(errors='replace')[-3000:]}") from None
+
+
+def _release(cp, namespace: str, name: str) -> None:
+    """Take the test's finalizer off the pod (when it still has it)."""
+    finalizers = ((_pod(cp, namespace, name) or {}).get("metadata") or {}).get("finalizers") or []
+    if HOLD in finalizers:
+        at = finalizers.index(HOLD)
+        cp.kubectl("-n", namespace, "patch", "pod", name, "--type=json", "-p", json.dumps([
+            {"op": "test", "path": f"/metadata/finalizers/{at}", "value": HOLD},
+            {"op": "remove", "path": f"/metadata/finalizers/{at}"}]))
 
 
 def _curl(ns, url: str) -> subprocess.CompletedProcess:
@@ -166,9 +189,9 @@ def test_a_service_reaches_a_rented_pod_at_its_cluster_ip_while_it_is_ready(engi
     if engine == "unprivileged":
         provider.boot_for = lambda rental: CONFINED if ours(rental) else Boot()
     try:
-        cp.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(
-            {"apiVersion": "v1", "kind": "List", "items": [_web_pod(name, label, files, flag), _service(name, label)]}))
-        running = _wait_pod(cp, namespace, name, lambda p: p["status"].get("phase") == "Running", "the pod Running", log)
+        _apply_list(cp, namespace, [_web_pod(name, label, files, flag), _service(name, label)])
+        running = _wait_pod(cp, namespace, name, lambda p: p["status"].get("phase") == "Running", "the pod Running",
+                            log)
     finally:
         provider.boot_for = lambda rental: Boot()
     if engine == "unprivileged":
@@ -192,7 +215,7 @@ def test_a_service_reaches_a_rented_pod_at_its_cluster_ip_while_it_is_ready(engi
                interval=0.5)
 
     flag.unlink()  # its readiness probe fails: out of the Service
-    [endpoint] = _wait_endpoints(cp, namespace, name, lambda e: len(e) == 1 and e[0]["conditions"].get("ready") is False,
+    [endpoint] = _wait_endpoints(cp, namespace, name, lambda e: len(e) == 1 and e[0]["conditions"]["ready"] is False,
                                  "the endpoint not ready", log)
     assert endpoint["addresses"] == [address] and endpoint["conditions"]["serving"] is False
     wait_until(lambda: _curl(mesh.cluster, url).returncode != 0, WAIT, "the cluster IP refusing (no ready endpoint)",
@@ -202,8 +225,73 @@ def test_a_service_reaches_a_rented_pod_at_its_cluster_ip_while_it_is_ready(engi
                     "the endpoint ready again", log)
     wait_until(answers, WAIT, "the cluster IP answered by the pod again", interval=0.5)
 
-    cp.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
+    # a finalizer of the test's holds the deleted pod (the virtual node's own goes once the machine is released)
+    cp.kubectl("-n", namespace, "patch", "pod", name, "--type=json", "-p",
+               json.dumps([{"op": "add", "path": "/metadata/finalizers/-", "value": HOLD}]))
+    try:
+        cp.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
+        [endpoint] = _wait_endpoints(cp, namespace, name,
+                                     lambda e: len(e) == 1 and e[0]["conditions"].get("terminating"),
+                                     "the endpoint terminating", log)
+        assert endpoint["addresses"] == [address] and endpoint["conditions"]["ready"] is False
+        wait_until(lambda: (_pod(cp, namespace, name) or {}).get("metadata", {}).get("finalizers") == [HOLD], WAIT,
+                   "the virtual node's finalizer removed (the machine released)", interval=0.3)
+    finally:
+        _release(cp, namespace, name)
     _wait_endpoints(cp, namespace, name, lambda e: not e, "the pod gone from the Service's endpoints", log)
     wait_until(lambda: _pod(cp, namespace, name) is None, WAIT, "the pod gone", interval=0.3)
     cp.kubectl("-n", namespace, "delete", "service", name)
+    shutil.rmtree(files, ignore_errors=True)
+
+
+def _node_of(mesh, provider, pod: dict):
+    """The node namespace (the machine) a running pod was rented as."""
+    name = f"vk-{pod['metadata']['uid']}"
+    [view] = [p for p in (mesh.admin("GET", "/v1/provisions") or {})["provisions"] if p["name"] == name]
+    return provider.nodes[str(view["rental_id"])]
+
+
+def test_a_rented_pod_reaches_a_service_in_the_cluster_but_not_one_whose_endpoint_is_another_rented_pod(
+        virtual_node, simulated, kube_proxy):  # noqa: F811
+    cp, namespace, log, _restart = virtual_node
+    mesh, provider, _url = simulated
+    files = Path(tempfile.mkdtemp(prefix="anex-svc-peer-"))
+    files.chmod(0o755)
+    (files / "whoami.txt").write_text("the other rented pod\n")
+    (files / "ready").touch()
+    label = f"peer-{secrets.token_hex(3)}"
+    client = yaml.safe_load(SEED_POD.format(name="caller", extra_annotation="", command=json.dumps(["sleep", "3600"])))
+    # a Service without a selector whose endpoint is the cluster's echo service (10.77.0.2:8080)
+    in_cluster = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "in-cluster"},
+                  "spec": {"ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": HTTP_PORT}]}}
+    in_cluster_slice = {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "in-cluster-1", "labels": {"kubernetes.io/service-name": "in-cluster"}},
+        "addressType": "IPv4", "endpoints": [{"addresses": [CLUSTER_IP], "conditions": {"ready": True}}],
+        "ports": [{"name": "http", "port": HTTP_PORT, "protocol": "TCP"}]}
+    _apply_list(cp, namespace, [_web_pod("peer", label, files, files / "ready"), _service("peer", label), client,
+                                in_cluster, in_cluster_slice])
+    caller = _wait_pod(cp, namespace, "caller", lambda p: p["status"].get("phase") == "Running", "the caller Running",
+                       log)
+    _wait_endpoints(cp, namespace, "peer", lambda e: len(e) == 1 and e[0]["conditions"].get("ready"),
+                    "the peer pod a ready endpoint", log)
+    machine = _node_of(mesh, provider, caller).ns
+    services = {name: cp.kubectl_json("-n", namespace, "get", "service", name)["spec"]["clusterIP"]
+                for name in ("peer", "in-cluster")}
+    peer_url = f"http://{services['peer']}:{SERVICE_PORT}/whoami.txt"
+    in_cluster_url = f"http://{services['in-cluster']}:{SERVICE_PORT}/"
+    # kube-proxy carries both Services: the cluster reaches the rented peer at its cluster IP
+    wait_until(lambda: _curl(mesh.cluster, peer_url).stdout == "the other rented pod\n", WAIT,
+               "the peer's cluster IP answering the cluster", interval=0.5)
+    # the rented caller reaches a Service whose endpoint is in the cluster (through the gateway)
+    answer = wait_until(lambda: (out := _curl(machine, in_cluster_url)).returncode == 0 and out.stdout, WAIT,
+                        "the in-cluster Service's cluster IP answering the rented caller", interval=0.5)
+    assert json.loads(answer)["service"] == "echo"
+    # ... but not one whose endpoint is another rented pod: mesh to mesh is dropped, after the DNAT too
+    refused = _curl(machine, peer_url)
+    assert refused.returncode == 28 and not refused.stdout, refused  # 28: no answer within --max-time
+    cp.kubectl("-n", namespace, "delete", "pod", "peer", "caller", "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, "peer") is None and _pod(cp, namespace, "caller") is None, WAIT,
+               "the pods gone", interval=0.3)
+    cp.kubectl("-n", namespace, "delete", "service", "peer", "in-cluster")
     shutil.rmtree(files, ignore_errors=True)
