@@ -59,9 +59,9 @@ RESTART_POLICY_ENV = "ANEX_RESTART_POLICY"  # read by the agent (anex_agent.agen
 #: read by the agent (anex_agent.agent.settings): the workload ports the built-in engine serves at
 #: the mesh address (the kernel and wireguard-go engines serve every port on their interface)
 INBOUND_PORTS_ENV = "ANEX_INBOUND_PORTS"
-#: the agent's own ports by default (its API, its HTTP proxy: DEFAULT_API_LISTEN and
-#: DEFAULT_PROXY_LISTEN of anex_agent.agent.settings), which it never serves as inbound ports
-AGENT_PORTS = {9555: "the agent API's", 3128: "the agent's HTTP proxy's"}
+#: the agent's own ports by default (its API, its HTTP proxy, its SSH server: DEFAULT_API_LISTEN,
+#: DEFAULT_PROXY_LISTEN and ssh_port of anex_agent.agent.settings), never the workload's inbound ports
+AGENT_PORTS = {9555: "the agent API's", 3128: "the agent's HTTP proxy's", 2222: "the agent's SSH server's"}
 PROBE_KINDS = ("startup", "liveness", "readiness")
 PROBE_TIMINGS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold", "failureThreshold",
                  "terminationGracePeriodSeconds")

@@ -214,10 +214,11 @@ def test_a_probe_the_agent_cannot_run_is_refused_naming_its_field(probe, field):
 
 
 def test_the_container_ports_are_the_inbound_ports_of_the_built_in_engine_but_the_agents_own():
-    from anex_agent.agent.settings import DEFAULT_API_LISTEN, DEFAULT_PROXY_LISTEN
+    from anex_agent.agent.settings import DEFAULT_API_LISTEN, DEFAULT_PROXY_LISTEN, AgentSettings
 
     assert set(podspec.AGENT_PORTS) == {int(DEFAULT_API_LISTEN.rsplit(":", 1)[1]),
-                                        int(DEFAULT_PROXY_LISTEN.rsplit(":", 1)[1])}
+                                        int(DEFAULT_PROXY_LISTEN.rsplit(":", 1)[1]),
+                                        AgentSettings.__dataclass_fields__["ssh_port"].default}
     ports = [{"containerPort": 8000}, {"containerPort": 9555}, {"containerPort": 53, "protocol": "UDP"},
              {"containerPort": 8443}]
     out = translate(seed(ports=ports), {}, prefix="vk-")
