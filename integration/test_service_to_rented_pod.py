@@ -66,31 +66,32 @@ def kube_proxy(control_plane, simulated):  # noqa: F811
     port = cp.server.rsplit(":", 1)[1]
     sock = workdir / "apiserver.sock"
     procs: list[subprocess.Popen] = []
-    # the API server, from the gateway's namespace: at the same 127.0.0.1:PORT (the kubeconfig and
-    # the serving certificate's 127.0.0.1 hold there too), through a Unix socket
-    procs.append(subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", f"TCP:127.0.0.1:{port}"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    wait_until(sock.exists, 10, "the API server's socket")
-    procs.append(mesh.gateway.popen(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
-                                     f"UNIX-CONNECT:{sock}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     log_path = workdir / "kube-proxy.log"
-    mesh.cluster.run(["ip", "route", "add", SERVICE_CIDR, "via", CLUSTER_GW])
-    # the gateway routes the Service network to the mesh too: rented pods may call cluster IPs
-    mesh.stop_gateway()
-    mesh.gateway_routes.append(SERVICE_CIDR)
-    mesh.start_gateway()
-    # kube-proxy serves its node's proxy (its /healthz says so only once that Node exists): the
-    # gateway's host as a cluster node, without a kubelet here, so tainted against any pod
-    cp.kubectl("apply", "-f", "-", input=json.dumps(
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": GATEWAY_NODE},
-         "spec": {"taints": [{"key": "anex.sh/test-gateway", "value": "true", "effect": "NoSchedule"}]}}))
     try:
+        # the API server, from the gateway's namespace: at the same 127.0.0.1:PORT (the kubeconfig and
+        # the serving certificate's 127.0.0.1 hold there too), through a Unix socket
+        procs.append(subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", f"TCP:127.0.0.1:{port}"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_until(sock.exists, 10, "the API server's socket")
+        procs.append(mesh.gateway.popen(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
+                                         f"UNIX-CONNECT:{sock}"], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL))
+        mesh.cluster.run(["ip", "route", "add", SERVICE_CIDR, "via", CLUSTER_GW])
+        # the gateway routes the Service network to the mesh too: rented pods may call cluster IPs
+        mesh.stop_gateway()
+        mesh.gateway_routes.append(SERVICE_CIDR)
+        mesh.start_gateway()
+        # kube-proxy serves its node's proxy (its /healthz says so only once that Node exists): the
+        # gateway's host as a cluster node, without a kubelet here, so tainted against any pod
+        cp.kubectl("apply", "-f", "-", input=json.dumps(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": GATEWAY_NODE},
+             "spec": {"taints": [{"key": "anex.sh/test-gateway", "value": "true", "effect": "NoSchedule"}]}}))
         with open(log_path, "ab", buffering=0) as log:
             proxy = mesh.gateway.popen([
                 program, f"--kubeconfig={kubeconfig}", "--proxy-mode=nftables",
                 f"--hostname-override={GATEWAY_NODE}", f"--bind-address={CLUSTER_GW}",
                 "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
-                # conntrack's table size is the host's, not a namespace's: leave it as it is
+                # the namespace's conntrack settings stay as they are (the table's size is the host's)
                 "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
                 "--conntrack-tcp-timeout-close-wait=0"], stdout=log, stderr=subprocess.STDOUT)
         procs.append(proxy)
