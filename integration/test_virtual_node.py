@@ -147,6 +147,10 @@ def virtual_node(control_plane, simulated):
     """``anex-agent virtual-node`` with its ServiceAccount's token; the Node anex-vastai Ready."""
     mesh, _provider, url = simulated
     cp = control_plane  # its node lifecycle controller lifts the not-ready taint the API server puts on a new Node
+    # another module's virtual node (this fixture, imported there) deleted anex-system without waiting
+    wait_until(lambda: cp.kubectl("get", "namespace", "anex-system", "-o", "jsonpath={.status.phase}",
+                                  check=False).stdout != "Terminating", WAIT, "the previous anex-system namespace gone",
+               interval=0.3)
     cp.kubectl("apply", "-f", str(REPO / "deploy" / "namespace.yaml"), "-f", str(REPO / "deploy" / "rbac.yaml"))
     workdir = Path(tempfile.mkdtemp(prefix="anex-vn-kube-"))
     kubeconfig = cp.service_account_kubeconfig(workdir / "kubeconfig", "anex-system", "anex-virtual-node")

@@ -5,7 +5,8 @@ gateway host's own services. What the rules do (and nothing else; all other traf
 left to the host's own rules):
 
 * forward, mesh to mesh: dropped first, whatever the routes say (nodes do not reach
-  each other through the hub, even when a ``--route`` network covers the mesh network);
+  each other through the hub, even when a ``--route`` network covers the mesh network,
+  nor through a Service: the forward hook sees the destination after kube-proxy's DNAT);
 * forward, from the mesh interface: accept mesh -> ``--route`` networks; drop
   everything else entering from the mesh (the gateway is not an exit node);
 * forward, to the mesh interface: accept ``--route`` networks -> mesh (the cluster

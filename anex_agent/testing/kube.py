@@ -33,7 +33,8 @@ API::
   a deadline and raises AssertionError with the tail of the program's log when it passes
   (or at once when the program exits).
 * Only the controllers a test of a virtual node needs run (:data:`DEFAULT_CONTROLLERS`:
-  service accounts and their tokens, namespaces, garbage collection, node lifecycle); pass
+  service accounts and their tokens, namespaces, garbage collection, node lifecycle, and the
+  EndpointSlices of Services, which a kube-proxy reads); pass
   ``controllers=`` for others. A Node is called Unknown (and tainted unreachable) after
   ``node_monitor_grace_period`` without heartbeats (default 5 minutes, so a slow test never
   sees it; a test of heartbeats passes a short one). Leader election is off.
@@ -71,8 +72,10 @@ SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the ``kubernetes`` service
 #: The API server taints a new Node ``node.kubernetes.io/not-ready``; node-lifecycle-controller
 #: lifts it once the Node says Ready (and taints it unreachable when its heartbeats stop).
+#: endpointslice-controller lists a Service's ready pods (a rented pod's mesh address among them).
 DEFAULT_CONTROLLERS = ("serviceaccount-token-controller", "serviceaccount-controller",
-                       "namespace-controller", "garbage-collector-controller", "node-lifecycle-controller")
+                       "namespace-controller", "garbage-collector-controller", "node-lifecycle-controller",
+                       "endpointslice-controller")
 #: How long node-lifecycle-controller waits for a Node's heartbeat (status or Lease) before it
 #: calls the node Unknown: long, so that a busy machine does not make a test's node unreachable.
 NODE_MONITOR_GRACE_PERIOD = "5m"

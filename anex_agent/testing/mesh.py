@@ -139,6 +139,7 @@ class Mesh:
         self.admin_token = secrets.token_urlsafe(24)
         self.coordinator_proc: subprocess.Popen | None = None
         self.coordinator_args: list[str] = []  # more flags for every start of the coordinator (--agent-binary ...)
+        self.gateway_routes: list[str] = [CLUSTER_NET]  # the gateway's --route networks, at each start
         self.gateway_proc: subprocess.Popen | None = None
         self.gateway_token: str | None = None
         self.standby: Namespace | None = None  # a second gateway's namespace (add_standby_gateway)
@@ -253,7 +254,8 @@ class Mesh:
 
     def start_gateway(self, ws_url: str = WS_URL, *, registered: bool = True) -> None:
         """``anex-agent gateway`` with its WebSocket relay on ``WS_PORT``; ``ws_url`` is what it
-        advertises (a TLS-terminating proxy in front of the relay: that proxy's URL).
+        advertises (a TLS-terminating proxy in front of the relay: that proxy's URL); a
+        ``--route`` for each of :attr:`gateway_routes` (the cluster network unless a test adds one).
 
         Returns once its WireGuard interface is up and (unless ``registered=False``: the
         coordinator is down, it starts from its saved registration) the coordinator lists it."""
@@ -267,7 +269,7 @@ class Mesh:
             "--state-dir", str(state),
             "--listen-udp", f"0.0.0.0:{WG_PORT}",
             "--endpoint", f"{UNDERLAY_GW}:{WG_PORT}",
-            "--route", CLUSTER_NET,
+            *(arg for route in self.gateway_routes for arg in ("--route", route)),
             "--dns-upstream", f"{CLUSTER_IP}:{DNS_PORT}",
             "--ws-listen", f"0.0.0.0:{WS_PORT}", "--ws-url", ws_url,
         ]

@@ -12,7 +12,9 @@ Contract:
   its volume mounts read; the caller fetches them (``None`` for one that does not exist) and
   passes them to :func:`translate`, which returns the :class:`Translation`: the
   ``ProvisionCreate`` (image, command, args, env with ``valueFrom``/``envFrom`` resolved, container
-  ports, the registry login of the image from ``imagePullSecrets`` (:mod:`.pullsecrets`; the
+  ports, also as ``ANEX_INBOUND_PORTS`` unless the pod sets it (the ports an agent on the built-in
+  engine serves at the mesh address; the agent's own ports left out, with a warning), the
+  registry login of the image from ``imagePullSecrets`` (:mod:`.pullsecrets`; the
   coordinator stores it sealed), the pod's selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
   how many GPUs, ``restartPolicy`` as ``ANEX_RESTART_POLICY``: the agent restarts the workload
   in place, and its startup, liveness and readiness probes as ``ANEX_PROBES``: the agent runs them
@@ -54,6 +56,12 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT = "anex.sh/gpu-count"
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 RESTART_POLICY_ENV = "ANEX_RESTART_POLICY"  # read by the agent (anex_agent.agent.restart_policy)
+#: read by the agent (anex_agent.agent.settings): the workload ports the built-in engine serves at
+#: the mesh address (the kernel and wireguard-go engines serve every port on their interface)
+INBOUND_PORTS_ENV = "ANEX_INBOUND_PORTS"
+#: the agent's own ports by default (its API, its HTTP proxy, its SSH server: DEFAULT_API_LISTEN,
+#: DEFAULT_PROXY_LISTEN and ssh_port of anex_agent.agent.settings), never the workload's inbound ports
+AGENT_PORTS = {9555: "the agent API's", 3128: "the agent's HTTP proxy's", 2222: "the agent's SSH server's"}
 PROBE_KINDS = ("startup", "liveness", "readiness")
 PROBE_TIMINGS = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold", "failureThreshold",
                  "terminationGracePeriodSeconds")
@@ -294,6 +302,19 @@ def _ports(container: Mapping[str, Any], warnings: list[str]) -> list[int]:
     return ports
 
 
+def _inbound_ports(ports: list[int], warnings: list[str]) -> list[int]:
+    """The container's ports the mesh reaches on every engine (:data:`INBOUND_PORTS_ENV`): all of
+    them but the agent's own (:data:`AGENT_PORTS`), which a warning names."""
+    out = []
+    for number in ports:
+        if number in AGENT_PORTS:
+            warnings.append(f"{CONTAINER}.ports: {number} is {AGENT_PORTS[number]} port on the machine; a machine "
+                            "whose agent runs the built-in engine does not serve it to the mesh")
+        else:
+            out.append(number)
+    return out
+
+
 def _mount_warnings(pod: Mapping[str, Any], container: Mapping[str, Any]) -> list[str]:
     kinds = {v.get("name"): next((k for k in v if k != "name"), "") for v in _spec(pod).get("volumes") or []}
     out = []
@@ -399,6 +420,9 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
         env = resolve((v.name, v.value, v.template) for v in variables)
         command, args = [expand(a, env) for a in command], [expand(a, env) for a in args]
     ports = _ports(container, warnings)
+    inbound = _inbound_ports(ports, warnings)
+    if inbound and INBOUND_PORTS_ENV not in env:  # the pod's own value wins
+        env[INBOUND_PORTS_ENV] = ",".join(map(str, inbound))
     warnings += _mount_warnings(pod, container)
     env[RESTART_POLICY_ENV] = str(_spec(pod).get("restartPolicy") or "Always")  # the API server's default
     probes = _probes(pod, container)
