@@ -336,6 +336,10 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         if listen.port in inbound_ports:
             raise ConfigError(src_i, f"port {listen.port} is {what}'s port ({listen}); it is never served to the mesh "
                                      "through an inbound port, list only the workload's ports")
+    ssh_port = _ssh_port(ssh, src_s)
+    if ssh_port and ssh_port in inbound_ports:  # the SSH server serves the mesh itself on that port
+        raise ConfigError(src_i, f"port {ssh_port} is the agent's SSH server's port ({src_s}); list only the "
+                                 "workload's ports, or move or turn off the SSH server")
     engine = _choice(engine, src_e, ENGINES)
     if engine != "auto":  # fail here, before anything starts, when the engine cannot serve a workload
         from anex_agent.tunnels.engines.registry import require_workload_engine
@@ -364,7 +368,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         proxy_env=tuple((k, v) for k, v in sorted(environ.items())
                         if k.lower() in ("https_proxy", "http_proxy", "no_proxy") and v),
         gpu_metrics=exposition_options(environ),
-        ssh_port=_ssh_port(ssh, src_s),
+        ssh_port=ssh_port,
         forward_max_connections=_forward_max(fwd_max, src_f),
         proxy_max_connections=_forward_max(proxy_max, src_pm, "clients served at once by each proxy"),
     )

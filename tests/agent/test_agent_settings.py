@@ -233,6 +233,16 @@ def test_inbound_ports_never_include_the_api_or_proxy_port(extra, port):
     assert f"port {port} is" in str(err.value)
 
 
+def test_inbound_ports_never_include_the_ssh_servers_port():
+    """The SSH server serves the mesh on its own port: an inbound port there would listen twice."""
+    with pytest.raises(ConfigError) as err:
+        parse({**BASE, "ANEX_INBOUND_PORTS": "8000,2222"})
+    assert err.value.source == "ANEX_INBOUND_PORTS" and "SSH server" in str(err.value)
+    with pytest.raises(ConfigError):
+        parse({**BASE, "ANEX_INBOUND_PORTS": "8000", "ANEX_SSH_PORT": "8000"})
+    assert parse({**BASE, "ANEX_INBOUND_PORTS": "2222", "ANEX_SSH_PORT": "0"}).inbound_ports == (2222,)
+
+
 def test_cli_userspace_engine_is_taken_and_goes_on_to_the_join(tmp_path):
     import os
     import subprocess
