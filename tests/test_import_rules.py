@@ -46,6 +46,7 @@ ROLES = ("anex_agent.agent", "anex_agent.gateway", "anex_agent.coordinator", "an
 CORES = ("anex_agent.wg", "anex_agent.net.relay_protocol", "anex_agent.wire.proof", "anex_agent.wire.route_policy",
          "anex_agent.telemetry.bounds", "anex_agent.backoff", "anex_agent.coordinator.states",
          "anex_agent.tunnels.engines.wireproxy_config", "anex_agent.tunnels.engines.wireproxy_metrics",
+         "anex_agent.tunnels.engines.config", "anex_agent.tunnels.engines.peer_plan", "anex_agent.tunnels.engines.ifnames",
          "anex_agent.frontends.proxy_core", "anex_agent.frontends.socks5_core")
 NETSTACK_ADAPTERS = ("anex_agent.netstack.aio", "anex_agent.netstack.dialer")
 IO_AND_CLOCK = ("asyncio", "socket", "time", "selectors", "threading", "subprocess")
