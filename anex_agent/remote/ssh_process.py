@@ -61,18 +61,16 @@ async def run_pipes(process, argv, env, cwd, ids) -> int:
             except (asyncssh.Error, ConnectionError, BrokenPipeError):
                 return
 
-    feeder = asyncio.create_task(_feed(process, proc, write, close, lambda size: None), name="ssh-session-stdin")
-    hangup = asyncio.create_task(_hang_up_on_close(process, proc), name="ssh-session-hangup")
-    try:
-        await asyncio.gather(copy(proc.stdout, process.stdout), copy(proc.stderr, process.stderr))
-        return await proc.wait()
-    finally:
-        for task in (feeder, hangup):
-            task.cancel()
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGHUP)
-            await proc.wait()
+    async with asyncio.TaskGroup() as tg:  # the helpers end with the command (cancelled, then awaited)
+        helpers = (tg.create_task(_feed(process, proc, write, close, lambda size: None), name="ssh-session-stdin"),
+                   tg.create_task(_hang_up_on_close(process, proc), name="ssh-session-hangup"))
+        try:
+            await asyncio.gather(copy(proc.stdout, process.stdout), copy(proc.stderr, process.stderr))
+            return await proc.wait()
+        finally:
+            for task in helpers:
+                task.cancel()
+            await _hang_up_if_running(proc)
 
 
 async def run_pty(process, argv, env, cwd, ids) -> int:
@@ -130,23 +128,23 @@ async def run_pty(process, argv, env, cwd, ids) -> int:
             except (asyncssh.Error, ConnectionError, BrokenPipeError):
                 return
 
-    feeder = asyncio.create_task(_feed(process, proc, write, lambda: None, lambda size: _set_size(master, size)),
-                                 name="ssh-session-stdin")
-    hangup = asyncio.create_task(_hang_up_on_close(process, proc), name="ssh-session-hangup")
-    output = asyncio.create_task(pump_out(), name="ssh-session-pty")
     try:
-        returncode = await proc.wait()
-        with contextlib.suppress(TimeoutError):  # its last output; a background child may keep the terminal
-            await asyncio.wait_for(asyncio.shield(output), DRAIN_AFTER_EXIT)
-        return returncode
+        async with asyncio.TaskGroup() as tg:  # the helpers end with the command (cancelled, then awaited)
+            output = tg.create_task(pump_out(), name="ssh-session-pty")
+            helpers = (tg.create_task(_feed(process, proc, write, lambda: None, lambda size: _set_size(master, size)),
+                                      name="ssh-session-stdin"),
+                       tg.create_task(_hang_up_on_close(process, proc), name="ssh-session-hangup"), output)
+            try:
+                returncode = await proc.wait()
+                with contextlib.suppress(TimeoutError):  # its last output; a background child may keep the terminal
+                    await asyncio.wait_for(asyncio.shield(output), DRAIN_AFTER_EXIT)
+                return returncode
+            finally:
+                for task in helpers:
+                    task.cancel()
+                await _hang_up_if_running(proc)
     finally:
-        for task in (feeder, hangup, output):
-            task.cancel()
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGHUP)
-            await proc.wait()
-        os.close(master)
+        os.close(master)  # after the helpers, which read and write it, are done
 
 
 async def _feed(process, proc: asyncio.subprocess.Process, write, close, resize) -> None:
@@ -181,6 +179,14 @@ async def _hang_up_on_close(process, proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGHUP)
+
+
+async def _hang_up_if_running(proc: asyncio.subprocess.Process) -> None:
+    """The session ends with the command still running: its process group gets SIGHUP, and it is waited for."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGHUP)
+        await proc.wait()
 
 
 def _set_size(fd: int, size) -> None:
