@@ -36,10 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import errno
-import itertools
 import logging
-import socket
 
 import h11
 
@@ -48,7 +45,7 @@ from anex_agent.errors import BadRequest, DialError
 from anex_agent.frontends import proxy_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
-from anex_agent.frontends.h11_stream import H11Stream
+from anex_agent.net.http.stream import H11Stream
 from anex_agent.frontends.relay import relay
 from anex_agent.frontends.tcp_server import DEFAULT_MAX_CONNECTIONS, TcpServer
 from anex_agent.net.peer_log import peer_text
@@ -128,7 +125,7 @@ class _ClientSession:
     def __init__(self, server: ProxyServer, conn: Connection, client_ip: str) -> None:
         self.server = server
         self.client_ip = client_ip
-        self.client = H11Stream(h11.SERVER, conn)
+        self.client = H11Stream.over_connection(h11.SERVER, conn)
         self.origins: collections.OrderedDict[tuple[str, int], H11Stream] = collections.OrderedDict()
 
     async def aclose(self) -> None:
@@ -274,7 +271,7 @@ class _ClientSession:
             if origin is not None:
                 return origin, True
         conn = await self.dial(dest)
-        return H11Stream(h11.CLIENT, conn), False
+        return H11Stream.over_connection(h11.CLIENT, conn), False
 
     async def dial(self, dest: core.Destination) -> Connection:
         """Open a connection for this client; raises DialError, or _Forbidden.

@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 client over h11 and asyncio streams, for the coordinator client.
+"""A small HTTP/1.1 client over asyncio streams (h11 through :mod:`.stream`), for the coordinator client.
 
 Contract:
 * :meth:`HttpClient.request` sends one request and returns ``(status, headers, body)``;
@@ -30,9 +30,9 @@ from urllib.parse import unquote, urlencode, urlsplit
 import h11
 
 from anex_agent.errors import AnexError
+from anex_agent.net.http.stream import H11Stream
 
 READ_CHUNK = 64 * 1024
-MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_MAX_BODY = 256 << 20
 MAX_IDLE_PER_HOST = 4
 USER_AGENT = "anex-agent"
@@ -50,38 +50,31 @@ Headers = dict[str, str]  # lower-case names
 
 
 class _Conn:
-    """One HTTP/1.1 connection: an asyncio stream pair and its h11 state."""
+    """One HTTP/1.1 connection: an asyncio stream pair and its h11 stream."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, reused: bool = False) -> None:
         self.reader = reader
         self.writer = writer
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.stream = H11Stream.over_streams(h11.CLIENT, reader, writer, read_chunk=READ_CHUNK)
+        self.h11 = self.stream.h11
         self.reused = reused
-        self.got_bytes = False
+
+    @property
+    def got_bytes(self) -> bool:
+        return self.stream.got_bytes
 
     def usable(self) -> bool:
         return (not self.writer.is_closing() and not self.reader.at_eof()
                 and self.h11.our_state is h11.IDLE and self.h11.their_state is h11.IDLE)
 
     async def send(self, *events) -> None:
-        for event in events:
-            data = self.h11.send(event)
-            if data:
-                self.writer.write(data)
-        await self.writer.drain()
+        await self.stream.send(*events, flush=True)
 
     async def next_event(self):
-        while True:
-            try:
-                event = self.h11.next_event()
-            except h11.RemoteProtocolError as err:
-                raise HttpError(f"a broken HTTP answer: {err}") from None
-            if event is not h11.NEED_DATA:
-                return event
-            data = await self.reader.read(READ_CHUNK)
-            if data:
-                self.got_bytes = True
-            self.h11.receive_data(data)  # b"": EOF
+        try:
+            return await self.stream.next_event()
+        except h11.RemoteProtocolError as err:
+            raise HttpError(f"a broken HTTP answer: {err}") from None
 
     def close(self) -> None:
         if not self.writer.is_closing():
@@ -236,7 +229,7 @@ class HttpClient:
             conn = idle.pop()
             if conn.usable():
                 conn.reused = True
-                conn.got_bytes = False
+                conn.stream.got_bytes = False
                 return conn
             conn.close()
         scheme, host, port = key

@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 server over h11 and asyncio streams, for the agent API.
+"""A small HTTP/1.1 server over asyncio streams (h11 through :mod:`.stream`), for the agent API.
 
 Contract:
 * :class:`HttpServer` serves one ``handler(Request) -> Response | StreamResponse`` on any
@@ -7,7 +7,7 @@ Contract:
   asyncio protocol factory; the transport's ``peername`` is the caller).
 * Connections are kept alive between requests (idle at most :data:`KEEPALIVE_TIMEOUT` s);
   a request's head must arrive within :data:`HEAD_TIMEOUT` s and be at most
-  :data:`MAX_HEAD_BYTES`. A broken request is answered 400 with the fixed text
+  :data:`~anex_agent.net.http.stream.MAX_HEAD_BYTES`. A broken request is answered 400 with the fixed text
   :data:`MALFORMED` and the connection closed; what h11 found wrong is logged at debug level
   only (the peer never sees exception text).
 * A request body is read by the handler (:meth:`Request.chunks`); what it leaves unread is
@@ -33,11 +33,11 @@ import h11
 
 from anex_agent import parse
 from anex_agent.errors import BadRequest
+from anex_agent.net.http.stream import H11Stream
 from anex_agent.net.peer_log import peer_text
 
 log = logging.getLogger(__name__)
 
-MAX_HEAD_BYTES = 64 * 1024
 HEAD_TIMEOUT = 30.0
 KEEPALIVE_TIMEOUT = 75.0
 MAX_DISCARD = 1 << 20
@@ -164,26 +164,13 @@ class HttpServer:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve requests on one connection until it closes."""
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        stream = H11Stream.over_streams(h11.SERVER, reader, writer, read_chunk=READ_CHUNK)
+        conn = stream.h11
+        next_event = stream.next_event
         peer = writer.get_extra_info("peername")
 
-        async def receive() -> None:
-            data = await reader.read(READ_CHUNK)
-            conn.receive_data(data)
-
-        async def next_event():
-            while True:
-                event = conn.next_event()
-                if event is not h11.NEED_DATA:
-                    return event
-                await receive()
-
         async def send(*events) -> None:
-            for event in events:
-                data = conn.send(event)
-                if data:
-                    writer.write(data)
-            await writer.drain()
+            await stream.send(*events, flush=True)
 
         try:
             while True:
