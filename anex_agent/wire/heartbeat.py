@@ -1,11 +1,12 @@
-"""The heartbeat: what a node reports every few seconds, and what the coordinator answers.
+"""The heartbeat: what a node reports at the interval the coordinator sets, and what it answers.
 
     POST   /v1/nodes/{id}/heartbeat       node       Heartbeat -> HeartbeatAck
 
 :class:`Heartbeat` carries the node's :class:`TransportStatus` (with the workload's
 :class:`ContainerState` under ``anex-agent run``) and its telemetry block, checked as received
 by :mod:`anex_agent.wire.telemetry`. :class:`HeartbeatAck` carries the node's
-:class:`NodeState`, which the heartbeats drive, and a new credential when one is due.
+:class:`NodeState`, which the heartbeats drive, when to send the next one
+(``next_heartbeat_in``), and a new credential when one is due.
 """
 
 from __future__ import annotations
