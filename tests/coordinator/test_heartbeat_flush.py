@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.coordinator import heartbeats
+
+from .conftest import start_harness, stop_harness
 
 COLUMNS = "id, last_heartbeat_at, status, telemetry, health, health_reasons, state"
 
@@ -20,6 +24,17 @@ BEATS = [
     # a verdict this version does not know: the health is left as is
     {"status": {}, "telemetry": {"health": {"verdict": "sparkly"}, "custom": {"nested": [1, 2.25, None, True]}}},
 ]
+
+
+@pytest.fixture
+async def coord(tmp_path, database_url, clock):
+    """A coordinator whose heartbeats only these tests flush: its own flush every 0.1 s would take
+    a batch a test records and then flushes itself (that flush would find nothing to write)."""
+    harness = await start_harness(tmp_path, database_url, clock, heartbeat_flush_interval=0)
+    try:
+        yield harness
+    finally:
+        await stop_harness(harness)
 
 
 async def _rows(coord) -> list[dict]:
