@@ -103,7 +103,7 @@ async def run_client(port: int, nbytes: int) -> float:
 async def main_async(args: argparse.Namespace) -> dict:
     from anex_agent.net.dialer import OSDialer
     from anex_agent.frontends.forward import running_forwards
-    from anex_agent.wire.models import TunnelSpec
+    from anex_agent.wire.nodes import TunnelSpec
 
     sink = subprocess.Popen([sys.executable, __file__, "--role", "sink"], stdout=subprocess.PIPE, text=True)
     socats: list[subprocess.Popen] = []

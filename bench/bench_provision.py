@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
 
-from anex_agent.wire import keys, models as wire  # noqa: E402
+from anex_agent.wire import keys  # noqa: E402
+from anex_agent.wire.heartbeat import Heartbeat  # noqa: E402
 from anex_agent.client.rest import CoordinatorClient  # noqa: E402
 from anex_agent.demo.provision import phases  # noqa: E402
 from anex_agent.testing.fake_providers import FakeVastAI, vast_bundle  # noqa: E402
@@ -75,7 +76,7 @@ class Bench:
             joined = await client.join(env["ANEX_JOIN_TOKEN"], keys.KeyPair(keys.generate_private_key()),
                                        env["ANEX_NODE_NAME"], env["ANEX_PROVIDER"])
             client.set_credential(joined.credential)
-            await client.heartbeat(joined.node_id, wire.Heartbeat())
+            await client.heartbeat(joined.node_id, Heartbeat())
 
     async def boot_new_rentals(self, group: asyncio.TaskGroup) -> None:
         for rental_id, rental in list(self.fake.rentals.items()):

@@ -52,7 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
 
-from anex_agent.wire import keys, models as wire  # noqa: E402
+from anex_agent.wire import keys  # noqa: E402
+from anex_agent.wire.heartbeat import ContainerState, Heartbeat, TransportStatus  # noqa: E402
 from anex_agent.client.rest import CoordinatorClient  # noqa: E402
 from anex_agent.errors import CoordinatorError  # noqa: E402
 from anex_agent.testing.fake_providers import FakeVastAI, vast_bundle  # noqa: E402
@@ -156,7 +157,7 @@ class Bench:
             joined = await client.join(env["ANEX_JOIN_TOKEN"], keys.KeyPair(keys.generate_private_key()),
                                        env["ANEX_NODE_NAME"], env["ANEX_PROVIDER"])
             client.set_credential(joined.credential)
-            beat = wire.Heartbeat(status=wire.TransportStatus(workload=wire.ContainerState(
+            beat = Heartbeat(status=TransportStatus(workload=ContainerState(
                 state="running", started_at=datetime.now(timezone.utc))))
             try:
                 while True:

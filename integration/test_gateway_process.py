@@ -22,7 +22,7 @@ import pytest
 from anex_agent.client.rest import proven_body
 from anex_agent.gateway.settings import interface_for
 from anex_agent.wire.keys import KeyPair, encode_key, generate_private_key, load_or_create, public_key
-from anex_agent.wire.models import NodeJoinRequest
+from anex_agent.wire.nodes import NodeJoinRequest
 from integration.netns import Netns, missing_prerequisites, unique
 from tests.polling import wait_for
 

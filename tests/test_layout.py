@@ -200,11 +200,16 @@ COVERED_ELSEWHERE = {
     'wg/handshake.py': (('tests/wg/test_known_answers.py',), 'exercises it directly'),
     'wg/peer.py': (('tests/wg/test_device.py', 'tests/wg/test_timers.py',), 'exercises it directly'),
     'wg/session.py': (('tests/wg/',), "through the package's entry points (commands, services), not imported by name"),
+    'wire/gateways.py': (('tests/wire/test_reader.py', 'tests/gateway/test_state.py',), 'read by the tolerant reader tests and applied by the gateway tests'),
+    'wire/join.py': (('tests/wire/test_base.py', 'tests/coordinator/test_join_token_limits.py', 'tests/coordinator/test_proof.py',), 'the Model rules on join tokens, and the join-token and proof routes over HTTP'),
+    'wire/nodes.py': (('tests/wire/test_base.py', 'tests/wire/test_reader.py', 'tests/agent/test_agent_desired.py',), 'the Model rules and the tolerant reader on node models, and the agent turning a config into its data plane'),
     'wire/pod.py': (('tests/virtualnode/test_podspec.py', 'tests/agent/test_pod_files.py'), 'through both sides of the pod contract'),
+    'wire/problem.py': (('tests/coordinator/test_openapi_rules.py', 'tests/coordinator/test_api.py',), 'the problem schema in /v1/openapi.json and the problem documents served over HTTP'),
     'wire/proof.py': (('tests/coordinator/test_proof.py',), 'exercises it directly'),
     'wire/provisioning.py': (('tests/coordinator/test_provisioning_client.py', 'tests/virtualnode/test_pods_controller.py',), 'exercises it directly'),
     'wire/route_policy.py': (('tests/agent/test_agent_desired.py', 'tests/coordinator/test_gateway_networks.py',), 'exercises it directly'),
     'wire/ssh.py': (('tests/agent/test_ssh_watch.py', 'tests/coordinator/test_ssh_certificates.py',), 'exercises it directly'),
+    'wire/watch.py': (('tests/wire/test_reader.py', 'tests/coordinator/test_watch.py', 'tests/gateway/test_incremental_apply.py',), 'read by the tolerant reader tests, served by the watch tests, applied by the gateway tests'),
 }
 
 

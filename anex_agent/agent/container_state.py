@@ -25,7 +25,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from anex_agent.wire.models import SHORT_TEXT_MAX, ContainerState
+from anex_agent.wire.base import SHORT_TEXT_MAX
+from anex_agent.wire.heartbeat import ContainerState
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 

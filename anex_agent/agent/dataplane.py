@@ -49,7 +49,9 @@ from anex_agent.tunnels.engines.ifnames import new_ifname
 from anex_agent.tunnels.engines.registry import choose_engine
 from anex_agent.tunnels.engines.status import EngineStatus
 from anex_agent.tunnels.engines.endpoints import RESOLVE_INTERVAL, EndpointPolicy, Resolve, system_resolve
-from anex_agent.wire.models import PATH_REASON_MAX, NodeConfig, TransportStatus
+from anex_agent.wire.base import PATH_REASON_MAX
+from anex_agent.wire.heartbeat import TransportStatus
+from anex_agent.wire.nodes import NodeConfig
 
 log = logging.getLogger(__name__)
 

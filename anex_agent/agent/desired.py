@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from anex_agent import parse
 from anex_agent.wire import route_policy
 from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
-from anex_agent.wire.models import NodeConfig, TunnelSpec
+from anex_agent.wire.nodes import NodeConfig, TunnelSpec
 
 
 @dataclass(frozen=True)

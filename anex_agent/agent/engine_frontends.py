@@ -20,7 +20,7 @@ from anex_agent.agent.settings import AgentSettings
 from anex_agent.errors import ConfigError
 from anex_agent.tunnels.engines.base import Engine
 from anex_agent.tunnels.engines.config import Forward, WorkloadConfig
-from anex_agent.wire.models import NodeConfig
+from anex_agent.wire.nodes import NodeConfig
 
 #: WorkloadConfig field -> the setting a user changes.
 SETTING_FOR_FIELD = {

@@ -48,7 +48,9 @@ from anex_agent.backoff import Backoff
 from anex_agent.client.link import CoordinatorLink
 from anex_agent.errors import AnexError, CoordinatorError
 from anex_agent.telemetry.models import Telemetry
-from anex_agent.wire.models import Heartbeat, NodeConfig, NodeFacts, NodeJoinRequest, TransportStatus, parse_telemetry
+from anex_agent.wire.heartbeat import Heartbeat, TransportStatus
+from anex_agent.wire.nodes import NodeConfig, NodeFacts, NodeJoinRequest
+from anex_agent.wire.telemetry import parse_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ def telemetry_block(monitor: Any | None) -> Telemetry | None:
     """The heartbeat's telemetry block (cached by the monitor; never calls NVML), or None.
 
     Read as the wire model :class:`anex_agent.telemetry.models.Telemetry`, with the coordinator's
-    rules (:func:`anex_agent.wire.models.parse_telemetry`): a block the coordinator would refuse
+    rules (:func:`anex_agent.wire.telemetry.parse_telemetry`): a block the coordinator would refuse
     (NaN, a negative counter, a NUL or an over-long string, more than 64 GPUs, a value of
     the wrong type) is left out with a warning, so that the heartbeat itself still goes through."""
     if monitor is None:

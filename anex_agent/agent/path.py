@@ -63,7 +63,7 @@ from anex_agent.tunnels.binds.egress_proxy import proxy_for
 from anex_agent.tunnels.binds.relay_client import RelayTarget
 from anex_agent.tunnels.binds.switch import SwitchBind
 from anex_agent.tunnels.binds.ws import LocalRelay
-from anex_agent.wire.models import NodeConfig
+from anex_agent.wire.nodes import NodeConfig
 
 if TYPE_CHECKING:
     from anex_agent.tasks import Tasks

@@ -5,7 +5,7 @@ the workload's own TaskGroup, cancelled when the run ends):
 
 * a run starts ``started`` False when there is a startup probe, else True, and ``ready`` False
   when there is a startup or a readiness probe, else True (:meth:`initial`); the state tracker
-  carries both in the workload's :class:`~anex_agent.wire.models.ContainerState`, which the heartbeat
+  carries both in the workload's :class:`~anex_agent.wire.heartbeat.ContainerState`, which the heartbeat
   sends (the pod's ``started``, ``ready`` and its ``Ready`` condition);
 * the startup probe runs first, from ``initialDelaySeconds`` after the start, every
   ``periodSeconds``: its first success sets ``started`` (and ``ready`` when there is no

@@ -1,6 +1,6 @@
 """The node's guard on gateway routes: the coordinator's address is never routed into the mesh.
 
-:class:`RouteGuard` sits between a :class:`~anex_agent.wire.models.NodeConfig` and the engine:
+:class:`RouteGuard` sits between a :class:`~anex_agent.wire.nodes.NodeConfig` and the engine:
 :meth:`RouteGuard.desired` resolves the coordinator's host (the addresses this node
 reaches it at), hands them to the pure :func:`~anex_agent.agent.desired.desired_from_config`
 as protected addresses, and logs each refused route once (again only when the set of
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from anex_agent.agent.desired import RefusedRoute, admit_routes, desired_from_config
 from anex_agent.tunnels.engines.config import DesiredConfig
-from anex_agent.wire.models import NodeConfig
+from anex_agent.wire.nodes import NodeConfig
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,8 @@ from anex_agent.client import transport
 from anex_agent.host.config_secrets import SecretSpec, pick_secret
 from anex_agent.errors import ConfigError, config_value
 from anex_agent.telemetry.options import ExpositionOptions, exposition_options
-from anex_agent.wire.models import Provider, TunnelSpec
+from anex_agent.wire.base import Provider
+from anex_agent.wire.nodes import TunnelSpec
 
 ENGINES = ("auto", "kernel", "wireguard-go", "userspace", "wireproxy")
 PATHS = ("auto", "udp", "websocket")

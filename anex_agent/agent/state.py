@@ -31,7 +31,8 @@ from pydantic import ValidationError
 from anex_agent.wire import keys
 from anex_agent.errors import ConfigError
 from anex_agent.host.private_file import write_private
-from anex_agent.wire.models import NodeConfig, read
+from anex_agent.wire.nodes import NodeConfig
+from anex_agent.wire.reader import read
 
 KEY_FILE = "private.key"
 NODE_FILE = "node.json"

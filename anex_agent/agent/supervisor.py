@@ -74,7 +74,7 @@ from anex_agent.agent.workload import FORWARDED, TERMINATING, Workload
 from anex_agent.errors import ConfigError, CoordinatorError
 from anex_agent.host.loop_watchdog import LoopWatchdog
 from anex_agent.tasks import Tasks
-from anex_agent.wire.models import NodeConfig, NodeFacts, NodeJoinRequest
+from anex_agent.wire.nodes import NodeConfig, NodeFacts, NodeJoinRequest
 
 if TYPE_CHECKING:
     from anex_agent.agent.api import AgentApi

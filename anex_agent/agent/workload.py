@@ -14,7 +14,7 @@ Contract:
   then, its whole process group is killed (SIGKILL). A second SIGTERM/SIGINT kills at once;
 * :meth:`Workload.wait` returns the shell-style exit status: the workload's own, or
   ``128 + N`` when signal N killed it (as a shell reports it), and records the
-  :class:`~anex_agent.wire.models.ContainerState` (``state``): ``OOMKilled`` from the memory
+  :class:`~anex_agent.wire.heartbeat.ContainerState` (``state``): ``OOMKilled`` from the memory
   cgroup's events (:mod:`.container_state`);
 * with a :class:`~anex_agent.agent.logs.LogStore` (``logs``) its stdout and stderr are pipes:
   :meth:`Workload.wait` copies them, unchanged, to the agent's own stdout and stderr and into
@@ -58,7 +58,7 @@ from anex_agent.agent.restart_policy import CrashLoopBackoff, restarts
 from anex_agent.agent.workload_lifetime import WorkloadRecord, die_with_parent
 from anex_agent.host.childenv import AccountInfo
 from anex_agent.errors import ConfigError
-from anex_agent.wire.models import ContainerState
+from anex_agent.wire.heartbeat import ContainerState
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,9 @@ from pathlib import Path
 from anex_agent.wire import keys
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.errors import ConfigError
-from anex_agent.wire.models import Heartbeat, HeartbeatAck, NodeConfig, NodeJoinRequest, NodeJoinResponse, WatchEvent
+from anex_agent.wire.heartbeat import Heartbeat, HeartbeatAck
+from anex_agent.wire.nodes import NodeConfig, NodeJoinRequest, NodeJoinResponse
+from anex_agent.wire.watch import WatchEvent
 
 
 class LinkBase:

@@ -1,7 +1,7 @@
 """Async client of the coordinator's REST API, used by the agent, the gateway and tools.
 
 Contract:
-* Every method returns the wire model of the response (:mod:`anex_agent.wire.models`) or
+* Every method returns the wire model of the response (:mod:`anex_agent.wire`) or
   raises :class:`~anex_agent.errors.CoordinatorError` with ``status`` (None when no
   response came back), ``retryable`` (True for connection errors, timeouts, 5xx and
   429) and ``problem`` (the RFC 9457 document the coordinator sent). A response that
@@ -12,7 +12,7 @@ Contract:
 * :meth:`join` and :meth:`register_gateway` take the caller's :class:`~anex_agent.wire.keys.KeyPair`
   and prove its possession (:mod:`anex_agent.wire.proof`) against the coordinator's key, read
   once from ``GET /v1/coordinator``; ``clock`` gives the proof's timestamp.
-* :meth:`watch` yields :class:`wire.WatchEvent` forever: it reconnects with jittered
+* :meth:`watch` yields :class:`~anex_agent.wire.watch.WatchEvent` forever: it reconnects with jittered
   exponential backoff and resumes from the last version it yielded (after a snapshot:
   the snapshot's version, even when lower than before). It raises (does
   not retry) a non-retryable error, e.g. a revoked credential (401).
@@ -43,7 +43,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from anex_agent.wire import keys, proof, provisioning as provision_wire, models as wire
+from anex_agent.wire import keys, proof, provisioning as provision_wire
+from anex_agent.wire.base import Provider
+from anex_agent.wire.gateways import (
+    CredentialRenewal, GatewayList, GatewayRegisterRequest, GatewayRegisterResponse, GatewayView, PeerSet,
+)
+from anex_agent.wire.heartbeat import Heartbeat, HeartbeatAck
+from anex_agent.wire.join import CoordinatorInfo, JoinTokenCreate, JoinTokenCreated, JoinTokenList, KeyProof, TokenKind
+from anex_agent.wire.nodes import (
+    AgentAccessToken, NodeConfig, NodeFacts, NodeJoinRequest, NodeJoinResponse, NodeList, NodeTelemetry, NodeView,
+    TunnelSpec, TunnelsUpdate,
+)
+from anex_agent.wire.reader import read
+from anex_agent.wire.watch import WatchEvent
 
 if TYPE_CHECKING:
     from anex_agent.wire import ssh as ssh_wire
@@ -152,7 +164,7 @@ class CoordinatorClient:
         if model is None:
             return None
         try:
-            return wire.read(model, raw)  # fields a newer coordinator added: ignored
+            return read(model, raw)  # fields a newer coordinator added: ignored
         except ValidationError as err:
             raise CoordinatorError(f"{method} {path}: unexpected response: {err}", status=status) from None
 
@@ -197,8 +209,8 @@ class CoordinatorClient:
 
     # ------------------------------------------------------------ proofs
 
-    async def coordinator_info(self) -> wire.CoordinatorInfo:
-        return await self._call("GET", "/v1/coordinator", wire.CoordinatorInfo, auth=None)
+    async def coordinator_info(self) -> CoordinatorInfo:
+        return await self._call("GET", "/v1/coordinator", CoordinatorInfo, auth=None)
 
     async def _coordinator_key(self) -> bytes:
         if self.coordinator_key is None:
@@ -213,7 +225,7 @@ class CoordinatorClient:
             purpose, private_key=key.private, public_key=key.public_b64, coordinator_key=await self._coordinator_key(),
             fields=request.model_dump(mode="json", exclude={"proof"}), now=self._clock(),
         )
-        return request.model_copy(update={"proof": wire.KeyProof(**made)})
+        return request.model_copy(update={"proof": KeyProof(**made)})
 
     async def _post_proven(self, path: str, model: type[M], request: BaseModel) -> M:
         try:
@@ -230,34 +242,34 @@ class CoordinatorClient:
         token: str,
         key: keys.KeyPair,
         name: str,
-        provider: wire.Provider | str,
-        facts: wire.NodeFacts | None = None,
-    ) -> wire.NodeJoinResponse:
+        provider: Provider | str,
+        facts: NodeFacts | None = None,
+    ) -> NodeJoinResponse:
         """Join with a join token, proving possession of ``key``; remembers the returned credential."""
-        request = wire.NodeJoinRequest(
-            token=token, public_key=key.public_b64, name=name, provider=provider, facts=facts or wire.NodeFacts()
+        request = NodeJoinRequest(
+            token=token, public_key=key.public_b64, name=name, provider=provider, facts=facts or NodeFacts()
         )
         request = await self._prove(request, proof.NODE_JOIN, key)
-        response = await self._post_proven("/v1/nodes", wire.NodeJoinResponse, request)
+        response = await self._post_proven("/v1/nodes", NodeJoinResponse, request)
         self.credential = response.credential
         return response
 
-    async def get_config(self, node_id: str) -> wire.NodeConfig:
+    async def get_config(self, node_id: str) -> NodeConfig:
         auth = "credential" if self.credential else "admin"
-        return await self._call("GET", f"/v1/nodes/{node_id}/config", wire.NodeConfig, auth=auth)
+        return await self._call("GET", f"/v1/nodes/{node_id}/config", NodeConfig, auth=auth)
 
-    async def heartbeat(self, node_id: str, heartbeat: wire.Heartbeat) -> wire.HeartbeatAck:
+    async def heartbeat(self, node_id: str, heartbeat: Heartbeat) -> HeartbeatAck:
         """Send a heartbeat; an answer with a rotated credential replaces ours (the caller persists it)."""
         ack = await self._call(
-            "POST", f"/v1/nodes/{node_id}/heartbeat", wire.HeartbeatAck, auth="credential", body=heartbeat
+            "POST", f"/v1/nodes/{node_id}/heartbeat", HeartbeatAck, auth="credential", body=heartbeat
         )
         if ack.credential:
             self.credential = ack.credential
         return ack
 
-    async def get_telemetry(self, node_id: str) -> wire.NodeTelemetry:
+    async def get_telemetry(self, node_id: str) -> NodeTelemetry:
         auth = "credential" if self.credential else "admin"
-        return await self._call("GET", f"/v1/nodes/{node_id}/telemetry", wire.NodeTelemetry, auth=auth)
+        return await self._call("GET", f"/v1/nodes/{node_id}/telemetry", NodeTelemetry, auth=auth)
 
     # ------------------------------------------------------------ gateways
 
@@ -270,28 +282,28 @@ class CoordinatorClient:
         endpoint: str | None = None,
         ws_url: str | None = None,
         routes: list[str] | None = None,
-    ) -> wire.GatewayRegisterResponse:
+    ) -> GatewayRegisterResponse:
         """Register a gateway, proving possession of ``key``; remembers the returned credential."""
-        request = wire.GatewayRegisterRequest(
+        request = GatewayRegisterRequest(
             token=token, public_key=key.public_b64, name=name, endpoint=endpoint, ws_url=ws_url, routes=routes or []
         )
         request = await self._prove(request, proof.GATEWAY_REGISTRATION, key)
-        response = await self._post_proven("/v1/gateways", wire.GatewayRegisterResponse, request)
+        response = await self._post_proven("/v1/gateways", GatewayRegisterResponse, request)
         self.credential = response.credential
         return response
 
-    async def get_peers(self, gateway_id: str) -> wire.PeerSet:
-        return await self._call("GET", f"/v1/gateways/{gateway_id}/peers", wire.PeerSet, auth="credential")
+    async def get_peers(self, gateway_id: str) -> PeerSet:
+        return await self._call("GET", f"/v1/gateways/{gateway_id}/peers", PeerSet, auth="credential")
 
-    async def gateway_gone(self, gateway_id: str, *, auth: str | None = "credential") -> wire.GatewayView:
+    async def gateway_gone(self, gateway_id: str, *, auth: str | None = "credential") -> GatewayView:
         """Mark the gateway gone (it stops): nodes leave it out until it is back. ``auth``:
         ``credential`` (the gateway itself) or ``admin``."""
-        return await self._call("POST", f"/v1/gateways/{gateway_id}/gone", wire.GatewayView, auth=auth)
+        return await self._call("POST", f"/v1/gateways/{gateway_id}/gone", GatewayView, auth=auth)
 
-    async def renew_gateway_credential(self, gateway_id: str) -> wire.CredentialRenewal:
+    async def renew_gateway_credential(self, gateway_id: str) -> CredentialRenewal:
         """Rotate the gateway's credential; remembers the new one (the caller persists it)."""
         renewal = await self._call(
-            "POST", f"/v1/gateways/{gateway_id}/credential", wire.CredentialRenewal, auth="credential"
+            "POST", f"/v1/gateways/{gateway_id}/credential", CredentialRenewal, auth="credential"
         )
         self.credential = renewal.credential
         return renewal
@@ -300,43 +312,43 @@ class CoordinatorClient:
 
     async def create_join_token(
         self,
-        kind: wire.TokenKind | str = wire.TokenKind.node,
+        kind: TokenKind | str = TokenKind.node,
         *,
         reusable: bool = False,
         expires_in: int = 3600,
         labels: dict[str, str] | None = None,
         max_uses: int | None = None,
-        providers: list[wire.Provider | str] | None = None,
-    ) -> wire.JoinTokenCreated:
+        providers: list[Provider | str] | None = None,
+    ) -> JoinTokenCreated:
         """``max_uses`` None: 1, or no limit with ``reusable``; ``providers`` None: any (node tokens)."""
-        request = wire.JoinTokenCreate(
+        request = JoinTokenCreate(
             kind=kind, reusable=reusable, expires_in=expires_in, labels=labels or {}, max_uses=max_uses,
             providers=providers,
         )
-        return await self._call("POST", "/v1/join-tokens", wire.JoinTokenCreated, auth="admin", body=request)
+        return await self._call("POST", "/v1/join-tokens", JoinTokenCreated, auth="admin", body=request)
 
-    async def list_join_tokens(self) -> wire.JoinTokenList:
-        return await self._call("GET", "/v1/join-tokens", wire.JoinTokenList, auth="admin")
+    async def list_join_tokens(self) -> JoinTokenList:
+        return await self._call("GET", "/v1/join-tokens", JoinTokenList, auth="admin")
 
     async def revoke_join_token(self, token_id: str) -> None:
         await self._call("DELETE", f"/v1/join-tokens/{token_id}", None, auth="admin")
 
-    async def list_nodes(self) -> wire.NodeList:
-        return await self._call("GET", "/v1/nodes", wire.NodeList, auth="admin")
+    async def list_nodes(self) -> NodeList:
+        return await self._call("GET", "/v1/nodes", NodeList, auth="admin")
 
-    async def get_node(self, node_id: str) -> wire.NodeView:
-        return await self._call("GET", f"/v1/nodes/{node_id}", wire.NodeView, auth="admin")
+    async def get_node(self, node_id: str) -> NodeView:
+        return await self._call("GET", f"/v1/nodes/{node_id}", NodeView, auth="admin")
 
     async def delete_node(self, node_id: str) -> None:
         await self._call("DELETE", f"/v1/nodes/{node_id}", None, auth="admin")
 
-    async def put_tunnels(self, node_id: str, tunnels: list[wire.TunnelSpec]) -> wire.NodeConfig:
+    async def put_tunnels(self, node_id: str, tunnels: list[TunnelSpec]) -> NodeConfig:
         return await self._call(
-            "PUT", f"/v1/nodes/{node_id}/tunnels", wire.NodeConfig, auth="admin", body=wire.TunnelsUpdate(tunnels=tunnels)
+            "PUT", f"/v1/nodes/{node_id}/tunnels", NodeConfig, auth="admin", body=TunnelsUpdate(tunnels=tunnels)
         )
 
-    async def create_access_token(self, node_id: str) -> wire.AgentAccessToken:
-        return await self._call("POST", f"/v1/nodes/{node_id}/access-token", wire.AgentAccessToken, auth="admin")
+    async def create_access_token(self, node_id: str) -> AgentAccessToken:
+        return await self._call("POST", f"/v1/nodes/{node_id}/access-token", AgentAccessToken, auth="admin")
 
     async def node_logs(self, node_id: str, *, direct: bool = False, **params: str | int) -> AsyncIterator[bytes]:
         """The node's workload logs, chunk by chunk as they come (``follow``, ``tail``, ``since``,
@@ -402,8 +414,8 @@ class CoordinatorClient:
             raise CoordinatorError(f"GET {query}: unexpected response: no offers list")
         return doc
 
-    async def list_gateways(self) -> wire.GatewayList:
-        return await self._call("GET", "/v1/gateways", wire.GatewayList, auth="admin")
+    async def list_gateways(self) -> GatewayList:
+        return await self._call("GET", "/v1/gateways", GatewayList, auth="admin")
 
     async def delete_gateway(self, gateway_id: str) -> None:
         await self._call("DELETE", f"/v1/gateways/{gateway_id}", None, auth="admin")
@@ -443,14 +455,14 @@ class CoordinatorClient:
         query = f"?node_id={node_id}" if node_id else ""
         return await self._call("GET", f"/v1/ssh/sessions{query}", _ssh_wire().SshSessionList, auth="admin")
 
-    async def watch(self, since: int = 0) -> AsyncIterator[wire.WatchEvent]:
+    async def watch(self, since: int = 0) -> AsyncIterator[WatchEvent]:
         """Yield watch events forever, reconnecting and resuming from the last version seen."""
         backoff = Backoff(base=WATCH_BACKOFF_INITIAL, cap=WATCH_BACKOFF_MAX)
         version = since
         while True:
             connected: list[bool] = []
             try:
-                async with contextlib.aclosing(self._watch_once(f"/v1/watch?since={version}", wire.WatchEvent, "credential",
+                async with contextlib.aclosing(self._watch_once(f"/v1/watch?since={version}", WatchEvent, "credential",
                                                                 connected)) as stream:  # closed when we end
                     async for event in stream:
                         # a snapshot is the whole state as of its version, also when that version is
@@ -525,7 +537,7 @@ class CoordinatorClient:
                 async for message in ws:
                     if isinstance(message, str):
                         try:
-                            yield wire.read(model, message)
+                            yield read(model, message)
                         except ValidationError as err:
                             raise CoordinatorError(f"watch: unexpected event: {err}") from None
             except ConnectionClosed:
@@ -554,13 +566,13 @@ def _drop(ws: Any) -> None:
 
 
 def proven_body(
-    model: type[wire.NodeJoinRequest] | type[wire.GatewayRegisterRequest], body: dict[str, Any], key: keys.KeyPair,
+    model: type[NodeJoinRequest] | type[GatewayRegisterRequest], body: dict[str, Any], key: keys.KeyPair,
     coordinator_key: str, *, now: float | None = None,
 ) -> dict[str, Any]:
     """``body`` (a join or registration request as a dict) with its ``proof``, for callers that speak
     raw HTTP (tools, tests). ``coordinator_key`` is ``GET /v1/coordinator``'s ``public_key``."""
     request = model.model_validate({**body, "public_key": key.public_b64})
-    purpose = proof.NODE_JOIN if model is wire.NodeJoinRequest else proof.GATEWAY_REGISTRATION
+    purpose = proof.NODE_JOIN if model is NodeJoinRequest else proof.GATEWAY_REGISTRATION
     made = proof.make(
         purpose, private_key=key.private, public_key=key.public_b64,
         coordinator_key=keys.decode_key(coordinator_key, what="the coordinator's public key"),

@@ -37,7 +37,7 @@ from enum import Enum
 
 from aiohttp import web
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.join import TokenKind
 from anex_agent.coordinator import changes, credentials, problems, tokens
 from anex_agent.coordinator.db import Database
 
@@ -264,4 +264,4 @@ async def precheck_join(db: Database, secret: str, kind: str, *, now: float) -> 
     no transaction is held, so a flood of bad tokens never delays a writer."""
     if not credentials.has_prefix(secret, credentials.JOIN_TOKEN):
         raise tokens.unknown()
-    await tokens.lookup(db, secret, wire.TokenKind(kind), now=now)
+    await tokens.lookup(db, secret, TokenKind(kind), now=now)

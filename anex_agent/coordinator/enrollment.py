@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import logging
 
-from anex_agent.wire import proof, models as wire
+from anex_agent.wire import proof
+from anex_agent.wire.gateways import GatewayRegisterRequest
+from anex_agent.wire.join import KeyProof, TokenKind
+from anex_agent.wire.nodes import NodeJoinRequest
 from anex_agent.coordinator import problems, tokens
 from anex_agent.coordinator.db import Conn, Database
 from anex_agent.net.peer_log import LogBudget, peer_text
@@ -30,11 +33,11 @@ log = logging.getLogger(__name__)
 _REFUSALS_LOGGED = LogBudget(burst=10, interval=60.0)
 
 _TABLES = ("nodes", "gateways")
-PURPOSE = {wire.TokenKind.node: proof.NODE_JOIN, wire.TokenKind.gateway: proof.GATEWAY_REGISTRATION}
+PURPOSE = {TokenKind.node: proof.NODE_JOIN, TokenKind.gateway: proof.GATEWAY_REGISTRATION}
 
 
 def check_proof(
-    request: wire.NodeJoinRequest | wire.GatewayRegisterRequest, kind: wire.TokenKind, *, coordinator_private: bytes,
+    request: NodeJoinRequest | GatewayRegisterRequest, kind: TokenKind, *, coordinator_private: bytes,
     now: float,
 ) -> None:
     """The 401 unless ``request.proof`` proves possession of ``request.public_key``'s private key."""
@@ -56,7 +59,7 @@ def check_proof(
         raise problems.unauthenticated() from None
 
 
-async def spend_nonce(tx: Conn, public_key: str, given: wire.KeyProof, *, now: float) -> None:
+async def spend_nonce(tx: Conn, public_key: str, given: KeyProof, *, now: float) -> None:
     """Record the proof's nonce; the 401 when it was seen before (a replay)."""
     inserted = await tx.execute(
         "INSERT INTO proof_nonces (public_key, nonce, expires_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
@@ -73,7 +76,7 @@ async def prune_nonces(db: Database, *, now: float) -> int:
 
 
 async def claim(
-    tx: Conn, request: wire.NodeJoinRequest | wire.GatewayRegisterRequest, kind: wire.TokenKind, *,
+    tx: Conn, request: NodeJoinRequest | GatewayRegisterRequest, kind: TokenKind, *,
     coordinator_private: bytes, own_table: str, other_table: str, conflict: str, now: float,
 ) -> tuple[dict, dict | None]:
     """Check the proof, the token and the key for a join of ``kind``; return ``(token row, existing row)``,

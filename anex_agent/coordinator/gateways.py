@@ -28,7 +28,10 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.gateways import (
+    CredentialRenewal, GatewayList, GatewayRegisterRequest, GatewayRegisterResponse, GatewayView, PeerSet,
+)
+from anex_agent.wire.join import TokenKind
 from anex_agent.coordinator import (
     changes,
     credentials,
@@ -48,13 +51,13 @@ if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which im
 log = logging.getLogger(__name__)
 
 
-async def peer_set(tx: Conn) -> wire.PeerSet:
+async def peer_set(tx: Conn) -> PeerSet:
     version = await changes.current_version(tx)
     rows = await tx.fetch("SELECT id, name, public_key, address FROM nodes ORDER BY created_at, id")
-    return wire.PeerSet(version=version, peers=[mesh_peer(row) for row in rows])
+    return PeerSet(version=version, peers=[mesh_peer(row) for row in rows])
 
 
-async def peers(ctx: Coordinator, gateway_id: str) -> wire.PeerSet:
+async def peers(ctx: Coordinator, gateway_id: str) -> PeerSet:
     now = ctx.clock()
     async with ctx.db.transaction() as tx:
         back = await seen(ctx, tx, gateway_id, now)
@@ -128,12 +131,12 @@ async def expire_silent(ctx: Coordinator) -> int:
     return gone
 
 
-async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wire.GatewayRegisterResponse:
+async def register(ctx: Coordinator, request: GatewayRegisterRequest) -> GatewayRegisterResponse:
     now = ctx.clock()
     credential = credentials.new_secret(credentials.GATEWAY_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
         token, existing = await registration.claim(
-            tx, request, wire.TokenKind.gateway, coordinator_private=ctx.coordinator_private, own_table="gateways",
+            tx, request, TokenKind.gateway, coordinator_private=ctx.coordinator_private, own_table="gateways",
             other_table="nodes", conflict="this public key belongs to a node; the gateway needs its own key pair",
             now=now,
         )
@@ -168,7 +171,7 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
     if existing:
         ctx.auth.forget(gateway_id)
     ctx.committed()
-    return wire.GatewayRegisterResponse(
+    return GatewayRegisterResponse(
         gateway_id=gateway_id,
         credential=credential,
         address=address,
@@ -179,7 +182,7 @@ async def register(ctx: Coordinator, request: wire.GatewayRegisterRequest) -> wi
     )
 
 
-async def renew(ctx: Coordinator, principal: Principal) -> wire.CredentialRenewal:
+async def renew(ctx: Coordinator, principal: Principal) -> CredentialRenewal:
     """A new credential for the calling gateway (see :func:`.credentials.rotate`); 401 when
     its credential changed meanwhile (re-registered or deleted)."""
     now = ctx.clock()
@@ -192,7 +195,7 @@ async def renew(ctx: Coordinator, principal: Principal) -> wire.CredentialRenewa
         raise problems.unauthenticated()
     ctx.auth.forget(principal.id)
     ctx.committed()
-    return wire.CredentialRenewal(credential=credential, rotate_in=timings.credential_rotation)
+    return CredentialRenewal(credential=credential, rotate_in=timings.credential_rotation)
 
 
 async def _gateways_changed(ctx: Coordinator, tx: Conn, now: float) -> None:
@@ -215,8 +218,8 @@ async def delete(ctx: Coordinator, gateway_id: str) -> None:
     ctx.committed()
 
 
-def view_of(row: dict) -> wire.GatewayView:
-    return wire.GatewayView(
+def view_of(row: dict) -> GatewayView:
+    return GatewayView(
         id=row["id"],
         name=row["name"],
         public_key=row["public_key"],
@@ -231,13 +234,13 @@ def view_of(row: dict) -> wire.GatewayView:
     )
 
 
-async def view(ctx: Coordinator, gateway_id: str) -> wire.GatewayView:
+async def view(ctx: Coordinator, gateway_id: str) -> GatewayView:
     row = await ctx.db.fetchrow("SELECT * FROM gateways WHERE id = $1", gateway_id)
     if row is None:
         raise problems.not_found(f"gateway {gateway_id}")
     return view_of(row)
 
 
-async def list_views(ctx: Coordinator) -> wire.GatewayList:
+async def list_views(ctx: Coordinator) -> GatewayList:
     rows = await ctx.db.fetch("SELECT * FROM gateways ORDER BY created_at, id")
-    return wire.GatewayList(gateways=[view_of(row) for row in rows])
+    return GatewayList(gateways=[view_of(row) for row in rows])

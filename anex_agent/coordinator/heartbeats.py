@@ -29,7 +29,7 @@ import sqlite3
 
 from anex_agent.coordinator.db import Database
 from anex_agent.telemetry.models import Telemetry
-from anex_agent.wire.models import Heartbeat
+from anex_agent.wire.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.gateways import MeshPeer
+from anex_agent.wire.heartbeat import Heartbeat, HeartbeatAck, NodeState, TransportStatus
+from anex_agent.wire.join import TokenKind
+from anex_agent.wire.nodes import (
+    GatewayPeer, NodeConfig, NodeFacts, NodeJoinRequest, NodeJoinResponse, NodeList, NodeTelemetry, NodeView,
+    TunnelSpec, TunnelsUpdate,
+)
 from anex_agent.coordinator import (
     changes,
     credentials,
@@ -38,16 +44,16 @@ if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which im
     from anex_agent.coordinator.context import Coordinator
 
 
-def mesh_peer(row: dict) -> wire.MeshPeer:
-    return wire.MeshPeer(
+def mesh_peer(row: dict) -> MeshPeer:
+    return MeshPeer(
         node_id=row["id"], name=row["name"], public_key=row["public_key"], allowed_ips=[f"{row['address']}/32"]
     )
 
 
-async def gateway_peers(ctx: Coordinator, tx: Conn) -> list[wire.GatewayPeer]:
+async def gateway_peers(ctx: Coordinator, tx: Conn) -> list[GatewayPeer]:
     rows = await tx.fetch("SELECT * FROM gateways WHERE gone_at IS NULL ORDER BY created_at, id")
     return [
-        wire.GatewayPeer(
+        GatewayPeer(
             id=row["id"],
             public_key=row["public_key"],
             endpoint=row["endpoint"],
@@ -60,11 +66,11 @@ async def gateway_peers(ctx: Coordinator, tx: Conn) -> list[wire.GatewayPeer]:
     ]
 
 
-async def config_of(ctx: Coordinator, tx: Conn, row: dict) -> wire.NodeConfig:
+async def config_of(ctx: Coordinator, tx: Conn, row: dict) -> NodeConfig:
     gateways = await gateway_peers(ctx, tx)
     gateways_version = await tx.fetchval("SELECT value FROM counters WHERE name = 'gateways_version'")
     settings = ctx.settings
-    return wire.NodeConfig(
+    return NodeConfig(
         node_id=row["id"],
         version=max(int(row["config_version"]), int(gateways_version)),
         address=row["address"],
@@ -73,7 +79,7 @@ async def config_of(ctx: Coordinator, tx: Conn, row: dict) -> wire.NodeConfig:
         dns=list(settings.dns) or [g.mesh_address for g in gateways],
         search_domains=list(settings.search_domains),
         gateways=gateways,
-        tunnels=[wire.TunnelSpec.model_validate(t) for t in json.loads(row["tunnels"])],
+        tunnels=[TunnelSpec.model_validate(t) for t in json.loads(row["tunnels"])],
         agent_api_verify_key=ctx.verify_key,
         gateway_routes=list(settings.gateway_routes),
     )
@@ -86,17 +92,17 @@ async def row_of(tx: Conn, node_id: str) -> dict:
     return row
 
 
-async def config(ctx: Coordinator, node_id: str) -> wire.NodeConfig:
+async def config(ctx: Coordinator, node_id: str) -> NodeConfig:
     async with ctx.db.transaction() as tx:
         return await config_of(ctx, tx, await row_of(tx, node_id))
 
 
-async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoinResponse:
+async def join(ctx: Coordinator, request: NodeJoinRequest) -> NodeJoinResponse:
     now = ctx.clock()
     credential = credentials.new_secret(credentials.NODE_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
         token, existing = await registration.claim(
-            tx, request, wire.TokenKind.node, coordinator_private=ctx.coordinator_private, own_table="nodes",
+            tx, request, TokenKind.node, coordinator_private=ctx.coordinator_private, own_table="nodes",
             other_table="gateways", conflict="this public key belongs to a gateway; every node needs its own key pair",
             now=now,
         )
@@ -145,7 +151,7 @@ async def join(ctx: Coordinator, request: wire.NodeJoinRequest) -> wire.NodeJoin
         ctx.auth.forget(node_id)  # the old credential stops working here at once (elsewhere via the feed)
     ctx.committed()
     ctx.metrics.joins.inc()
-    return wire.NodeJoinResponse(node_id=node_id, credential=credential, config=node_config)
+    return NodeJoinResponse(node_id=node_id, credential=credential, config=node_config)
 
 
 async def _remove(ctx: Coordinator, tx: Conn, row: dict, *, reason: str, now: float) -> bool:
@@ -205,7 +211,7 @@ async def expire(ctx: Coordinator, node_id: str, last_heartbeat_at: float | None
     return True
 
 
-async def set_tunnels(ctx: Coordinator, node_id: str, update: wire.TunnelsUpdate) -> wire.NodeConfig:
+async def set_tunnels(ctx: Coordinator, node_id: str, update: TunnelsUpdate) -> NodeConfig:
     ports = [t.listen_port for t in update.tunnels]
     duplicates = sorted({p for p in ports if ports.count(p) > 1})
     if duplicates:
@@ -230,10 +236,10 @@ async def set_tunnels(ctx: Coordinator, node_id: str, update: wire.TunnelsUpdate
     return result
 
 
-async def with_gateways_at(ctx: Coordinator, config: wire.NodeConfig, version: int) -> wire.NodeConfig:
+async def with_gateways_at(ctx: Coordinator, config: NodeConfig, version: int) -> NodeConfig:
     """``config`` with the gateway set as of change ``version`` (read once per process per change)."""
 
-    async def load() -> list[wire.GatewayPeer]:
+    async def load() -> list[GatewayPeer]:
         async with ctx.db.transaction() as tx:
             return await gateway_peers(ctx, tx)
 
@@ -249,13 +255,13 @@ VIEW_COLUMNS = ("id, name, provider, public_key, address, health, health_reasons
                 " last_heartbeat_at, tunnels")  # what view_of reads
 
 
-def view_of(ctx: Coordinator, row: dict) -> wire.NodeView:
+def view_of(ctx: Coordinator, row: dict) -> NodeView:
     last = row["last_heartbeat_at"]
     buffered = ctx.heartbeats.latest.get(row["id"])
     if buffered is not None and (last is None or buffered > last):
         last = buffered
     state = states.state_at(now=ctx.clock(), created_at=row["created_at"], last_heartbeat_at=last, timings=ctx.settings.timings)
-    return wire.NodeView(
+    return NodeView(
         id=row["id"],
         name=row["name"],
         provider=row["provider"],
@@ -265,11 +271,11 @@ def view_of(ctx: Coordinator, row: dict) -> wire.NodeView:
         health=row["health"],
         health_reasons=json.loads(row["health_reasons"]),
         labels=json.loads(row["labels"]),
-        facts=wire.NodeFacts.model_validate_json(row["facts"]),
-        status=wire.TransportStatus.model_validate_json(row["status"]) if row["status"] else None,
+        facts=NodeFacts.model_validate_json(row["facts"]),
+        status=TransportStatus.model_validate_json(row["status"]) if row["status"] else None,
         created_at=tokens.to_datetime(row["created_at"]),
         last_heartbeat_at=tokens.to_datetime(last),
-        tunnels=[wire.TunnelSpec.model_validate(t) for t in json.loads(row["tunnels"])],
+        tunnels=[TunnelSpec.model_validate(t) for t in json.loads(row["tunnels"])],
     )
 
 
@@ -278,23 +284,23 @@ async def flush_for_read(ctx: Coordinator) -> None:
     await ctx.heartbeats.flush()
 
 
-async def view(ctx: Coordinator, node_id: str) -> wire.NodeView:
+async def view(ctx: Coordinator, node_id: str) -> NodeView:
     await flush_for_read(ctx)
     async with ctx.db.transaction() as tx:
         return view_of(ctx, await row_of(tx, node_id))
 
 
-async def list_views(ctx: Coordinator) -> wire.NodeList:
+async def list_views(ctx: Coordinator) -> NodeList:
     await flush_for_read(ctx)
     rows = await ctx.db.fetch(f"SELECT {VIEW_COLUMNS} FROM nodes ORDER BY created_at, id")  # not the telemetry
-    return wire.NodeList(nodes=[view_of(ctx, row) for row in rows])
+    return NodeList(nodes=[view_of(ctx, row) for row in rows])
 
 
-async def telemetry(ctx: Coordinator, node_id: str) -> wire.NodeTelemetry:
+async def telemetry(ctx: Coordinator, node_id: str) -> NodeTelemetry:
     await flush_for_read(ctx)
     async with ctx.db.transaction() as tx:
         row = await row_of(tx, node_id)
-    return wire.NodeTelemetry(
+    return NodeTelemetry(
         node_id=node_id,
         received_at=tokens.to_datetime(row["last_heartbeat_at"]),
         telemetry=json.loads(row["telemetry"]) if row["telemetry"] else None,
@@ -302,8 +308,8 @@ async def telemetry(ctx: Coordinator, node_id: str) -> wire.NodeTelemetry:
 
 
 async def heartbeat(
-    ctx: Coordinator, principal: Principal, beat: wire.Heartbeat, *, config_version: int
-) -> wire.HeartbeatAck:
+    ctx: Coordinator, principal: Principal, beat: Heartbeat, *, config_version: int
+) -> HeartbeatAck:
     """Hot path: no database access (see :mod:`.heartbeats`), except once per rotation period
     when the credential used is due to be replaced (or was already, and the answer was lost)."""
     now = ctx.clock()
@@ -325,8 +331,8 @@ async def heartbeat(
     ):
         ctx.auth.forget(node_id)
         ctx.committed()
-    return wire.HeartbeatAck(
-        state=states.on_heartbeat(wire.NodeState.ready),
+    return HeartbeatAck(
+        state=states.on_heartbeat(NodeState.ready),
         config_version=config_version,
         next_heartbeat_in=timings.heartbeat_interval,
         credential=credential,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from anex_agent.wire.models import NodeState
+from anex_agent.wire.heartbeat import NodeState
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from anex_agent.coordinator import changes, gateways, nodes, enrollment as registration, states
-from anex_agent.wire.models import NodeState
+from anex_agent.wire.heartbeat import NodeState
 
 if TYPE_CHECKING:  # annotations only: the context imports the sweeper, which imports the services
     from anex_agent.coordinator.context import Coordinator

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.join import JoinTokenCreate, JoinTokenCreated, JoinTokenList, JoinTokenView, TokenKind
 from anex_agent.coordinator import credentials, problems
 from anex_agent.coordinator.db import Conn
 
@@ -44,7 +44,7 @@ def _invalid(field: str, message: str) -> problems.Problem:
     )
 
 
-def effective_max_uses(request: wire.JoinTokenCreate) -> int | None:
+def effective_max_uses(request: JoinTokenCreate) -> int | None:
     """``max_uses`` when given; else 1, or None (no limit) with ``reusable: true``; 422 on a contradiction."""
     if request.max_uses is not None:
         if request.reusable and request.max_uses == 1:
@@ -53,8 +53,8 @@ def effective_max_uses(request: wire.JoinTokenCreate) -> int | None:
     return None if request.reusable else 1
 
 
-async def create(tx: Conn, request: wire.JoinTokenCreate, *, now: float) -> wire.JoinTokenCreated:
-    if request.providers is not None and request.kind is not wire.TokenKind.node:
+async def create(tx: Conn, request: JoinTokenCreate, *, now: float) -> JoinTokenCreated:
+    if request.providers is not None and request.kind is not TokenKind.node:
         raise _invalid("providers", "only node join tokens can be limited to providers")
     max_uses = effective_max_uses(request)
     providers = sorted({p.value for p in request.providers}) if request.providers is not None else None
@@ -74,7 +74,7 @@ async def create(tx: Conn, request: wire.JoinTokenCreate, *, now: float) -> wire
         max_uses,
         json.dumps(providers) if providers is not None else None,
     )
-    return wire.JoinTokenCreated(
+    return JoinTokenCreated(
         id=token_id,
         token=secret,
         kind=request.kind,
@@ -101,7 +101,7 @@ async def create_for_provision(
         " provision_id) VALUES ($1, $2, $3, 0, $4, $5, $6, 1, $7, $8)",
         token_id,
         credentials.hash_secret(secret),
-        wire.TokenKind.node.value,
+        TokenKind.node.value,
         json.dumps(labels),
         now,
         expires_at,
@@ -111,7 +111,7 @@ async def create_for_provision(
     return secret, token_id
 
 
-async def lookup(tx: Conn, secret: str, kind: wire.TokenKind, *, now: float) -> dict:
+async def lookup(tx: Conn, secret: str, kind: TokenKind, *, now: float) -> dict:
     """The token row for ``secret`` if it exists, is of ``kind`` and not expired; else the 401 saying which."""
     row = await tx.fetchrow("SELECT * FROM join_tokens WHERE token_hash = $1", credentials.hash_secret(secret))
     if row is None:
@@ -147,7 +147,7 @@ def check_unused_or_owner(token: dict, owner_id: str | None) -> None:
 
 
 async def _check_provider(tx: Conn, token: dict, owner_id: str) -> None:
-    if token["providers"] is None or token["kind"] != wire.TokenKind.node.value:
+    if token["providers"] is None or token["kind"] != TokenKind.node.value:
         return
     allowed = json.loads(token["providers"])
     provider = await tx.fetchval("SELECT provider FROM nodes WHERE id = $1", owner_id)
@@ -185,8 +185,8 @@ async def redeem(tx: Conn, token: dict, owner_id: str, *, now: float) -> None:
     )
 
 
-def view_of(row: dict) -> wire.JoinTokenView:
-    return wire.JoinTokenView(
+def view_of(row: dict) -> JoinTokenView:
+    return JoinTokenView(
         id=row["id"],
         kind=row["kind"],
         reusable=row["max_uses"] != 1,
@@ -202,9 +202,9 @@ def view_of(row: dict) -> wire.JoinTokenView:
     )
 
 
-async def list_views(tx: Conn) -> wire.JoinTokenList:
+async def list_views(tx: Conn) -> JoinTokenList:
     rows = await tx.fetch("SELECT * FROM join_tokens ORDER BY created_at, id")
-    return wire.JoinTokenList(tokens=[view_of(row) for row in rows])
+    return JoinTokenList(tokens=[view_of(row) for row in rows])
 
 
 async def revoke(tx: Conn, token_id: str) -> None:

@@ -42,7 +42,7 @@ from anex_agent import parse
 from anex_agent.net.dialer import Dialer, SocketConnection
 from anex_agent.errors import AnexError, DialError, PortInUseError
 from anex_agent.frontends.relay import relay, tune_socket
-from anex_agent.wire.models import TunnelSpec
+from anex_agent.wire.nodes import TunnelSpec
 
 log = logging.getLogger(__name__)
 

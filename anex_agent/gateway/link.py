@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from anex_agent.wire import keys
 from anex_agent.client.link import LinkBase
-from anex_agent.wire.models import CredentialRenewal, GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
+from anex_agent.wire.gateways import CredentialRenewal, GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
 
 
 class GatewayLink(LinkBase):

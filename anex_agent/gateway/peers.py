@@ -1,6 +1,6 @@
 """The gateway's peer book: the set of nodes the hub serves, driven by the watch stream. Pure.
 
-:class:`PeerBook` applies :class:`anex_agent.wire.models.WatchEvent` s in order:
+:class:`PeerBook` applies :class:`anex_agent.wire.watch.WatchEvent` s in order:
 
 * ``snapshot``: the full set replaces what we had;
 * ``peer_added``: adds the node, or replaces it (same ``node_id`` with a new key: the old
@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from anex_agent.tunnels.engines.config import PeerConfig
-from anex_agent.wire.models import MeshPeer, PeerSet, WatchEvent
+from anex_agent.wire.gateways import MeshPeer, PeerSet
+from anex_agent.wire.watch import WatchEvent
 
 GATEWAY_EVENT_TYPES = ("snapshot", "peer_added", "peer_removed")
 

@@ -56,7 +56,8 @@ from anex_agent.tasks import Tasks
 from anex_agent.tunnels.engines.base import Engine
 from anex_agent.tunnels.engines.config import DesiredConfig
 from anex_agent.tunnels.engines.registry import choose_engine
-from anex_agent.wire.models import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet, WatchEvent
+from anex_agent.wire.gateways import GatewayRegisterRequest, GatewayRegisterResponse, PeerSet
+from anex_agent.wire.watch import WatchEvent
 
 log = logging.getLogger(__name__)
 

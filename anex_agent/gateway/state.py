@@ -48,7 +48,9 @@ from pathlib import Path
 from anex_agent.wire import keys
 from anex_agent.gateway.peers import GATEWAY_EVENT_TYPES, PeerBook
 from anex_agent.host.private_file import write_private
-from anex_agent.wire.models import MeshPeer, PeerSet, WatchEvent, read
+from anex_agent.wire.gateways import MeshPeer, PeerSet
+from anex_agent.wire.reader import read
+from anex_agent.wire.watch import WatchEvent
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Routing of a name (lower-cased, trailing dot removed):
 
 1. an IP literal is returned as it is (no DNS);
 2. a name equal to or under one of the *cluster suffixes* (``cluster.local`` and the
-   ``search_domains`` of :class:`anex_agent.wire.models.NodeConfig`) is asked, A and AAAA, to the
+   ``search_domains`` of :class:`anex_agent.wire.nodes.NodeConfig`) is asked, A and AAAA, to the
    *cluster DNS servers* (``NodeConfig.dns``: the gateway, reached over the mesh) with
    dnspython's async resolver; answers are cached for their TTL;
 3. any other name goes to the *system resolver* (``getaddrinfo``: /etc/hosts and
@@ -120,7 +120,7 @@ class Resolver:
 
     @classmethod
     def from_node_config(cls, config, **kwargs) -> Resolver:
-        """Build from a :class:`anex_agent.wire.models.NodeConfig` (``dns`` and ``search_domains``)."""
+        """Build from a :class:`anex_agent.wire.nodes.NodeConfig` (``dns`` and ``search_domains``)."""
         return cls(config.dns, search_domains=config.search_domains, **kwargs)
 
     def is_cluster_name(self, host: str) -> bool:

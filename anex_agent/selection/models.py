@@ -1,6 +1,6 @@
 """REST models of machine selection (``POST /v1/selections``, ``GET /v1/offers``, bans).
 
-Kept here, beside the selection code, in the style of :mod:`anex_agent.wire.models` (frozen,
+Kept here, beside the selection code, on :class:`anex_agent.wire.base.Model` (frozen,
 unknown fields rejected); a cluster-side client parses answers with the same classes.
 """
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from anex_agent.wire.models import Model
+from anex_agent.wire.base import Model
 
 ProviderName = Literal["vastai", "runpod", "onprem"]
 

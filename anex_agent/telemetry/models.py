@@ -36,7 +36,7 @@ Contract:
   coordinator interprets (``health.verdict``, ``nvml.state``, a GPU's ``state``) are bounded
   strings, not enums, so a newer agent's new value is stored and ignored by the reader
   (:meth:`Telemetry.verdict`) instead of refusing the whole heartbeat.
-* No I/O, no import of any role: a leaf beside :mod:`anex_agent.wire.models`.
+* No I/O, no import of any role: a leaf beside the wire models (:mod:`anex_agent.wire`).
 """
 
 from __future__ import annotations

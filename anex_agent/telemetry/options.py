@@ -17,7 +17,7 @@ ANEX_METRICS_PCIE_THROUGHPUT ``0`` | ``1``                       ``0``: only the
                                                                  / ``_RX_THROUGHPUT`` (KB/s)
 ========================== ===================================== =================================
 
-A leaf beside :mod:`anex_agent.wire.models`: no I/O, no import of any role.
+A leaf beside the wire models (:mod:`anex_agent.wire`): no I/O, no import of any role.
 """
 
 from __future__ import annotations

@@ -13,5 +13,6 @@ kubelet's follow a container. Modules, by concern:
 * :mod:`.events` -- Events about pods; :mod:`.metrics` -- its Prometheus metrics (``--metrics-listen``).
 
 It imports no other role: the coordinator is reached through :mod:`anex_agent.client.rest` and the
-shared wire models (:mod:`anex_agent.wire.models`, :mod:`anex_agent.wire.provisioning`).
+shared wire models (:mod:`~anex_agent.wire.provisioning`, :mod:`~anex_agent.wire.pod`,
+:mod:`~anex_agent.wire.heartbeat`).
 """

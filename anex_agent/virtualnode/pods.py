@@ -51,7 +51,7 @@ from anex_agent.virtualnode.events import Recorder
 from anex_agent.virtualnode.kube import MERGE_PATCH
 from anex_agent.virtualnode.metrics import PodMetrics, failure_reason
 from anex_agent.virtualnode.workqueue import WorkQueue
-from anex_agent.wire.models import ContainerState
+from anex_agent.wire.heartbeat import ContainerState
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """What a kubelet would report for a pod, from its provision and its node's workload state (pure).
 
 :func:`observe` takes the pod (a dict), its provision (``ProvisionView``, or None before it
-exists) and the workload's :class:`~anex_agent.wire.models.ContainerState` from the provision's node
+exists) and the workload's :class:`~anex_agent.wire.heartbeat.ContainerState` from the provision's node
 view (None until the agent reported one), and returns an :class:`Observation`: the pod's
 ``status`` as the status subresource takes it (a JSON merge patch: every field we own is set,
 ``None`` removes one), the step the pod is at, and the Event that step deserves. The mapping:
@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from anex_agent.wire.provisioning import ProvisionState, ProvisionView
-from anex_agent.wire.models import ContainerState
+from anex_agent.wire.heartbeat import ContainerState
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 NORMAL, WARNING = "Normal", "Warning"

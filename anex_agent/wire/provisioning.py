@@ -1,6 +1,6 @@
 """Wire models of the provisioning routes (``/v1/provisions``), shared by the coordinator and its clients
-(the coordinator client, the virtual node): one module of JSON models used by both sides, beside
-:mod:`anex_agent.wire.models`. ``anex_agent.coordinator.provisioning.models`` re-exports them.
+(the coordinator client, the virtual node): one module of JSON models used by both sides, beside the
+other wire models (:mod:`anex_agent.wire`). ``anex_agent.coordinator.provisioning.models`` re-exports them.
 
     POST   /v1/provisions            admin  ProvisionCreate -> ProvisionView (202; the same name and body: the
                                             existing provision, 200; the same name, another body: 409)
@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from anex_agent.wire.models import NAME_MAX, Model
+from anex_agent.wire.base import NAME_MAX, Model
 
 ENV_MAX = 128  # variables
 ENV_VALUE_MAX = 4096

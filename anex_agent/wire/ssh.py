@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from anex_agent import parse
-from anex_agent.wire.models import Model, ShortText
+from anex_agent.wire.base import Model, ShortText
 
 DEFAULT_PORT = 2222  # the agent's SSH server, on the mesh address only
 OPENSSH_KEY_MAX = 16384  # an RSA-16384 public key in OpenSSH text is about 2.8 kB; a certificate a little more

@@ -21,7 +21,8 @@ from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.coordinator.states import Timings
-from anex_agent.wire.models import NodeFacts, TransportStatus
+from anex_agent.wire.heartbeat import TransportStatus
+from anex_agent.wire.nodes import NodeFacts
 from tests.coordinator.conftest import FakeClock
 
 TIMINGS = Timings(heartbeat_interval=0.2, not_ready_after=5, expired_after=10, credential_rotation=0.5,

@@ -2,7 +2,7 @@
 
 from anex_agent.agent.desired import admit_routes, desired_from_config, merge_tunnels
 from anex_agent.wire.route_policy import DEFAULT_GATEWAY_ROUTES
-from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec
+from anex_agent.wire.nodes import GatewayPeer, NodeConfig, TunnelSpec
 
 PUB1 = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 PUB2 = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="

@@ -10,7 +10,7 @@ import pytest
 from anex_agent.agent.settings import AgentSettings
 from anex_agent.agent.state import StateDir
 from anex_agent.agent.supervisor import Agent
-from anex_agent.wire.models import NodeFacts
+from anex_agent.wire.nodes import NodeFacts
 
 
 

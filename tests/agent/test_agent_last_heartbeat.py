@@ -20,7 +20,7 @@ import pytest
 
 from anex_agent.client.rest import proven_body
 from anex_agent.wire.keys import KeyPair, generate_private_key
-from anex_agent.wire.models import GatewayRegisterRequest
+from anex_agent.wire.gateways import GatewayRegisterRequest
 from tests.agent.test_agent_wireproxy import ADMIN_TOKEN, fake_on_path, free_port, http, wait_for  # noqa: F401
 from tests.polling import wait_for as wait_while_alive
 

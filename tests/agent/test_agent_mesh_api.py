@@ -8,7 +8,7 @@ from anex_agent.agent.api import AgentApi
 from anex_agent.agent.settings import AgentSettings, ListenAddress
 from anex_agent.agent.supervisor import Agent
 from anex_agent.wire.keys import KeyPair, generate_private_key
-from anex_agent.wire.models import GatewayPeer, NodeConfig
+from anex_agent.wire.nodes import GatewayPeer, NodeConfig
 
 GW = KeyPair(generate_private_key()).public_b64
 

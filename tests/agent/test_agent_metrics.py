@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry, generate_latest
 
 from anex_agent.agent.metrics import AgentCollector
-from anex_agent.wire.models import TransportStatus
+from anex_agent.wire.heartbeat import TransportStatus
 
 
 def render(agent) -> str:

@@ -30,7 +30,7 @@ def _start(tmp_path, url: str, bindir, control, name: str) -> tuple[subprocess.P
     _, gw_token = http("POST", f"{url}/v1/join-tokens", {"kind": "gateway"}, ADMIN_TOKEN)
     from anex_agent.client.rest import proven_body
     from anex_agent.wire.keys import KeyPair, generate_private_key
-    from anex_agent.wire.models import GatewayRegisterRequest
+    from anex_agent.wire.gateways import GatewayRegisterRequest
     _, info = http("GET", f"{url}/v1/coordinator")
     http("POST", f"{url}/v1/gateways", proven_body(GatewayRegisterRequest, {
         "token": gw_token["token"], "name": "gw", "endpoint": "127.0.0.1:51820", "routes": ["10.96.0.0/12"]},

@@ -8,7 +8,7 @@ import pytest
 
 from anex_agent.agent import settings as s
 from anex_agent.errors import ConfigError
-from anex_agent.wire.models import Provider
+from anex_agent.wire.base import Provider
 
 BASE = {"ANEX_COORDINATOR_URL": "http://10.0.0.1:8080", "ANEX_JOIN_TOKEN": "tok"}
 

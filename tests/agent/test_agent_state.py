@@ -8,7 +8,7 @@ import pytest
 
 from anex_agent.agent.state import NodeIdentity, StateDir
 from anex_agent.errors import ConfigError
-from anex_agent.wire.models import GatewayPeer, NodeConfig
+from anex_agent.wire.nodes import GatewayPeer, NodeConfig
 
 PUB = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 

@@ -30,7 +30,7 @@ import pytest
 
 from anex_agent.client.rest import proven_body
 from anex_agent.wire.keys import KeyPair, generate_private_key
-from anex_agent.wire.models import GatewayRegisterRequest
+from anex_agent.wire.gateways import GatewayRegisterRequest
 
 FAKE = Path(__file__).resolve().parents[1] / "tunnels" / "fake_wireproxy.py"
 ADMIN_TOKEN = "wireproxy-e2e-admin-token-0123456789"

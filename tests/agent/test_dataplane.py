@@ -22,7 +22,7 @@ from anex_agent.tasks import Tasks
 from anex_agent.tunnels.engines.base import Engine
 from anex_agent.tunnels.engines.config import DesiredConfig, WorkloadConfig
 from anex_agent.tunnels.engines.status import EngineStatus, Support
-from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec
+from anex_agent.wire.nodes import GatewayPeer, NodeConfig, TunnelSpec
 from tests.polling import wait_until
 
 GW = KeyPair(generate_private_key()).public_b64

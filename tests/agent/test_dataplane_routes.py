@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from anex_agent.agent import settings as agent_settings
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.wire.keys import KeyPair, generate_private_key
-from anex_agent.wire.models import GatewayPeer, NodeConfig
+from anex_agent.wire.nodes import GatewayPeer, NodeConfig
 
 PUB = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 

@@ -14,7 +14,7 @@ from anex_agent.wire.keys import KeyPair, generate_private_key
 from anex_agent.tunnels.engines.registry import engine_classes
 from anex_agent.tunnels.engines.wireproxy import WireproxyEngine, WireproxyOptions
 from anex_agent.tunnels.engines.wireproxy_process import free_loopback_port
-from anex_agent.wire.models import GatewayPeer, NodeConfig, TunnelSpec
+from anex_agent.wire.nodes import GatewayPeer, NodeConfig, TunnelSpec
 
 GW = KeyPair(generate_private_key()).public_b64
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from anex_agent.agent import heartbeat
 from anex_agent.agent.state import NodeIdentity
 from anex_agent.errors import CoordinatorError
-from anex_agent.wire.models import TransportStatus
+from anex_agent.wire.heartbeat import TransportStatus
 
 
 class Link:

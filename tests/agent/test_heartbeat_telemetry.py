@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from anex_agent.agent.heartbeat import telemetry_block
-from anex_agent.wire.models import Heartbeat
+from anex_agent.wire.heartbeat import Heartbeat
 
 
 class FakeMonitor:

@@ -20,7 +20,7 @@ from anex_agent.agent.reaper import zombie_children
 from anex_agent.agent.workload import FORWARDED, Workload
 from anex_agent.errors import ConfigError
 from anex_agent.testing.memcg import make_group, memory_controller
-from anex_agent.wire.models import ContainerState, Heartbeat, TransportStatus
+from anex_agent.wire.heartbeat import ContainerState, Heartbeat, TransportStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from anex_agent.agent.route_guard import RouteGuard
-from anex_agent.wire.models import GatewayPeer, NodeConfig
+from anex_agent.wire.nodes import GatewayPeer, NodeConfig
 
 PUB = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 

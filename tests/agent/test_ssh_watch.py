@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from anex_agent.wire import ssh as ssh_wire, models as wire
+from anex_agent.wire import ssh as ssh_wire
+from anex_agent.wire.watch import SshRevocation, WatchEvent
 from anex_agent.agent.heartbeat import ssh_event
 from anex_agent.remote.ssh_access import SessionContext, SshAccess
 
@@ -25,14 +26,14 @@ async def test_revocation_event_and_snapshot_refresh(tmp_path):
     access.node_id, access.user_ca_keys = "n-1", ("ssh-ed25519 AAAAold",)
     client = FakeClient([4, 9])
     agent = SimpleNamespace(ssh=access, link=SimpleNamespace(client=client))
-    await ssh_event(agent, wire.WatchEvent(type="ssh_revoked", version=7,
-                                           ssh_revoked=wire.SshRevocation(serial=3, valid_before=time.time() + 60)))
+    await ssh_event(agent, WatchEvent(type="ssh_revoked", version=7,
+                                           ssh_revoked=SshRevocation(serial=3, valid_before=time.time() + 60)))
     assert access.is_revoked(3) and not access.is_revoked(4) and client.calls == 0
     before = access.options_version
-    config_event = wire.WatchEvent(type="config", version=8)
+    config_event = WatchEvent(type="config", version=8)
     await ssh_event(agent, config_event)
     assert client.calls == 0
-    await ssh_event(agent, wire.WatchEvent(type="snapshot", version=9))
+    await ssh_event(agent, WatchEvent(type="snapshot", version=9))
     assert client.calls == 1  # a snapshot: revocations may have been missed, the full list replaces ours
     assert access.is_revoked(4) and access.is_revoked(9) and not access.is_revoked(3)
     assert access.user_ca_keys == ("ssh-ed25519 AAAAnew",) and access.options_version == before + 1

@@ -14,7 +14,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import Heartbeat
+from anex_agent.wire.watch import WatchEvent
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.errors import CoordinatorError
 
@@ -120,7 +121,7 @@ async def test_unexpected_response_is_not_retryable(server):
 async def test_timeout_and_refused_connection_are_retryable(server):
     async with CoordinatorClient(str(server.make_url("")), credential="anexnc_x", timeout=0.3) as client:
         with pytest.raises(CoordinatorError) as err:
-            await client.heartbeat("n-1", wire.Heartbeat())
+            await client.heartbeat("n-1", Heartbeat())
     assert err.value.retryable and err.value.status is None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -247,7 +248,7 @@ async def test_watch_losing_the_connection_while_receiving_is_retryable(monkeypa
 
         monkeypatch.setattr(websockets.asyncio.client, "connect", connect)
         client = CoordinatorClient("http://127.0.0.1:9", credential="c")
-        stream = client._watch_once("/v1/watch?since=0", wire.WatchEvent, "credential", [])
+        stream = client._watch_once("/v1/watch?since=0", WatchEvent, "credential", [])
         if isinstance(error, OSError):
             with pytest.raises(CoordinatorError) as info:
                 await stream.__anext__()

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from aiohttp.test_utils import TestServer
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.routes.modules import ROUTE_MODULES, load_modules
@@ -159,5 +160,5 @@ async def boot_node(harness: Harness, request: RentRequest, *, heartbeat: bool =
                                request.env["ANEX_PROVIDER"])
     client.set_credential(joined.credential)
     if heartbeat:
-        await client.heartbeat(joined.node_id, wire.Heartbeat())
+        await client.heartbeat(joined.node_id, Heartbeat())
     return client, joined

@@ -16,7 +16,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.heartbeat import Heartbeat
+from anex_agent.wire.nodes import NodeJoinRequest
 from anex_agent.client.rest import proven_body
 from anex_agent.coordinator import auth as auth_module
 from anex_agent.coordinator import changes, limits, metrics
@@ -54,7 +56,7 @@ def join_body(token: str, name: str = "n", **extra) -> dict:
 def proven_join_body(ctx, token: str, name: str = "n") -> dict:
     """A join body with its proof of key possession, made against ``ctx``'s key and clock."""
     body = {"token": token, "name": name, "provider": "vastai"}
-    return proven_body(wire.NodeJoinRequest, body, keys.KeyPair(keys.generate_private_key()),
+    return proven_body(NodeJoinRequest, body, keys.KeyPair(keys.generate_private_key()),
                        ctx.coordinator_public, now=ctx.clock())
 
 
@@ -448,7 +450,7 @@ async def test_fleet_metrics_need_the_admin_or_metrics_token(harness_with, tmp_p
     telemetry = {"v": 1, "hostname": "secret-host", "taken_at": time.time(),
                  "gpus": [{"index": 0, "uuid": "GPU-secret", "state": "ok", "gpu_util": 5}],
                  "nvml": {"state": "ok"}, "health": {"verdict": "healthy", "reasons": []}}
-    await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry=telemetry))
+    await client.heartbeat(joined.node_id, Heartbeat(telemetry=telemetry))
 
     async def scrape(token=None) -> tuple[int, str]:
         for _ in range(100):
@@ -494,7 +496,7 @@ def test_metrics_token_file_must_be_private_and_long(tmp_path):
 async def test_list_nodes_does_not_read_telemetry(harness_with, monkeypatch):
     coord = await harness_with()
     client, joined, _ = await coord.join("t")
-    await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"v": 1, "blob": "y" * 4000}))
+    await client.heartbeat(joined.node_id, Heartbeat(telemetry={"v": 1, "blob": "y" * 4000}))
     queries = []
     real_fetch = coord.ctx.db.fetch
 
@@ -514,14 +516,14 @@ async def test_fleet_refresh_reads_only_nodes_whose_telemetry_changed(harness_wi
     coord = await harness_with()
     clients = [await coord.join(f"n{i}") for i in range(3)]
     for client, joined, _ in clients:
-        await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"v": 1, "hostname": joined.node_id}))
+        await client.heartbeat(joined.node_id, Heartbeat(telemetry={"v": 1, "hostname": joined.node_id}))
     await coord.ctx.heartbeats.flush()
     fleet = telemetry_metrics.FleetTelemetry(coord.ctx.db, coord.ctx.clock)
     assert await fleet.refresh() == 3 and fleet.fetched_total == 3
     assert await fleet.refresh() == 3 and fleet.fetched_total == 3  # nothing changed: nothing re-read
     coord.clock.advance(1)
     client, joined, _ = clients[1]
-    await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"v": 1, "hostname": "renamed"}))
+    await client.heartbeat(joined.node_id, Heartbeat(telemetry={"v": 1, "hostname": "renamed"}))
     await coord.ctx.heartbeats.flush()
     assert await fleet.refresh() == 3 and fleet.fetched_total == 4
     assert json.loads(fleet.nodes[joined.node_id][2])["hostname"] == "renamed"

@@ -7,7 +7,10 @@ import json
 import aiohttp
 import pytest
 
-from anex_agent.wire import access_token, keys, models as wire
+from anex_agent.wire import access_token, keys
+from anex_agent.wire.gateways import GatewayRegisterRequest
+from anex_agent.wire.heartbeat import Heartbeat, NodeState, TransportStatus
+from anex_agent.wire.nodes import Health, TunnelSpec
 from anex_agent.client.rest import proven_body
 from anex_agent.errors import CoordinatorError
 
@@ -35,7 +38,7 @@ async def test_join_returns_address_config_and_credential(coord):
     assert config.gateways[0].endpoint == "203.0.113.1:51820"
     assert config.agent_api_verify_key == coord.ctx.verify_key
     view = await coord.admin.get_node(joined.node_id)
-    assert view.state == wire.NodeState.pending
+    assert view.state == NodeState.pending
     assert view.labels == {"pool": "a"}
     assert view.public_key == pair.public_b64
     assert (await client.get_config(joined.node_id)) == config
@@ -128,19 +131,19 @@ async def test_admin_routes_need_the_admin_token(coord):
 async def test_heartbeat_makes_node_ready_and_stores_status_and_telemetry(coord):
     client, joined, _ = await coord.join()
     telemetry = {"gpus": [{"index": 0, "util": 93}], "health": {"verdict": "degraded", "reasons": ["xid 79"]}}
-    beat = wire.Heartbeat(
-        status=wire.TransportStatus(engine="userspace", path="udp", last_handshake_age=3.5, rx_bytes=10, tx_bytes=20),
+    beat = Heartbeat(
+        status=TransportStatus(engine="userspace", path="udp", last_handshake_age=3.5, rx_bytes=10, tx_bytes=20),
         config_version=joined.config.version,
         telemetry=telemetry,
     )
     ack = await client.heartbeat(joined.node_id, beat)
-    assert ack.state == wire.NodeState.ready
+    assert ack.state == NodeState.ready
     assert ack.config_version == joined.config.version
     assert ack.next_heartbeat_in == coord.ctx.settings.timings.heartbeat_interval
     view = await coord.admin.get_node(joined.node_id)
-    assert view.state == wire.NodeState.ready
+    assert view.state == NodeState.ready
     assert view.status.engine == "userspace" and view.status.rx_bytes == 10
-    assert view.health == wire.Health.degraded and view.health_reasons == ["xid 79"]
+    assert view.health == Health.degraded and view.health_reasons == ["xid 79"]
     stored = await client.get_telemetry(joined.node_id)
     assert stored.telemetry == telemetry
     assert (await coord.admin.get_telemetry(joined.node_id)).telemetry == telemetry
@@ -150,7 +153,7 @@ async def test_nodes_cannot_act_on_other_nodes(coord):
     a, ja, _ = await coord.join("a")
     b, jb, _ = await coord.join("b")
     for call in (
-        lambda: a.heartbeat(jb.node_id, wire.Heartbeat()),
+        lambda: a.heartbeat(jb.node_id, Heartbeat()),
         lambda: a.get_config(jb.node_id),
         lambda: a.get_telemetry(jb.node_id),
     ):
@@ -158,18 +161,18 @@ async def test_nodes_cannot_act_on_other_nodes(coord):
             await call()
         assert err.value.status == 403
     with pytest.raises(CoordinatorError) as err:
-        await coord.client("anexnc_forged").heartbeat(ja.node_id, wire.Heartbeat())
+        await coord.client("anexnc_forged").heartbeat(ja.node_id, Heartbeat())
     assert err.value.status == 401
 
 
 async def test_tunnels_push_bumps_config_version(coord):
     client, joined, _ = await coord.join()
-    tunnels = [wire.TunnelSpec(listen_port=5432, target="postgres.db.svc:5432")]
+    tunnels = [TunnelSpec(listen_port=5432, target="postgres.db.svc:5432")]
     config = await coord.admin.put_tunnels(joined.node_id, tunnels)
     assert config.tunnels == tunnels
     assert config.version > joined.config.version
     assert (await client.get_config(joined.node_id)).tunnels == tunnels
-    ack = await client.heartbeat(joined.node_id, wire.Heartbeat())
+    ack = await client.heartbeat(joined.node_id, Heartbeat())
     assert ack.config_version == config.version
     status, _, payload = await raw(
         coord, "PUT", f"/v1/nodes/{joined.node_id}/tunnels", token=coord.ctx.admin_token,
@@ -191,7 +194,7 @@ async def test_delete_node_frees_address_after_quarantine_and_revokes(coord):
         await coord.admin.get_node(joined.node_id)
     assert err.value.status == 404 and err.value.problem["status"] == 404
     with pytest.raises(CoordinatorError) as err:
-        await client.heartbeat(joined.node_id, wire.Heartbeat())
+        await client.heartbeat(joined.node_id, Heartbeat())
     assert err.value.status == 401
     _, second, _ = await coord.join("b")
     assert second.config.address != joined.config.address  # quarantined
@@ -254,7 +257,7 @@ async def test_openapi_documents_every_route(coord):
 
 async def test_health_ready_metrics_and_unknown_route(coord):
     client, joined, _ = await coord.join()
-    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await client.heartbeat(joined.node_id, Heartbeat())
     assert (await raw(coord, "GET", "/healthz"))[0] == 200
     status, _, payload = await raw(coord, "GET", "/readyz")
     assert status == 200 and json.loads(payload)["database"] == coord.ctx.db.dialect
@@ -293,7 +296,7 @@ async def test_gateway_registration_on_an_exhausted_network_is_503_with_retry_af
         await coord.gateway("gw1")  # nodes and gateways share the two usable addresses
         token = await coord.admin.create_join_token("gateway")
         body = json.dumps(proven_body(
-            wire.GatewayRegisterRequest, {"token": token.token, "name": "gw2", "endpoint": "203.0.113.9:51820"},
+            GatewayRegisterRequest, {"token": token.token, "name": "gw2", "endpoint": "203.0.113.9:51820"},
             keys.KeyPair(keys.generate_private_key()), coord.ctx.coordinator_public, now=coord.clock(),
         )).encode()
         headers = {"Content-Type": "application/json"}

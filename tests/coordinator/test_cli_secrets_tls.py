@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.watch import WatchEvent
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import cli
 from anex_agent.coordinator.settings import Settings
@@ -162,7 +162,7 @@ async def test_serves_https_verified_with_the_ca_file(tmp_path, certs):
             assert (await client.list_nodes()).nodes == []  # verified, and the admin token came from the file
             client.set_credential("anexnode_not_a_real_credential")
             with pytest.raises(CoordinatorError) as info:  # the watch WebSocket gets through TLS to the 401
-                async for _ in client._watch_once("/v1/watch?since=0", wire.WatchEvent, "credential", []):
+                async for _ in client._watch_once("/v1/watch?since=0", WatchEvent, "credential", []):
                     pass
             assert info.value.status == 401
         async with CoordinatorClient(url, admin_token=ADMIN) as client:  # system CAs only: refused
@@ -171,7 +171,7 @@ async def test_serves_https_verified_with_the_ca_file(tmp_path, certs):
             assert "certificate" in str(info.value).lower() and info.value.status is None
             client.set_credential("anexnode_not_a_real_credential")
             with pytest.raises(CoordinatorError) as info:
-                async for _ in client._watch_once("/v1/watch?since=0", wire.WatchEvent, "credential", []):
+                async for _ in client._watch_once("/v1/watch?since=0", WatchEvent, "credential", []):
                     pass
             assert "certificate" in str(info.value).lower() and info.value.status is None
         http_url = url.replace("https://", "http://")

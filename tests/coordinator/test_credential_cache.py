@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.coordinator import auth, credentials, states, sweeper
 from anex_agent.errors import CoordinatorError
 
@@ -52,7 +52,7 @@ async def test_a_restarted_coordinator_knows_every_credential_before_the_first_r
     # a rotation leaves the previous credential good for the grace: both are preloaded
     rotated_client = coord.client(rotated.credential)
     coord.clock.advance(coord.ctx.settings.timings.credential_rotation)
-    new = (await rotated_client.heartbeat(rotated.node_id, wire.Heartbeat())).credential
+    new = (await rotated_client.heartbeat(rotated.node_id, Heartbeat())).credential
     assert new
 
     other = await start_harness(second_state_dir(coord, tmp_path), database_url, coord.clock,
@@ -67,7 +67,7 @@ async def test_a_restarted_coordinator_knows_every_credential_before_the_first_r
         assert joined.node_id in other.ctx.versions._nodes
         assert await other.ctx.versions.for_node(joined.node_id) == (await coord.admin.get_config(joined.node_id)).version
         # and the answers are those of the database
-        ack = await other.client(joined.credential).heartbeat(joined.node_id, wire.Heartbeat())
+        ack = await other.client(joined.credential).heartbeat(joined.node_id, Heartbeat())
         assert ack.credential  # the preloaded issue time says its rotation is due too
         await other.client(rotated.credential).get_config(rotated.node_id)  # within the grace
         await other.client(gw.credential).get_peers(gw.gateway_id)
@@ -80,7 +80,7 @@ async def test_a_previous_credential_past_its_grace_is_not_preloaded(short, tmp_
     _, joined, _ = await coord.join()
     node = coord.client(joined.credential)
     coord.clock.advance(coord.ctx.settings.timings.credential_rotation)
-    assert (await node.heartbeat(joined.node_id, wire.Heartbeat())).credential
+    assert (await node.heartbeat(joined.node_id, Heartbeat())).credential
     coord.clock.advance(coord.ctx.settings.timings.credential_grace + 1)
     other = await start_harness(second_state_dir(coord, tmp_path), database_url, coord.clock,
                                 timings=coord.ctx.settings.timings)
@@ -133,7 +133,7 @@ async def test_sweeper_reads_only_nodes_whose_state_changes(coord):
     timings = coord.ctx.settings.timings
     client, joined, _ = await coord.join()
     await coord.join("quiet")  # pending, younger than expired_after: never a candidate
-    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await client.heartbeat(joined.node_id, Heartbeat())
     await coord.ctx.heartbeats.flush()
     coord.clock.advance(timings.not_ready_after + 1)
     assert [(d[0], d[1]) for d in await sweeper.due_transitions(coord.ctx)] == [(joined.node_id, "not_ready")]
@@ -182,7 +182,7 @@ async def test_a_heartbeat_being_written_still_counts_as_pending(coord):
     """The sweeper asks whether a node has an uncommitted heartbeat; one in a flush that has
     not committed yet is one (else a node could expire while its heartbeat is being written)."""
     client, joined, _ = await coord.join()
-    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await client.heartbeat(joined.node_id, Heartbeat())
     buffer = coord.ctx.heartbeats
     seen = []
 
@@ -203,7 +203,7 @@ async def test_a_restart_does_not_mark_the_fleet_not_ready(coord, tmp_path, data
     restarted one has listened for not_ready_after; expiry is judged as always."""
     timings = coord.ctx.settings.timings
     client, joined, _ = await coord.join()
-    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await client.heartbeat(joined.node_id, Heartbeat())
     await coord.ctx.heartbeats.flush()
     coord.clock.advance(timings.not_ready_after + 5)  # the coordinator was down meanwhile
     other = await start_harness(second_state_dir(coord, tmp_path), database_url, coord.clock)

@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import Heartbeat
+from anex_agent.wire.nodes import Health
 from anex_agent.coordinator.routes import fleet_metrics as telemetry_metrics
 from anex_agent.gpu.monitor import TelemetryMonitor
 
@@ -70,13 +71,13 @@ async def test_fleet_metrics_carry_dcgm_names_gpu_labels_and_node(fast_coord, mo
     a, joined_a, _ = await fast_coord.join("gpu-a", provider="onprem")
     b, joined_b, _ = await fast_coord.join("cpu-b")
     c, joined_c, _ = await fast_coord.join("odd-c")
-    await a.heartbeat(joined_a.node_id, wire.Heartbeat(telemetry=gpu_block))
-    await b.heartbeat(joined_b.node_id, wire.Heartbeat(telemetry=cpu_block))
+    await a.heartbeat(joined_a.node_id, Heartbeat(telemetry=gpu_block))
+    await b.heartbeat(joined_b.node_id, Heartbeat(telemetry=cpu_block))
     # a block not of the model's shape is refused on intake (422, test_strict_input); one stored
     # by an older coordinator may still be in the table: it must not break the scrape of the others
     odd = {"gpus": "not a list", "inventory": 3, "health": {"verdict": "healthy", "reasons": []}}
     with pytest.raises(ValueError):
-        wire.Heartbeat(telemetry=odd)
+        Heartbeat(telemetry=odd)
     await fast_coord.ctx.db.execute("UPDATE nodes SET telemetry = $2, last_heartbeat_at = $3 WHERE id = $1",
                                     joined_c.node_id, json.dumps(odd), fast_coord.ctx.clock())
 
@@ -101,11 +102,11 @@ async def test_fleet_metrics_carry_dcgm_names_gpu_labels_and_node(fast_coord, mo
 
     # the coordinator's own view of the same heartbeats
     node = await fast_coord.admin.get_node(joined_a.node_id)
-    assert node.health == wire.Health.unhealthy
+    assert node.health == Health.unhealthy
     assert any("XID 79" in r for r in node.health_reasons)
     stored = await fast_coord.admin.get_telemetry(joined_a.node_id)
     assert stored.telemetry["inventory"]["gpu_count"] == 2
-    assert (await fast_coord.admin.get_node(joined_b.node_id)).health == wire.Health.degraded
+    assert (await fast_coord.admin.get_node(joined_b.node_id)).health == Health.degraded
 
 
 async def test_refresh_failure_keeps_the_cache_and_logs_once(caplog):

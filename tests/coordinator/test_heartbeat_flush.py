@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
-from anex_agent.wire import models as wire
+import pytest
+
+from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.coordinator import heartbeats
+
+from .conftest import start_harness, stop_harness
 
 COLUMNS = "id, last_heartbeat_at, status, telemetry, health, health_reasons, state"
 
@@ -22,6 +26,17 @@ BEATS = [
 ]
 
 
+@pytest.fixture
+async def coord(tmp_path, database_url, clock):
+    """A coordinator whose heartbeats only these tests flush: its own flush every 0.1 s would take
+    a batch a test records and then flushes itself (that flush would find nothing to write)."""
+    harness = await start_harness(tmp_path, database_url, clock, heartbeat_flush_interval=0)
+    try:
+        yield harness
+    finally:
+        await stop_harness(harness)
+
+
 async def _rows(coord) -> list[dict]:
     return await coord.ctx.db.fetch(f"SELECT {COLUMNS} FROM nodes ORDER BY name")
 
@@ -30,7 +45,7 @@ async def _beat_all(coord, at: float) -> int:
     buffer = coord.ctx.heartbeats
     ids = [row["id"] for row in await coord.ctx.db.fetch("SELECT id FROM nodes ORDER BY name")]
     for node_id, beat in zip(ids, BEATS):
-        buffer.record(node_id, wire.Heartbeat.model_validate_json(json.dumps(beat), strict=True), at)
+        buffer.record(node_id, Heartbeat.model_validate_json(json.dumps(beat), strict=True), at)
     return await buffer.flush()
 
 
@@ -64,7 +79,7 @@ async def test_a_batch_larger_than_one_statement_is_written_whole(coord, monkeyp
     buffer = coord.ctx.heartbeats
     ids = [row["id"] for row in await coord.ctx.db.fetch("SELECT id FROM nodes ORDER BY name")]
     for i, node_id in enumerate(ids):
-        buffer.record(node_id, wire.Heartbeat.model_validate_json(json.dumps(BEATS[0]), strict=True), 100.0 + i)
+        buffer.record(node_id, Heartbeat.model_validate_json(json.dumps(BEATS[0]), strict=True), 100.0 + i)
     assert await buffer.flush() == 5
     rows = await _rows(coord)
     assert [row["last_heartbeat_at"] for row in rows] == [100.0, 101.0, 102.0, 103.0, 104.0]
@@ -75,9 +90,9 @@ async def test_a_flush_keeps_the_telemetry_a_later_beat_without_one_does_not_rep
     await coord.join("n0")
     buffer = coord.ctx.heartbeats
     (node_id,) = [row["id"] for row in await coord.ctx.db.fetch("SELECT id FROM nodes")]
-    buffer.record(node_id, wire.Heartbeat.model_validate_json(json.dumps(BEATS[0]), strict=True), 10.0)
+    buffer.record(node_id, Heartbeat.model_validate_json(json.dumps(BEATS[0]), strict=True), 10.0)
     await buffer.flush()
-    buffer.record(node_id, wire.Heartbeat.model_validate_json(json.dumps(BEATS[1]), strict=True), 20.0)
+    buffer.record(node_id, Heartbeat.model_validate_json(json.dumps(BEATS[1]), strict=True), 20.0)
     assert await buffer.flush() == 1
     (row,) = await _rows(coord)
     assert row["last_heartbeat_at"] == 20.0 and json.loads(row["status"])["path"] == "websocket"

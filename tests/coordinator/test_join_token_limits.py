@@ -9,7 +9,9 @@ import aiohttp
 
 import pytest
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.base import Provider
+from anex_agent.wire.join import JoinTokenView
 from anex_agent.coordinator import db as dbmod
 from anex_agent.coordinator.migrations import CORE, apply
 from anex_agent.errors import CoordinatorError
@@ -28,7 +30,7 @@ async def create_raw(coord, body: dict) -> tuple[int, dict]:
             return resp.status, await resp.json(content_type=None)
 
 
-async def listed(coord, token_id: str) -> wire.JoinTokenView:
+async def listed(coord, token_id: str) -> JoinTokenView:
     return {t.id: t for t in (await coord.admin.list_join_tokens()).tokens}[token_id]
 
 
@@ -97,7 +99,7 @@ async def test_expired_token_is_refused_even_with_uses_left(coord):
 
 async def test_providers_limit_refuses_another_provider_with_403_naming_it(coord):
     token = await coord.admin.create_join_token(max_uses=5, providers=["runpod", "vastai"])
-    assert token.providers == [wire.Provider.runpod, wire.Provider.vastai]
+    assert token.providers == [Provider.runpod, Provider.vastai]
     with pytest.raises(CoordinatorError) as err:
         await coord.client().join(token.token, new_key(), "n", "onprem")
     assert err.value.status == 403
@@ -109,9 +111,9 @@ async def test_providers_limit_refuses_another_provider_with_403_naming_it(coord
     with pytest.raises(CoordinatorError) as err:  # a re-join may not switch to another provider either
         await coord.client().join(token.token, key, "n", "other")
     assert err.value.status == 403
-    assert (await coord.admin.get_node(ok.node_id)).provider == wire.Provider.runpod
+    assert (await coord.admin.get_node(ok.node_id)).provider == Provider.runpod
     view = await listed(coord, token.id)
-    assert view.uses == 1 and view.providers == [wire.Provider.runpod, wire.Provider.vastai]
+    assert view.uses == 1 and view.providers == [Provider.runpod, Provider.vastai]
 
 
 async def test_providers_only_for_node_tokens_and_never_empty(coord):

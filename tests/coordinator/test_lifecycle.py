@@ -8,7 +8,9 @@ import shutil
 
 import pytest
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.heartbeat import Heartbeat
+from anex_agent.wire.watch import WatchEvent
 from anex_agent.coordinator import sweeper
 from anex_agent.errors import CoordinatorError
 from tests.coordinator.conftest import start_harness, stop_harness
@@ -20,7 +22,7 @@ async def refused(call) -> None:
     assert err.value.status == 401
 
 
-async def next_event(events, predicate, timeout: float = 5.0) -> wire.WatchEvent:
+async def next_event(events, predicate, timeout: float = 5.0) -> WatchEvent:
     async with asyncio.timeout(timeout):
         async for event in events:
             if predicate(event):
@@ -53,9 +55,9 @@ async def test_expiry_removes_the_peer_from_a_watching_gateway_and_quarantines_t
 
 async def test_an_expired_node_has_no_credential_left(coord):
     client, joined, _ = await coord.join()
-    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await client.heartbeat(joined.node_id, Heartbeat())
     await expire_all(coord)
-    await refused(client.heartbeat(joined.node_id, wire.Heartbeat()))
+    await refused(client.heartbeat(joined.node_id, Heartbeat()))
     await refused(client.get_config(joined.node_id))
     with pytest.raises(CoordinatorError) as err:
         async for _ in client.watch(0):
@@ -81,25 +83,25 @@ async def test_a_node_heartbeating_meanwhile_is_not_expired(coord):
     coord.clock.advance(coord.ctx.settings.timings.expired_after + 1)
     due = await sweeper.due_transitions(coord.ctx)
     assert [(d[0], d[1]) for d in due] == [(joined.node_id, "expired")]
-    await client.heartbeat(joined.node_id, wire.Heartbeat())  # lands after the sweeper judged it
+    await client.heartbeat(joined.node_id, Heartbeat())  # lands after the sweeper judged it
     assert await sweeper.apply_transitions(coord.ctx, due) == 0
-    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await client.heartbeat(joined.node_id, Heartbeat())
 
 
 async def test_node_credential_rotates_and_the_old_one_ends_after_the_grace(coord):
     timings = coord.ctx.settings.timings
     client, joined, _ = await coord.join()
     old = joined.credential
-    assert (await client.heartbeat(joined.node_id, wire.Heartbeat())).credential is None
+    assert (await client.heartbeat(joined.node_id, Heartbeat())).credential is None
     coord.clock.advance(timings.credential_rotation)
-    ack = await client.heartbeat(joined.node_id, wire.Heartbeat())
+    ack = await client.heartbeat(joined.node_id, Heartbeat())
     assert ack.credential and ack.credential != old and client.credential == ack.credential
     copied = coord.client(old)
     await copied.get_config(joined.node_id)  # within the grace
     coord.clock.advance(timings.credential_grace + 1)
     await refused(copied.get_config(joined.node_id))
-    await refused(copied.heartbeat(joined.node_id, wire.Heartbeat()))
-    assert (await client.heartbeat(joined.node_id, wire.Heartbeat())).credential is None
+    await refused(copied.heartbeat(joined.node_id, Heartbeat()))
+    assert (await client.heartbeat(joined.node_id, Heartbeat())).credential is None
     await client.get_config(joined.node_id)
 
 
@@ -107,11 +109,11 @@ async def test_the_first_heartbeat_with_the_new_credential_ends_the_old_ones_gra
     client, joined, _ = await coord.join()
     copied = coord.client(joined.credential)
     coord.clock.advance(coord.ctx.settings.timings.credential_rotation)
-    assert (await client.heartbeat(joined.node_id, wire.Heartbeat())).credential
+    assert (await client.heartbeat(joined.node_id, Heartbeat())).credential
     await copied.get_config(joined.node_id)  # the node has not shown yet that it got the new one
-    assert (await client.heartbeat(joined.node_id, wire.Heartbeat())).credential is None
+    assert (await client.heartbeat(joined.node_id, Heartbeat())).credential is None
     await refused(copied.get_config(joined.node_id))  # no waiting for the grace
-    await refused(copied.heartbeat(joined.node_id, wire.Heartbeat()))
+    await refused(copied.heartbeat(joined.node_id, Heartbeat()))
     await client.get_config(joined.node_id)
 
 
@@ -120,10 +122,10 @@ async def test_a_lost_rotation_answer_is_recovered_within_the_grace(coord):
     client, joined, _ = await coord.join()
     old = joined.credential
     coord.clock.advance(timings.credential_rotation)
-    lost = (await client.heartbeat(joined.node_id, wire.Heartbeat())).credential
+    lost = (await client.heartbeat(joined.node_id, Heartbeat())).credential
     assert lost
     retry = coord.client(old)  # the node never saw the answer: it heartbeats with the old credential
-    again = (await retry.heartbeat(joined.node_id, wire.Heartbeat())).credential
+    again = (await retry.heartbeat(joined.node_id, Heartbeat())).credential
     assert again and again not in (old, lost)
     await refused(coord.client(lost).get_config(joined.node_id))
     coord.clock.advance(timings.credential_grace + 1)
@@ -157,7 +159,7 @@ async def test_rotation_reaches_another_coordinators_cache(coord, tmp_path, data
         on_b = other.client(old)
         await on_b.get_config(joined.node_id)  # cached on b
         coord.clock.advance(coord.ctx.settings.timings.credential_rotation)
-        assert (await client.heartbeat(joined.node_id, wire.Heartbeat())).credential
+        assert (await client.heartbeat(joined.node_id, Heartbeat())).credential
         coord.clock.advance(coord.ctx.settings.timings.credential_grace + 1)
         for _ in range(50):  # b's change feed polls every 0.2 s
             try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.gateways import PeerSet
+from anex_agent.wire.heartbeat import Heartbeat, HeartbeatAck
+from anex_agent.wire.watch import WatchEvent
 from anex_agent.coordinator import limits
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.routes.registry import QueryParam, Route, openapi
@@ -22,16 +24,16 @@ async def _handler(call):
 
 
 ROUTES = [
-    Route("POST", "/v1/things/{thing_id}", _handler, Auth.admin, "body and path", request_model=wire.Heartbeat,
-          response_model=wire.HeartbeatAck, problems=(403, 409)),
+    Route("POST", "/v1/things/{thing_id}", _handler, Auth.admin, "body and path", request_model=Heartbeat,
+          response_model=HeartbeatAck, problems=(403, 409)),
     Route("GET", "/v1/things", _handler, Auth.node_or_admin, "query",
           query=(QueryParam("since", type="integer", default=0), QueryParam("label", description="x")),
-          response_model=wire.PeerSet, tags=("a", "b")),
+          response_model=PeerSet, tags=("a", "b")),
     Route("DELETE", "/v1/things/{thing_id}", _handler, Auth.admin, "no content", status=204),
     Route("GET", "/metrics-like", _handler, Auth.public, "text", content_type="text/plain", problems=(401, 429)),
     Route("GET", "/v1/ws/{x}", _handler, Auth.node_or_gateway, "ws", websocket=True,
-          response_model=wire.WatchEvent, problems=(400, 422)),
-    Route("POST", "/v1/joinish", _handler, Auth.join, "join", request_model=wire.Heartbeat, status=201,
+          response_model=WatchEvent, problems=(400, 422)),
+    Route("POST", "/v1/joinish", _handler, Auth.join, "join", request_model=Heartbeat, status=201,
           token_kind="node", body_limit=1234, problems=(418,)),
     Route("GET", "/healthz-like", _handler, Auth.public, "public, nothing to check"),
 ]

@@ -163,9 +163,9 @@ async def test_join_on_one_coordinator_reaches_a_gateway_watching_the_other(two_
                 CoordinatorClient(b.url, admin_token=ADMIN) as admin_b:
             node_stream = node.watch(joined.config.version)
             await asyncio.sleep(0.3)
-            from anex_agent.wire import models as wire
+            from anex_agent.wire.nodes import TunnelSpec
 
-            await admin_b.put_tunnels(joined.node_id, [wire.TunnelSpec(listen_port=9000, target="svc:9000")])
+            await admin_b.put_tunnels(joined.node_id, [TunnelSpec(listen_port=9000, target="svc:9000")])
             pushed = await asyncio.wait_for(anext(node_stream), GENEROUS)
             assert pushed.type == "config" and pushed.config.tunnels[0].listen_port == 9000
             await node_stream.aclose()
@@ -210,7 +210,7 @@ def test_second_coordinator_with_another_coordinator_key_refuses_to_start(tmp_pa
 async def test_buffered_heartbeats_survive_a_clean_shutdown(tmp_path):
     """SIGTERM flushes the heartbeat batch: an acknowledged heartbeat is in the database afterwards."""
     args = ["--listen", "127.0.0.1:0", "--state-dir", str(tmp_path), "--heartbeat-flush-interval", "5"]
-    from anex_agent.wire import models as wire
+    from anex_agent.wire.heartbeat import Heartbeat, NodeState, TransportStatus
 
     proc = Proc(args, cwd=tmp_path)
     try:
@@ -218,9 +218,9 @@ async def test_buffered_heartbeats_survive_a_clean_shutdown(tmp_path):
         async with CoordinatorClient(url, admin_token=ADMIN) as admin, CoordinatorClient(url) as node:
             token = await admin.create_join_token()
             joined = await node.join(token.token, keys.KeyPair(keys.generate_private_key()), "n", "other")
-            ack = await node.heartbeat(joined.node_id, wire.Heartbeat(
-                status=wire.TransportStatus(engine="kernel", rx_bytes=4242), telemetry={"marker": 7}))
-            assert ack.state == wire.NodeState.ready
+            ack = await node.heartbeat(joined.node_id, Heartbeat(
+                status=TransportStatus(engine="kernel", rx_bytes=4242), telemetry={"marker": 7}))
+            assert ack.state == NodeState.ready
     finally:
         proc.stop()  # SIGTERM well within the 5 s flush interval
     assert proc.popen.returncode == 0

@@ -9,7 +9,10 @@ import os
 import aiohttp
 import pytest
 
-from anex_agent.wire import keys, proof, models as wire
+from anex_agent.wire import keys, proof
+from anex_agent.wire.gateways import GatewayRegisterRequest
+from anex_agent.wire.heartbeat import Heartbeat
+from anex_agent.wire.nodes import NodeJoinRequest
 from anex_agent.client.rest import proven_body
 from anex_agent.coordinator import coordinator_key
 from anex_agent.coordinator.context import Coordinator
@@ -24,7 +27,7 @@ async def post(coord, path: str, body: dict) -> tuple[int, dict]:
 
 
 def node_body(coord, token: str, key: keys.KeyPair, *, now: float | None = None, name: str = "n") -> dict:
-    return proven_body(wire.NodeJoinRequest, {"token": token, "name": name, "provider": "other"}, key,
+    return proven_body(NodeJoinRequest, {"token": token, "name": name, "provider": "other"}, key,
                        coord.ctx.coordinator_public, now=coord.clock() if now is None else now)
 
 
@@ -67,14 +70,14 @@ async def test_node_takeover_with_a_public_key_and_a_reusable_token_fails(coord)
     status, _ = await post(coord, "/v1/nodes", forged(node_body(coord, reusable.token, attacker), victim.public_b64))
     assert status == 401
     # a proof for a gateway registration is no good for a node join (and the other way round)
-    gateway_proof = proven_body(wire.GatewayRegisterRequest, {"token": reusable.token, "name": "n"}, victim,
+    gateway_proof = proven_body(GatewayRegisterRequest, {"token": reusable.token, "name": "n"}, victim,
                                 coord.ctx.coordinator_public, now=coord.clock())["proof"]
     status, _ = await post(coord, "/v1/nodes", {**node_body(coord, reusable.token, attacker), "proof": gateway_proof,
                                                 "public_key": victim.public_b64})
     assert status == 401
 
     # the victim is untouched: same node, its credential works, nothing rotated
-    await victim_client.heartbeat(joined.node_id, wire.Heartbeat())
+    await victim_client.heartbeat(joined.node_id, Heartbeat())
     assert (await victim_client.get_config(joined.node_id)).address == joined.config.address
     assert [n.name for n in (await coord.admin.list_nodes()).nodes] == ["victim"]
 
@@ -87,7 +90,7 @@ async def test_gateway_takeover_with_a_public_key_and_a_reusable_token_fails(coo
                                                       routes=["10.96.0.0/12"])
     attacker = keys.KeyPair(keys.generate_private_key())
     evil = {"token": token.token, "name": "gw", "endpoint": "198.51.100.66:51820", "routes": ["0.0.0.0/1"]}
-    body = proven_body(wire.GatewayRegisterRequest, evil, attacker, coord.ctx.coordinator_public, now=coord.clock())
+    body = proven_body(GatewayRegisterRequest, evil, attacker, coord.ctx.coordinator_public, now=coord.clock())
     status, _ = await post(coord, "/v1/gateways", forged(body, victim.public_b64))
     assert status == 401
     status, _ = await post(coord, "/v1/gateways", {**evil, "public_key": victim.public_b64})
@@ -120,7 +123,7 @@ async def test_a_replayed_join_is_refused(coord):
     status, _ = await post(coord, "/v1/nodes", body)
     assert status == 401
     # the first join's credential still works: the replay changed nothing
-    await coord.client(first["credential"]).heartbeat(first["node_id"], wire.Heartbeat())
+    await coord.client(first["credential"]).heartbeat(first["node_id"], Heartbeat())
     # nonces are pruned only after the window, when the timestamp alone refuses the body
     coord.clock.advance(proof.WINDOW + 2)
     from anex_agent.coordinator import enrollment as registration
@@ -156,7 +159,7 @@ async def test_a_restarted_node_joins_again_and_keeps_its_address_a_new_key_is_a
     again = await coord.client().join(token.token, key, "n", "other")  # restarted with its state dir
     assert (again.node_id, again.config.address) == (first.node_id, first.config.address)
     with pytest.raises(CoordinatorError) as err:
-        await coord.client(first.credential).heartbeat(first.node_id, wire.Heartbeat())
+        await coord.client(first.credential).heartbeat(first.node_id, Heartbeat())
     assert err.value.status == 401
     fresh = await coord.client().join(token.token, keys.KeyPair(keys.generate_private_key()), "n", "other")  # lost it
     assert fresh.node_id != first.node_id and fresh.config.address != first.config.address

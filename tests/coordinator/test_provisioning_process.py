@@ -30,7 +30,8 @@ import urllib.request
 
 import pytest
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.testing.fake_providers import (
     FakeRental, FakeRunPod, FakeVastAI, ThreadedFake, runpod_gpu_type, vast_bundle,
@@ -163,7 +164,7 @@ async def _agent(url: str, env: dict) -> str:
         joined = await client.join(env["ANEX_JOIN_TOKEN"], keys.KeyPair(keys.generate_private_key()),
                                    env["ANEX_NODE_NAME"], env["ANEX_PROVIDER"])
         client.set_credential(joined.credential)
-        await client.heartbeat(joined.node_id, wire.Heartbeat())
+        await client.heartbeat(joined.node_id, Heartbeat())
         return joined.node_id
 
 

@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import ContainerState, Heartbeat, TransportStatus
 from anex_agent.coordinator.provisioning import policy as policy_mod
 from anex_agent.coordinator.provisioning.policy import PolicyDefaults, RecoveryPolicy, parse_policy
 from anex_agent.coordinator.routes.provisions import provisioner_of
@@ -271,7 +271,7 @@ async def test_workload_not_started_within_its_deadline(tmp_path, database_url, 
         pid = (await api.create(spec(**{"anex.sh/deadline-workload": "2m"})))["id"]
         await api.state(pid, "booting")
         client, joined = await boot_node(harness, vast.requests["r1"], heartbeat=False)
-        waiting = wire.Heartbeat(status=wire.TransportStatus(workload=wire.ContainerState(
+        waiting = Heartbeat(status=TransportStatus(workload=ContainerState(
             state="waiting", reason="ContainerCreating")))
         await client.heartbeat(joined.node_id, waiting)
         await api.state(pid, "ready")
@@ -389,7 +389,7 @@ async def test_xid_79_bans_the_machine_and_reprovisions(tmp_path, database_url, 
         await api.state(pid, "booting")
         client, joined = await boot_node(harness, vast.requests["r1"])
         await api.state(pid, "ready")
-        await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry=_telemetry(
+        await client.heartbeat(joined.node_id, Heartbeat(telemetry=_telemetry(
             last_xid=79, xid_counts={"79": 1}, gpu_util_pct=90)))
         waiting = await api.until(pid, lambda v: v["retries"] == 1, "a retry after the GPU fault")
         attempt = waiting["attempts"][0]
@@ -414,7 +414,7 @@ async def test_idle_gpus_release_the_machine_after_the_window(tmp_path, database
         await api.state(pid, "booting")
         client, joined = await boot_node(harness, vast.requests["r1"])
         await api.state(pid, "ready")
-        await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry=_telemetry(gpu_util_pct=2)))
+        await client.heartbeat(joined.node_id, Heartbeat(telemetry=_telemetry(gpu_util_pct=2)))
         idle = await api.until(pid, lambda v: v["idle_since"], "the GPUs seen idle")
         assert idle["state"] == "ready"
         shift.advance(1799)

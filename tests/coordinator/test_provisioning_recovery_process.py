@@ -17,7 +17,8 @@ import asyncio
 import time
 from datetime import datetime
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.testing.fake_providers import vast_bundle
 from anex_agent.telemetry.models import Telemetry
@@ -40,7 +41,7 @@ async def _join(url: str, env: dict) -> tuple[str, object]:
         joined = await client.join(env["ANEX_JOIN_TOKEN"], keys.KeyPair(keys.generate_private_key()),
                                    env["ANEX_NODE_NAME"], env["ANEX_PROVIDER"])
         client.set_credential(joined.credential)
-        await client.heartbeat(joined.node_id, wire.Heartbeat())
+        await client.heartbeat(joined.node_id, Heartbeat())
         return joined.node_id, joined.credential
 
 
@@ -48,7 +49,7 @@ async def _xid(url: str, node_id: str, credential) -> None:
     async with CoordinatorClient(url) as client:
         client.set_credential(credential)
         telemetry = Telemetry.model_validate({"v": 1, "gpus": [{"index": 0, "last_xid": 79, "xid_counts": {"79": 1}}]})
-        await client.heartbeat(node_id, wire.Heartbeat(telemetry=telemetry))
+        await client.heartbeat(node_id, Heartbeat(telemetry=telemetry))
 
 
 def test_each_failure_kind_is_replaced_and_timed(tmp_path, provider):  # noqa: F811

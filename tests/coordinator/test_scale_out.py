@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.heartbeat import Heartbeat, NodeState
 from anex_agent.client.rest import CoordinatorClient
 from tests.coordinator.conftest import POSTGRES_URL, backend_url
 from tests.coordinator.coordinator_process import CoordinatorProcess
@@ -58,8 +59,8 @@ async def test_two_coordinators_share_one_port_with_reuse_port(tmp_path, pg_data
             joined = await client.join(token.token, pair, "n", "other")
         for _ in range(20):
             async with CoordinatorClient(url, credential=joined.credential) as node:
-                ack = await node.heartbeat(joined.node_id, wire.Heartbeat())
-                assert ack.state == wire.NodeState.ready
+                ack = await node.heartbeat(joined.node_id, Heartbeat())
+                assert ack.state == NodeState.ready
         for proc in procs:
             assert "Traceback" not in proc.stop()
     finally:

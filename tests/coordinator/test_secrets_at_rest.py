@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import base64
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import Heartbeat
+from anex_agent.wire.nodes import TunnelSpec
 from anex_agent.coordinator import credentials
 
 
@@ -27,8 +28,8 @@ async def test_no_private_key_or_plain_secret_in_the_database(coord):
     node_client, joined, node_pair = await coord.join()
     rejoin_client = coord.client()
     rejoined = await rejoin_client.join(node_token.token, node_pair, "again", "onprem")
-    await rejoin_client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"gpus": []}))
-    await coord.admin.put_tunnels(joined.node_id, [wire.TunnelSpec(listen_port=80, target="a:80")])
+    await rejoin_client.heartbeat(joined.node_id, Heartbeat(telemetry={"gpus": []}))
+    await coord.admin.put_tunnels(joined.node_id, [TunnelSpec(listen_port=80, target="a:80")])
     issued = await coord.admin.create_access_token(joined.node_id)
     await coord.ctx.heartbeats.flush()
 

@@ -18,7 +18,7 @@ import pytest
 
 from anex_agent import cli
 from anex_agent.remote import ssh_client, cp_client as ssh_client_cp
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import Heartbeat
 from tests.coordinator.test_ssh_end_to_end import node_server  # noqa: F401 (a fixture)
 
 
@@ -80,7 +80,7 @@ async def test_an_offline_node_is_said_to_be_offline(coord, node_server, to_node
                           "no answer within 15 s; the node is offline: the coordinator has it pending "
                           "(no heartbeat since it joined)")
     node_client = coord.clients[1]
-    await node_client.heartbeat(to_node.node_id, wire.Heartbeat())
+    await node_client.heartbeat(to_node.node_id, Heartbeat())
     coord.clock.advance(coord.ctx.settings.timings.not_ready_after + 1)
     assert await ssh_client.run(ssh_args("true")) == 255
     err = capsys.readouterr().err
@@ -92,7 +92,7 @@ async def test_a_ready_node_that_does_not_answer_says_what_to_check(to_node, coo
     async def unreachable(target):
         raise TimeoutError
 
-    await coord.clients[1].heartbeat(to_node.node_id, wire.Heartbeat())
+    await coord.clients[1].heartbeat(to_node.node_id, Heartbeat())
     monkeypatch.setattr(ssh_client, "connect", unreachable)
     assert await ssh_client.run(ssh_args("true")) == 255
     err = capsys.readouterr().err

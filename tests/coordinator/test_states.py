@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.coordinator import states, sweeper
 from anex_agent.errors import CoordinatorError
-from anex_agent.wire.models import NodeState
+from anex_agent.wire.heartbeat import NodeState
 from tests.coordinator.conftest import HookedWrites
 
 T = states.Timings(heartbeat_interval=10, not_ready_after=30, expired_after=300)
@@ -59,7 +59,7 @@ async def test_sweeper_moves_nodes_through_states(coord):
     _, silent, _ = await coord.join("silent")
     node_id = joined.node_id
     assert await db_state(coord, node_id) == "pending"
-    await client.heartbeat(node_id, wire.Heartbeat())
+    await client.heartbeat(node_id, Heartbeat())
     await coord.ctx.heartbeats.flush()
     assert await db_state(coord, node_id) == "ready"
 
@@ -68,7 +68,7 @@ async def test_sweeper_moves_nodes_through_states(coord):
     assert await db_state(coord, node_id) == "not_ready"
     assert (await coord.admin.get_node(node_id)).state == NodeState.not_ready
 
-    await client.heartbeat(node_id, wire.Heartbeat())
+    await client.heartbeat(node_id, Heartbeat())
     assert (await coord.admin.get_node(node_id)).state == NodeState.ready
     assert await db_state(coord, node_id) == "ready"
 
@@ -84,7 +84,7 @@ async def test_sweeper_moves_nodes_through_states(coord):
     assert coord.ctx.metrics.nodes.labels(state="expired")._value.get() == 0
 
     with pytest.raises(CoordinatorError) as err:  # a node that comes back is not revived by a heartbeat
-        await client.heartbeat(node_id, wire.Heartbeat())
+        await client.heartbeat(node_id, Heartbeat())
     assert err.value.status == 401
     await coord.ctx.heartbeats.flush()
     assert await db_state(coord, node_id) is None
@@ -92,13 +92,13 @@ async def test_sweeper_moves_nodes_through_states(coord):
 
 async def test_sweeper_does_not_overwrite_a_newer_heartbeat(coord):
     client, joined, _ = await coord.join()
-    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await client.heartbeat(joined.node_id, Heartbeat())
     await coord.ctx.heartbeats.flush()
     coord.clock.advance(coord.ctx.settings.timings.not_ready_after + 1)
     due = await sweeper.due_transitions(coord.ctx)
     assert [(d[0], d[1]) for d in due] == [(joined.node_id, "not_ready")]
     # a heartbeat lands (e.g. through another coordinator) after the sweeper judged the node
-    await client.heartbeat(joined.node_id, wire.Heartbeat())
+    await client.heartbeat(joined.node_id, Heartbeat())
     await coord.ctx.heartbeats.flush()
     assert await sweeper.apply_transitions(coord.ctx, due) == 0
     assert await db_state(coord, joined.node_id) == "ready"
@@ -117,7 +117,7 @@ async def test_flush_waits_for_a_flush_in_flight(coord):
 
     buffer._db = HookedWrites(coord.ctx.db, stall)
     try:
-        await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry={"n": 1}))
+        await client.heartbeat(joined.node_id, Heartbeat(telemetry={"n": 1}))
         background = asyncio.create_task(buffer.flush())  # the periodic flusher, stalled mid-write
         await entered.wait()
         reader = asyncio.create_task(buffer.flush())

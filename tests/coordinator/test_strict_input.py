@@ -14,7 +14,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.base import LABELS_MAX, NAME_MAX, PUBLIC_KEY_PATTERN
+from anex_agent.wire.gateways import GatewayList
+from anex_agent.wire.heartbeat import Heartbeat, TransportStatus
+from anex_agent.wire.join import JoinTokenList
+from anex_agent.wire.nodes import Health, NodeConfig, NodeJoinResponse, NodeList
 from anex_agent.coordinator import server as http_server
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
@@ -295,7 +300,7 @@ async def test_telemetry_of_the_agent_shape_is_accepted(coord):
     telemetry = {"v": 1, "taken_at": 1763728245.1, "health": {"verdict": "healthy", "reasons": []},
                  "gpus": [{"index": 0, "power_w": 300.5, "gpu_temp_c": 40, "xid_counts": {"79": 1}}],
                  "host": {"rx_bytes": 0, "tx_errors": 0}}
-    ack = await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry=telemetry))
+    ack = await client.heartbeat(joined.node_id, Heartbeat(telemetry=telemetry))
     assert ack.state.value == "ready"
 
 
@@ -330,7 +335,7 @@ async def test_telemetry_keeps_unknown_keys_and_is_served_as_sent(coord):
     stored = await coord.admin.get_telemetry(joined.node_id)
     assert stored.telemetry == telemetry
     node = await coord.admin.get_node(joined.node_id)
-    assert (node.health, node.health_reasons) == (wire.Health.degraded, ["hot"])
+    assert (node.health, node.health_reasons) == (Health.degraded, ["hot"])
 
 
 async def test_a_verdict_this_version_does_not_know_is_stored_but_leaves_health_alone(coord):
@@ -339,7 +344,7 @@ async def test_a_verdict_this_version_does_not_know_is_stored_but_leaves_health_
                               body={"telemetry": {"health": {"verdict": "draining", "reasons": []}}})
     assert status == 200
     await coord.ctx.heartbeats.flush()
-    assert (await coord.admin.get_node(joined.node_id)).health == wire.Health.unknown
+    assert (await coord.admin.get_node(joined.node_id)).health == Health.unknown
     assert (await coord.admin.get_telemetry(joined.node_id)).telemetry["health"]["verdict"] == "draining"
 
 
@@ -374,19 +379,19 @@ async def test_coordinator_answers_parse_in_strict_mode_too(coord):
     _, gw, _ = await coord.gateway("gw1", endpoint="[2001:db8::1]:51820", ws_url="wss://gw.example/ws",
                                    routes=["10.96.0.0/12"])
     client, joined, _ = await coord.join("n1", labels={"pool": "a"})
-    await client.heartbeat(joined.node_id, wire.Heartbeat(
-        status=wire.TransportStatus(engine="userspace", path="udp", last_handshake_age=1.5, rx_bytes=10),
+    await client.heartbeat(joined.node_id, Heartbeat(
+        status=TransportStatus(engine="userspace", path="udp", last_handshake_age=1.5, rx_bytes=10),
         telemetry={"health": {"verdict": "healthy", "reasons": []}, "gpus": [{"power_w": 1.0}]}))
     await coord.ctx.heartbeats.flush()
-    for path, model in (("/v1/nodes", wire.NodeList), ("/v1/gateways", wire.GatewayList),
-                        (f"/v1/nodes/{joined.node_id}/config", wire.NodeConfig),
-                        ("/v1/join-tokens", wire.JoinTokenList)):
+    for path, model in (("/v1/nodes", NodeList), ("/v1/gateways", GatewayList),
+                        (f"/v1/nodes/{joined.node_id}/config", NodeConfig),
+                        ("/v1/join-tokens", JoinTokenList)):
         status, _, payload = await call(coord, "GET", path, token=coord.ctx.admin_token)
         assert status == 200
         lax = model.model_validate_json(payload)
         assert model.model_validate_json(payload, strict=True) == lax
         assert model.model_validate_json(lax.model_dump_json(), strict=True) == lax
-    assert wire.NodeJoinResponse.model_validate_json(joined.model_dump_json(), strict=True) == joined
+    assert NodeJoinResponse.model_validate_json(joined.model_dump_json(), strict=True) == joined
 
 
 async def test_openapi_shows_the_constraints(coord):
@@ -394,9 +399,9 @@ async def test_openapi_shows_the_constraints(coord):
     doc = json.loads(payload)
     schemas = doc["components"]["schemas"]
     key = schemas["NodeJoinRequest"]["properties"]["public_key"]
-    assert key["minLength"] == key["maxLength"] == 44 and key["pattern"] == wire.PUBLIC_KEY_PATTERN
-    assert schemas["NodeJoinRequest"]["properties"]["name"]["maxLength"] == wire.NAME_MAX
-    assert schemas["NodeFacts"]["properties"]["hostname"]["maxLength"] == wire.NAME_MAX
+    assert key["minLength"] == key["maxLength"] == 44 and key["pattern"] == PUBLIC_KEY_PATTERN
+    assert schemas["NodeJoinRequest"]["properties"]["name"]["maxLength"] == NAME_MAX
+    assert schemas["NodeFacts"]["properties"]["hostname"]["maxLength"] == NAME_MAX
     endpoint = json.dumps(schemas["GatewayRegisterRequest"]["properties"]["endpoint"])
     assert "pattern" in endpoint and "maxLength" in endpoint
     routes = json.dumps(schemas["GatewayRegisterRequest"]["properties"]["routes"])
@@ -404,7 +409,7 @@ async def test_openapi_shows_the_constraints(coord):
     assert schemas["TunnelSpec"]["properties"]["listen_port"]["maximum"] == 65535
     status_props = schemas["TransportStatus"]["properties"]
     assert status_props["rx_bytes"]["minimum"] == 0 and "minimum" in json.dumps(status_props["last_handshake_age"])
-    assert schemas["JoinTokenCreate"]["properties"]["labels"]["maxProperties"] == wire.LABELS_MAX
+    assert schemas["JoinTokenCreate"]["properties"]["labels"]["maxProperties"] == LABELS_MAX
     watch = doc["paths"]["/v1/watch"]["get"]["parameters"]
     since = next(p for p in watch if p["name"] == "since")
     assert since["schema"]["type"] == "integer" and since["schema"]["minimum"] == 0

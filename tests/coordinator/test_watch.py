@@ -11,12 +11,14 @@ import asyncio
 
 import pytest
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import Heartbeat
+from anex_agent.wire.nodes import TunnelSpec
+from anex_agent.wire.watch import WatchEvent
 from anex_agent.errors import CoordinatorError
 from tests.polling import GENEROUS, wait_until
 
 
-async def next_event(stream, timeout=GENEROUS) -> wire.WatchEvent:
+async def next_event(stream, timeout=GENEROUS) -> WatchEvent:
     return await asyncio.wait_for(anext(stream), timeout)
 
 
@@ -59,7 +61,7 @@ async def test_node_gets_its_config_changes_and_gateway_changes(coord):
     client, joined, _ = await coord.join()
     _, other, _ = await coord.join("other")
     stream = client.watch(joined.config.version)
-    tunnels = [wire.TunnelSpec(listen_port=8080, target="web.default.svc:80")]
+    tunnels = [TunnelSpec(listen_port=8080, target="web.default.svc:80")]
     await asyncio.sleep(0.2)  # let the stream connect
     pushed = await coord.admin.put_tunnels(joined.node_id, tunnels)
     event = await next_event(stream)
@@ -74,7 +76,7 @@ async def test_node_gets_its_config_changes_and_gateway_changes(coord):
 
 async def test_node_resuming_behind_gets_current_config(coord):
     client, joined, _ = await coord.join()
-    pushed = await coord.admin.put_tunnels(joined.node_id, [wire.TunnelSpec(listen_port=1, target="a:1")])
+    pushed = await coord.admin.put_tunnels(joined.node_id, [TunnelSpec(listen_port=1, target="a:1")])
     stream = client.watch(joined.config.version)
     event = await next_event(stream)
     assert event.type == "config" and event.version == pushed.version
@@ -155,7 +157,7 @@ async def test_a_rejoin_seen_late_does_not_close_the_new_stream(coord):
         await next_event(old_stream)
     assert err.value.status == 401
     # ... the new one stays and still gets changes
-    await coord.admin.put_tunnels(second.node_id, [wire.TunnelSpec(listen_port=7, target="a:7")])
+    await coord.admin.put_tunnels(second.node_id, [TunnelSpec(listen_port=7, target="a:7")])
     event = await next_event(new_stream)
     assert event.type == "config" and event.config.tunnels[0].listen_port == 7
     await new_stream.aclose()
@@ -210,7 +212,7 @@ async def test_watch_of_a_node_deleted_elsewhere_ends_with_401_not_an_error(coor
     """Another coordinator deleted the node and this one has not heard yet (its credential is
     still cached): the stream opens, finds no node, and closes as revoked, without a traceback."""
     client, joined, _ = await coord.join("gone")
-    await client.heartbeat(joined.node_id, wire.Heartbeat())  # caches the credential here
+    await client.heartbeat(joined.node_id, Heartbeat())  # caches the credential here
     await coord.ctx.db.execute("DELETE FROM nodes WHERE id = $1", joined.node_id)
     stream = client.watch(0)
     with pytest.raises(CoordinatorError) as err:

@@ -13,7 +13,7 @@ from anex_agent.net.dialer import OSDialer, SocketConnection, StreamConnection
 from anex_agent.errors import ConfigError, PortInUseError
 from anex_agent.frontends import relay as relay_mod
 from anex_agent.frontends.forward import ForwardManager, running_forwards
-from anex_agent.wire.models import TunnelSpec
+from anex_agent.wire.nodes import TunnelSpec
 
 from .servers import echo_server, free_port
 

@@ -15,7 +15,7 @@ import tracemalloc
 from anex_agent.net.dialer import StreamConnection
 from anex_agent.frontends import relay as relay_mod
 from anex_agent.frontends.forward import running_forwards
-from anex_agent.wire.models import TunnelSpec
+from anex_agent.wire.nodes import TunnelSpec
 from tests.polling import wait_until
 
 from .servers import echo_server, free_port

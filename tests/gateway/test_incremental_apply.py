@@ -24,7 +24,8 @@ from anex_agent.tunnels.engines.base import Engine
 from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
 from anex_agent.tunnels.engines.peer_plan import plan_peers
 from anex_agent.tunnels.engines.status import EngineStatus, Support
-from anex_agent.wire.models import MeshPeer, WatchEvent
+from anex_agent.wire.gateways import MeshPeer
+from anex_agent.wire.watch import WatchEvent
 from tests.polling import wait_until
 
 

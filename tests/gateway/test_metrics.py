@@ -15,7 +15,7 @@ from anex_agent.gateway.peers import PeerBook
 from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
 from anex_agent.wire.keys import encode_key
-from anex_agent.wire.models import MeshPeer, PeerSet
+from anex_agent.wire.gateways import MeshPeer, PeerSet
 
 URL = "http://127.0.0.1:8700"
 

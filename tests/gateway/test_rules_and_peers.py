@@ -8,7 +8,8 @@ from anex_agent.errors import ConfigError, EngineError
 from anex_agent.gateway import nft
 from anex_agent.gateway.peers import PeerBook
 from anex_agent.gateway.settings import build_settings, interface_for, table_for
-from anex_agent.wire.models import MeshPeer, PeerSet, WatchEvent
+from anex_agent.wire.gateways import MeshPeer, PeerSet
+from anex_agent.wire.watch import WatchEvent
 
 RULES = nft.GatewayRules(table="anex_gw_t1", mesh_ifname="anxgwt1", mesh_network="10.254.0.0/16",
                          mesh_address="10.254.0.1", routes=("10.96.0.0/12", "192.168.5.0/24", "fd00::/64"))

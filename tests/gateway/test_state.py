@@ -16,7 +16,8 @@ from anex_agent.gateway.service import Gateway
 from anex_agent.gateway.settings import build_settings
 from anex_agent.gateway.state import JOURNAL_MIN, GatewayState, Registration
 from anex_agent.wire.keys import encode_key
-from anex_agent.wire.models import MeshPeer, PeerSet, WatchEvent
+from anex_agent.wire.gateways import MeshPeer, PeerSet
+from anex_agent.wire.watch import WatchEvent
 from tests.polling import wait_until
 
 REG = Registration(coordinator_url="http://127.0.0.1:8700", gateway_id="g1", credential="secret-credential",

@@ -28,7 +28,7 @@ async def test_first_heartbeat_carries_telemetry(fake, tmp_path):
     from types import SimpleNamespace
 
     from anex_agent.agent.heartbeat import heartbeat_loop
-    from anex_agent.wire.models import HeartbeatAck, NodeState, TransportStatus
+    from anex_agent.wire.heartbeat import HeartbeatAck, NodeState, TransportStatus
 
     beats = []
     first = asyncio.Event()

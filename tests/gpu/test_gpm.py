@@ -16,7 +16,7 @@ from anex_agent.gpu.qualify import gather_facts, evaluate
 from anex_agent.gpu.qualify_cli import render_table
 from anex_agent.telemetry.models import Telemetry
 from anex_agent.telemetry.options import ExpositionOptions, exposition_options
-from anex_agent.wire.models import Heartbeat
+from anex_agent.wire.heartbeat import Heartbeat
 
 from anex_agent.testing.fake_nvml import FakeGpu
 

@@ -11,7 +11,7 @@ import pynvml as real_pynvml
 import pytest
 
 from anex_agent.gpu.monitor import TelemetryMonitor
-from anex_agent.wire.models import Heartbeat
+from anex_agent.wire.heartbeat import Heartbeat
 
 from anex_agent.testing.fake_nvml import FakeGpu
 from .test_nvml import no_library
@@ -180,7 +180,7 @@ def _unknown_keys(model, path="telemetry"):
 def test_the_built_block_is_the_wire_model_field_for_field(fake, monitor, tmp_path):
     """What gpu/telemetry.py builds and what anex_agent.telemetry.models.Telemetry declares stay in step."""
     from anex_agent.gpu.qualify import Check, Qualification
-    from anex_agent.wire.models import parse_telemetry
+    from anex_agent.wire.telemetry import parse_telemetry
 
     monitor.qualification = Qualification((Check("tpm", "required", "pass", "2.0", "2.0"),), summary={"nvme_count": 2}).to_dict()
     monitor.collect()

@@ -6,7 +6,7 @@ import pytest
 
 from anex_agent.errors import ConfigError, ResolveError
 from anex_agent.net.resolver import DnsServer, Resolver, parse_dns_server
-from anex_agent.wire.models import NodeConfig
+from anex_agent.wire.nodes import NodeConfig
 from frontends.servers import free_port, tiny_dns
 
 RECORDS = {

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import app as coordinator_app
 from anex_agent.coordinator.routes import selection as routes_selection
@@ -57,7 +58,7 @@ class Api:
             joined = await client.join(token.token, pair, name, "onprem")
             client.credential = joined.credential
             if telemetry is not None:
-                await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry=telemetry))
+                await client.heartbeat(joined.node_id, Heartbeat(telemetry=telemetry))
         finally:
             await client.close()
         return joined.node_id

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from anex_agent.wire import keys, models as wire
+from anex_agent.wire import keys
+from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator import changes
 from tests.selection.test_api import api, database_url, telemetry  # noqa: F401  (fixtures)
@@ -21,7 +22,7 @@ async def joined_node(api, name="dgx", labels=LABELS, tele=None):
     client = CoordinatorClient(str(api.server.make_url("")).rstrip("/"))
     joined = await client.join(token.token, keys.KeyPair(keys.generate_private_key()), name, "onprem")
     client.credential = joined.credential
-    await client.heartbeat(joined.node_id, wire.Heartbeat(telemetry=tele or telemetry()))
+    await client.heartbeat(joined.node_id, Heartbeat(telemetry=tele or telemetry()))
     return joined, client
 
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import ContainerState, Heartbeat, TransportStatus
 from anex_agent.errors import CoordinatorError
 from anex_agent.wire.provisioning import ProvisionCreate
 from anex_agent.virtualnode.metrics import PodMetrics
@@ -125,16 +125,16 @@ async def test_a_pod_runs_fails_with_its_exit_code_and_releases_its_machine(worl
 
         client, joined = await boot_node(harness, request, heartbeat=False)
         started = now()
-        running = wire.ContainerState(state="running", started_at=started)
-        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=running)))
+        running = ContainerState(state="running", started_at=started)
+        await client.heartbeat(joined.node_id, Heartbeat(status=TransportStatus(workload=running)))
         await kube.wait(lambda: phase(kube, uid) == "Running", "the pod running")
         status = kube.pod(uid)["status"]
         assert status["podIP"] == joined.config.address and status["hostIP"] == "10.0.0.5"
         assert status["containerStatuses"][0]["ready"] is True
 
-        ended = wire.ContainerState(state="terminated", reason="Error", exit_code=3, started_at=started,
+        ended = ContainerState(state="terminated", reason="Error", exit_code=3, started_at=started,
                                     finished_at=now())
-        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=ended)))
+        await client.heartbeat(joined.node_id, Heartbeat(status=TransportStatus(workload=ended)))
         await kube.wait(lambda: phase(kube, uid) == "Failed", "the pod failed")
         terminated = kube.pod(uid)["status"]["containerStatuses"][0]["state"]["terminated"]
         assert terminated["exitCode"] == 3 and terminated["reason"] == "Error"
@@ -264,16 +264,16 @@ async def test_the_metrics_follow_a_pod_through_its_phases(world):
         request = vast.requests[view.rental_id]
         client, joined = await boot_node(harness, request, heartbeat=False)
         seconds[0] += 40  # 40 s Pending
-        running = wire.ContainerState(state="running", started_at=now())
-        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=running)))
+        running = ContainerState(state="running", started_at=now())
+        await client.heartbeat(joined.node_id, Heartbeat(status=TransportStatus(workload=running)))
         await kube.wait(lambda: phase(kube, uid) == "Running", "the pod running")
         assert sample("anex_virtual_node_pods", phase="Running") == 1
         assert sample("anex_virtual_node_pods", phase="Pending") == 0
         assert sample("anex_virtual_node_pod_phase_seconds_count", phase="Pending") == 1
         assert sample("anex_virtual_node_pod_phase_seconds_sum", phase="Pending") == 40
         seconds[0] += 7  # 7 s Running
-        ended = wire.ContainerState(state="terminated", reason="Error", exit_code=3, finished_at=now())
-        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=ended)))
+        ended = ContainerState(state="terminated", reason="Error", exit_code=3, finished_at=now())
+        await client.heartbeat(joined.node_id, Heartbeat(status=TransportStatus(workload=ended)))
         await kube.wait(lambda: phase(kube, uid) == "Failed", "the pod failed")
         await spy.wait_deleted(view.id)
         assert sample("anex_virtual_node_pods", phase="Failed") == 1
@@ -303,9 +303,9 @@ async def test_an_oom_killed_workload_fails_the_pod_with_oomkilled_and_137(world
         view = pods.view_of(uid)
         client, joined = await boot_node(harness, vast.requests[view.rental_id], heartbeat=False)
         started = now()
-        killed = wire.ContainerState(state="terminated", reason="OOMKilled", exit_code=137, signal=9,
+        killed = ContainerState(state="terminated", reason="OOMKilled", exit_code=137, signal=9,
                                      started_at=started, finished_at=now())
-        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=killed)))
+        await client.heartbeat(joined.node_id, Heartbeat(status=TransportStatus(workload=killed)))
         await kube.wait(lambda: phase(kube, uid) == "Failed", "the pod failed")
         terminated = kube.pod(uid)["status"]["containerStatuses"][0]["state"]["terminated"]
         assert terminated["reason"] == "OOMKilled" and terminated["exitCode"] == 137 and terminated["signal"] == 9
@@ -327,16 +327,16 @@ async def test_a_workload_restarted_in_place_keeps_its_pod_running_with_back_off
         assert request.env["ANEX_RESTART_POLICY"] == "OnFailure"
         client, joined = await boot_node(harness, request, heartbeat=False)
         started = now()
-        backing_off = wire.ContainerState(state="waiting", reason="CrashLoopBackOff", exit_code=3, started_at=started,
+        backing_off = ContainerState(state="waiting", reason="CrashLoopBackOff", exit_code=3, started_at=started,
                                           finished_at=now(), restart_count=0)
-        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=backing_off)))
+        await client.heartbeat(joined.node_id, Heartbeat(status=TransportStatus(workload=backing_off)))
         await kube.wait(lambda: waiting_reason(kube, uid) == "CrashLoopBackOff", "the pod in back-off")
         status = kube.pod(uid)["status"]
         assert status["phase"] == "Running" and status["containerStatuses"][0]["lastState"]["terminated"][
             "exitCode"] == 3
         await kube.wait(lambda: "BackOff" in kube.reasons(uid), "the BackOff Event")
-        again = wire.ContainerState(state="running", started_at=now(), restart_count=1)
-        await client.heartbeat(joined.node_id, wire.Heartbeat(status=wire.TransportStatus(workload=again)))
+        again = ContainerState(state="running", started_at=now(), restart_count=1)
+        await client.heartbeat(joined.node_id, Heartbeat(status=TransportStatus(workload=again)))
         await kube.wait(lambda: (kube.pod(uid)["status"]["containerStatuses"][0]).get("ready") is True,
                         "the pod running again")
         assert kube.pod(uid)["status"]["containerStatuses"][0]["restartCount"] == 1

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 
 from anex_agent.virtualnode.pods import PodController
-from anex_agent.wire import models as wire
+from anex_agent.wire.heartbeat import ContainerState
 from anex_agent.wire.provisioning import ProvisionState, ProvisionView
 from tests.virtualnode.fake_kube import FakeKube
 from tests.virtualnode.pods import seed
@@ -42,7 +42,7 @@ async def test_a_running_pods_volumes_are_refreshed_after_a_restart_of_the_virtu
     view = ProvisionView(id="p1", name=f"vk-{uid}", state=ProvisionState.ready, image="x", annotations={},
                          created_at=now(), updated_at=now(), node_id="n1")
     pods = PodController(SETTINGS, kube, pushes, now, ["anex-vastai"])
-    pods.workloads[view.id] = wire.ContainerState(state="running", started_at=now())  # delivered before the restart
+    pods.workloads[view.id] = ContainerState(state="running", started_at=now())  # delivered before the restart
     assert await pods._deliver(pod, view)
     assert pushes.files == []  # the workload runs: nothing is pushed again to start it
     assert uid in pods.volumes  # but its volumes are refreshed from now on

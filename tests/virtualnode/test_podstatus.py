@@ -9,7 +9,7 @@ import pytest
 from anex_agent.wire.provisioning import ProvisionView
 from anex_agent.virtualnode import podstatus
 from anex_agent.virtualnode.podstatus import observe
-from anex_agent.wire.models import ContainerState
+from anex_agent.wire.heartbeat import ContainerState
 from tests.virtualnode.pods import seed
 
 NOW = datetime(2026, 11, 27, 12, 0, 0, tzinfo=timezone.utc)

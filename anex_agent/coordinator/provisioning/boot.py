@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.base import Provider
 from anex_agent.coordinator.db import Conn
 from anex_agent.coordinator.provisioning import bootstrap
 from anex_agent.errors import AnexError
@@ -88,7 +88,7 @@ class BootstrapIssuer:
     ca_pem: str | None = field(default=None, repr=False)
 
     async def issue(self, tx: Conn, request: BootRequest) -> BootCredentials:
-        known = request.provider if request.provider in wire.Provider.__members__ else None
+        known = request.provider if request.provider in Provider.__members__ else None
         hashes: Mapping[str, str] = {}
         if request.agent == DOWNLOAD:
             try:

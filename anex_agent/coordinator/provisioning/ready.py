@@ -17,7 +17,7 @@ from anex_agent.coordinator.provisioning import recovery
 from anex_agent.coordinator.provisioning.models import ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import ERROR, RecoveryPolicy
 from anex_agent.coordinator.provisioning.transitions import Transitions
-from anex_agent.wire.models import NodeState
+from anex_agent.wire.heartbeat import NodeState
 
 if TYPE_CHECKING:
     from anex_agent.coordinator.context import Coordinator

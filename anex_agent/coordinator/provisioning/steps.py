@@ -56,7 +56,7 @@ from anex_agent.providers.rentals import (
     KeyRefused, NoCapacity, ProviderUnavailable, Rental, RentRefused, RentRequest, rental_label,
 )
 from anex_agent.selection.annotations import AnnotationError, parse_annotations
-from anex_agent.wire.models import NodeState
+from anex_agent.wire.heartbeat import NodeState
 
 if TYPE_CHECKING:
     from anex_agent.coordinator.context import Coordinator

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.join import TokenKind
 from anex_agent.coordinator import credentials, problems, tokens
 from anex_agent.coordinator.auth import Auth, bearer
 from anex_agent.coordinator.provisioning.bootstrap import AGENT_PATH, MIGRATION
@@ -78,7 +78,7 @@ async def download_agent(call: Call) -> web.StreamResponse:
     secret = bearer(call.request)
     if secret is None or not credentials.has_prefix(secret, credentials.JOIN_TOKEN):
         raise problems.unauthenticated()
-    await tokens.lookup(ctx.db, secret, wire.TokenKind.node, now=ctx.clock())
+    await tokens.lookup(ctx.db, secret, TokenKind.node, now=ctx.clock())
     arch = call.param("arch")
     path = agent_file(ctx.settings, arch)
     if path is None:

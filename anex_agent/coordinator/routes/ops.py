@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from anex_agent import __version__
-from anex_agent.wire import models as wire
+from anex_agent.wire.join import CoordinatorInfo
 from anex_agent.coordinator import problems
 from anex_agent.coordinator.auth import Auth, bearer
 from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry, openapi
@@ -42,8 +42,8 @@ async def metrics(call: Call) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def coordinator_info(call: Call) -> wire.CoordinatorInfo:
-    return wire.CoordinatorInfo(public_key=call.ctx.coordinator_public)
+async def coordinator_info(call: Call) -> CoordinatorInfo:
+    return CoordinatorInfo(public_key=call.ctx.coordinator_public)
 
 
 def setup(registry: RouteRegistry, ctx) -> None:
@@ -59,6 +59,6 @@ def setup(registry: RouteRegistry, ctx) -> None:
                        "also the fleet's (per node and GPU)", tags=tags, content_type="text/plain", problems=(401, 429)))
     registry.add(Route("GET", "/v1/coordinator", coordinator_info, Auth.public,
                        "The coordinator's public key, against which joins prove key possession",
-                       response_model=wire.CoordinatorInfo, tags=tags))
+                       response_model=CoordinatorInfo, tags=tags))
     registry.add(Route("GET", "/v1/openapi.json", openapi_document, Auth.public,
                        "This OpenAPI document", tags=tags))

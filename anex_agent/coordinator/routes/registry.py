@@ -349,7 +349,7 @@ def openapi(routes: list[Route], *, title: str, version: str) -> dict[str, Any]:
     the problem responses of :data:`RESPONSE_RULES` that apply to it, then its own ``problems``."""
     from pydantic.json_schema import models_json_schema
 
-    from anex_agent.wire.models import Problem as ProblemModel
+    from anex_agent.wire.problem import Problem as ProblemModel
 
     models: list[tuple[type[BaseModel], str]] = [(ProblemModel, "serialization")]
     for r in routes:

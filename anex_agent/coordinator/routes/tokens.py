@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from anex_agent.wire import models as wire
+from anex_agent.wire.join import JoinTokenCreate, JoinTokenCreated, JoinTokenList
 from anex_agent.coordinator import tokens
 from anex_agent.coordinator.auth import Auth
 from anex_agent.coordinator.routes.registry import Call, Route, RouteRegistry
 
 
-async def create_join_token(call: Call) -> wire.JoinTokenCreated:
+async def create_join_token(call: Call) -> JoinTokenCreated:
     ctx = call.ctx
     async with ctx.db.transaction() as tx:
         return await tokens.create(tx, call.body, now=ctx.clock())
 
 
-async def list_join_tokens(call: Call) -> wire.JoinTokenList:
+async def list_join_tokens(call: Call) -> JoinTokenList:
     async with call.ctx.db.transaction() as tx:
         return await tokens.list_views(tx)
 
@@ -28,11 +28,11 @@ def setup(registry: RouteRegistry, ctx) -> None:
     registry.add(Route(
         "POST", "/v1/join-tokens", create_join_token, Auth.admin,
         "Create a join token for nodes or gateways (the secret is shown once)",
-        request_model=wire.JoinTokenCreate, response_model=wire.JoinTokenCreated, status=201, tags=("tokens",),
+        request_model=JoinTokenCreate, response_model=JoinTokenCreated, status=201, tags=("tokens",),
     ))
     registry.add(Route(
         "GET", "/v1/join-tokens", list_join_tokens, Auth.admin, "List join tokens (without their secrets)",
-        response_model=wire.JoinTokenList, tags=("tokens",),
+        response_model=JoinTokenList, tags=("tokens",),
     ))
     registry.add(Route(
         "DELETE", "/v1/join-tokens/{token_id}", revoke_join_token, Auth.admin,

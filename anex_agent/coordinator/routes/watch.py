@@ -1,6 +1,6 @@
 """GET /v1/watch?since=N: the WebSocket change stream for gateways and nodes.
 
-Protocol (JSON text frames, each a :class:`wire.WatchEvent`; see its docstring):
+Protocol (JSON text frames, each a :class:`~anex_agent.wire.watch.WatchEvent`; see its docstring):
 * gateways: a ``snapshot`` of the full peer set when ``since`` is 0, older than the
   retained change log or newer than the head; else the missed ``peer_added`` /
   ``peer_removed`` events in order. Then live events.
@@ -36,7 +36,9 @@ import logging
 from aiohttp import WSMsgType, web
 
 from anex_agent import parse
-from anex_agent.wire import models as wire
+from anex_agent.wire.gateways import MeshPeer
+from anex_agent.wire.nodes import NodeConfig
+from anex_agent.wire.watch import SshRevocation, WatchEvent
 from anex_agent.coordinator import changes, credentials, gateways, nodes, problems
 from anex_agent.coordinator.auth import Auth, bearer
 from anex_agent.coordinator.routes.registry import Call, QueryParam, Route, RouteRegistry
@@ -60,7 +62,7 @@ def _since(request: web.Request) -> int:
         ) from None
 
 
-async def _send(ws: web.WebSocketResponse, event: wire.WatchEvent) -> None:
+async def _send(ws: web.WebSocketResponse, event: WatchEvent) -> None:
     await ws.send_str(event.model_dump_json(exclude_none=True))
 
 
@@ -83,18 +85,18 @@ async def _gateway_start(ctx, ws: web.WebSocketResponse, gateway_id: str, since:
     if back:
         ctx.committed()  # the nodes' configs list it again
     if rows is None:
-        await _send(ws, wire.WatchEvent(type="snapshot", version=snapshot.version, peers=snapshot.peers))
+        await _send(ws, WatchEvent(type="snapshot", version=snapshot.version, peers=snapshot.peers))
         return snapshot.version
     for row in rows:
         await _send(ws, _gateway_event(changes.Change.from_row(row)))
     return head
 
 
-def _gateway_event(change: changes.Change) -> wire.WatchEvent:
-    return wire.WatchEvent(type=change.type.value, version=change.version, peer=wire.MeshPeer.model_validate(change.payload))
+def _gateway_event(change: changes.Change) -> WatchEvent:
+    return WatchEvent(type=change.type.value, version=change.version, peer=MeshPeer.model_validate(change.payload))
 
 
-async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) -> tuple[int, wire.NodeConfig]:
+async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) -> tuple[int, NodeConfig]:
     config = await nodes.config(ctx, node_id)
     async with ctx.db.transaction() as tx:
         head = await changes.current_version(tx)
@@ -106,18 +108,18 @@ async def _node_start(ctx, ws: web.WebSocketResponse, node_id: str, since: int) 
         )
     # a node's ``since`` may be past its config version (an ``ssh_revoked`` event), never past the head
     if since == 0 or since > head or since < pruned:
-        await _send(ws, wire.WatchEvent(type="snapshot", version=config.version, config=config))
+        await _send(ws, WatchEvent(type="snapshot", version=config.version, config=config))
         return config.version, config
     if config.version > since:
-        await _send(ws, wire.WatchEvent(type="config", version=config.version, config=config))
+        await _send(ws, WatchEvent(type="config", version=config.version, config=config))
     for row in revoked:  # missed revocations: the node refuses these serials from now on
         await _send(ws, _revoked_event(changes.Change.from_row(row)))
     return max(since, config.version, *(int(r["version"]) for r in revoked)), config
 
 
-def _revoked_event(change: changes.Change) -> wire.WatchEvent:
-    return wire.WatchEvent(type="ssh_revoked", version=change.version,
-                           ssh_revoked=wire.SshRevocation.model_validate(change.payload))
+def _revoked_event(change: changes.Change) -> WatchEvent:
+    return WatchEvent(type="ssh_revoked", version=change.version,
+                           ssh_revoked=SshRevocation.model_validate(change.payload))
 
 
 async def _still_valid(ctx, kind: str, ident: str, credential_hash: str) -> bool:
@@ -132,7 +134,7 @@ async def _pump(
     sub: changes.Subscription,
     last: int,
     credential_hash: str,
-    config: wire.NodeConfig | None,
+    config: NodeConfig | None,
     send_timeout: float,
 ) -> int:
     """Forward queued changes as events; return the close code when the stream must end
@@ -149,7 +151,7 @@ async def _pump(
 
 
 async def _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout) -> int:
-    async def send(event: wire.WatchEvent) -> None:
+    async def send(event: WatchEvent) -> None:
         async with asyncio.timeout(send_timeout):
             await _send(ws, event)
 
@@ -183,7 +185,7 @@ async def _pump_events(ctx, ws, sub, last, credential_hash, config, send_timeout
                 continue
             kind = "gateway_changed" if change.scope == changes.Scope.ALL_NODES else "config"
         version = max(change.version, config.version)
-        await send(wire.WatchEvent(type=kind, version=version, config=config))
+        await send(WatchEvent(type=kind, version=version, config=config))
         last = version
 
 
@@ -277,6 +279,6 @@ def setup(registry: RouteRegistry, ctx) -> None:
     registry.add(Route(
         "GET", "/v1/watch", watch, Auth.node_or_gateway,
         "WebSocket stream of peer changes (gateways) or config changes (nodes); resumes from ?since",
-        response_model=wire.WatchEvent, websocket=True, tags=("watch",), problems=(400, 422),
+        response_model=WatchEvent, websocket=True, tags=("watch",), problems=(400, 422),
         query=(QueryParam("since", "integer", "last version the client has; 0 for a snapshot"),),
     ))

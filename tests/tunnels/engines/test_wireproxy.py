@@ -369,7 +369,7 @@ async def test_missing_binary_is_an_engine_error(tmp_path, tasks):
 def test_options_for_node_from_the_wire_config():
     from anex_agent.agent.engine_frontends import workload_config
     from anex_agent.agent.settings import AgentSettings
-    from anex_agent.wire.models import NodeConfig
+    from anex_agent.wire.nodes import NodeConfig
 
     config = NodeConfig.model_validate({
         "node_id": "n1", "version": 3, "address": "10.254.0.5", "network": "10.254.0.0/16", "mtu": 1400,
