@@ -52,7 +52,6 @@ COVERED_ELSEWHERE = {
     'coordinator/provisioning/bootstrap.py': (('tests/coordinator/test_bootstrap.py',), 'exercises it directly'),
     'coordinator/provisioning/config.py': (('tests/coordinator/test_provisioning_selector.py',), 'exercises it directly'),
     'coordinator/provisioning/costs.py': (('tests/coordinator/test_provisioning.py',), 'driven through the provisioning routes'),
-    'coordinator/provisioning/models.py': (('tests/coordinator/test_provisioning.py',), 'exercises it directly'),
     'coordinator/provisioning/policy.py': (('tests/coordinator/test_provisioning_recovery.py',), 'exercises it directly'),
     'coordinator/provisioning/ready.py': (('tests/coordinator/test_provisioning_recovery.py',), "through the provisioning loop's checks of ready nodes"),
     'coordinator/provisioning/reconciler.py': (('tests/coordinator/test_provisioning.py', 'tests/coordinator/test_provisioning_recovery.py',), "through the provisioning loop's reconciliations"),

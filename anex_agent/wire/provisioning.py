@@ -1,6 +1,6 @@
 """Wire models of the provisioning routes (``/v1/provisions``), shared by the coordinator and its clients
 (the coordinator client, the virtual node): one module of JSON models used by both sides, beside the
-other wire models (:mod:`anex_agent.wire`). ``anex_agent.coordinator.provisioning.models`` re-exports them.
+other wire models (:mod:`anex_agent.wire`).
 
     POST   /v1/provisions            admin  ProvisionCreate -> ProvisionView (202; the same name and body: the
                                             existing provision, 200; the same name, another body: 409)

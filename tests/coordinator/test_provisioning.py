@@ -432,7 +432,7 @@ async def test_delete_while_the_rent_call_is_in_flight_destroys_what_it_rented(t
 async def test_one_coordinator_at_a_time_drives_a_provision(database_url, tmp_path):
     from anex_agent.coordinator import migrations
     from anex_agent.coordinator.db import open_database
-    from anex_agent.coordinator.provisioning import models
+    from anex_agent.wire import provisioning as models
 
     db = await open_database(database_url)
     try:

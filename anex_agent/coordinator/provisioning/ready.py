@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from anex_agent.coordinator import nodes
 from anex_agent.coordinator.provisioning import recovery
-from anex_agent.coordinator.provisioning.models import ProvisionState as S
+from anex_agent.wire.provisioning import ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import ERROR, RecoveryPolicy
 from anex_agent.coordinator.provisioning.transitions import Transitions
 from anex_agent.wire.heartbeat import NodeState

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from anex_agent.coordinator.provisioning import recovery
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
-from anex_agent.coordinator.provisioning.models import LIVE_STATES, ProvisionState as S
+from anex_agent.wire.provisioning import LIVE_STATES, ProvisionState as S
 from anex_agent.coordinator.provisioning.transitions import Transitions
 from anex_agent.providers.rentals import (
     ProviderUnavailable, Rental, RentalProvider, cluster_label_prefix, provision_of_label,

@@ -47,7 +47,7 @@ from anex_agent.backoff import Backoff
 from anex_agent.coordinator import changes, credentials
 from anex_agent.coordinator.provisioning import boot, costs, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
-from anex_agent.coordinator.provisioning.models import ProvisionState as S
+from anex_agent.wire.provisioning import ProvisionState as S
 from anex_agent.coordinator.provisioning.ready import ReadyChecks
 from anex_agent.coordinator.provisioning.reconciler import Reconciler
 from anex_agent.coordinator.provisioning.selector import Selector

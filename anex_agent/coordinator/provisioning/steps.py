@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from anex_agent.coordinator import nodes
 from anex_agent.coordinator.provisioning import boot, recovery, registry_auth, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
-from anex_agent.coordinator.provisioning.models import ProvisionState as S
+from anex_agent.wire.provisioning import ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import NO_CAPACITY
 from anex_agent.coordinator.provisioning.selector import DEFAULT_DISK_GB, Selector
 from anex_agent.coordinator.provisioning.transitions import Transitions

@@ -30,7 +30,8 @@ from typing import Any
 from anex_agent.coordinator import changes, credentials, tokens
 from anex_agent.coordinator.db import Conn, Database
 from anex_agent.coordinator.migrations import Migration
-from anex_agent.coordinator.provisioning import boot, models, registry_auth
+from anex_agent.coordinator.provisioning import boot, registry_auth
+from anex_agent.wire import provisioning as models
 
 MIGRATIONS = [
     Migration(400, "provisioning: provisions and their attempts", """

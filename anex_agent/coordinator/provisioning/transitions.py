@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from anex_agent.coordinator import nodes, problems
 from anex_agent.coordinator.provisioning import boot, recovery, store
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings
-from anex_agent.coordinator.provisioning.models import ProvisionState as S
+from anex_agent.wire.provisioning import ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import INTERRUPTION, RecoveryPolicy, parse_policy
 from anex_agent.providers.rentals import (
     ProviderUnavailable, Rental, RentalProvider, cluster_label_prefix, rental_label,

@@ -34,10 +34,11 @@ from aiohttp import web
 from anex_agent import parse
 from anex_agent.coordinator import problems
 from anex_agent.coordinator.auth import Auth
-from anex_agent.coordinator.provisioning import boot, models, recovery, store
+from anex_agent.coordinator.provisioning import boot, recovery, store
+from anex_agent.wire import provisioning as models
 from anex_agent.coordinator.provisioning.config import ProvisioningSettings, build_providers
 from anex_agent.coordinator.provisioning.scheduler import Provisioner
-from anex_agent.coordinator.provisioning.models import ProvisionState as S
+from anex_agent.wire.provisioning import ProvisionState as S
 from anex_agent.coordinator.provisioning.policy import parse_policy
 from anex_agent.providers.rentals import RentalProvider
 from anex_agent.coordinator.provisioning.selector import LiveSelector, Selector
