@@ -2,9 +2,10 @@
 
 Contract: :func:`migrated` puts a copy of a database on which every default migration of the
 coordinator (its core and its route modules') has run at the file a ``sqlite:///`` URL names,
-when that file does not exist yet (and its folder does); any other URL (PostgreSQL) and an existing file are left
-alone. :meth:`Coordinator.open <anex_agent.coordinator.context.Coordinator.open>` then finds
-the schema in place and applies nothing, as on a restart.
+when that file does not exist yet and its folder does; any other URL (PostgreSQL), an existing
+file and a missing folder are left alone. :meth:`Coordinator.open
+<anex_agent.coordinator.context.Coordinator.open>` then finds the schema in place and applies
+nothing, as on a restart.
 
 Why: applying the migrations took about half of a test coordinator's start (tens of statements,
 each a trip to the database thread), and a few hundred tests start one. The copy holds the
