@@ -11,6 +11,7 @@ from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
+from tests.sqlite_schema import migrated
 
 
 @pytest.fixture
@@ -18,6 +19,7 @@ async def coordinator(tmp_path: Path):
     """The real coordinator app in-process on SQLite: yields ``(base_url, admin_client)``."""
     settings = Settings.for_tests(tmp_path / "coord", poll_interval=0.2, sweep_interval=3600)
     settings.state_dir.mkdir()
+    await migrated(settings.database_url)
     ctx = await Coordinator.open(settings, environ={})
     server = TestServer(build_app(ctx))
     await server.start_server()

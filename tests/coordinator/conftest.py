@@ -21,6 +21,7 @@ from anex_agent.client.rest import CoordinatorClient
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
+from tests.sqlite_schema import migrated
 
 POSTGRES_URL = os.environ.get("ANEX_TEST_POSTGRES_URL")
 
@@ -169,6 +170,7 @@ class Harness:
 
 async def start_harness(tmp_path: Path, database_url: str, clock: FakeClock, **overrides) -> Harness:
     settings = Settings.for_tests(tmp_path, database_url, poll_interval=0.2, sweep_interval=3600, **overrides)
+    await migrated(settings.database_url)
     ctx = await Coordinator.open(settings, clock=clock, environ={})
     server = TestServer(build_app(ctx))
     await server.start_server()

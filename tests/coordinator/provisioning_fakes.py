@@ -33,6 +33,7 @@ from anex_agent.coordinator.provisioning.selector import Candidate, Choice
 from anex_agent.coordinator.routes import provisions
 from anex_agent.coordinator.settings import Settings
 from tests.coordinator.conftest import Harness
+from tests.sqlite_schema import migrated
 
 
 class ShiftClock:
@@ -143,6 +144,7 @@ async def start(tmp_path, database_url: str, clock: ShiftClock, providers: dict,
     default boot issuer (``agent_binaries``: the ``--agent-binary`` files it serves)."""
     settings_c = Settings.for_tests(tmp_path, database_url, poll_interval=0.1, sweep_interval=3600,
                                     agent_binaries=tuple(agent_binaries))
+    await migrated(settings_c.database_url)
     ctx = await Coordinator.open(settings_c, clock=clock, environ={})
     setup = provisions.make_setup(providers=providers, selector=selector, settings=settings, environ={})
     server = TestServer(build_app(ctx, modules_with(setup)))

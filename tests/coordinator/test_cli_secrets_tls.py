@@ -266,16 +266,17 @@ def test_plain_http_on_an_address_others_reach_is_warned_about(host, warned):
 
 
 def test_the_coordinator_on_every_address_without_tls_starts_with_the_warning(tmp_path, certs):
-    proc = Coordinator(["--state-dir", str(tmp_path / "plain"), "--listen", "0.0.0.0:0"])
+    # two independent coordinators (own state directories, own ports), started side by side
+    plain = Coordinator(["--state-dir", str(tmp_path / "plain"), "--listen", "0.0.0.0:0"])
+    tls = Coordinator(["--state-dir", str(tmp_path / "tls"), "--listen", "0.0.0.0:0",
+                       "--tls-cert", str(certs.cert), "--tls-key", str(certs.key)])
     try:
-        assert proc.wait_listening().startswith("http://0.0.0.0:")
+        try:
+            assert plain.wait_listening().startswith("http://0.0.0.0:")
+        finally:
+            err = plain.stop()
+        assert "--listen 0.0.0.0:0 without --tls-cert" in err and "cross the network in clear text" in err
+        assert tls.wait_listening().startswith("https://0.0.0.0:")
     finally:
-        err = proc.stop()
-    assert "--listen 0.0.0.0:0 without --tls-cert" in err and "cross the network in clear text" in err
-    proc = Coordinator(["--state-dir", str(tmp_path / "tls"), "--listen", "0.0.0.0:0",
-                        "--tls-cert", str(certs.cert), "--tls-key", str(certs.key)])
-    try:
-        assert proc.wait_listening().startswith("https://0.0.0.0:")
-    finally:
-        err = proc.stop()
+        err = tls.stop()
     assert "clear text" not in err

@@ -512,6 +512,7 @@ async def test_a_ready_provision_whose_node_goes_is_lost_and_its_rental_destroye
         pid, joined = await _ready_provision(harness, api, vast)
         if how == "deleted":
             await harness.admin.delete_node(joined.node_id)
+            shift.advance(2)  # the ready nodes' look (every 2 s) is due at the scheduler's next pass
         else:
             shift.advance(harness.ctx.settings.timings.expired_after + 1)
         view = await api.state(pid, "lost")

@@ -111,7 +111,8 @@ class Coordinator:
                     "ANEX_ADMIN_TOKEN": ADMIN, **provider.env(),
                     "ANEX_PROVISION_COORDINATOR_URL": "http://coordinator.invalid:8700",
                     "ANEX_PROVISION_LEASE": "2", "ANEX_PROVISION_BOOT_TIMEOUT": "120",
-                    "ANEX_PROVISION_BACKOFF": "0.2", "ANEX_SELECTION_ATTEMPTS": "3", **env}
+                    "ANEX_PROVISION_BACKOFF": "0.2", "ANEX_PROVISION_POLL_INTERVAL": "0.1",
+                    "ANEX_SELECTION_ATTEMPTS": "3", **env}
         self.proc: CoordinatorProcess | None = None
         self.url = ""
 

@@ -391,6 +391,7 @@ async def test_xid_79_bans_the_machine_and_reprovisions(tmp_path, database_url, 
         await api.state(pid, "ready")
         await client.heartbeat(joined.node_id, Heartbeat(telemetry=_telemetry(
             last_xid=79, xid_counts={"79": 1}, gpu_util_pct=90)))
+        shift.advance(2)  # the ready nodes' look (every 2 s) is due at the scheduler's next pass
         waiting = await api.until(pid, lambda v: v["retries"] == 1, "a retry after the GPU fault")
         attempt = waiting["attempts"][0]
         assert attempt["outcome"] == "unhealthy" and attempt["event"] == "error" and "XID 79" in attempt["reason"]
@@ -415,6 +416,7 @@ async def test_idle_gpus_release_the_machine_after_the_window(tmp_path, database
         client, joined = await boot_node(harness, vast.requests["r1"])
         await api.state(pid, "ready")
         await client.heartbeat(joined.node_id, Heartbeat(telemetry=_telemetry(gpu_util_pct=2)))
+        shift.advance(2)  # the ready nodes' look (every 2 s) is due at the scheduler's next pass
         idle = await api.until(pid, lambda v: v["idle_since"], "the GPUs seen idle")
         assert idle["state"] == "ready"
         shift.advance(1799)

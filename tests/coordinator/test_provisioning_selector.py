@@ -56,10 +56,13 @@ async def test_live_selection_asks_every_time_and_skips_tried_and_banned(monkeyp
 
 def test_settings_from_env_name_the_variable():
     settings = ProvisioningSettings.from_env({"ANEX_PROVISION_COORDINATOR_URL": "https://coord.example/",
-                                              "ANEX_PROVISION_BOOT_TIMEOUT": "300"})
+                                              "ANEX_PROVISION_BOOT_TIMEOUT": "300",
+                                              "ANEX_PROVISION_POLL_INTERVAL": "0.25"})
     assert settings.coordinator_url == "https://coord.example" and settings.boot_timeout == 300
+    assert settings.poll_interval == 0.25 and ProvisioningSettings.from_env({}).poll_interval == 1.0
     for name, value in [("ANEX_PROVISION_BOOT_TIMEOUT", "soon"), ("ANEX_PROVISION_MAX_ATTEMPTS", "0"),
-                        ("ANEX_PROVISION_COORDINATOR_URL", "coord:8700"), ("ANEX_PROVISION_LEASE", "nan")]:
+                        ("ANEX_PROVISION_COORDINATOR_URL", "coord:8700"), ("ANEX_PROVISION_LEASE", "nan"),
+                        ("ANEX_PROVISION_POLL_INTERVAL", "0")]:
         with pytest.raises(ConfigError) as err:
             ProvisioningSettings.from_env({name: value})
         assert name in str(err.value)

@@ -24,6 +24,7 @@ from anex_agent.coordinator import server as http_server
 from anex_agent.coordinator.app import build_app
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
+from tests.sqlite_schema import migrated
 
 WEIRD_DIGITS = ["²", "①", "٣", "３", "1" * 5000, "-1", "+1", "1_0", "0x1", "", "1.5"]
 PROBLEM = "application/problem+json"
@@ -61,6 +62,7 @@ async def prod(tmp_path):
     """The coordinator served by the production runner on SQLite: yields (port, ctx)."""
     settings = Settings.for_tests(tmp_path / "coord", poll_interval=0.2, sweep_interval=3600)
     settings.state_dir.mkdir()
+    await migrated(settings.database_url)
     ctx = await Coordinator.open(settings, environ={})
     runner = http_server.AppRunner(build_app(ctx), access_log=None)
     await runner.setup()

@@ -50,12 +50,15 @@ def socket_inodes(pid: int) -> set[str]:
     return out
 
 
-def client_socket_inode(port: int) -> str | None:
-    """The inode of the local TCP socket bound to 127.0.0.1:``port`` (the client end of a connection)."""
+def client_socket_inode(port: int, server_port: int) -> str | None:
+    """The inode of the client end of the TCP connection from local port ``port`` to ``server_port``
+    (both ports: another connection, to another server, may use the same local port; one closed
+    earlier may still be listed, in TIME_WAIT with inode 0)."""
     with open("/proc/net/tcp") as f:
         for line in f.readlines()[1:]:
             parts = line.split()
-            if int(parts[1].split(":")[1], 16) == port:
+            if (int(parts[1].split(":")[1], 16) == port and int(parts[2].split(":")[1], 16) == server_port
+                    and parts[9] != "0"):
                 return parts[9]
     return None
 
@@ -85,7 +88,8 @@ async def coordinator(tmp_path, worker="process", *, seen=None):
     if seen is not None:
         @web.middleware
         async def who(request, handler):
-            inode = client_socket_inode(request.transport.get_extra_info("peername")[1])
+            inode = client_socket_inode(request.transport.get_extra_info("peername")[1],
+                                        request.transport.get_extra_info("sockname")[1])
             holders = {"coordinator": inode in socket_inodes(os.getpid())}
             pid = getattr(harness.worker, "pid", None)
             holders["worker"] = pid is not None and pid != os.getpid() and inode in socket_inodes(pid)

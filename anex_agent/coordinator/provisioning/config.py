@@ -9,6 +9,7 @@ registry that builds a :class:`~anex_agent.providers.rentals.RentalProvider` for
 | ``ANEX_PROVISION_RECONCILE_INTERVAL`` | 60 | seconds between comparisons of the providers' rentals with the provisions |
 | ``ANEX_PROVISION_BACKOFF`` | 2 | seconds before the first retry of a provider that was unavailable (doubles, up to 60; jittered: :mod:`.scheduler`) |
 | ``ANEX_PROVISION_LEASE`` | 30 | seconds a coordinator holds a provision it works on (another takes over after a crash) |
+| ``ANEX_PROVISION_POLL_INTERVAL`` | 1 | seconds between the scheduler's looks for provisions due (a retry) and a booting provision's looks for its node |
 | ``ANEX_PROVISION_RETRY_*``, ``_DEADLINE_*``, ``_IDLE_*`` | see :mod:`.policy` | the recovery policy of provisions that do not say |
 | ``ANEX_RUNPOD_REST_URL`` | ``https://rest.runpod.io/v1`` | RunPod's REST API, where pods are rented (offers come from ``ANEX_RUNPOD_URL``) |
 
@@ -85,7 +86,7 @@ class ProvisioningSettings:
     boot_timeout: float = 900.0
     max_attempts: int = 5
     reconcile_interval: float = 60.0
-    poll_interval: float = 1.0  # how often booting provisions look for their node
+    poll_interval: float = 1.0  # how often the scheduler looks for due provisions, booting ones for their node
     backoff: float = 2.0  # first retry delay after a provider was unavailable; doubles, up to backoff_max
     backoff_max: float = 60.0
     rent_tries: int = 6  # rent calls per attempt while the provider is unavailable, then the next candidate
@@ -109,6 +110,7 @@ class ProvisioningSettings:
             max_attempts=int(env_number(environ, "ANEX_PROVISION_MAX_ATTEMPTS", 5, minimum=1, integer=True)),
             reconcile_interval=env_number(environ, "ANEX_PROVISION_RECONCILE_INTERVAL", 60.0, minimum=1),
             lease=env_number(environ, "ANEX_PROVISION_LEASE", 30.0, minimum=1),
+            poll_interval=env_number(environ, "ANEX_PROVISION_POLL_INTERVAL", 1.0, minimum=0.05),
             backoff=env_number(environ, "ANEX_PROVISION_BACKOFF", 2.0, minimum=0.05),
             runpod_rest_url=rest.rstrip("/") or cls.runpod_rest_url,
             policy=PolicyDefaults.from_env(environ).policy,
