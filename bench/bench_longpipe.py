@@ -166,15 +166,15 @@ def main() -> int:
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown:
         parser.error(f"--scenarios: unknown {', '.join(unknown)} (accepted: {', '.join(SCENARIOS)})")
+    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+    if args.kernel_cc is not None and available.exists() and args.kernel_cc not in available.read_text().split():
+        parser.error(f"--kernel-cc: {args.kernel_cc!r} is not available here (accepted: {available.read_text().strip()})")
     reason = missing_prerequisites("wireguard-go", "nft") or (None if shutil.which("setpriv") else "setpriv is missing")
     if reason is None and relay_binary() is None:
         reason = "no C compiler to build tools/lossy-relay"
     if reason:
         print(json.dumps({"benchmark": "longpipe", "skipped": reason}))
         return 0
-    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
-    if args.kernel_cc is not None and available.exists() and args.kernel_cc not in available.read_text().split():
-        parser.error(f"--kernel-cc: {args.kernel_cc!r} is not available here (accepted: {available.read_text().strip()})")
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

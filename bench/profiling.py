@@ -92,10 +92,10 @@ class PySpy:
     """``py-spy record`` of ``pid`` into ``path`` (``fmt``: raw, speedscope or flamegraph) until
     :meth:`stop`; ``None`` from :func:`start_pyspy` when py-spy is not installed."""
 
-    def __init__(self, pid: int, path: Path, fmt: str = "raw", rate: int = 100) -> None:
+    def __init__(self, pid: int, path: Path, fmt: str = "raw", rate: int = 100, idle: bool = False) -> None:
         self.path = path
         self.proc = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
-                                      "--format", fmt, "--output", str(path)],
+                                      "--format", fmt, "--output", str(path), *(["--idle"] if idle else [])],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def stop(self) -> str:
@@ -108,8 +108,10 @@ class PySpy:
         return str(self.path) if self.path.exists() else f"no profile: {err.strip()[-200:]}"
 
 
-def start_pyspy(pid: int, path: Path, fmt: str = "raw") -> PySpy | None:
-    return PySpy(pid, path, fmt) if shutil.which("py-spy") else None
+def start_pyspy(pid: int, path: Path, fmt: str = "raw", rate: int = 100, idle: bool = False) -> PySpy | None:
+    """A :class:`PySpy` (``idle``: waiting frames sampled too, so shares are of wall time), or
+    None when py-spy is not installed."""
+    return PySpy(pid, path, fmt, rate, idle) if shutil.which("py-spy") else None
 
 
 def top_frames(raw_paths: list[Path], limit: int = 15, inclusive: bool = False) -> list[tuple[str, float]]:
