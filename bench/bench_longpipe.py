@@ -21,11 +21,11 @@ loss-based one such as CUBIC cannot keep up with BBR, whatever the stack). Print
 document.
 
 ``--kernel-cc NAME`` sets the kernel's congestion control in the cluster's and the native node's
-namespaces (``cubic``: the same algorithm as ours, a like-for-like comparison; the cluster's
-servers listen before it is set, so what the cluster sends keeps the machine's default: ``ss`` in
-the profile names the algorithm each connection used). A namespace other than the host's may
-only pick an algorithm of ``net.ipv4.tcp_allowed_congestion_control``: NAME is added to that list
-for the run and the list put back afterwards.
+namespaces (``cubic``: the same algorithm as ours, a like-for-like comparison; connections take
+the namespace's default when they open, and ``ss`` in the profile names the one each used). A
+namespace other than the host's may only pick an algorithm of
+``net.ipv4.tcp_allowed_congestion_control``: NAME is added to that list for the run and the
+list put back afterwards.
 
 ``--profile DIR`` adds, per scenario, direction and node, what limited the transfers: the deltas
 of the kernel's UDP and TCP counters in the gateway's, the cluster's and the node's namespace
