@@ -27,6 +27,12 @@ listening), ``tunnel_ready``, ``first_handshake`` (with the gateway), then ``ans
 p99 and max seconds from the start, and ``import_s``: ``python -X importtime`` of the daemon's
 modules alone, before the starts.
 
+Bytecode: by default the agents run with their bytecode cached (``PYTHONPYCACHEPREFIX`` in a
+temporary folder, filled by the ``-X importtime`` run before the starts), as an installed
+wheel ships it; ``--cold-bytecode`` keeps this environment's setting instead (with
+``PYTHONDONTWRITEBYTECODE`` set, as on the build machines, every start compiles the agent's
+source from a checkout: about a quarter of a start there). ``bytecode`` in the JSON says which.
+
 ``--profile DIR``: a ``py-spy record`` (raw collapsed stacks, 200 Hz) of each start into DIR,
 attached as soon as the agent's interpreter runs (its first tens of milliseconds, the
 interpreter's own start, are not sampled) and stopped at the first answer; the frames that
@@ -42,6 +48,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -211,6 +218,9 @@ def main() -> int:
     parser.add_argument("--path", default="udp", help="ANEX_PATH of the nodes (udp: no probe before the tunnel)")
     parser.add_argument("--late-gateway", action="store_true")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy each start into DIR (raw stacks)")
+    parser.add_argument("--cold-bytecode", action="store_true",
+                        help="keep this environment's bytecode setting (default: the agents' bytecode cached, "
+                             "as an installed wheel has it)")
     args = parser.parse_args()
     doc: dict = {"benchmark": "bench_first_answer", "engine": args.engine, "path": args.path, "late_gateway": args.late_gateway}
     reason = missing_prerequisites("wireguard-go", "wg", "nft")
@@ -218,6 +228,24 @@ def main() -> int:
         doc["skipped"] = reason
         print(json.dumps(doc, indent=2))
         return 0
+    pycache = None
+    if args.cold_bytecode:
+        doc["bytecode"] = ("compiled at every start (PYTHONDONTWRITEBYTECODE is set)"
+                           if os.environ.get("PYTHONDONTWRITEBYTECODE") else "this environment's")
+    else:
+        pycache = tempfile.mkdtemp(prefix="anex-first-pyc-")
+        os.chmod(pycache, 0o755)
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the agents, the coordinator and the gateway
+        os.environ["PYTHONPYCACHEPREFIX"] = pycache
+        doc["bytecode"] = "cached (PYTHONPYCACHEPREFIX, filled before the starts)"
+    try:
+        return run(args, doc)
+    finally:
+        if pycache is not None:
+            shutil.rmtree(pycache, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, doc: dict) -> int:
     versions = {"after": (anex_argv(), {}, ROOT)}
     if args.before is not None:
         before = args.before.resolve()
@@ -225,7 +253,8 @@ def main() -> int:
     samples: dict[str, list[float]] = {name: [] for name in versions}
     after_resume: dict[str, list[float]] = {name: [] for name in versions}
     phase_samples: dict[str, dict[str, list[float]]] = {name: {} for name in versions}
-    doc["import_s"] = {name: import_seconds(argv, env, cwd) for name, (argv, env, cwd) in versions.items()}
+    for _ in range(1 if args.cold_bytecode else 2):  # with the cache on, the first run fills it
+        doc["import_s"] = {name: import_seconds(argv, env, cwd) for name, (argv, env, cwd) in versions.items()}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="anex-first-") as workdir, Mesh(Path(workdir)) as mesh:
         mesh.build_network()
@@ -254,6 +283,7 @@ def main() -> int:
             for name in versions}
     doc["samples"] = samples
     doc["seconds"] = round(time.perf_counter() - started, 1)
+    doc["loadavg"] = os.getloadavg()
     print(json.dumps(doc, indent=2))
     return 0
 
