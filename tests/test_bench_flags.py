@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ("bench_relay_flood.py", ["--seconds", "0"], "--seconds"),
     ("bench_relay_flood.py", ["--seconds", "-1.5"], "--seconds"),
     ("bench_relay_flood.py", ["--seconds", "nan"], "--seconds"),
+    ("bench_longpipe.py", ["--kernel-cc", "no-such-algorithm"], "--kernel-cc"),
 ])
 def test_refuses_non_positive(script, argv, flag):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *argv], cwd=ROOT,

@@ -257,9 +257,9 @@ def test_the_covered_elsewhere_list_is_current():
 def test_no_loose_test_module_outside_a_package_folder():
     """A test of a module in a package lives in that package's folder under tests/ (top-level tests are
     of the top-level modules, or of the whole product: the CLI, texts, images, units, privileges,
-    and the programs the project builds for its tests)."""
+    and the programs and benchmark helpers the project builds for its tests)."""
     top_level = {p.stem for p in PACKAGE.glob("*.py")}
-    whole_product = {"test_address_flags", "test_bench_flags", "test_image", "test_import_rules", "test_install_tools", "test_layout", "test_lossy_relay",
+    whole_product = {"test_address_flags", "test_bench_flags", "test_bench_profiling", "test_image", "test_import_rules", "test_install_tools", "test_layout", "test_lossy_relay",
                      "test_product_text", "test_secret_flags_cli", "test_systemd_units", "test_unprivileged"}
     stray = sorted(p.name for p in (ROOT / "tests").glob("test_*.py")
                    if p.stem not in whole_product and p.stem.removeprefix("test_") not in top_level)

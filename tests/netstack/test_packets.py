@@ -113,6 +113,31 @@ def test_reassembly_merges_overlaps_and_pops_in_order():
     assert r.size == 0 and len(r) == 0
 
 
+def test_reassembly_extends_a_run_in_place_and_hands_it_over():
+    # behind one hole a long path's window (thousands of segments) extends the same run: each
+    # segment must cost its own bytes, not a copy of all the run held (quadratic in the window)
+    r = Reassembly()
+    r.add(2000, b"\0" * 1000)
+    run = r._data[0]
+    for k in range(1, 50):
+        r.add(2000 + 1000 * k, bytes([k]) * 1000)
+    assert r.blocks() == [(2000, 52000)] and r.size == 50000
+    assert r._data[0] is run
+    held = r.pop_ready(2000)
+    assert held is run and held == b"".join(bytes([k]) * 1000 for k in range(50))
+    assert r.size == 0 and len(r) == 0
+
+
+def test_reassembly_copies_what_it_is_given():
+    packet = bytearray(b"x" * 10 + b"y" * 10)
+    r = Reassembly()
+    r.add(100, memoryview(packet)[10:])  # a view into the caller's buffer, which it reuses
+    r.add(95, memoryview(packet)[:10])   # extends nothing before it, swallows the run after
+    packet[:] = b"z" * 20
+    assert r.pop_ready(95) == b"x" * 10 + b"y" * 5  # 95..110
+    assert r.size == 0
+
+
 @given(st.lists(st.tuples(st.integers(0, 200), st.integers(1, 50)), max_size=30))
 def test_reassembly_equals_a_byte_map(runs):
     truth = bytes(range(256)) * 2

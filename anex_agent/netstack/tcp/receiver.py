@@ -122,7 +122,7 @@ class Receiver:
             # flush (that ACK's first block says it), one that opens a block at once
             extends = self.sack_ok and seq == self._last_ooo_end and not fin
             if plen:
-                self._ooo.add(seq, bytes(payload))
+                self._ooo.add(seq, payload)  # copied into its run
                 self._last_ooo = seq
                 self._last_ooo_end = seq + plen
             if fin:
