@@ -138,19 +138,27 @@ def _kill(workload, probe: Probe, failures: int, why: str) -> None:
 
 
 async def check(probe: Probe, workload) -> tuple[bool, str]:
-    """One check of ``probe``: (success, why it failed)."""
+    """One check of ``probe``: (success, why it failed). A check cancelled meanwhile (the run's
+    end) raises CancelledError, also when what it awaited lost the cancellation (Python 3.11's
+    ``wait_for`` returns the inner result when both come at once): a probe loop that went on
+    would keep the workload's stop waiting for ever."""
     try:
         if probe.handler == "exec":
-            return await _exec(probe, workload)
-        if probe.handler == "tcpSocket":
-            return await _tcp(probe)
-        return await _http(probe)
+            result = await _exec(probe, workload)
+        elif probe.handler == "tcpSocket":
+            result = await _tcp(probe)
+        else:
+            result = await _http(probe)
     except TimeoutError:
-        return False, f"no answer within {probe.timeout:g} s"
+        result = False, f"no answer within {probe.timeout:g} s"
     except OSError as err:
-        return False, _why(err.strerror or str(err) or type(err).__name__)
+        result = False, _why(err.strerror or str(err) or type(err).__name__)
     except Exception as err:  # noqa: BLE001 - any error of one check is that check failing, never the run's end
-        return False, _why(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+        result = False, _why(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+    return result
 
 
 def _why(text: str) -> str:
@@ -166,7 +174,8 @@ async def _exec(probe: Probe, workload) -> tuple[bool, str]:
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                 process_group=0, **ids)
     try:
-        output, _ = await asyncio.wait_for(proc.communicate(), probe.timeout)
+        async with asyncio.timeout(probe.timeout):
+            output, _ = await proc.communicate()
     except (TimeoutError, asyncio.CancelledError):
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -181,10 +190,12 @@ async def _exec(probe: Probe, workload) -> tuple[bool, str]:
 
 
 async def _tcp(probe: Probe) -> tuple[bool, str]:
-    _reader, writer = await asyncio.wait_for(asyncio.open_connection(probe.host, probe.port), probe.timeout)
+    async with asyncio.timeout(probe.timeout):
+        _reader, writer = await asyncio.open_connection(probe.host, probe.port)
     writer.close()
     try:
-        await asyncio.wait_for(writer.wait_closed(), probe.timeout)
+        async with asyncio.timeout(probe.timeout):
+            await writer.wait_closed()
     except (OSError, TimeoutError):
         pass
     return True, ""

@@ -221,6 +221,29 @@ async def test_any_error_of_one_check_is_a_failure_never_an_escape(probe, caplog
         await _stop(w, waiter)
 
 
+async def test_a_cancel_lost_inside_a_check_still_cancels_it(monkeypatch):
+    """What Python 3.11's ``wait_for`` does when the cancel and the inner result come at once: the
+    awaited call swallows the CancelledError and raises its own error. The check must still end
+    cancelled, or the probe loop goes on and the workload's stop waits for it for ever."""
+    entered = asyncio.Event()
+
+    async def swallowing(probe):
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise OSError("the inner call's own error, the cancel lost") from None
+
+    monkeypatch.setattr(probes_module, "_tcp", swallowing)
+    probe = Probe(kind="liveness", handler="tcpSocket", host="127.0.0.1", port=1, timeout=5.0)
+    task = asyncio.create_task(check(probe, Workload(["true"])), name="test-check")
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+
+
 async def test_without_probes_ready_and_started_stay_unknown():
     w = Workload(["true"])
     await w.start()
