@@ -87,15 +87,16 @@ MILESTONES = {
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
-def timeline(log: str, started: float) -> dict[str, float]:
-    """Seconds from ``started`` to the first log line of each milestone (local-time stamps)."""
+def timeline(log: str, started: float, milestones: dict[str, str] = MILESTONES) -> dict[str, float]:
+    """Seconds from ``started`` to the first log line of each milestone (name -> what the line
+    says, ``""``: any line; local-time stamps)."""
     out: dict[str, float] = {}
     for line in log.splitlines():
         stamp = _STAMP.match(line)
         if not stamp:
             continue
         at = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        for name, marker in MILESTONES.items():
+        for name, marker in milestones.items():
             if name not in out and marker in line:
                 out[name] = round(at - started, 3)
     return out

@@ -44,10 +44,8 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -63,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from anex_agent.testing.mesh import HTTP_PORT, SERVICE_NAME, Mesh, anex_argv  # noqa: E402
+from bench_agent_footprint import timeline  # noqa: E402
 from anex_agent.testing.netlab import missing_prerequisites  # noqa: E402
 from profiling import start_pyspy, top_frames  # noqa: E402
 
@@ -95,22 +94,11 @@ PHASES = {
     "tunnel_ready": " anex_agent.agent: tunnel ready",
     "first_handshake": " anex_agent.agent.first_contact: first handshake ",
 }
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
 def phases(log: str, started_wall: float) -> dict[str, float]:
     """Seconds from ``started_wall`` to the first log line (``first_log``) and to each of :data:`PHASES`."""
-    found: dict[str, float] = {}
-    for line in log.splitlines():
-        m = _STAMP.match(line)
-        if m is None:
-            continue
-        at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() - started_wall
-        found.setdefault("first_log", round(at, 3))
-        for name, marker in PHASES.items():
-            if name not in found and marker in line:
-                found[name] = round(at, 3)
-    return found
+    return timeline(log, started_wall, {"first_log": "", **PHASES})
 
 
 def import_seconds(argv: list[str], env: dict[str, str], cwd: Path) -> dict:
