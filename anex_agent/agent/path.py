@@ -11,7 +11,9 @@
 
   - on UDP: when nothing came from the gateways for :data:`STALL_AFTER` s, or the last
     handshake is older than :data:`HANDSHAKE_STALE` s, it probes UDP again; if that handshake
-    fails, it moves to WebSocket. (The engine's send counter cannot tell: a local firewall
+    fails, and a second probe with the longer :data:`CONFIRM_PROBE_TIMEOUT` fails too with
+    nothing received from the gateways meanwhile, it moves to WebSocket (one slow answer from a
+    busy gateway, or a busy node, does not move a working node off UDP). (The engine's send counter cannot tell: a local firewall
     refuses the send, and the engine counts nothing.) While the node stays quiet and the
     probes succeed, the next one waits twice as long, up to :data:`QUIET_PROBE_MAX` s: an idle
     node costs the gateway one handshake every half minute;
@@ -79,6 +81,8 @@ CHECK_EVERY = 0.5
 STALL_AFTER = 2.0
 #: How long a probe may take once running (UDP was working; a healthy gateway answers in well under a second).
 WATCH_PROBE_TIMEOUT = 2.0
+#: How long the second probe, which confirms that UDP stopped, may take (WireGuard's REKEY_TIMEOUT).
+CONFIRM_PROBE_TIMEOUT = 5.0
 #: Longest wait between probes while the node stays quiet and UDP keeps answering.
 QUIET_PROBE_MAX = 30.0
 #: A handshake older than this means handshakes stopped (REJECT_AFTER_TIME, whitepaper §6.1).
@@ -120,6 +124,7 @@ class PathSettings:
     probe_interval: float = PROBE_INTERVAL
     probe_timeout: float = PROBE_TIMEOUT            # the first choice
     watch_probe_timeout: float = WATCH_PROBE_TIMEOUT  # later probes (the workload waits meanwhile)
+    confirm_probe_timeout: float = CONFIRM_PROBE_TIMEOUT  # the second probe before UDP is called down
     stall_after: float = STALL_AFTER
     check_every: float = CHECK_EVERY
     proxy_env: tuple[tuple[str, str], ...] = ()      # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, read at the edge
@@ -324,7 +329,7 @@ class PathManager:
         why = self._udp_trouble(seen, now)
         if why is None:
             return
-        result = await self.probe_udp(self.settings.watch_probe_timeout)
+        result = await self._probe_quiet_udp(counters, seen)
         if result.ok:
             nudge()
             self._stall.probed_ok(time.monotonic())
@@ -333,6 +338,22 @@ class PathManager:
         relay = (NO_RELAY if self.settings.mode != "udp" or not self._ws_urls
                  else "ANEX_PATH=udp keeps the node off the gateways' WebSocket relays")
         self._mark_udp(f"{why}; {result.reason}; {relay}", seen.rx)
+
+    async def _probe_quiet_udp(self, counters: Callable[[], Awaitable[Counters]], seen: Counters) -> ProbeResult:
+        """Whether UDP still works after the node went quiet: a probe with the watch's short timeout,
+        then, if it failed, a second one with :attr:`PathSettings.confirm_probe_timeout`. Failed only
+        when both failed and nothing arrived from the gateways since ``seen`` was read."""
+        arrived = ProbeResult(True, "datagrams arrived from the gateways while the probe waited")
+        result = await self.probe_udp(self.settings.watch_probe_timeout)
+        if result.ok:
+            return result
+        if (await counters()).rx > seen.rx:
+            return arrived
+        log.info("path: a UDP probe failed (%s); probing once more before calling UDP down", result.reason)
+        result = await self.probe_udp(self.settings.confirm_probe_timeout)
+        if not result.ok and (await counters()).rx > seen.rx:
+            return arrived
+        return result
 
     def _udp_trouble(self, seen: Counters, now: float) -> str | None:
         """Why UDP looks broken at ``now`` (nothing received for the stall time, or a stale
@@ -377,7 +398,7 @@ class PathManager:
                 why = self._udp_trouble(seen, time.monotonic())
                 if why is None:
                     continue
-                result = await self.probe_udp(self.settings.watch_probe_timeout)
+                result = await self._probe_quiet_udp(counters, seen)
                 if result.ok:
                     nudge()
                     self._stall.probed_ok(time.monotonic())

@@ -4,8 +4,9 @@ No test here races the clock: a probe that must succeed gets a generous timeout 
 as soon as the handshake completes), a probe that must fail gets a short one (a busy machine
 only makes it fail more surely), and every wait is for the event itself, with a deadline
 (:data:`tests.polling.GENEROUS`) far beyond what an idle machine needs. The watch uses one
-setting (``watch_probe_timeout``) both for the probes that find UDP still working and for the
-one that finds it blocked: :func:`patient_while_open` gives the former a generous timeout.
+setting (``watch_probe_timeout``, then ``confirm_probe_timeout`` for the second try) both for the
+probes that find UDP still working and for the ones that find it blocked: :func:`patient_while_open`
+gives the former a generous timeout.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from anex_agent.gateway.relay import Relay
 from anex_agent.wire.keys import KeyPair
 from anex_agent.tasks import Tasks
 from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig
-from anex_agent.tunnels.binds.udp_probe import probe_gateway
+from anex_agent.tunnels.binds.udp_probe import ProbeResult, probe_gateway
 from anex_agent.tunnels.engines.userspace import UserspaceEngine
 from tests.polling import GENEROUS, wait_until
 
@@ -211,8 +212,8 @@ async def test_auto_picks_websocket_when_udp_is_blocked_from_the_start(world):
 async def test_blocked_mid_session_moves_to_websocket_and_returns_when_unblocked(world):
     # probe_timeout: the probes that must succeed (the first choice, the return); watch_probe_timeout:
     # the one that must fail once UDP is blocked (short, so the switch comes soon)
-    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=1, probe_interval=1, stall_after=1,
-                                       check_every=0.2), world.keypair)
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=1, confirm_probe_timeout=1,
+                                       probe_interval=1, stall_after=1, check_every=0.2), world.keypair)
     patient_while_open(world, manager)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     reapply, counters, reset = wire(world, manager)
@@ -235,6 +236,33 @@ async def test_blocked_mid_session_moves_to_websocket_and_returns_when_unblocked
     await manager.close()
 
 
+async def test_one_failed_probe_of_a_quiet_node_does_not_move_it_off_udp(world):
+    """A busy gateway (or node) that misses the watch's short probe once: the second, longer probe
+    completes and the node stays on UDP; only a second failure would move it."""
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=GENEROUS,
+                                       confirm_probe_timeout=GENEROUS, stall_after=0.5, check_every=0.1),
+                          world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
+    reapply, counters, reset = wire(world, manager)
+    await reapply()
+    await traffic_flows(world, b"udp")
+    real_probe = manager.probe_udp
+    probes: list[float] = []
+
+    async def first_one_missed(timeout=None):
+        probes.append(timeout)
+        if len(probes) == 1:  # as if the gateway's answer came after the short timeout
+            return ProbeResult(False, "no handshake response within 2 s")
+        return await real_probe(timeout)
+    manager.probe_udp = first_one_missed
+    world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset))
+    await wait_until(lambda: len(probes) >= 2 and manager.last_probe is not None and manager.last_probe.ok,
+                     what="the second probe completing")
+    assert manager.path == "udp" and not manager.switches
+    await traffic_flows(world, b"still udp")
+    await manager.close()
+
+
 async def test_udp_mode_never_switches_and_websocket_mode_never_probes(world):
     world.blocker.blocked = True
     udp = PathManager(PathSettings(mode="udp", probe_timeout=0.3), world.keypair)
@@ -251,8 +279,8 @@ async def test_udp_blocked_and_no_relay_offered_is_path_none_with_the_reason(wor
                                                              ws_url=None)])
     # probe_timeout: the probes that must succeed (the first choice, the return); watch_probe_timeout:
     # the one that must fail once UDP is blocked
-    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=0.5, probe_interval=1,
-                                       stall_after=0.5, check_every=0.1), world.keypair)
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=0.5, confirm_probe_timeout=0.5,
+                                       probe_interval=1, stall_after=0.5, check_every=0.1), world.keypair)
     patient_while_open(world, manager)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
     reapply, counters, reset = wire(world, manager)
