@@ -1,5 +1,6 @@
 """The roles do not import each other, the shared packages import no role, the cores import no I/O or
-clock, ``testing/`` stays out of the product, and the main packages form no import cycle.
+clock, ``testing/`` stays out of the product, and the main packages form no import cycle; and
+no module awaits with ``asyncio.wait_for`` (:func:`test_no_module_awaits_with_wait_for` says why).
 
 Read from the source with :mod:`ast` (nothing is imported): every ``import`` and
 ``from ... import`` of every module under ``anex_agent/``, at any depth (a function-level
@@ -260,3 +261,33 @@ def test_retry_jitter_is_drawn_only_by_backoff():
     (a ``random`` imported only under ``TYPE_CHECKING``, to type an ``rng`` argument, does not count)."""
     drawing = sorted(name for name, imports in IMPORTS.items() if "random" in imports and name not in RANDOM_USERS)
     assert drawing == [], "take the delay from anex_agent.backoff.Backoff"
+
+
+def _wait_for_calls(path: Path) -> list[int]:
+    """Lines of ``path`` that call ``asyncio.wait_for`` (or a bare ``wait_for`` imported from asyncio)."""
+    tree = ast.parse(path.read_text())
+    bare = any(isinstance(node, ast.ImportFrom) and node.module == "asyncio" and any(a.name == "wait_for" for a in node.names)
+               for node in ast.walk(tree))
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr == "wait_for" and isinstance(func.value, ast.Name)
+                    and func.value.id == "asyncio") or (bare and isinstance(func, ast.Name) and func.id == "wait_for"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_wait_for_check_finds_a_call(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import asyncio\nfrom asyncio import wait_for\n\nasync def f(x):\n"
+                      "    await asyncio.wait_for(x, 1)\n    await wait_for(x, 2)\n    await x.wait_for(3)\n")
+    assert _wait_for_calls(sample) == [5, 6]
+
+
+def test_no_module_awaits_with_wait_for():
+    """Timeouts are ``asyncio.timeout``: Python 3.11's ``asyncio.wait_for`` returns the inner
+    result when it completes as the caller is cancelled, and the cancel is lost (a loop that goes
+    on then never stops: seen as a workload stop that waited for ever on a probe loop)."""
+    found = {name: lines for name, path in MODULES.items() if (lines := _wait_for_calls(path))}
+    assert found == {}, "use `async with asyncio.timeout(...)` instead"

@@ -234,7 +234,8 @@ async def pause(agent: Agent, interval: float) -> None:
         return
     await asyncio.sleep(min(MIN_INTERVAL, interval))
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(wanted.wait(), max(0.0, interval - MIN_INTERVAL))
+        async with asyncio.timeout(max(0.0, interval - MIN_INTERVAL)):
+            await wanted.wait()
     wanted.clear()
 
 

@@ -152,7 +152,8 @@ async def _gone(pid: int, timeout: float) -> bool:
         loop.add_reader(fd, ended.set)  # readable once the process exited
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await ended.wait()
         finally:
             loop.remove_reader(fd)
             os.close(fd)

@@ -135,9 +135,11 @@ class DnsForwarder:
         try:
             while True:
                 try:
-                    header = await asyncio.wait_for(reader.readexactly(2), TCP_IDLE_TIMEOUT)
+                    async with asyncio.timeout(TCP_IDLE_TIMEOUT):
+                        header = await reader.readexactly(2)
                     (length,) = TCP_LENGTH.unpack(header)
-                    data = await asyncio.wait_for(reader.readexactly(length), TCP_IDLE_TIMEOUT)
+                    async with asyncio.timeout(TCP_IDLE_TIMEOUT):
+                        data = await reader.readexactly(length)
                 except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
                     return
                 reply = await self.resolve(data, tcp=True)
@@ -157,7 +159,8 @@ class DnsForwarder:
         if self._server is not None:
             self._server.close()
             try:
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
             except asyncio.TimeoutError:
                 pass
             self._server = None

@@ -153,7 +153,8 @@ class Gateway:
     async def _sleep_or_stop(self, delay: float) -> bool:
         """Sleep ``delay`` seconds; True when asked to stop meanwhile."""
         try:
-            await asyncio.wait_for(self._stop.wait(), delay)
+            async with asyncio.timeout(delay):
+                await self._stop.wait()
         except asyncio.TimeoutError:
             return False
         return True

@@ -196,10 +196,11 @@ async def connect(target: Target):
     import asyncssh
 
     known = asyncssh.import_known_hosts("".join(line + "\n" for line in target.known_hosts))
-    return await asyncio.wait_for(asyncssh.connect(
-        target.address, target.port, username=target.node_id, client_keys=[(target.key, target.certificate)],
-        known_hosts=known, agent_path=None, agent_forwarding=False, x11_forwarding=False, config=None,
-        preferred_auth="publickey", encryption_algs=cipher_preference()), CONNECT_TIMEOUT)
+    async with asyncio.timeout(CONNECT_TIMEOUT):
+        return await asyncssh.connect(
+            target.address, target.port, username=target.node_id, client_keys=[(target.key, target.certificate)],
+            known_hosts=known, agent_path=None, agent_forwarding=False, x11_forwarding=False, config=None,
+            preferred_auth="publickey", encryption_algs=cipher_preference())
 
 
 def exit_code(result_status: int | None, result_signal) -> int:

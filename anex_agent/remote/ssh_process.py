@@ -137,7 +137,8 @@ async def run_pty(process, argv, env, cwd, ids) -> int:
             try:
                 returncode = await proc.wait()
                 with contextlib.suppress(TimeoutError):  # its last output; a background child may keep the terminal
-                    await asyncio.wait_for(asyncio.shield(output), DRAIN_AFTER_EXIT)
+                    async with asyncio.timeout(DRAIN_AFTER_EXIT):
+                        await asyncio.shield(output)
                 return returncode
             finally:
                 for task in helpers:

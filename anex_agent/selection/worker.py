@@ -193,7 +193,8 @@ class SelectionWorker:
         assert proc.stdout is not None
         try:
             await self._send(proc, ("config", self.config, self.nice))
-            ready = await asyncio.wait_for(read_frame(proc.stdout), self.start_timeout)
+            async with asyncio.timeout(self.start_timeout):
+                ready = await read_frame(proc.stdout)
             if ready[0] != "ready":
                 raise EOFError(f"unexpected first message {ready[0]!r}")
         except (EOFError, TimeoutError, WorkerUnavailable) as err:
@@ -243,7 +244,8 @@ class SelectionWorker:
             await _stop(proc)
         if reader is not None:
             try:
-                await asyncio.wait_for(reader, STOP_TIMEOUT)
+                async with asyncio.timeout(STOP_TIMEOUT):
+                    await reader
             except (TimeoutError, asyncio.CancelledError):
                 reader.cancel()
 
@@ -268,7 +270,8 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
             except ProcessLookupError:
                 pass
         try:
-            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+            async with asyncio.timeout(STOP_TIMEOUT):
+                await proc.wait()
             return
         except TimeoutError:
             continue

@@ -88,7 +88,8 @@ class NodeKeeper:
     async def probe(self) -> bool:
         """Ask the coordinator whether it answers; True when the answer changed."""
         try:
-            await asyncio.wait_for(self.coordinator.coordinator_info(), PROBE_TIMEOUT)
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                await self.coordinator.coordinator_info()
             ok, why = True, "the coordinator answers"
         except (CoordinatorError, TimeoutError) as err:
             ok, why = False, f"the coordinator does not answer: {err or 'timed out'}"

@@ -144,7 +144,8 @@ class RelayClient:
             delay = self.backoff.next_delay()
             log.warning("WebSocket relay %s: %s; reconnecting in %.1f s", self.target.url, reason, delay)
             try:
-                await asyncio.wait_for(self._closed.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._closed.wait()
             except asyncio.TimeoutError:
                 pass
 

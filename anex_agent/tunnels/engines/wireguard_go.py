@@ -319,7 +319,8 @@ class WireguardGoEngine(Engine):
             return
         proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), STOP_GRACE)
+            async with asyncio.timeout(STOP_GRACE):
+                await proc.wait()
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()

@@ -215,10 +215,12 @@ class WireproxyProcess:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), STOP_GRACE)
+                async with asyncio.timeout(STOP_GRACE):
+                    await proc.wait()
             except asyncio.TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(proc.wait(), STOP_GRACE)
+                    async with asyncio.timeout(STOP_GRACE):
+                        await proc.wait()
         self._proc = None

@@ -47,6 +47,7 @@ async def connect(coordinator: Any, target: PodTarget, *, requested_for: str, ti
     if not cert.port:
         raise NodeUnreachable(f"{where} runs no SSH server")
     try:
-        return await asyncio.wait_for(ssh_client.connect(cert), timeout)
+        async with asyncio.timeout(timeout):
+            return await ssh_client.connect(cert)
     except (asyncssh.Error, OSError, TimeoutError) as err:
         raise NodeUnreachable(f"{where} at {cert.address}:{cert.port}: {err or type(err).__name__}") from None
