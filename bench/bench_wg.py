@@ -20,11 +20,9 @@ Prints one JSON document; finishes in well under 60 s.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import random
-import shutil
 import statistics
 import struct
 import subprocess

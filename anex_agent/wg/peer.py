@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from anex_agent.errors import LocalProtocolError
 from anex_agent.wg.constants import KEY_SIZE, MAX_STAGED_PACKETS
