@@ -12,6 +12,9 @@ Values come from :attr:`Agent.last_transport` (refreshed by each heartbeat and e
     anex_agent_forwards                                 GW_TUNNEL + pushed forwards listening
     anex_agent_forward_refused_connections_total{port}  connections a forward port closed at once
                                                         (ANEX_FORWARD_MAX_CONNECTIONS already open)
+    anex_agent_proxy_refused_connections_total{proxy}   connections the HTTP proxy (``http``) or the
+                                                        SOCKS5 proxy (``socks5``) closed at once
+                                                        (ANEX_PROXY_MAX_CONNECTIONS already open)
 """
 
 from __future__ import annotations
@@ -63,4 +66,13 @@ class AgentCollector(Collector):
                                           labels=["port"])
             for port, count in sorted(dataplane.forwards.refused.items()):
                 refused.add_metric([str(port)], count)
+            yield refused
+        proxies = [(name, server) for name, server in (("http", getattr(dataplane, "proxy", None)),
+                                                       ("socks5", getattr(dataplane, "socks", None))) if server is not None]
+        if proxies:
+            refused = CounterMetricFamily("anex_agent_proxy_refused_connections",
+                                          "connections a proxy closed at once because its limit was open",
+                                          labels=["proxy"])
+            for name, server in proxies:
+                refused.add_metric([name], server.refused)
             yield refused
