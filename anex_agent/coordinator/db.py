@@ -7,6 +7,12 @@ Contract:
   NOTHING RETURNING``, ``BIGINT``, ``DOUBLE PRECISION``, ``TEXT`` (JSON is stored as
   text). Flags are ``INTEGER`` 0/1.
 * Rows come back as plain ``dict``.
+* A read that guards a write in the same transaction (read a state, then move it) ends in
+  ``FOR UPDATE``: PostgreSQL runs READ COMMITTED, so without it a concurrent transaction
+  could change the row between the read and the write, and one of the two writes would be
+  lost; with it the second reader waits for the first transaction to end and reads what it
+  wrote. SQLite gives each transaction the whole database (``BEGIN IMMEDIATE``), and
+  :func:`_to_sqlite` drops the clause.
 * ``async with db.transaction() as tx:`` runs every statement on ``tx`` in one
   transaction: committed when the block ends, rolled back on any exception
   (including cancellation), so nothing is ever half-written.
@@ -43,12 +49,13 @@ from anex_agent.host.private_file import ensure_private, tighten
 log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+_FOR_UPDATE = re.compile(r"\s+FOR\s+UPDATE\s*$", re.IGNORECASE)
 CONNECT_TIMEOUT = 10.0  # seconds to reach PostgreSQL before giving up (ConfigError at start)
 WAL_AUTOCHECKPOINT = 10_000  # SQLite pages (4 KiB) of WAL before a checkpoint (SQLite's default: 1,000)
 
 
 def _to_sqlite(sql: str) -> str:
-    return _PLACEHOLDER.sub(r"?\1", sql)
+    return _PLACEHOLDER.sub(r"?\1", _FOR_UPDATE.sub("", sql))
 
 
 def _rowcount(status: str) -> int:

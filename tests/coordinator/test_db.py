@@ -9,6 +9,7 @@ import pytest
 from anex_agent.coordinator import db as dbmod
 from anex_agent.coordinator.migrations import CORE, Migration, apply
 from anex_agent.errors import ConfigError
+from tests.polling import wait_until
 
 
 @pytest.fixture
@@ -22,6 +23,7 @@ async def db(database_url):
 
 def test_placeholders_are_translated_once():
     assert dbmod._to_sqlite("SELECT $1, $2, $1 WHERE x = $10") == "SELECT ?1, ?2, ?1 WHERE x = ?10"
+    assert dbmod._to_sqlite("SELECT s FROM t WHERE id = $1 FOR UPDATE") == "SELECT s FROM t WHERE id = ?1"
     assert dbmod._rowcount("UPDATE 3") == 3 and dbmod._rowcount("CREATE TABLE") == 0
 
 
@@ -175,3 +177,35 @@ async def test_sqlite_files_are_private_in_a_directory_others_may_read(tmp_path)
             await db.close()
     finally:
         os.umask(old_umask)
+
+
+async def test_a_read_for_update_waits_for_the_transaction_that_holds_the_row(db):
+    """Two compare-and-sets of one row (a provisioning step, a DELETE): the second reader waits
+    for the first transaction and reads what it wrote, so neither write is lost. PostgreSQL (READ
+    COMMITTED) needs the ``FOR UPDATE``; SQLite serialises transactions and drops the clause."""
+    await db.execute("CREATE TABLE t (id TEXT PRIMARY KEY, state TEXT)")
+    await db.execute("INSERT INTO t (id, state) VALUES ($1, $2)", "p", "renting")
+    read_by_second: list[str] = []
+
+    async def second() -> None:  # the DELETE: deleting, whatever the state it finds
+        async with db.transaction() as tx:
+            read_by_second.append(await tx.fetchval("SELECT state FROM t WHERE id = $1 FOR UPDATE", "p"))
+            await tx.execute("UPDATE t SET state = $2 WHERE id = $1", "p", "deleting")
+
+    async with db.transaction() as tx:  # the step: booting, only from renting
+        assert await tx.fetchval("SELECT state FROM t WHERE id = $1 FOR UPDATE", "p") == "renting"
+        task = asyncio.create_task(second())
+        await wait_until(lambda: _second_is_waiting(db, read_by_second), what="the second transaction to wait or read")
+        await tx.execute("UPDATE t SET state = $2 WHERE id = $1", "p", "booting")
+    await task
+    assert read_by_second == ["booting"]  # it waited, and saw the step's write
+    assert await db.fetchval("SELECT state FROM t WHERE id = $1", "p") == "deleting"
+
+
+async def _second_is_waiting(db, read_by_second: list[str]) -> bool:
+    """True once the second transaction read the row (the bug) or waits for its lock."""
+    if read_by_second:
+        return True
+    if isinstance(db, dbmod.SqliteDatabase):  # it waits for the connection, held by the first
+        return db._lock.locked()
+    return bool(await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))

@@ -450,6 +450,50 @@ async def test_one_coordinator_at_a_time_drives_a_provision(database_url, tmp_pa
         await db.close()
 
 
+async def test_a_delete_and_a_step_on_one_provision_never_lose_a_write(database_url):
+    """A step moves a provision only from the state it read (renting -> booting), a DELETE
+    moves it to deleting whatever it read: with the row read for update, the DELETE's read
+    waits for the step's transaction and sees its write, and the step, had the DELETE come
+    first, would see deleting and leave it. (PostgreSQL runs READ COMMITTED: with a plain
+    read, a DELETE committed between the step's read and write was overwritten.)"""
+    from anex_agent.coordinator import migrations
+    from anex_agent.coordinator.db import SqliteDatabase, open_database
+    from anex_agent.wire import provisioning as models
+
+    db = await open_database(database_url)
+    try:
+        await migrations.apply(db, [*migrations.CORE, *store.MIGRATIONS])
+        row, _ = await store.create(db, models.ProvisionCreate(name="x", image="i"), now=100.0)
+        pid = row["id"]
+        await db.execute("UPDATE provisions SET state = $2 WHERE id = $1", pid, "renting")
+        seen_by_delete: list[str] = []
+
+        async def delete() -> None:  # the DELETE route's transaction
+            async with db.transaction() as tx:
+                seen_by_delete.append((await store.get_for_update(tx, pid))["state"])
+                await store.set_state(db, tx, pid, models.ProvisionState.deleting, now=101.0)
+
+        async def delete_waits_or_read() -> bool:
+            if seen_by_delete:
+                return True
+            if isinstance(db, SqliteDatabase):  # transactions take the connection in turn
+                return db._lock.locked()
+            return bool(await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+
+        async with db.transaction() as tx:  # the step's compare-and-set
+            assert await store.state_for_update(tx, pid) == "renting"
+            deleting = asyncio.create_task(delete())
+            await wait_until(delete_waits_or_read, what="the DELETE to wait for the step (or read past it)")
+            await store.set_state(db, tx, pid, models.ProvisionState.booting, now=100.5)
+        await deleting
+        assert seen_by_delete == ["booting"]
+        assert (await store.get(db, pid))["state"] == "deleting"
+        async with db.transaction() as tx:  # the next step sees the DELETE and moves nothing
+            assert await store.state_for_update(tx, pid) == "deleting"
+    finally:
+        await db.close()
+
+
 async def test_a_provider_unavailable_for_every_try_moves_to_the_next_candidate(tmp_path, shift):
     vast = FakeRentals()
     vast.faults["rent"] = ["unavailable"] * FAST.rent_tries

@@ -132,7 +132,7 @@ class Steps:
         number = len(everything) + 1
         now = self.ctx.clock()
         async with self.ctx.db.transaction() as tx:
-            if await tx.fetchval("SELECT state FROM provisions WHERE id = $1", pid) != S.selecting.value:
+            if await store.state_for_update(tx, pid) != S.selecting.value:
                 return 0.0
             await tx.execute(
                 "INSERT INTO provision_attempts (provision_id, number, provider, offer_id, machine_id, price_per_hour,"
@@ -183,7 +183,7 @@ class Steps:
         deadline = now + self.settings.boot_timeout
         try:
             async with self.ctx.db.transaction() as tx:
-                if await tx.fetchval("SELECT state FROM provisions WHERE id = $1", pid) != S.renting.value:
+                if await store.state_for_update(tx, pid) != S.renting.value:
                     return 0.0
                 await tx.execute("UPDATE provisions SET rent_tries = rent_tries + 1 WHERE id = $1", pid)
                 creds = await self.issuer.issue(tx, boot.BootRequest(
@@ -251,7 +251,7 @@ class Steps:
             await tx.execute(
                 "UPDATE provision_attempts SET rental_id = $3, rented_at = $4, price_per_hour = $5"
                 " WHERE provision_id = $1 AND number = $2", pid, number, rental.rental_id, now, price)
-            state = await tx.fetchval("SELECT state FROM provisions WHERE id = $1", pid)
+            state = await store.state_for_update(tx, pid)
             if state == S.renting.value:
                 await store.set_state(self.ctx.db, tx, pid, S.booting, now=now,
                                       reason=f"waiting for the node to join ({rental.provider} {rental.rental_id})",

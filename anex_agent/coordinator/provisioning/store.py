@@ -143,6 +143,18 @@ async def get(db: Database | Conn, provision_id: str) -> dict | None:
     return await db.fetchrow("SELECT * FROM provisions WHERE id = $1", provision_id)
 
 
+async def get_for_update(tx: Conn, provision_id: str) -> dict | None:
+    """The provision's row, locked for the rest of ``tx`` (a write that depends on it follows)."""
+    return await tx.fetchrow("SELECT * FROM provisions WHERE id = $1 FOR UPDATE", provision_id)
+
+
+async def state_for_update(tx: Conn, provision_id: str) -> str | None:
+    """The provision's state, its row locked for the rest of ``tx``: a state moved only from an
+    expected one (a compare-and-set) is never moved from under a concurrent DELETE, nor a DELETE
+    from under a step."""
+    return await tx.fetchval("SELECT state FROM provisions WHERE id = $1 FOR UPDATE", provision_id)
+
+
 async def attempts_of(db: Database | Conn, provision_id: str) -> list[dict]:
     return await db.fetch("SELECT * FROM provision_attempts WHERE provision_id = $1 ORDER BY number", provision_id)
 

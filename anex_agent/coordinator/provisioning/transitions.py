@@ -84,7 +84,7 @@ class Transitions:
         expected_values = {s.value for s in (expected if isinstance(expected, tuple) else (expected,))}
         now = self.ctx.clock()
         async with self.ctx.db.transaction() as tx:
-            current = await tx.fetchval("SELECT state FROM provisions WHERE id = $1", pid)
+            current = await store.state_for_update(tx, pid)
             if current not in expected_values:
                 return False
             if end is not None:

@@ -150,7 +150,7 @@ class ProvisionRoutes:
         pid = call.param("provision_id")
         now = self._now()
         async with self.ctx.db.transaction() as tx:
-            row = await store.get(tx, pid)
+            row = await store.get_for_update(tx, pid)
             if row is None:
                 raise problems.not_found(f"provision {pid}")
             if row["state"] not in (S.deleting.value, S.deleted.value):
