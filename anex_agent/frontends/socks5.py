@@ -25,11 +25,13 @@ relays bytes both ways with :func:`anex_agent.frontends.relay.relay` (half-close
   field, and the connection is closed after the answer the RFC allows.
 
 Who may connect: anyone who can reach the listen address. The default is loopback;
-credentials are required to bind anywhere else (:func:`.socks5_core.check_listener`).
+credentials are required to bind anywhere else (:func:`.socks5_core.check_listener`). A UDP
+relay takes datagrams from its association's client only (:mod:`.socks5_udp`).
 
 Start it in-process::
 
-    async with Socks5Server(OSDialer(resolver), host="127.0.0.1", port=1080) as socks:
+    async with Socks5Server(OSDialer(resolver), host="127.0.0.1", port=1080,
+                            datagrams=OSDatagramDialer(resolver)) as socks:
         print(socks.address)
         await socks.wait_closed()      # or do other work; leaving the block stops it
 """
