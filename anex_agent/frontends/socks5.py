@@ -160,8 +160,7 @@ class Socks5Server(TcpServer):
             await client.sendall(socks.data_to_send())
             ended = await association.run(client)
             log.debug("SOCKS5 proxy: UDP association of %s ended (%s): %s", client_ip,
-                      "control connection closed" if ended == "closed" else "idle",
-                      dict(association.counts) or "no datagrams")
+                      {"closed": "control connection closed"}.get(ended, ended), dict(association.counts) or "no datagrams")
         except OSError:
             pass
         finally:

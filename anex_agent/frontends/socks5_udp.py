@@ -74,7 +74,7 @@ class UdpAssociation:
 
     @property
     def address(self) -> tuple[str, int]:
-        assert self._relay is not None, "not entered"
+        assert self._relay is not None, "not open"
         return self._relay.getsockname()[:2]
 
     def open(self) -> None:
@@ -96,35 +96,43 @@ class UdpAssociation:
             self._relay.close()
 
     async def run(self, control: Connection) -> str:
-        """Relay until the control connection closes ("closed") or the association is idle ("idle")."""
+        """Relay until the control connection closes ("closed"), the association is idle ("idle")
+        or the relay socket fails ("relay failed")."""
+        port = self.address[1]
         try:
             async with asyncio.timeout(self.idle_timeout) as self._idle:
                 async with asyncio.TaskGroup() as group:
-                    pump = group.create_task(self._pump(), name=f"socks5-udp-{self.address[1]}")
-                    try:
-                        await _until_closed(control)
-                    finally:
-                        pump.cancel()
+                    pump = group.create_task(self._pump(), name=f"socks5-udp-{port}-relay")
+                    closed = group.create_task(_until_closed(control), name=f"socks5-udp-{port}-control")
+                    await asyncio.wait({pump, closed}, return_when=asyncio.FIRST_COMPLETED)
+                    pump.cancel()
+                    closed.cancel()
         except TimeoutError:
             return "idle"
         finally:
             self._idle = None
-        return "closed"
+        return "closed" if closed.done() and not closed.cancelled() else "relay failed"
 
     def _active(self) -> None:
-        """A datagram went through: the idle timeout starts again (the timer moves once a second at most)."""
+        """A datagram went through: the idle timeout starts again (the timer moves at most every
+        tenth of the timeout, a second at most, not at every datagram)."""
         idle = self._idle
         if idle is not None:
             deadline = self._loop.time() + self.idle_timeout
             current = idle.when()
-            if current is None or deadline - current >= 1.0:
+            if current is None or deadline - current >= min(1.0, self.idle_timeout / 10):
                 idle.reschedule(deadline)
 
     async def _pump(self) -> None:
-        """The client's datagrams, one at a time (the next waits in the kernel while a name resolves)."""
+        """The client's datagrams, one at a time (the next waits in the kernel while a name resolves);
+        returns when the relay socket fails."""
         assert self._relay is not None
         while True:
-            data, source = await self._loop.sock_recvfrom(self._relay, RELAY_BUFFER)
+            try:
+                data, source = await self._loop.sock_recvfrom(self._relay, RELAY_BUFFER)
+            except OSError as err:
+                log.debug("SOCKS5 UDP relay %s:%d failed: %s", *self.address, err)
+                return
             await self._from_client(data, source)
 
     async def _from_client(self, data: bytes, source: tuple) -> None:
