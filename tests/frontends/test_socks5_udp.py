@@ -210,3 +210,17 @@ async def test_without_a_datagram_dialer_udp_associate_is_not_supported():
         writer.write(bytes([5, 1, 0, 5, 3, 0, 1, 0, 0, 0, 0, 0, 0]))
         assert await asyncio.wait_for(reader.read(), GENEROUS) == bytes([5, 0, 5, 7, 0, 1, 0, 0, 0, 0, 0, 0])
         writer.close()
+
+
+async def test_an_ipv6_listener_gets_an_ipv6_relay():
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    async with proxy(host="::1") as (socks, _), udp_socket("::1", echo=True) as (echo, echo_port):
+        async with udp_socket("::1") as (client, _), associate(socks.address[1], host="::1") as (_, _, relay):
+            assert relay[0] == "::1"
+            client.transport.sendto(header("::1", echo_port) + b"six", relay)
+            data, _ = await client.next()
+            assert data == header("::1", echo_port) + b"echo:six"
