@@ -1,6 +1,8 @@
 """The SOCKS5 proxy end to end: curl ``--socks5-hostname`` and ``--socks5`` through the agent into a
 cluster service on the mesh, on wireguard-go (root) and on the built-in user-space engine (nobody,
-no capabilities: the user-space TCP/IP stack's connections, relayed through the pooled buffers).
+no capabilities: the user-space TCP/IP stack's connections, relayed through the pooled buffers);
+PySocks' DNS queries to the cluster's DNS through UDP ASSOCIATE (kernel UDP sockets through the
+interface on wireguard-go, UDP ports of the stack on the user-space engine).
 
 Both agents require a username and password (``ANEX_SOCKS_AUTH_FILE``).
 """
@@ -12,12 +14,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from anex_agent.testing.mesh import CLUSTER_IP, HTTP_PORT, SERVICE_NAME, UNPRIVILEGED_UID
+from anex_agent.testing.mesh import CLUSTER_IP, DNS_PORT, HTTP_PORT, SERVICE_NAME, UNPRIVILEGED_UID
 
 SOCKS = "127.0.0.1:1080"
 USER = "alice:s3cret"
@@ -86,3 +89,38 @@ def test_without_the_credentials_nothing_goes_through(snode):
     for user in (["-U", "alice:wrong"], []):
         out = curl(snode, "--socks5-hostname", SOCKS, *user, f"http://{SERVICE_NAME}:{HTTP_PORT}/")
         assert out.returncode == CURL_PROXY_ERROR and out.stdout == "", (user, out.returncode, out.stderr)
+
+
+# PySocks (a third-party SOCKS5 client) asks a DNS server for an A record through UDP ASSOCIATE
+PYSOCKS_DNS = """
+import json, socket, sys
+import dns.message, socks
+server, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+user, password = sys.argv[4].split(":", 1)
+query = dns.message.make_query(name, "A")
+sock = socks.socksocket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.set_proxy(socks.SOCKS5, "127.0.0.1", 1080, rdns=True, username=user, password=password)
+sock.settimeout(20)
+sock.sendto(query.to_wire(), (server, port))
+data, source = sock.recvfrom(4096)
+answer = dns.message.from_wire(data)
+print(json.dumps({"id_matches": answer.id == query.id, "source": list(source), "rcode": answer.rcode(),
+                  "a": [item.address for rrset in answer.answer for item in rrset]}))
+"""
+
+
+def pysocks_dns(node, server: str, name: str) -> dict:
+    out = node.ns.run([sys.executable, "-c", PYSOCKS_DNS, server, str(DNS_PORT), name, USER], check=False,
+                      timeout=60, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_pysocks_asks_the_cluster_dns_over_udp_associate(snode):
+    answer = pysocks_dns(snode, CLUSTER_IP, SERVICE_NAME)
+    assert answer == {"id_matches": True, "source": [CLUSTER_IP, DNS_PORT], "rcode": 0, "a": [CLUSTER_IP]}
+
+
+def test_pysocks_names_the_dns_server_by_its_cluster_name_and_the_agent_resolves_it(snode):
+    answer = pysocks_dns(snode, SERVICE_NAME, "nosuch.default.svc.cluster.local")
+    assert answer == {"id_matches": True, "source": [CLUSTER_IP, DNS_PORT], "rcode": 3, "a": []}  # NXDOMAIN, from it

@@ -48,7 +48,8 @@ CORES = ("anex_agent.wg", "anex_agent.net.relay_protocol", "anex_agent.wire.proo
          "anex_agent.telemetry.bounds", "anex_agent.backoff", "anex_agent.coordinator.states",
          "anex_agent.tunnels.engines.wireproxy_config", "anex_agent.tunnels.engines.wireproxy_metrics",
          "anex_agent.tunnels.engines.config", "anex_agent.tunnels.engines.peer_plan", "anex_agent.tunnels.engines.ifnames",
-         "anex_agent.frontends.proxy_core", "anex_agent.frontends.socks5_core")
+         "anex_agent.frontends.proxy_core", "anex_agent.frontends.socks5_core",
+         "anex_agent.frontends.socks5_udp_core")
 NETSTACK_ADAPTERS = ("anex_agent.netstack.aio", "anex_agent.netstack.dialer")
 IO_AND_CLOCK = ("asyncio", "socket", "time", "selectors", "threading", "subprocess")
 # who may import the shared test harness: the demo command (and, outside the package, tests and bench)

@@ -38,6 +38,7 @@ from anex_agent.agent.liveness import DeadPeerWatch, assign
 from anex_agent.agent.path import Counters, PathManager, path_settings
 from anex_agent.agent.route_guard import RouteGuard
 from anex_agent.agent.settings import AgentSettings
+from anex_agent.net.datagram import DatagramDialer
 from anex_agent.net.dialer import Dialer, RedialDialer, RouteChanges
 from anex_agent.errors import EngineError
 from anex_agent.wire.keys import KeyPair
@@ -144,7 +145,8 @@ class DataPlane:
             await self.forwards.apply(merge_tunnels(self.settings.tunnel_specs, config.tunnels))
             self.proxy = await self._stack.enter_async_context(_proxy(self.dialer, self.settings))
             if self.settings.socks_listen is not None:
-                self.socks = await self._stack.enter_async_context(_socks(self.dialer, self.settings))
+                datagrams = self.engine.datagram_dialer(self.resolver)  # UDP ASSOCIATE, when the engine carries UDP
+                self.socks = await self._stack.enter_async_context(_socks(self.dialer, datagrams, self.settings))
         self._set_config(config)
         tasks.spawn("endpoint-follow", lambda: self.endpoints.follow(self._reapply, self.resolve_interval))
         tasks.spawn("path-watch", lambda: self.paths.watch(self._counters, self._reapply, self.reset_gateway_sessions,
@@ -426,10 +428,10 @@ def _proxy(dialer: Dialer, settings: AgentSettings):
                        max_connections=settings.proxy_max_connections)
 
 
-def _socks(dialer: Dialer, settings: AgentSettings):
-    """The SOCKS5 proxy front-end (an async context manager that binds on entry)."""
+def _socks(dialer: Dialer, datagrams: DatagramDialer | None, settings: AgentSettings):
+    """The SOCKS5 proxy front-end (an async context manager that binds on entry); UDP ASSOCIATE through ``datagrams``."""
     from anex_agent.frontends.socks5 import Socks5Server
 
     assert settings.socks_listen is not None
     return Socks5Server(dialer, host=settings.socks_listen.host, port=settings.socks_listen.port, auth=settings.socks_auth,
-                        max_connections=settings.proxy_max_connections)
+                        max_connections=settings.proxy_max_connections, datagrams=datagrams)

@@ -7,8 +7,13 @@ names are resolved by the cluster's DNS over the mesh, as for the HTTP proxy), a
 relays bytes both ways with :func:`anex_agent.frontends.relay.relay` (half-close;
 ``os.splice`` between kernel sockets, the relay's pooled buffers otherwise).
 
-* ``CONNECT`` to an IPv4 address, an IPv6 address or a domain name; ``BIND`` and
-  ``UDP ASSOCIATE`` are answered "command not supported" (``07``);
+* ``CONNECT`` to an IPv4 address, an IPv6 address or a domain name;
+* ``UDP ASSOCIATE`` when the engine carries datagrams (``datagrams``, its
+  :class:`~anex_agent.net.datagram.DatagramDialer`): a UDP relay bound on the address the
+  client reached the proxy at, answered as BND; the association (:mod:`.socks5_udp`: who may
+  send, what is dropped) lives until the control connection closes or ``udp_idle_timeout``
+  passes without a datagram. Without ``datagrams`` it is "command not supported" (``07``),
+  as ``BIND`` always is;
 * replies: ``00`` succeeded (with the proxy's end of the outbound connection as BND, or
   0.0.0.0:0 on a user-space stack), ``02`` not allowed (a client from beyond loopback asking
   for this machine, :mod:`.this_host`: the HTTP proxy's 403), ``03`` network unreachable,
@@ -20,11 +25,13 @@ relays bytes both ways with :func:`anex_agent.frontends.relay.relay` (half-close
   field, and the connection is closed after the answer the RFC allows.
 
 Who may connect: anyone who can reach the listen address. The default is loopback;
-credentials are required to bind anywhere else (:func:`.socks5_core.check_listener`).
+credentials are required to bind anywhere else (:func:`.socks5_core.check_listener`). A UDP
+relay takes datagrams from its association's client only (:mod:`.socks5_udp`).
 
 Start it in-process::
 
-    async with Socks5Server(OSDialer(resolver), host="127.0.0.1", port=1080) as socks:
+    async with Socks5Server(OSDialer(resolver), host="127.0.0.1", port=1080,
+                            datagrams=OSDatagramDialer(resolver)) as socks:
         print(socks.address)
         await socks.wait_closed()      # or do other work; leaving the block stops it
 """
@@ -34,12 +41,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from anex_agent.net.datagram import DatagramDialer
 from anex_agent.net.dialer import Connection, Dialer
 from anex_agent.errors import DialError
 from anex_agent.frontends import socks5_core as core
 from anex_agent.frontends import this_host
 from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.relay import relay
+from anex_agent.frontends.socks5_udp import IDLE_TIMEOUT, UdpAssociation
 from anex_agent.frontends.tcp_server import DEFAULT_MAX_CONNECTIONS, TcpServer
 from anex_agent.net.peer_log import peer_text
 
@@ -70,15 +79,22 @@ class Socks5Server(TcpServer):
         auth: core.SocksAuth | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        datagrams: DatagramDialer | None = None,
+        udp_idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         core.check_listener(host, auth)
         super().__init__(host, port, max_connections)
         self.dialer = dialer
+        self.datagrams = datagrams
+        self.udp_idle_timeout = udp_idle_timeout
+        #: the UDP associations open now (each holds one of the ``max_connections`` control connections)
+        self.associations: set[UdpAssociation] = set()
         self.auth = auth
         self.handshake_timeout = handshake_timeout
 
     def started(self) -> None:
-        log.info("SOCKS5 proxy on %s:%d (%s)", *self.address, "username/password required" if self.auth else "no auth")
+        log.info("SOCKS5 proxy on %s:%d (%s%s)", *self.address, "username/password required" if self.auth else "no auth",
+                 "" if self.datagrams is not None else "; no UDP ASSOCIATE with this engine")
 
     async def serve_client(self, client: Connection, client_ip: str) -> None:
         """Negotiate, dial, answer, relay: one client connection (closed by the caller)."""
@@ -96,6 +112,9 @@ class Socks5Server(TcpServer):
             return
         if isinstance(event, core.Refused):  # its answer is sent
             log.debug("SOCKS5 proxy: refused %s: %s", client_ip, event.reason)
+            return
+        if isinstance(event, core.AssociateRequest):
+            await self._associate(socks, event, client, client_ip)
             return
         upstream = await self._dial(socks, event, client_ip)
         if upstream is None:
@@ -116,6 +135,38 @@ class Socks5Server(TcpServer):
         finally:
             await upstream.aclose()
 
+    async def _associate(self, socks: core.Socks5Connection, request: core.AssociateRequest, client: Connection,
+                         client_ip: str) -> None:
+        """Open the UDP relay, answer with its address, relay until the control connection or the idle timeout ends it."""
+        if self.datagrams is None:
+            socks.reply(core.Reply.COMMAND_NOT_SUPPORTED)
+            await _send_quietly(client, socks.data_to_send())
+            return
+        try:
+            assert client.socket is not None  # accepted by TcpServer: a kernel socket
+            local_ip = client.socket.getsockname()[0]
+            association = UdpAssociation(self.datagrams, client_ip, request, local_ip,
+                                         idle_timeout=self.udp_idle_timeout)
+            association.open()
+        except OSError as err:
+            log.warning("SOCKS5 proxy: cannot open a UDP relay for %s: %s", client_ip, err)
+            socks.reply(core.Reply.GENERAL_FAILURE)
+            await _send_quietly(client, socks.data_to_send())
+            return
+        self.associations.add(association)
+        try:
+            log.debug("SOCKS5 proxy: UDP ASSOCIATE for %s on %s:%d", client_ip, *association.address)
+            socks.reply(core.Reply.SUCCEEDED, association.address)
+            await client.sendall(socks.data_to_send())
+            ended = await association.run(client)
+            log.debug("SOCKS5 proxy: UDP association of %s ended (%s): %s", client_ip,
+                      {"closed": "control connection closed"}.get(ended, ended), dict(association.counts) or "no datagrams")
+        except OSError:
+            pass
+        finally:
+            self.associations.discard(association)
+            association.close()
+
     async def _dial(self, socks: core.Socks5Connection, request: core.ConnectRequest, client_ip: str) -> Connection | None:
         """The upstream connection, or None with the failure's reply queued."""
         host, port = request.host, request.port
@@ -133,7 +184,8 @@ class Socks5Server(TcpServer):
         return None
 
 
-async def _negotiate(socks: core.Socks5Connection, client: Connection) -> core.ConnectRequest | core.Refused | None:
+async def _negotiate(socks: core.Socks5Connection,
+                     client: Connection) -> core.ConnectRequest | core.AssociateRequest | core.Refused | None:
     """Read and answer until the request or a refusal (its answer sent); None at EOF.
 
     Raises Socks5ProtocolError (its answer, if any, still queued) or OSError."""

@@ -15,11 +15,17 @@ A connection goes through (RFC 1928 §3, §4, §6; RFC 1929 §2):
 3. request ``VER=5 CMD RSV ATYP DST.ADDR DST.PORT``: ``CONNECT`` to an IPv4 address, an IPv6
    address or a domain name becomes a :class:`ConnectRequest` (the name is *not* resolved
    here: the driver hands it to the Dialer, whose resolver asks the cluster's DNS for cluster
-   names); ``BIND`` and ``UDP ASSOCIATE`` are answered ``07`` (command not supported), an
-   unknown address type ``08`` (address type not supported), then close;
-4. the driver dials and calls :meth:`~Socks5Connection.reply`: ``00`` (succeeded) starts the
-   data phase (bytes the client sent ahead are in :attr:`~Socks5Connection.trailing_data`),
-   any other code closes. :func:`reply_for` picks the code for a failed dial.
+   names); ``UDP ASSOCIATE`` becomes an :class:`AssociateRequest` (DST is where the client
+   says it will send its datagrams from, often 0.0.0.0:0: port 0 is allowed there);
+   ``BIND`` is answered ``07`` (command not supported), an unknown address type ``08``
+   (address type not supported), then close;
+4. the driver dials (or opens the UDP relay) and calls :meth:`~Socks5Connection.reply`: ``00``
+   (succeeded) starts the data phase (bytes the client sent ahead are in
+   :attr:`~Socks5Connection.trailing_data`; for UDP ASSOCIATE the TCP connection then only
+   says how long the association lives), any other code closes. :func:`reply_for` picks the
+   code for a failed dial.
+
+The UDP relay's datagram header (RFC 1928 §7) is :mod:`.socks5_udp_core`.
 
 Malformed input raises :class:`Socks5ProtocolError` whose ``reason`` names the field that is
 wrong (the version, the method count, the address type, the name's length...). The answer the
@@ -98,6 +104,17 @@ class ConnectRequest:
 
 
 @dataclass(frozen=True)
+class AssociateRequest:
+    """``UDP ASSOCIATE``: the client will send datagrams from ``host:port`` (RFC 1928 §4: zeros
+    when it does not know yet). A name is kept as sent; it limits nothing (the driver accepts
+    datagrams from the control connection's address only)."""
+
+    host: str
+    port: int
+    address_type: AddressType
+
+
+@dataclass(frozen=True)
 class Refused:
     """A well-formed exchange the server declines; its answer is queued. Send it, then close."""
 
@@ -151,7 +168,7 @@ class _State(enum.Enum):
     GREETING = "greeting"
     AUTH = "auth"
     REQUEST = "request"
-    DIALLING = "dialling"  # a ConnectRequest was given out; waiting for reply()
+    DIALLING = "dialling"  # a ConnectRequest or AssociateRequest was given out; waiting for reply()
     RELAY = "relay"
     CLOSED = "closed"
 
@@ -167,6 +184,9 @@ class Socks5Connection:
 
     * :class:`ConnectRequest`: dial it, then :meth:`reply` (``Reply.SUCCEEDED`` and the bound
       address, or the failure's code, :func:`reply_for`);
+    * :class:`AssociateRequest`: open the UDP relay, then :meth:`reply` (``Reply.SUCCEEDED``
+      and the relay's address, or a failure's code; ``COMMAND_NOT_SUPPORTED`` when the
+      driver cannot carry datagrams);
     * :class:`Refused`: the answer is queued; send it and close.
 
     Raises :class:`Socks5ProtocolError` on malformed input (any answer allowed is queued).
@@ -178,7 +198,7 @@ class Socks5Connection:
         self._state = _State.GREETING
         self._in = bytearray()
         self._out = bytearray()
-        self.request: ConnectRequest | None = None
+        self.request: ConnectRequest | AssociateRequest | None = None
 
     @property
     def state(self) -> str:
@@ -198,7 +218,7 @@ class Socks5Connection:
         """Bytes the client sent after its request (the start of the data phase)."""
         return bytes(self._in)
 
-    def next_event(self) -> ConnectRequest | Refused | _NeedData:
+    def next_event(self) -> ConnectRequest | AssociateRequest | Refused | _NeedData:
         """The next step, NEED_DATA when more bytes are needed; see the class docstring."""
         while True:
             if self._state is _State.GREETING:
@@ -280,7 +300,7 @@ class Socks5Connection:
 
     # ---------------------------------------------------------------- RFC 1928 §4, §5
 
-    def _request(self) -> ConnectRequest | Refused | _NeedData:
+    def _request(self) -> ConnectRequest | AssociateRequest | Refused | _NeedData:
         buf = self._in
         if not buf:
             return NEED_DATA
@@ -307,19 +327,23 @@ class Socks5Connection:
         raw = bytes(buf[4:end])
         port = int.from_bytes(buf[end:end + 2], "big")
         del buf[:end + 2]
-        if command != Command.CONNECT:
+        if command not in (Command.CONNECT, Command.UDP_ASSOCIATE):
             self._out += encode_reply(Reply.COMMAND_NOT_SUPPORTED)
             try:
                 name = Command(command).name.replace("_", " ")
             except ValueError:
                 name = f"command {command}"
-            return self._close(Refused(f"{name} is not supported (only CONNECT)"))
+            return self._close(Refused(f"{name} is not supported (only CONNECT and UDP ASSOCIATE)"))
         if atyp == AddressType.IPV4:
             host = str(ipaddress.IPv4Address(raw))
         elif atyp == AddressType.IPV6:
             host = str(ipaddress.IPv6Address(raw))
         else:
             host = self._domain(raw[1:])
+        if command == Command.UDP_ASSOCIATE:  # where the client sends from: zeros mean "not known yet"
+            self.request = AssociateRequest(host, port, AddressType(atyp))
+            self._state = _State.DIALLING
+            return self.request
         if port == 0:
             raise self._fail(f"destination port 0 for {host!r} in the request", encode_reply(Reply.GENERAL_FAILURE))
         self.request = ConnectRequest(host, port, AddressType(atyp))
@@ -337,11 +361,12 @@ class Socks5Connection:
     # ---------------------------------------------------------------- RFC 1928 §6
 
     def reply(self, code: Reply, bound: tuple[str, int] | None = None) -> None:
-        """Answer the :class:`ConnectRequest`: ``SUCCEEDED`` with ``bound`` (the proxy's own end
-        of the outbound connection; 0.0.0.0:0 when unknown) starts the data phase; any other
-        code ends the connection (send :meth:`data_to_send`, then close)."""
+        """Answer the request: ``SUCCEEDED`` with ``bound`` (the proxy's own end of the outbound
+        connection, 0.0.0.0:0 when unknown; for UDP ASSOCIATE the relay's address, where the
+        client sends its datagrams) starts the data phase; any other code ends the connection
+        (send :meth:`data_to_send`, then close)."""
         if self._state is not _State.DIALLING:
-            raise RuntimeError(f"reply() in state {self._state.value}: only after a ConnectRequest")
+            raise RuntimeError(f"reply() in state {self._state.value}: only after a ConnectRequest or AssociateRequest")
         self._out += encode_reply(code, bound)
         self._state = _State.RELAY if code is Reply.SUCCEEDED else _State.CLOSED
 

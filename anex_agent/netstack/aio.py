@@ -322,18 +322,32 @@ class _Orphan:
 
 
 class UdpSocket:
-    """A bound UDP port of the stack: :meth:`sendto` and ``await`` :meth:`recvfrom`."""
+    """A bound UDP port of the stack: :meth:`sendto` and ``await`` :meth:`recvfrom`, or, with
+    ``on_datagram`` set, every datagram handed to ``on_datagram(data, (ip, port))`` as it
+    arrives (then :meth:`recvfrom` is not used)."""
 
     def __init__(self, runtime: NetstackRuntime, port: UdpPort) -> None:
         self._rt = runtime
         self.port = port
         self._waiter: asyncio.Future | None = None
         self.closed = False
+        self.on_datagram: Callable[[bytes, tuple[str, int]], None] | None = None
 
     def _wake(self) -> None:
+        on_datagram, queue = self.on_datagram, self.port.queue
+        if on_datagram is not None:
+            while queue and not self.closed:
+                d = queue.popleft()
+                on_datagram(d.data, (str(ipaddress.IPv4Address(d.src)), d.src_port))
+            return
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
         self._waiter = None
+
+    @property
+    def runtime(self) -> NetstackRuntime:
+        """The runtime whose stack holds the port."""
+        return self._rt
 
     def sendto(self, data: bytes, address: str, port: int) -> None:
         if self.closed:

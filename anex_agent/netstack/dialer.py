@@ -6,6 +6,10 @@ destination goes through the OS (:class:`anex_agent.net.dialer.OSDialer`), as th
 routes would send it with the kernel and wireguard-go engines. Names are resolved with
 the resolver the data plane gives (cluster names through the mesh DNS, whose UDP the
 netstack carries: :class:`NetstackDnsTransport`).
+
+:class:`NetstackDatagramDialer` is the same split for the workload's datagrams
+(:class:`anex_agent.net.datagram.DatagramDialer`): the tunnel's destinations through a UDP
+port of the stack, the others through a kernel UDP socket.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import ipaddress
 import logging
 from collections.abc import Callable
 
+from anex_agent.net.datagram import DatagramHandler, OSDatagramSocket
 from anex_agent.net.dialer import DEFAULT_CONNECT_TIMEOUT, NameResolver, OSDialer
 from anex_agent.errors import DialError, DialRefused, DialTimeout, DialUnreachable, ResolveError
-from anex_agent.netstack.aio import NetstackRuntime, TcpStream
+from anex_agent.netstack.aio import NetstackRuntime, TcpStream, UdpSocket
+from anex_agent.netstack.stack import StackError
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +110,70 @@ class NetstackDnsTransport:
                         return data
         finally:
             sock.close()
+
+
+class NetstackDatagramSocket:
+    """A :class:`anex_agent.net.datagram.DatagramSocket`: a UDP port of the stack for the tunnel's
+    destinations (opened at the first datagram, again when the engine replaced its runtime), a
+    kernel UDP socket for the others. Received datagrams of both go to ``on_datagram``."""
+
+    def __init__(self, runtime: RuntimeGetter, covers: Covers, on_datagram: DatagramHandler) -> None:
+        self._runtime = runtime
+        self._covers = covers
+        self._on_datagram = on_datagram
+        self._os = OSDatagramSocket(on_datagram)
+        self._stack_socket: UdpSocket | None = None
+        self.closed = False
+
+    @property
+    def dropped(self) -> int:
+        """Datagrams the kernel socket could not take (the stack queues what it sends)."""
+        return self._os.dropped
+
+    def sendto(self, data: bytes, address: str, port: int) -> None:
+        if self.closed:
+            raise OSError("the UDP socket is closed")
+        if not self._covers(address):
+            self._os.sendto(data, address, port)
+            return
+        if ":" in address:
+            raise OSError("IPv6 destinations are not carried by the built-in stack")
+        sock = self._stack_udp()
+        try:
+            sock.sendto(data, address, port)
+        except StackError as err:
+            raise OSError(str(err)) from None
+
+    def _stack_udp(self) -> UdpSocket:
+        runtime = self._runtime()
+        if runtime is None or runtime.closed:
+            raise OSError("the mesh is not up yet (no WireGuard session)")
+        sock = self._stack_socket
+        if sock is None or sock.closed or sock.runtime is not runtime:
+            if sock is not None:
+                sock.close()
+            sock = self._stack_socket = runtime.udp_open()
+            sock.on_datagram = self._on_datagram
+        return sock
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._os.close()
+        if self._stack_socket is not None:
+            self._stack_socket.close()
+            self._stack_socket = None
+
+
+class NetstackDatagramDialer:
+    """:class:`anex_agent.net.datagram.DatagramDialer` over the stack; ``runtime`` and ``covers`` as
+    for :class:`NetstackDialer`, ``resolver`` the one it uses."""
+
+    def __init__(self, runtime: RuntimeGetter, covers: Covers, resolver: NameResolver) -> None:
+        self._runtime = runtime
+        self._covers = covers
+        self.resolver = resolver
+
+    def open_datagram(self, on_datagram: DatagramHandler) -> NetstackDatagramSocket:
+        return NetstackDatagramSocket(self._runtime, self._covers, on_datagram)

@@ -16,6 +16,7 @@ import pytest
 
 from anex_agent.agent.dataplane import DataPlane
 from anex_agent.agent.settings import AgentSettings, ListenAddress, TunnelSetting
+from anex_agent.net.datagram import OSDatagramDialer
 from anex_agent.net.dialer import OSDialer
 from anex_agent.wire.keys import KeyPair, generate_private_key
 from anex_agent.tasks import Tasks
@@ -61,6 +62,9 @@ class ContractEngine(Engine):
 
     def dialer(self, resolver):
         return OSDialer(resolver) if self.gives_dialer else None
+
+    def datagram_dialer(self, resolver):
+        return OSDatagramDialer(resolver) if self.gives_dialer else None
 
     async def reset_sessions(self, desired, *, within=10.0, every=1.0) -> bool:
         self.resets += 1
@@ -405,6 +409,8 @@ async def test_the_socks5_proxy_runs_over_the_engines_dialer_only_when_asked(pla
     socks = ListenAddress("127.0.0.1", free_port())
     dp, _ = await make(ContractEngine, socks_listen=socks)
     assert dp.socks is not None and dp.socks.dialer is dp.dialer
+    # UDP ASSOCIATE goes through the engine's datagram dialer, names through the dialer's resolver
+    assert isinstance(dp.socks.datagrams, OSDatagramDialer) and dp.socks.datagrams.resolver is dp.resolver
     assert (await dp.status_doc())["socks"] == str(socks) and f"socks={socks}" in dp.summary()
     reader, writer = await asyncio.open_connection("127.0.0.1", socks.port)
     writer.write(bytes([5, 1, 0]))  # RFC 1928 greeting: no authentication

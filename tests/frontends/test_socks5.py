@@ -1,4 +1,4 @@
-"""The SOCKS5 proxy against real servers: curl (--socks5-hostname, --socks5, -U) and raw clients."""
+"""The SOCKS5 proxy against real servers: curl (--socks5-hostname, --socks5, -U), PySocks (UDP ASSOCIATE) and raw clients."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import os
 import shutil
 import socket
 
+import dns.message
 import pytest
 
+from anex_agent.net.datagram import OSDatagramDialer
 from anex_agent.net.dialer import OSDialer, StreamConnection
 from anex_agent.errors import ConfigError, PortInUseError
 from anex_agent.frontends import relay as relay_module
@@ -300,3 +302,52 @@ async def test_past_its_connection_cap_a_client_is_closed_at_once_counted_and_lo
         assert socks.refused == 2
         for _r, w in [held[1], (reader, writer)]:
             w.close()
+
+
+# ---------------------------------------------------------------- UDP ASSOCIATE with PySocks
+
+DNS_NAME = "kube-dns.kube-system.svc.cluster.local"
+
+
+def pysocks_dns_query(proxy_port: int, server: tuple[str, int], name: str, auth: SocksAuth | None = None,
+                      proxy_host: str = "127.0.0.1") -> tuple[dns.message.Message, tuple[str, int]]:
+    """Ask ``server`` (an address or a name, and a port) for ``name``'s A record over UDP through the
+    SOCKS5 proxy, as PySocks does it (UDP ASSOCIATE; blocking: run it in a thread). Returns the
+    answer and the source PySocks read from the relay's header."""
+    import socks  # PySocks
+
+    query = dns.message.make_query(name, "A")
+    sock = socks.socksocket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.set_proxy(socks.SOCKS5, proxy_host, proxy_port, rdns=True,
+                       username=auth.username if auth else None, password=auth.password if auth else None)
+        sock.settimeout(GENEROUS)
+        sock.sendto(query.to_wire(), server)
+        data, source = sock.recvfrom(4096)
+    finally:
+        sock.close()
+    answer = dns.message.from_wire(data)
+    assert answer.id == query.id
+    return answer, source
+
+
+def a_records(answer: dns.message.Message) -> list[str]:
+    return [item.address for rrset in answer.answer for item in rrset]
+
+
+async def test_pysocks_sends_a_dns_query_through_udp_associate():
+    records = {CLUSTER_NAME: ["10.96.0.7"], DNS_NAME: ["127.0.0.1"]}
+    async with tiny_dns(records) as dns_server:
+        resolver = Resolver([f"127.0.0.1:{dns_server.port}"], timeout=2.0)
+        async with Socks5Server(OSDialer(resolver), host="127.0.0.1", port=0, auth=AUTH,
+                                datagrams=OSDatagramDialer(resolver)) as socks:
+            port = socks.address[1]
+            by_address, source = await asyncio.to_thread(pysocks_dns_query, port, ("127.0.0.1", dns_server.port),
+                                                         CLUSTER_NAME, AUTH)
+            assert a_records(by_address) == ["10.96.0.7"] and source == ("127.0.0.1", dns_server.port)
+            # the DNS server named by a cluster name: the proxy resolves it (PySocks sends the name as it is)
+            by_name, source = await asyncio.to_thread(pysocks_dns_query, port, (DNS_NAME, dns_server.port),
+                                                      CLUSTER_NAME, AUTH)
+            assert a_records(by_name) == ["10.96.0.7"] and source == ("127.0.0.1", dns_server.port)
+            await wait_until(lambda: not socks.associations, what="PySocks' associations ended with its close()")
+        assert dns_server.queries.count((CLUSTER_NAME, "A")) == 2 and (DNS_NAME, "A") in dns_server.queries

@@ -122,13 +122,47 @@ def test_a_greeting_with_no_methods():
     assert out == bytes([5, 0xFF]) and "offered none" in events[0].reason
 
 
-@pytest.mark.parametrize("command, name", [(2, "BIND"), (3, "UDP ASSOCIATE"), (9, "command 9")])
-def test_commands_other_than_connect_are_not_supported(command, name):
+@pytest.mark.parametrize("command, name", [(2, "BIND"), (9, "command 9")])
+def test_commands_other_than_connect_and_udp_associate_are_not_supported(command, name):
     conn = core.Socks5Connection()
     events, out = feed(conn, NO_AUTH_GREETING + request("10.0.0.1", 53, command=command))
     assert out[2:] == core.encode_reply(Reply.COMMAND_NOT_SUPPORTED)
     assert out[3] == 0x07
-    assert events == [core.Refused(f"{name} is not supported (only CONNECT)")]
+    assert events == [core.Refused(f"{name} is not supported (only CONNECT and UDP ASSOCIATE)")]
+    assert conn.state == "closed"
+
+
+@pytest.mark.parametrize("host, port, atyp", [
+    ("0.0.0.0", 0, AddressType.IPV4),  # "not known yet": what most clients send
+    ("127.0.0.1", 40000, AddressType.IPV4),
+    ("::", 0, AddressType.IPV6),
+    ("client.example", 5353, AddressType.DOMAIN),
+])
+def test_udp_associate_is_a_request_with_the_clients_source_and_port_0_is_allowed(host, port, atyp):
+    conn = core.Socks5Connection(AUTH)
+    events, out = feed(conn, USERPASS_GREETING + userpass(b"alice", b"s3cret") + request(host, port, command=3),
+                       one_byte_at_a_time=True)
+    assert out == bytes([5, 2, 1, 0])  # nothing answered yet: the driver opens the relay first
+    assert events == [core.AssociateRequest(host, port, atyp)] and conn.request == events[0]
+    assert conn.state == "dialling"
+    conn.reply(Reply.SUCCEEDED, ("127.0.0.1", 40123))
+    assert conn.data_to_send() == bytes([5, 0, 0, 1, 127, 0, 0, 1]) + (40123).to_bytes(2, "big")
+    assert conn.state == "relay"
+
+
+def test_udp_associate_without_the_credentials_is_refused_before_the_request():
+    conn = core.Socks5Connection(AUTH)
+    events, out = feed(conn, USERPASS_GREETING + userpass(b"alice", b"wrong") + request("0.0.0.0", 0, command=3))
+    assert out == bytes([5, 2, 1, 1])
+    assert events == [core.Refused("wrong username or password")] and conn.request is None
+
+
+def test_udp_associate_a_driver_cannot_serve_is_answered_07_and_closes():
+    conn = core.Socks5Connection()
+    feed(conn, NO_AUTH_GREETING + request("0.0.0.0", 0, command=3))
+    conn.data_to_send()
+    conn.reply(Reply.COMMAND_NOT_SUPPORTED)
+    assert conn.data_to_send() == core.encode_reply(Reply.COMMAND_NOT_SUPPORTED)
     assert conn.state == "closed"
 
 

@@ -1,6 +1,7 @@
 """The built-in engine with its TCP/IP stack, end to end in this process: two engines over real
 UDP, one dials the other's mesh address through its dialer, the other relays its inbound port
-to a loopback server; DNS over the stack; destinations outside the tunnel go through the OS."""
+to a loopback server; DNS over the stack; the workload's datagrams (the datagram dialer, the
+SOCKS5 proxy's UDP ASSOCIATE) over the stack; destinations outside the tunnel go through the OS."""
 
 from __future__ import annotations
 
@@ -93,28 +94,35 @@ async def test_addresses_outside_the_tunnel_go_through_the_os(pair):
     await conn.aclose()
 
 
-async def test_cluster_dns_goes_over_the_stack(pair):
+def stack_udp_port(engine, port: int):
+    """A UDP socket of ``engine``'s stack bound to ``port`` of its mesh address."""
+    sock = engine.runtime.udp_open()
+    engine.runtime.stack.udp_unbind(sock.port)
+    sock.port.port = port
+    engine.runtime.stack.udp_ports[port] = sock.port
+    engine.runtime._udp[sock.port] = sock
+    return sock
+
+
+async def serve_dns(engine, answered: list[str]):
+    """A DNS server on ``engine``'s stack (UDP port 53 of its mesh address): every A is 10.96.0.7."""
     import dns.message
     import dns.rrset
 
+    sock = stack_udp_port(engine, 53)
+    while True:
+        data, (host, sport) = await sock.recvfrom()
+        query = dns.message.from_wire(data)
+        reply = dns.message.make_response(query)
+        reply.answer.append(dns.rrset.from_text(query.question[0].name, 30, "IN", "A", "10.96.0.7"))
+        answered.append(host)
+        sock.sendto(reply.to_wire(), host, sport)
+
+
+async def test_cluster_dns_goes_over_the_stack(pair):
     a, b, port = pair
     answered = []
-
-    async def serve_dns():  # a DNS server on the peer's stack (UDP port 53 of its mesh address)
-        sock = b.runtime.udp_open()
-        b.runtime.stack.udp_unbind(sock.port)
-        sock.port.port = 53
-        b.runtime.stack.udp_ports[53] = sock.port
-        b.runtime._udp[sock.port] = sock
-        while True:
-            data, (host, sport) = await sock.recvfrom()
-            query = dns.message.from_wire(data)
-            reply = dns.message.make_response(query)
-            reply.answer.append(dns.rrset.from_text(query.question[0].name, 30, "IN", "A", "10.96.0.7"))
-            answered.append(host)
-            sock.sendto(reply.to_wire(), host, sport)
-
-    server = asyncio.create_task(serve_dns())
+    server = asyncio.create_task(serve_dns(b, answered), name="test-dns-on-the-stack")
     try:
         slot = ResolverSlot()
         a.dialer(slot)
@@ -222,3 +230,68 @@ async def test_the_agent_api_served_through_the_stack_wants_a_token(pair):
     finally:
         await conn.aclose()
         await api.close()
+
+
+async def test_datagrams_to_the_tunnel_go_through_a_udp_port_of_the_stack(pair):
+    a, b, port = pair
+    echo = stack_udp_port(b, 7777)
+    got: asyncio.Queue = asyncio.Queue()
+    sock = a.datagram_dialer(ResolverSlot()).open_datagram(lambda data, source: got.put_nowait((data, source)))
+    try:
+        sock.sendto(b"over the stack", IP_B, 7777)
+        data, (host, sport) = await asyncio.wait_for(echo.recvfrom(), 10)
+        assert data == b"over the stack" and host == IP_A  # it came through the tunnel
+        echo.sendto(b"echo:" + data, host, sport)
+        assert await asyncio.wait_for(got.get(), 10) == (b"echo:over the stack", (IP_B, 7777))
+        with pytest.raises(OSError, match="does not fit"):
+            sock.sendto(bytes(1500), IP_B, 7777)  # beyond the tunnel's MTU: said, not sent
+    finally:
+        sock.close()
+        echo.close()
+    assert sport not in a.runtime.stack.udp_ports  # closing the socket gave the stack's port back
+
+
+async def test_datagrams_outside_the_tunnel_go_through_the_os_and_none_while_the_mesh_is_down(pair):
+    a, b, port = pair
+    loop = asyncio.get_running_loop()
+    got: asyncio.Queue = asyncio.Queue()
+
+    class Echo(asyncio.DatagramProtocol):
+        def connection_made(self, transport):
+            self.transport = transport
+
+        def datagram_received(self, data, addr):
+            self.transport.sendto(data, addr)
+
+    transport, _ = await loop.create_datagram_endpoint(Echo, local_addr=("127.0.0.1", 0))
+    echo_port = transport.get_extra_info("sockname")[1]
+    sock = a.datagram_dialer(ResolverSlot()).open_datagram(lambda data, source: got.put_nowait((data, source)))
+    try:
+        sock.sendto(b"kernel", "127.0.0.1", echo_port)
+        assert await asyncio.wait_for(got.get(), 10) == (b"kernel", ("127.0.0.1", echo_port))
+        a.runtime.close()
+        with pytest.raises(OSError, match="not up"):
+            sock.sendto(b"x", IP_B, 7777)
+    finally:
+        sock.close()
+        transport.close()
+
+
+async def test_pysocks_dns_over_udp_associate_through_the_stack(pair):
+    """The SOCKS5 proxy on the built-in engine: PySocks' DNS query to the peer's mesh address
+    travels in the stack (no OS interface), and the answer comes back through the relay."""
+    from anex_agent.frontends.socks5 import Socks5Server
+    from tests.frontends.test_socks5 import a_records, pysocks_dns_query
+
+    a, b, port = pair
+    answered: list[str] = []
+    server = asyncio.create_task(serve_dns(b, answered), name="test-dns-on-the-stack")
+    try:
+        slot = ResolverSlot()
+        async with Socks5Server(a.dialer(slot), host="127.0.0.1", port=0, datagrams=a.datagram_dialer(slot)) as socks:
+            answer, source = await asyncio.to_thread(pysocks_dns_query, socks.address[1], (IP_B, 53),
+                                                     "web.default.svc.cluster.local")
+        assert a_records(answer) == ["10.96.0.7"] and source == (IP_B, 53)
+        assert answered == [IP_A]  # the query reached the peer through the tunnel
+    finally:
+        server.cancel()

@@ -12,6 +12,7 @@ proxy and the forwards, open connections through it) or front-ends of its own
     changed = await engine.apply(desired, workload)   # declarative; True when anything changed
     done = await engine.update_peers(upsert, remove)  # only these peers, one small write (False: use apply)
     dialer = engine.dialer(resolver)             # a Dialer, or None: the engine serves the workload itself
+    datagrams = engine.datagram_dialer(resolver) # a DatagramDialer (UDP for the SOCKS5 proxy), or None
     status = await engine.status()               # handshakes, bytes, endpoints
     verdict = await engine.readiness()           # its own verdict, or None: judge by the last handshake
     await engine.reset_sessions(desired)         # fresh handshakes now (a gateway restarted)
@@ -62,6 +63,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from anex_agent.net.datagram import DatagramDialer
 from anex_agent.net.dialer import Dialer, NameResolver
 from anex_agent.errors import EngineError
 from anex_agent.tunnels.engines.config import DesiredConfig, PeerConfig, WorkloadConfig
@@ -144,6 +146,13 @@ class Engine(abc.ABC):
         the work. ``resolver`` resolves mesh/cluster names; the caller may change what it
         answers later (see :class:`anex_agent.net.resolver.ResolverSlot`), the dialer keeps it.
         """
+
+    def datagram_dialer(self, resolver: NameResolver) -> DatagramDialer | None:
+        """What the workload's UDP goes through (the SOCKS5 proxy's UDP ASSOCIATE), beside
+        :meth:`dialer` and with the same ``resolver``; None (the default): the engine carries
+        no datagrams for the agent's front-ends. Kernel and wireguard-go return
+        ``anex_agent.net.datagram.OSDatagramDialer(resolver)``; call it after :meth:`dialer`."""
+        return None
 
     async def serve_on_mesh(self, port: int, protocol_factory) -> bool:
         """Serve ``port`` of the mesh address with an asyncio protocol per connection

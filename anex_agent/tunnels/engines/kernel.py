@@ -39,6 +39,7 @@ from anex_agent.tunnels.os.uapi import UapiDevice, UapiPeer
 from anex_agent.tunnels.engines.wireguard_go import peers_from_device, status_from_device
 
 if TYPE_CHECKING:
+    from anex_agent.net.datagram import OSDatagramDialer
     from anex_agent.net.dialer import NameResolver, OSDialer
     from anex_agent.tasks import Tasks
 
@@ -263,3 +264,9 @@ class KernelEngine(Engine):
         from anex_agent.net.dialer import OSDialer
 
         return OSDialer(resolver)
+
+    def datagram_dialer(self, resolver: NameResolver | None = None) -> OSDatagramDialer:
+        """Kernel UDP sockets: the routes through the interface carry the datagrams."""
+        from anex_agent.net.datagram import OSDatagramDialer
+
+        return OSDatagramDialer(resolver)

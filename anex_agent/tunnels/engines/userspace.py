@@ -432,6 +432,17 @@ class UserspaceEngine(Engine):
             use_transport(NetstackDnsTransport(lambda: self.runtime))
         return NetstackDialer(lambda: self.runtime, self._covers, resolver)
 
+    def datagram_dialer(self, resolver: NameResolver | None = None):
+        """A :class:`~anex_agent.netstack.dialer.NetstackDatagramDialer`: the tunnel's destinations
+        through UDP ports of the stack, others through the OS; names through ``resolver`` (give
+        the one :meth:`dialer` got, which carries cluster DNS over the stack)."""
+        from anex_agent.netstack.dialer import NetstackDatagramDialer
+        from anex_agent.net.resolver import Resolver
+
+        self._netstack_wanted = True
+        self._ensure_runtime()
+        return NetstackDatagramDialer(lambda: self.runtime, self._covers, resolver if resolver is not None else Resolver())
+
     def report(self) -> dict:
         return {"netstack": self.runtime.report()} if self.runtime is not None else {}
 

@@ -49,6 +49,7 @@ from anex_agent.tunnels.os.caps import CAP_NET_ADMIN, has_capability, tun_usable
 from anex_agent.tunnels.engines.endpoints import resolve_once
 
 if TYPE_CHECKING:
+    from anex_agent.net.datagram import OSDatagramDialer
     from anex_agent.net.dialer import NameResolver, OSDialer
     from anex_agent.tasks import Tasks
 
@@ -343,3 +344,9 @@ class WireguardGoEngine(Engine):
         from anex_agent.net.dialer import OSDialer
 
         return OSDialer(resolver)
+
+    def datagram_dialer(self, resolver: NameResolver | None = None) -> OSDatagramDialer:
+        """Kernel UDP sockets: the routes through the interface carry the datagrams."""
+        from anex_agent.net.datagram import OSDatagramDialer
+
+        return OSDatagramDialer(resolver)
