@@ -5,6 +5,7 @@ Line protocol (one JSON object per line on stdin; one JSON reply per line on std
     {"op": "apply", "config": {...DesiredConfig fields, private_key as base64...}} -> {"ok": true}
     {"op": "status"}  -> {"ok": true, "status": EngineStatus.to_dict()}
     {"op": "dump"}    -> {"ok": true, "dump": {listen_port, has_private_key, peers: [...]}}
+    {"op": "keepalive", "keys": [public key, ...]} -> {"ok": true, "sent": bool}   (Engine.send_keepalive)
     {"op": "stop"}    -> {"ok": true}   (then the driver exits)
 
 Errors come back as {"ok": false, "error": "..."}. EOF on stdin stops the engine and exits,
@@ -70,6 +71,8 @@ async def drive(engine_name: str, ifname: str, tg: asyncio.TaskGroup) -> int:
                     reply({"ok": True, "status": (await engine.status()).to_dict()})
                 elif cmd["op"] == "dump":
                     reply({"ok": True, "dump": _dump_doc(await engine.dump())})
+                elif cmd["op"] == "keepalive":
+                    reply({"ok": True, "sent": await engine.send_keepalive(cmd["keys"])})
                 elif cmd["op"] == "stop":
                     break
                 else:

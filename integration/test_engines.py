@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from anex_agent.testing.mesh import wait_until
 from anex_agent.wire.keys import encode_key, generate_private_key, public_key
 
 from integration.netns import Netns, missing_prerequisites, read_line, unique, veth
@@ -154,6 +155,60 @@ def test_update_routes_and_remove_a_peer(pair):
     hub.apply(listen_port=51820, address="10.71.0.1/24", mtu=1420, peers=[])
     assert hub.cmd("dump")["dump"]["peers"] == []
     assert not _ping(node.ns, "10.71.0.1", wait=1)  # the hub no longer accepts the node
+
+
+def _transport_messages_sent(ns: Netns, table: str) -> tuple[int, int]:
+    """(keepalives, data packets) the node sent to the hub since ``table`` was added (see below)."""
+    out = ns.check_output(["nft", "-j", "list", "table", "inet", table])
+    counters = [expr["counter"]["packets"] for item in json.loads(out)["nftables"] if "rule" in item
+                for expr in item["rule"]["expr"] if "counter" in expr]
+    assert len(counters) == 2, out
+    return counters[0], counters[1]
+
+
+def _sent_at_least(ns: Netns, table: str, keepalives: int) -> tuple[int, int] | None:
+    """The counts once ``keepalives`` keepalives or any data packet went; None before."""
+    counts = _transport_messages_sent(ns, table)
+    return counts if counts[0] >= keepalives or counts[1] else None
+
+
+def test_send_keepalive_sends_a_wireguard_keepalive_no_data_and_keeps_the_interval(pair):
+    """The path watch's nudge on wireguard-go: a WireGuard keepalive (a transport message of 32
+    bytes, no payload), no data packet (data that nothing answers makes WireGuard initiate again
+    15 s later, whitepaper §6.5), and the peer's persistent keepalive as it was, with an interval
+    and without one. Counted on the wire by type and size; every keepalive the node sends during
+    the test is one asked for (the interval is off, or an hour; nothing arrives to answer)."""
+    hub, node = pair
+    wait_until(lambda: hub.cmd("status")["status"]["peers"][0]["rx_bytes"] > 148, 20,
+               "the node's handshake and its first keepalive (an initiation is 148 bytes)")
+    peer = {"public_key": hub.public, "endpoint": "192.168.71.1:51820", "allowed_ips": ["10.71.0.0/24"]}
+
+    def configure(interval: int) -> None:
+        node.apply(listen_port=None, address="10.71.0.2/32", mtu=1420, routes=["10.71.0.0/24"],
+                   peers=[{**peer, "persistent_keepalive": interval}])
+
+    configure(0)  # WireGuard's own keepalives off: the timer armed for 25 s finds 0 and sends nothing
+    port = node.cmd("dump")["dump"]["listen_port"]
+    table = "anex_test_ka"
+    transport = f"udp sport {port} udp dport 51820 @th,64,8 4"
+    node.ns.run(["nft", "-f", "-"], input=(
+        f"table inet {table} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n"
+        f"  {transport} udp length 40 counter\n  {transport} udp length != 40 counter\n }}\n}}\n"))
+    try:
+        steps = [(0, "a keepalive asked for, no interval"),
+                 (3600, "the keepalive WireGuard sends when the interval is turned on"),
+                 (3600, "a keepalive asked for, an interval of an hour")]
+        for sent, (interval, what) in enumerate(steps, 1):
+            if sent == 2:
+                configure(interval)
+            else:
+                assert node.cmd("keepalive", keys=[hub.public])["sent"] is True
+            counts = wait_until(lambda: _sent_at_least(node.ns, table, sent), 10, what)
+            assert counts == (sent, 0), f"{what}: (keepalives, data packets) sent: {counts}"  # never data
+            assert node.cmd("dump")["dump"]["peers"][0]["persistent_keepalive"] == interval
+        assert node.cmd("keepalive", keys=[encode_key(bytes(32))])["sent"] is False  # not a peer: nothing
+    finally:
+        node.ns.run(["nft", "delete", "table", "inet", table], check=False)
 
 
 def test_teardown_leaves_nothing(pair):

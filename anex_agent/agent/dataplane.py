@@ -257,12 +257,12 @@ class DataPlane:
         dns = sorted(config.dns, key=lambda server: server in silent)  # stable: the config's order otherwise
         return Resolver.from_node_config(config.model_copy(update={"dns": dns}) if dns != config.dns else config)
 
-    def _nudge(self) -> None:
-        """Make the engine send to each gateway now (:meth:`Engine.send_keepalive`): after a UDP
-        probe the hub answers the probe's socket until the engine's next datagram reaches it."""
+    async def _nudge(self) -> None:
+        """Make the engine send a keepalive to each gateway now (:meth:`Engine.send_keepalive`): after
+        a UDP probe the hub answers the probe's socket until the engine's next datagram reaches it."""
         if self.engine is None or self.config is None:
             return
-        self.engine.send_keepalive({gw.public_key: gw.mesh_address for gw in self.config.gateways})
+        await self.engine.send_keepalive([gw.public_key for gw in self.config.gateways])
 
     async def _reapply(self) -> None:
         """Apply the current config again (an endpoint name moved: the policy resolves it anew)."""

@@ -147,6 +147,10 @@ class Counters:
     handshake_age: float | None
 
 
+async def _no_nudge() -> None:
+    """The watch's ``nudge`` when none is given: nothing to send."""
+
+
 class PathManager:
     """Owns the path choice and the relay connections; see the module docstring."""
 
@@ -309,7 +313,8 @@ class PathManager:
             log.warning("path: %s -> %s: %s", before, after, reason)
             self.since = time.time()
 
-    async def _watch_udp_only(self, counters: Callable[[], Awaitable[Counters]], nudge: Callable[[], None]) -> None:
+    async def _watch_udp_only(self, counters: Callable[[], Awaitable[Counters]],
+                              nudge: Callable[[], Awaitable[object]]) -> None:
         """One look at UDP when it is the only path: notice it stopped (a failed probe after silence)
         or works again (datagrams from the gateways, or a probe that completes)."""
         seen = await counters()
@@ -322,7 +327,7 @@ class PathManager:
                 result = await self.probe_udp()
                 self._next_udp_probe = time.monotonic() + self.settings.probe_interval
                 if result.ok:
-                    nudge()
+                    await nudge()
                     self._mark_udp(None)
                     self.reason = f"UDP works again: {result.reason}"
             return
@@ -331,7 +336,7 @@ class PathManager:
             return
         result = await self._probe_quiet_udp(counters, seen)
         if result.ok:
-            nudge()
+            await nudge()
             self._stall.probed_ok(time.monotonic())
             return
         self._stall.reset()
@@ -378,10 +383,10 @@ class PathManager:
         return changed
 
     async def watch(self, counters: Callable[[], Awaitable[Counters]], reapply: Callable[[], Awaitable[None]],
-                    reset: Callable[[], Awaitable[bool]], nudge: Callable[[], None] = lambda: None) -> None:
+                    reset: Callable[[], Awaitable[bool]], nudge: Callable[[], Awaitable[object]] = _no_nudge) -> None:
         """Watch the current path (auto only) and switch when it stops working; runs until cancelled.
 
-        ``nudge()`` makes the engine send something to the gateways now (the data plane's:
+        ``await nudge()`` makes the engine send a keepalive to the gateways now (the data plane's:
         :meth:`~anex_agent.tunnels.engines.base.Engine.send_keepalive`): after a probe that succeeded,
         the gateway answers the probe's socket until the engine's next datagram."""
         next_probe = time.monotonic() + self.settings.probe_interval
@@ -400,7 +405,7 @@ class PathManager:
                     continue
                 result = await self._probe_quiet_udp(counters, seen)
                 if result.ok:
-                    nudge()
+                    await nudge()
                     self._stall.probed_ok(time.monotonic())
                     log.debug("path: %s, but %s; staying on UDP", why, result.reason)
                     continue

@@ -360,8 +360,8 @@ async def packet_arrives(engine, label: bytes, timeout: float) -> bool:
 async def test_a_keepalive_pulls_the_hub_back_after_a_probe_on_an_engine_without_an_interface(world):
     """The probe's handshake comes from another socket, so the hub's replies go there (here: the
     blocker's client address, as a NAT would) until the engine sends again; the userspace engine
-    (no OS interface to send a datagram to the gateway's mesh address through) sends a WireGuard
-    keepalive when asked, through its own Bind.
+    (no OS interface) sends a WireGuard keepalive when asked, through its own Bind (the native
+    engines' keepalive: ``integration/test_engines.py``).
 
     Without it WireGuard's own timers would pull the hub back too, later (the node, having sent
     data and heard nothing, starts a handshake after 15 s, whitepaper §6.5): so the test asserts
@@ -380,8 +380,8 @@ async def test_a_keepalive_pulls_the_hub_back_after_a_probe_on_an_engine_without
 
     hub_pub = world.config.gateways[0].public_key
     since = len(world.blocker.from_client)
-    assert world.node.send_keepalive({hub_pub: IP_HUB}) is True
-    assert world.node.send_keepalive({keys.encode_key(bytes(32)): "10.45.0.9"}) is False  # not a peer: nothing
+    assert await world.node.send_keepalive([hub_pub]) is True
+    assert await world.node.send_keepalive([keys.encode_key(bytes(32))]) is False  # not a peer: nothing
     first = (await wait_until(lambda: world.blocker.sent_by(node_address, since), what="the node's keepalive"))[0]
     assert is_keepalive(first), f"the node's first datagram was of type {first[0]}, not a keepalive"
     await hub_reaches_the_node(world, b"pulled back")
@@ -420,9 +420,9 @@ async def test_the_watch_pulls_the_hub_back_after_a_quiet_probe(world):
     hub_pub = world.config.gateways[0].public_key
     nudges: list[int] = []  # how many datagrams the blocker had forwarded at each nudge
 
-    def nudge():
+    async def nudge():
         nudges.append(len(world.blocker.from_client))
-        return world.node.send_keepalive({hub_pub: IP_HUB})
+        return await world.node.send_keepalive([hub_pub])
     world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset, nudge))
     await wait_until(lambda: nudges, what="a probe, done and answered, then the nudge")
     assert probes, "the watch nudged without probing"

@@ -16,7 +16,7 @@ proxy and the forwards, open connections through it) or front-ends of its own
     status = await engine.status()               # handshakes, bytes, endpoints
     verdict = await engine.readiness()           # its own verdict, or None: judge by the last handshake
     await engine.reset_sessions(desired)         # fresh handshakes now (a gateway restarted)
-    engine.send_keepalive({key: mesh_address})   # one datagram to each gateway now (pull a hub back)
+    await engine.send_keepalive(keys)            # a WireGuard keepalive to these peers now (pull a hub back)
     await engine.handshake_now(desired, keys)    # a new initiation to these session-less peers now
     details = engine.report()                    # engine-specific facts for /status ({} for most)
     await engine.stop()                          # nothing of ours is left afterwards
@@ -58,9 +58,8 @@ import abc
 import asyncio
 import dataclasses
 import logging
-import socket
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from anex_agent.net.datagram import DatagramDialer
@@ -73,9 +72,6 @@ if TYPE_CHECKING:
     from anex_agent.tasks import Tasks
 
 log = logging.getLogger(__name__)
-
-#: RFC 863's discard port: where :meth:`Engine.send_keepalive` sends on an OS interface.
-DISCARD_PORT = 9
 
 
 class Engine(abc.ABC):
@@ -162,27 +158,20 @@ class Engine(abc.ABC):
         interface never needs to (listen on the address with a socket)."""
         return False
 
-    def send_keepalive(self, gateways: Mapping[str, str]) -> bool:
-        """Make the engine send one datagram to each of ``gateways`` (public key -> mesh address) now.
+    async def send_keepalive(self, gateways: Collection[str]) -> bool:
+        """Make the engine send a WireGuard keepalive to each of ``gateways`` (peer public keys) now.
 
         What for: after a UDP probe (a handshake from another socket) the hub answers that
         socket until this engine's next datagram reaches it; this pulls the hub back at once.
-        Default, for an engine with an OS interface: one empty UDP datagram to each mesh
-        address (the discard port), which the host routes into the tunnel and the gateway
-        drops after WireGuard took it. Engines without one override it (the built-in engine
-        sends a WireGuard keepalive). Returns whether anything was sent; never raises."""
-        if not self.host_address:
-            return False
-        sent = False
-        for address in gateways.values():
-            family = socket.AF_INET6 if ":" in address else socket.AF_INET
-            try:
-                with socket.socket(family, socket.SOCK_DGRAM) as sock:
-                    sock.sendto(b"", (address, DISCARD_PORT))
-                sent = True
-            except OSError:
-                pass
-        return sent
+        A keepalive, never a data packet: WireGuard starts a new handshake when data it sent
+        got no answer within 15 s (KEEPALIVE_TIMEOUT + REKEY_TIMEOUT, whitepaper §6.5), and
+        nothing answers a datagram sent only to pull the hub back, so each such nudge of an
+        idle node would cost a handshake. A keepalive starts no timer. A peer without a
+        session gets a handshake initiation first (the keepalive follows it), as WireGuard
+        does for any send. Keys that are not peers are skipped. Returns whether anything
+        was sent; never raises. Default: False (the engine cannot); every built-in engine
+        with a tunnel of its own overrides it."""
+        return False
 
     async def readiness(self) -> tuple[bool, str] | None:
         """The engine's own readiness verdict, or None to judge by the last handshake (default)."""

@@ -7,6 +7,8 @@
   ``WireGuard.set`` builds them); addresses, MTU, routes and link state through
   :mod:`netconf`, exactly as the wireguard-go engine does.
 * ``update_peers(upsert, remove)`` sends ``WG_CMD_SET_DEVICE`` for those peers only (no dump).
+* ``send_keepalive(keys)`` turns those peers' persistent keepalive off and on again
+  (:func:`keepalive_peers`): the kernel sends a keepalive when it is turned on.
 * ``stop()`` deletes the link; its routes go with it.
 
 Netlink attribute names and flags: include/uapi/linux/wireguard.h (WGPEER_F_REMOVE_ME,
@@ -20,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import errno as errno_mod
+import logging
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +39,14 @@ from anex_agent.tunnels.engines.status import EngineStatus, Support
 from anex_agent.tunnels.engines.endpoints import resolve_once
 from anex_agent.tunnels.os.caps import CAP_NET_ADMIN, call_off_loop, has_capability
 from anex_agent.tunnels.os.uapi import UapiDevice, UapiPeer
-from anex_agent.tunnels.engines.wireguard_go import peers_from_device, status_from_device
+from anex_agent.tunnels.engines.wireguard_go import keepalive_toggle, peers_from_device, status_from_device
 
 if TYPE_CHECKING:
     from anex_agent.net.datagram import OSDatagramDialer
     from anex_agent.net.dialer import NameResolver, OSDialer
     from anex_agent.tasks import Tasks
+
+log = logging.getLogger(__name__)
 
 ZERO_KEY_B64 = base64.b64encode(bytes(32)).decode()
 
@@ -141,6 +146,20 @@ def netlink_peer(peer: PeerConfig, *, had_psk: bool) -> dict[str, Any]:
     elif had_psk:
         item["preshared_key"] = ZERO_KEY_B64
     return item
+
+
+def keepalive_peers(device: UapiDevice, keys: Collection[str]) -> list[dict[str, Any]]:
+    """The pyroute2 ``WireGuard.set`` peer dicts, in order, that make the kernel send a keepalive
+    to each peer of ``device`` named in ``keys`` and leave its interval as it was
+    (:func:`~anex_agent.tunnels.engines.wireguard_go.keepalive_toggle`; ``update_only``: a peer
+    removed meanwhile is not created again). Empty when no key is a peer. Pure."""
+    peers: list[dict[str, Any]] = []
+    for peer in device.peers:
+        key = encode_key(peer.public_key)
+        if key in keys:
+            peers += [{"public_key": key, "update_only": True, "persistent_keepalive": interval}
+                      for interval in keepalive_toggle(peer.persistent_keepalive)]
+    return peers
 
 
 # ---------------------------------------------------------------- blocking netlink (run in a thread)
@@ -245,6 +264,30 @@ class KernelEngine(Engine):
             async with self._lock:
                 await netconf.run_blocking(_wg_set, self.ifname, {}, peers)
         return True
+
+    async def send_keepalive(self, gateways: Collection[str]) -> bool:
+        """A WireGuard keepalive to each of ``gateways`` now: their interval read and set off and on
+        again (:func:`keepalive_peers`; pyroute2 sends one message per peer setting, so should a
+        write fail, each peer's own interval is set once more); no data packet."""
+        if not self._started:
+            return False
+        peers: list[dict[str, Any]] = []
+        async with self._lock:  # no apply() between the read and the writes
+            try:
+                peers = keepalive_peers(await netconf.run_blocking(_wg_info, self.ifname), gateways)
+                if not peers:
+                    return False
+                await netconf.run_blocking(_wg_set, self.ifname, {}, peers)
+                return True
+            except EngineError as err:
+                log.debug("kernel WireGuard: no keepalive sent: %s", err)
+            if not peers:
+                return False
+            try:
+                await netconf.run_blocking(_wg_set, self.ifname, {}, peers[1::2])  # each peer's own interval
+            except EngineError as err:
+                log.warning("kernel WireGuard: a peer's persistent keepalive may be off until the next apply: %s", err)
+            return False
 
     async def dump(self) -> UapiDevice:
         return await netconf.run_blocking(_wg_info, self.ifname)

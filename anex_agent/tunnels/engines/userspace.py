@@ -33,7 +33,7 @@ import collections
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -381,9 +381,9 @@ class UserspaceEngine(Engine):
         return EngineStatus(self.name, None, self.tunnel.bind.local_port, self._task is not None and not self._task.done(),
                             tuple(peers))
 
-    def send_keepalive(self, gateways: Mapping[str, str]) -> bool:
-        """A WireGuard keepalive to each of ``gateways`` (by public key) now, through the engine's
-        Bind (there is no OS interface a datagram to the mesh address could go through)."""
+    async def send_keepalive(self, gateways: Collection[str]) -> bool:
+        """A WireGuard keepalive to each of ``gateways`` (public keys) now, from the core
+        (:meth:`anex_agent.wg.device.Device.send_keepalive`), through the engine's Bind."""
         tunnel = self.tunnel
         if tunnel is None:
             return False

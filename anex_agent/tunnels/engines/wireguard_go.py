@@ -13,6 +13,8 @@ Lifecycle:
 * ``update_peers(upsert, remove)`` sends one ``set=1`` naming only those peers: no
   ``get=1``, no other peer read or rewritten, never ``replace_peers`` (a gateway's
   watch events).
+* ``send_keepalive(keys)`` turns those peers' persistent keepalive off and on again in one
+  ``set=1`` (:func:`keepalive_request`): wireguard-go sends a keepalive when it is turned on.
 * ``stop()`` sends SIGTERM (SIGKILL after a grace period), then makes sure the
   interface and the UAPI socket are gone. Routes die with the interface.
 
@@ -31,13 +33,13 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from anex_agent import parse
 from anex_agent.host.childenv import engine_env
-from anex_agent.errors import EngineError
+from anex_agent.errors import EngineError, ProtocolError
 from anex_agent.wire.keys import decode_key, encode_key
 from anex_agent.tunnels.os import netconf, process, uapi
 from anex_agent.tunnels.engines.base import Engine
@@ -163,6 +165,31 @@ def update_request(upsert: Sequence[PeerConfig], remove: Sequence[str]) -> bytes
             change = dataclasses.replace(change, preshared_key=b"")
         changes.append(change)
     return uapi.encode_set(peers=changes)
+
+
+def keepalive_toggle(interval: int) -> tuple[int, int]:
+    """The two persistent keepalive intervals to set, in order, so that WireGuard sends one
+    keepalive now and the peer is left with ``interval``. Pure.
+
+    wireguard-go (device/uapi.go, ``pkaOn``) and the kernel (netlink.c, ``set_peer``) send a
+    keepalive at once when a peer's interval goes from 0 to another value, and only then: so
+    off then on again, or, for a peer with none, on (1 s) then off. The peer's keepalive
+    timer reads the interval when it fires, so neither the moment at 0 nor the one at 1 s
+    sends anything else."""
+    return (0, interval) if interval else (1, 0)
+
+
+def keepalive_request(device: uapi.UapiDevice, keys: Collection[str]) -> bytes | None:
+    """One ``set=1`` making wireguard-go send a keepalive to each peer of ``device`` named in
+    ``keys`` (base64 public keys), leaving every interval as it was (:func:`keepalive_toggle`:
+    two sections of the same peer, applied under the device's lock, ``update_only`` so that a
+    peer removed meanwhile is not created again); None when no key is a peer. Pure."""
+    changes: list[uapi.PeerChange] = []
+    for peer in device.peers:
+        if encode_key(peer.public_key) in keys:
+            changes += [uapi.PeerChange(public_key=peer.public_key, update_only=True, persistent_keepalive=interval)
+                        for interval in keepalive_toggle(peer.persistent_keepalive)]
+    return uapi.encode_set(peers=changes) if changes else None
 
 
 def status_from_device(name: str, ifname: str, device: uapi.UapiDevice, running: bool) -> EngineStatus:
@@ -302,6 +329,22 @@ class WireguardGoEngine(Engine):
             for start in range(0, max(len(upsert), len(remove)), SET_CHUNK):
                 await uapi.set_device(self.socket_path, update_request(upsert[start:start + SET_CHUNK],
                                                                         remove[start:start + SET_CHUNK]))
+        return True
+
+    async def send_keepalive(self, gateways: Collection[str]) -> bool:
+        """A WireGuard keepalive to each of ``gateways`` now: their interval read and, in one
+        ``set=1``, turned off and on again (:func:`keepalive_request`); no data packet."""
+        if not self.running:
+            return False
+        try:
+            async with self._lock:  # no apply() between the read and the write
+                request = keepalive_request(await uapi.get_device(self.socket_path), gateways)
+                if request is None:
+                    return False
+                await uapi.set_device(self.socket_path, request)
+        except (EngineError, ProtocolError) as err:
+            log.debug("wireguard-go: no keepalive sent: %s", err)
+            return False
         return True
 
     async def status(self) -> EngineStatus:

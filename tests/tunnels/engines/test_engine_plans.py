@@ -130,3 +130,44 @@ def test_kernel_netlink_errors_become_engine_errors():
 
     with pytest.raises(EngineError, match="anxnone0"):
         kernel._wg_info("anxnone0")
+
+
+def test_a_keepalive_turns_each_named_peers_interval_off_and_on_again():
+    """WireGuard sends a keepalive when a peer's persistent keepalive goes from 0 to another value
+    (wireguard-go's pkaOn, the kernel's set_peer): the interval goes to 0 and back, or, for a peer
+    with none, to 1 s and back to 0; peers not named are not touched, none is created."""
+    dev = device(uapi.UapiPeer(public_key=K1, persistent_keepalive=25), uapi.UapiPeer(public_key=K2),
+                 uapi.UapiPeer(public_key=K3, persistent_keepalive=7))
+    wire = wireguard_go.keepalive_request(dev, [B1, B2, encode_key(bytes(32))]).decode()
+    assert wire == (f"set=1\npublic_key={K1.hex()}\nupdate_only=true\npersistent_keepalive_interval=0\n"
+                    f"public_key={K1.hex()}\nupdate_only=true\npersistent_keepalive_interval=25\n"
+                    f"public_key={K2.hex()}\nupdate_only=true\npersistent_keepalive_interval=1\n"
+                    f"public_key={K2.hex()}\nupdate_only=true\npersistent_keepalive_interval=0\n\n")
+    assert kernel.keepalive_peers(dev, {B3}) == [
+        {"public_key": B3, "update_only": True, "persistent_keepalive": 0},
+        {"public_key": B3, "update_only": True, "persistent_keepalive": 7},
+    ]
+    assert wireguard_go.keepalive_request(dev, [encode_key(bytes(32))]) is None  # not a peer: nothing to send
+    assert kernel.keepalive_peers(device(), [B1]) == []
+
+
+async def test_the_kernel_keepalive_puts_each_interval_back_when_a_write_fails(monkeypatch):
+    """The kernel takes the two settings of a peer in two messages: when one fails, each peer's own
+    interval is set once more, so no peer is left without its persistent keepalive."""
+    from anex_agent.errors import EngineError
+
+    writes = []
+
+    def wg_set(ifname, device_kwargs, peers):
+        writes.append(peers)
+        if len(writes) == 1:
+            raise EngineError("cannot configure WireGuard device: no buffer space")
+    monkeypatch.setattr(kernel, "_wg_info", lambda ifname: device(uapi.UapiPeer(public_key=K1, persistent_keepalive=25)))
+    monkeypatch.setattr(kernel, "_wg_set", wg_set)
+    engine = kernel.KernelEngine(ifname="anxtest3")
+    assert await engine.send_keepalive([B1]) is False  # not started
+    engine._started = True
+    assert await engine.send_keepalive([B1]) is False
+    assert writes == [kernel.keepalive_peers(device(uapi.UapiPeer(public_key=K1, persistent_keepalive=25)), [B1]),
+                      [{"public_key": B1, "update_only": True, "persistent_keepalive": 25}]]
+    assert await engine.send_keepalive([B1]) is True and len(writes) == 3
