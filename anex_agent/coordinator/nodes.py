@@ -197,9 +197,11 @@ async def expire(ctx: Coordinator, node_id: str, last_heartbeat_at: float | None
         return False
     now = ctx.clock()
     async with ctx.db.transaction() as tx:
+        # for update: a heartbeat flush (another coordinator's) committed before our delete makes the
+        # read wait for it and no longer match, instead of a node that just heartbeated being removed
         row = await tx.fetchrow(
             "SELECT * FROM nodes WHERE id = $1"
-            " AND COALESCE(last_heartbeat_at, -1.0) = COALESCE(CAST($2 AS DOUBLE PRECISION), -1.0)",
+            " AND COALESCE(last_heartbeat_at, -1.0) = COALESCE(CAST($2 AS DOUBLE PRECISION), -1.0) FOR UPDATE",
             node_id,
             last_heartbeat_at,
         )
