@@ -10,12 +10,15 @@ import asyncssh
 import pytest
 
 from anex_agent.wire import ssh as ssh_wire
-from anex_agent.coordinator import ssh_ca
+from anex_agent.coordinator import changes, ssh_ca, ssh_certs
+from anex_agent.coordinator.auth import Principal
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.errors import ConfigError, CoordinatorError
 
+from tests.coordinator.lock_waits import another_waits
 from tests.coordinator.test_watch import next_event
+from tests.polling import wait_until
 
 
 def user_key() -> tuple[asyncssh.SSHKey, str]:
@@ -130,6 +133,33 @@ async def test_revocation_reaches_the_node_watch_and_the_list(coord):
     with pytest.raises(CoordinatorError) as err:
         await coord.admin.revoke_ssh_certificate(10_000)
     assert err.value.status == 404
+
+
+async def test_two_concurrent_revocations_keep_the_first_and_tell_the_node_once(coord):
+    """Another coordinator's revocation of the same certificate commits after ours read it as
+    unrevoked: ours changes nothing (revoking twice is a no-op), so the audit keeps who revoked
+    it first and when, and the node's stream carries one ``ssh_revoked``. (PostgreSQL runs READ
+    COMMITTED: an unconditional update overwrote the first revocation and told the node twice.)"""
+    _, joined, _ = await ssh_node(coord)
+    _, public = user_key()
+    cert = await coord.admin.create_ssh_certificate(joined.node_id, ssh_wire.SshCertificateRequest(public_key=public))
+    db, first_at = coord.ctx.db, float(int(coord.clock()) - 5)  # whole seconds: exact as a datetime
+
+    async def told() -> list:
+        return await db.fetch("SELECT version FROM changes WHERE type = $1 AND target = $2",
+                              changes.ChangeType.SSH_REVOKED.value, joined.node_id)
+
+    async with db.transaction() as other:  # the other coordinator's revocation, not yet committed
+        await other.execute("UPDATE ssh_certificates SET revoked_at = $2, revoked_by = 'ssh-issuer' WHERE serial = $1",
+                            cert.serial, first_at)
+        await changes.append(db, other, changes.Scope.ONE_NODE, changes.ChangeType.SSH_REVOKED, target=joined.node_id,
+                             payload={"serial": cert.serial, "valid_before": cert.valid_before.timestamp()},
+                             now=first_at)
+        ours = asyncio.create_task(ssh_certs.revoke(coord.ctx, cert.serial, Principal("admin")))
+        await wait_until(lambda: another_waits(db), what="our revocation to wait for the other one")
+    record = await ours
+    assert (record.revoked_at.timestamp(), record.revoked_by) == (first_at, "ssh-issuer")
+    assert len(await told()) == 1
 
 
 async def test_sessions_reported_by_a_node_are_listed(coord):
