@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 
@@ -12,6 +13,8 @@ import pytest
 from anex_agent.wire import ssh as ssh_wire
 from anex_agent.coordinator import changes, ssh_ca, ssh_certs
 from anex_agent.coordinator.auth import Principal
+from anex_agent.coordinator.db import open_database
+from anex_agent.coordinator.migrations import CORE, apply
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.errors import ConfigError, CoordinatorError
@@ -194,3 +197,64 @@ async def test_ca_key_is_private_registered_and_rotatable(tmp_path, clock):
     os.chmod(path, 0o644)
     with pytest.raises(ConfigError):
         ssh_ca.load_or_create(path)
+
+
+class PausedBeforeUpdate:
+    """``db`` whose transactions stop before their first ``UPDATE settings`` until ``go`` is set
+    (``paused`` is set then): lets a test run another coordinator's start in between."""
+
+    def __init__(self, db) -> None:
+        self._db, self.paused, self.go = db, asyncio.Event(), asyncio.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self):
+        async with self._db.transaction() as tx:
+            outer = self
+
+            class Paused:
+                def __getattr__(self, name):
+                    return getattr(tx, name)
+
+                async def execute(self, sql, *args):
+                    if sql.startswith("UPDATE settings"):
+                        outer.paused.set()
+                        await outer.go.wait()
+                    return await tx.execute(sql, *args)
+
+            yield Paused()
+
+
+async def test_two_coordinators_rotating_to_different_keys_at_once_leave_one_running(tmp_path, database_url):
+    """Both start with a new CA key naming the registered one as previous: one rotates, the other
+    refuses to start (naming its key file), whatever their timing. (PostgreSQL runs READ
+    COMMITTED: with a plain read of the registered key, both read the old one, both replaced it,
+    and both started, signing with two different CAs of which the database knew one.)"""
+    old, a, b = (ssh_ca.load_or_create(tmp_path / name) for name in ("old", "a", "b"))
+    db = await open_database(database_url)
+    try:
+        await apply(db, CORE)
+        previous = (ssh_ca.openssh_public(old),)
+        await ssh_ca.register(db, old, key_path=tmp_path / "old")
+        first_db = PausedBeforeUpdate(db)
+
+        async def start(database, private, name):
+            try:
+                return await ssh_ca.register(database, private, key_path=tmp_path / name, previous=previous)
+            except ConfigError as err:
+                return err
+
+        first = asyncio.create_task(start(first_db, a, "a"))
+        await wait_until(first_db.paused.is_set, what="the first coordinator to read the registered key")
+        second = asyncio.create_task(start(db, b, "b"))
+        await wait_until(lambda: second.done() or another_waits(db), what="the second coordinator to start or wait")
+        first_db.go.set()
+        results = [await first, await second]
+        started = [r for r in results if isinstance(r, str)]
+        refused = [r for r in results if isinstance(r, ConfigError)]
+        assert len(started) == 1 and len(refused) == 1, results
+        assert await db.fetchval("SELECT value FROM settings WHERE name = $1", ssh_ca.SETTING) == started[0]
+    finally:
+        await db.close()
