@@ -11,7 +11,9 @@ Contract (inside the caller's join transaction):
 * the join token must exist, be of ``kind`` and not be expired (else a 401 saying which:
   :func:`anex_agent.coordinator.tokens.lookup`);
 * the public key is looked up among the caller's own kind (``own_table``): a match is a
-  re-join of that node or gateway; a used single-use token is only good for that owner;
+  re-join of that node or gateway (its row locked for the rest of the transaction, so a
+  concurrent delete either waits for the re-join or is seen by it); a used single-use token
+  is only good for that owner;
 * a public key of the other kind (``other_table``) is a 409 naming ``public_key``: every
   node and every gateway needs its own key pair.
 """
@@ -87,7 +89,9 @@ async def claim(
     token = await tokens.lookup(tx, request.token, kind, now=now)
     assert request.proof is not None
     await spend_nonce(tx, request.public_key, request.proof, now=now)
-    existing = await tx.fetchrow(f"SELECT * FROM {own_table} WHERE public_key = $1", request.public_key)
+    # for update: a re-join writes this row; a delete committed meanwhile (another coordinator) is
+    # waited for and seen (no row: a first join), instead of a credential for a row that is gone
+    existing = await tx.fetchrow(f"SELECT * FROM {own_table} WHERE public_key = $1 FOR UPDATE", request.public_key)
     tokens.check_unused_or_owner(token, existing["id"] if existing else None)
     if await tx.fetchval(f"SELECT id FROM {other_table} WHERE public_key = $1", request.public_key):
         raise problems.Problem(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -13,6 +14,8 @@ from anex_agent.wire.heartbeat import Heartbeat, NodeState, TransportStatus
 from anex_agent.wire.nodes import Health, TunnelSpec
 from anex_agent.client.rest import proven_body
 from anex_agent.errors import CoordinatorError
+from tests.coordinator.lock_waits import another_waits
+from tests.polling import wait_until
 
 
 async def raw(coord, method, path, *, token=None, body=None, content_type="application/json"):
@@ -320,6 +323,26 @@ async def test_gateway_endpoint_must_be_host_port_422_naming_it(coord):
         assert status == 422 and ctype.startswith("application/problem+json"), payload
         assert [e["field"] for e in json.loads(payload)["errors"]] == ["endpoint"]
     assert (await coord.admin.list_gateways()).gateways == []
+
+
+async def test_a_gateway_deleted_while_it_registers_again_is_not_told_it_registered(coord):
+    """An admin's delete (on another coordinator) commits while the gateway registers again with
+    its single-use token: the registration waits for the delete and finds no gateway of that key,
+    so the used token is refused (401) instead of a credential for a gateway that is gone.
+    (PostgreSQL runs READ COMMITTED: with a plain read of the key's gateway, the registration
+    updated no row and answered 201.)"""
+    token = await coord.admin.create_join_token("gateway")
+    pair = keys.KeyPair(keys.generate_private_key())
+    first = await coord.client().register_gateway(token.token, pair, "gw")
+    db = coord.ctx.db
+    async with db.transaction() as delete:  # the admin's DELETE on another coordinator, not yet committed
+        await delete.execute("DELETE FROM gateways WHERE id = $1", first.gateway_id)
+        again = asyncio.create_task(coord.client().register_gateway(token.token, pair, "gw"))
+        await wait_until(lambda: another_waits(db), what="the registration to wait for the delete")
+    with pytest.raises(CoordinatorError) as err:
+        await again
+    assert err.value.status == 401 and err.value.problem["errors"][0]["field"] == "token"
+    assert await db.fetchval("SELECT COUNT(*) FROM gateways") == 0
 
 
 async def test_a_key_is_either_a_node_or_a_gateway_409_naming_public_key(coord):
