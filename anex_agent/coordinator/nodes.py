@@ -102,7 +102,7 @@ async def join(ctx: Coordinator, request: NodeJoinRequest) -> NodeJoinResponse:
     credential = credentials.new_secret(credentials.NODE_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
         token, existing = await registration.claim(
-            tx, request, TokenKind.node, coordinator_private=ctx.coordinator_private, own_table="nodes",
+            ctx.db, tx, request, TokenKind.node, coordinator_private=ctx.coordinator_private, own_table="nodes",
             other_table="gateways", conflict="this public key belongs to a gateway; every node needs its own key pair",
             now=now,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import aiohttp
 import pytest
@@ -14,7 +15,8 @@ from anex_agent.wire.heartbeat import Heartbeat, NodeState, TransportStatus
 from anex_agent.wire.nodes import Health, TunnelSpec
 from anex_agent.client.rest import proven_body
 from anex_agent.errors import CoordinatorError
-from tests.coordinator.lock_waits import another_waits
+from tests.coordinator.conftest import start_harness, stop_harness
+from tests.coordinator.lock_waits import PausedBefore, another_waits
 from tests.polling import wait_until
 
 
@@ -359,6 +361,39 @@ async def test_a_key_is_either_a_node_or_a_gateway_409_naming_public_key(coord):
     assert err.value.problem["errors"] == [{"field": "public_key", "message": "already used by a gateway"}]
     assert len((await coord.admin.list_nodes()).nodes) == 1
     assert len((await coord.admin.list_gateways()).gateways) == 1
+
+
+async def test_a_node_and_a_gateway_with_one_key_on_two_coordinators_at_once_one_is_the_409(tmp_path, database_url,
+                                                                                             clock):
+    """A node joins on one coordinator while a gateway registers with the same public key on
+    another: whatever the timing, one of them is the 409 naming ``public_key``. Neither row exists
+    while each looks for the other's, so no row lock orders them; the lookups run under a lock on
+    the key. (PostgreSQL runs READ COMMITTED: with plain reads, both were admitted.)"""
+    node_side = await start_harness(tmp_path / "0", database_url, clock)
+    (tmp_path / "1").mkdir()
+    for name in ("access-token-signing-key", "coordinator-key", "ssh-ca-key"):  # shared by coordinators on one database
+        shutil.copy(tmp_path / "0" / name, tmp_path / "1")
+    gateway_side = await start_harness(tmp_path / "1", database_url, clock)
+    db = node_side.ctx.db
+    try:
+        pair = keys.KeyPair(keys.generate_private_key())
+        node_token = await node_side.admin.create_join_token()
+        gateway_token = await node_side.admin.create_join_token("gateway")
+        node_side.ctx.db = paused = PausedBefore(db, "UPDATE nodes SET config_version")  # its row is written
+        joining = asyncio.create_task(node_side.client().join(node_token.token, pair, "n", "other"))
+        await wait_until(paused.paused.is_set, what="the node's join to write its row")
+        registering = asyncio.create_task(gateway_side.client().register_gateway(gateway_token.token, pair, "gw"))
+        await wait_until(lambda: registering.done() or another_waits(gateway_side.ctx.db),
+                         what="the gateway's registration to end or wait for the join")
+        paused.go.set()
+        results = await asyncio.gather(joining, registering, return_exceptions=True)
+        refused = [r for r in results if isinstance(r, CoordinatorError)]
+        assert len(refused) == 1 and refused[0].status == 409, results
+        assert refused[0].problem["errors"][0]["field"] == "public_key"
+    finally:
+        node_side.ctx.db = db
+        for side in (node_side, gateway_side):
+            await stop_harness(side)
 
 
 async def test_join_tokens_are_listed_without_secrets_and_can_be_revoked(coord):

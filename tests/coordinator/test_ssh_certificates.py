@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import stat
 
@@ -19,7 +18,7 @@ from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.errors import ConfigError, CoordinatorError
 
-from tests.coordinator.lock_waits import another_waits
+from tests.coordinator.lock_waits import PausedBefore, another_waits
 from tests.coordinator.test_watch import next_event
 from tests.polling import wait_until
 
@@ -199,34 +198,6 @@ async def test_ca_key_is_private_registered_and_rotatable(tmp_path, clock):
         ssh_ca.load_or_create(path)
 
 
-class PausedBeforeUpdate:
-    """``db`` whose transactions stop before their first ``UPDATE settings`` until ``go`` is set
-    (``paused`` is set then): lets a test run another coordinator's start in between."""
-
-    def __init__(self, db) -> None:
-        self._db, self.paused, self.go = db, asyncio.Event(), asyncio.Event()
-
-    def __getattr__(self, name):
-        return getattr(self._db, name)
-
-    @contextlib.asynccontextmanager
-    async def transaction(self):
-        async with self._db.transaction() as tx:
-            outer = self
-
-            class Paused:
-                def __getattr__(self, name):
-                    return getattr(tx, name)
-
-                async def execute(self, sql, *args):
-                    if sql.startswith("UPDATE settings"):
-                        outer.paused.set()
-                        await outer.go.wait()
-                    return await tx.execute(sql, *args)
-
-            yield Paused()
-
-
 async def test_two_coordinators_rotating_to_different_keys_at_once_leave_one_running(tmp_path, database_url):
     """Both start with a new CA key naming the registered one as previous: one rotates, the other
     refuses to start (naming its key file), whatever their timing. (PostgreSQL runs READ
@@ -238,7 +209,7 @@ async def test_two_coordinators_rotating_to_different_keys_at_once_leave_one_run
         await apply(db, CORE)
         previous = (ssh_ca.openssh_public(old),)
         await ssh_ca.register(db, old, key_path=tmp_path / "old")
-        first_db = PausedBeforeUpdate(db)
+        first_db = PausedBefore(db, "UPDATE settings")
 
         async def start(database, private, name):
             try:
