@@ -205,11 +205,7 @@ async def test_a_read_for_update_waits_for_the_transaction_that_holds_the_row(db
 
 async def _second_is_waiting(db, read_by_second: list[str]) -> bool:
     """True once the second transaction read the row (the bug) or waits for its lock."""
-    if read_by_second:
-        return True
-    if isinstance(db, dbmod.SqliteDatabase):  # it waits for the connection, held by the first
-        return db._lock.locked()
-    return bool(await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+    return bool(read_by_second) or await another_waits(db)
 
 
 async def test_a_lock_on_a_name_is_held_until_the_transaction_ends(db):
