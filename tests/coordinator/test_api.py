@@ -14,6 +14,7 @@ from anex_agent.wire.gateways import GatewayRegisterRequest
 from anex_agent.wire.heartbeat import Heartbeat, NodeState, TransportStatus
 from anex_agent.wire.nodes import Health, TunnelSpec
 from anex_agent.client.rest import proven_body
+from anex_agent.coordinator import changes
 from anex_agent.errors import CoordinatorError
 from tests.coordinator.conftest import start_harness, stop_harness
 from tests.coordinator.lock_waits import PausedBefore, another_waits
@@ -168,6 +169,24 @@ async def test_nodes_cannot_act_on_other_nodes(coord):
     with pytest.raises(CoordinatorError) as err:
         await coord.client("anexnc_forged").heartbeat(ja.node_id, Heartbeat())
     assert err.value.status == 401
+
+
+async def test_tunnels_pushed_while_the_labels_change_wait_for_them_without_a_deadlock(coord):
+    """A label change (or a re-join) locks the node's row, then takes the change log's version; a
+    tunnels push locks the row before the version too, so it waits for the label change instead
+    of holding the version while waiting for the row (on PostgreSQL: a deadlock, one of the two
+    aborted)."""
+    _, joined, _ = await coord.join()
+    db = coord.ctx.db
+    tunnels = [TunnelSpec(listen_port=5432, target="postgres.db.svc:5432")]
+    async with db.transaction() as labels:  # an admin's label change on another coordinator
+        await labels.execute("UPDATE nodes SET labels = labels WHERE id = $1", joined.node_id)
+        pushing = asyncio.create_task(coord.admin.put_tunnels(joined.node_id, tunnels))
+        await wait_until(lambda: another_waits(db), what="the tunnels push to wait for the node's row")
+        await changes.append(db, labels, changes.Scope.ONE_NODE, changes.ChangeType.LABELS, target=joined.node_id,
+                             payload={"labels": {}}, now=coord.clock())
+    config = await pushing
+    assert config.tunnels == tunnels
 
 
 async def test_tunnels_push_bumps_config_version(coord):
