@@ -22,6 +22,12 @@ Contract:
   (``db.fetch``/``fetchrow``/``fetchval``) use a second, read-only connection on its
   own thread (WAL mode: they neither wait for nor see uncommitted writes).
   PostgreSQL uses an asyncpg pool.
+* ``await db.lock_in(tx, namespace, name)`` serialises transactions about something no row
+  stands for yet, which ``FOR UPDATE`` cannot lock (a public key that neither ``nodes`` nor
+  ``gateways`` holds: a node's join and a gateway's registration with one key). PostgreSQL:
+  a transaction-level advisory lock on ``(namespace, hashtext(name))``, waited for and held
+  until ``tx`` ends (a hash collision only makes two unrelated transactions wait for each
+  other). SQLite: nothing to do.
 * ``async with db.exclusive(key) as mine:`` is a cluster-wide try-lock (PostgreSQL: a
   session advisory lock on a connection held for the block); ``mine`` is False when
   another coordinator holds it. On SQLite (one coordinator per file) it is always True.
@@ -125,6 +131,9 @@ class Database(_RowReads):
 
     async def notify(self, tx: Conn, channel: str, payload: str) -> None:
         """Inside ``tx``: notify listeners of ``channel`` when the transaction commits."""
+
+    async def lock_in(self, tx: Conn, namespace: int, name: str) -> None:
+        """Inside ``tx``: wait for, and hold until ``tx`` ends, the lock on ``name`` (see above)."""
 
     async def close(self) -> None:
         raise NotImplementedError
@@ -345,6 +354,9 @@ class PostgresDatabase(Database):
 
     async def notify(self, tx: Conn, channel: str, payload: str) -> None:
         await tx.execute("SELECT pg_notify($1, $2)", channel, payload)
+
+    async def lock_in(self, tx: Conn, namespace: int, name: str) -> None:
+        await tx.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", namespace, name)
 
     async def close(self) -> None:
         if self._listen_conn is not None:

@@ -11,9 +11,14 @@ Contract (inside the caller's join transaction):
 * the join token must exist, be of ``kind`` and not be expired (else a 401 saying which:
   :func:`anex_agent.coordinator.tokens.lookup`);
 * the public key is looked up among the caller's own kind (``own_table``): a match is a
-  re-join of that node or gateway; a used single-use token is only good for that owner;
+  re-join of that node or gateway (its row locked for the rest of the transaction, so a
+  concurrent delete either waits for the re-join or is seen by it); a used single-use token
+  is only good for that owner;
 * a public key of the other kind (``other_table``) is a 409 naming ``public_key``: every
-  node and every gateway needs its own key pair.
+  node and every gateway needs its own key pair. Both lookups run under a lock on the key
+  (:meth:`Database.lock_in`, :data:`KEY_LOCK`), so a node's join and a gateway's registration
+  with one key on two coordinators at once cannot both miss the other's row: the second waits
+  for the first and is the 409.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ _REFUSALS_LOGGED = LogBudget(burst=10, interval=60.0)
 
 _TABLES = ("nodes", "gateways")
 PURPOSE = {TokenKind.node: proof.NODE_JOIN, TokenKind.gateway: proof.GATEWAY_REGISTRATION}
+#: the lock namespace of a public key being joined or registered (:meth:`Database.lock_in`)
+KEY_LOCK = 0x616E6B31
 
 
 def check_proof(
@@ -76,7 +83,7 @@ async def prune_nonces(db: Database, *, now: float) -> int:
 
 
 async def claim(
-    tx: Conn, request: NodeJoinRequest | GatewayRegisterRequest, kind: TokenKind, *,
+    db: Database, tx: Conn, request: NodeJoinRequest | GatewayRegisterRequest, kind: TokenKind, *,
     coordinator_private: bytes, own_table: str, other_table: str, conflict: str, now: float,
 ) -> tuple[dict, dict | None]:
     """Check the proof, the token and the key for a join of ``kind``; return ``(token row, existing row)``,
@@ -87,7 +94,10 @@ async def claim(
     token = await tokens.lookup(tx, request.token, kind, now=now)
     assert request.proof is not None
     await spend_nonce(tx, request.public_key, request.proof, now=now)
-    existing = await tx.fetchrow(f"SELECT * FROM {own_table} WHERE public_key = $1", request.public_key)
+    await db.lock_in(tx, KEY_LOCK, request.public_key)  # the key may be in neither table yet: see above
+    # for update: a re-join writes this row; a delete committed meanwhile (another coordinator) is
+    # waited for and seen (no row: a first join), instead of a credential for a row that is gone
+    existing = await tx.fetchrow(f"SELECT * FROM {own_table} WHERE public_key = $1 FOR UPDATE", request.public_key)
     tokens.check_unused_or_owner(token, existing["id"] if existing else None)
     if await tx.fetchval(f"SELECT id FROM {other_table} WHERE public_key = $1", request.public_key):
         raise problems.Problem(

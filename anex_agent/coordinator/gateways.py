@@ -136,7 +136,7 @@ async def register(ctx: Coordinator, request: GatewayRegisterRequest) -> Gateway
     credential = credentials.new_secret(credentials.GATEWAY_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
         token, existing = await registration.claim(
-            tx, request, TokenKind.gateway, coordinator_private=ctx.coordinator_private, own_table="gateways",
+            ctx.db, tx, request, TokenKind.gateway, coordinator_private=ctx.coordinator_private, own_table="gateways",
             other_table="nodes", conflict="this public key belongs to a node; the gateway needs its own key pair",
             now=now,
         )

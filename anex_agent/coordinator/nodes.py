@@ -85,8 +85,9 @@ async def config_of(ctx: Coordinator, tx: Conn, row: dict) -> NodeConfig:
     )
 
 
-async def row_of(tx: Conn, node_id: str) -> dict:
-    row = await tx.fetchrow("SELECT * FROM nodes WHERE id = $1", node_id)
+async def row_of(tx: Conn, node_id: str, *, for_update: bool = False) -> dict:
+    """The node's row (locked for the rest of ``tx`` with ``for_update``: a write to it follows); 404 if none."""
+    row = await tx.fetchrow("SELECT * FROM nodes WHERE id = $1" + (" FOR UPDATE" if for_update else ""), node_id)
     if row is None:
         raise problems.not_found(f"node {node_id}")
     return row
@@ -102,7 +103,7 @@ async def join(ctx: Coordinator, request: NodeJoinRequest) -> NodeJoinResponse:
     credential = credentials.new_secret(credentials.NODE_CREDENTIAL)
     async with ctx.join_lock, ctx.db.transaction() as tx:
         token, existing = await registration.claim(
-            tx, request, TokenKind.node, coordinator_private=ctx.coordinator_private, own_table="nodes",
+            ctx.db, tx, request, TokenKind.node, coordinator_private=ctx.coordinator_private, own_table="nodes",
             other_table="gateways", conflict="this public key belongs to a gateway; every node needs its own key pair",
             now=now,
         )
@@ -197,9 +198,11 @@ async def expire(ctx: Coordinator, node_id: str, last_heartbeat_at: float | None
         return False
     now = ctx.clock()
     async with ctx.db.transaction() as tx:
+        # for update: a heartbeat flush (another coordinator's) committed before our delete makes the
+        # read wait for it and no longer match, instead of a node that just heartbeated being removed
         row = await tx.fetchrow(
             "SELECT * FROM nodes WHERE id = $1"
-            " AND COALESCE(last_heartbeat_at, -1.0) = COALESCE(CAST($2 AS DOUBLE PRECISION), -1.0)",
+            " AND COALESCE(last_heartbeat_at, -1.0) = COALESCE(CAST($2 AS DOUBLE PRECISION), -1.0) FOR UPDATE",
             node_id,
             last_heartbeat_at,
         )
@@ -221,7 +224,9 @@ async def set_tunnels(ctx: Coordinator, node_id: str, update: TunnelsUpdate) -> 
         )
     now = ctx.clock()
     async with ctx.db.transaction() as tx:
-        await row_of(tx, node_id)
+        # the row before the change log's version, as every other writer of a node takes them: a
+        # label change or re-join holding the row is waited for, not deadlocked with (PostgreSQL)
+        await row_of(tx, node_id, for_update=True)
         version = await changes.append(
             ctx.db, tx, changes.Scope.ONE_NODE, changes.ChangeType.CONFIG, target=node_id, now=now
         )

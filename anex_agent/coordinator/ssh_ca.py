@@ -80,7 +80,9 @@ async def register(db: Database, private: bytes, *, key_path: Path, previous: tu
     async with db.transaction() as tx:
         await tx.execute("INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
                          SETTING, mine)
-        registered = await tx.fetchval("SELECT value FROM settings WHERE name = $1", SETTING)
+        # for update: of two coordinators rotating away from one key at once, the second reads the
+        # first one's key (and refuses to start) instead of replacing it
+        registered = await tx.fetchval("SELECT value FROM settings WHERE name = $1 FOR UPDATE", SETTING)
         if registered != mine and key_fields(registered) in old:
             await tx.execute("UPDATE settings SET value = $2 WHERE name = $1", SETTING, mine)
             log.warning("SSH CA rotated: %s replaces %s (still trusted while --ssh-ca-previous names it)",

@@ -167,14 +167,16 @@ async def revoke(ctx: Coordinator, serial: int, principal: Principal) -> ssh_wir
         if row["kind"] != "user":
             raise problems.Problem(409, "Conflict", "a host certificate cannot be revoked; delete the node instead",
                                    slug="conflict", errors=[{"field": "serial", "message": "is a host certificate"}])
-        if row["revoked_at"] is None:
-            await tx.execute("UPDATE ssh_certificates SET revoked_at = $2, revoked_by = $3 WHERE serial = $1",
-                             serial, now, _who(principal))
+        # only if still unrevoked (PostgreSQL re-checks after a concurrent revoke's commit): the first
+        # revocation's time and revoker stay, and its node is told once
+        if row["revoked_at"] is None and await tx.execute(
+                "UPDATE ssh_certificates SET revoked_at = $2, revoked_by = $3 WHERE serial = $1 AND revoked_at IS NULL",
+                serial, now, _who(principal)) == 1:
             if row["valid_before"] > now and await tx.fetchval("SELECT id FROM nodes WHERE id = $1", row["node_id"]):
                 await changes.append(
                     ctx.db, tx, changes.Scope.ONE_NODE, changes.ChangeType.SSH_REVOKED, target=row["node_id"],
                     payload={"serial": serial, "valid_before": float(row["valid_before"])}, now=now)
-            row = await tx.fetchrow("SELECT * FROM ssh_certificates WHERE serial = $1", serial)
+        row = await tx.fetchrow("SELECT * FROM ssh_certificates WHERE serial = $1", serial)
     ctx.committed()
     return _view(row)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 
 import aiohttp
 import pytest
@@ -12,7 +14,11 @@ from anex_agent.wire.gateways import GatewayRegisterRequest
 from anex_agent.wire.heartbeat import Heartbeat, NodeState, TransportStatus
 from anex_agent.wire.nodes import Health, TunnelSpec
 from anex_agent.client.rest import proven_body
+from anex_agent.coordinator import changes
 from anex_agent.errors import CoordinatorError
+from tests.coordinator.conftest import start_harness, stop_harness
+from tests.coordinator.lock_waits import PausedBefore, another_waits
+from tests.polling import wait_until
 
 
 async def raw(coord, method, path, *, token=None, body=None, content_type="application/json"):
@@ -163,6 +169,24 @@ async def test_nodes_cannot_act_on_other_nodes(coord):
     with pytest.raises(CoordinatorError) as err:
         await coord.client("anexnc_forged").heartbeat(ja.node_id, Heartbeat())
     assert err.value.status == 401
+
+
+async def test_tunnels_pushed_while_the_labels_change_wait_for_them_without_a_deadlock(coord):
+    """A label change (or a re-join) locks the node's row, then takes the change log's version; a
+    tunnels push locks the row before the version too, so it waits for the label change instead
+    of holding the version while waiting for the row (on PostgreSQL: a deadlock, one of the two
+    aborted)."""
+    _, joined, _ = await coord.join()
+    db = coord.ctx.db
+    tunnels = [TunnelSpec(listen_port=5432, target="postgres.db.svc:5432")]
+    async with db.transaction() as labels:  # an admin's label change on another coordinator
+        await labels.execute("UPDATE nodes SET labels = labels WHERE id = $1", joined.node_id)
+        pushing = asyncio.create_task(coord.admin.put_tunnels(joined.node_id, tunnels))
+        await wait_until(lambda: another_waits(db), what="the tunnels push to wait for the node's row")
+        await changes.append(db, labels, changes.Scope.ONE_NODE, changes.ChangeType.LABELS, target=joined.node_id,
+                             payload={"labels": {}}, now=coord.clock())
+    config = await pushing
+    assert config.tunnels == tunnels
 
 
 async def test_tunnels_push_bumps_config_version(coord):
@@ -322,6 +346,26 @@ async def test_gateway_endpoint_must_be_host_port_422_naming_it(coord):
     assert (await coord.admin.list_gateways()).gateways == []
 
 
+async def test_a_gateway_deleted_while_it_registers_again_is_not_told_it_registered(coord):
+    """An admin's delete (on another coordinator) commits while the gateway registers again with
+    its single-use token: the registration waits for the delete and finds no gateway of that key,
+    so the used token is refused (401) instead of a credential for a gateway that is gone.
+    (PostgreSQL runs READ COMMITTED: with a plain read of the key's gateway, the registration
+    updated no row and answered 201.)"""
+    token = await coord.admin.create_join_token("gateway")
+    pair = keys.KeyPair(keys.generate_private_key())
+    first = await coord.client().register_gateway(token.token, pair, "gw")
+    db = coord.ctx.db
+    async with db.transaction() as delete:  # the admin's DELETE on another coordinator, not yet committed
+        await delete.execute("DELETE FROM gateways WHERE id = $1", first.gateway_id)
+        again = asyncio.create_task(coord.client().register_gateway(token.token, pair, "gw"))
+        await wait_until(lambda: another_waits(db), what="the registration to wait for the delete")
+    with pytest.raises(CoordinatorError) as err:
+        await again
+    assert err.value.status == 401 and err.value.problem["errors"][0]["field"] == "token"
+    assert await db.fetchval("SELECT COUNT(*) FROM gateways") == 0
+
+
 async def test_a_key_is_either_a_node_or_a_gateway_409_naming_public_key(coord):
     _, _, node_pair = await coord.join("n1")
     gw_token = await coord.admin.create_join_token("gateway")
@@ -336,6 +380,39 @@ async def test_a_key_is_either_a_node_or_a_gateway_409_naming_public_key(coord):
     assert err.value.problem["errors"] == [{"field": "public_key", "message": "already used by a gateway"}]
     assert len((await coord.admin.list_nodes()).nodes) == 1
     assert len((await coord.admin.list_gateways()).gateways) == 1
+
+
+async def test_a_node_and_a_gateway_with_one_key_on_two_coordinators_at_once_one_is_the_409(tmp_path, database_url,
+                                                                                             clock):
+    """A node joins on one coordinator while a gateway registers with the same public key on
+    another: whatever the timing, one of them is the 409 naming ``public_key``. Neither row exists
+    while each looks for the other's, so no row lock orders them; the lookups run under a lock on
+    the key. (PostgreSQL runs READ COMMITTED: with plain reads, both were admitted.)"""
+    node_side = await start_harness(tmp_path / "0", database_url, clock)
+    (tmp_path / "1").mkdir()
+    for name in ("access-token-signing-key", "coordinator-key", "ssh-ca-key"):  # shared by coordinators on one database
+        shutil.copy(tmp_path / "0" / name, tmp_path / "1")
+    gateway_side = await start_harness(tmp_path / "1", database_url, clock)
+    db = node_side.ctx.db
+    try:
+        pair = keys.KeyPair(keys.generate_private_key())
+        node_token = await node_side.admin.create_join_token()
+        gateway_token = await node_side.admin.create_join_token("gateway")
+        node_side.ctx.db = paused = PausedBefore(db, "UPDATE nodes SET config_version")  # its row is written
+        joining = asyncio.create_task(node_side.client().join(node_token.token, pair, "n", "other"))
+        await wait_until(paused.paused.is_set, what="the node's join to write its row")
+        registering = asyncio.create_task(gateway_side.client().register_gateway(gateway_token.token, pair, "gw"))
+        await wait_until(lambda: registering.done() or another_waits(gateway_side.ctx.db),
+                         what="the gateway's registration to end or wait for the join")
+        paused.go.set()
+        results = await asyncio.gather(joining, registering, return_exceptions=True)
+        refused = [r for r in results if isinstance(r, CoordinatorError)]
+        assert len(refused) == 1 and refused[0].status == 409, results
+        assert refused[0].problem["errors"][0]["field"] == "public_key"
+    finally:
+        node_side.ctx.db = db
+        for side in (node_side, gateway_side):
+            await stop_harness(side)
 
 
 async def test_join_tokens_are_listed_without_secrets_and_can_be_revoked(coord):

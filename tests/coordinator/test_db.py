@@ -9,6 +9,7 @@ import pytest
 from anex_agent.coordinator import db as dbmod
 from anex_agent.coordinator.migrations import CORE, Migration, apply
 from anex_agent.errors import ConfigError
+from tests.coordinator.lock_waits import another_waits
 from tests.polling import wait_until
 
 
@@ -204,8 +205,23 @@ async def test_a_read_for_update_waits_for_the_transaction_that_holds_the_row(db
 
 async def _second_is_waiting(db, read_by_second: list[str]) -> bool:
     """True once the second transaction read the row (the bug) or waits for its lock."""
-    if read_by_second:
-        return True
-    if isinstance(db, dbmod.SqliteDatabase):  # it waits for the connection, held by the first
-        return db._lock.locked()
-    return bool(await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+    return bool(read_by_second) or await another_waits(db)
+
+
+async def test_a_lock_on_a_name_is_held_until_the_transaction_ends(db):
+    """``lock_in``: a second transaction locking the same name waits for the first to end (on
+    SQLite every transaction waits for the one before it anyway)."""
+    order: list[str] = []
+
+    async def second() -> None:
+        async with db.transaction() as tx:
+            await db.lock_in(tx, 7, "a public key")
+            order.append("second")
+
+    async with db.transaction() as tx:
+        await db.lock_in(tx, 7, "a public key")
+        task = asyncio.create_task(second())
+        await wait_until(lambda: another_waits(db), what="the second transaction to wait for the lock")
+        order.append("first")
+    await task
+    assert order == ["first", "second"]

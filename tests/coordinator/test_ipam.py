@@ -10,6 +10,8 @@ from anex_agent.coordinator import ipam
 from anex_agent.coordinator.db import open_database
 from anex_agent.coordinator.migrations import CORE, apply
 from anex_agent.errors import ConfigError
+from tests.coordinator.lock_waits import another_waits
+from tests.polling import wait_until
 
 
 @pytest.fixture
@@ -164,6 +166,19 @@ def test_model_never_two_owners_never_early_reuse(ops):
     asyncio.run(run())
 
 
+async def test_an_address_taken_by_a_transaction_not_yet_committed_is_waited_for_and_skipped(db):
+    """Two coordinators both see the same next address: the second's insert waits for the first's
+    transaction (the primary key) and, once it commits, takes the next address; never both the same."""
+    pool = ipam.Pool.parse("10.8.0.0/24")
+    await alloc(db, pool, "o0")
+    async with db.transaction() as first:
+        got_first = await ipam.allocate(first, pool, "first", now=1000.0)
+        second = asyncio.create_task(alloc(db, pool, "second"))
+        await wait_until(lambda: another_waits(db), what="the second to wait for the first's address")
+    got_second = await second
+    assert (got_first, got_second) == (pool.to_str(pool.first + 1), pool.to_str(pool.first + 2))
+
+
 async def test_losing_a_race_for_a_quarantined_address_takes_the_next_one(db):
     """Two transactions reusing quarantined addresses at once: the one that waited on the
     other's row lock gets the next expired address, not a false 'network exhausted'
@@ -175,6 +190,6 @@ async def test_losing_a_race_for_a_quarantined_address_takes_the_next_one(db):
     async with db.transaction() as first:
         got_first = await ipam.allocate(first, pool, "first", now=2000)
         second = asyncio.create_task(alloc(db, pool, "second", now=2000))
-        await asyncio.sleep(0.3)  # on PostgreSQL: let it block on the row the first one took
-    got_second = await asyncio.wait_for(second, 30)
+        await wait_until(lambda: another_waits(db), what="the second to wait for the row the first one took")
+    got_second = await second
     assert {got_first, got_second} == {held[1], held[4]}

@@ -12,11 +12,13 @@ import pytest
 from anex_agent.wire import keys
 from anex_agent.wire.base import Provider
 from anex_agent.wire.join import JoinTokenView
-from anex_agent.coordinator import db as dbmod
+from anex_agent.coordinator import db as dbmod, tokens
 from anex_agent.coordinator.migrations import CORE, apply
 from anex_agent.errors import CoordinatorError
 
 from .conftest import start_harness, stop_harness
+from .lock_waits import another_waits
+from tests.polling import wait_until
 
 
 def new_key() -> keys.KeyPair:
@@ -161,6 +163,26 @@ async def test_concurrent_joins_on_several_coordinators_never_exceed_max_uses(tm
     finally:
         for c in coords:
             await stop_harness(c)
+
+
+async def test_a_join_that_read_a_single_use_token_unused_is_refused_when_another_used_it_meanwhile(coord):
+    """Two joins with one single-use token, both past the check that it is unused: the one whose
+    use commits second is refused (401 used_up) and writes nothing. The use is counted by one
+    conditional update (``uses < max_uses``), which PostgreSQL re-checks after waiting for the
+    first join's row lock; a read of ``uses`` followed by a write would admit both."""
+    token = await coord.admin.create_join_token()
+    db = coord.ctx.db
+    row = await db.fetchrow("SELECT * FROM join_tokens WHERE id = $1", token.id)
+    async with db.transaction() as first:  # the first join (another coordinator), not yet committed
+        await tokens.redeem(first, row, "n-first", now=coord.clock())
+        second = asyncio.create_task(coord.client().join(token.token, new_key(), "second", "other"))
+        await wait_until(lambda: another_waits(db), what="the second join to wait for the first")
+    with pytest.raises(CoordinatorError) as err:
+        await second
+    assert err.value.status == 401 and err.value.problem["errors"][0]["message"].startswith("it is used up")
+    view = await listed(coord, token.id)
+    assert (view.uses, view.used_by) == (1, "n-first")
+    assert (await coord.admin.list_nodes()).nodes == []
 
 
 async def test_migration_keeps_old_tokens_meaning(database_url):

@@ -11,9 +11,11 @@ import pytest
 from anex_agent.wire import keys
 from anex_agent.wire.heartbeat import Heartbeat
 from anex_agent.wire.watch import WatchEvent
-from anex_agent.coordinator import sweeper
+from anex_agent.coordinator import nodes, sweeper
 from anex_agent.errors import CoordinatorError
 from tests.coordinator.conftest import start_harness, stop_harness
+from tests.coordinator.lock_waits import another_waits
+from tests.polling import wait_until
 
 
 async def refused(call) -> None:
@@ -86,6 +88,25 @@ async def test_a_node_heartbeating_meanwhile_is_not_expired(coord):
     await client.heartbeat(joined.node_id, Heartbeat())  # lands after the sweeper judged it
     assert await sweeper.apply_transitions(coord.ctx, due) == 0
     await client.heartbeat(joined.node_id, Heartbeat())
+
+
+async def test_a_heartbeat_written_while_the_node_is_expired_keeps_it(coord):
+    """The sweeper judged the node by its last heartbeat; another coordinator's heartbeat flush
+    writes a newer one after the expiry read the row and before it deleted it: the node stays.
+    (PostgreSQL runs READ COMMITTED: the row is read for update, so the read waits for the
+    flush and no longer matches the heartbeat it was judged by; with a plain read the delete
+    went ahead and removed a node that had just heartbeated.)"""
+    _, joined, _ = await coord.join()
+    coord.clock.advance(coord.ctx.settings.timings.expired_after + 1)
+    [(node_id, state, _, judged_by)] = await sweeper.due_transitions(coord.ctx)
+    assert (node_id, state) == (joined.node_id, "expired")
+    db = coord.ctx.db
+    async with db.transaction() as flush:  # the other coordinator's flush, not yet committed
+        await flush.execute("UPDATE nodes SET last_heartbeat_at = $2 WHERE id = $1", node_id, coord.clock())
+        expiring = asyncio.create_task(nodes.expire(coord.ctx, node_id, judged_by))
+        await wait_until(lambda: another_waits(db), what="the expiry to wait for the heartbeat flush")
+    assert await expiring is False
+    assert await db.fetchval("SELECT last_heartbeat_at FROM nodes WHERE id = $1", node_id) == coord.clock()
 
 
 async def test_node_credential_rotates_and_the_old_one_ends_after_the_grace(coord):

@@ -457,7 +457,8 @@ async def test_a_delete_and_a_step_on_one_provision_never_lose_a_write(database_
     first, would see deleting and leave it. (PostgreSQL runs READ COMMITTED: with a plain
     read, a DELETE committed between the step's read and write was overwritten.)"""
     from anex_agent.coordinator import migrations
-    from anex_agent.coordinator.db import SqliteDatabase, open_database
+    from anex_agent.coordinator.db import open_database
+    from tests.coordinator.lock_waits import another_waits
     from anex_agent.wire import provisioning as models
 
     db = await open_database(database_url)
@@ -474,11 +475,7 @@ async def test_a_delete_and_a_step_on_one_provision_never_lose_a_write(database_
                 await store.set_state(db, tx, pid, models.ProvisionState.deleting, now=101.0)
 
         async def delete_waits_or_read() -> bool:
-            if seen_by_delete:
-                return True
-            if isinstance(db, SqliteDatabase):  # transactions take the connection in turn
-                return db._lock.locked()
-            return bool(await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+            return bool(seen_by_delete) or await another_waits(db)
 
         async with db.transaction() as tx:  # the step's compare-and-set
             assert await store.state_for_update(tx, pid) == "renting"

@@ -10,12 +10,17 @@ import asyncssh
 import pytest
 
 from anex_agent.wire import ssh as ssh_wire
-from anex_agent.coordinator import ssh_ca
+from anex_agent.coordinator import changes, ssh_ca, ssh_certs
+from anex_agent.coordinator.auth import Principal
+from anex_agent.coordinator.db import open_database
+from anex_agent.coordinator.migrations import CORE, apply
 from anex_agent.coordinator.context import Coordinator
 from anex_agent.coordinator.settings import Settings
 from anex_agent.errors import ConfigError, CoordinatorError
 
+from tests.coordinator.lock_waits import PausedBefore, another_waits
 from tests.coordinator.test_watch import next_event
+from tests.polling import wait_until
 
 
 def user_key() -> tuple[asyncssh.SSHKey, str]:
@@ -132,6 +137,33 @@ async def test_revocation_reaches_the_node_watch_and_the_list(coord):
     assert err.value.status == 404
 
 
+async def test_two_concurrent_revocations_keep_the_first_and_tell_the_node_once(coord):
+    """Another coordinator's revocation of the same certificate commits after ours read it as
+    unrevoked: ours changes nothing (revoking twice is a no-op), so the audit keeps who revoked
+    it first and when, and the node's stream carries one ``ssh_revoked``. (PostgreSQL runs READ
+    COMMITTED: an unconditional update overwrote the first revocation and told the node twice.)"""
+    _, joined, _ = await ssh_node(coord)
+    _, public = user_key()
+    cert = await coord.admin.create_ssh_certificate(joined.node_id, ssh_wire.SshCertificateRequest(public_key=public))
+    db, first_at = coord.ctx.db, float(int(coord.clock()) - 5)  # whole seconds: exact as a datetime
+
+    async def told() -> list:
+        return await db.fetch("SELECT version FROM changes WHERE type = $1 AND target = $2",
+                              changes.ChangeType.SSH_REVOKED.value, joined.node_id)
+
+    async with db.transaction() as other:  # the other coordinator's revocation, not yet committed
+        await other.execute("UPDATE ssh_certificates SET revoked_at = $2, revoked_by = 'ssh-issuer' WHERE serial = $1",
+                            cert.serial, first_at)
+        await changes.append(db, other, changes.Scope.ONE_NODE, changes.ChangeType.SSH_REVOKED, target=joined.node_id,
+                             payload={"serial": cert.serial, "valid_before": cert.valid_before.timestamp()},
+                             now=first_at)
+        ours = asyncio.create_task(ssh_certs.revoke(coord.ctx, cert.serial, Principal("admin")))
+        await wait_until(lambda: another_waits(db), what="our revocation to wait for the other one")
+    record = await ours
+    assert (record.revoked_at.timestamp(), record.revoked_by) == (first_at, "ssh-issuer")
+    assert len(await told()) == 1
+
+
 async def test_sessions_reported_by_a_node_are_listed(coord):
     client, joined, _ = await coord.join("n1")
     from datetime import datetime, timezone
@@ -164,3 +196,36 @@ async def test_ca_key_is_private_registered_and_rotatable(tmp_path, clock):
     os.chmod(path, 0o644)
     with pytest.raises(ConfigError):
         ssh_ca.load_or_create(path)
+
+
+async def test_two_coordinators_rotating_to_different_keys_at_once_leave_one_running(tmp_path, database_url):
+    """Both start with a new CA key naming the registered one as previous: one rotates, the other
+    refuses to start (naming its key file), whatever their timing. (PostgreSQL runs READ
+    COMMITTED: with a plain read of the registered key, both read the old one, both replaced it,
+    and both started, signing with two different CAs of which the database knew one.)"""
+    old, a, b = (ssh_ca.load_or_create(tmp_path / name) for name in ("old", "a", "b"))
+    db = await open_database(database_url)
+    try:
+        await apply(db, CORE)
+        previous = (ssh_ca.openssh_public(old),)
+        await ssh_ca.register(db, old, key_path=tmp_path / "old")
+        first_db = PausedBefore(db, "UPDATE settings")
+
+        async def start(database, private, name):
+            try:
+                return await ssh_ca.register(database, private, key_path=tmp_path / name, previous=previous)
+            except ConfigError as err:
+                return err
+
+        first = asyncio.create_task(start(first_db, a, "a"))
+        await wait_until(first_db.paused.is_set, what="the first coordinator to read the registered key")
+        second = asyncio.create_task(start(db, b, "b"))
+        await wait_until(lambda: second.done() or another_waits(db), what="the second coordinator to start or wait")
+        first_db.go.set()
+        results = [await first, await second]
+        started = [r for r in results if isinstance(r, str)]
+        refused = [r for r in results if isinstance(r, ConfigError)]
+        assert len(started) == 1 and len(refused) == 1, results
+        assert await db.fetchval("SELECT value FROM settings WHERE name = $1", ssh_ca.SETTING) == started[0]
+    finally:
+        await db.close()
