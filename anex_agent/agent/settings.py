@@ -209,7 +209,10 @@ def parse_inbound_ports(value: str, source: str) -> tuple[tuple[int, ...], tuple
         try:
             number, protocol = parse.port_protocol(item)
         except ValueError:
-            raise ConfigError(source, f"{item!r} in {value!r} is not a port; {accepted}") from None
+            number_text, slash, protocol_text = item.partition("/")
+            unknown = slash and protocol_text.lower() not in parse.PROTOCOLS and parse.is_integer(number_text)
+            what = f"has the protocol {protocol_text!r}" if unknown else "is not a port"
+            raise ConfigError(source, f"{item!r} in {value!r} {what}; {accepted}") from None
         ports[protocol].add(number)
     return tuple(sorted(ports["tcp"])), tuple(sorted(ports["udp"]))
 

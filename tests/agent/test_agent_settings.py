@@ -236,7 +236,10 @@ def test_bad_inbound_ports_name_the_variable(value):
 def test_bad_inbound_ports_flag_is_named():
     with pytest.raises(ConfigError) as err:
         parse(BASE, ["--inbound-ports", "8000,53/icmp"])
-    assert err.value.source == "--inbound-ports" and "'53/icmp'" in str(err.value)
+    assert err.value.source == "--inbound-ports" and "'53/icmp' in '8000,53/icmp' has the protocol 'icmp'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        parse(BASE, ["--inbound-ports", "70000/udp"])
+    assert "'70000/udp' in '70000/udp' is not a port" in str(err.value)
 
 
 @pytest.mark.parametrize("port", [9555, 3128, 2222])
