@@ -313,8 +313,9 @@ async def test_the_cluster_reaches_an_inbound_udp_port_and_two_clients_keep_thei
     await a.start(tasks)
     await b.start(tasks)
     try:
-        await b.apply(desired(kb, ka, IP_B, IP_A, None), WorkloadConfig(inbound_udp_ports=(port,)))
+        assert await b.apply(desired(kb, ka, IP_B, IP_A, None), WorkloadConfig(inbound_udp_ports=(port,))) is True
         assert port in b.runtime.stack.udp_ports and port not in b.runtime.stack.listeners  # UDP, not TCP
+        assert await b.apply(desired(kb, ka, IP_B, IP_A, None), WorkloadConfig(inbound_udp_ports=(port,))) is False
         await a.apply(desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{(await b.status()).listen_port}"))
         dialer = a.datagram_dialer(ResolverSlot())
         got = {name: asyncio.Queue() for name in ("one", "two")}
@@ -329,6 +330,9 @@ async def test_the_cluster_reaches_an_inbound_udp_port_and_two_clients_keep_thei
         assert b.report()["inbound_udp"][f"{port}/udp"]["sessions"] == 2
         for sock in socks.values():
             sock.close()
+        # the port no longer listed: unbound, its sessions closed
+        assert await b.apply(desired(kb, ka, IP_B, IP_A, None), WorkloadConfig()) is True
+        assert port not in b.runtime.stack.udp_ports and "inbound_udp" not in b.report()
     finally:
         transport.close()
         await a.stop()
