@@ -86,11 +86,11 @@ class InboundServer:
 
     def report(self) -> dict:
         """Counters of the UDP ports (sessions, drops), by port."""
-        return {f"{port}/udp": relay.report() for port, relay in sorted(self._udp.items())}
+        return {f"{port}/udp": udp.report() for port, udp in sorted(self._udp.items())}
 
     def _close_udp(self) -> None:
-        for relay in self._udp.values():
-            relay.close()
+        for udp in self._udp.values():
+            udp.close()
         self._udp = {}
 
     def _accepted(self, port: int, stream: TcpStream, factory: Callable[[], asyncio.Protocol] | None = None) -> None:
