@@ -2,7 +2,9 @@
 
 Which function for which value:
 
-* :func:`port` -- a port number alone (``GW_TUNNEL_<port>``, ``ANEX_INBOUND_PORTS``).
+* :func:`port` -- a port number alone (``GW_TUNNEL_<port>``).
+* :func:`port_protocol` -- a port and its transport protocol: ``PORT`` (TCP), ``PORT/tcp`` or
+  ``PORT/udp`` (the items of ``ANEX_INBOUND_PORTS``).
 * :func:`host_port` -- where to connect: a host name or IP address and a port (tunnel
   targets, WireGuard endpoints, wireproxy targets).
 * :func:`ip_port` -- an IP address and a port, no names (DNS servers, UAPI endpoints);
@@ -137,6 +139,25 @@ def port(text: str) -> int:
         return integer(text, minimum=PORT_MIN, maximum=PORT_MAX)
     except ValueError:
         raise ValueError(f"must be a port from {PORT_MIN} to {PORT_MAX}, in ASCII digits") from None
+
+
+PROTOCOLS = ("tcp", "udp")
+_PORT_PROTOCOL_TEXT = f"must be PORT, PORT/tcp or PORT/udp with a port from {PORT_MIN} to {PORT_MAX}, in ASCII digits"
+
+
+def port_protocol(text: str) -> tuple[int, str]:
+    """``PORT`` (TCP), ``PORT/tcp`` or ``PORT/udp`` -> ``(port, "tcp" | "udp")``; the protocol in
+    any case (Kubernetes writes ``UDP``)."""
+    if not isinstance(text, str) or len(text) > len("65535/") + 3:
+        raise ValueError(_PORT_PROTOCOL_TEXT)
+    number, sep, protocol = text.partition("/")
+    protocol = protocol.lower() if sep else "tcp"
+    if protocol not in PROTOCOLS:
+        raise ValueError(_PORT_PROTOCOL_TEXT)
+    try:
+        return port(number), protocol
+    except ValueError:
+        raise ValueError(_PORT_PROTOCOL_TEXT) from None
 
 
 def host(text: str) -> str:

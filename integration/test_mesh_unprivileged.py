@@ -23,6 +23,7 @@ from integration.netns import read_line
 PROXY = "127.0.0.1:3128"
 URL = f"http://{SERVICE_NAME}:{HTTP_PORT}"
 INBOUND = 8090
+UDP_INBOUND = 5300
 BULK_DOWN, BULK_UP = 18090, 18091
 PG_PORT, PG_TUNNEL = 5433, 15433
 NOBODY = UNPRIVILEGED_UID
@@ -35,7 +36,7 @@ def unode(mesh):
     n = mesh.add_node_namespace()
     env = mesh.agent_env(n, **{
         "ANEX_ENGINE": "auto",
-        "ANEX_INBOUND_PORTS": str(INBOUND),
+        "ANEX_INBOUND_PORTS": f"{INBOUND},{UDP_INBOUND}/udp",
         f"GW_TUNNEL_{TUNNEL_1}": f"{SERVICE_NAME}:{HTTP_PORT}",
         f"GW_TUNNEL_{TUNNEL_2}": f"{SERVICE2_NAME}:8081",
         f"GW_TUNNEL_{BULK_DOWN}": f"{CLUSTER_IP}:{SOURCE_PORT}",
@@ -130,6 +131,27 @@ def test_cluster_reaches_a_workload_port_at_the_mesh_address(mesh, unode):
         assert body["service"] == "workload" and body["peer"] == "127.0.0.1"  # relayed from the mesh address
         closed = client(mesh.cluster, "get", f"http://{address}:{INBOUND + 1}/", "--timeout", "5")
         assert "error" in closed  # not an inbound port: refused
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_cluster_reaches_a_workload_udp_port_and_two_clients_keep_their_replies_apart(mesh, unode):
+    """``ANEX_INBOUND_PORTS=...,5300/udp``: the built-in engine's stack serves the UDP port at the mesh
+    address; two cluster clients asking at once each get the answer to their own question, from the
+    mesh address and port they asked."""
+    address = unode.status()["address"]
+    server = unode.ns.popen(
+        [*UNPRIVILEGED, sys.executable, "-m", "anex_agent.testing.services", "udp", "--listen",
+         f"127.0.0.1:{UDP_INBOUND}", "--name", "workload"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert read_line(server, 30, "workload server ready").strip() == "ready"
+        result = client(mesh.cluster, "udp", f"{address}:{UDP_INBOUND}", "--clients", "2")
+        assert result.get("ok") is True, result
+        assert [r["source"] for r in result["replies"]] == [f"{address}:{UDP_INBOUND}"] * 2
+        assert all(r["reply"].startswith("workload ") for r in result["replies"])
+        counters = unode.status()["userspace"]["inbound_udp"][f"{UDP_INBOUND}/udp"]
+        assert counters["sessions"] >= 2 and counters["dropped_full"] == 0, counters
     finally:
         server.terminate()
         server.wait(timeout=10)

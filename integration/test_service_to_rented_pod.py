@@ -15,7 +15,9 @@ through kube-proxy's DNAT and the gateway's WireGuard hub, for a machine whose a
 wireguard-go and for one whose agent runs unprivileged (the built-in engine: the container's
 ports are its inbound ports); the pod's readiness probe failing makes the endpoint not ready
 and the cluster IP stops answering, passing again brings both back; the pod deleted, the slice
-lists it as terminating (while a finalizer of the test's holds the pod) and then no more.
+lists it as terminating (while a finalizer of the test's holds the pod) and then no more. A
+Service's UDP port reaches a pod's UDP container port the same way, on both engines: two cluster
+clients asking the cluster IP at once each get the answer to their own question.
 
 The gateway routes the Service network to the mesh too: a rented pod reaches the cluster IP of
 a Service whose endpoint is in the cluster (the cluster's echo service), and gets no answer
@@ -38,6 +40,7 @@ import yaml
 from anex_agent.demo.provision import Boot
 from anex_agent.testing.mesh import CLUSTER_GW, CLUSTER_IP, HTTP_PORT, ProcessDied, wait_until
 from anex_agent.testing.netlab import missing_prerequisites, stop_processes
+from integration.conftest import client
 from integration.kube import SERVICE_CIDR, find_program
 from integration.test_virtual_node import SEED_POD, WAIT, _pod, _wait_pod, simulated, virtual_node  # noqa: F401
 
@@ -243,6 +246,59 @@ def test_a_service_reaches_a_rented_pod_at_its_cluster_ip_while_it_is_ready(engi
     wait_until(lambda: _pod(cp, namespace, name) is None, WAIT, "the pod gone", interval=0.3)
     cp.kubectl("-n", namespace, "delete", "service", name)
     shutil.rmtree(files, ignore_errors=True)
+
+
+UDP_PORT, UDP_SERVICE_PORT = 5300, 53
+#: the workload of the UDP pod: answers each datagram with "pod <datagram>" (standard library only)
+UDP_ECHO = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"s.bind(('0.0.0.0', {UDP_PORT}))\n"
+            "while True:\n    data, peer = s.recvfrom(65535)\n    s.sendto(b'pod ' + data, peer)\n")
+
+
+@pytest.mark.parametrize("engine", ["wireguard-go", "unprivileged"])
+def test_a_services_udp_port_reaches_a_rented_pod(engine, virtual_node, simulated, kube_proxy):  # noqa: F811
+    """A pod's UDP container port (the virtual node passes it as ANEX_INBOUND_PORTS' PORT/udp) behind
+    a Service's UDP port: two cluster clients asking the cluster IP at once each get their own answer,
+    on wireguard-go (the OS serves every port) and on the built-in engine (its stack relays the port)."""
+    cp, namespace, log, _restart = virtual_node
+    mesh, provider, _url = simulated
+    if engine == "unprivileged" and missing_prerequisites("setpriv"):
+        pytest.skip(missing_prerequisites("setpriv"))
+    name, label = f"udp-{engine}", f"udp-{secrets.token_hex(3)}"
+    pod = yaml.safe_load(SEED_POD.format(name=name, extra_annotation="", command=json.dumps(["python3", "-c",
+                                                                                             UDP_ECHO])))
+    pod["metadata"]["labels"] = {"app": label}
+    pod["spec"]["containers"][0]["ports"] = [{"name": "echo", "containerPort": UDP_PORT, "protocol": "UDP"}]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+               "spec": {"selector": {"app": label}, "ports": [{"name": "echo", "port": UDP_SERVICE_PORT,
+                                                              "targetPort": UDP_PORT, "protocol": "UDP"}]}}
+
+    def ours(rental) -> bool:
+        return UDP_ECHO in " ".join(rental.command) and rental.env.get("ANEX_INBOUND_PORTS") == f"{UDP_PORT}/udp"
+
+    if engine == "unprivileged":
+        provider.boot_for = lambda rental: CONFINED if ours(rental) else Boot()
+    try:
+        _apply_list(cp, namespace, [pod, service])
+        running = _wait_pod(cp, namespace, name, lambda p: p["status"].get("phase") == "Running", "the pod Running",
+                            log)
+    finally:
+        provider.boot_for = lambda rental: Boot()
+    (node,) = [provider.nodes[r] for r, rental in provider.rentals.items() if ours(rental)]
+    status = wait_until(node.status, WAIT, "the machine's agent status")
+    assert status["engine"] == ("userspace" if engine == "unprivileged" else "wireguard-go")
+    _wait_endpoints(cp, namespace, name, lambda e: len(e) == 1 and e[0]["conditions"].get("ready"),
+                    "the pod a ready endpoint of the Service", log)
+    assert running["status"]["podIP"].startswith("10.254.")
+    cluster_ip = cp.kubectl_json("-n", namespace, "get", "service", name)["spec"]["clusterIP"]
+    result = wait_until(lambda: (r := client(mesh.cluster, "udp", f"{cluster_ip}:{UDP_SERVICE_PORT}", "--clients", "2",
+                                            "--timeout", "5")).get("ok") and r, WAIT,
+                        f"two UDP clients answered by the pod at {cluster_ip}:{UDP_SERVICE_PORT}", interval=0.5)
+    assert [r["source"] for r in result["replies"]] == [f"{cluster_ip}:{UDP_SERVICE_PORT}"] * 2
+    assert all(r["reply"] == f"pod {r['sent']}" for r in result["replies"])
+    cp.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
+    wait_until(lambda: _pod(cp, namespace, name) is None, WAIT, "the pod gone", interval=0.3)
+    cp.kubectl("-n", namespace, "delete", "service", name)
 
 
 def _node_of(mesh, provider, pod: dict):

@@ -88,7 +88,6 @@ COVERED_ELSEWHERE = {
     'demo/observe.py': (('integration/test_demo.py',), 'needs real processes in network namespaces'),
     'demo/provision.py': (('tests/demo/test_kubernetes.py',), 'exercises it directly'),
     'frontends/dial_guard.py': (('tests/frontends/test_proxy_guards.py', 'tests/frontends/test_socks5.py'), 'through both proxies, which refuse the same destinations'),
-    'frontends/inbound.py': (('tests/tunnels/engines/test_userspace.py',), 'through the built-in engine that owns the forwards'),
     'frontends/relay.py': (('tests/frontends/test_forward.py', 'tests/frontends/test_forward_idle.py',), 'exercises it directly'),
     'frontends/tcp_server.py': (('tests/frontends/test_proxy.py', 'tests/frontends/test_socks5.py'), 'through both proxies served on it'),
     'gateway/cli.py': (('tests/gateway/test_gateway_settings_secrets.py',), 'exercises it directly'),

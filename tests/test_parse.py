@@ -35,6 +35,19 @@ def test_port_refuses(text):
         parse.port(text)
 
 
+@pytest.mark.parametrize("text, expected", [("53", (53, "tcp")), ("53/tcp", (53, "tcp")), ("53/udp", (53, "udp")),
+                                            ("65535/UDP", (65535, "udp")), ("1/Tcp", (1, "tcp"))])
+def test_port_protocol_accepts(text, expected):
+    assert parse.port_protocol(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "/udp", "53/", "53/sctp", "0/udp", "65536/tcp", "53/udp/", "５３/udp", "53/ｕｄｐ",
+                                  " 53/udp", "53 /udp", "1" * 40 + "/udp", None])
+def test_port_protocol_refuses(text):
+    with pytest.raises(ValueError, match="must be PORT, PORT/tcp or PORT/udp with a port from 1 to 65535"):
+        parse.port_protocol(text)
+
+
 def test_port_accepts():
     assert parse.port("1") == 1 and parse.port("65535") == 65535
 

@@ -384,6 +384,7 @@ class DataPlane:
             "proxy": str(self.settings.proxy_listen),
             "socks": str(self.settings.socks_listen) if self.settings.socks_listen is not None else None,
             "inbound_ports": list(self.settings.inbound_ports),
+            "inbound_udp_ports": list(self.settings.inbound_udp_ports),
             "endpoints": self.endpoints.current,
             **self._engine_report(),
         }

@@ -4,7 +4,7 @@ The data plane gives every engine a :class:`~anex_agent.tunnels.engines.config.W
 with each ``apply()``: the proxy address (``ANEX_PROXY_LISTEN``) and whether it asks for
 credentials (``ANEX_PROXY_AUTH``), the same for the SOCKS5 proxy when it is on
 (``ANEX_SOCKS_LISTEN``, ``ANEX_SOCKS_AUTH``), the forwards (``GW_TUNNEL_*`` and pushed tunnels, local
-settings winning on a port clash), the inbound ports (``ANEX_INBOUND_PORTS``), the cluster
+settings winning on a port clash), the inbound TCP and UDP ports (``ANEX_INBOUND_PORTS``), the cluster
 DNS and the gateways' mesh addresses. Engines that give a dialer ignore it (the agent's
 proxy and forwards serve the workload); engines with front-ends of their own (wireproxy)
 render it, so a pushed tunnel is just a changed config.
@@ -30,6 +30,7 @@ SETTING_FOR_FIELD = {
     "socks_auth": "ANEX_SOCKS_AUTH",
     "forwards": "GW_TUNNEL_<port>",
     "inbound_ports": "ANEX_INBOUND_PORTS",
+    "inbound_udp_ports": "ANEX_INBOUND_PORTS",
 }
 
 
@@ -43,6 +44,7 @@ def workload_config(config: NodeConfig | None, settings: AgentSettings) -> Workl
         socks_auth=settings.socks_auth is not None,
         forwards=tuple(Forward(t.listen_port, str(t.target)) for t in tunnels),
         inbound_ports=tuple(settings.inbound_ports),
+        inbound_udp_ports=tuple(settings.inbound_udp_ports),
         dns=tuple(config.dns) if config is not None else (),
         gateways=tuple(g.mesh_address for g in config.gateways if g.mesh_address) if config is not None else (),
     )

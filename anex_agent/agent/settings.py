@@ -37,8 +37,10 @@ ANEX_SOCKS_AUTH_FILE   --socks-auth-file                a file holding USER:PASS
 ANEX_SSH_PORT          --ssh-port                       SSH server port on the mesh address, default 2222; 0: off
 ANEX_PROVIDER          --provider                       vastai|runpod|onprem|other, default other
 ANEX_NODE_NAME         --name                           1-253 characters, default the host name
-ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT,... the workload serves to the mesh
-                                                        (wireproxy only; native engines need none)
+ANEX_INBOUND_PORTS     --inbound-ports                  PORT,PORT/udp,... the workload serves to the mesh
+                                                        (PORT or PORT/tcp: TCP; PORT/udp: UDP, not with
+                                                        wireproxy); for the userspace and wireproxy
+                                                        engines, native engines need none
 ANEX_METRICS_HOST_LABEL, ANEX_METRICS_PCIE_THROUGHPUT   GPU metric naming on /metrics
                                                         (see anex_agent.telemetry.options)
 GW_TUNNEL_<port>       --tunnel PORT=HOST:PORT          a TCP forward 127.0.0.1:<port> -> HOST:PORT
@@ -111,9 +113,12 @@ class AgentSettings:
     socks_listen: ListenAddress | None = None
     #: ``anex_agent.frontends.socks5_core.SocksAuth`` when ANEX_SOCKS_AUTH is set (secret: not in repr)
     socks_auth: Any = field(default=None, repr=False)
-    #: ANEX_INBOUND_PORTS: workload ports the mesh may reach at the node's mesh address. Native
-    #: engines reach every port anyway; engines without an OS interface (wireproxy) serve these.
+    #: ANEX_INBOUND_PORTS: workload TCP ports the mesh may reach at the node's mesh address. Native
+    #: engines reach every port anyway; engines without an OS interface (userspace, wireproxy) serve these.
     inbound_ports: tuple[int, ...] = ()
+    #: ANEX_INBOUND_PORTS' ``PORT/udp`` items: workload UDP ports, served by the userspace engine
+    #: (wireproxy carries no inbound UDP: it warns and leaves them out).
+    inbound_udp_ports: tuple[int, ...] = ()
     #: the flag or variable ``engine`` came from (for error messages)
     engine_source: str = "ANEX_ENGINE"
     #: the flag, variable or file the join token came from (a refused token names it)
@@ -191,19 +196,25 @@ def parse_tunnels(environ: Mapping[str, str], flags: list[str] | None = None) ->
     return tuple(found[p] for p in sorted(found))
 
 
-def parse_ports(value: str, source: str) -> tuple[int, ...]:
-    """``PORT,PORT,...`` (spaces allowed, empty = none) into sorted unique ports; ConfigError naming ``source``."""
-    accepted = "expected a comma-separated list of TCP ports from 1 to 65535, e.g. 8000,8888"
-    ports: set[int] = set()
+def parse_inbound_ports(value: str, source: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``PORT,PORT/udp,PORT/tcp,...`` (spaces allowed, empty = none) into sorted unique TCP ports
+    and UDP ports (a bare ``PORT`` is TCP); ConfigError naming ``source``."""
+    accepted = ("expected a comma-separated list of ports from 1 to 65535, each PORT or PORT/tcp (TCP) or "
+                "PORT/udp (UDP), e.g. 8000,5353/udp")
+    ports: dict[str, set[int]] = {"tcp": set(), "udp": set()}
     for item in value.split(","):
         item = item.strip()
         if not item:
             continue
         try:
-            ports.add(parse.port(item))
+            number, protocol = parse.port_protocol(item)
         except ValueError:
-            raise ConfigError(source, f"{item!r} in {value!r} is not a port; {accepted}") from None
-    return tuple(sorted(ports))
+            number_text, slash, protocol_text = item.partition("/")
+            unknown = slash and protocol_text.lower() not in parse.PROTOCOLS and parse.is_integer(number_text)
+            what = f"has the protocol {protocol_text!r}" if unknown else "is not a port"
+            raise ConfigError(source, f"{item!r} in {value!r} {what}; {accepted}") from None
+        ports[protocol].add(number)
+    return tuple(sorted(ports["tcp"])), tuple(sorted(ports["udp"]))
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -323,7 +334,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
     if not 1 <= len(name) <= 253:
         raise ConfigError(src_n, "expected a node name of 1 to 253 characters")
     proxy_listen, api_listen = parse_listen(proxy, src_x), parse_listen(api, src_a)
-    inbound_ports = parse_ports(inbound or "", src_i)
+    inbound_ports, inbound_udp_ports = parse_inbound_ports(inbound or "", src_i)
     socks_listen, socks_auth = _socks(socks, src_sl, socks_auth_text, src_sa)
     ours = [(api_listen, "the agent API"), (proxy_listen, "the HTTP proxy")]
     if socks_listen is not None:
@@ -337,6 +348,9 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         if listen.port in inbound_ports:
             raise ConfigError(src_i, f"port {listen.port} is {what}'s port ({listen}); it is never served to the mesh "
                                      "through an inbound port, list only the workload's ports")
+    # No UDP port is refused: the listeners above are TCP only, and the agent's own UDP sockets trust
+    # no loopback sender (WireGuard's authenticates every datagram; the SOCKS5 relay's and DNS
+    # queries' are on ephemeral ports nobody lists)
     ssh_port = _ssh_port(ssh, src_s)
     if ssh_port and ssh_port in inbound_ports:  # the SSH server serves the mesh itself on that port
         raise ConfigError(src_i, f"port {ssh_port} is the agent's SSH server's port ({src_s}); list only the "
@@ -363,6 +377,7 @@ def from_args(args, environ: Mapping[str, str], *, require_coordinator: bool = T
         socks_listen=socks_listen,
         socks_auth=socks_auth,
         inbound_ports=inbound_ports,
+        inbound_udp_ports=inbound_udp_ports,
         ca_file=ca_file,
         path_probe_interval=_seconds(probe, src_pi),
         dead_peer_after=_seconds(dead, src_dp),
@@ -458,7 +473,9 @@ def add_arguments(parser) -> None:
                    help="accept a plain http:// coordinator URL to a public address [ANEX_ALLOW_INSECURE=1]")
     g.add_argument("--provider", metavar="NAME", help="vastai|runpod|onprem|other [ANEX_PROVIDER]")
     g.add_argument("--name", metavar="NAME", help="node name, default the host name [ANEX_NODE_NAME]")
-    g.add_argument("--inbound-ports", metavar="PORT,PORT", help="workload ports served to the mesh (wireproxy) [ANEX_INBOUND_PORTS]")
+    g.add_argument("--inbound-ports", metavar="PORT[/udp],...",
+                   help="workload ports served to the mesh by the userspace and wireproxy engines: PORT or PORT/tcp "
+                        "for TCP, PORT/udp for UDP (userspace only), e.g. 8000,5353/udp [ANEX_INBOUND_PORTS]")
     g.add_argument(
         "--tunnel", metavar="PORT=HOST:PORT", action="append", default=[], help="a TCP forward, like GW_TUNNEL_<PORT>=HOST:PORT"
     )

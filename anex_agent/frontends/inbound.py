@@ -8,9 +8,12 @@ connections from 127.0.0.1; that is why the agent API and the proxy are never
 inbound ports (the settings refuse them: a mesh caller would look local). The agent
 API's mesh side is served differently (:meth:`InboundServer.serve_protocol`): its
 asyncio protocol runs right on the stack's connection, and sees the mesh peer's address.
+UDP ports (``PORT/udp``) are relayed by :class:`anex_agent.frontends.inbound_udp.UdpInboundPort`,
+one session (a kernel socket) per mesh peer, all ports sharing one :class:`SessionBudget`.
 
 :meth:`InboundServer.run` is a task of the engine's role; it owns one TaskGroup with
-one named task per connection. :meth:`InboundServer.sync` makes the listened ports match.
+one named task per connection (UDP needs none: callbacks move the datagrams).
+:meth:`InboundServer.sync` makes the listened ports match.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from collections.abc import Callable
 
 from anex_agent.net.dialer import OSDialer
 from anex_agent.errors import DialError
+from anex_agent.frontends.inbound_udp import SessionBudget, UdpInboundPort
 from anex_agent.frontends.relay import relay
 from anex_agent.netstack.aio import NetstackRuntime, StreamTransport, TcpStream
+from anex_agent.netstack.stack import StackError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,8 @@ class InboundServer:
         self._ports: set[int] = set()
         self._protocols: dict[int, Callable[[], asyncio.Protocol]] = {}
         self._ids = itertools.count(1)
+        self._udp: dict[int, UdpInboundPort] = {}
+        self._udp_budget = SessionBudget()
         self.served = 0
         self.failed = 0
 
@@ -50,11 +57,14 @@ class InboundServer:
         if self._runtime is not None and port not in self._runtime.listening:
             self._runtime.listen(port, lambda stream: self._accepted(port, stream, factory))
 
-    def sync(self, runtime: NetstackRuntime, ports: tuple[int, ...]) -> None:
-        """Listen on exactly ``ports`` (relayed to loopback) and the protocol ports of ``runtime``
-        (a new runtime: listen there from scratch)."""
+    def sync(self, runtime: NetstackRuntime, ports: tuple[int, ...], udp_ports: tuple[int, ...] = ()) -> None:
+        """Listen on exactly ``ports`` (TCP) and ``udp_ports`` (relayed to loopback) and the protocol
+        ports of ``runtime`` (a new runtime: listen there from scratch). A UDP port the stack holds
+        already (an ephemeral port of the agent's own) is left out with a warning, and tried again
+        at the next sync."""
         if runtime is not self._runtime:
             self._runtime, self._ports = runtime, set()
+            self._close_udp()
             for port, factory in self._protocols.items():
                 runtime.listen(port, lambda stream, port=port, factory=factory: self._accepted(port, stream, factory))
         for port in self._ports - set(ports):
@@ -64,6 +74,24 @@ class InboundServer:
             runtime.listen(port, lambda stream, port=port: self._accepted(port, stream))
             self._ports.add(port)
             log.info("inbound: mesh port %d -> %s:%d", port, self.target_host, port)
+        for port in set(self._udp) - set(udp_ports):
+            self._udp.pop(port).close()
+        for port in sorted(set(udp_ports) - set(self._udp)):
+            try:
+                self._udp[port] = UdpInboundPort(runtime, port, target_host=self.target_host, budget=self._udp_budget)
+            except StackError as err:
+                log.warning("inbound %d/udp: not served for now: %s", port, err)
+                continue
+            log.info("inbound: mesh port %d/udp -> %s:%d", port, self.target_host, port)
+
+    def report(self) -> dict:
+        """Counters of the UDP ports (sessions, drops), by port."""
+        return {f"{port}/udp": udp.report() for port, udp in sorted(self._udp.items())}
+
+    def _close_udp(self) -> None:
+        for udp in self._udp.values():
+            udp.close()
+        self._udp = {}
 
     def _accepted(self, port: int, stream: TcpStream, factory: Callable[[], asyncio.Protocol] | None = None) -> None:
         try:
@@ -77,6 +105,7 @@ class InboundServer:
             for port in self._ports | set(self._protocols):
                 with_runtime.unlisten(port)
         self._ports = set()
+        self._close_udp()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:

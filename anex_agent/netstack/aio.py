@@ -10,7 +10,8 @@ them made due (several writes become full segments, several received segments on
 ``shutdown_write``, ``aclose``; ``socket`` is None). Back-pressure both ways: ``sendall``
 waits while the connection's send buffer is full (it drains as the peer acknowledges),
 and a reader that does not read lets the receive buffer fill, which closes the window
-advertised to the peer. :class:`UdpSocket` sends and receives datagrams (DNS).
+advertised to the peer. :class:`UdpSocket` sends and receives datagrams (DNS, the SOCKS5
+proxy's UDP relay, inbound UDP ports).
 """
 
 from __future__ import annotations
@@ -155,8 +156,10 @@ class NetstackRuntime:
 
     # ------------------------------------------------------------------ UDP
 
-    def udp_open(self) -> UdpSocket:
-        sock = UdpSocket(self, self.stack.udp_bind(0))
+    def udp_open(self, port: int = 0) -> UdpSocket:
+        """A UDP socket bound to ``port`` of our address (0: a free ephemeral port); StackError when
+        ``port`` is in use."""
+        sock = UdpSocket(self, self.stack.udp_bind(port))
         self._udp[sock.port] = sock
         return sock
 

@@ -4,6 +4,7 @@
     python -m anex_agent.testing.probe_client connect HOST:PORT --proxy HOST:PORT [--path /x]
     python -m anex_agent.testing.probe_client bulk HOST:PORT --bytes N [--proxy HOST:PORT] [--direction down|up]
     python -m anex_agent.testing.probe_client latency URL [--proxy HOST:PORT] [--count N]
+    python -m anex_agent.testing.probe_client udp HOST:PORT [--clients N]
 
 ``get`` sends an absolute-form request through the proxy (or directly), with a generated
 body of ``--body-size`` bytes for POST, and prints ``{"status", "headers", "body", "sha256"}``
@@ -12,6 +13,10 @@ body of ``--body-size`` bytes for POST, and prints ``{"status", "headers", "body
 ``bulk`` moves N bytes from (down) or to (up) the bulk ``source``/``sink`` service of
 :mod:`anex_agent.testing.services`, optionally through a CONNECT tunnel, and prints
 ``{"bytes", "seconds", "mbit_s"}``.
+``udp`` asks the ``udp`` echo service of :mod:`anex_agent.testing.services` from ``--clients``
+sockets at once, each its own question (sent again every second until answered), and prints
+``{"replies": [{"sent", "reply", "source"}, ...], "ok"}``: ``ok`` when every socket got the
+answer to its own question.
 Failures print ``{"error": "..."}`` and exit 1; a malformed HOST:PORT is argparse's error
 (exit 2). Standard library only, on purpose, besides :mod:`anex_agent.parse` (itself
 standard library only).
@@ -23,6 +28,8 @@ import argparse
 import hashlib
 import http.client
 import json
+import os
+import select
 import socket
 import struct
 import sys
@@ -160,6 +167,35 @@ def do_latency(args) -> dict:
     return {"count": len(times), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "mean_ms": sum(times) / len(times)}
 
 
+def do_udp(args) -> dict:
+    host, port = parse.host_port(args.dest)
+    token = os.urandom(4).hex()
+    socks = [socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+             for _ in range(args.clients)]
+    sent = [f"{token} client {i}".encode() for i in range(args.clients)]
+    replies: dict[int, tuple[bytes, str]] = {}
+    deadline = time.monotonic() + args.timeout
+    try:
+        while len(replies) < len(socks) and time.monotonic() < deadline:
+            waiting = [i for i in range(len(socks)) if i not in replies]
+            for i in waiting:  # all questions out before any answer is read: the clients overlap
+                socks[i].sendto(sent[i], (host, port))
+            until = min(deadline, time.monotonic() + 1.0)
+            while waiting and (left := until - time.monotonic()) > 0:
+                readable, _, _ = select.select([socks[i] for i in waiting], [], [], left)
+                for sock in readable:
+                    i = socks.index(sock)
+                    data, source = sock.recvfrom(65535)
+                    replies[i] = (data, f"{source[0]}:{source[1]}")
+                    waiting.remove(i)
+    finally:
+        for sock in socks:
+            sock.close()
+    out = [{"sent": sent[i].decode(), "reply": replies[i][0].decode(errors="replace") if i in replies else None,
+            "source": replies[i][1] if i in replies else None} for i in range(len(socks))]
+    return {"replies": out, "ok": all(r["reply"] is not None and r["reply"].endswith(" " + r["sent"]) for r in out)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m anex_agent.testing.probe_client")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -181,11 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     lat.add_argument("url")
     lat.add_argument("--proxy", type=HOST_PORT)
     lat.add_argument("--count", type=int, default=200)
-    for p in (get, con, bulk, lat):
+    dgram = sub.add_parser("udp")
+    dgram.add_argument("dest", type=HOST_PORT)
+    dgram.add_argument("--clients", type=int, default=1)
+    for p in (get, con, bulk, lat, dgram):
         p.add_argument("--timeout", type=float, default=15.0)
     args = parser.parse_args(argv)
     try:
-        result = {"get": do_get, "connect": do_connect, "bulk": do_bulk, "latency": do_latency}[args.cmd](args)
+        result = {"get": do_get, "connect": do_connect, "bulk": do_bulk, "latency": do_latency, "udp": do_udp}[args.cmd](args)
     except (OSError, http.client.HTTPException, ValueError) as err:
         print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
         return 1

@@ -6,6 +6,7 @@ Run as a process (inside the ``cluster`` network namespace)::
     python -m anex_agent.testing.services dns --listen 10.77.0.2:53 --record echo.default.svc.cluster.local=10.77.0.2
     python -m anex_agent.testing.services sink --listen 10.77.0.2:9000      # bulk TCP: counts and discards
     python -m anex_agent.testing.services source --listen 10.77.0.2:9001    # bulk TCP: sends N bytes on request
+    python -m anex_agent.testing.services udp --listen 127.0.0.1:5300 [--name echo]   # UDP echo
 
 * ``http``: aiohttp; ``GET /anything`` answers ``{"service": NAME, "method": "GET", "path": ...,
   "peer": ...}``; ``POST`` (and every other method) echoes the request body back with the
@@ -13,6 +14,7 @@ Run as a process (inside the ``cluster`` network namespace)::
 * ``dns``: a tiny authoritative DNS server (dnspython messages, UDP and TCP) answering
   A records for the given names and NXDOMAIN for everything else, as a cluster's DNS
   does for ``svc.namespace.svc.cluster.local``.
+* ``udp``: answers each datagram with ``NAME <datagram>``, to its sender.
 * ``source``: reads an 8-byte big-endian length, sends that many bytes, closes (benchmarks).
 * ``sink``: reads until EOF, then answers with the 8-byte count (benchmarks).
 
@@ -127,6 +129,27 @@ async def serve_dns(listen: str, records: dict[str, str]) -> None:
     await asyncio.Event().wait()
 
 
+# ---------------------------------------------------------------- UDP echo
+
+
+class _UdpEcho(asyncio.DatagramProtocol):
+    def __init__(self, name: str) -> None:
+        self.prefix = name.encode() + b" "
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.transport.sendto(self.prefix + data, addr)
+
+
+async def serve_udp(listen: str, name: str) -> None:
+    host, port = parse.listen(listen)
+    await asyncio.get_running_loop().create_datagram_endpoint(lambda: _UdpEcho(name), local_addr=(host, port))
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
 # ---------------------------------------------------------------- bulk TCP
 
 
@@ -160,7 +183,7 @@ async def serve_bulk(listen: str, mode: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m anex_agent.testing.services")
-    parser.add_argument("kind", choices=["http", "dns", "sink", "source"])
+    parser.add_argument("kind", choices=["http", "dns", "udp", "sink", "source"])
     parser.add_argument("--listen", required=True, metavar="IP:PORT", type=parse.arg_type(parse.listen))
     parser.add_argument("--name", default="echo")
     parser.add_argument("--record", action="append", default=[], metavar="NAME=IPV4")
@@ -173,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             name, _, ip = item.partition("=")
             records[name.rstrip(".").lower()] = ip
         coro = serve_dns(args.listen, records)
+    elif args.kind == "udp":
+        coro = serve_udp(args.listen, args.name)
     else:
         coro = serve_bulk(args.listen, args.kind)
     try:

@@ -12,8 +12,9 @@ Contract:
   its volume mounts read; the caller fetches them (``None`` for one that does not exist) and
   passes them to :func:`translate`, which returns the :class:`Translation`: the
   ``ProvisionCreate`` (image, command, args, env with ``valueFrom``/``envFrom`` resolved, container
-  ports, also as ``ANEX_INBOUND_PORTS`` unless the pod sets it (the ports an agent on the built-in
-  engine serves at the mesh address; the agent's own ports left out, with a warning), the
+  TCP ports, and its TCP and UDP ports as ``ANEX_INBOUND_PORTS`` (``8000,53/udp``) unless the pod
+  sets it (the ports an agent on the built-in engine serves at the mesh address; the agent's own
+  ports left out, with a warning), the
   registry login of the image from ``imagePullSecrets`` (:mod:`.pullsecrets`; the
   coordinator stores it sealed), the pod's selection annotations, ``nvidia.com/gpu`` as ``anex.sh/gpu-count`` unless an annotation says
   how many GPUs, ``restartPolicy`` as ``ANEX_RESTART_POLICY``: the agent restarts the workload
@@ -56,8 +57,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT = "anex.sh/gpu-count"
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 RESTART_POLICY_ENV = "ANEX_RESTART_POLICY"  # read by the agent (anex_agent.agent.restart_policy)
-#: read by the agent (anex_agent.agent.settings): the workload ports the built-in engine serves at
-#: the mesh address (the kernel and wireguard-go engines serve every port on their interface)
+#: read by the agent (anex_agent.agent.settings): the workload ports (``PORT``: TCP, ``PORT/udp``) the
+#: built-in engine serves at the mesh address (the kernel and wireguard-go engines serve every port
+#: on their interface)
 INBOUND_PORTS_ENV = "ANEX_INBOUND_PORTS"
 #: the agent's own ports by default (its API, its HTTP proxy, its SSH server: DEFAULT_API_LISTEN,
 #: DEFAULT_PROXY_LISTEN and ssh_port of anex_agent.agent.settings), never the workload's inbound ports
@@ -290,29 +292,39 @@ def _annotations(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[s
     return chosen
 
 
-def _ports(container: Mapping[str, Any], warnings: list[str]) -> list[int]:
-    ports: list[int] = []
+def _ports(container: Mapping[str, Any], warnings: list[str]) -> tuple[list[int], list[int]]:
+    """The container's TCP ports (published by the provider, served to the mesh) and UDP ports
+    (served to the mesh only), each once, in the pod's order."""
+    tcp: list[int] = []
+    udp: list[int] = []
     for i, port in enumerate(container.get("ports") or []):
-        if (port.get("protocol") or "TCP") != "TCP":
-            warnings.append(f"{CONTAINER}.ports[{i}]: only TCP ports are forwarded; {port.get('protocol')} left out")
+        protocol = port.get("protocol") or "TCP"
+        if protocol not in ("TCP", "UDP"):
+            warnings.append(f"{CONTAINER}.ports[{i}]: only TCP and UDP ports are carried; {protocol} left out")
             continue
         number = port.get("containerPort")
-        if isinstance(number, int) and number not in ports:
-            ports.append(number)
-    return ports
+        chosen = tcp if protocol == "TCP" else udp
+        if isinstance(number, int) and number not in chosen:
+            chosen.append(number)
+        if protocol == "UDP":
+            warnings.append(f"{CONTAINER}.ports[{i}]: UDP port {number} reaches the pod over the mesh (its Services, "
+                            "its pod IP), not at a public port of the provider (it publishes TCP ports only)")
+    return tcp, udp
 
 
-def _inbound_ports(ports: list[int], warnings: list[str]) -> list[int]:
-    """The container's ports the mesh reaches on every engine (:data:`INBOUND_PORTS_ENV`): all of
-    them but the agent's own (:data:`AGENT_PORTS`), which a warning names."""
+def _inbound_ports(tcp: list[int], udp: list[int], warnings: list[str]) -> list[str]:
+    """The container's ports the mesh reaches on every engine (:data:`INBOUND_PORTS_ENV` items:
+    ``PORT`` for TCP, ``PORT/udp``): all of them but the agent's own TCP ports
+    (:data:`AGENT_PORTS`), which a warning names. (The agent listens on no UDP port: every UDP
+    port is the workload's.)"""
     out = []
-    for number in ports:
+    for number in tcp:
         if number in AGENT_PORTS:
             warnings.append(f"{CONTAINER}.ports: {number} is {AGENT_PORTS[number]} port on the machine; a machine "
                             "whose agent runs the built-in engine does not serve it to the mesh")
         else:
-            out.append(number)
-    return out
+            out.append(str(number))
+    return out + [f"{number}/udp" for number in udp]
 
 
 def _mount_warnings(pod: Mapping[str, Any], container: Mapping[str, Any]) -> list[str]:
@@ -419,10 +431,10 @@ def translate(pod: Mapping[str, Any], objects: Mapping[tuple[str, str], dict[str
     else:
         env = resolve((v.name, v.value, v.template) for v in variables)
         command, args = [expand(a, env) for a in command], [expand(a, env) for a in args]
-    ports = _ports(container, warnings)
-    inbound = _inbound_ports(ports, warnings)
+    ports, udp_ports = _ports(container, warnings)
+    inbound = _inbound_ports(ports, udp_ports, warnings)
     if inbound and INBOUND_PORTS_ENV not in env:  # the pod's own value wins
-        env[INBOUND_PORTS_ENV] = ",".join(map(str, inbound))
+        env[INBOUND_PORTS_ENV] = ",".join(inbound)
     warnings += _mount_warnings(pod, container)
     env[RESTART_POLICY_ENV] = str(_spec(pod).get("restartPolicy") or "Always")  # the API server's default
     probes = _probes(pod, container)

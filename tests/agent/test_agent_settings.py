@@ -211,17 +211,44 @@ def test_engine_source_is_remembered():
 
 
 def test_inbound_ports():
-    assert parse(BASE).inbound_ports == ()
+    assert parse(BASE).inbound_ports == () and parse(BASE).inbound_udp_ports == ()
     assert parse({**BASE, "ANEX_INBOUND_PORTS": " 8888, 8000,8888 ,"}).inbound_ports == (8000, 8888)
     assert parse({**BASE, "ANEX_INBOUND_PORTS": "1"}, ["--inbound-ports", "22,80"]).inbound_ports == (22, 80)
 
 
-@pytest.mark.parametrize("value", ["0", "65536", "80;81", "http", "-1", "8000-8001"])
+def test_inbound_ports_take_a_protocol_a_bare_port_is_tcp():
+    settings = parse({**BASE, "ANEX_INBOUND_PORTS": "8000, 5353/udp,9000/tcp,53/UDP,5353/udp,8000/tcp"})
+    assert settings.inbound_ports == (8000, 9000)
+    assert settings.inbound_udp_ports == (53, 5353)
+    both = parse(BASE, ["--inbound-ports", "7000/tcp,7000/udp"])
+    assert both.inbound_ports == (7000,) and both.inbound_udp_ports == (7000,)
+
+
+@pytest.mark.parametrize("value", ["0", "65536", "80;81", "http", "-1", "8000-8001", "53/sctp", "53/", "/udp",
+                                   "53/udp/tcp", "0/udp", "65536/udp", "５３/udp", "53 /udp"])
 def test_bad_inbound_ports_name_the_variable(value):
     with pytest.raises(ConfigError) as err:
         parse({**BASE, "ANEX_INBOUND_PORTS": value})
     assert err.value.source == "ANEX_INBOUND_PORTS"
-    assert "comma-separated list of TCP ports from 1 to 65535" in str(err.value)
+    assert "each PORT or PORT/tcp (TCP) or PORT/udp (UDP)" in str(err.value)
+
+
+def test_bad_inbound_ports_flag_is_named():
+    with pytest.raises(ConfigError) as err:
+        parse(BASE, ["--inbound-ports", "8000,53/icmp"])
+    assert err.value.source == "--inbound-ports" and "'53/icmp' in '8000,53/icmp' has the protocol 'icmp'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        parse(BASE, ["--inbound-ports", "70000/udp"])
+    assert "'70000/udp' in '70000/udp' is not a port" in str(err.value)
+
+
+@pytest.mark.parametrize("port", [9555, 3128, 2222])
+def test_inbound_udp_ports_may_share_a_number_with_the_agents_tcp_listeners(port):
+    """The agent API, the proxies and the SSH server listen on TCP only: the same number in UDP is
+    the workload's port."""
+    assert parse({**BASE, "ANEX_INBOUND_PORTS": f"{port}/udp"}).inbound_udp_ports == (port,)
+    with pytest.raises(ConfigError):
+        parse({**BASE, "ANEX_INBOUND_PORTS": f"{port}/tcp"})
 
 
 @pytest.mark.parametrize("extra, port", [({}, 9555), ({}, 3128), ({"ANEX_API_LISTEN": "127.0.0.1:9600"}, 9600)])

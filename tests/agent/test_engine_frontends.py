@@ -46,6 +46,14 @@ def test_options_merge_local_and_pushed_tunnels_and_inbound_ports():
     assert options.check_alive == ("10.254.0.1",) and options.dns == ("10.254.0.1",)
 
 
+def test_inbound_udp_ports_reach_the_engine_and_wireproxy_starts_with_them_rendering_tcp_only():
+    workload = engine_frontends.workload_config(config(), settings(inbound_ports=(8000,), inbound_udp_ports=(53,)))
+    assert workload.inbound_ports == (8000,) and workload.inbound_udp_ports == (53,)
+    engine_frontends.check_settings(settings(inbound_udp_ports=(53,)), WireproxyEngine)  # not refused: warned
+    options = WireproxyOptions.from_workload(workload, health_address="127.0.0.1:9999")
+    assert [t.listen_port for t in options.server_tunnels] == [8000]
+
+
 def test_proxy_auth_is_refused_naming_the_variable():
     with pytest.raises(ConfigError) as err:
         engine_frontends.check_settings(settings(proxy_auth=object()), WireproxyEngine)

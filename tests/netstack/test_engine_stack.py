@@ -96,12 +96,7 @@ async def test_addresses_outside_the_tunnel_go_through_the_os(pair):
 
 def stack_udp_port(engine, port: int):
     """A UDP socket of ``engine``'s stack bound to ``port`` of its mesh address."""
-    sock = engine.runtime.udp_open()
-    engine.runtime.stack.udp_unbind(sock.port)
-    sock.port.port = port
-    engine.runtime.stack.udp_ports[port] = sock.port
-    engine.runtime._udp[sock.port] = sock
-    return sock
+    return engine.runtime.udp_open(port)
 
 
 async def serve_dns(engine, answered: list[str]):
@@ -295,3 +290,50 @@ async def test_pysocks_dns_over_udp_associate_through_the_stack(pair):
         assert answered == [IP_A]  # the query reached the peer through the tunnel
     finally:
         server.cancel()
+
+
+async def test_the_cluster_reaches_an_inbound_udp_port_and_two_clients_keep_their_replies_apart(tasks):
+    """``ANEX_INBOUND_PORTS=<port>/udp``: engine B's stack binds the UDP port at its mesh address and
+    relays each mesh peer's datagrams to the workload's loopback server through a socket of its own,
+    so each of A's two sockets gets the answers to its own questions, from B's mesh address and port."""
+    loop = asyncio.get_running_loop()
+
+    class Workload(asyncio.DatagramProtocol):
+        def connection_made(self, transport):
+            self.transport, self.sources = transport, set()
+
+        def datagram_received(self, data, addr):
+            self.sources.add(addr)
+            self.transport.sendto(b"answer to " + data, addr)
+
+    transport, workload = await loop.create_datagram_endpoint(Workload, local_addr=("127.0.0.1", 0))
+    port = transport.get_extra_info("sockname")[1]
+    ka, kb = keys.generate_private_key(), keys.generate_private_key()
+    a, b = UserspaceEngine(ifname=None), UserspaceEngine(ifname=None)
+    await a.start(tasks)
+    await b.start(tasks)
+    try:
+        assert await b.apply(desired(kb, ka, IP_B, IP_A, None), WorkloadConfig(inbound_udp_ports=(port,))) is True
+        assert port in b.runtime.stack.udp_ports and port not in b.runtime.stack.listeners  # UDP, not TCP
+        assert await b.apply(desired(kb, ka, IP_B, IP_A, None), WorkloadConfig(inbound_udp_ports=(port,))) is False
+        await a.apply(desired(ka, kb, IP_A, IP_B, f"127.0.0.1:{(await b.status()).listen_port}"))
+        dialer = a.datagram_dialer(ResolverSlot())
+        got = {name: asyncio.Queue() for name in ("one", "two")}
+        socks = {name: dialer.open_datagram(lambda data, source, q=q: q.put_nowait((data, source)))
+                 for name, q in got.items()}
+        for round_ in range(3):
+            for name, sock in socks.items():
+                sock.sendto(f"{name} #{round_}".encode(), IP_B, port)
+            for name, q in got.items():
+                assert await asyncio.wait_for(q.get(), 10) == (f"answer to {name} #{round_}".encode(), (IP_B, port))
+        assert len(workload.sources) == 2  # one loopback socket per mesh peer
+        assert b.report()["inbound_udp"][f"{port}/udp"]["sessions"] == 2
+        for sock in socks.values():
+            sock.close()
+        # the port no longer listed: unbound, its sessions closed
+        assert await b.apply(desired(kb, ka, IP_B, IP_A, None), WorkloadConfig()) is True
+        assert port not in b.runtime.stack.udp_ports and "inbound_udp" not in b.report()
+    finally:
+        transport.close()
+        await a.stop()
+        await b.stop()

@@ -214,16 +214,21 @@ def test_a_probe_the_agent_cannot_run_is_refused_naming_its_field(probe, field):
 
 
 def test_the_container_ports_are_the_inbound_ports_of_the_built_in_engine_but_the_agents_own():
-    from anex_agent.agent.settings import DEFAULT_API_LISTEN, DEFAULT_PROXY_LISTEN, AgentSettings
+    from anex_agent.agent.settings import DEFAULT_API_LISTEN, DEFAULT_PROXY_LISTEN, AgentSettings, parse_inbound_ports
 
     assert set(podspec.AGENT_PORTS) == {int(DEFAULT_API_LISTEN.rsplit(":", 1)[1]),
                                         int(DEFAULT_PROXY_LISTEN.rsplit(":", 1)[1]),
                                         AgentSettings.__dataclass_fields__["ssh_port"].default}
     ports = [{"containerPort": 8000}, {"containerPort": 9555}, {"containerPort": 53, "protocol": "UDP"},
-             {"containerPort": 8443}]
+             {"containerPort": 8443}, {"containerPort": 9555, "protocol": "UDP"}, {"containerPort": 53, "protocol": "UDP"},
+             {"containerPort": 3868, "protocol": "SCTP"}]
     out = translate(seed(ports=ports), {}, prefix="vk-")
-    assert out.spec.ports == [8000, 9555, 8443]  # published by the provider as before
-    assert out.spec.env["ANEX_INBOUND_PORTS"] == "8000,8443"  # the mesh reaches them on every engine
+    assert out.spec.ports == [8000, 9555, 8443]  # TCP ones published by the provider as before
+    # the mesh reaches them on every engine, UDP ones too (the agent's own ports are TCP only)
+    assert out.spec.env["ANEX_INBOUND_PORTS"] == "8000,8443,53/udp,9555/udp"
+    assert parse_inbound_ports(out.spec.env["ANEX_INBOUND_PORTS"], "ANEX_INBOUND_PORTS") == ((8000, 8443), (53, 9555))
+    assert any("ports[2]: UDP port 53 reaches the pod over the mesh" in w for w in out.warnings)
+    assert any("ports[6]: only TCP and UDP ports are carried; SCTP left out" in w for w in out.warnings)
     assert any("9555" in w and "agent API" in w for w in out.warnings)
     assert "ANEX_INBOUND_PORTS" not in translate(seed(), {}, prefix="vk-").spec.env  # no ports, none
     mine = seed(ports=[{"containerPort": 8000}], env=[{"name": "ANEX_INBOUND_PORTS", "value": "7000"}])

@@ -95,7 +95,8 @@ class WorkloadConfig:
     ``proxy_address``: where the HTTP proxy listens (``HOST:PORT``); ``proxy_auth``:
     whether it must ask for credentials; ``socks_address``: where the SOCKS5 proxy listens
     (``""``: no SOCKS5 proxy), ``socks_auth``: whether it must ask for credentials; ``forwards``: ``GW_TUNNEL`` and pushed forwards;
-    ``inbound_ports``: the workload's ports reachable from the mesh; ``dns``: cluster DNS
+    ``inbound_ports``: the workload's TCP ports reachable from the mesh, ``inbound_udp_ports``
+    its UDP ones; ``dns``: cluster DNS
     servers; ``gateways``: the gateways' mesh addresses (for liveness checks).
     Engines that give a dialer ignore it (the agent serves the proxy and forwards);
     engines with front-ends of their own render it.
@@ -107,6 +108,7 @@ class WorkloadConfig:
     socks_auth: bool = False
     forwards: tuple[Forward, ...] = ()
     inbound_ports: tuple[int, ...] = ()
+    inbound_udp_ports: tuple[int, ...] = ()
     dns: tuple[str, ...] = ()
     gateways: tuple[str, ...] = ()
 

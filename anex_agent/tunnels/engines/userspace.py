@@ -22,7 +22,8 @@ Two layers:
   :class:`~anex_agent.netstack.dialer.NetstackDialer` (the proxy and the ``GW_TUNNEL``
   forwards), cluster DNS goes over the stack's UDP, and ``apply(desired, workload)``
   listens on the workload's inbound ports at the mesh address and relays each connection
-  to ``127.0.0.1:<port>`` (:mod:`anex_agent.frontends.inbound`). Until then (a bare
+  (TCP) or each mesh peer's datagrams (UDP) to ``127.0.0.1:<port>``
+  (:mod:`anex_agent.frontends.inbound`). Until then (a bare
   tunnel) packets go to ``on_packet`` or :meth:`UserspaceTunnel.receive_packet`.
 """
 
@@ -218,6 +219,7 @@ class UserspaceEngine(Engine):
         self._inbound = None  # anex_agent.frontends.inbound.InboundServer
         self._inbound_task: asyncio.Task | None = None
         self._inbound_ports: tuple[int, ...] = ()
+        self._inbound_udp_ports: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return f"UserspaceEngine(running={self.tunnel is not None})"
@@ -253,9 +255,11 @@ class UserspaceEngine(Engine):
             changed |= self._apply_peers(resolved)
         except LocalProtocolError as err:
             raise EngineError(f"userspace engine refused the config: {err}") from None
-        if workload is not None and tuple(workload.inbound_ports) != self._inbound_ports:
+        if workload is not None and (tuple(workload.inbound_ports), tuple(workload.inbound_udp_ports)) != (
+                self._inbound_ports, self._inbound_udp_ports):
             self._inbound_ports = tuple(workload.inbound_ports)
-            self._netstack_wanted |= bool(self._inbound_ports)
+            self._inbound_udp_ports = tuple(workload.inbound_udp_ports)
+            self._netstack_wanted |= bool(self._inbound_ports or self._inbound_udp_ports)
             changed = True
         if self._netstack_wanted:
             self._ensure_runtime()
@@ -331,7 +335,7 @@ class UserspaceEngine(Engine):
         if self._inbound is None:
             self._inbound = InboundServer()
             self._inbound_task = self._tasks.spawn("userspace-inbound", self._inbound.run)
-        self._inbound.sync(self.runtime, self._inbound_ports)
+        self._inbound.sync(self.runtime, self._inbound_ports, self._inbound_udp_ports)
 
     def _apply_peers(self, resolved: tuple[PeerConfig, ...]) -> bool:
         assert self.tunnel is not None
@@ -444,7 +448,10 @@ class UserspaceEngine(Engine):
         return NetstackDatagramDialer(lambda: self.runtime, self._covers, resolver if resolver is not None else Resolver())
 
     def report(self) -> dict:
-        return {"netstack": self.runtime.report()} if self.runtime is not None else {}
+        if self.runtime is None:
+            return {}
+        inbound_udp = self._inbound.report() if self._inbound is not None else {}
+        return {"netstack": self.runtime.report(), **({"inbound_udp": inbound_udp} if inbound_udp else {})}
 
     async def stop(self) -> None:
         """The stack (every connection reset), the inbound server, then the tunnel."""

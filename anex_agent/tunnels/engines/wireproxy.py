@@ -144,6 +144,10 @@ class WireproxyEngine(Engine):
             raise EngineError("the wireproxy engine was not started: call start(tasks) first")
         if workload is not None:
             self.check_workload(workload)
+            if workload.inbound_udp_ports and workload.inbound_udp_ports != self._workload.inbound_udp_ports:
+                log.warning("inbound UDP ports %s are not served: wireproxy relays inbound TCP only; use the "
+                            "built-in userspace engine (ANEX_ENGINE=userspace) for UDP",
+                            ",".join(f"{p}/udp" for p in workload.inbound_udp_ports))
             self._workload = workload
         if not desired.peers:  # no gateway registered yet (or none left): wireproxy cannot run without one
             if self._process is None or not self._process.wanted:

@@ -268,6 +268,25 @@ async def test_same_config_twice_does_not_restart_and_a_change_does(rig):
     assert engine.supervision.restarts == ["config changed"]
 
 
+async def test_inbound_udp_ports_are_left_out_with_one_warning(rig, caplog):
+    """wireproxy has no UDP server tunnel: the agent still starts (a pod's UDP container ports are
+    passed to every engine), says once which ports are not served, and renders TCP ones only."""
+    import logging
+
+    engine, control, _ = rig
+    caplog.set_level(logging.WARNING, logger="anex_agent.tunnels.engines.wireproxy")
+    workload = WorkloadConfig(proxy_address=engine.options.proxy_address, inbound_ports=(8000,),
+                              inbound_udp_ports=(53, 5353))
+    await engine.apply(desired(), workload)
+    await wait_healthy(engine)
+    await engine.apply(desired(), workload)
+    warnings = [r.message for r in caplog.records if "not served" in r.message]
+    assert warnings == ["inbound UDP ports 53/udp,5353/udp are not served: wireproxy relays inbound TCP only; "
+                        "use the built-in userspace engine (ANEX_ENGINE=userspace) for UDP"]
+    text = engine.config_path.read_text()
+    assert "ListenPort = 8000" in text and "5353" not in text and "ListenPort = 53\n" not in text
+
+
 @pytest.mark.parametrize("mode,reason", [("503", "/readyz failed 3 times (HTTP 503)"),
                                          ("hang", "/readyz failed 3 times (no answer)"),
                                          ("exit", "process exited with status 3")])
