@@ -50,10 +50,12 @@ from anex_agent.frontends.dial_guard import Forbidden, dial_for_client
 from anex_agent.frontends.relay import relay
 from anex_agent.frontends.socks5_udp import IDLE_TIMEOUT, UdpAssociation
 from anex_agent.frontends.tcp_server import DEFAULT_MAX_CONNECTIONS, TcpServer
-from anex_agent.net.peer_log import peer_text
+from anex_agent.net.peer_log import LogBudget, peer_text
 
 log = logging.getLogger(__name__)
 
+#: "cannot open a UDP relay" lines (out of file descriptors, say): at most 10 a minute
+_RELAY_FAILURES_LOGGED = LogBudget(burst=10, interval=60.0)
 HANDSHAKE_TIMEOUT = 120.0  # seconds from accept to a complete request (as the HTTP proxy's head timeout)
 HANDSHAKE_BUFFER = 1024  # bytes read at a time until the request is complete (a request is at most 262)
 
@@ -142,6 +144,13 @@ class Socks5Server(TcpServer):
             socks.reply(core.Reply.COMMAND_NOT_SUPPORTED)
             await _send_quietly(client, socks.data_to_send())
             return
+        if request.port == 0 and not this_host.is_local_client(client_ip):
+            # the first datagram from the client's address would own the association: beyond this
+            # machine that address can be forged by anyone on the path, credentials or not
+            log.debug("SOCKS5 proxy: UDP ASSOCIATE from %s refused: it names no source port", client_ip)
+            socks.reply(core.Reply.NOT_ALLOWED)
+            await _send_quietly(client, socks.data_to_send())
+            return
         try:
             assert client.socket is not None  # accepted by TcpServer: a kernel socket
             local_ip = client.socket.getsockname()[0]
@@ -149,7 +158,9 @@ class Socks5Server(TcpServer):
                                          idle_timeout=self.udp_idle_timeout)
             association.open()
         except OSError as err:
-            log.warning("SOCKS5 proxy: cannot open a UDP relay for %s: %s", client_ip, err)
+            if (skipped := _RELAY_FAILURES_LOGGED.take()) is not None:
+                log.warning("SOCKS5 proxy: cannot open a UDP relay for %s: %s%s", client_ip, err,
+                            f" ({skipped} more not logged)" if skipped else "")
             socks.reply(core.Reply.GENERAL_FAILURE)
             await _send_quietly(client, socks.data_to_send())
             return

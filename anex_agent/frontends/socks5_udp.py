@@ -14,7 +14,8 @@ at (the listener's host and family; loopback by default), port chosen by the sys
   host's), then it is sent with the header stripped. Fragments (``FRAG`` not 0) are dropped:
   RFC 1928 §7 allows a server that does not reassemble to drop them. A destination on this
   machine is refused for a client from beyond loopback, before and after resolving, as for
-  CONNECT (:mod:`.this_host`); port 0 and malformed headers are dropped.
+  CONNECT (:mod:`.this_host`), and so are multicast and broadcast destinations; port 0 and
+  malformed headers are dropped.
 * A datagram from the mesh goes to the client with the header naming its source, if the
   client sent to that address and port before (:class:`.socks5_udp_core.ReplyPeers`).
 * Nothing is queued here: the client's datagrams wait in the relay socket's kernel buffer
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import logging
 import socket
 
@@ -117,7 +119,7 @@ class UdpAssociation:
         """A datagram went through: the idle timeout starts again (the timer moves at most every
         tenth of the timeout, a second at most, not at every datagram)."""
         idle = self._idle
-        if idle is not None:
+        if idle is not None and not idle.expired():  # an expired one is ending the association
             deadline = self._loop.time() + self.idle_timeout
             current = idle.when()
             if current is None or deadline - current >= min(1.0, self.idle_timeout / 10):
@@ -157,6 +159,9 @@ class UdpAssociation:
             return
         if not this_host.may_reach(self.client_ip, address):
             self._drop("forbidden", "%s:%d resolved to this machine (%s)", peer_text(dgram.host), dgram.port, address)
+            return
+        if _fans_out(address) and not this_host.is_local_client(self.client_ip):
+            self._drop("forbidden", "%s:%d is a multicast or broadcast address", peer_text(dgram.host), dgram.port)
             return
         assert self._mesh is not None
         try:
@@ -201,6 +206,16 @@ class UdpAssociation:
         self.counts[why] += 1
         if self.counts[why] == 1:
             log.debug("SOCKS5 UDP relay %s:%d: dropped " + message, *self.address, *args)
+
+
+def _fans_out(address: str) -> bool:
+    """Whether a datagram to ``address`` reaches many hosts (multicast, the limited broadcast):
+    not for a client from beyond this machine, which could make the node's networks noisy."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    return ip.is_multicast or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255"))
 
 
 async def _until_closed(control: Connection) -> None:

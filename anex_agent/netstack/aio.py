@@ -341,7 +341,10 @@ class UdpSocket:
         if on_datagram is not None:
             while queue and not self.closed:
                 d = queue.popleft()
-                on_datagram(d.data, (str(ipaddress.IPv4Address(d.src)), d.src_port))
+                try:
+                    on_datagram(d.data, (str(ipaddress.IPv4Address(d.src)), d.src_port))
+                except Exception:  # a handler's bug must not stop the stack's flush (other sockets, timers)
+                    log.exception("UDP port %d: the datagram handler failed", self.port.port)
             return
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)

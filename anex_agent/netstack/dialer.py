@@ -138,10 +138,9 @@ class NetstackDatagramSocket:
             return
         if ":" in address:
             raise OSError("IPv6 destinations are not carried by the built-in stack")
-        sock = self._stack_udp()
         try:
-            sock.sendto(data, address, port)
-        except StackError as err:
+            self._stack_udp().sendto(data, address, port)
+        except StackError as err:  # no free stack port, or the send itself
             raise OSError(str(err)) from None
 
     def _stack_udp(self) -> UdpSocket:

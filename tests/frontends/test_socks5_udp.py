@@ -193,15 +193,35 @@ async def test_a_client_from_beyond_loopback_cannot_send_to_this_machine():
     if outside is None:
         pytest.skip("this machine has no non-loopback IPv4 address to connect from")
     async with proxy(host=outside, auth=AUTH) as (socks, _), udp_socket(echo=True) as (echo, echo_port):
-        async with udp_socket(outside) as (client, _), udp_socket(outside, echo=True) as (allowed, allowed_port):
-            async with associate(socks.address[1], host=outside, auth=(b"alice", b"s3cret")) as (_, _, relay):
+        async with udp_socket(outside) as (client, client_port), udp_socket(outside, echo=True) as (allowed, allowed_port):
+            async with associate(socks.address[1], host=outside, source=(outside, client_port),
+                                 auth=(b"alice", b"s3cret")) as (_, _, relay):
                 assert relay[0] == outside  # the relay is where the client reached the proxy
                 for target in ("127.0.0.1", "localhost", ECHO_NAME):  # ECHO_NAME resolves to 127.0.0.1
                     client.transport.sendto(header(target, echo_port) + b"no", relay)
+                for fan_out in ("224.0.0.251", "255.255.255.255"):  # multicast, the limited broadcast
+                    client.transport.sendto(header(fan_out, 5353) + b"no", relay)
                 client.transport.sendto(header(outside, allowed_port) + b"yes", relay)
                 assert (await client.next())[0].endswith(b"echo:yes")
-                assert only_association(socks).counts["forbidden"] == 3
+                assert only_association(socks).counts["forbidden"] == 5
                 assert echo.queue.empty()
+
+
+async def test_a_client_from_beyond_loopback_must_name_its_source_port():
+    """Port 0 ("not known yet") from beyond this machine: the first datagram from the client's
+    address would own the association, and that address can be forged on the path. Refused (02)."""
+    outside = non_loopback_ipv4()
+    if outside is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    async with proxy(host=outside, auth=AUTH) as (socks, _):
+        reader, writer = await asyncio.open_connection(outside, socks.address[1])
+        try:
+            writer.write(bytes([5, 1, 2]) + bytes([1, 5]) + b"alice" + bytes([6]) + b"s3cret")
+            writer.write(bytes([5, 3, 0, 1, 0, 0, 0, 0, 0, 0]))
+            assert await asyncio.wait_for(reader.read(), GENEROUS) == bytes([5, 2, 1, 0, 5, 2, 0, 1, 0, 0, 0, 0, 0, 0])
+            assert not socks.associations
+        finally:
+            writer.close()
 
 
 async def test_without_a_datagram_dialer_udp_associate_is_not_supported():
@@ -224,3 +244,18 @@ async def test_an_ipv6_listener_gets_an_ipv6_relay():
             client.transport.sendto(header("::1", echo_port) + b"six", relay)
             data, _ = await client.next()
             assert data == header("::1", echo_port) + b"echo:six"
+
+
+async def test_a_reply_as_the_idle_timeout_fires_is_not_an_error():
+    """The idle timeout expiring and a reply arriving in the same turn: the reply must not try to
+    move a timeout that is already ending the association (asyncio raises RuntimeError then)."""
+    from anex_agent.frontends.socks5_core import AddressType, AssociateRequest
+
+    association = UdpAssociation(OSDatagramDialer(), "127.0.0.1", AssociateRequest("0.0.0.0", 0, AddressType.IPV4),
+                                 "127.0.0.1")
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0) as expired:
+            await asyncio.Event().wait()
+    assert expired.expired()
+    association._idle = expired
+    association._active()  # raised RuntimeError('Cannot change state of expiring Timeout')

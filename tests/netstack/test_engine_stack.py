@@ -272,6 +272,46 @@ async def test_datagrams_outside_the_tunnel_go_through_the_os_and_none_while_the
         transport.close()
 
 
+async def test_a_stack_without_a_free_udp_port_is_an_oserror_for_the_sender(pair, monkeypatch):
+    """The DatagramSocket contract: a destination that cannot be reached raises OSError (the
+    SOCKS5 relay counts it and goes on), also when the stack has no UDP port left to send from."""
+    from anex_agent.netstack.stack import StackError
+
+    from tests.polling import wait_until
+
+    a, _b, _port = pair
+    sock = a.datagram_dialer(ResolverSlot()).open_datagram(lambda data, source: None)
+
+    def no_port(*args, **kwargs):
+        raise StackError("no free UDP port")
+    try:
+        await wait_until(lambda: a.runtime is not None, what="the stack of the tunnel")
+        monkeypatch.setattr(a.runtime, "udp_open", no_port)
+        with pytest.raises(OSError, match="no free UDP port"):
+            sock.sendto(b"x", IP_B, 7777)
+    finally:
+        sock.close()
+
+
+async def test_a_failing_datagram_handler_does_not_stop_other_udp_ports(pair):
+    """One port's handler raising (a bug) is logged; the stack's flush goes on to the next port."""
+    a, b, _port = pair
+    got: asyncio.Queue = asyncio.Queue()
+    broken = b.runtime.udp_open(7001)
+    broken.on_datagram = lambda data, source: 1 / 0
+    working = b.runtime.udp_open(7002)
+    working.on_datagram = lambda data, source: got.put_nowait(data)
+    sender = a.datagram_dialer(ResolverSlot()).open_datagram(lambda data, source: None)
+    try:
+        sender.sendto(b"to the broken one", IP_B, 7001)
+        sender.sendto(b"to the working one", IP_B, 7002)
+        assert await asyncio.wait_for(got.get(), 30) == b"to the working one"
+    finally:
+        sender.close()
+        broken.close()
+        working.close()
+
+
 async def test_pysocks_dns_over_udp_associate_through_the_stack(pair):
     """The SOCKS5 proxy on the built-in engine: PySocks' DNS query to the peer's mesh address
     travels in the stack (no OS interface), and the answer comes back through the relay."""
