@@ -55,13 +55,18 @@ from anex_agent.host.private_file import ensure_private, tighten
 log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
-_FOR_UPDATE = re.compile(r"\s+FOR\s+UPDATE\s*$", re.IGNORECASE)
+_FOR_UPDATE = re.compile(r"\s+FOR\s+(NO\s+KEY\s+)?UPDATE(\s+OF\s+\w+)?(\s+(NOWAIT|SKIP\s+LOCKED))?\s*;?\s*$",
+                         re.IGNORECASE)
+_LOCKING_LEFT = re.compile(r"\bFOR\s+(NO\s+KEY\s+)?(UPDATE|SHARE)\b", re.IGNORECASE)
 CONNECT_TIMEOUT = 10.0  # seconds to reach PostgreSQL before giving up (ConfigError at start)
 WAL_AUTOCHECKPOINT = 10_000  # SQLite pages (4 KiB) of WAL before a checkpoint (SQLite's default: 1,000)
 
 
 def _to_sqlite(sql: str) -> str:
-    return _PLACEHOLDER.sub(r"?\1", _FOR_UPDATE.sub("", sql))
+    sql = _FOR_UPDATE.sub("", sql)
+    if _LOCKING_LEFT.search(sql):  # SQLite has no row locks: only a trailing clause can be dropped
+        raise ValueError(f"a locking clause SQLite cannot drop (only a trailing FOR UPDATE can): {sql!r}")
+    return _PLACEHOLDER.sub(r"?\1", sql)
 
 
 def _rowcount(status: str) -> int:

@@ -105,7 +105,9 @@ class HeartbeatBuffer:
             batch, self._pending = self._pending, {}
             self._writing = batch
             try:
-                rows = list(batch.values())
+                # rows in node id order, as every multi-row writer takes them: two coordinators'
+                # flushes of overlapping nodes wait for each other instead of deadlocking (PostgreSQL)
+                rows = [batch[node_id] for node_id in sorted(batch)]
                 if self._one_statement:
                     async with self._db.transaction() as tx:
                         for start in range(0, len(rows), SQLITE_BATCH_ROWS):

@@ -79,7 +79,7 @@ async def apply_transitions(ctx: Coordinator, updates: list[tuple[str, str, str,
             log.info("node %s expired (silent for %.0f s): removed; it must join again", node_id,
                      ctx.settings.timings.expired_after)
     async with ctx.db.transaction() as tx:
-        for node_id, new, old, last in updates:
+        for node_id, new, old, last in sorted(updates):  # node id order, as the heartbeat flush (no deadlock)
             if new == NodeState.expired.value:
                 continue
             changed += await tx.execute(

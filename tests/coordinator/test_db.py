@@ -25,6 +25,12 @@ async def db(database_url):
 def test_placeholders_are_translated_once():
     assert dbmod._to_sqlite("SELECT $1, $2, $1 WHERE x = $10") == "SELECT ?1, ?2, ?1 WHERE x = ?10"
     assert dbmod._to_sqlite("SELECT s FROM t WHERE id = $1 FOR UPDATE") == "SELECT s FROM t WHERE id = ?1"
+    for clause in ("FOR UPDATE;", "for update", "FOR NO KEY UPDATE", "FOR UPDATE OF t", "FOR UPDATE NOWAIT",
+                   "FOR UPDATE SKIP LOCKED", "FOR NO KEY UPDATE OF t SKIP LOCKED ;"):
+        assert dbmod._to_sqlite(f"SELECT s FROM t WHERE id = $1 {clause}") == "SELECT s FROM t WHERE id = ?1", clause
+    for kept in ("SELECT s FROM t WHERE id IN (SELECT id FROM u FOR UPDATE)", "SELECT s FROM t FOR SHARE"):
+        with pytest.raises(ValueError, match="locking clause"):  # SQLite would fail on it at run time
+            dbmod._to_sqlite(kept)
     assert dbmod._rowcount("UPDATE 3") == 3 and dbmod._rowcount("CREATE TABLE") == 0
 
 

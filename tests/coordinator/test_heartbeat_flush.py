@@ -97,3 +97,21 @@ async def test_a_flush_keeps_the_telemetry_a_later_beat_without_one_does_not_rep
     (row,) = await _rows(coord)
     assert row["last_heartbeat_at"] == 20.0 and json.loads(row["status"])["path"] == "websocket"
     assert json.loads(row["telemetry"])["hostname"] == "gpu-ß-1" and row["health"] == "degraded"
+
+
+async def test_a_flush_writes_its_rows_in_node_id_order():
+    """Every multi-row writer of nodes takes the rows in node id order, so two coordinators'
+    flushes of overlapping nodes wait for each other on PostgreSQL instead of deadlocking."""
+    written: list[list[tuple]] = []
+
+    class Recording:
+        dialect = "postgresql"
+
+        async def executemany(self, sql, rows):
+            written.append(list(rows))
+
+    buffer = heartbeats.HeartbeatBuffer(Recording())
+    for node_id in ("n-3", "n-1", "n-2"):  # recorded out of order
+        buffer.record(node_id, Heartbeat(), now=1.0)
+    assert await buffer.flush() == 3
+    assert [row[0] for row in written[0]] == ["n-1", "n-2", "n-3"]

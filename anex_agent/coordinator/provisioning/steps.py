@@ -248,10 +248,11 @@ class Steps:
         now = self.ctx.clock()
         price = rental.price_per_hour if rental.price_per_hour is not None else attempt["price_per_hour"]
         async with self.ctx.db.transaction() as tx:
+            # the provision's row before its attempt's, as every transition takes them (no lock-order cycle)
+            state = await store.state_for_update(tx, pid)
             await tx.execute(
                 "UPDATE provision_attempts SET rental_id = $3, rented_at = $4, price_per_hour = $5"
                 " WHERE provision_id = $1 AND number = $2", pid, number, rental.rental_id, now, price)
-            state = await store.state_for_update(tx, pid)
             if state == S.renting.value:
                 await store.set_state(self.ctx.db, tx, pid, S.booting, now=now,
                                       reason=f"waiting for the node to join ({rental.provider} {rental.rental_id})",
