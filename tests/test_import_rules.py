@@ -265,25 +265,38 @@ def test_retry_jitter_is_drawn_only_by_backoff():
 
 
 def _wait_for_calls(path: Path) -> list[int]:
-    """Lines of ``path`` that call ``asyncio.wait_for`` (or a bare ``wait_for`` imported from asyncio)."""
+    """Lines of ``path`` that call asyncio's ``wait_for``, however it was imported (``asyncio`` or
+    ``asyncio.tasks`` under any name, or ``wait_for`` itself under any name)."""
     tree = ast.parse(path.read_text())
-    bare = any(isinstance(node, ast.ImportFrom) and node.module == "asyncio" and any(a.name == "wait_for" for a in node.names)
-               for node in ast.walk(tree))
+    modules: set[str] = set()  # local names of asyncio
+    functions: set[str] = set()  # local names of wait_for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {alias.asname or alias.name for alias in node.names if alias.name == "asyncio"}
+        elif isinstance(node, ast.ImportFrom) and node.module in ("asyncio", "asyncio.tasks"):
+            functions |= {alias.asname or alias.name for alias in node.names if alias.name == "wait_for"}
+
+    def is_asyncio(value: ast.expr) -> bool:
+        return (isinstance(value, ast.Name) and value.id in modules) or (
+            isinstance(value, ast.Attribute) and value.attr == "tasks" and is_asyncio(value.value))
+
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
-            if (isinstance(func, ast.Attribute) and func.attr == "wait_for" and isinstance(func.value, ast.Name)
-                    and func.value.id == "asyncio") or (bare and isinstance(func, ast.Name) and func.id == "wait_for"):
+            if (isinstance(func, ast.Attribute) and func.attr == "wait_for" and is_asyncio(func.value)) or (
+                    isinstance(func, ast.Name) and func.id in functions):
                 lines.append(node.lineno)
-    return lines
+    return sorted(lines)
 
 
 def test_the_wait_for_check_finds_a_call(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("import asyncio\nfrom asyncio import wait_for\n\nasync def f(x):\n"
-                      "    await asyncio.wait_for(x, 1)\n    await wait_for(x, 2)\n    await x.wait_for(3)\n")
-    assert _wait_for_calls(sample) == [5, 6]
+    sample.write_text("import asyncio\nimport asyncio as aio\nfrom asyncio import wait_for\n"
+                      "from asyncio.tasks import wait_for as wf\n\nasync def f(x):\n"
+                      "    await asyncio.wait_for(x, 1)\n    await wait_for(x, 2)\n    await x.wait_for(3)\n"
+                      "    await aio.wait_for(x, 4)\n    await asyncio.tasks.wait_for(x, 5)\n    await wf(x, 6)\n")
+    assert _wait_for_calls(sample) == [7, 8, 10, 11, 12]
 
 
 def test_no_module_awaits_with_wait_for():

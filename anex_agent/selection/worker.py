@@ -246,8 +246,12 @@ class SelectionWorker:
             try:
                 async with asyncio.timeout(STOP_TIMEOUT):
                     await reader
-            except (TimeoutError, asyncio.CancelledError):
+            except TimeoutError:
                 reader.cancel()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # this caller was cancelled, not only the reader
+                    raise
 
     async def supervise(self) -> None:
         """A coordinator background task: waits, and stops the worker when cancelled (at shutdown)."""

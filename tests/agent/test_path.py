@@ -263,6 +263,33 @@ async def test_one_failed_probe_of_a_quiet_node_does_not_move_it_off_udp(world):
     await manager.close()
 
 
+async def test_datagrams_arriving_while_a_probe_failed_keep_the_node_on_udp(world):
+    """The watch's short probe fails, but the gateway's datagrams reached the engine meanwhile:
+    UDP works, with no second probe and no switch."""
+    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=GENEROUS,
+                                       confirm_probe_timeout=GENEROUS, stall_after=0.5, check_every=0.1),
+                          world.keypair)
+    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
+    reapply, counters, reset = wire(world, manager)
+    await reapply()
+    await traffic_flows(world, b"udp")
+    probes: list[float | None] = []
+    nudges: list[int] = []
+
+    async def missed_while_the_hub_sends(timeout=None):
+        probes.append(timeout)
+        await hub_reaches_the_node(world, b"meanwhile")  # the engine receives from the gateway
+        return ProbeResult(False, "no handshake response within 2 s")
+    manager.probe_udp = missed_while_the_hub_sends
+
+    async def nudge():
+        nudges.append(len(probes))
+    world.tasks.spawn("path-watch", lambda: manager.watch(counters, reapply, reset, nudge))
+    await wait_until(lambda: nudges, what="the watch's verdict after the failed probe")
+    assert nudges[0] == 1 and manager.path == "udp" and not manager.switches  # one probe, no confirmation
+    await manager.close()
+
+
 async def test_udp_mode_never_switches_and_websocket_mode_never_probes(world):
     world.blocker.blocked = True
     udp = PathManager(PathSettings(mode="udp", probe_timeout=0.3), world.keypair)

@@ -211,6 +211,26 @@ def probe_link_kind(kind: str = "wireguard") -> Support:
     return Support(True, f"a {kind} link can be created (kernel module present)")
 
 
+def _keepalive_blocking(ifname: str, gateways: Collection[str]) -> bool:
+    """:meth:`KernelEngine.send_keepalive`'s netlink work, in one thread job; never raises."""
+    peers: list[dict[str, Any]] = []
+    try:
+        peers = keepalive_peers(_wg_info(ifname), gateways)
+        if not peers:
+            return False
+        _wg_set(ifname, {}, peers)
+        return True
+    except EngineError as err:
+        log.debug("kernel WireGuard: no keepalive sent: %s", err)
+    if not peers:
+        return False
+    try:
+        _wg_set(ifname, {}, peers[1::2])  # each peer's own interval
+    except EngineError as err:
+        log.warning("kernel WireGuard: a peer's persistent keepalive may be off until the next apply: %s", err)
+    return False
+
+
 class KernelEngine(Engine):
     """WireGuard in the Linux kernel, configured over netlink."""
 
@@ -271,23 +291,15 @@ class KernelEngine(Engine):
         write fail, each peer's own interval is set once more); no data packet."""
         if not self._started:
             return False
-        peers: list[dict[str, Any]] = []
         async with self._lock:  # no apply() between the read and the writes
+            # one thread job, awaited to its end even if the caller is cancelled meanwhile: the lock
+            # is held until the last write, so an apply() never comes between (and is undone)
+            job = asyncio.ensure_future(netconf.run_blocking(_keepalive_blocking, self.ifname, gateways))
             try:
-                peers = keepalive_peers(await netconf.run_blocking(_wg_info, self.ifname), gateways)
-                if not peers:
-                    return False
-                await netconf.run_blocking(_wg_set, self.ifname, {}, peers)
-                return True
-            except EngineError as err:
-                log.debug("kernel WireGuard: no keepalive sent: %s", err)
-            if not peers:
-                return False
-            try:
-                await netconf.run_blocking(_wg_set, self.ifname, {}, peers[1::2])  # each peer's own interval
-            except EngineError as err:
-                log.warning("kernel WireGuard: a peer's persistent keepalive may be off until the next apply: %s", err)
-            return False
+                return await asyncio.shield(job)
+            except asyncio.CancelledError:
+                await job
+                raise
 
     async def dump(self) -> UapiDevice:
         return await netconf.run_blocking(_wg_info, self.ifname)
