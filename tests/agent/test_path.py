@@ -236,16 +236,23 @@ async def test_blocked_mid_session_moves_to_websocket_and_returns_when_unblocked
     await manager.close()
 
 
-async def test_one_failed_probe_of_a_quiet_node_does_not_move_it_off_udp(world):
-    """A busy gateway (or node) that misses the watch's short probe once: the second, longer probe
-    completes and the node stays on UDP; only a second failure would move it."""
+async def patient_manager_on_udp(world):
+    """A manager whose probes all wait GENEROUS s (they must decide by what they see, never by the
+    clock), on UDP with traffic flowing; and its wiring (reapply, counters, reset)."""
     manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=GENEROUS,
                                        confirm_probe_timeout=GENEROUS, stall_after=0.5, check_every=0.1),
                           world.keypair)
     assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
-    reapply, counters, reset = wire(world, manager)
-    await reapply()
+    wiring = wire(world, manager)
+    await wiring[0]()
     await traffic_flows(world, b"udp")
+    return manager, wiring
+
+
+async def test_one_failed_probe_of_a_quiet_node_does_not_move_it_off_udp(world):
+    """A busy gateway (or node) that misses the watch's short probe once: the second, longer probe
+    completes and the node stays on UDP; only a second failure would move it."""
+    manager, (reapply, counters, reset) = await patient_manager_on_udp(world)
     real_probe = manager.probe_udp
     probes: list[float] = []
 
@@ -266,13 +273,7 @@ async def test_one_failed_probe_of_a_quiet_node_does_not_move_it_off_udp(world):
 async def test_datagrams_arriving_while_a_probe_failed_keep_the_node_on_udp(world):
     """The watch's short probe fails, but the gateway's datagrams reached the engine meanwhile:
     UDP works, with no second probe and no switch."""
-    manager = PathManager(PathSettings(probe_timeout=GENEROUS, watch_probe_timeout=GENEROUS,
-                                       confirm_probe_timeout=GENEROUS, stall_after=0.5, check_every=0.1),
-                          world.keypair)
-    assert await manager.choose_initial(world.desired, world.config, world.tasks) == "udp"
-    reapply, counters, reset = wire(world, manager)
-    await reapply()
-    await traffic_flows(world, b"udp")
+    manager, (reapply, counters, reset) = await patient_manager_on_udp(world)
     probes: list[float | None] = []
     nudges: list[int] = []
 
