@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ipaddress
 import logging
 import socket
 
@@ -160,7 +159,7 @@ class UdpAssociation:
         if not this_host.may_reach(self.client_ip, address):
             self._drop("forbidden", "%s:%d resolved to this machine (%s)", peer_text(dgram.host), dgram.port, address)
             return
-        if _fans_out(address) and not this_host.is_local_client(self.client_ip):
+        if this_host.fans_out(address) and not this_host.is_local_client(self.client_ip):
             self._drop("forbidden", "%s:%d is a multicast or broadcast address", peer_text(dgram.host), dgram.port)
             return
         assert self._mesh is not None
@@ -206,16 +205,6 @@ class UdpAssociation:
         self.counts[why] += 1
         if self.counts[why] == 1:
             log.debug("SOCKS5 UDP relay %s:%d: dropped " + message, *self.address, *args)
-
-
-def _fans_out(address: str) -> bool:
-    """Whether a datagram to ``address`` reaches many hosts (multicast, the limited broadcast):
-    not for a client from beyond this machine, which could make the node's networks noisy."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    return ip.is_multicast or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255"))
 
 
 async def _until_closed(control: Connection) -> None:

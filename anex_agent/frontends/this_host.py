@@ -99,6 +99,15 @@ def names_this_host(host: str) -> bool:
     return name in LOOPBACK_NAMES or name.endswith(".localhost")
 
 
+def fans_out(host: str) -> bool:
+    """Whether a datagram to the numeric ``host`` reaches many hosts: multicast, or the limited
+    broadcast 255.255.255.255 (IPv4-mapped addresses judged by their IPv4 address)."""
+    address = ip_of(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address is not None and (address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"))
+
+
 def is_local_client(client_ip: str) -> bool:
     """Whether a connection from ``client_ip`` (a socket's peer address) comes from this machine's loopback."""
     address = ip_of(client_ip)

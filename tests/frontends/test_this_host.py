@@ -74,3 +74,12 @@ def test_ip_of_is_none_for_names_and_garbage(text):
 )
 def test_local_clients(client, local):
     assert this_host.is_local_client(client) is local
+
+
+@pytest.mark.parametrize("host, many", [
+    ("224.0.0.251", True), ("239.255.255.250", True), ("255.255.255.255", True), ("ff02::1", True),
+    ("::ffff:224.0.0.1", True), ("10.96.0.10", False), ("10.255.255.255", False), ("::1", False),
+    ("cluster.local", False),
+])
+def test_multicast_and_the_limited_broadcast_fan_out(host, many):
+    assert this_host.fans_out(host) is many
